@@ -1,0 +1,249 @@
+"""The one typed config schema both worlds share, and its validation.
+
+Dataclasses are registered with Hydra's ConfigStore so that Hydra type-checks every override; the
+checks Hydra cannot express (batch divisibility, ranges, files that must exist) live in `validate`,
+which raises `ConfigError` with one line naming the key, the value and the fix. Nothing here imports
+torch: the login node composes and validates in well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from slurmtrain.errors import ConfigError
+
+# Batch keys are derived from train.*; a user passing them through deepspeed.extra would silently
+# disagree with the sampler, so they are refused.
+DERIVED_DEEPSPEED_KEYS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+)
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_heads: int = MISSING
+    ffn_dim: int = MISSING
+    vocab_size: int = 50272
+    max_positions: int = 2048
+    word_embed_proj_dim: Optional[int] = None
+    layer_norm_before: bool = True
+    dropout: float = 0.0
+    activation_checkpointing: bool = False
+    pretrained_path: Optional[str] = None  # a local Hugging Face directory; nothing is downloaded
+
+
+@dataclass
+class DataConfig:
+    kind: str = "synthetic"  # synthetic: stdlib text as bytes, on every machine | tokens: a .bin file
+    path: Optional[str] = None  # tokens: the .bin written by tools/prepare_data.py
+    seq_len: int = 128
+    max_corpus_bytes: int = 4_000_000  # synthetic: how much stdlib source to gather
+    seed: int = 1234  # shuffling order of the samples
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-3
+    min_lr: float = 1e-4  # > 0: WarmupDecayLR's warmup_min_lr=0 makes the first updates no-ops
+    warmup_steps: int = 10
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+
+@dataclass
+class DeepSpeedConfig:
+    stage: int = 2
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    dtype: str = "auto"  # auto: bf16 on GPUs, fp32 on CPUs | bf16 | fp16 | fp32
+    extra: dict[str, Any] = field(default_factory=dict)  # passed through to the DeepSpeed config
+
+
+@dataclass
+class CheckpointConfig:
+    interval_steps: int = 25  # 0: never by steps
+    interval_minutes: float = 0.0  # 0: never by time; both set: whichever comes first
+    keep_last: int = 3
+    keep_every: int = 0  # also keep every Nth step forever (0: none)
+    verify: str = "checksum"  # checksum: sha256 of every file | size: sizes only
+
+
+@dataclass
+class ClusterConfig:
+    kind: str = "local"  # local | slurm
+    cpu_tasks_per_node: int = 2  # tasks per node when gpus_per_node == 0
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: str = "01:00:00"
+    cpus_per_task: int = 1
+    mem: Optional[str] = None
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    exclusive: bool = False
+    signal_lead_s: int = 120
+    array_parallelism: int = 16  # %N throttle of a sweep's job array
+    container: str = "none"  # none | apptainer | pyxis
+    image: Optional[str] = None
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    srun_extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    micro_batch_size: int = 4
+    global_batch_size: int = 8  # fixed across world sizes: grad accumulation adjusts
+    log_interval: int = 10
+    seed: int = 1234
+
+
+@dataclass
+class RootConfig:
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    deepspeed: DeepSpeedConfig = MISSING
+    checkpoint: CheckpointConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    name: str = "demo"
+    runs_root: str = "runs"
+    nodes: Any = 1  # an int, or a range "2-4" that Slurm may start at any size within
+    gpus_per_node: int = 0  # 0: CPU (gloo); > 0: one task per GPU (NCCL)
+    dry_run: bool = False
+    new_run: bool = False  # start a fresh run even if this exact config already ran
+
+
+# Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
+# another node count (the global batch is fixed) is the same experiment.
+NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "nodes", "gpus_per_node", "cluster",
+                   "train.log_interval", "checkpoint")
+
+
+def register() -> None:
+    """The schema under conf/config.yaml's defaults: every group file is typed against it."""
+    ConfigStore.instance().store(name="slurmtrain_schema", node=RootConfig)
+
+
+def conf_dir() -> str:
+    """The packaged config directory: found from the installed package, wheel or editable."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
+
+
+def node_range(nodes: Any) -> tuple[int, int]:
+    """`nodes` as (min, max): 4 -> (4, 4); "2-4" -> (2, 4). Raises ConfigError otherwise."""
+    text = str(nodes).strip()
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
+    if isinstance(nodes, bool) or not match:
+        raise ConfigError(f"nodes={nodes!r}: not a node count; use a positive integer (nodes=4) "
+                          f"or a range (nodes=2-4)")
+    low, high = int(match[1]), int(match[2] or match[1])
+    if low < 1 or high < low:
+        raise ConfigError(f"nodes={nodes!r}: must be >= 1 (and min <= max in a range); e.g. nodes=1")
+    return low, high
+
+
+def tasks_per_node(cfg: DictConfig) -> int:
+    return cfg.gpus_per_node if cfg.gpus_per_node > 0 else cfg.cluster.cpu_tasks_per_node
+
+
+def world_size(cfg: DictConfig, nodes: Optional[int] = None) -> int:
+    return (nodes or node_range(cfg.nodes)[1]) * tasks_per_node(cfg)
+
+
+def grad_accumulation(cfg: DictConfig, world: int) -> int:
+    """Global batch = micro batch x grad accumulation x data-parallel size; only accumulation moves."""
+    per_step = cfg.train.micro_batch_size * world
+    gbs = cfg.train.global_batch_size
+    if gbs % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={gbs}: not divisible by micro batch x world size "
+            f"= {cfg.train.micro_batch_size} x {world} = {per_step}; use a multiple of {per_step} "
+            f"(e.g. train.global_batch_size={per_step * max(1, gbs // per_step)})")
+    return gbs // per_step
+
+
+def resolved_dtype(cfg: DictConfig) -> str:
+    if cfg.deepspeed.dtype == "auto":
+        return "bf16" if cfg.gpus_per_node > 0 else "fp32"
+    return cfg.deepspeed.dtype
+
+
+def _positive(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}={value!r}: must be a positive integer; e.g. {key}=1")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r}: unknown; choose one of {', '.join(choices)}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every check Hydra's types cannot do; the first failure raises one ConfigError line."""
+    low, high = node_range(cfg.nodes)
+    for key in ("train.max_steps", "train.micro_batch_size", "train.global_batch_size",
+                "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
+                "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
+        _positive(key, OmegaConf.select(cfg, key))
+    if cfg.gpus_per_node < 0:
+        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node}: must be >= 0 (0 means CPU)")
+    _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
+    _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis"))
+    _choice("data.kind", cfg.data.kind, ("synthetic", "tokens"))
+    _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
+    _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
+    if cfg.deepspeed.stage not in (0, 1, 2, 3):
+        raise ConfigError(f"deepspeed.stage={cfg.deepspeed.stage}: ZeRO stages are 0-3; "
+                          f"e.g. deepspeed=zero2")
+    if cfg.deepspeed.offload_param and cfg.deepspeed.stage != 3:
+        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is "
+                          f"{cfg.deepspeed.stage}); use deepspeed=zero3_offload")
+    for key in DERIVED_DEEPSPEED_KEYS:
+        if key in cfg.deepspeed.extra:
+            raise ConfigError(f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
+                              f"train.global_batch_size; set those instead")
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError(f"model.num_heads={cfg.model.num_heads}: must divide model.hidden_size="
+                          f"{cfg.model.hidden_size}")
+    if cfg.data.kind == "tokens":
+        path = cfg.data.path
+        if not path or not os.path.isfile(path):
+            raise ConfigError(f"data.path={path!r}: no such token file; make one with "
+                              f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass "
+                              f"data.path=FILE.bin")
+    if cfg.data.seq_len > cfg.model.max_positions:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len}: above model.max_positions="
+                          f"{cfg.model.max_positions}; use data.seq_len<={cfg.model.max_positions}")
+    if cfg.cluster.kind == "local" and high != 1:
+        raise ConfigError(f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
+                          f"use nodes=1 or cluster=slurm")
+    for n in sorted({low, high}):
+        grad_accumulation(cfg, world_size(cfg, n))
+    if cfg.model.pretrained_path and not os.path.isdir(cfg.model.pretrained_path):
+        raise ConfigError(f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
+                          f"point it at a local Hugging Face model folder")
+
+
+def load_run_config(path: str) -> DictConfig:
+    """A run directory's config.yaml, typed against the schema again (compute node)."""
+    cfg = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(path))
+    OmegaConf.set_readonly(cfg, True)
+    return cfg

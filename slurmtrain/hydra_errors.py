@@ -1,0 +1,38 @@
+"""Hydra/OmegaConf composition errors, reduced to one line that names the key, value and fix."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+
+def one_line(err: BaseException) -> Optional[str]:
+    """A one-line message for a composition error, or None if `err` is not one."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    chain = [err]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
+    if not any(isinstance(e, (HydraException, OmegaConfBaseException)) for e in chain):
+        return None
+    text = "\n".join(str(e) for e in chain)
+    if isinstance(err, MissingConfigException) or "Could not find '" in text:
+        m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+        options = re.findall(r"^\t(\S+)$", text, re.MULTILINE)
+        if m:
+            return (f"{m[1]}={m[2]}: unknown {m[1]}; choose one of {', '.join(options)}"
+                    if options else f"{m[1]}={m[2]}: unknown {m[1]}")
+    m = re.search(r"Could not override '([^']+)'", text) or re.search(
+        r"Key '([^']+)' (?:is not in struct|not in)", text)
+    if m:
+        key = m[1]
+        return f"{key}: unknown key; check the spelling (python -m slurmtrain --cfg job lists all keys)"
+    m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
+    key = re.search(r"full_key: (\S+)", text)
+    if m:
+        where = key[1] if key else "a key"
+        kind = m[2].lower()
+        return f"{where}={m[1]!r}: not a valid {kind}; give {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"{first} (key: {key[1]})" if key else first

@@ -1,0 +1,99 @@
+"""What produced a result: code version, packages, libraries, nodes, environment — secrets redacted.
+
+Written at submission (login node: the user's git tree) and at every attempt (compute node: what
+actually ran there), under `provenance/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|"
+                         r"SESSION|ACCESS_KEY)", re.IGNORECASE)
+# Values that look like credentials whatever the variable is called (tokens of common services).
+SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{20,}|ghp_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|"
+                          r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,}|wandb_[A-Za-z0-9]{20,})")
+RECORDED_ENV = re.compile(r"^(SLURM_|SUBMITIT_|CUDA_|NCCL_|TORCH_|DS_|OMP_|MASTER_|WORLD_SIZE|RANK|"
+                          r"LOCAL_RANK|PYTHON|HOSTNAME|PATH$|LD_LIBRARY_PATH|VIRTUAL_ENV|CONDA_|"
+                          r"HF_|TRANSFORMERS_|WANDB_|SLURMTRAIN_)")
+REDACTED = "<redacted>"
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables worth recording, with anything secret-looking replaced."""
+    out = {}
+    for key, value in sorted(env.items()):
+        if not RECORDED_ENV.match(key):
+            continue
+        out[key] = REDACTED if SECRET_NAME.search(key) else SECRET_VALUE.sub(REDACTED, value)
+    return out
+
+
+def _run(args: list[str], cwd: Optional[str] = None) -> Optional[str]:
+    try:
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state(cwd: str) -> dict[str, Any]:
+    sha = _run(["git", "rev-parse", "HEAD"], cwd)
+    if sha is None:
+        return {"git": None}
+    diff = _run(["git", "diff", "HEAD"], cwd) or ""
+    return {"git": sha.strip(), "git_dirty": bool(diff.strip()),
+            "git_diff": SECRET_VALUE.sub(REDACTED, diff)}
+
+
+def packages() -> list[str]:
+    """`pip freeze` without spawning pip: name==version of every installed distribution."""
+    seen = {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()
+            if d.metadata["Name"]}
+    return sorted(seen, key=str.lower)
+
+
+def glibc() -> Optional[str]:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
+        return None
+
+
+def versions() -> dict[str, Any]:
+    """Library versions; torch/deepspeed only if this process already imported them (compute node)."""
+    out: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
+                           "glibc": glibc()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    ds = sys.modules.get("deepspeed")
+    if ds is not None:
+        out["deepspeed"] = ds.__version__
+    return out
+
+
+def write(directory: Path, label: str, extra: Optional[dict[str, Any]] = None,
+          cwd: Optional[str] = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    record = {"label": label, "time": time.time(), "host": socket.gethostname(),
+              "argv": [SECRET_VALUE.sub(REDACTED, a) for a in sys.argv], "versions": versions(),
+              **git_state(cwd or os.getcwd()), "env": redact_env(dict(os.environ)), **(extra or {})}
+    path = directory / f"{label}.json"
+    path.write_text(json.dumps(record, indent=1, default=str))
+    (directory / f"{label}.pip-freeze.txt").write_text("\n".join(packages()) + "\n")
+    return path

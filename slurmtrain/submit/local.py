@@ -1,0 +1,63 @@
+"""Local backend: submitit's LocalExecutor starts one worker per task on this machine and we wait.
+
+The workers write metrics.jsonl; this side turns it into a rich progress bar, so the same
+entrypoint runs here and on Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import submitit
+from omegaconf import DictConfig
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from slurmtrain.config import tasks_per_node
+from slurmtrain.distributed import free_port
+from slurmtrain.runs import RunDir, _pid_start, read_jsonl
+from slurmtrain.submit import Submission, TrainTask
+
+
+def submit(cfg: DictConfig, run: RunDir) -> Submission:
+    if cfg.gpus_per_node == 0:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
+    executor.update_parameters(tasks_per_node=tasks_per_node(cfg), gpus_per_node=cfg.gpus_per_node,
+                               timeout_min=24 * 60, nodes=1)
+    job = executor.submit(TrainTask(str(run.path), free_port()))
+    pid = int(job.job_id)
+    run.record("submitted", job_id=job.job_id, executor="local", pid=pid, host=socket.gethostname(),
+               pid_start=_pid_start(pid), nodes=[socket.gethostname()])
+    print(f"slurmtrain: started local job {job.job_id} in {run.path}")
+    _follow(run, job, cfg.train.max_steps)
+    try:
+        job.results()
+        code = 0
+    except Exception as err:  # the workers' traceback is in their log files
+        code = 1
+        print(f"slurmtrain: local job {job.job_id} failed: {str(err).strip().splitlines()[-1]}")
+        print(f"slurmtrain: worker logs: {run.logs / 'submitit'}/{job.job_id}_*_log.err")
+    done = any(r["event"] == "finished" for r in run.events())
+    return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
+
+
+def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> None:
+    """Progress bar fed by metrics.jsonl until the job's processes exit."""
+    columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+               TimeRemainingColumn())
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("train", total=max_steps, loss="-", tps="-")
+        seen = 0
+        while True:
+            rows = read_jsonl(run.metrics)
+            if len(rows) > seen:
+                seen, last = len(rows), rows[-1]
+                bar.update(task, completed=last["step"], loss=f"{last['loss']:.4f}",
+                           tps=f"{last['tokens_per_s']:,.0f}")
+            if job.done():
+                break
+            time.sleep(0.5)

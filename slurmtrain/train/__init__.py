@@ -1,0 +1,1 @@
+"""Compute-node training parts: model, data, loop, metrics (these import torch)."""

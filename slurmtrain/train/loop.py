@@ -1,0 +1,94 @@
+"""The training loop: read it top to bottom.
+
+One step = `grad_accumulation` micro steps of the deterministic sampler, then one all-reduce that
+carries the loss and every rank's stop/save flags, so all ranks decide together at the step boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from slurmtrain.faults import NONE, SignalFlags
+from slurmtrain.train.data import Sampler, batch
+from slurmtrain.train.metrics import MetricsWriter
+from slurmtrain.train.model import loss_fn
+
+
+@dataclass
+class LoopState:
+    step: int  # completed optimizer steps
+    last_save_step: int
+    last_save_time: float
+
+
+@dataclass
+class Outcome:
+    step: int
+    stop_code: int  # faults.NONE when max_steps was reached
+
+
+def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: LoopState,
+          world: int, rank: int, device: torch.device, metrics: MetricsWriter,
+          flags: SignalFlags, save: Callable[[int], None],
+          on_step: Optional[Callable[[int], None]] = None) -> Outcome:
+    micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
+    accum = gbs // (micro * world)
+    every_steps = cfg.checkpoint.interval_steps
+    every_seconds = cfg.checkpoint.interval_minutes * 60
+    log_every = cfg.train.log_interval
+    tokens_per_step = gbs * seq
+    window_start, window_steps = time.perf_counter(), 0
+
+    while state.step < cfg.train.max_steps:
+        step_start = time.perf_counter()
+        losses = []
+        for m in range(accum):
+            ids = sampler.indices(state.step, m, rank, micro, world, gbs)
+            window = torch.from_numpy(batch(tokens, ids, seq)).to(device)
+            loss = loss_fn(engine, window)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach().float())
+        state.step += 1
+        window_steps += 1
+
+        # One collective per step: [loss sum, signal code, time-based save due].
+        due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
+        shared = torch.tensor([torch.stack(losses).mean().item(), float(flags.code), float(due)],
+                              dtype=torch.float64)
+        dist.all_reduce(shared)
+        loss_value = shared[0].item() / world
+        stop_code = int(shared[1].item() > 0) and _max_code(flags.code, device)
+        step_time = time.perf_counter() - step_start
+        if on_step is not None:
+            on_step(state.step)
+
+        if state.step % log_every == 0 or state.step == cfg.train.max_steps or stop_code:
+            elapsed = time.perf_counter() - window_start
+            tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
+            metrics.log(state.step, cfg.train.max_steps, loss=loss_value,
+                        lr=engine.get_lr()[0], tokens_per_s=tps, tokens_per_s_per_gpu=tps / world,
+                        step_time=step_time, consumed_samples=state.step * gbs)
+            window_start, window_steps = time.perf_counter(), 0
+
+        finished = state.step >= cfg.train.max_steps
+        by_steps = every_steps > 0 and state.step % every_steps == 0
+        if finished or stop_code or by_steps or shared[2].item() > 0:
+            save(state.step)
+            state.last_save_step, state.last_save_time = state.step, time.time()
+        if stop_code:
+            return Outcome(state.step, stop_code)
+    return Outcome(state.step, NONE)
+
+
+def _max_code(local: int, device: torch.device) -> int:
+    """The strongest signal any rank received (TERM outranks USR2)."""
+    code = torch.tensor([local], dtype=torch.int64)
+    dist.all_reduce(code, op=dist.ReduceOp.MAX)
+    return int(code.item())

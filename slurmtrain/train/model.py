@@ -1,0 +1,44 @@
+"""The OPT model, built from config with transformers' classes: nothing is downloaded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+
+def opt_config(cfg: DictConfig) -> Any:
+    from transformers import OPTConfig
+
+    m = cfg.model
+    return OPTConfig(
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+        ffn_dim=m.ffn_dim, num_attention_heads=m.num_heads, max_position_embeddings=m.max_positions,
+        word_embed_proj_dim=m.word_embed_proj_dim or m.hidden_size,
+        do_layer_norm_before=m.layer_norm_before, dropout=m.dropout, attention_dropout=m.dropout,
+        activation_dropout=0.0, layerdrop=0.0, enable_bias=True, use_cache=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def build(cfg: DictConfig, ds_config: dict[str, Any]) -> torch.nn.Module:
+    """ZeRO-3 builds under `deepspeed.zero.Init` so no rank ever holds the whole model."""
+    import deepspeed
+    from transformers import OPTForCausalLM
+
+    torch.manual_seed(cfg.train.seed)
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=cfg.deepspeed.stage == 3):
+        if cfg.model.pretrained_path:
+            model = OPTForCausalLM.from_pretrained(cfg.model.pretrained_path, local_files_only=True)
+        else:
+            model = OPTForCausalLM(opt_config(cfg))
+    if cfg.model.activation_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def loss_fn(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:]."""
+    logits = model(input_ids=window[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)), window[:, 1:].reshape(-1))
