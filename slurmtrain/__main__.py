@@ -32,7 +32,7 @@ def launch(cfg: DictConfig, overrides: list[str]) -> int:
     from slurmtrain import planning, runs
 
     cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
-    schema.validate(cfg)
+    schema.validate(cfg, submitting=not cfg.dry_run)
     report = planning.report(cfg)
     if cfg.dry_run:
         print(OmegaConf.to_yaml(cfg, resolve=True))

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from slurmtrain.errors import ConfigError
 
@@ -42,6 +43,13 @@ def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
     save = _positive("checkpoint save_seconds", save_seconds, "measure a save first or set checkpoint.interval")
     mtbf = _positive("checkpoint mtbf_seconds", mtbf_seconds, "set the cluster's job MTBF in seconds")
     return math.sqrt(2.0 * save * mtbf)
+
+
+def measured_save_seconds(ledger: Sequence[dict], last: int = 5) -> Optional[float]:
+    """Median blocking time of the run's last `last` saves (ledger rows), None before the first save."""
+    secs = [float(e["seconds"]) for e in ledger if e.get("event") == "checkpoint_saved"
+            and isinstance(e.get("seconds"), (int, float)) and e["seconds"] > 0][-last:]
+    return statistics.median(secs) if secs else None
 
 
 def daly_interval(save_seconds: float, mtbf_seconds: float) -> float:

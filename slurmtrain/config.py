@@ -109,7 +109,10 @@ class ClusterConfig:
 class TrainConfig:
     max_steps: int = 200
     micro_batch_size: int = 4
-    global_batch_size: int = 8  # fixed across world sizes: grad accumulation adjusts
+    # None: micro batch x grad_accumulation x data-parallel size of the largest allocation, fixed at
+    # the first submission; afterwards constant across world sizes (grad accumulation adjusts).
+    global_batch_size: Optional[int] = None
+    grad_accumulation: int = 1  # only used to derive global_batch_size when it is None
     log_interval: int = 10
     seed: int = 1234
 
@@ -134,7 +137,7 @@ class RootConfig:
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
 # another node count (the global batch is fixed) is the same experiment.
 NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "nodes", "gpus_per_node", "cluster",
-                   "train.log_interval", "checkpoint")
+                   "train.log_interval", "train.grad_accumulation", "checkpoint")
 
 
 def register() -> None:
@@ -196,9 +199,23 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r}: unknown; choose one of {', '.join(choices)}")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Every check Hydra's types cannot do; the first failure raises one ConfigError line."""
+def resolve_batch(cfg: DictConfig) -> None:
+    """Fill in global_batch_size when it was left to be derived (login node, before hashing)."""
+    if cfg.train.global_batch_size is None:
+        _positive("train.micro_batch_size", cfg.train.micro_batch_size)
+        _positive("train.grad_accumulation", cfg.train.grad_accumulation)
+        cfg.train.global_batch_size = (cfg.train.micro_batch_size * cfg.train.grad_accumulation
+                                       * world_size(cfg))
+
+
+def validate(cfg: DictConfig, submitting: bool = True) -> None:
+    """Every check Hydra's types cannot do; the first failure raises one ConfigError line.
+
+    A dry run plans any size (`model=opt13b nodes=64` on a laptop); only a real submission needs a
+    backend that can place it.
+    """
     low, high = node_range(cfg.nodes)
+    resolve_batch(cfg)
     for key in ("train.max_steps", "train.micro_batch_size", "train.global_batch_size",
                 "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
                 "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
@@ -232,7 +249,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.data.seq_len > cfg.model.max_positions:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len}: above model.max_positions="
                           f"{cfg.model.max_positions}; use data.seq_len<={cfg.model.max_positions}")
-    if cfg.cluster.kind == "local" and high != 1:
+    if submitting and cfg.cluster.kind == "local" and high != 1:
         raise ConfigError(f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
                           f"use nodes=1 or cluster=slurm")
     for n in sorted({low, high}):

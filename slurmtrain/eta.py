@@ -33,7 +33,7 @@ class Eta:
 
 
 def slurm_time_seconds(text: str, key: str = "cluster.time") -> Optional[float]:
-    """Slurm's --time formats in seconds ("90", "1:30:00", "2-12", "2-12:30:00"); None = unlimited."""
+    """Slurm --time in seconds ("90", "1:30:00", "2-12", "2-12:30:00"); None when unlimited."""
     value = str(text).strip()
     if value.upper() in ("UNLIMITED", "INFINITE"):
         return None

@@ -161,6 +161,7 @@ def analyze(ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]],
             if e["event"] == "rendezvous_done" and (sec := _num(e.get("seconds"))) is not None:
                 a.begin = min(a.begin, e["time"] - max(sec, 0.0))
 
+    start = min([start, *(a.begin for a in chain)])
     last = chain[-1] if chain else None
     kinds = last.kinds() if last else set()
     resubmitted = last is not None and any(s > last.end for s in submitted)

@@ -96,10 +96,11 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", verbose=False)
     rendezvous_s = time.time() - started
     gathered: list[Any] = [None] * where.world_size
-    dist.all_gather_object(gathered, where.node)
-    nodes = sorted(set(gathered))
+    dist.all_gather_object(gathered, (where.node, os.getpid()))
+    nodes = sorted({node for node, _ in gathered})
     attempt = Attempt(run, where, nodes, _broadcast(run.attempts() + 1 if where.rank == 0 else 0))
-    attempt.record("started", world_size=where.world_size, hosts=gathered, pid=os.getpid())
+    attempt.record("started", world_size=where.world_size, hosts=[n for n, _ in gathered],
+                   pids=[p for _, p in gathered])
     attempt.record("rendezvous_done", seconds=rendezvous_s)
     if where.rank == 0:
         provenance.write(run.provenance, f"attempt_{attempt.number}",
@@ -125,6 +126,7 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
 
     from slurmtrain import checkpoint as ckpt
     from slurmtrain import ds_config
+    from slurmtrain.inject import Injector
     from slurmtrain.train import data, loop, model
     from slurmtrain.train.metrics import MetricsWriter
 
@@ -173,7 +175,7 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
     state = loop.LoopState(start_step, start_step, time.time())
     try:
         outcome = loop.train(engine, cfg, tokens, sampler, state, world, rank, device, metrics,
-                             flags, save)
+                             flags, save, on_step=Injector(rank).after_step)
     finally:
         metrics.close()
     if outcome.stop_code == faults.NONE:

@@ -18,8 +18,9 @@ Model states follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem
   The 18 is DeepSpeed's budget: 2 params16 + 2 grads16 + 12 optimizer persist, plus 2 for the
   fp32 grad copy stage 3 materialises one sub_group at a time in step(). Offload: GPU 2P/N + 4L
   (optimizer), 4L (optimizer + params).
-CPU per node = max(model built in fp32 by every rank at init, offloaded states) x 1.5 (DeepSpeed's
-additional_buffer_factor; PyTorch's pinned host allocator rounds blocks up to powers of two).
+CPU per node = 1.5 (DeepSpeed's additional_buffer_factor; PyTorch's pinned host allocator rounds
+blocks up to powers of two) x max(the fp32 model every rank builds at init, offloaded states);
+stage 3 under zero.Init builds layers on the GPU: offloaded states, else 4L per rank (DeepSpeed's).
 DeepSpeed's zero2+offload CPU figure, max(4 x total_gpus, 16) x P x 1.5, scales with *all* GPUs of
 the job; we use the per-node count (like its own stage-3 code), so the two agree on one node only.
 """
@@ -90,7 +91,7 @@ def _embed_dim(model: ModelShape) -> int:
 
 
 def param_count(model: ModelShape) -> int:
-    """Parameters of Hugging Face's OPTForCausalLM for this shape (lm_head tied to the embedding)."""
+    """Parameters of Hugging Face's OPTForCausalLM of this shape (lm_head tied to the embedding)."""
     h, f, e = model.hidden_size, model.ffn_dim, _embed_dim(model)
     layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 2 * 2 * h  # attention, MLP, 2 layernorms
     total = model.vocab_size * e + (model.max_positions + 2) * h + model.num_layers * layer
@@ -146,7 +147,8 @@ class Setting:
         if current is None or self.micro_batch != current.micro_batch:
             parts.append(f"train.micro_batch_size={self.micro_batch}")
         if current is None or self.activation_checkpointing != current.activation_checkpointing:
-            parts.append(f"model.activation_checkpointing={str(self.activation_checkpointing).lower()}")
+            ckpt = str(self.activation_checkpointing).lower()
+            parts.append(f"model.activation_checkpointing={ckpt}")
         return " ".join(parts)
 
 
@@ -246,6 +248,8 @@ def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = 
 
     `zero_init`: stage 3 builds the model under deepspeed.zero.Init, so no rank ever holds it
     whole; without it (and always in stages 0-2) every rank first builds it in fp32 on the host.
+    Host memory under zero.Init is then the offloaded states, or (no offload) DeepSpeed's budget
+    of one fp32 largest layer per rank.
     """
     setting = Setting(stage, offload_optimizer, offload_param, micro_batch,
                       activation_checkpointing)
@@ -280,8 +284,11 @@ def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = 
         buffers = d * (min(REDUCE_BUCKET, p) + min(PREFETCH_BUCKET, p))
     acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention)
     allocated = params + grads + optim + acts + buffers
-    init = 4 * (big if stage == 3 and zero_init else p) * gpus_per_node
-    cpu = CPU_BUFFER_FACTOR * max(init, host * gpus_per_node)
+    if stage == 3 and zero_init:  # layers are built on the GPU; no rank holds the whole model
+        cpu = host * gpus_per_node if offload_optimizer else 4 * big * gpus_per_node
+    else:  # every rank first builds the model in fp32 on the host
+        cpu = max(4 * p * gpus_per_node, host * gpus_per_node)
+    cpu *= CPU_BUFFER_FACTOR
     return MemoryPlan(
         model=model.name, setting=setting, nodes=nodes, gpus_per_node=gpus_per_node,
         seq_len=seq_len, dtype=dtype, num_params=p, params=int(params), grads=int(grads),
@@ -329,17 +336,11 @@ def recommend(model: ModelShape, *, nodes: int, gpus_per_node: int, gpu_mem_byte
     return None
 
 
-def _short(s: Setting) -> str:
-    text = f"zero{s.stage}" + ("+offload_opt" if s.offload_optimizer else "")
-    return text + ("+offload_param" if s.offload_param else "")
-
-
 def summary(plan: MemoryPlan, gpu_mem_bytes: int,
             recommendation: Optional[Recommendation] = None) -> str:
     """One line: the plan against the GPU, and (when it does not fit) what would."""
     s = plan.setting
-    head = (f"{plan.model} {_short(s)} mb={s.micro_batch}{' ckpt' if s.activation_checkpointing else ''}"
-            f" seq={plan.seq_len}: {plan.total / GiB:.1f} GiB/GPU")
+    head = f"{plan.model} {s.label()} seq={plan.seq_len}: {plan.total / GiB:.1f} GiB/GPU"
     if plan.total <= gpu_mem_bytes:
         return f"{head} <= {gpu_mem_bytes / GiB:.1f} GiB (fits)"
     head += f" > {gpu_mem_bytes / GiB:.1f} GiB"

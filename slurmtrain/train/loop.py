@@ -36,7 +36,7 @@ class Outcome:
 def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: LoopState,
           world: int, rank: int, device: torch.device, metrics: MetricsWriter,
           flags: SignalFlags, save: Callable[[int], None],
-          on_step: Optional[Callable[[int], None]] = None) -> Outcome:
+          on_step: Optional[Callable[[int, float], None]] = None) -> Outcome:
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
     accum = gbs // (micro * world)
     every_steps = cfg.checkpoint.interval_steps
@@ -67,7 +67,7 @@ def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: Lo
         stop_code = int(shared[1].item() > 0) and _max_code(flags.code, device)
         step_time = time.perf_counter() - step_start
         if on_step is not None:
-            on_step(state.step)
+            on_step(state.step, step_time)
 
         if state.step % log_every == 0 or state.step == cfg.train.max_steps or stop_code:
             elapsed = time.perf_counter() - window_start

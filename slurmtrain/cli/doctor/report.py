@@ -6,7 +6,7 @@ import sys
 from typing import Optional, Sequence
 
 from .results import CheckResult
-from .runner import NodeReport, this_node
+from .runner import NodeReport, comparable, this_node
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
@@ -57,28 +57,35 @@ def render(checks: Sequence[CheckResult], title: str, plain: bool = False) -> No
 
 
 def render_nodes(nodes: Sequence[NodeReport], extra: Sequence[CheckResult], plain: bool = False) -> None:
-    """Compute nodes side by side (status + short value), then every non-ok row with its advice."""
+    """Compute nodes side by side: one status column per node and the value when all nodes agree;
+    then every non-ok or differing row per node, with its advice."""
+    names = list(dict.fromkeys(c.name for n in nodes for c in n.checks))
+    by_node = [{c.name: c for c in n.checks} for n in nodes]
+    values = {name: {comparable(row[name].value) for row in by_node if name in row} for name in names}
+    first = {name: next(row[name].value for row in by_node if name in row) for name in names}
     if nodes and not plain:
         try:
             from rich.table import Table
+        except ImportError:
+            plain = True
+        else:
             table = Table(title="compute nodes (srun)", title_justify="left")
             table.add_column("check", no_wrap=True)
             for n in nodes:
-                table.add_column(n.node)
-            names = list(dict.fromkeys(c.name for n in nodes for c in n.checks))
+                table.add_column(n.node, no_wrap=True)
+            table.add_column("value (same on every node unless marked)")
             for name in names:
-                cells = []
-                for n in nodes:
-                    c = next((c for c in n.checks if c.name == name), None)
-                    cells.append(f"[{STYLE[c.status]}]{c.status}[/] {c.value[:48]}" if c else "-")
-                table.add_row(name, *cells)
+                cells = [f"[{STYLE[row[name].status]}]{row[name].status}[/]" if name in row else "-" for row in by_node]
+                same = len(values[name]) == 1
+                table.add_row(name, *cells, first[name] if same else "[yellow]differs, see below[/]")
             _console().print(table)
-        except ImportError:
-            plain = True
     if plain:
         for n in nodes:
             _plain(n.checks, f"node {n.node} ({n.host})")
-    problems = [(n.node, c) for n in nodes for c in n.checks if c.status != "ok"]
+        problems = []
+    else:
+        problems = [(n.node, c) for n, row in zip(nodes, by_node) for c in row.values()
+                    if c.status != "ok" or len(values[c.name]) > 1]
     problems += [("srun", c) for c in extra if c.status != "ok"] + [("all", c) for c in extra if c.status == "ok"]
     for where, c in problems:
         print(f"  {where} {c.name} [{c.status}]: {c.value}" + (f"\n      -> {c.advice}" if c.advice else ""))

@@ -63,6 +63,7 @@ class Cmd:
     rc: int
     out: str
     err: str
+    timeout: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -70,11 +71,15 @@ class Cmd:
 
     def reason(self) -> str:
         """The last meaningful stderr (or stdout) line: Slurm puts the real cause last ('fatal: ...')."""
+        last = ""
         for text in (self.err, self.out):
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             if lines:
-                return lines[-1]
-        return f"exit code {self.rc}"
+                last = lines[-1]
+                break
+        if self.rc == 124:
+            return f"{last} (no answer within {self.timeout:g} s)" if last else f"no answer within {self.timeout:g} s"
+        return last or f"exit code {self.rc}"
 
 
 def run_cmd(argv: Sequence[str], timeout: float, env: Optional[dict[str, str]] = None) -> Cmd:
@@ -85,11 +90,17 @@ def run_cmd(argv: Sequence[str], timeout: float, env: Optional[dict[str, str]] =
                               stdin=subprocess.DEVNULL, errors="replace")
     except FileNotFoundError:
         return Cmd(tuple(argv), 127, "", f"{argv[0]}: command not found")
-    except subprocess.TimeoutExpired:
-        return Cmd(tuple(argv), 124, "", f"{argv[0]}: no answer within {timeout:g} s")
+    except subprocess.TimeoutExpired as exc:  # keep what it said so far: often the real cause
+        return Cmd(tuple(argv), 124, _text(exc.stdout), _text(exc.stderr), timeout)
     except OSError as err:
         return Cmd(tuple(argv), 126, "", f"{argv[0]}: {err}")
     return Cmd(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+
+def _text(data: "bytes | str | None") -> str:
+    if isinstance(data, bytes):
+        return data.decode(errors="replace")
+    return data or ""
 
 
 def on_compute_node() -> bool:

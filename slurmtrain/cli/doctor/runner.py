@@ -91,10 +91,14 @@ def parse_srun_output(text: str) -> dict[int, dict]:
     return docs
 
 
+def comparable(value: str) -> str:
+    """A value with its timings removed, for comparing nodes."""
+    return re.sub(r"import [\d.]+ s", "import", value)
+
+
 def consistency(login: list[CheckResult], nodes: list[NodeReport]) -> CheckResult:
     """Versions must match across login and compute nodes; timings are ignored."""
-    def norm(v: str) -> str:
-        return re.sub(r"import [\d.]+ s", "", v)
+    norm = comparable
     rows = {"login": {c.name: norm(c.value) for c in login}}
     rows.update({n.node: {c.name: norm(c.value) for c in n.checks} for n in nodes})
     differ = [name for name in CONSISTENT if len({r.get(name) for r in rows.values()}) > 1]

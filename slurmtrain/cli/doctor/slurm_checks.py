@@ -30,6 +30,12 @@ def slurm_advice(cmd: Cmd) -> str:
     return "run the command by hand to see the full error"
 
 
+def why(cmd: Cmd) -> str:
+    """'tool: reason', without doubling the tool name Slurm already prints."""
+    tool, reason = cmd.argv[0], cmd.reason()
+    return reason if reason.startswith(tool) else f"{tool}: {reason}"
+
+
 def _version(tool: str, timeout: float) -> tuple[str, Cmd]:
     return tool, run_cmd([tool, "--version"], timeout)
 
@@ -49,7 +55,7 @@ def check_slurm_tools(timeout: float) -> CheckResult:
         value += f"; missing {' '.join(missing)}"
     if broken:
         tool, cmd = next(iter(broken.items()))
-        return CheckResult("slurm_tools", "fail", f"{' '.join(broken)} fail: {cmd.reason()}"
+        return CheckResult("slurm_tools", "fail", f"{' '.join(broken)} fail: {why(cmd)}"
                            + (f"; missing {' '.join(missing)}" if missing else ""), slurm_advice(cmd))
     if any(t in missing for t in REQUIRED):
         return CheckResult("slurm_tools", "fail", value, "sbatch, srun and scontrol are needed to submit, "
@@ -85,7 +91,7 @@ def summarize_sinfo(text: str) -> tuple[str, int]:
 def check_slurm_controller(timeout: float) -> CheckResult:
     cmd = run_cmd(["sinfo", "-h", "-o", "%P|%a|%l|%D|%T"], timeout)
     if not cmd.ok:
-        return CheckResult("slurm_controller", "fail", f"sinfo: {cmd.reason()}", slurm_advice(cmd))
+        return CheckResult("slurm_controller", "fail", why(cmd), slurm_advice(cmd))
     summary, bad = summarize_sinfo(cmd.out)
     if bad:
         return CheckResult("slurm_controller", "warn", summary, f"{bad} node(s) down/drained: "
@@ -97,7 +103,10 @@ def check_slurm_accounting(timeout: float) -> CheckResult:
     cmd = run_cmd(["sacct", "-n", "-X", "-P", "-S", "now", "-E", "now", "-o", "JobID"], timeout)
     if cmd.ok:
         return CheckResult("slurm_accounting", "ok", "sacct answers (job history available)")
-    return CheckResult("slurm_accounting", "warn", f"sacct: {cmd.reason()}",
+    reason = cmd.reason().lower()
+    if not any(word in reason for word in ("accounting", "slurmdbd", "database")):
+        return CheckResult("slurm_accounting", "warn", why(cmd), slurm_advice(cmd))
+    return CheckResult("slurm_accounting", "warn", why(cmd),
                        "no job accounting: status falls back to squeue/scontrol and the run ledger; finished "
                        "jobs vanish after MinJobAge (admins: AccountingStorageType=accounting_storage/slurmdbd)")
 
@@ -182,7 +191,7 @@ def check_partition(partition: Optional[str], timeout: float) -> CheckResult:
         conf, parts_cmd = conf_f.result(), part_f.result()
     for cmd in (conf, parts_cmd):
         if not cmd.ok:
-            return CheckResult("partition", "fail", f"{partition or 'default'}: scontrol: {cmd.reason()}",
+            return CheckResult("partition", "fail", f"{partition or 'default'}: {why(cmd)}",
                                slurm_advice(cmd))
     parts = parse_partitions(parts_cmd.out)
     names = [p["PartitionName"] for p in parts]

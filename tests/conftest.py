@@ -1,0 +1,42 @@
+"""Shared test helpers: run `python -m slurmtrain` as a user would, in a scratch directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def slurmtrain_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("SLURMTRAIN_INJECT", None)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra or {})
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, env: Optional[dict[str, str]] = None,
+            module: str = "slurmtrain", timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", module, *args], cwd=cwd, env=slurmtrain_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.glob("*/*/config.yaml"))
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path

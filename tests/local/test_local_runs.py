@@ -1,0 +1,75 @@
+"""The embedded default end to end on this machine: train, finish, refuse to redo, survive SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import PYTHON, read_jsonl, run_cli, run_dirs, slurmtrain_env
+
+FAST = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
+
+
+def losses_by_step(run: Path) -> dict[int, float]:
+    """The loss of each step as finally computed (a later attempt's row replaces an earlier one)."""
+    return {row["step"]: row["loss"] for row in read_jsonl(run / "metrics.jsonl")}
+
+
+def test_default_run_finishes_with_falling_loss_and_a_rerun_trains_nothing(workdir):
+    done = run_cli(FAST, cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_dirs(workdir / "runs")
+    events = [e["event"] for e in read_jsonl(run / "ledger.jsonl")]
+    assert events[0] == "submitted" and events[-1] == "finished"
+    losses = losses_by_step(run)
+    assert sorted(losses) == list(range(1, 41))
+    assert sum(losses[s] for s in range(36, 41)) < 0.85 * sum(losses[s] for s in range(1, 6))
+    assert (run / "checkpoints" / "latest").read_text() == "step_40"
+    for name in ("config.yaml", "overrides.yaml", "provenance/submit_1.json",
+                 "provenance/attempt_1.json", "provenance/attempt_1.pip-freeze.txt"):
+        assert (run / name).is_file(), name
+
+    again = run_cli(FAST, cwd=workdir)
+    assert again.returncode == 0
+    assert "already finished" in again.stdout and str(run) in again.stdout
+    assert [e["event"] for e in read_jsonl(run / "ledger.jsonl")] == events
+
+
+def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if metrics.exists() and any(r["step"] >= step for r in read_jsonl(metrics)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never reached step {step}")
+
+
+def test_sigkill_mid_run_then_rerun_resumes_bitwise(workdir):
+    reference = run_cli(FAST + ["name=reference"], cwd=workdir)
+    assert reference.returncode == 0, reference.stderr
+    [ref_run] = run_dirs(workdir / "runs")
+
+    env = slurmtrain_env({"SLURMTRAIN_INJECT": "step_delay=0.15"})
+    proc = subprocess.Popen([PYTHON, "-m", "slurmtrain", *FAST, "name=killed"], cwd=workdir,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = workdir / "runs" / "killed" / ref_run.name  # same config: same fingerprint
+    _wait_for_step(run / "metrics.jsonl", 25, proc)
+    [started] = [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == "started"]
+    for pid in started["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert not any(e["event"] == "finished" for e in read_jsonl(run / "ledger.jsonl"))
+
+    resumed = run_cli(FAST + ["name=killed"], cwd=workdir)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming" in resumed.stdout
+    ledger = read_jsonl(run / "ledger.jsonl")
+    [loaded] = [e for e in ledger if e["event"] == "checkpoint_loaded"]
+    assert loaded["attempt"] == 2 and loaded["step"] in (20, 30)
+    assert ledger[-1]["event"] == "finished"
+    assert losses_by_step(run) == losses_by_step(ref_run)  # bitwise: fp32 on CPU

@@ -1,0 +1,38 @@
+"""The login path stays light: composing, validating and planning never import torch & co."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT, run_cli, slurmtrain_env
+
+HEAVY = ("torch", "deepspeed", "transformers")
+
+
+def test_dry_run_of_a_big_model_prints_the_plan(workdir):
+    done = run_cli(["model=opt13b", "nodes=64", "dry_run=true"], cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert "num_layers: 40" in done.stdout
+    assert "plan:" in done.stdout and "world size 128" in done.stdout  # 64 nodes x 2 CPU tasks
+    assert not (workdir / "runs").exists()
+
+
+def test_login_path_does_not_import_heavy_modules(workdir):
+    code = f"""
+import sys
+from hydra import compose, initialize_config_dir
+import slurmtrain.__main__ as main
+from slurmtrain import config, planning, runs
+with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    cfg = compose("config", overrides=["model=opt13b", "nodes=64"])
+config.validate(cfg, submitting=False)
+planning.report(cfg)
+runs.fingerprint(cfg)
+import slurmtrain.submit, slurmtrain.submit.local
+print(sorted(m for m in {HEAVY!r} if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=slurmtrain_env(),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
