@@ -38,8 +38,8 @@ def launch(cfg: DictConfig, overrides: list[str]) -> int:
         print(OmegaConf.to_yaml(cfg, resolve=True))
         print(report.text)
         return 0
+    report.enforce(cfg)  # before printing: a refusal is one line
     print(report.text)
-    report.enforce(cfg)
     run = runs.locate(cfg)
     state = run.state()
     if state == runs.FINISHED:

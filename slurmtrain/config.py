@@ -8,6 +8,7 @@ torch: the login node composes and validates in well under a second.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class ClusterConfig:
     exclusive: bool = False
     signal_lead_s: int = 120
     array_parallelism: int = 16  # %N throttle of a sweep's job array
+    gpu_type: str = "H100"  # for the plan's peak TFLOPS and ETA when nothing was measured yet
+    gpu_mem_gb: float = 80.0  # what the memory plan must fit into, per GPU
+    cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
     container: str = "none"  # none | apptainer | pyxis
     image: Optional[str] = None
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
@@ -132,11 +136,15 @@ class RootConfig:
     gpus_per_node: int = 0  # 0: CPU (gloo); > 0: one task per GPU (NCCL)
     dry_run: bool = False
     new_run: bool = False  # start a fresh run even if this exact config already ran
+    force: bool = False  # submit even when the memory plan says it does not fit
+    mfu_guess: float = 0.4  # MFU assumed for an ETA before any throughput was measured
+    peak_tflops: Optional[float] = None  # overrides the GPU table (MFU on CPUs or unlisted GPUs)
 
 
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
 # another node count (the global batch is fixed) is the same experiment.
-NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "nodes", "gpus_per_node", "cluster",
+NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "force", "mfu_guess", "peak_tflops",
+                   "nodes", "gpus_per_node", "cluster",
                    "train.log_interval", "train.grad_accumulation", "checkpoint")
 
 
@@ -246,6 +254,12 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
             raise ConfigError(f"data.path={path!r}: no such token file; make one with "
                               f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass "
                               f"data.path=FILE.bin")
+        meta_path = os.path.splitext(path)[0] + ".json"
+        vocab = _sidecar_vocab(meta_path)
+        if vocab is not None and vocab > cfg.model.vocab_size:
+            raise ConfigError(f"data.path={path!r}: tokens go up to {vocab} but model.vocab_size="
+                              f"{cfg.model.vocab_size}; use a model with a larger vocabulary or "
+                              f"set model.vocab_size={vocab}")
     if cfg.data.seq_len > cfg.model.max_positions:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len}: above model.max_positions="
                           f"{cfg.model.max_positions}; use data.seq_len<={cfg.model.max_positions}")
@@ -257,6 +271,14 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     if cfg.model.pretrained_path and not os.path.isdir(cfg.model.pretrained_path):
         raise ConfigError(f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
                           f"point it at a local Hugging Face model folder")
+
+
+def _sidecar_vocab(meta_path: str) -> Optional[int]:
+    try:
+        with open(meta_path) as f:
+            return int(json.load(f)["vocab_size"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def load_run_config(path: str) -> DictConfig:

@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 # Display order; PRECEDENCE decides who owns a second claimed by two rules.
 PARTS = ("queue_wait", "startup", "checkpoint_load", "productive", "checkpoint_save", "work_lost",
@@ -53,8 +53,7 @@ class Goodput:
         return {p: getattr(self, p) for p in PARTS}
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
     start: float
     end: float
     part: str
@@ -261,24 +260,26 @@ def _paint(claims: list[tuple[float, float, int]], start: float, end: float) -> 
             points += [(s, p, 1), (e, p, -1)]
     points.sort()
     active = [0] * len(PRECEDENCE)
-    out: list[Segment] = []
+    starts: list[float] = []
+    ends: list[float] = []
+    parts: list[str] = []
     cur = start
-
-    def emit(until: float) -> None:
-        part = next((PRECEDENCE[i] for i, c in enumerate(active) if c > 0), "other")
-        if out and out[-1].part == part and out[-1].end == cur:
-            out[-1] = Segment(out[-1].start, until, part)
-        else:
-            out.append(Segment(cur, until, part))
-
-    for t, p, d in points:
+    for t, p, d in [*points, (end, 0, 0)]:
         if t > cur:
-            emit(t)
+            top = "other"
+            for i, c in enumerate(active):
+                if c:
+                    top = PRECEDENCE[i]
+                    break
+            if parts and parts[-1] == top:
+                ends[-1] = t
+            else:
+                starts.append(cur)
+                ends.append(t)
+                parts.append(top)
             cur = t
         active[p] += d
-    if end > cur:
-        emit(end)
-    return out
+    return [Segment(*x) for x in zip(starts, ends, parts)]
 
 
 def analyze_run(run_dir: Path | str, now: Optional[float] = None) -> Analysis:

@@ -1,41 +1,101 @@
-"""What the login node shows before submitting: world size, batch math, parameters, memory, ETA.
+"""What the login node shows before submitting: world size, batch math, memory fit, ETA.
 
-Glue between the config and the pure planners (plan.py, flops.py, eta.py); `enforce` refuses a plan
-that does not fit the GPUs.
+Glue between the config and the pure planners (plan.py, flops.py, eta.py). `enforce` refuses a plan
+that does not fit the GPUs (exit 2, one line with the numbers and the setting that would fit) unless
+`force=true`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from omegaconf import DictConfig
 
+from slurmtrain import eta, flops, plan
 from slurmtrain.config import grad_accumulation, node_range, resolved_dtype, tasks_per_node
+from slurmtrain.errors import ConfigError
 
 
 @dataclass
 class PlanReport:
     lines: list[str] = field(default_factory=list)
+    misfit: Optional[str] = None  # the refusal line when the plan does not fit
 
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
 
     def enforce(self, cfg: DictConfig) -> None:
-        """Raise ConfigError when the plan does not fit (overridable)."""
+        if self.misfit and not cfg.force:
+            raise ConfigError(f"{self.misfit} (force=true submits anyway)")
 
 
-def report(cfg: DictConfig) -> PlanReport:
+def _setting(cfg: DictConfig) -> plan.Setting:
+    ds = cfg.deepspeed
+    return plan.Setting(ds.stage, ds.offload_optimizer, ds.offload_param,
+                        cfg.train.micro_batch_size, cfg.model.activation_checkpointing)
+
+
+def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
+    gpus, dtype = cfg.gpus_per_node, resolved_dtype(cfg)
+    seq, gpu_mem = cfg.data.seq_len, int(cfg.cluster.gpu_mem_gb * plan.GiB)
+    cpu_mem = int(cfg.cluster.cpu_mem_gb * plan.GiB) if cfg.cluster.cpu_mem_gb else None
+    mine = plan.plan_memory(cfg.model, nodes=nodes, gpus_per_node=gpus, seq_len=seq, dtype=dtype,
+                            **_setting(cfg).knobs())
+    g = plan.GiB
+    out.lines.append(
+        f"plan: memory/GPU {mine.total / g:.1f} GiB of {cfg.cluster.gpu_mem_gb:g} GiB = params "
+        f"{mine.params / g:.1f} + grads {mine.grads / g:.1f} + optimizer {mine.optimizer / g:.1f} "
+        f"+ activations {mine.activations / g:.1f} + buffers {(mine.buffers + mine.overhead) / g:.1f}"
+        f"; host/node {mine.cpu_per_node / g:.0f} GiB")
+    if mine.fits(gpu_mem, cpu_mem):
+        out.lines.append(f"plan: fits ({mine.total / g:.1f} <= {cfg.cluster.gpu_mem_gb:g} GiB/GPU)")
+        return
+    best = plan.recommend(cfg.model, nodes=nodes, gpus_per_node=gpus, gpu_mem_bytes=gpu_mem,
+                          seq_len=seq, dtype=dtype, cpu_mem_bytes_per_node=cpu_mem,
+                          global_batch_size=cfg.train.global_batch_size)
+    out.misfit = f"plan does not fit: {plan.summary(mine, gpu_mem, best)}"
+    out.lines.append(out.misfit)
+
+
+def eta_line(cfg: DictConfig, world: int, measured_tps: Optional[float]) -> Optional[str]:
+    fpt = flops.flops_per_token(cfg.model, cfg.data.seq_len)
+    tps, source = measured_tps, "measured"
+    if tps is None:
+        peak = cfg.peak_tflops or flops.detect_peak(cfg.cluster.gpu_type, resolved_dtype(cfg))
+        if cfg.gpus_per_node == 0 and not cfg.peak_tflops:
+            return None  # no honest guess for CPUs
+        if not peak:
+            return None
+        tps, source = world * peak * 1e12 * cfg.mfu_guess / fpt, f"{cfg.mfu_guess:.0%} MFU guess"
+    est = eta.estimate_eta(current_step=0, max_steps=cfg.train.max_steps,
+                           tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
+                           tokens_per_s=tps,
+                           time_limit_s=eta.slurm_time_seconds(cfg.cluster.time)
+                           if cfg.cluster.kind == "slurm" else None,
+                           signal_lead_s=cfg.cluster.signal_lead_s,
+                           save_every_steps=cfg.checkpoint.interval_steps)
+    return f"plan: {eta.format_eta(est)} (at {tps:,.0f} tok/s, {source})"
+
+
+def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
     low, high = node_range(cfg.nodes)
     per_node = tasks_per_node(cfg)
     out = PlanReport()
-    device = f"{cfg.gpus_per_node} GPU" if cfg.gpus_per_node else "CPU"
-    out.lines.append(f"plan: {cfg.model.name}, ZeRO-{cfg.deepspeed.stage}, {resolved_dtype(cfg)}, "
-                     f"nodes {cfg.nodes} x {per_node} tasks ({device})")
+    device = f"{cfg.gpus_per_node} GPUs" if cfg.gpus_per_node else "CPU"
+    out.lines.append(f"plan: {cfg.model.name} ({plan.param_count(cfg.model) / 1e9:.3g}B params), "
+                     f"ZeRO-{cfg.deepspeed.stage}, {resolved_dtype(cfg)}, nodes {cfg.nodes} x "
+                     f"{per_node} tasks ({device})")
     for n in sorted({low, high}):
         world = n * per_node
         out.lines.append(
             f"plan: world size {world}: global batch {cfg.train.global_batch_size} = micro "
             f"{cfg.train.micro_batch_size} x grad accumulation {grad_accumulation(cfg, world)} x "
             f"data-parallel {world}")
+    if cfg.gpus_per_node > 0:
+        memory_lines(cfg, low, out)  # the smallest allocation is the one that must fit
+    line = eta_line(cfg, low * per_node, measured_tps)
+    if line:
+        out.lines.append(line)
     return out

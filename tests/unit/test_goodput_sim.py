@@ -75,3 +75,9 @@ def test_cli_prints_a_row_per_interval_and_young_daly() -> None:
     rows = [line.split()[0] for line in out.splitlines()[6:]]
     assert rows == ["10", "30", "60", "120", "young-daly"]
     assert "job MTBF 12.37 h" in out
+
+
+def test_measured_save_seconds_is_the_median_of_recent_saves() -> None:
+    rows = [{"event": "checkpoint_saved", "seconds": s} for s in (100, 10, 20, 30, 40, 50)]
+    assert ci.measured_save_seconds(rows) == 30
+    assert ci.measured_save_seconds([{"event": "started"}]) is None

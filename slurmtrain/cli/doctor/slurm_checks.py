@@ -99,8 +99,8 @@ def check_slurm_controller(timeout: float) -> CheckResult:
     return CheckResult("slurm_controller", "ok", summary)
 
 
-def check_slurm_accounting(timeout: float) -> CheckResult:
-    cmd = run_cmd(["sacct", "-n", "-X", "-P", "-S", "now", "-E", "now", "-o", "JobID"], timeout)
+def accounting_verdict(cmd: Cmd) -> CheckResult:
+    """sacct's answer -> result; a general Slurm failure gets that advice, not the accounting one (pure)."""
     if cmd.ok:
         return CheckResult("slurm_accounting", "ok", "sacct answers (job history available)")
     reason = cmd.reason().lower()
@@ -109,6 +109,10 @@ def check_slurm_accounting(timeout: float) -> CheckResult:
     return CheckResult("slurm_accounting", "warn", why(cmd),
                        "no job accounting: status falls back to squeue/scontrol and the run ledger; finished "
                        "jobs vanish after MinJobAge (admins: AccountingStorageType=accounting_storage/slurmdbd)")
+
+
+def check_slurm_accounting(timeout: float) -> CheckResult:
+    return accounting_verdict(run_cmd(["sacct", "-n", "-X", "-P", "-S", "now", "-E", "now", "-o", "JobID"], timeout))
 
 
 def parse_scontrol_config(text: str) -> dict[str, str]:

@@ -1,0 +1,57 @@
+"""A bare DeepSpeed loop: the same tiny OPT, DeepSpeed config and batches as slurmtrain, nothing else.
+
+Started once per rank by bench/loop_overhead.py (RANK/WORLD_SIZE/... set). Prints, on rank 0, one
+JSON line with the tokens/s between step WARMUP and the last step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def main(run_dir: str, warmup: int) -> None:
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from slurmtrain import ds_config
+    from slurmtrain.config import load_run_config
+    from slurmtrain.train import data, model
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = ds_config.build(cfg, world)
+    net = model.build(cfg, config)
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+    tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
+    sampler = data.Sampler(len(tokens), cfg.data.seq_len, cfg.data.seed)
+    micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
+    accum = gbs // (micro * world)
+    t_warm = 0.0
+    for step in range(cfg.train.max_steps):
+        if step == warmup:
+            t_warm = time.perf_counter()
+        for m in range(accum):
+            ids = sampler.indices(step, m, rank, micro, world, gbs)
+            loss = model.loss_fn(engine, torch.from_numpy(data.batch(tokens, ids, seq)))
+            engine.backward(loss)
+            engine.step()
+        loss_t = loss.detach().reshape(1)
+        dist.all_reduce(loss_t)
+    elapsed = time.perf_counter() - t_warm
+    if rank == 0:
+        steps = cfg.train.max_steps - warmup
+        print(json.dumps({"tokens_per_s": steps * gbs * seq / elapsed}))
+    engine.destroy()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

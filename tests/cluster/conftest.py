@@ -1,0 +1,88 @@
+"""Real-Slurm tests: one local cluster (tools/slurm_cluster.py) per session, shared and left running.
+
+`start` is idempotent, so a cluster someone already started is reused, not restarted. With CI set,
+missing Slurm is installed and any failure to bring the cluster up fails the session: CI never
+skips these tests silently. Elsewhere a machine without Slurm (or without root) skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = REPO / "tools" / "slurm_cluster.py"
+NODES = 4
+NEEDED = ["slurmctld", "slurmd", "slurmdbd", "sbatch", "srun", "scontrol", "sacct", "munged",
+          "mariadbd"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slurm: needs the real local Slurm cluster (tools/slurm_cluster.py start)")
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    nodes: list[str]
+    partitions: dict  # name -> slurmtrain.slurm.PartitionInfo
+    state_dir: Path
+    harness: Path
+
+    def slurmd_pid(self, node: str) -> int:
+        return int((self.state_dir / "run" / f"slurmd-{node}.pid").read_text().split()[0])
+
+    def start(self) -> subprocess.CompletedProcess:
+        """Run the harness `start` again (brings back any slurmd that died)."""
+        return subprocess.run([sys.executable, str(self.harness), "start", "--nodes",
+                               str(len(self.nodes)), "--state-dir", str(self.state_dir)],
+                              capture_output=True, text=True, timeout=300)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in {"", "0", "false", "no"}
+
+
+def _missing() -> list[str]:
+    return [b for b in NEEDED if not shutil.which(b) and not Path("/usr/sbin", b).exists()]
+
+
+def _fail_or_skip(ci: bool, msg: str) -> None:
+    if ci:
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> ClusterInfo:
+    ci = _in_ci()
+    if _missing() and ci and os.geteuid() == 0:
+        subprocess.run([sys.executable, str(HARNESS), "install"], check=False, timeout=1800)
+    missing = _missing()
+    if missing:
+        msg = (f"Slurm is not installed (missing {', '.join(missing)}); "
+               f"run `sudo python {HARNESS.relative_to(REPO)} install`")
+        _fail_or_skip(ci, msg)
+    if os.geteuid() != 0:
+        _fail_or_skip(ci, "the local Slurm cluster needs root (munge, /etc/slurm, /etc/hosts)")
+    state_dir = Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster")).resolve()
+    info = ClusterInfo([f"n{i}" for i in range(1, NODES + 1)], {}, state_dir, HARNESS)
+    res = info.start()
+    if res.returncode != 0:
+        pytest.fail(f"tools/slurm_cluster.py start failed:\n{res.stdout}\n{res.stderr}")
+    from slurmtrain.slurm import query_partitions
+
+    return ClusterInfo(info.nodes, query_partitions(), state_dir, HARNESS)
+
+
+@pytest.fixture(autouse=True)
+def _slurm_marker_needs_cluster(request: pytest.FixtureRequest) -> None:
+    """Every test marked `slurm` gets the cluster, whether or not it names the fixture."""
+    if request.node.get_closest_marker("slurm"):
+        request.getfixturevalue("slurm_cluster")

@@ -1,0 +1,206 @@
+"""The local cluster behaves like a real one: nodes, srun, sacct, preemption, node failure, requeue.
+
+These are the Slurm behaviours the training job relies on; each test drives real Slurm daemons.
+The cluster is shared by the session, so every test cleans up its jobs and restores its nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime
+from typing import Callable
+
+import pytest
+
+from slurmtrain import slurm
+
+pytestmark = pytest.mark.slurm
+UP = {"idle", "mix", "alloc", "comp"}
+
+
+def sh(*args: str, timeout: float = 120) -> str:
+    res = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, f"{' '.join(args)}: {res.stderr or res.stdout}"
+    return res.stdout
+
+
+def sbatch(*args: str) -> str:
+    return sh("sbatch", "--parsable", "-o", "/dev/null", *args).strip().split(";")[0]
+
+
+def wait_until(what: str, ok: Callable[[], object], timeout: float = 120) -> object:
+    """Poll for a Slurm state change; the timeout only bounds a hang, it is not what we test."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = ok()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"gave up after {timeout:.0f}s waiting for {what}")
+
+
+def node_state(node: str) -> str:
+    return sh("sinfo", "-h", "-N", "-n", node, "-o", "%t").split()[0]
+
+
+def running_on(job_id: str) -> str:
+    info = slurm.job_info(job_id)
+    return info["NodeList"] if info["JobState"] == "RUNNING" else ""
+
+
+@pytest.fixture
+def jobs():
+    """Job ids a test submits; all cancelled afterwards so the shared cluster stays clean."""
+    ids: list[str] = []
+    yield ids
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+
+
+def test_all_four_nodes_answer(slurm_cluster):
+    states = {n: node_state(n) for n in slurm_cluster.nodes}
+    assert slurm_cluster.nodes == ["n1", "n2", "n3", "n4"]
+    assert all(s in UP for s in states.values()), states
+
+
+def test_node_names_resolve_to_loopback(slurm_cluster):
+    assert {socket.gethostbyname(n) for n in slurm_cluster.nodes} == {"127.0.0.1"}
+
+
+def test_start_again_is_a_no_op(slurm_cluster):
+    before = slurm_cluster.slurmd_pid("n1")
+    res = slurm_cluster.start()
+    assert res.returncode == 0, res.stderr
+    assert slurm_cluster.slurmd_pid("n1") == before
+    assert all(node_state(n) in UP for n in slurm_cluster.nodes)
+
+
+def test_srun_two_nodes_runs_on_two_distinct_nodes(slurm_cluster):
+    out = sh("srun", "-N2", "--ntasks-per-node=1", "-t", "2", "bash", "-c", "echo $SLURMD_NODENAME")
+    names = out.split()
+    assert len(names) == 2 and len(set(names)) == 2 and set(names) <= set(slurm_cluster.nodes)
+
+
+def test_rendezvous_agrees_across_real_srun_tasks(slurm_cluster):
+    code = ("import json, os; from slurmtrain.slurm import rendezvous_from_env as r; "
+            "print(json.dumps(r(os.environ)))")
+    out = sh("srun", "-N2", "-n4", "--ntasks-per-node=2", "-t", "2", sys.executable, "-c", code)
+    envs = [json.loads(line) for line in out.splitlines()]
+    assert sorted(int(e["RANK"]) for e in envs) == [0, 1, 2, 3]
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"], e["WORLD_SIZE"]) for e in envs}) == 1
+    assert envs[0]["WORLD_SIZE"] == "4" and envs[0]["MASTER_ADDR"] in slurm_cluster.nodes
+    assert sorted(e["LOCAL_RANK"] for e in envs) == ["0", "0", "1", "1"]
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+
+
+def test_sacct_records_a_finished_job(slurm_cluster, jobs):
+    job = sbatch("--wait", "-t", "1", "--wrap", "true")
+    jobs.append(job)
+
+    def record():
+        out = sh("sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State,ExitCode").strip()
+        return out if "COMPLETED" in out else ""
+
+    assert wait_until("sacct to record the job", record) == f"{job}|COMPLETED|0:0"
+    assert slurm.job_state(job) == "COMPLETED"
+
+
+def test_query_partitions_reads_the_real_partitions(slurm_cluster):
+    parts = slurm_cluster.partitions
+    assert list(parts) == ["debug", "high"]
+    debug, high = parts["debug"], parts["high"]
+    assert debug.default and not high.default
+    assert debug.node_names == high.node_names == tuple(slurm_cluster.nodes)
+    assert debug.preempt_mode == "REQUEUE" and debug.grace_time_s == 20
+    assert high.priority_tier > debug.priority_tier
+    errors = slurm.validate_request("debug", 8, "03:00:00", 1, parts)
+    assert [e.split(":")[0] for e in errors] == ["cluster.nodes", "cluster.time",
+                                                  "cluster.gpus_per_node"]
+    assert slurm.validate_request("high", 4, "03:00:00", 0, parts) == []
+
+
+def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp_path):
+    """The debug job's srun tasks get SIGTERM within the grace time, then Slurm requeues it."""
+    marks = tmp_path / "marks"
+    script = tmp_path / "low.sh"
+    script.write_text("#!/bin/bash\n"
+                      f"srun bash -c 'trap \"echo TERM >> {marks}; exit 0\" TERM; sleep 600 & wait'\n")
+    low = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10", str(script))
+    jobs.append(low)
+    node = wait_until("the debug job to run", lambda: running_on(low))
+    high = sbatch("-p", "high", "-w", node, "--exclusive", "-t", "2", "--wrap", "sleep 2")
+    jobs.append(high)
+    info = wait_until("the debug job to be requeued",
+                      lambda: (i := slurm.job_info(low))["Restarts"] != "0" and i)
+    assert info["Restarts"] == "1" and info["JobState"] in {"PENDING", "REQUEUED"}
+    assert marks.read_text().split() == ["TERM"]
+    states = sh("sacct", "-n", "-D", "-X", "-P", "-j", low, "-o", "State").split()
+    assert states[0] == "PREEMPTED"
+    assert wait_until("the high job to run", lambda: running_on(high) == node or
+                      slurm.job_state(high) == "COMPLETED")
+
+
+def test_requeued_job_waits_until_start_now(slurm_cluster, jobs):
+    job = sbatch("--requeue", "-t", "5", "--wrap", "sleep 600")
+    jobs.append(job)
+    wait_until("the job to run", lambda: running_on(job))
+    slurm.requeue(job)
+    info = wait_until("the requeue", lambda: (i := slurm.job_info(job))["JobState"] == "PENDING"
+                      and i)
+    eligible = datetime.fromisoformat(info["EligibleTime"])
+    assert info["Reason"] == "BeginTime" and eligible > datetime.now()
+    slurm.start_now(job)
+    assert datetime.fromisoformat(slurm.job_info(job)["EligibleTime"]) < eligible
+    wait_until("the requeued job to run again", lambda: running_on(job))
+    assert slurm.job_info(job)["Restarts"] == "1"
+
+
+def test_exclude_nodes_keeps_a_pending_job_off_them(slurm_cluster, jobs):
+    job = sbatch("--hold", "-t", "2", "--wrap", "sleep 30")
+    jobs.append(job)
+    slurm.exclude_nodes(job, ["n1", "n2"])
+    assert slurm.job_info(job)["ExcNodeList"] == "n[1-2]"
+    sh("scontrol", "release", job)
+    assert wait_until("the job to run", lambda: running_on(job)) in {"n3", "n4"}
+
+
+def test_killed_slurmd_downs_its_node_and_requeues_its_job(slurm_cluster, jobs):
+    node = "n3"
+    job = sbatch("-w", node, "--requeue", "-t", "10", "--wrap", "sleep 600")
+    jobs.append(job)
+    wait_until("the job to run", lambda: running_on(job))
+    os.kill(slurm_cluster.slurmd_pid(node), signal.SIGKILL)
+    try:
+        wait_until(f"{node} to go DOWN", lambda: node_state(node).startswith("down"), 180)
+        info = wait_until("the job to be requeued",
+                          lambda: (i := slurm.job_info(job))["Restarts"] != "0" and i, 60)
+        assert info["Restarts"] == "1" and info["JobState"] == "PENDING"
+        states = sh("sacct", "-n", "-D", "-X", "-P", "-j", job, "-o", "State").split()
+        assert states[0] == "NODE_FAIL"
+    finally:  # bring the node back for the rest of the session
+        res = slurm_cluster.start()
+        assert res.returncode == 0, res.stdout + res.stderr
+        if node_state(node) not in UP:
+            sh("scontrol", "update", f"nodename={node}", "state=resume")
+        wait_until(f"{node} to come back", lambda: node_state(node) in UP, 60)
+
+
+@pytest.mark.skipif(os.environ.get("SLURMTRAIN_TEST_8_NODES") != "1",
+                    reason="restarts the shared cluster; set SLURMTRAIN_TEST_8_NODES=1")
+def test_start_with_eight_nodes_then_back_to_four(slurm_cluster):
+    cmd = [sys.executable, str(slurm_cluster.harness), "start", "--state-dir",
+           str(slurm_cluster.state_dir), "--nodes"]
+    try:
+        sh(*cmd, "8", timeout=300)
+        nodes = [f"n{i}" for i in range(1, 9)]
+        assert all(node_state(n) in UP for n in nodes)
+        out = sh("srun", "-N8", "-t", "2", "bash", "-c", "echo $SLURMD_NODENAME")
+        assert sorted(out.split()) == sorted(nodes)
+    finally:
+        sh(*cmd, "4", timeout=300)
