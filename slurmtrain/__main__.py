@@ -11,11 +11,12 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from slurmtrain import config as schema
 from slurmtrain.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.hydra_errors import one_line
+from slurmtrain.launch import launch_one
 
 schema.register()
 
@@ -27,47 +28,10 @@ def _overrides() -> list[str]:
         return []
 
 
-def launch(cfg: DictConfig, overrides: list[str]) -> int:
-    """Everything after composition; returns the exit code."""
-    from slurmtrain import planning, runs
-
-    cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
-    schema.validate(cfg, submitting=not cfg.dry_run)
-    report = planning.report(cfg)
-    if cfg.dry_run:
-        print(OmegaConf.to_yaml(cfg, resolve=True))
-        print(report.text)
-        return 0
-    report.enforce(cfg)  # before printing: a refusal is one line
-    print(report.text)
-    run = runs.locate(cfg)
-    state = run.state()
-    if state == runs.FINISHED:
-        print(f"slurmtrain: this run already finished: {run.path}\n"
-              f"slurmtrain: nothing to train; pass new_run=true to train the same config again")
-        return 0
-    if state == runs.RUNNING:
-        print(f"slurmtrain: this run is already queued or running: {run.path}")
-        return 0
-    if state == runs.STOPPED:
-        print(f"slurmtrain: resuming unfinished run {run.path}")
-    runs.create(run, cfg, overrides)
-    from slurmtrain import provenance
-
-    provenance.write(run.provenance, f"submit_{len(run.events('submitted')) + 1}",
-                     extra={"overrides": overrides})
-    from slurmtrain.submit import submit
-
-    result = submit(cfg, run)
-    if result.finished:
-        print(f"slurmtrain: run finished: {run.path}")
-    return result.exit_code
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     try:
-        code = launch(cfg, _overrides())
+        code = launch_one(cfg, _overrides())
     except ConfigError as err:  # exit here: Hydra would print its own banner first
         print(f"slurmtrain: error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None

@@ -82,6 +82,11 @@ class CheckpointConfig:
     keep_last: int = 3
     keep_every: int = 0  # also keep every Nth step forever (0: none)
     verify: str = "checksum"  # checksum: sha256 of every file | size: sizes only
+    # Block the loop only for the copy of the state to host memory (2x host memory for the state);
+    # files, fsync, manifest and publish happen in a background thread per rank.
+    async_save: bool = False
+    on_save_error: str = "continue"  # a failed save (disk full...): continue (retry next) | stop
+    publish_timeout_minutes: float = 30.0  # async: rank 0 gives up on a rank's files after this
 
 
 @dataclass
@@ -119,6 +124,11 @@ class TrainConfig:
     grad_accumulation: int = 1  # only used to derive global_batch_size when it is None
     log_interval: int = 10
     seed: int = 1234
+    # DeepSpeed's wall_clock_breakdown timers: the forward/backward/optimizer/comm split of each
+    # step, and what straggler detection needs (a rank's time minus its waits in collectives).
+    timers: bool = True
+    flops_profile_step: int = 0  # N > 0: DeepSpeed's FLOPs profiler on step N -> profile/ (0: off)
+    straggler_factor: float = 1.5  # flag a rank slower than the median rank by more than this
 
 
 @dataclass
@@ -145,7 +155,8 @@ class RootConfig:
 # another node count (the global batch is fixed) is the same experiment.
 NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "force", "mfu_guess", "peak_tflops",
                    "nodes", "gpus_per_node", "cluster",
-                   "train.log_interval", "train.grad_accumulation", "checkpoint")
+                   "train.log_interval", "train.grad_accumulation", "train.timers",
+                   "train.flops_profile_step", "train.straggler_factor", "checkpoint")
 
 
 def register() -> None:
@@ -223,11 +234,20 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     backend that can place it.
     """
     low, high = node_range(cfg.nodes)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(cfg.name)):
+        raise ConfigError(f"name={cfg.name!r}: a run name is a directory and a job name; use "
+                          f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)")
     resolve_batch(cfg)
     for key in ("train.max_steps", "train.micro_batch_size", "train.global_batch_size",
                 "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
                 "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
         _positive(key, OmegaConf.select(cfg, key))
+    if cfg.train.flops_profile_step < 0:
+        raise ConfigError(f"train.flops_profile_step={cfg.train.flops_profile_step}: must be >= 0 "
+                          f"(0: off); e.g. train.flops_profile_step=10")
+    if cfg.train.straggler_factor <= 1:
+        raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 (a "
+                          f"multiple of the median rank's step time); e.g. train.straggler_factor=1.5")
     if cfg.gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node={cfg.gpus_per_node}: must be >= 0 (0 means CPU)")
     _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
@@ -235,6 +255,7 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     _choice("data.kind", cfg.data.kind, ("synthetic", "tokens"))
     _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
+    _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
     if cfg.deepspeed.stage not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.stage={cfg.deepspeed.stage}: ZeRO stages are 0-3; "
                           f"e.g. deepspeed=zero2")

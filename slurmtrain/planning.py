@@ -84,7 +84,9 @@ def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
     per_node = tasks_per_node(cfg)
     out = PlanReport()
     device = f"{cfg.gpus_per_node} GPUs" if cfg.gpus_per_node else "CPU"
-    out.lines.append(f"plan: {cfg.model.name} ({plan.param_count(cfg.model) / 1e9:.3g}B params), "
+    n = plan.param_count(cfg.model)
+    size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+    out.lines.append(f"plan: {cfg.model.name} ({size} params), "
                      f"ZeRO-{cfg.deepspeed.stage}, {resolved_dtype(cfg)}, nodes {cfg.nodes} x "
                      f"{per_node} tasks ({device})")
     for n in sorted({low, high}):

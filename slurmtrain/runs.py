@@ -23,6 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from slurmtrain.config import NON_RESULT_KEYS
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
+# squeue/sacct states of a job that will still run (or is running): resubmitting would duplicate it.
+ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
+                       "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "STAGE_OUT",
+                       "SIGNALING"}
 
 
 def result_view(cfg: DictConfig) -> dict[str, Any]:
@@ -151,7 +155,7 @@ def job_alive(rows: list[dict[str, Any]]) -> bool:
         return _pid_start(int(pid)) == last.get("pid_start")
     from slurmtrain import slurm  # noqa: PLC0415  (keeps runs.py importable without Slurm)
 
-    return slurm.job_active(str(last.get("job_id")))
+    return slurm.job_state(str(last.get("job_id"))) in ACTIVE_SLURM_STATES
 
 
 def _pid_start(pid: int) -> Optional[str]:

@@ -36,9 +36,11 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
     try:
         job.results()
         code = 0
-    except Exception as err:  # the workers' traceback is in their log files
+    except Exception:  # noqa: BLE001  the workers' traceback is in the ledger and their logs
         code = 1
-        print(f"slurmtrain: local job {job.job_id} failed: {str(err).strip().splitlines()[-1]}")
+        failed = [e for e in run.events("failed")]
+        reason = failed[-1].get("error") if failed else "a worker died (see its log)"
+        print(f"slurmtrain: local job {job.job_id} failed: {reason}")
         print(f"slurmtrain: worker logs: {run.logs / 'submitit'}/{job.job_id}_*_log.err")
     done = any(r["event"] == "finished" for r in run.events())
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))

@@ -1,0 +1,100 @@
+"""`python -m slurmtrain.cli status [PATH ...]`: every run under a runs root (or the given run dirs).
+
+One row per run: state, attempts, step, last checkpoint, job id, nodes, goodput; a stopped run shows
+its failure class and last error line. Reads only run directories (and squeue for liveness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from slurmtrain.runs import RunDir, read_jsonl
+
+# Events that end an attempt without finishing the run: what status shows as the reason.
+STOP_EVENTS = ("failed", "stopped", "signal", "requeued", "node_lost")
+
+
+def find_runs(paths: list[Path]) -> list[RunDir]:
+    found: list[RunDir] = []
+    for path in paths:
+        if (path / "config.yaml").is_file():
+            found.append(RunDir(path.resolve()))
+            continue
+        found += [RunDir(p.parent.resolve()) for p in sorted(path.glob("*/*/config.yaml"))]
+    return found
+
+
+def summarize(run: RunDir) -> dict[str, Any]:
+    """The status row of one run (plain values: also what tests and --json read)."""
+    from slurmtrain.goodput import compute_goodput
+
+    events = run.events()
+    metrics = read_jsonl(run.metrics)
+    latest = run.checkpoints / "latest"
+    last = events[-1] if events else {}
+    row: dict[str, Any] = {
+        "run": str(run.path), "name": run.path.parent.name, "state": run.state(),
+        "attempts": run.attempts(), "step": metrics[-1]["step"] if metrics else 0,
+        "checkpoint": latest.read_text().strip() if latest.exists() else None,
+        "job_id": next((e["job_id"] for e in reversed(events) if e["event"] == "submitted"), None),
+        "nodes": last.get("nodes") or [], "class": None, "error": None, "goodput": None,
+        "last_event": last.get("event"),
+    }
+    stopped = [e for e in events if e["event"] in ("failed", "stopped")]
+    if stopped:
+        row["class"] = stopped[-1].get("class")
+        row["error"] = (stopped[-1].get("error") or "").strip().splitlines()[-1:] or None
+        row["error"] = row["error"][0] if row["error"] else None
+    if any(e["event"] == "stopped" for e in events):
+        row["state"] = "stopped: " + (row["class"] or "?")
+    if events:
+        try:
+            row["goodput"] = compute_goodput(run.path, now=time.time()).goodput
+        except Exception:  # noqa: BLE001  a damaged ledger must not hide the other runs
+            row["goodput"] = None
+    return row
+
+
+def render(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="slurmtrain runs")
+    for col in ("name", "run", "state", "attempt", "step", "checkpoint", "job", "nodes",
+                "goodput", "last error"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        gp = f"{r['goodput']:.0%}" if r["goodput"] is not None else "-"
+        error = f"{r['class']}: {r['error']}" if r["class"] else ""
+        table.add_row(r["name"], Path(r["run"]).name, r["state"], str(r["attempts"]),
+                      str(r["step"]), r["checkpoint"] or "-", str(r["job_id"] or "-"),
+                      ",".join(r["nodes"]) or "-", gp, error)
+    Console(width=200).print(table)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli status",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", type=Path,
+                        default=[Path(os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs"))])
+    parser.add_argument("--json", action="store_true", help="one JSON object per run")
+    args = parser.parse_args(argv)
+    rows = [summarize(run) for run in find_runs(args.paths)]
+    if args.json:
+        import json
+
+        for r in rows:
+            print(json.dumps(r))
+    elif rows:
+        render(rows)
+    else:
+        print(f"status: no runs under {', '.join(map(str, args.paths))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""Slurm backend: validate against the cluster, write job.sbatch, submit through submitit, return.
+
+Single runs and sweeps (one job array) go through submitit's SlurmExecutor; the job.sbatch written
+into every run directory is rendered from the same flags (submit/flags.py) for hand resubmission.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Sequence
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from omegaconf import DictConfig
+
+from slurmtrain import slurm
+from slurmtrain.config import node_range
+from slurmtrain.errors import ConfigError
+from slurmtrain.faults import EXIT_REQUEUE
+from slurmtrain.runs import RunDir
+from slurmtrain.submit import Submission, TrainTask
+from slurmtrain.submit import flags
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "sbatch_templates"
+# The job asks for a requeue by exit code when it cannot run scontrol itself (inside a container).
+TEARDOWN = ["rc=$?",
+            f'if [ "$rc" -eq {EXIT_REQUEUE} ]; then',
+            '    scontrol requeue "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" StartTime=now',
+            "fi",
+            'exit "$rc"']
+
+
+def check_cluster(cfg: DictConfig) -> None:
+    """Refuse, before anything is queued, what this cluster's partitions cannot run."""
+    try:
+        partitions = slurm.query_partitions()
+    except slurm.SlurmError as err:
+        raise ConfigError(f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
+                          f"or use cluster=local") from None
+    errors = slurm.validate_request(cfg.cluster.partition, node_range(cfg.nodes)[1],
+                                    cfg.cluster.time, cfg.gpus_per_node, partitions,
+                                    keys={"nodes": "nodes", "gpus_per_node": "gpus_per_node"})
+    if errors:
+        raise ConfigError(errors[0])
+
+
+def job_name(cfg: DictConfig) -> str:
+    return f"st-{cfg.name}"
+
+
+def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
+                      keep_trailing_newline=True)
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    logs = flags._checked("runs_root", str(run.logs))
+    srun = ["--unbuffered", "--open-mode=append", f"--output={logs}/%j_%t.out",
+            f"--error={logs}/%j_%t.err", *flags.srun_args(cfg)]
+    return env.get_template("job.sbatch.j2").render(
+        run_dir=str(run.path), sbatch_path=str(run.sbatch), container=cfg.cluster.container,
+        sbatch_lines=flags.sbatch_lines(flags.sbatch_options(cfg, job_name(cfg))),
+        batch_log=f"{logs}/%j.batch.out", env=flags.job_env(cfg), setup=[],
+        srun_args=flags.quote_all(srun), python=flags.quote_all(flags.python_command(cfg)),
+        teardown=TEARDOWN)
+
+
+def executor(cfg: DictConfig, folder: Path, parallelism: int = 0):  # -> submitit.SlurmExecutor
+    import submitit
+
+    python = flags.quote_all(flags.python_command(cfg))
+    ex = submitit.SlurmExecutor(folder=str(folder), python=python, max_num_timeout=10**6)
+    options = flags.sbatch_options(cfg, job_name(cfg))
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in flags.job_env(cfg).items()]
+    ex.update_parameters(
+        additional_parameters={k.replace("-", "_"): v for k, v in options.items()},
+        signal_delay_s=int(cfg.cluster.signal_lead_s), srun_args=flags.srun_args(cfg),
+        setup=exports, teardown=TEARDOWN, array_parallelism=parallelism or 256)
+    return ex
+
+
+def prepare(cfg: DictConfig, run: RunDir) -> None:
+    """Everything before queueing: cluster check and the hand-resubmittable job.sbatch."""
+    check_cluster(cfg)
+    run.sbatch.write_text(render_sbatch(cfg, run))
+
+
+def submit(cfg: DictConfig, run: RunDir) -> Submission:
+    prepare(cfg, run)
+    job = executor(cfg, run.logs / "submitit").submit(TrainTask(str(run.path)))
+    run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name)
+    print(f"slurmtrain: submitted job {job.job_id} for {run.path}")
+    return Submission(job.job_id, "slurm")
+
+
+def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> list[Submission]:
+    """One `sbatch --array` for every sweep point (they must share their Slurm flags)."""
+    if not items:
+        return []
+    first = items[0][0]
+    base = flags.sbatch_options(first, job_name(first))
+    for cfg, run in items:
+        if flags.sbatch_options(cfg, job_name(first)) != base:
+            raise ConfigError(f"sweep point {run.path.name}: its Slurm flags differ from the first "
+                              f"point's; sweep cluster.*/nodes in separate submissions")
+        prepare(cfg, run)
+    ex = executor(first, folder, parallelism=first.cluster.array_parallelism)
+    with ex.batch():
+        jobs = [ex.submit(TrainTask(str(run.path))) for _, run in items]
+    out = []
+    for job, (_, run) in zip(jobs, items):
+        run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name)
+        out.append(Submission(job.job_id, "slurm"))
+    return out

@@ -1,0 +1,54 @@
+"""Waiting on real Slurm jobs through their run directories (no mocks: the ledger is the truth)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from tests.conftest import read_jsonl
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    ledger = run / "ledger.jsonl"
+    return read_jsonl(ledger) if ledger.exists() else []
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float = 1.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def wait_event(run: Path, event: str, timeout: float = 300, count: int = 1,
+               fail_on: tuple[str, ...] = ("failed",)) -> list[dict[str, Any]]:
+    """Wait for `count` events of a kind; an unexpected `fail_on` event fails at once."""
+    def check() -> bool:
+        rows = events(run)
+        bad = [e for e in rows if e["event"] in fail_on]
+        assert not bad, f"unexpected {bad[-1]['event']}: {bad[-1].get('error')}"
+        return sum(e["event"] == event for e in rows) >= count
+    wait_until(check, timeout, f"{count} x {event!r} in {run}/ledger.jsonl")
+    return [e for e in events(run) if e["event"] == event]
+
+
+def wait_job_gone(job_id: str, timeout: float = 120) -> None:
+    def gone() -> bool:
+        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"],
+                             capture_output=True, text=True).stdout.strip()
+        return out == ""
+    wait_until(gone, timeout, f"job {job_id} to leave the queue")
+
+
+def only_run(root: Path, name: str) -> Path:
+    runs = sorted(p.parent for p in (root / name).glob("*/config.yaml"))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def cancel_all_of(name: str) -> None:
+    subprocess.run(["scancel", "--name", f"st-{name}"], capture_output=True)

@@ -1,0 +1,103 @@
+"""cluster=slurm against the real local cluster: multi-node DeepSpeed, arrays, hand resubmission,
+validation against partitions, hostile values."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone
+from tests.conftest import read_jsonl, run_cli
+
+pytestmark = pytest.mark.slurm
+SHORT = ["cluster=slurm", "train.max_steps=20", "train.log_interval=5", "checkpoint.interval_steps=10"]
+
+
+def _submit(args, workdir):
+    done = run_cli(SHORT + args, cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "submitted job" in done.stdout
+    return done
+
+
+@pytest.mark.parametrize("nodes,stage", [(2, 2), (4, 3)])
+def test_multi_node_job_trains_to_the_end(slurm_cluster, workdir, nodes, stage):
+    name = f"n{nodes}z{stage}"
+    _submit([f"nodes={nodes}", f"deepspeed=zero{stage}", f"name={name}"], workdir)
+    run = only_run(workdir / "runs", name)
+    [finished] = wait_event(run, "finished", timeout=400)
+    [started] = [e for e in events(run) if e["event"] == "started"]
+    [submitted] = [e for e in events(run) if e["event"] == "submitted"]
+    assert started["job_id"] == submitted["job_id"]
+    assert len(set(started["hosts"])) == nodes and set(started["hosts"]) <= set(slurm_cluster.nodes)
+    assert finished["step"] == 20 and not any(e["event"] == "failed" for e in events(run))
+    wait_job_gone(submitted["job_id"])
+    logs = sorted(p.name for p in (run / "logs" / "submitit").glob(f"{submitted['job_id']}_*_log.out"))
+    assert len(logs) == nodes, logs  # one log file per rank
+    assert "step 20/20" in (run / "logs" / "submitit" / logs[0].replace(".out", ".err")).read_text()
+
+
+def test_sweep_is_one_array_that_returns_at_once_and_is_not_resubmitted(slurm_cluster, workdir):
+    done = run_cli(["-m"] + SHORT + ["optim.lr=1e-4,3e-4,1e-3", "name=sweep3"], cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = sorted(p.parent for p in (workdir / "runs" / "sweep3").glob("*/config.yaml"))
+    assert len(runs) == 3
+    ids = [[e for e in events(r) if e["event"] == "submitted"][0]["job_id"] for r in runs]
+    assert len({i.split("_")[0] for i in ids}) == 1 and all("_" in i for i in ids)  # one array
+    assert not any(e["event"] == "finished" for r in runs for e in events(r))  # did not wait
+    for run in runs:
+        wait_event(run, "finished", timeout=400)
+    again = run_cli(["-m"] + SHORT + ["optim.lr=1e-4,3e-4,1e-3", "name=sweep3"], cwd=workdir)
+    assert again.returncode == 0 and "nothing submitted" in again.stdout
+    assert all(sum(e["event"] == "submitted" for e in events(r)) == 1 for r in runs)
+
+
+def test_job_sbatch_resubmitted_by_hand_resumes_from_newest_checkpoint(slurm_cluster, workdir):
+    _submit(["nodes=2", "name=byhand", "train.max_steps=40"], workdir)
+    run = only_run(workdir / "runs", "byhand")
+    wait_event(run, "finished", timeout=400)
+    # Continue the same run further by hand: raise max_steps in the recorded config is not allowed
+    # (it would change the experiment), so instead drop the last checkpoint's "finished" marker by
+    # resubmitting a copy of the run whose ledger stops before the end.
+    ledger = read_jsonl(run / "ledger.jsonl")
+    (run / "ledger.jsonl").write_text("".join(
+        __import__("json").dumps(e) + "\n" for e in ledger if e["event"] != "finished"))
+    import shutil
+    shutil.rmtree(run / "checkpoints" / "step_40")
+    (run / "checkpoints" / "latest").write_text("step_30")
+    out = subprocess.run(["sbatch", "--parsable", str(run / "job.sbatch")], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    finished = wait_event(run, "finished", timeout=400)
+    loaded = [e for e in events(run) if e["event"] == "checkpoint_loaded"]
+    assert loaded[-1]["step"] == 30 and loaded[-1]["job_id"] == out.split(";")[0]
+    assert finished[-1]["step"] == 40
+
+
+@pytest.mark.parametrize("args,named", [
+    (["cluster.partition=nosuch"], "cluster.partition"),
+    (["nodes=9"], "nodes"),
+    (["cluster.time=3:00:00"], "cluster.time"),
+    (["gpus_per_node=1", "force=true"], "gpus_per_node"),
+])
+def test_requests_the_cluster_cannot_take_are_refused_before_queueing(slurm_cluster, workdir,
+                                                                       args, named):
+    done = run_cli(SHORT + args + ["name=refused"], cwd=workdir)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines
+    assert not list((workdir / "runs").glob("refused/*/ledger.jsonl"))
+
+
+def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
+    canary = tmp_path / "pwned"
+    bad_name = run_cli(SHORT + ["name=x; touch " + str(canary)], cwd=workdir)
+    assert bad_name.returncode == 2 and "name=" in bad_name.stderr
+    newline = run_cli(SHORT + ["cluster.partition=debug\nhostname"], cwd=workdir)
+    assert newline.returncode == 2 and "cluster.partition" in newline.stderr
+    # A value that reaches the script body is quoted: the job sees the literal text.
+    _submit(["name=quoted", f"+cluster.env.CANARY=$(touch {canary})", "train.max_steps=5"], workdir)
+    run = only_run(workdir / "runs", "quoted")
+    wait_event(run, "finished", timeout=400)
+    assert f"export CANARY='$(touch {canary})'" in (run / "job.sbatch").read_text()
+    assert not canary.exists()
