@@ -6,7 +6,10 @@ into every run directory is rendered from the same flags (submit/flags.py) for h
 
 from __future__ import annotations
 
+import json
 import shlex
+import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -22,10 +25,19 @@ from slurmtrain.submit import Submission, TrainTask
 from slurmtrain.submit import flags
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "sbatch_templates"
-# The job asks for a requeue by exit code when it cannot run scontrol itself (inside a container).
-TEARDOWN = ["rc=$?",
-            f'if [ "$rc" -eq {EXIT_REQUEUE} ]; then',
-            '    scontrol requeue "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" StartTime=now',
+
+
+def teardown(target: list[str]) -> list[str]:
+    """Batch-shell lines after srun: the supervisor decides what the exit means (slurmtrain.supervise).
+    Where the host has no slurmtrain (container-only sites) the shell still requeues on the
+    dedicated exit code."""
+    py = shlex.quote(sys.executable)
+    args = flags.quote_all(target)
+    return ["rc=$?",
+            f"if {py} -c 'import slurmtrain.supervise' 2>/dev/null; then",
+            f'    {py} -m slurmtrain.supervise {args} --rc "$rc"; rc=$?',
+            f'elif [ "$rc" -eq {EXIT_REQUEUE} ]; then',
+            '    scontrol requeue "$SLURM_JOB_ID"; rc=0',
             "fi",
             'exit "$rc"']
 
@@ -60,10 +72,11 @@ def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
         sbatch_lines=flags.sbatch_lines(flags.sbatch_options(cfg, job_name(cfg))),
         batch_log=f"{logs}/%j.batch.out", env=flags.job_env(cfg), setup=[],
         srun_args=flags.quote_all(srun), python=flags.quote_all(flags.python_command(cfg)),
-        teardown=TEARDOWN)
+        teardown=teardown([str(run.path)]))
 
 
-def executor(cfg: DictConfig, folder: Path, parallelism: int = 0):  # -> submitit.SlurmExecutor
+def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int = 0):
+    """submitit's SlurmExecutor with the same flags, environment and supervisor as job.sbatch."""
     import submitit
 
     python = flags.quote_all(flags.python_command(cfg))
@@ -73,7 +86,7 @@ def executor(cfg: DictConfig, folder: Path, parallelism: int = 0):  # -> submiti
     ex.update_parameters(
         additional_parameters={k.replace("-", "_"): v for k, v in options.items()},
         signal_delay_s=int(cfg.cluster.signal_lead_s), srun_args=flags.srun_args(cfg),
-        setup=exports, teardown=TEARDOWN, array_parallelism=parallelism or 256)
+        setup=exports, teardown=teardown(target), array_parallelism=parallelism or 256)
     return ex
 
 
@@ -85,7 +98,7 @@ def prepare(cfg: DictConfig, run: RunDir) -> None:
 
 def submit(cfg: DictConfig, run: RunDir) -> Submission:
     prepare(cfg, run)
-    job = executor(cfg, run.logs / "submitit").submit(TrainTask(str(run.path)))
+    job = executor(cfg, run.logs / "submitit", [str(run.path)]).submit(TrainTask(str(run.path)))
     run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name)
     print(f"slurmtrain: submitted job {job.job_id} for {run.path}")
     return Submission(job.job_id, "slurm")
@@ -102,7 +115,12 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
             raise ConfigError(f"sweep point {run.path.name}: its Slurm flags differ from the first "
                               f"point's; sweep cluster.*/nodes in separate submissions")
         prepare(cfg, run)
-    ex = executor(first, folder, parallelism=first.cluster.array_parallelism)
+    # Array tasks share one script: the supervisor finds its run by SLURM_ARRAY_TASK_ID in this map.
+    folder.mkdir(parents=True, exist_ok=True)
+    mapping = folder / f"sweep-{int(time.time() * 1000)}.json"
+    mapping.write_text(json.dumps([str(run.path) for _, run in items]))
+    ex = executor(first, folder, ["--map", str(mapping)],
+                  parallelism=first.cluster.array_parallelism)
     with ex.batch():
         jobs = [ex.submit(TrainTask(str(run.path))) for _, run in items]
     out = []

@@ -1,0 +1,152 @@
+"""The batch shell's supervisor: `python -m slurmtrain.supervise RUN_DIR --rc CODE` after srun.
+
+Why in the batch shell: it runs outside any container (scontrol is there), once per attempt, after
+every rank has exited, so it sees the attempt's real outcome. It classifies the exit, records
+`attempt_ended`, and within the failure budgets starts the next attempt; past a budget it records
+`stopped`. Light on purpose: no torch import.
+
+Next attempt, `faults.restart`:
+- `resubmit` (default): `sbatch job.sbatch` (new job id, bad nodes excluded), then this job ends.
+  Measured here: `scontrol requeue` + `StartTime=now` restarts the job at once, but on a node that
+  ran it within `cred_expire` (120 s by default) slurmd refuses it ("Job credential revoked") and the
+  job ends FAILED; without lifting, the requeued job waits 121 s. A new job id has neither problem.
+- `requeue`: `scontrol requeue` (same job id, Slurm's own restart count), paying the site's delay.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from slurmtrain import faults, slurm
+from slurmtrain.config import load_run_config
+from slurmtrain.runs import RunDir, read_jsonl
+
+
+def _attempt(events: list[dict[str, Any]], job_id: str) -> Optional[int]:
+    started = [e for e in events if e["event"] == "started" and str(e.get("job_id")) == job_id]
+    return started[-1]["attempt"] if started else None
+
+
+def _down_nodes(nodes: list[str]) -> list[str]:
+    """Nodes of this job that Slurm sees as down or not responding."""
+    if not nodes:
+        return []
+    try:
+        out = slurm.run(["sinfo", "-h", "-N", "-n", slurm.compress_hostlist(nodes), "-o", "%N %t"])
+    except slurm.SlurmError:
+        return []
+    bad = []
+    for line in out.splitlines():
+        name, state = (line.split() + [""])[:2]
+        if state.endswith("*") or state.startswith(("down", "drain", "fail")):
+            bad.append(name)
+    return sorted(set(bad))
+
+
+def classify(rc: int, events: list[dict[str, Any]], attempt: Optional[int], nodes: list[str],
+             wait_s: float) -> tuple[str, list[str]]:
+    """(failure class, nodes that failed) for a job step that exited with `rc` != 0."""
+    if rc in faults.EXIT_CLASS:
+        return faults.EXIT_CLASS[rc], []
+    failed = [e for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
+    hung = [e for e in failed if e.get("class") == faults.HANG]
+    if hung:
+        return faults.HANG, []
+    if not failed or faults.is_peer_error(failed):
+        # Nobody raised a real error: a peer or node died. Give Slurm time to notice.
+        deadline = time.time() + wait_s
+        while True:
+            down = _down_nodes(nodes)
+            if down or time.time() >= deadline:
+                break
+            time.sleep(2)
+        if down:
+            return faults.NODE_FAILURE, down
+    classes = [e.get("class") for e in failed if e.get("class")]
+    return (classes[0] if classes else faults.CRASH), []
+
+
+def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
+    run = RunDir(Path(run_dir).resolve())
+    cfg = load_run_config(str(run.config))
+    job_id = env.get("SLURM_JOB_ID", "")
+    nodes = slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    events = read_jsonl(run.ledger)
+    attempt = _attempt(events, job_id)
+    closed = any(e["event"] in ("finished", "stopped") and e.get("attempt") == attempt
+                 for e in events)
+    if rc == 0 or closed:
+        return rc  # finished, stopped by budget, or saved after SIGTERM (Slurm decides)
+    cls, lost = classify(rc, events, attempt, nodes, float(cfg.faults.node_check_s))
+    steps = [e.get("step") for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
+    record = dict(job_id=job_id, attempt=attempt, nodes=nodes)
+    run.record("attempt_ended", **record, **{"class": cls, "exit_code": rc,
+                                            "step": next((s for s in steps if s is not None), None)})
+    for node in lost:
+        run.record("node_lost", **record, node=node)
+    events = read_jsonl(run.ledger)
+    stop = faults.over_budget(events, cfg.faults)
+    if stop is not None or cls == faults.CONFIG_ERROR:
+        error = faults.last_error(events, attempt) or f"exit code {rc}"
+        run.record("stopped", **record, **{"class": stop or cls, "error": error})
+        print(f"slurmtrain: stopping the run: {stop or cls} budget exhausted; last error: {error}",
+              file=sys.stderr)
+        return rc
+    bad = bad_nodes(run)
+    try:
+        new_id = restart(run, job_id, bad, cfg)
+    except slurm.SlurmError as err:
+        print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
+        return rc
+    run.record("requeued", **record, reason=cls, excluded=bad, new_job_id=new_id,
+               how=cfg.faults.restart)
+    if new_id != job_id:
+        run.record("submitted", job_id=new_id, executor="slurm", fingerprint=run.path.name,
+                   requeue_of=job_id)
+    print(f"slurmtrain: {cfg.faults.restart} of job {job_id} -> {new_id} ({cls}); excluded: "
+          f"{','.join(bad) or 'none'}", file=sys.stderr)
+    return 0
+
+
+def restart(run: RunDir, job_id: str, bad: list[str], cfg: Any) -> str:
+    """Start the next attempt; returns its job id."""
+    if cfg.cluster.exclude:  # a command-line --exclude replaces the script's: keep the user's too
+        bad = sorted(set(bad) | set(slurm.expand_hostlist(cfg.cluster.exclude)))
+    if cfg.faults.restart == "requeue":
+        slurm.requeue(job_id)
+        if bad:
+            slurm.exclude_nodes(job_id, bad)
+        return job_id
+    args = ["sbatch", "--parsable"]
+    if bad:
+        args.append(f"--exclude={slurm.compress_hostlist(bad)}")
+    return slurm.run(args + [str(run.sbatch)]).strip().split(";")[0]
+
+
+def bad_nodes(run: RunDir) -> list[str]:
+    """Nodes the health gate failed (the bad-node ledger); stragglers are only advisory."""
+    rows = read_jsonl(run.path / "bad_nodes.jsonl")
+    return sorted({r["node"] for r in rows if r.get("reason") != "straggler" and r.get("node")})
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m slurmtrain.supervise")
+    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("--map", help="JSON list of run dirs of a job array, by SLURM_ARRAY_TASK_ID")
+    parser.add_argument("--rc", type=int, required=True, help="exit code of the srun step")
+    args = parser.parse_args(argv)
+    run_dir = args.run_dir
+    if args.map:
+        run_dir = json.loads(Path(args.map).read_text())[int(os.environ["SLURM_ARRAY_TASK_ID"])]
+    raise SystemExit(supervise(run_dir, args.rc, dict(os.environ)))
+
+
+if __name__ == "__main__":
+    main()
