@@ -115,6 +115,25 @@ class ClusterConfig:
 
 
 @dataclass
+class FaultsConfig:
+    # Failure budgets across all attempts of a run (-1: unlimited). Past one, the run stops with its
+    # class and last error in `status` instead of being requeued again.
+    max_preempted: int = -1
+    max_timed_out: int = 1000
+    max_node_failure: int = 20
+    max_hang: int = 5
+    max_crash: int = 3
+    max_config_error: int = 0
+    crash_loop: int = 2  # this many crashes in a row at the same step: stop, it will not heal
+    hang_timeout_s: float = 600.0  # no step progress for this long: dump stacks, exit, requeue
+    collective_timeout_s: float = 1800.0  # NCCL/gloo timeout; keep above hang_timeout_s
+    health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
+    health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate
+    node_check_s: float = 45.0  # after peer errors: how long to wait for Slurm to mark a node down
+    restart: str = "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 200
     micro_batch_size: int = 4
@@ -140,6 +159,7 @@ class RootConfig:
     checkpoint: CheckpointConfig = MISSING
     cluster: ClusterConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     name: str = "demo"
     runs_root: str = "runs"
     nodes: Any = 1  # an int, or a range "2-4" that Slurm may start at any size within
@@ -154,7 +174,7 @@ class RootConfig:
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
 # another node count (the global batch is fixed) is the same experiment.
 NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "force", "mfu_guess", "peak_tflops",
-                   "nodes", "gpus_per_node", "cluster",
+                   "nodes", "gpus_per_node", "cluster", "faults",
                    "train.log_interval", "train.grad_accumulation", "train.timers",
                    "train.flops_profile_step", "train.straggler_factor", "checkpoint")
 
@@ -255,6 +275,7 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     _choice("data.kind", cfg.data.kind, ("synthetic", "tokens"))
     _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
+    _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
     _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
     if cfg.deepspeed.stage not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.stage={cfg.deepspeed.stage}: ZeRO stages are 0-3; "
