@@ -24,12 +24,14 @@ class Prepared:
     resumed: bool
 
 
-def resolve(cfg: DictConfig) -> DictConfig:
+def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     """The config as it will be recorded: `hydra` removed, runs_root absolute, batch derived."""
-    cfg = cfg.copy()
-    OmegaConf.set_struct(cfg, False)
-    cfg.pop("hydra", None)
-    OmegaConf.set_struct(cfg, True)
+    if copy:
+        cfg = cfg.copy()
+    if "hydra" in cfg:
+        OmegaConf.set_struct(cfg, False)
+        cfg.pop("hydra")
+        OmegaConf.set_struct(cfg, True)
     cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
     schema.validate(cfg, submitting=not cfg.dry_run)
     return cfg
@@ -39,6 +41,10 @@ def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
     """Plan and locate; None (with the reason printed) when there is nothing to submit."""
     report = planning.report(cfg, measured_tps=None)
     report.enforce(cfg)  # before printing: a refusal is one line
+    if cfg.cluster.kind == "slurm":
+        from slurmtrain.submit.slurm import check_cluster
+
+        check_cluster(cfg)
     if not quiet:
         print(report.text)
     run = runs.locate(cfg)

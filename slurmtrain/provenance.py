@@ -6,6 +6,7 @@ actually ran there), under `provenance/`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -47,6 +48,7 @@ def _run(args: list[str], cwd: Optional[str] = None) -> Optional[str]:
     return done.stdout if done.returncode == 0 else None
 
 
+@functools.lru_cache(maxsize=8)
 def git_state(cwd: str) -> dict[str, Any]:
     sha = _run(["git", "rev-parse", "HEAD"], cwd)
     if sha is None:
@@ -56,6 +58,7 @@ def git_state(cwd: str) -> dict[str, Any]:
             "git_diff": SECRET_VALUE.sub(REDACTED, diff)}
 
 
+@functools.lru_cache(maxsize=1)
 def packages() -> list[str]:
     """`pip freeze` without spawning pip: name==version of every installed distribution."""
     seen = {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()
@@ -90,6 +93,7 @@ def versions() -> dict[str, Any]:
 def write(directory: Path, label: str, extra: Optional[dict[str, Any]] = None,
           cwd: Optional[str] = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
+    # Cached per process: a 64-point sweep records the same tree and packages 64 times.
     record = {"label": label, "time": time.time(), "host": socket.gethostname(),
               "argv": [SECRET_VALUE.sub(REDACTED, a) for a in sys.argv], "versions": versions(),
               **git_state(cwd or os.getcwd()), "env": redact_env(dict(os.environ)), **(extra or {})}

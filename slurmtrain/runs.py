@@ -70,13 +70,14 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write a temp file, fsync, rename: readers see the old or the new file, never half of one."""
+def atomic_write(path: Path, text: str, durable: bool = True) -> None:
+    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -188,4 +189,4 @@ def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
     atomic_write(run.config, text)
-    atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)))
+    atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)

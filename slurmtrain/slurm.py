@@ -1,4 +1,4 @@
-"""Slurm facts: hostlists, job environment, partitions, time strings, and the few Slurm calls we make.
+"""Slurm facts: hostlists, job environment, partitions, time strings, and the Slurm calls we make.
 
 The login node imports this (no torch). Pure functions first, so they are tested without Slurm;
 the command helpers at the end only ever pass argument lists, never a shell string.
@@ -54,7 +54,8 @@ def _parse_ranges(spec: str, item: str) -> list[str]:
     for part in spec.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise ValueError(f"hostlist {item!r}: bad range {part!r} (use e.g. [1-4,7] or [001-064])")
+            raise ValueError(f"hostlist {item!r}: bad range {part!r} "
+                             "(use e.g. [1-4,7] or [001-064])")
         lo_s, hi_s = m.group(1), m.group(2) or m.group(1)
         lo, hi, width = int(lo_s), int(hi_s), len(lo_s)
         if hi < lo:
@@ -189,7 +190,8 @@ def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
 
     nodelist = need("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     hosts = expand_hostlist(nodelist)
-    out = {"MASTER_ADDR": hosts[0], "MASTER_PORT": str(master_port(need("SLURM_JOB_ID", "SLURM_JOBID"))),
+    port = master_port(need("SLURM_JOB_ID", "SLURM_JOBID"))
+    out = {"MASTER_ADDR": hosts[0], "MASTER_PORT": str(port),
            "RANK": need("SLURM_PROCID"), "LOCAL_RANK": need("SLURM_LOCALID"),
            "WORLD_SIZE": need("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")}
     node_id = env.get("SLURM_NODEID")
@@ -356,6 +358,20 @@ def job_state(job_id: str) -> Optional[str]:
         return None
     states = [ln.split()[0] for ln in lines if ln.strip()]  # "CANCELLED by 0" -> CANCELLED
     return states[-1] if states else None
+
+
+def is_preempted(job_id: str) -> bool:
+    """True once Slurm has chosen the job for preemption (its PreemptTime is set).
+
+    A SIGTERM with this true is a preemption, else a scancel or time limit. Slurm 22.05 requeues a
+    preempted job only if it is still running when GraceTime ends: one that saves and exits first
+    ends COMPLETED/FAILED, so it must `requeue` itself before exiting.
+    """
+    return _time_set(job_info(job_id).get("PreemptTime", "None"))
+
+
+def _time_set(value: str) -> bool:
+    return value not in {"None", "Unknown", "(null)", "N/A", ""}
 
 
 def requeue(job_id: str) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A real Slurm cluster on this one machine: munge, mariadb, slurmdbd, slurmctld and N virtual nodes.
+"""A real Slurm cluster on one machine: munge, mariadb, slurmdbd, slurmctld and N virtual nodes.
 
 Why: sbatch, srun, preemption, node failure, requeue and sacct must be tested against Slurm itself,
 not a mock. Every node is a `slurmd -N nK` on 127.0.0.1 with its own port and spool directory.
@@ -17,6 +17,7 @@ names n1..nN are added to /etc/hosts so that MASTER_ADDR=n1 resolves like on a r
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -57,9 +58,9 @@ def wait_for(what: str, ok, timeout: float, log: Path | None = None) -> None:
         if ok():
             return
         time.sleep(0.5)
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log and log.exists() else ""
+    tail = log.read_text(errors="replace").splitlines()[-15:] if log and log.exists() else []
     sys.exit(f"slurm_cluster: timed out after {timeout:.0f}s waiting for {what}"
-             + (f"; last lines of {log}:\n{tail}" if log else ""))
+             + (f"; last lines of {log}:\n" + "\n".join(tail) if log else ""))
 
 
 class Cluster:
@@ -73,7 +74,6 @@ class Cluster:
         self.names = [f"n{i}" for i in range(1, nodes + 1)]
         self.meta = state_dir / "cluster.json"
 
-    # ---- processes -------------------------------------------------------------------------
     def pid(self, name: str, comm: str) -> int | None:
         """Live pid recorded in run/<name>.pid whose command line is still `comm` (no pid reuse)."""
         f = self.run / f"{name}.pid"
@@ -89,9 +89,9 @@ class Cluster:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
             end = time.monotonic() + 15
-            while time.monotonic() < end and Path(f"/proc/{pid}").exists() and not _zombie(pid):
+            while self.pid(name, comm) and time.monotonic() < end:  # a zombie has no cmdline
                 time.sleep(0.2)
-            if Path(f"/proc/{pid}").exists() and not _zombie(pid):
+            if self.pid(name, comm):
                 os.kill(pid, signal.SIGKILL)
             print(f"  stopped {name} (pid {pid})")
         (self.run / f"{name}.pid").unlink(missing_ok=True)
@@ -104,7 +104,6 @@ class Cluster:
         (self.run / f"{name}.pid").write_text(f"{proc.pid}\n")
         return proc.pid
 
-    # ---- config ----------------------------------------------------------------------------
     def slurm_conf(self) -> str:
         d, n = self.dir, self.nodes
         host = socket.gethostname().split(".")[0]
@@ -113,13 +112,15 @@ class Cluster:
                  f"StateSaveLocation={d}/spool/ctld", f"SlurmdSpoolDir={d}/spool/%n",
                  f"SlurmctldPidFile={d}/run/slurmctld.pid", f"SlurmdPidFile={d}/run/slurmd-%n.pid",
                  f"SlurmctldLogFile={d}/log/slurmctld.log", f"SlurmdLogFile={d}/log/slurmd-%n.log",
-                 "SlurmctldDebug=info", "SlurmdDebug=info",
+                 "SlurmctldDebug=info", "SlurmdDebug=info", "MailProg=/bin/true",
                  # containers have no usable cgroups; linuxproc tracks job processes by parentage
                  "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
                  "SwitchType=switch/none", "SlurmdParameters=config_overrides",
                  # jobs share nodes core by core unless --exclusive; memory is not a consumable
                  "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-                 "SchedulerType=sched/backfill", "SchedulerParameters=bf_interval=5",
+                 # periodic main scheduling pass every 10 s (Slurm's default is 60 s)
+                 "SchedulerType=sched/backfill",
+                 "SchedulerParameters=bf_interval=5,sched_interval=10",
                  "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", "JobRequeue=1",
                  # a killed slurmd goes DOWN in ~30-40 s; a restarted one comes back by itself
                  "ReturnToService=2", "SlurmdTimeout=10", "SlurmctldTimeout=30",
@@ -186,13 +187,6 @@ class Cluster:
             print(f"  warning: cannot edit {HOSTS} ({exc}); node names will not resolve")
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
 # ---- components ------------------------------------------------------------------------------
 def munge_ok() -> bool:
     cred = subprocess.run(["munge", "-n"], capture_output=True)
@@ -228,7 +222,8 @@ def start_mariadb(c: Cluster) -> None:
     c.sock.unlink(missing_ok=True)
     c.spawn("mariadb", ["mariadbd", "--no-defaults", f"--datadir={c.db}", f"--socket={c.sock}",
                         f"--port={DB_PORT}", "--bind-address=127.0.0.1", "--user=root",
-                        f"--pid-file={c.run / 'mariadbd.pid'}", f"--log-error={c.log / 'mariadb.log'}",
+                        f"--pid-file={c.run / 'mariadbd.pid'}",
+                        f"--log-error={c.log / 'mariadb.log'}",
                         "--innodb-use-native-aio=0", "--innodb-buffer-pool-size=128M",
                         "--innodb-lock-wait-timeout=900", "--skip-name-resolve"])
     wait_for("mariadb", lambda: sh(["mariadb-admin", f"--socket={c.sock}", "ping"],
@@ -262,8 +257,15 @@ def node_states() -> dict[str, str]:
 
 
 def start_slurm(c: Cluster, conf_changed: bool) -> None:
-    if conf_changed:  # scontrol reconfigure cannot add or remove nodes in 22.05
-        stop_slurm(c, keep_jobs=True, quiet=True)
+    try:
+        old_nodes = json.loads(c.meta.read_text())["names"]
+    except (OSError, ValueError, KeyError):
+        old_nodes = None
+    if conf_changed and old_nodes != c.names:  # reconfigure cannot add/remove nodes in 22.05
+        stop_slurm(c, keep_jobs=True)
+    elif conf_changed and c.pid("slurmctld", "slurmctld"):
+        sh(["scontrol", "reconfigure"])
+        print("  slurm.conf changed: scontrol reconfigure")
     if not c.pid("slurmctld", "slurmctld"):
         sh(["slurmctld"])
         print("  slurmctld started")
@@ -281,17 +283,16 @@ def start_slurm(c: Cluster, conf_changed: bool) -> None:
 
     def all_up() -> bool:
         states = node_states()
-        for name in restarted:  # a node that was marked DOWN while its slurmd was gone
-            if states.get(name, "").rstrip("*~#") in {"down", "drain", "drng"} and name not in resumed:
-                if not states[name].endswith("*"):
-                    sh(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
-                    resumed.add(name)
+        for name in set(restarted) - resumed:  # answering again, but marked DOWN meanwhile
+            if states.get(name) in {"down", "drain"}:
+                sh(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
+                resumed.add(name)
         return all(states.get(n) in RESPONSIVE for n in c.names)
 
     wait_for(f"nodes {','.join(c.names)} to answer", all_up, 120, c.log / "slurmctld.log")
 
 
-def stop_slurm(c: Cluster, keep_jobs: bool, quiet: bool = False) -> None:
+def stop_slurm(c: Cluster, keep_jobs: bool) -> None:
     if not keep_jobs and c.pid("slurmctld", "slurmctld"):
         jobs = sh(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
         if jobs:
@@ -306,7 +307,7 @@ def stop_slurm(c: Cluster, keep_jobs: bool, quiet: bool = False) -> None:
     c.kill("slurmctld", "slurmctld")
 
 
-def missing_binaries() -> list[str]:
+def missing_binaries() -> list[str]:  # Debian puts the daemons in /usr/sbin, off a user's PATH
     return [b for b in BINARIES if not shutil.which(b) and not Path("/usr/sbin", b).exists()]
 
 
@@ -341,8 +342,7 @@ def cmd_start(a: argparse.Namespace) -> None:
     c.set_hosts(c.names)
     start_slurmdbd(c)
     start_slurm(c, changed)
-    c.meta.write_text(json.dumps({"nodes": a.nodes, "names": c.names,
-                                  "partitions": ["debug", "high"]}) + "\n")
+    c.meta.write_text(json.dumps({"nodes": a.nodes, "names": c.names}) + "\n")
     print(sh(["sinfo"]).stdout.rstrip())
     print(f"slurm_cluster: up in {time.monotonic() - t0:.1f}s; nodes {','.join(c.names)}; "
           f"partitions debug (default, preemptible) and high; SLURM_CONF={ETC / 'slurm.conf'}")
@@ -381,12 +381,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state-dir", type=Path, default=Path(
         os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster")))
     p.add_argument("--keep-jobs", action="store_true", help="stop: do not cancel queued jobs")
-    p.add_argument("--purge", action="store_true", help="stop: also delete the state dir")
+    p.add_argument("--purge", action="store_true",
+                   help="stop: also delete the state dir (job ids restart at 1)")
     a = p.parse_args(argv)
     if not 1 <= a.nodes <= 64:
         p.error(f"--nodes {a.nodes}: use 1..64")
     a.state_dir = a.state_dir.resolve()
-    {"install": cmd_install, "start": cmd_start, "stop": cmd_stop, "status": cmd_status}[a.command](a)
+    cmd = {"install": cmd_install, "start": cmd_start, "stop": cmd_stop, "status": cmd_status}
+    if a.command in {"start", "stop"}:  # test sessions may call `start` at the same moment
+        a.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(a.state_dir.parent / f".{a.state_dir.name}.lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until this process exits
+    cmd[a.command](a)
 
 
 if __name__ == "__main__":

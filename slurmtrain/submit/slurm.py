@@ -6,6 +6,7 @@ into every run directory is rendered from the same flags (submit/flags.py) for h
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -42,10 +43,15 @@ def teardown(target: list[str]) -> list[str]:
             'exit "$rc"']
 
 
+@functools.lru_cache(maxsize=1)
+def _partitions() -> dict:
+    return slurm.query_partitions()  # once per process: a sweep checks every point
+
+
 def check_cluster(cfg: DictConfig) -> None:
     """Refuse, before anything is queued, what this cluster's partitions cannot run."""
     try:
-        partitions = slurm.query_partitions()
+        partitions = _partitions()
     except slurm.SlurmError as err:
         raise ConfigError(f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
                           f"or use cluster=local") from None
@@ -91,7 +97,7 @@ def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int 
 
 
 def prepare(cfg: DictConfig, run: RunDir) -> None:
-    """Everything before queueing: cluster check and the hand-resubmittable job.sbatch."""
+    """Everything before queueing: cluster check (cached) and the hand-resubmittable job.sbatch."""
     check_cluster(cfg)
     run.sbatch.write_text(render_sbatch(cfg, run))
 

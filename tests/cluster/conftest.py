@@ -1,4 +1,4 @@
-"""Real-Slurm tests: one local cluster (tools/slurm_cluster.py) per session, shared and left running.
+"""Real-Slurm tests: one local cluster (tools/slurm_cluster.py) per session, shared, left running.
 
 `start` is idempotent, so a cluster someone already started is reused, not restarted. With CI set,
 missing Slurm is installed and any failure to bring the cluster up fails the session: CI never

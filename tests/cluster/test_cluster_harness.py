@@ -49,6 +49,18 @@ def node_state(node: str) -> str:
     return sh("sinfo", "-h", "-N", "-n", node, "-o", "%t").split()[0]
 
 
+def requeued(job_id: str) -> dict:
+    """The job's record once Slurm has requeued it and it waits to run again, else {}."""
+    info = slurm.job_info(job_id)
+    return info if info["Restarts"] != "0" and info["JobState"] == "PENDING" else {}
+
+
+def first_attempt_state(job_id: str) -> str:
+    """How accounting ended the job's first run ("" until slurmdbd has recorded it)."""
+    states = sh("sacct", "-n", "-D", "-X", "-P", "-j", job_id, "-o", "State").split()
+    return states[0] if len(states) > 1 else ""
+
+
 def running_on(job_id: str) -> str:
     info = slurm.job_info(job_id)
     return info["NodeList"] if info["JobState"] == "RUNNING" else ""
@@ -125,40 +137,70 @@ def test_query_partitions_reads_the_real_partitions(slurm_cluster):
     assert slurm.validate_request("high", 4, "03:00:00", 0, parts) == []
 
 
-def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp_path):
-    """The debug job's srun tasks get SIGTERM within the grace time, then Slurm requeues it."""
-    marks = tmp_path / "marks"
-    script = tmp_path / "low.sh"
+def task_script(tmp_path, name: str, on_term: str) -> str:
+    """A batch script whose srun task logs SIGTERM to <name>.marks, then runs `on_term`."""
+    marks, script = tmp_path / f"{name}.marks", tmp_path / f"{name}.sh"
     script.write_text("#!/bin/bash\n"
-                      f"srun bash -c 'trap \"echo TERM >> {marks}; exit 0\" TERM; sleep 600 & wait'\n")
-    low = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10", str(script))
+                      f"srun bash -c 'trap \"echo TERM >> {marks}; {on_term}\" TERM; "
+                      "sleep 600 & wait'\n")
+    return str(script)
+
+
+def preempt(nodes: str, jobs: list) -> str:
+    high = sbatch("-p", "high", "-w", nodes, "--exclusive", "-t", "2", "--wrap", "sleep 2")
+    jobs.append(high)
+    return high
+
+
+def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp_path):
+    """Its tasks get SIGTERM at once; still running when GraceTime ends, the job is requeued."""
+    low = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
+                 task_script(tmp_path, "low", 'trap \\"exit 0\\" TERM; sleep 600'))
     jobs.append(low)
     node = wait_until("the debug job to run", lambda: running_on(low))
-    high = sbatch("-p", "high", "-w", node, "--exclusive", "-t", "2", "--wrap", "sleep 2")
-    jobs.append(high)
-    info = wait_until("the debug job to be requeued",
-                      lambda: (i := slurm.job_info(low))["Restarts"] != "0" and i)
-    assert info["Restarts"] == "1" and info["JobState"] in {"PENDING", "REQUEUED"}
-    assert marks.read_text().split() == ["TERM"]
-    states = sh("sacct", "-n", "-D", "-X", "-P", "-j", low, "-o", "State").split()
-    assert states[0] == "PREEMPTED"
+    high = preempt(node, jobs)
+    wait_until("the TERM to reach the task", (tmp_path / "low.marks").exists, 60)
+    assert slurm.is_preempted(low) and slurm.job_info(low)["JobState"] == "RUNNING"
+    info = wait_until("the debug job to be requeued", lambda: requeued(low))
+    assert info["Restarts"] == "1" and info["Reason"] == "BeginTime"
+    assert (tmp_path / "low.marks").read_text().split() == ["TERM"]
+    assert wait_until("sacct", lambda: first_attempt_state(low)) == "PREEMPTED"
     assert wait_until("the high job to run", lambda: running_on(high) == node or
                       slurm.job_state(high) == "COMPLETED")
 
 
-def test_requeued_job_waits_until_start_now(slurm_cluster, jobs):
-    job = sbatch("--requeue", "-t", "5", "--wrap", "sleep 600")
+def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(slurm_cluster, jobs,
+                                                                        tmp_path):
+    """Slurm 22.05 requeues only jobs still running at GraceTime's end; the rest must ask."""
+    quits = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
+                   task_script(tmp_path, "quits", "exit 0"))
+    asks = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
+                  task_script(tmp_path, "asks", "scontrol requeue $SLURM_JOB_ID; exit 0"))
+    jobs += [quits, asks]
+    nodes = [wait_until("the debug jobs to run", lambda j=j: running_on(j)) for j in (quits, asks)]
+    preempt(",".join(nodes), jobs)
+    assert wait_until("the quitter to end", lambda: slurm.job_state(quits) == "COMPLETED")
+    assert slurm.is_preempted(quits) and slurm.job_info(quits)["Restarts"] == "0"
+    info = wait_until("the asker to be requeued", lambda: requeued(asks))
+    assert info["Restarts"] == "1" and info["Reason"] == "BeginTime"
+
+
+def test_requeued_job_waits_until_start_now(slurm_cluster, jobs, tmp_path):
+    starts = tmp_path / "starts"
+    job = sbatch("--requeue", "-t", "5", "--wrap",
+                 f"echo attempt ${{SLURM_RESTART_COUNT:-0}} >> {starts}; sleep 600")
     jobs.append(job)
-    wait_until("the job to run", lambda: running_on(job))
+    wait_until("the first attempt to start", lambda: starts.exists())
+    assert not slurm.is_preempted(job)  # a SIGTERM now would be a scancel, not a preemption
     slurm.requeue(job)
-    info = wait_until("the requeue", lambda: (i := slurm.job_info(job))["JobState"] == "PENDING"
-                      and i)
+    info = wait_until("the requeue", lambda: requeued(job))
     eligible = datetime.fromisoformat(info["EligibleTime"])
     assert info["Reason"] == "BeginTime" and eligible > datetime.now()
     slurm.start_now(job)
     assert datetime.fromisoformat(slurm.job_info(job)["EligibleTime"]) < eligible
-    wait_until("the requeued job to run again", lambda: running_on(job))
-    assert slurm.job_info(job)["Restarts"] == "1"
+    wait_until("the second attempt to start", lambda: "attempt 1" in starts.read_text())
+    assert starts.read_text().splitlines() == ["attempt 0", "attempt 1"]
+    assert slurm.job_state(job) == "RUNNING"
 
 
 def test_exclude_nodes_keeps_a_pending_job_off_them(slurm_cluster, jobs):
@@ -178,11 +220,9 @@ def test_killed_slurmd_downs_its_node_and_requeues_its_job(slurm_cluster, jobs):
     os.kill(slurm_cluster.slurmd_pid(node), signal.SIGKILL)
     try:
         wait_until(f"{node} to go DOWN", lambda: node_state(node).startswith("down"), 180)
-        info = wait_until("the job to be requeued",
-                          lambda: (i := slurm.job_info(job))["Restarts"] != "0" and i, 60)
-        assert info["Restarts"] == "1" and info["JobState"] == "PENDING"
-        states = sh("sacct", "-n", "-D", "-X", "-P", "-j", job, "-o", "State").split()
-        assert states[0] == "NODE_FAIL"
+        info = wait_until("the job to be requeued", lambda: requeued(job), 60)
+        assert info["Restarts"] == "1"
+        assert wait_until("sacct", lambda: first_attempt_state(job)) == "NODE_FAIL"
     finally:  # bring the node back for the rest of the session
         res = slurm_cluster.start()
         assert res.returncode == 0, res.stdout + res.stderr

@@ -68,7 +68,8 @@ def hostlists(draw) -> str:
 
 
 def scontrol(what: str, arg: str) -> str:
-    res = subprocess.run(["scontrol", "show", what, arg], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(["scontrol", "show", what, arg], capture_output=True, text=True,
+                         timeout=60)
     assert res.returncode == 0, f"scontrol show {what} {arg!r}: {res.stderr}"
     return res.stdout
 

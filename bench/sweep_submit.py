@@ -1,0 +1,79 @@
+"""Time until every point of a 64-point sweep is queued: slurmtrain's array vs Hydra's submitit launcher.
+
+    python bench/sweep_submit.py [--points 64]
+
+Needs the local cluster (tools/slurm_cluster.py start). Jobs are submitted held (`--hold`), so
+nothing runs; both are cancelled afterwards. Hydra's launcher blocks until its jobs end, so its
+figure is the time until squeue shows all its jobs (polled every 0.1 s), then it is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def queued(name: str) -> int:
+    out = subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%i"], capture_output=True,
+                         text=True).stdout
+    return len(out.split())
+
+
+def sweep(points: int) -> str:
+    return "optim.lr=" + ",".join(f"{1e-4 * (i + 1):.6g}" for i in range(points))
+
+
+def ours(points: int, workdir: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "slurmtrain", "-m", "cluster=slurm", "name=benchours",
+                    f"runs_root={workdir}", "+cluster.sbatch_extra.hold=true", sweep(points)],
+                   cwd=ROOT, check=True, capture_output=True)
+    elapsed = time.perf_counter() - t0
+    assert queued("st-benchours") == points, queued("st-benchours")
+    return elapsed
+
+
+def hydras(points: int, workdir: Path) -> float:
+    cmd = [sys.executable, "-m", "slurmtrain", "-m", "hydra/launcher=submitit_slurm",
+           f"hydra.sweep.dir={workdir}/hydra", "hydra.launcher.name=benchhydra",
+           "+hydra.launcher.additional_parameters.hold=true", "hydra.launcher.timeout_min=10",
+           f"runs_root={workdir}", sweep(points)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    while queued("benchhydra") < points:
+        if proc.poll() is not None and queued("benchhydra") < points:
+            raise RuntimeError("Hydra's submitit launcher exited before queueing the sweep")
+        time.sleep(0.1)
+    elapsed = time.perf_counter() - t0
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--points", type=int, default=64)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            t_ours = ours(args.points, Path(tmp))
+            t_hydra = hydras(args.points, Path(tmp))
+        finally:
+            subprocess.run(["scancel", "-n", "st-benchours"])
+            subprocess.run(["scancel", "-n", "benchhydra"])
+    print(f"{args.points}-point sweep, time until all queued: slurmtrain {t_ours:.2f} s (one "
+          f"array, returns at once) | Hydra submitit launcher {t_hydra:.2f} s (then blocks until "
+          f"the jobs end) | ratio {t_hydra / t_ours:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
