@@ -28,6 +28,7 @@ EXIT_REQUEUE = 3  # time limit: everything saved, requeue me
 EXIT_BAD_NODE = 4  # the health gate failed a node: exclude it and requeue
 EXIT_HANG = 5  # the watchdog saw no progress: stacks dumped, requeue
 EXIT_CONFIG = 2  # the run directory's config cannot run: never requeue
+EXIT_TERMINATED = 6  # SIGTERM, saved: preempted (restart) or cancelled (stop); Slurm tells which
 EXIT_CLASS = {EXIT_REQUEUE: TIMED_OUT, EXIT_BAD_NODE: NODE_FAILURE, EXIT_HANG: HANG,
               EXIT_CONFIG: CONFIG_ERROR}
 

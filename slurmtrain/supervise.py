@@ -47,6 +47,13 @@ def _down_nodes(nodes: list[str]) -> list[str]:
     return sorted(set(bad))
 
 
+def _preempted(job_id: str) -> bool:
+    try:
+        return slurm.is_preempted(job_id)
+    except slurm.SlurmError:
+        return False
+
+
 def classify(rc: int, events: list[dict[str, Any]], attempt: Optional[int], nodes: list[str],
              wait_s: float) -> tuple[str, list[str]]:
     """(failure class, nodes that failed) for a job step that exited with `rc` != 0."""
@@ -80,10 +87,24 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     closed = any(e["event"] in ("finished", "stopped") and e.get("attempt") == attempt
                  for e in events)
     if rc == 0 or closed:
-        return rc  # finished, stopped by budget, or saved after SIGTERM (Slurm decides)
+        return rc  # finished, or stopped by a budget
+    record = dict(job_id=job_id, attempt=attempt, nodes=nodes)
+    if rc == faults.EXIT_TERMINATED:
+        # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited
+        # first, so it requeues itself (same job id: no second copy can appear). A scancel is final.
+        if not _preempted(job_id):
+            run.record("attempt_ended", **record, **{"class": "cancelled", "exit_code": rc})
+            return 0
+        run.record("attempt_ended", **record, **{"class": faults.PREEMPTED, "exit_code": rc})
+        if faults.over_budget(read_jsonl(run.ledger), cfg.faults) is not None:
+            run.record("stopped", **record, **{"class": faults.PREEMPTED,
+                                               "error": "preemption budget exhausted"})
+            return 0
+        slurm.requeue(job_id)
+        run.record("requeued", **record, reason=faults.PREEMPTED, new_job_id=job_id, how="requeue")
+        return 0
     cls, lost = classify(rc, events, attempt, nodes, float(cfg.faults.node_check_s))
     steps = [e.get("step") for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
-    record = dict(job_id=job_id, attempt=attempt, nodes=nodes)
     run.record("attempt_ended", **record, **{"class": cls, "exit_code": rc,
                                             "step": next((s for s in steps if s is not None), None)})
     for node in lost:
