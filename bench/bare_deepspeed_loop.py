@@ -28,6 +28,8 @@ def main(run_dir: str, warmup: int) -> None:
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     rank, world = dist.get_rank(), dist.get_world_size()
     config = ds_config.build(cfg, world)
+    config["wall_clock_breakdown"] = False  # bare: DeepSpeed's defaults, no timers or profiler
+    config.pop("flops_profiler", None)
     net = model.build(cfg, config)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
     tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)

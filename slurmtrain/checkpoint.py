@@ -1,10 +1,14 @@
-"""Checkpoints that are never half-written and never silently corrupt.
+"""Checkpoints that are never half-written, never silently corrupt, and never stop training.
 
-Protocol (DESIGN.md): every rank writes its shards into `step_N.tmp/` through DeepSpeed; rank 0
-fsyncs them, writes `manifest.json` (files, sizes, checksums, world size, step, consumed samples,
-data position), renames the directory to `step_N/`, then atomically replaces `latest` (temp file +
-rename; the same one-line format DeepSpeed's own `latest` uses). A directory without a manifest, or
-whose files do not match it, is never loaded: `find_resumable` walks back to the newest valid one.
+Protocol (DESIGN.md): every rank writes its shards into `step_N.tmp/` through DeepSpeed (our
+`ShardWriter` engine: each rank fsyncs and hashes its own files); rank 0 writes `manifest.json`
+(files, sizes, checksums, world size, step, consumed samples, data position), renames the directory
+to `step_N/`, then atomically replaces `latest` (temp file + rename; DeepSpeed's one-line format).
+A directory without a manifest, or whose files do not match it, is never loaded: `find_resumable`
+walks back to the newest valid one.
+
+This module is the on-disk protocol (pure file operations, no torch): the collective save around
+a DeepSpeed engine, async saves and disk errors live in `checkpointer.py`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d+)$")
+MARKER = re.compile(r"^\.(done|failed)_rank(\d+)\.json$")
 
 
 def tag(step: int) -> str:
@@ -36,39 +41,84 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _digest(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST
+                  and not MARKER.match(p.name))
 
 
-def publish(root: Path, step: int, meta: dict[str, Any], verify: str) -> Path:
-    """Rank 0, after every rank finished writing `step_N.tmp/`: manifest, rename, `latest`."""
-    tmp, final = root / f"{tag(step)}.tmp", root / tag(step)
-    files = {}
-    for path in _files(tmp):
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
-        entry: dict[str, Any] = {"size": path.stat().st_size}
-        if verify == "checksum":
-            entry["sha256"] = _digest(path)
-        files[str(path.relative_to(tmp))] = entry
-    manifest = {"step": step, "time": time.time(), "verify": verify, "files": files, **meta}
-    with open(tmp / MANIFEST, "w") as f:
-        json.dump(manifest, f, indent=1)
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    if final.exists():  # a stale copy of this step (re-saved after a resume): replace it whole
-        shutil.rmtree(final)
+
+
+def seal(tmp: Path, final: Path, fields: dict[str, Any], verify: str,
+         reports: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+    """Manifest into `tmp`, then rename it to `final` (a previous `final` is replaced whole).
+
+    Files listed in `reports` were fsynced and hashed by the rank that wrote them; any other file
+    (written outside our engine) is fsynced and hashed here.
+    """
+    listed: dict[str, dict[str, Any]] = {}
+    for report in reports or []:
+        listed.update(report["files"])
+    files = {}
+    for path in _files(tmp):
+        name = str(path.relative_to(tmp))
+        size = path.stat().st_size
+        entry = listed.get(name)
+        if entry is None:
+            _fsync_file(path)
+            entry = {"size": size, **({"sha256": _digest(path)} if verify == "checksum" else {})}
+        elif entry["size"] != size:
+            raise OSError(f"{name}: {size} bytes on disk, its writer reported {entry['size']}")
+        files[name] = entry
+    missing = sorted(set(listed) - set(files))
+    if missing:
+        raise OSError(f"files reported written but not found: {', '.join(missing[:5])}")
+    for marker in tmp.glob(".*_rank*.json"):
+        marker.unlink()
+    manifest = {"time": time.time(), "verify": verify, "files": files, **fields}
+    _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
+    old = final.with_name(final.name + ".old")
+    if final.exists():  # a stale copy of this step (re-saved after a resume)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return manifest
+
+
+def publish(root: Path, step: int, meta: dict[str, Any], verify: str,
+            reports: Optional[list[dict[str, Any]]] = None) -> Path:
+    """Rank 0, after every rank finished writing `step_N.tmp/`: manifest, rename, `latest`.
+
+    Everything that allocates disk space (manifest, pointer temp file) happens before the renames,
+    so a full disk fails the save before anything visible changed.
+    """
+    tmp, final = root / f"{tag(step)}.tmp", root / tag(step)
     pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(tag(step))
-    with open(pointer, "rb+") as f:
-        os.fsync(f.fileno())
+    _write_synced(pointer, tag(step))
+    try:
+        seal(tmp, final, {"step": step, **meta}, verify, reports)
+    except BaseException:
+        pointer.unlink(missing_ok=True)
+        raise
     os.replace(pointer, root / LATEST)
     _fsync_dir(root)
     return final
@@ -129,53 +179,29 @@ def find_resumable(root: Path, full: bool = True) -> Resume:
 
 
 def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
-    """Keep the newest `keep_last` valid-looking checkpoints plus every `keep_every`-th step."""
+    """Keep the newest `keep_last` checkpoints plus every `keep_every`-th step; drop leftovers.
+
+    Only called while no save is in flight (rank 0, right after a publish), so every `.tmp`
+    directory is an abandoned one.
+    """
     pointed = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
-    removed = []
+    removed, kept = [], set()
     for i, directory in enumerate(step_dirs(root)):
         step = int(directory.name.split("_")[1])
         if i < keep_last or directory.name == pointed or (keep_every and step % keep_every == 0):
+            kept.add(directory.name)
             continue
         shutil.rmtree(directory, ignore_errors=True)
         removed.append(directory)
-    for stale in root.glob("step_*.tmp"):
+    for stale in [*root.glob("step_*.tmp"), *root.glob("step_*.old")]:
         shutil.rmtree(stale, ignore_errors=True)
+    for marker in root.glob(".step_*.tmp.failed_rank*"):
+        marker.unlink(missing_ok=True)
+    for universal in root.glob("step_*_universal"):  # conversions of checkpoints now gone
+        if universal.name.removesuffix("_universal") not in kept:
+            shutil.rmtree(universal, ignore_errors=True)
     return removed
 
 
 def dir_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in _files(directory))
-
-
-class Checkpointer:
-    """Collective save/load around a DeepSpeed engine; every rank calls every method."""
-
-    def __init__(self, root: Path, rank: int, barrier: Callable[[], None], verify: str) -> None:
-        self.root, self.rank, self.barrier, self.verify = root, rank, barrier, verify
-        root.mkdir(parents=True, exist_ok=True)
-
-    def save(self, engine: Any, step: int, meta: dict[str, Any], rng: dict[str, Any]) -> Path:
-        import torch
-
-        tmp = self.root / f"{tag(step)}.tmp"
-        if self.rank == 0 and tmp.exists():
-            shutil.rmtree(tmp)
-        self.barrier()
-        engine.save_checkpoint(str(self.root), tag=tmp.name, client_state={"meta": meta},
-                               save_latest=False)
-        torch.save(rng, tmp / f"rng_rank{self.rank}.pt")
-        self.barrier()
-        final = self.root / tag(step)
-        if self.rank == 0:
-            publish(self.root, step, meta, self.verify)
-        self.barrier()
-        return final
-
-    def load(self, engine: Any, directory: Path) -> dict[str, Any]:
-        import torch
-
-        path, client = engine.load_checkpoint(str(directory.parent), tag=directory.name)
-        if path is None:
-            raise RuntimeError(f"DeepSpeed could not load {directory}")
-        rng_file = directory / f"rng_rank{self.rank}.pt"
-        return torch.load(rng_file, weights_only=False) if rng_file.exists() else {}

@@ -262,12 +262,13 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
                 "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
                 "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
         _positive(key, OmegaConf.select(cfg, key))
-    if cfg.train.flops_profile_step < 0:
-        raise ConfigError(f"train.flops_profile_step={cfg.train.flops_profile_step}: must be >= 0 "
-                          f"(0: off); e.g. train.flops_profile_step=10")
+    if not 0 <= cfg.train.flops_profile_step <= cfg.train.max_steps:
+        raise ConfigError(f"train.flops_profile_step={cfg.train.flops_profile_step}: must be 0 "
+                          f"(off) or a step up to train.max_steps={cfg.train.max_steps}; e.g. "
+                          f"train.flops_profile_step=10")
     if cfg.train.straggler_factor <= 1:
-        raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 (a "
-                          f"multiple of the median rank's step time); e.g. train.straggler_factor=1.5")
+        raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
+                          f"(times the median rank's step time); e.g. train.straggler_factor=1.5")
     if cfg.gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node={cfg.gpus_per_node}: must be >= 0 (0 means CPU)")
     _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))

@@ -6,7 +6,7 @@ reach any DeepSpeed option without the schema knowing it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -22,7 +22,17 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
-def build(cfg: DictConfig, world: int) -> dict[str, Any]:
+def flops_profiler(train: DictConfig, profile_dir: Optional[str]) -> dict[str, Any]:
+    """DeepSpeed's FLOPs profiler on our step N (1-based); DeepSpeed counts completed steps from 0."""
+    step = train.flops_profile_step
+    section: dict[str, Any] = {"enabled": True, "profile_step": step - 1, "module_depth": -1,
+                               "top_modules": 3, "detailed": True}
+    if profile_dir:
+        section["output_file"] = f"{profile_dir}/flops_step{step}.txt"
+    return section
+
+
+def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dict[str, Any]:
     ds, opt, train = cfg.deepspeed, cfg.optim, cfg.train
     dtype = resolved_dtype(cfg)
     zero: dict[str, Any] = {"stage": ds.stage}
@@ -51,9 +61,12 @@ def build(cfg: DictConfig, world: int) -> dict[str, Any]:
             "warmup_num_steps": opt.warmup_steps, "total_num_steps": max(train.max_steps, 1),
             "warmup_type": "linear"}},
         "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
+        # Timers feed metrics (forward/backward/optimizer/comm); train/perf.py mutes their prints.
+        "wall_clock_breakdown": bool(train.timers),
         "checkpoint": {"tag_validation": "Fail"},
     }
+    if train.flops_profile_step > 0:
+        config["flops_profiler"] = flops_profiler(train, profile_dir)
     extra = OmegaConf.to_container(ds.extra, resolve=True)
     assert isinstance(extra, dict)
     return _merge(config, extra)

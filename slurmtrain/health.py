@@ -41,11 +41,11 @@ def _matmul_check(device: torch.device) -> tuple[bool, str, float]:
 
 
 def check_rank(node: str, rank: int, device: torch.device, gpus_per_node: int,
-               injected_bad: str | None) -> RankHealth:
+               injected_bad: bool) -> RankHealth:
     if gpus_per_node > 0 and torch.cuda.device_count() < 1:
         return RankHealth(node, rank, False, "no CUDA device visible", 0.0, 0.0)
     ok, reason, seconds = _matmul_check(device)
-    if injected_bad and injected_bad in (node, "*"):
+    if injected_bad:
         ok, reason = False, "injected failure (SLURMTRAIN_INJECT bad_node)"
     buf = torch.ones(1 << 20, device=device)  # 4 MiB
     t0 = time.perf_counter()

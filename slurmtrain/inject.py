@@ -2,12 +2,17 @@
 
 Real failures are rare and slow to wait for; these hooks make them happen on cue through the real
 code path: `step_delay=0.2` (seconds added to every step), `crash_at_step=N`, `stall_at_step=N` with
-`stall_rank=R` (sleeps forever), `slow_rank=R` with `slow_factor=F`, `bad_node=NODE` (health gate).
+`stall_rank=R` (sleeps forever), `slow_rank=R` with `slow_factor=F`, `bad_node=NODE` (health gate),
+`kill_during_save=N` (every rank SIGKILLs itself right after writing its first shard of step N's
+save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard written: a slow disk),
+`bad_rank=R` (the node of rank R fails the health gate). `attempts=1` (or `1+2`) confines every
+injection to those attempts, so a drill can fail once and then recover.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Mapping, Optional
 
@@ -19,9 +24,16 @@ def settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 
 class Injector:
-    def __init__(self, rank: int, env: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, rank: int, env: Mapping[str, str] = os.environ,
+                 attempt: Optional[int] = None) -> None:
         self.rank = rank
         self.cfg = settings(env)
+        only = self.cfg.get("attempts")
+        if only and attempt is not None and str(attempt) not in only.split("+"):
+            self.cfg = {}
+
+    def fails_health(self, node: str) -> bool:
+        return self.cfg.get("bad_node") in (node, "*") or self.cfg.get("bad_rank") == str(self.rank)
 
     def get(self, key: str) -> Optional[str]:
         return self.cfg.get(key)
@@ -39,3 +51,13 @@ class Injector:
         if cfg.get("stall_at_step") == str(step) and cfg.get("stall_rank", "0") == str(self.rank):
             while True:
                 time.sleep(3600)
+
+    def after_shard(self, step: int, name: str) -> None:
+        """Called by the checkpoint writer after each shard file is on disk (any thread)."""
+        cfg = self.cfg
+        if not cfg:
+            return
+        if "shard_delay" in cfg:
+            time.sleep(float(cfg["shard_delay"]))
+        if cfg.get("kill_during_save") == str(step):
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -119,25 +119,28 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
         return rc
     bad = bad_nodes(run)
     try:
-        new_id = restart(run, job_id, bad, cfg)
+        new_id = restart(run, job_id, bad, cfg, cls)
     except slurm.SlurmError as err:
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
         return rc
     run.record("requeued", **record, reason=cls, excluded=bad, new_job_id=new_id,
-               how=cfg.faults.restart)
+               how="requeue" if new_id == job_id else "resubmit")
     if new_id != job_id:
         run.record("submitted", job_id=new_id, executor="slurm", fingerprint=run.path.name,
                    requeue_of=job_id)
-    print(f"slurmtrain: {cfg.faults.restart} of job {job_id} -> {new_id} ({cls}); excluded: "
+    print(f"slurmtrain: restart of job {job_id} -> {new_id} ({cls}); excluded: "
           f"{','.join(bad) or 'none'}", file=sys.stderr)
     return 0
 
 
-def restart(run: RunDir, job_id: str, bad: list[str], cfg: Any) -> str:
-    """Start the next attempt; returns its job id."""
+def restart(run: RunDir, job_id: str, bad: list[str], cfg: Any, cls: str) -> str:
+    """Start the next attempt; returns its job id.
+
+    After a node failure Slurm may requeue this very job itself once the node is declared down;
+    `scontrol requeue` of the same id makes a second copy impossible, so it is used there."""
     if cfg.cluster.exclude:  # a command-line --exclude replaces the script's: keep the user's too
         bad = sorted(set(bad) | set(slurm.expand_hostlist(cfg.cluster.exclude)))
-    if cfg.faults.restart == "requeue":
+    if cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad:
         slurm.requeue(job_id)
         if bad:
             slurm.exclude_nodes(job_id, bad)

@@ -109,6 +109,9 @@ class Cluster:
         host = socket.gethostname().split(".")[0]
         lines = [MARK, f"ClusterName={CLUSTER}", f"SlurmctldHost={host}(127.0.0.1)",
                  "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
+                 # a requeued job waits cred_expire (Slurm's default: 120 s) before it may start
+                 # again; sites tune it, and the test suite would spend minutes waiting at 120
+                 "AuthInfo=cred_expire=10",
                  f"StateSaveLocation={d}/spool/ctld", f"SlurmdSpoolDir={d}/spool/%n",
                  f"SlurmctldPidFile={d}/run/slurmctld.pid", f"SlurmdPidFile={d}/run/slurmd-%n.pid",
                  f"SlurmctldLogFile={d}/log/slurmctld.log", f"SlurmdLogFile={d}/log/slurmd-%n.log",

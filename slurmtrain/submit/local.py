@@ -6,9 +6,12 @@ entrypoint runs here and on Slurm.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
+from pathlib import Path
+from typing import Any
 
 import submitit
 from omegaconf import DictConfig
@@ -16,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from slurmtrain.config import tasks_per_node
 from slurmtrain.distributed import free_port
-from slurmtrain.runs import RunDir, _pid_start, read_jsonl
+from slurmtrain.runs import RunDir, _pid_start
 from slurmtrain.submit import Submission, TrainTask
 
 
@@ -46,20 +49,44 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
 
 
+def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
+    """The complete lines appended since `offset` (a torn last line waits for the next poll)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset, []
+    done = data[:data.rfind(b"\n") + 1]
+    rows = []
+    for line in done.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return offset + len(done), rows
+
+
 def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> None:
-    """Progress bar fed by metrics.jsonl until the job's processes exit."""
+    """Progress bar fed by metrics.jsonl until the job's processes exit.
+
+    This process shares the machine with the workers: it reads only the new lines and redraws
+    twice a second (no 10 Hz refresh thread), so following a long run costs next to nothing.
+    """
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
                TimeRemainingColumn())
-    with Progress(*columns, transient=False) as bar:
+    with Progress(*columns, transient=False, auto_refresh=False) as bar:
         task = bar.add_task("train", total=max_steps, loss="-", tps="-")
-        seen = 0
+        offset = 0
         while True:
-            rows = read_jsonl(run.metrics)
-            if len(rows) > seen:
-                seen, last = len(rows), rows[-1]
+            exited = job.done()  # checked before the read, so the last rows are always shown
+            offset, rows = _new_rows(run.metrics, offset)
+            if rows:
+                last = rows[-1]
                 bar.update(task, completed=last["step"], loss=f"{last['loss']:.4f}",
                            tps=f"{last['tokens_per_s']:,.0f}")
-            if job.done():
+            bar.refresh()
+            if exited:
                 break
             time.sleep(0.5)

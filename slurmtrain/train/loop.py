@@ -2,6 +2,8 @@
 
 One step = `grad_accumulation` micro steps of the deterministic sampler, then one all-reduce that
 carries the loss and every rank's stop/save flags, so all ranks decide together at the step boundary.
+Every log interval one all_gather (train/perf.py) adds throughput, FLOPs, the timer split, memory
+and stragglers to the metrics row.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from slurmtrain.faults import NONE, SignalFlags
 from slurmtrain.train.data import Sampler, batch
 from slurmtrain.train.metrics import MetricsWriter
+from slurmtrain.train.perf import Perf
 from slurmtrain.train.model import loss_fn
 
 
@@ -35,15 +38,13 @@ class Outcome:
 
 def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: LoopState,
           world: int, rank: int, device: torch.device, metrics: MetricsWriter,
-          flags: SignalFlags, save: Callable[[int], None],
+          flags: SignalFlags, save: Callable[[int], None], perf: Perf,
           on_step: Optional[Callable[[int, float], None]] = None) -> Outcome:
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
     accum = gbs // (micro * world)
     every_steps = cfg.checkpoint.interval_steps
     every_seconds = cfg.checkpoint.interval_minutes * 60
     log_every = cfg.train.log_interval
-    tokens_per_step = gbs * seq
-    window_start, window_steps = time.perf_counter(), 0
 
     while state.step < cfg.train.max_steps:
         step_start = time.perf_counter()
@@ -56,31 +57,33 @@ def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: Lo
             engine.step()
             losses.append(loss.detach().float())
         state.step += 1
-        window_steps += 1
 
-        # One collective per step: [loss sum, signal code, time-based save due].
+        # One collective per step: [loss sum, signal code, time-based save due]. The loss .item()
+        # ends this rank's compute (on GPUs too); one .tolist() after, not one .item() per value.
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
         shared = torch.tensor([torch.stack(losses).mean().item(), float(flags.code), float(due)],
-                              dtype=torch.float64)
-        dist.all_reduce(shared)
-        loss_value = shared[0].item() / world
-        stop_code = int(shared[1].item() > 0) and _max_code(flags.code, device)
+                              dtype=torch.float64, device=device)
+        with perf.waiting():  # waiting on slower ranks is not this rank's own time
+            dist.all_reduce(shared)
+            loss_sum, code_sum, due_sum = shared.tolist()
+        loss_value = loss_sum / world
+        stop_code = int(code_sum > 0) and _max_code(flags.code, device)
         step_time = time.perf_counter() - step_start
-        if on_step is not None:
-            on_step(state.step, step_time)
+        if on_step is not None:  # fault injection; a slow rank's delay here is its own time, its
+            on_step(state.step, step_time)  # peers' wait for it (next step) is DeepSpeed's comm
+        perf.step_done(state.step)
 
         if state.step % log_every == 0 or state.step == cfg.train.max_steps or stop_code:
-            elapsed = time.perf_counter() - window_start
-            tps = tokens_per_step * window_steps / max(elapsed, 1e-9)
-            metrics.log(state.step, cfg.train.max_steps, loss=loss_value,
-                        lr=engine.get_lr()[0], tokens_per_s=tps, tokens_per_s_per_gpu=tps / world,
-                        step_time=step_time, consumed_samples=state.step * gbs)
-            window_start, window_steps = time.perf_counter(), 0
+            # perf.interval is a collective (one all_gather): throughput, FLOPs, timers, memory.
+            metrics.log(state.step, cfg.train.max_steps, loss=loss_value, lr=engine.get_lr()[0],
+                        consumed_samples=state.step * gbs,
+                        **perf.interval(state.step, cfg.train.max_steps))
 
         finished = state.step >= cfg.train.max_steps
         by_steps = every_steps > 0 and state.step % every_steps == 0
-        if finished or stop_code or by_steps or shared[2].item() > 0:
-            save(state.step)
+        if finished or stop_code or by_steps or due_sum > 0:
+            with perf.saving():
+                save(state.step)
             state.last_save_step, state.last_save_time = state.step, time.time()
         if stop_code:
             return Outcome(state.step, stop_code)
@@ -89,6 +92,6 @@ def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: Lo
 
 def _max_code(local: int, device: torch.device) -> int:
     """The strongest signal any rank received (TERM outranks USR2)."""
-    code = torch.tensor([local], dtype=torch.int64)
+    code = torch.tensor([local], dtype=torch.int64, device=device)
     dist.all_reduce(code, op=dist.ReduceOp.MAX)
     return int(code.item())

@@ -18,7 +18,8 @@ def opt_config(cfg: DictConfig) -> Any:
         word_embed_proj_dim=m.word_embed_proj_dim or m.hidden_size,
         do_layer_norm_before=m.layer_norm_before, dropout=m.dropout, attention_dropout=m.dropout,
         activation_dropout=0.0, layerdrop=0.0, enable_bias=True, use_cache=False,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        # No padding id: we never pad, and zeroing its embedding row fails on ZeRO-3 partitions.
+        pad_token_id=None, bos_token_id=1, eos_token_id=2)
 
 
 def build(cfg: DictConfig, ds_config: dict[str, Any]) -> torch.nn.Module:
@@ -32,9 +33,24 @@ def build(cfg: DictConfig, ds_config: dict[str, Any]) -> torch.nn.Module:
             model = OPTForCausalLM.from_pretrained(cfg.model.pretrained_path, local_files_only=True)
         else:
             model = OPTForCausalLM(opt_config(cfg))
+    if cfg.deepspeed.stage == 3 and not cfg.model.pretrained_path:
+        _init_partitioned(model)
     if cfg.model.activation_checkpointing:
         model.gradient_checkpointing_enable()
     return model
+
+
+def _init_partitioned(model: torch.nn.Module) -> None:
+    """Hugging Face's weight init ran on ZeRO-3's empty partitions; redo it one module at a time,
+    gathering only that module's parameters (memory: the largest layer, never the whole model)."""
+    import deepspeed
+
+    for module in model.modules():
+        params = list(module.parameters(recurse=False))
+        if not params:
+            continue
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            model._init_weights(module)
 
 
 def loss_fn(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,139 @@
+"""Fault tolerance on the real local cluster: each failure happens for real, the run still finishes.
+
+Failures are injected through SLURMTRAIN_INJECT (slurmtrain/inject.py), which sbatch passes to the
+job like any environment variable; `attempts=1` confines an injection to the first attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.cluster.helpers import events, only_run, wait_event, wait_until
+from tests.conftest import read_jsonl, run_cli
+
+pytestmark = pytest.mark.slurm
+BASE = ["cluster=slurm", "train.log_interval=1", "train.max_steps=30",
+        "checkpoint.interval_steps=5", "faults.health_check=true"]
+
+
+def submit(workdir, name, args, inject=""):
+    env = {"SLURMTRAIN_INJECT": inject} if inject else None
+    done = run_cli(BASE + [f"name={name}"] + args, cwd=workdir, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return only_run(workdir / "runs", name)
+
+
+def steps_by_attempt(run):
+    out: dict[int, list[int]] = {}
+    for row in read_jsonl(run / "metrics.jsonl"):
+        out.setdefault(row["attempt"], []).append(row["step"])
+    return out
+
+
+def kinds(run):
+    return [e["event"] for e in events(run)]
+
+
+def test_time_limit_saves_requeues_and_finishes_with_no_step_lost(slurm_cluster, workdir):
+    run = submit(workdir, "timelimit", ["nodes=2", "cluster.time=1", "cluster.signal_lead_s=40",
+                                        "train.max_steps=50"], inject="step_delay=0.8")
+    wait_event(run, "finished", timeout=400)
+    ev = events(run)
+    [sig, *_] = [e for e in ev if e["event"] == "signal"]
+    assert sig["signal"] == "SIGUSR2"
+    saved = [e["step"] for e in ev if e["event"] == "checkpoint_saved" and e["attempt"] == 1]
+    assert sig["step"] == saved[-1]  # every rank saved the step the signal was agreed at
+    assert any(e["event"] == "attempt_ended" and e["class"] == "timed_out" for e in ev)
+    assert any(e["event"] == "requeued" for e in ev)
+    attempts = steps_by_attempt(run)
+    assert len(attempts) >= 2
+    flat = [s for a in sorted(attempts) for s in attempts[a]]
+    assert flat == list(range(1, 51))  # 0 steps lost, none computed twice
+
+
+def test_preemption_saves_within_grace_and_the_run_finishes(slurm_cluster, workdir):
+    run = submit(workdir, "preempted", ["nodes=2", "train.max_steps=40"], inject="step_delay=0.5")
+    wait_until(lambda: (run / "metrics.jsonl").exists() and len(read_jsonl(run / "metrics.jsonl")) > 5,
+               300, "training to start")
+    hog = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N4", "--exclusive",
+                          "--wrap", "sleep 3"], capture_output=True, text=True, check=True)
+    wait_event(run, "finished", timeout=400)
+    ev = events(run)
+    [sig] = [e for e in ev if e["event"] == "signal" and e["attempt"] == 1]
+    assert sig["signal"] == "SIGTERM"
+    [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
+    assert end["class"] == "preempted"
+    saved = [e for e in ev if e["event"] == "checkpoint_saved" and e["attempt"] == 1]
+    assert saved[-1]["step"] == sig["step"] and saved[-1]["time"] - sig["received_at"] < 20
+    assert hog.stdout.strip()
+
+
+def test_node_failure_requeues_resumes_and_names_the_lost_node(slurm_cluster, workdir):
+    run = submit(workdir, "nodefail", ["nodes=2", "train.max_steps=40"], inject="step_delay=0.5")
+    wait_until(lambda: (run / "metrics.jsonl").exists()
+               and max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) >= 12,
+               300, "step 12")
+    [started] = [e for e in events(run) if e["event"] == "started"]
+    victim = started["hosts"][1]  # rank 1's node: the batch shell survives on rank 0's
+    os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)
+    pid = started["pids"][1]
+    os.kill(pid, signal.SIGKILL)
+    try:
+        wait_event(run, "finished", timeout=500, fail_on=())
+    finally:
+        slurm_cluster.start()  # bring the node back for the other tests
+        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
+                       capture_output=True)
+    ev = events(run)
+    assert any(e["event"] == "node_lost" and e["node"] == victim for e in ev)
+    [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
+    assert end["class"] == "node_failure"
+    lost = max(steps_by_attempt(run)[1]) - [e for e in ev if e["event"] == "checkpoint_loaded"][-1]["step"]
+    assert lost <= 5  # at most one checkpoint interval
+
+
+def test_stalled_rank_trips_the_watchdog_then_the_run_finishes(slurm_cluster, workdir):
+    run = submit(workdir, "hang", ["nodes=2", "faults.hang_timeout_s=15", "train.max_steps=20"],
+                 inject="stall_at_step=8,stall_rank=1,attempts=1")
+    wait_event(run, "finished", timeout=400, fail_on=())
+    ev = events(run)
+    [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
+    assert end["class"] == "hang"
+    stacks = sorted(p.name for p in (run / "hangs").glob("attempt1.rank*.txt"))
+    assert stacks == ["attempt1.rank0.txt", "attempt1.rank1.txt"]
+    assert "Thread" in (run / "hangs" / "attempt1.rank1.txt").read_text()
+    hang = [e for e in ev if e["event"] == "failed" and e["class"] == "hang"]
+    last_step = max(steps_by_attempt(run)[1])
+    step_time = [r for r in read_jsonl(run / "metrics.jsonl") if r["step"] == last_step][0]["time"]
+    assert min(e["time"] for e in hang) - step_time < 15 + 30
+
+
+def test_injected_bad_node_is_excluded_on_the_next_attempt(slurm_cluster, workdir):
+    run = submit(workdir, "badnode", ["nodes=2", "train.max_steps=10"], inject="bad_rank=1,attempts=1")
+    wait_event(run, "finished", timeout=400, fail_on=())
+    ev = events(run)
+    [bad] = [e for e in ev if e["event"] == "bad_node"]
+    bad_rows = read_jsonl(run / "bad_nodes.jsonl")
+    assert bad_rows[0]["node"] == bad["node"]
+    starts = [e for e in ev if e["event"] == "started"]
+    assert bad["node"] in starts[0]["hosts"] and bad["node"] not in starts[-1]["hosts"]
+    assert not any(e["event"] == "checkpoint_loaded" and e["attempt"] == 1 for e in ev)
+
+
+def test_crash_loop_stops_and_status_shows_the_class_and_error(slurm_cluster, workdir):
+    run = submit(workdir, "crashloop", ["nodes=2", "train.max_steps=20"], inject="crash_at_step=7")
+    wait_event(run, "stopped", timeout=400, fail_on=())
+    status = run_cli(["status", "--json", str(run)], cwd=workdir, module="slurmtrain.cli")
+    row = json.loads(status.stdout.splitlines()[0])
+    assert row["state"].startswith("stopped") and row["class"].startswith("crash")
+    assert "injected crash at step 7" in row["error"]
+    ended = [e for e in events(run) if e["event"] == "attempt_ended"]
+    assert [e["class"] for e in ended] == ["crash", "crash"]
+    time.sleep(3)
+    assert sum(e["event"] == "started" for e in events(run)) == 2  # not restarted again

@@ -1,0 +1,135 @@
+"""Per-step performance accounting: straggler rule, DeepSpeed timer split, bad-node offers, rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from slurmtrain import config, ds_config
+from slurmtrain.errors import ConfigError
+from slurmtrain.train.metrics import scalars, summary_line
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+perf = pytest.importorskip("slurmtrain.train.perf")
+
+
+def _cfg(*overrides: str):
+    config.register()
+    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    config.validate(cfg, submitting=False)
+    return cfg
+
+
+def test_a_rank_slower_than_the_median_by_more_than_the_factor_is_flagged():
+    assert perf.stragglers([1.0, 1.1, 0.9, 4.0], 1.5) == [(3, pytest.approx(4.0 / 1.05))]
+    assert perf.stragglers([1.0, 1.2, 0.9, 1.1], 1.5) == []
+    # Two ranks: the median is their mean, so a rank 4x slower is 1.6x the median.
+    assert perf.stragglers([1.0, 4.0], 1.5) == [(1, pytest.approx(1.6))]
+    assert perf.stragglers([0.0, 0.0], 1.5) == []
+
+
+def test_a_slow_forward_flags_a_rank_whose_own_time_hides_it():
+    # Peers waiting in backward's bucketed reduce make every rank's own time alike; the forward
+    # (no collective in ZeRO 0-2) still shows the slow GPU.
+    own, forward = [1.0, 1.0, 1.0, 1.0], [0.2, 0.2, 0.21, 0.4]
+    assert perf.slow_ranks(own, forward, 1.5) == [(3, pytest.approx(0.4 / 0.205))]
+    assert perf.slow_ranks([1.0, 4.0], [0.2, 0.9], 1.5) == [(1, pytest.approx(0.9 / 0.55))]
+    assert perf.slow_ranks([1.0, 1.1], [0.2, 0.21], 1.5) == []
+
+
+def test_a_straggler_is_offered_to_the_bad_node_ledger(tmp_path):
+    path = tmp_path / "bad_nodes.jsonl"
+    perf.offer_bad_node(path, "n3", 2.04321, 40)
+    perf.offer_bad_node(path, "n3", 1.9, 50)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["node"], r["reason"], r["factor"], r["step"]) for r in rows] == [
+        ("n3", "straggler", 2.043, 40), ("n3", "straggler", 1.9, 50)]
+    assert all(isinstance(r["time"], float) for r in rows)
+
+
+def _engine_with_deepspeed_timers():
+    from deepspeed.utils.timer import SynchronizedWallClockTimer
+
+    return SimpleNamespace(timers=SynchronizedWallClockTimer(), wall_clock_breakdown=lambda: True)
+
+
+def _record(group, name: str, seconds: float) -> None:
+    """One finished interval of a host timer (what start()/stop() append on CPU)."""
+    group(name).event_timers.append(seconds)
+
+
+def test_timer_split_adds_up_and_deepspeed_prints_nothing(capsys):
+    engine = _engine_with_deepspeed_timers()
+    timers = perf.StepTimers(engine)
+    group = engine.timers
+    for _ in range(2):  # two optimizer steps, each logged by DeepSpeed's engine and optimizer
+        for name, s in (("fwd", 0.010), ("bwd", 0.030), ("bwd_allreduce", 0.004),
+                        ("step", 0.008), ("optimizer_allgather", 0.002), ("fwd_microstep", 0.5)):
+            _record(group, name, s)
+        group.log(["optimizer_allgather"])  # ZeRO's optimizer logs its own timers first
+        group.log(["fwd_microstep"])
+        group.log(["fwd", "bwd", "bwd_allreduce", "step"])
+    assert capsys.readouterr().out == ""
+    fwd, bwd, opt, comm = timers.take(steps=2)
+    assert (fwd, bwd, opt, comm) == pytest.approx((0.010, 0.026, 0.006, 0.006))
+    assert fwd + bwd + opt + comm == pytest.approx(0.010 + 0.030 + 0.008)
+    assert group("fwd_microstep").event_timers == []  # reset as DeepSpeed's log would
+    assert timers.take(steps=1) == (0.0, 0.0, 0.0, 0.0)  # per interval: the sums restart
+
+
+def test_peak_memory_on_cpu_is_the_process_peak_rss():
+    import torch
+
+    peak = perf.peak_memory_bytes(torch.device("cpu"))
+    with open("/proc/self/status") as f:
+        hwm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    assert peak == pytest.approx(hwm_kib * 1024, rel=0.05)
+
+
+def test_every_number_of_a_row_becomes_a_tensorboard_scalar():
+    row = {"loss": 2.5, "mfu": None, "peak_mem_bytes": [10, 12], "peak_mem_bytes_max": 12,
+           "time_comm": 0.01, "note": "x", "flag": True}
+    assert scalars(row) == {"loss": 2.5, "peak_mem_bytes/rank0": 10.0,
+                            "peak_mem_bytes/rank1": 12.0, "peak_mem_bytes_max": 12.0,
+                            "time_comm": 0.01}
+
+
+def test_summary_line_shows_tflops_mfu_and_eta():
+    line = summary_line(40, 200, {"loss": 4.1, "lr": 1e-3, "tokens_per_s": 21000.0,
+                                  "step_time": 0.05, "tflops_per_gpu": 0.0123, "mfu": 0.412,
+                                  "eta_s": 3725.0})
+    assert "step 40/200" in line and "TFLOPS/GPU 0.0123" in line and "MFU 41.2%" in line
+    assert "ETA 1:02:05" in line
+    assert "MFU -" in summary_line(1, 2, {"mfu": None, "tflops_per_gpu": 0.1, "eta_s": 1.0})
+
+
+def test_timers_and_flops_profiler_reach_the_deepspeed_config(tmp_path):
+    plain = ds_config.build(_cfg(), 2)
+    assert plain["wall_clock_breakdown"] is True and "flops_profiler" not in plain
+    assert ds_config.build(_cfg("train.timers=false"), 2)["wall_clock_breakdown"] is False
+    prof = ds_config.build(_cfg("train.flops_profile_step=7"), 2, profile_dir=str(tmp_path))
+    section = prof["flops_profiler"]
+    assert section["enabled"] is True
+    assert section["profile_step"] == 6  # DeepSpeed counts completed steps: our step 7 is its 6
+    assert section["output_file"] == f"{tmp_path}/flops_step7.txt"
+
+
+def test_perf_keys_leave_the_fingerprint_alone():
+    from slurmtrain.runs import fingerprint
+
+    base = fingerprint(_cfg())
+    assert fingerprint(_cfg("train.timers=false", "train.flops_profile_step=3",
+                            "train.straggler_factor=2.0")) == base
+
+
+@pytest.mark.parametrize("override", ["train.straggler_factor=1.0", "train.flops_profile_step=-1",
+                                      "train.flops_profile_step=201"])
+def test_bad_perf_values_name_the_key(override):
+    with pytest.raises(ConfigError) as err:
+        _cfg(override)
+    assert override in str(err.value) and "\n" not in str(err.value)
