@@ -47,6 +47,18 @@ def _down_nodes(nodes: list[str]) -> list[str]:
     return sorted(set(bad))
 
 
+def _effective_rc(rc: int, events: list[dict[str, Any]], attempt: Optional[int]) -> int:
+    """What the attempt meant to exit with. After a collective stop every rank exits with the same
+    code, but srun --kill-on-bad-exit may kill the slower ranks first, so srun's own code can be
+    a signal's; the ledger's `signal` event says what really happened."""
+    signals = [e.get("signal") for e in events if e["event"] == "signal" and e.get("attempt") == attempt]
+    if "SIGTERM" in signals:
+        return faults.EXIT_TERMINATED
+    if "SIGUSR2" in signals:
+        return faults.EXIT_REQUEUE
+    return rc
+
+
 def _preempted(job_id: str) -> bool:
     try:
         return slurm.is_preempted(job_id)
@@ -86,8 +98,11 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     attempt = _attempt(events, job_id)
     closed = any(e["event"] in ("finished", "stopped") and e.get("attempt") == attempt
                  for e in events)
-    if rc == 0 or closed:
-        return rc  # finished, or stopped by a budget
+    if closed:
+        return 0  # finished, or stopped by a budget
+    rc = _effective_rc(rc, events, attempt)
+    if rc == 0:
+        return 0
     record = dict(job_id=job_id, attempt=attempt, nodes=nodes)
     if rc == faults.EXIT_TERMINATED:
         # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited

@@ -41,8 +41,10 @@ def kinds(run):
 
 
 def test_time_limit_saves_requeues_and_finishes_with_no_step_lost(slurm_cluster, workdir):
-    run = submit(workdir, "timelimit", ["nodes=2", "cluster.time=1", "cluster.signal_lead_s=40",
-                                        "train.max_steps=50"], inject="step_delay=0.8")
+    # Slurm checks signal deadlines about every 30 s: with --time=2 and USR2@30 the signal comes
+    # 60-90 s into each attempt, and 100 steps of ~1 s need a second attempt.
+    run = submit(workdir, "timelimit", ["nodes=2", "cluster.time=2", "cluster.signal_lead_s=30",
+                                        "train.max_steps=100"], inject="step_delay=0.8")
     wait_event(run, "finished", timeout=400)
     ev = events(run)
     [sig, *_] = [e for e in ev if e["event"] == "signal"]
@@ -54,7 +56,7 @@ def test_time_limit_saves_requeues_and_finishes_with_no_step_lost(slurm_cluster,
     attempts = steps_by_attempt(run)
     assert len(attempts) >= 2
     flat = [s for a in sorted(attempts) for s in attempts[a]]
-    assert flat == list(range(1, 51))  # 0 steps lost, none computed twice
+    assert flat == list(range(1, 101))  # 0 steps lost, none computed twice
 
 
 def test_preemption_saves_within_grace_and_the_run_finishes(slurm_cluster, workdir):
