@@ -48,6 +48,9 @@ def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
     if not quiet:
         print(report.text)
     run = runs.locate(cfg)
+    warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))
+    if warning:
+        print(f"slurmtrain: {warning}")
     state = run.state()
     if state == runs.FINISHED:
         print(f"slurmtrain: this run already finished: {run.path}\n"

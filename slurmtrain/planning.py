@@ -79,6 +79,34 @@ def eta_line(cfg: DictConfig, world: int, measured_tps: Optional[float]) -> Opti
     return f"plan: {eta.format_eta(est)} (at {tps:,.0f} tok/s, {source})"
 
 
+# Before the first save: bytes of a checkpoint (weights + fp32 master + Adam moments, all ranks)
+# over an assumed shared-filesystem write rate, plus fixed costs (fsync, manifest, rename).
+ASSUMED_WRITE_BYTES_PER_S = 1e9
+SAVE_FIXED_S = 5.0
+
+
+def save_seconds(cfg: DictConfig, saves: list[dict]) -> tuple[float, str]:
+    """The time a full save takes for this run: measured (ledger) or estimated from its size."""
+    totals = [float(e.get("total_seconds") or e.get("seconds") or 0) for e in saves[-5:]]
+    if totals:
+        return max(totals), "measured"
+    n = plan.param_count(cfg.model)
+    weight = 4 if resolved_dtype(cfg) == "fp32" else 2
+    return n * (weight + 12) / ASSUMED_WRITE_BYTES_PER_S + SAVE_FIXED_S, "estimated"
+
+
+def lead_warning(cfg: DictConfig, saves: list[dict]) -> Optional[str]:
+    """USR2 comes `signal_lead_s` before the time limit; the save must finish well inside it."""
+    if cfg.cluster.kind != "slurm":
+        return None
+    seconds, how = save_seconds(cfg, saves)
+    if cfg.cluster.signal_lead_s >= 2 * seconds:
+        return None
+    return (f"warning: cluster.signal_lead_s={cfg.cluster.signal_lead_s} is below twice the "
+            f"{how} checkpoint save time ({seconds:.0f} s): the time-limit save may be cut short; "
+            f"set cluster.signal_lead_s>={int(2 * seconds) + 1}")
+
+
 def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
     low, high = node_range(cfg.nodes)
     per_node = tasks_per_node(cfg)

@@ -20,3 +20,23 @@ def test_opt66b_zero2_on_one_node_refuses_and_names_the_setting_that_fits(workdi
     accepted = run_cli(BIG + fix + ["dry_run=true"], cwd=workdir)
     assert accepted.returncode == 0, accepted.stderr
     assert "plan: fits" in accepted.stdout and "does not fit" not in accepted.stdout
+
+
+def test_signal_lead_below_twice_the_save_time_warns(workdir):
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    sys.path.insert(0, str(__import__("tests.conftest").conftest.ROOT))
+    from slurmtrain import config, planning
+
+    config.register()
+    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=["cluster=slurm", "cluster.signal_lead_s=60"])
+    assert planning.lead_warning(cfg, [{"total_seconds": 10.0}]) is None
+    line = planning.lead_warning(cfg, [{"total_seconds": 40.0}])
+    assert "cluster.signal_lead_s=60" in line and "measured" in line and ">=81" in line
+    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+        big = compose("config", overrides=["cluster=slurm", "model=opt66b", "gpus_per_node=8"])
+    line = planning.lead_warning(big, [])  # before any save: estimated from the checkpoint size
+    assert line is not None and "estimated" in line
