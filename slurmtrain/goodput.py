@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Optional
 
+from slurmtrain.eta import format_duration
+
 # Display order; PRECEDENCE decides who owns a second claimed by two rules.
 PARTS = ("queue_wait", "startup", "checkpoint_load", "productive", "checkpoint_save", "work_lost",
          "signal_idle", "other")
@@ -293,14 +295,7 @@ def compute_goodput(run_dir: Path | str, now: Optional[float] = None) -> Goodput
 
 
 def fmt_duration(seconds: float) -> str:
-    s = int(round(max(seconds, 0.0)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    return format_duration(max(seconds, 0.0))
 
 
 def format_line(g: Goodput) -> str:
