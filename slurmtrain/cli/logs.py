@@ -25,6 +25,8 @@ from slurmtrain.goodput import read_jsonl
 
 LOG_GLOBS = ("**/*.log", "**/*.out", "**/*.err")
 _SUBMITIT = re.compile(r"^(\d+(?:_\d+)?)_(\d+)_log\.(?:out|err)$")
+_SRUN = re.compile(r"^(\d+(?:_\d+)?)_(\d+)\.(?:out|err)$")  # job.sbatch's srun --output=%j_%t
+_BATCH = re.compile(r"^(\d+(?:_\d+)?)\.batch\.out$")  # job.sbatch's own output: the job, no rank
 _ATTEMPT = re.compile(r"attempt[_-]?(\d+)")
 _RANK = re.compile(r"rank[_-]?(\d+)")
 _JOB = re.compile(r"(?:^|slurm-)(\d+(?:_\d+)?)(?=[._])")
@@ -97,9 +99,12 @@ def parse_timestamp(line: str) -> Optional[float]:
 def describe(path: Path) -> LogFile:
     """Attempt, rank and job id from a log file's name."""
     name = path.name
-    m = _SUBMITIT.match(name)
+    m = _SUBMITIT.match(name) or _SRUN.match(name)
     if m:
         return LogFile(path, None, int(m.group(2)), m.group(1))
+    m = _BATCH.match(name)
+    if m:
+        return LogFile(path, None, None, m.group(1))
     a, r, j = _ATTEMPT.search(name), _RANK.search(name), _JOB.search(name)
     return LogFile(path, int(a.group(1)) if a else None, int(r.group(1)) if r else None,
                    j.group(1) if j and not a else None)

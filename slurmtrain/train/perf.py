@@ -98,7 +98,11 @@ def slow_ranks(own: list[float], forward: list[float], factor: float) -> list[tu
     """Stragglers by own time, or by forward time: ZeRO 0-2's forward has no collective, so it
     still shows a slow GPU when its peers wait inside backward (gradient buckets reduced there)."""
     found: dict[int, float] = {}
-    for rank, ratio in stragglers(own, factor) + stragglers(forward, factor):
+    typical = statistics.median(own) if own else 0.0
+    # A slow forward only counts when the rank's own time is not below the median too: on a
+    # shared or warming-up machine a fast rank's forward can jitter without it being slow.
+    by_forward = [(r, x) for r, x in stragglers(forward, factor) if own and own[r] >= typical]
+    for rank, ratio in stragglers(own, factor) + by_forward:
         found[rank] = max(ratio, found.get(rank, 0.0))
     return sorted(found.items())
 
