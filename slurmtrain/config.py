@@ -148,6 +148,9 @@ class TrainConfig:
     timers: bool = True
     flops_profile_step: int = 0  # N > 0: DeepSpeed's FLOPs profiler on step N -> profile/ (0: off)
     straggler_factor: float = 1.5  # flag a rank slower than the median rank by more than this
+    # N > 0: an attempt that starts before step N saves at N and exits (paused); the next job
+    # resumes. The smoke test's real save -> new job -> load. 0: never.
+    pause_at_step: int = 0
 
 
 @dataclass
@@ -169,14 +172,17 @@ class RootConfig:
     force: bool = False  # submit even when the memory plan says it does not fit
     mfu_guess: float = 0.4  # MFU assumed for an ETA before any throughput was measured
     peak_tflops: Optional[float] = None  # overrides the GPU table (MFU on CPUs or unlisted GPUs)
+    # cluster=slurm: first a small job (1 node, <= 2 layers, 20 steps, a save and a load in a new
+    # job), then this one with --dependency=afterok on it (slurmtrain/smoke.py).
+    smoke: bool = False
 
 
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
 # another node count (the global batch is fixed) is the same experiment.
 NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "force", "mfu_guess", "peak_tflops",
-                   "nodes", "gpus_per_node", "cluster", "faults",
-                   "train.log_interval", "train.grad_accumulation", "train.timers",
-                   "train.flops_profile_step", "train.straggler_factor", "checkpoint")
+                   "nodes", "gpus_per_node", "cluster", "faults", "smoke",
+                   "train.log_interval", "train.pause_at_step", "train.grad_accumulation",
+                   "train.timers", "train.flops_profile_step", "train.straggler_factor", "checkpoint")
 
 
 def register() -> None:
@@ -269,6 +275,12 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     if cfg.train.straggler_factor <= 1:
         raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
                           f"(times the median rank's step time); e.g. train.straggler_factor=1.5")
+    if cfg.train.pause_at_step < 0:
+        raise ConfigError(f"train.pause_at_step={cfg.train.pause_at_step}: must be 0 (never) or a "
+                          f"step; e.g. train.pause_at_step=10")
+    if submitting and cfg.smoke and cfg.cluster.kind != "slurm":
+        raise ConfigError(f"smoke=true: chains a smoke job before the real one on Slurm; use "
+                          f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false")
     if cfg.gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node={cfg.gpus_per_node}: must be >= 0 (0 means CPU)")
     _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))

@@ -90,7 +90,7 @@ def unended_attempt(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     if not started:
         return None
     last = started[-1]
-    closing = {"attempt_ended", "finished", "stopped"}
+    closing = {"attempt_ended", "finished", "stopped", "paused"}
     if any(e["event"] in closing and e.get("attempt") == last["attempt"] for e in events):
         return None
     return last

@@ -6,7 +6,9 @@ code path: `step_delay=0.2` (seconds added to every step), `crash_at_step=N`, `s
 `kill_during_save=N` (every rank SIGKILLs itself right after writing its first shard of step N's
 save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard written: a slow disk),
 `bad_rank=R` (the node of rank R fails the health gate). `attempts=1` (or `1+2`) confines every
-injection to those attempts, so a drill can fail once and then recover.
+injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke`
+confines them to runs whose name ends so (the smoke job of a smoke=true chain, not the big one:
+both inherit the submitting shell's environment).
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ def settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 class Injector:
     def __init__(self, rank: int, env: Mapping[str, str] = os.environ,
-                 attempt: Optional[int] = None) -> None:
+                 attempt: Optional[int] = None, name: Optional[str] = None) -> None:
         self.rank = rank
         self.cfg = settings(env)
         only = self.cfg.get("attempts")
         if only and attempt is not None and str(attempt) not in only.split("+"):
+            self.cfg = {}
+        suffix = self.cfg.get("name_suffix")
+        if suffix and name is not None and not name.endswith(suffix):
             self.cfg = {}
 
     def fails_health(self, node: str) -> bool:

@@ -169,7 +169,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
                                      or f"{stop} budget exhausted"})
         dist.destroy_process_group()
         return 0
-    injector = Injector(where.rank, attempt=attempt.number)
+    injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name))
     watchdog = Watchdog(cfg.faults.hang_timeout_s,
                         run.path / "hangs" / f"attempt{attempt.number}.rank{where.rank}.txt",
                         lambda why: attempt.record_any("failed", **{"class": faults.HANG,
@@ -262,10 +262,11 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
         injector.after_step(step, seconds)
 
     state = loop.LoopState(start_step, start_step, time.time())
+    pause = cfg.train.pause_at_step if start_step < cfg.train.pause_at_step else None
     try:
         tracker = Perf(engine, cfg, world, rank, device, where.node, attempt.record, run.path)
         outcome = loop.train(engine, cfg, tokens, sampler, state, world, rank, device, metrics,
-                             flags, save, tracker, on_step=on_step)
+                             flags, save, tracker, on_step=on_step, stop_at=pause)
     except BaseException:
         checkpointer.abandon()  # an async save already copied may still publish
         raise
@@ -280,6 +281,9 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
         attempt.record("failed", **{"class": faults.CRASH, "step": outcome.step,
                                     "error": f"final checkpoint not saved: {final.error}"})
         code = 1
+    elif outcome.stop_code == faults.NONE and outcome.step < cfg.train.max_steps:
+        attempt.record("paused", step=outcome.step)  # train.pause_at_step: the next job resumes
+        code = 0
     elif outcome.stop_code == faults.NONE:
         attempt.record("finished", step=outcome.step)
         code = 0

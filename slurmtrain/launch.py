@@ -81,6 +81,10 @@ def launch_one(cfg: DictConfig, overrides: list[str]) -> int:
     prepared = check(cfg)
     if prepared is None:
         return 0
+    if cfg.smoke:  # validate() allows it on Slurm only
+        from slurmtrain import smoke
+
+        return smoke.submit_chain(prepared, overrides)
     record(prepared, overrides)
     from slurmtrain.submit import submit
 

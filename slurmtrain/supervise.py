@@ -25,6 +25,8 @@ from slurmtrain import faults, slurm
 from slurmtrain.config import load_run_config
 from slurmtrain.runs import RunDir, read_jsonl
 
+EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
+
 
 def _attempt(events: list[dict[str, Any]], job_id: str) -> Optional[int]:
     started = [e for e in events if e["event"] == "started" and str(e.get("job_id")) == job_id]
@@ -96,10 +98,12 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     nodes = slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
     events = read_jsonl(run.ledger)
     attempt = _attempt(events, job_id)
-    closed = any(e["event"] in ("finished", "stopped") and e.get("attempt") == attempt
-                 for e in events)
-    if closed:
-        return 0  # finished, or stopped by a budget
+    closing = [e["event"] for e in events
+               if e["event"] in ("finished", "stopped") and e.get("attempt") == attempt]
+    if closing:
+        # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
+        # of a smoke chain) would start after a run that failed.
+        return EXIT_STOPPED if "stopped" in closing else 0
     rc = _effective_rc(rc, events, attempt)
     if rc == 0:
         return 0
@@ -114,7 +118,7 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
         if faults.over_budget(read_jsonl(run.ledger), cfg.faults) is not None:
             run.record("stopped", **record, **{"class": faults.PREEMPTED,
                                                "error": "preemption budget exhausted"})
-            return 0
+            return EXIT_STOPPED
         slurm.requeue(job_id)
         run.record("requeued", **record, reason=faults.PREEMPTED, new_job_id=job_id, how="requeue")
         return 0

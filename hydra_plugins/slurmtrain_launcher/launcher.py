@@ -50,6 +50,11 @@ class SlurmtrainLauncher(Launcher):
                 print(f"sweep point: {' '.join(overrides)}")
                 launch.launch_one(cfg, overrides)
             return [_done(o, 0) for _, o in points]
+        if any(cfg.smoke for cfg, _ in points):
+            from slurmtrain.errors import ConfigError
+
+            raise ConfigError("smoke=true: not for sweeps (-m); smoke one point first, then "
+                              "sweep with smoke=false")
         todo = []
         for cfg, overrides in points:
             prepared = launch.check(cfg, quiet=True)

@@ -1,7 +1,8 @@
 """`python -m slurmtrain.cli status [PATH ...]`: every run under a runs root (or the given run dirs).
 
 One row per run: state, attempts, step, last checkpoint, job id, nodes, goodput; a stopped run shows
-its failure class and last error line. Reads only run directories (and squeue for liveness).
+its failure class and last error line; a smoke=true run held by its smoke test says so ("waiting:
+smoke test", or "blocked: smoke failed" with the smoke run's last error). Reads only run directories (and squeue for liveness).
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def summarize(run: RunDir) -> dict[str, Any]:
         row["error"] = row["error"][0] if row["error"] else None
     if any(e["event"] == "stopped" for e in events):
         row["state"] = "stopped: " + (row["class"] or "?")
+    from slurmtrain.smoke import blocked
+
+    held = blocked(events)  # smoke=true: the big job waits for (or was cancelled by) its smoke
+    if held is not None:
+        row.update(held)
     if events:
         try:
             row["goodput"] = compute_goodput(run.path, now=time.time()).goodput

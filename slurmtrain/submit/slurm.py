@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from omegaconf import DictConfig
@@ -81,13 +81,22 @@ def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
         teardown=teardown([str(run.path)]))
 
 
-def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int = 0):
-    """submitit's SlurmExecutor with the same flags, environment and supervisor as job.sbatch."""
+def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int = 0,
+             after: Optional[str] = None):
+    """submitit's SlurmExecutor with the same flags, environment and supervisor as job.sbatch.
+
+    `after`: a job id this one waits for (afterok). Submission only: job.sbatch never carries it,
+    so a hand resubmission does not wait for a job long gone."""
     import submitit
 
     python = flags.quote_all(flags.python_command(cfg))
     ex = submitit.SlurmExecutor(folder=str(folder), python=python, max_num_timeout=10**6)
     options = flags.sbatch_options(cfg, job_name(cfg))
+    if after:
+        # Slurm cancels a job whose dependency can never be met (the smoke failed) instead of
+        # leaving it PENDING with Reason=DependencyNeverSatisfied; down a chain too.
+        options.update({"dependency": f"afterok:{flags._checked('dependency', after)}",
+                        "kill-on-invalid-dep": "yes"})
     exports = [f"export {k}={shlex.quote(v)}" for k, v in flags.job_env(cfg).items()]
     ex.update_parameters(
         additional_parameters={k.replace("-", "_"): v for k, v in options.items()},
@@ -102,11 +111,16 @@ def prepare(cfg: DictConfig, run: RunDir) -> None:
     run.sbatch.write_text(render_sbatch(cfg, run))
 
 
-def submit(cfg: DictConfig, run: RunDir) -> Submission:
+def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None,
+           **ledger: Any) -> Submission:
+    """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
     prepare(cfg, run)
-    job = executor(cfg, run.logs / "submitit", [str(run.path)]).submit(TrainTask(str(run.path)))
-    run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name)
-    print(f"slurmtrain: submitted job {job.job_id} for {run.path}")
+    job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(
+        TrainTask(str(run.path)))
+    run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name,
+               **({"after": after} if after else {}), **ledger)
+    waits = f" (after job {after} succeeds)" if after else ""
+    print(f"slurmtrain: submitted job {job.job_id} for {run.path}{waits}")
     return Submission(job.job_id, "slurm")
 
 

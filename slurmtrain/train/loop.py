@@ -39,14 +39,17 @@ class Outcome:
 def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: LoopState,
           world: int, rank: int, device: torch.device, metrics: MetricsWriter,
           flags: SignalFlags, save: Callable[[int], None], perf: Perf,
-          on_step: Optional[Callable[[int, float], None]] = None) -> Outcome:
+          on_step: Optional[Callable[[int, float], None]] = None,
+          stop_at: Optional[int] = None) -> Outcome:
+    """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes)."""
+    end = min(stop_at or cfg.train.max_steps, cfg.train.max_steps)
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
     accum = gbs // (micro * world)
     every_steps = cfg.checkpoint.interval_steps
     every_seconds = cfg.checkpoint.interval_minutes * 60
     log_every = cfg.train.log_interval
 
-    while state.step < cfg.train.max_steps:
+    while state.step < end:
         step_start = time.perf_counter()
         losses = []
         for m in range(accum):
@@ -79,7 +82,7 @@ def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: Lo
                         consumed_samples=state.step * gbs,
                         **perf.interval(state.step, cfg.train.max_steps))
 
-        finished = state.step >= cfg.train.max_steps
+        finished = state.step >= end
         by_steps = every_steps > 0 and state.step % every_steps == 0
         if finished or stop_code or by_steps or due_sum > 0:
             with perf.saving():
