@@ -17,6 +17,10 @@ def one_line(err: BaseException) -> Optional[str]:
     if not any(isinstance(e, (HydraException, OmegaConfBaseException)) for e in chain):
         return None
     text = "\n".join(str(e) for e in chain)
+    override = getattr(err, "override", None)
+    if override is not None and ("Exception" in text or "mismatched input" in text):
+        return (f"{override.strip()!r}: not a valid override; quote a value with spaces or "
+                f"special characters, e.g. key='a value' (for the shell: \"key='a value'\")")
     if isinstance(err, MissingConfigException) or "Could not find '" in text:
         m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
         options = re.findall(r"^\t(\S+)$", text, re.MULTILINE)

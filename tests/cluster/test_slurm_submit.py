@@ -93,10 +93,13 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     canary = tmp_path / "pwned"
     bad_name = run_cli(SHORT + ["name=x; touch " + str(canary)], cwd=workdir)
     assert bad_name.returncode == 2 and "name=" in bad_name.stderr
+    quoted_name = run_cli(SHORT + [f"name='x; touch {canary}'"], cwd=workdir)
+    assert quoted_name.returncode == 2 and "name='x; touch" in quoted_name.stderr
     newline = run_cli(SHORT + ["cluster.partition=debug\nhostname"], cwd=workdir)
     assert newline.returncode == 2 and "cluster.partition" in newline.stderr
     # A value that reaches the script body is quoted: the job sees the literal text.
-    _submit(["name=quoted", f"+cluster.env.CANARY=$(touch {canary})", "train.max_steps=5"], workdir)
+    _submit(["name=quoted", f"+cluster.env.CANARY='$(touch {canary})'", "train.max_steps=5"],
+            workdir)
     run = only_run(workdir / "runs", "quoted")
     wait_event(run, "finished", timeout=400)
     assert f"export CANARY='$(touch {canary})'" in (run / "job.sbatch").read_text()
