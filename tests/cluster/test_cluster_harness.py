@@ -152,8 +152,15 @@ def preempt(nodes: str, jobs: list) -> str:
     return high
 
 
+def nodes_settled() -> bool:
+    """No node still completing an earlier test's job (preemption cannot free such a node)."""
+    states = sh("sinfo", "-h", "-N", "-o", "%t").split()
+    return bool(states) and not any(s.startswith("comp") for s in states)
+
+
 def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp_path):
     """Its tasks get SIGTERM at once; still running when GraceTime ends, the job is requeued."""
+    wait_until("nodes to finish completing earlier jobs", nodes_settled)
     low = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
                  task_script(tmp_path, "low", 'trap \\"exit 0\\" TERM; sleep 600'))
     jobs.append(low)
@@ -172,6 +179,7 @@ def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp
 def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(slurm_cluster, jobs,
                                                                         tmp_path):
     """Slurm 22.05 requeues only jobs still running at GraceTime's end; the rest must ask."""
+    wait_until("nodes to finish completing earlier jobs", nodes_settled)
     quits = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
                    task_script(tmp_path, "quits", "exit 0"))
     asks = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
