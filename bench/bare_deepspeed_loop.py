@@ -1,7 +1,8 @@
-"""A bare DeepSpeed loop: the same tiny OPT, DeepSpeed config and batches as slurmtrain, nothing else.
+"""A bare DeepSpeed loop: the same OPT, DeepSpeed config and batches as slurmtrain, nothing else.
 
-Started once per rank by bench/loop_overhead.py (RANK/WORLD_SIZE/... set). Prints, on rank 0, one
-JSON line with the tokens/s between step WARMUP and the last step.
+Started once per rank (RANK/WORLD_SIZE/... set) by bench/loop_overhead.py (CPU, gloo) and
+bench/gpu_throughput.py (one GPU, NCCL): `python bench/bare_deepspeed_loop.py RUN_DIR WARMUP`.
+Prints, on rank 0, one JSON line with the tokens/s between step WARMUP and the last step.
 """
 
 from __future__ import annotations
@@ -11,21 +12,28 @@ import os
 import sys
 import time
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
 
 def main(run_dir: str, warmup: int) -> None:
+    from slurmtrain.config import load_run_config
+
+    cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+    gpu = cfg.gpus_per_node > 0
+    if not gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     import torch
     import torch.distributed as dist
 
     from slurmtrain import ds_config
-    from slurmtrain.config import load_run_config
     from slurmtrain.train import data, model
 
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", verbose=False)
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     rank, world = dist.get_rank(), dist.get_world_size()
     config = ds_config.build(cfg, world)
     config["wall_clock_breakdown"] = False  # bare: DeepSpeed's defaults, no timers or profiler
@@ -39,18 +47,24 @@ def main(run_dir: str, warmup: int) -> None:
     t_warm = 0.0
     for step in range(cfg.train.max_steps):
         if step == warmup:
+            sync()
             t_warm = time.perf_counter()
         for m in range(accum):
             ids = sampler.indices(step, m, rank, micro, world, gbs)
-            loss = model.loss_fn(engine, torch.from_numpy(data.batch(tokens, ids, seq)))
+            window = torch.from_numpy(data.batch(tokens, ids, seq)).to(device)
+            loss = model.loss_fn(engine, window)
             engine.backward(loss)
             engine.step()
         loss_t = loss.detach().reshape(1)
         dist.all_reduce(loss_t)
+    sync()
     elapsed = time.perf_counter() - t_warm
     if rank == 0:
         steps = cfg.train.max_steps - warmup
-        print(json.dumps({"tokens_per_s": steps * gbs * seq / elapsed}))
+        out = {"tokens_per_s": steps * gbs * seq / elapsed, "seconds_timed": elapsed}
+        if gpu:
+            out["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        print(json.dumps(out), flush=True)
     engine.destroy()
     dist.destroy_process_group()
 

@@ -129,51 +129,11 @@ def run_bare(run: Path, warmup: int, deadline: float, model: str) -> dict[str, A
 
 
 def bare_worker(run_dir: str, warmup: int) -> None:
-    """bench/bare_deepspeed_loop.py on a GPU: same model, DeepSpeed config and batches, nothing else."""
-    import deepspeed
-    import torch
-    import torch.distributed as dist
+    """bench/bare_deepspeed_loop.py on the same run directory (it picks NCCL on a GPU run)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bare_deepspeed_loop import main as bare_main
 
-    from slurmtrain import ds_config
-    from slurmtrain.config import load_run_config
-    from slurmtrain.train import data, model
-
-    cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
-    torch.cuda.set_device(0)
-    deepspeed.init_distributed(dist_backend="nccl", verbose=False)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    config = ds_config.build(cfg, world)
-    config["wall_clock_breakdown"] = False  # bare: DeepSpeed's defaults, no timers or profiler
-    config.pop("flops_profiler", None)
-    net = model.build(cfg, config)
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
-    tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
-    sampler = data.Sampler(len(tokens), cfg.data.seq_len, cfg.data.seed)
-    micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
-    accum = gbs // (micro * world)
-    device = torch.device("cuda", 0)
-    t_warm = 0.0
-    for step in range(cfg.train.max_steps):
-        if step == warmup:
-            torch.cuda.synchronize()
-            t_warm = time.perf_counter()
-        for m in range(accum):
-            ids = sampler.indices(step, m, rank, micro, world, gbs)
-            window = torch.from_numpy(data.batch(tokens, ids, seq)).to(device)
-            loss = model.loss_fn(engine, window)
-            engine.backward(loss)
-            engine.step()
-        loss_t = loss.detach().reshape(1)
-        dist.all_reduce(loss_t)
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - t_warm
-    if rank == 0:
-        steps = cfg.train.max_steps - warmup
-        print(json.dumps({"tokens_per_s": steps * gbs * seq / elapsed, "seconds_timed": elapsed,
-                          "peak_mem_bytes": int(torch.cuda.max_memory_allocated(device))}),
-              flush=True)
-    engine.destroy()
-    dist.destroy_process_group()
+    bare_main(run_dir, warmup)
 
 
 def _fmt(x: Optional[float], spec: str) -> str:
