@@ -33,15 +33,8 @@ def tag(step: int) -> str:
     return f"step_{step}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable only once its directory is synced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -82,7 +75,7 @@ def seal(tmp: Path, final: Path, fields: dict[str, Any], verify: str,
         size = path.stat().st_size
         entry = listed.get(name)
         if entry is None:
-            _fsync_file(path)
+            _fsync(path)
             entry = {"size": size, **({"sha256": _digest(path)} if verify == "checksum" else {})}
         elif entry["size"] != size:
             raise OSError(f"{name}: {size} bytes on disk, its writer reported {entry['size']}")
@@ -99,7 +92,7 @@ def seal(tmp: Path, final: Path, fields: dict[str, Any], verify: str,
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
     return manifest
 
@@ -120,7 +113,7 @@ def publish(root: Path, step: int, meta: dict[str, Any], verify: str,
         pointer.unlink(missing_ok=True)
         raise
     os.replace(pointer, root / LATEST)
-    _fsync_dir(root)
+    _fsync(root)
     return final
 
 

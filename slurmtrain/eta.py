@@ -8,7 +8,6 @@ knowable here and are left out: the ETA is time spent holding the nodes.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,22 +32,15 @@ class Eta:
 
 
 def slurm_time_seconds(text: str, key: str = "cluster.time") -> Optional[float]:
-    """Slurm --time in seconds ("90", "1:30:00", "2-12", "2-12:30:00"); None when unlimited."""
-    value = str(text).strip()
-    if value.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
-    if not match:
+    """Slurm --time in seconds (slurm.parse_time's forms); None when unlimited; ConfigError if bad."""
+    from slurmtrain.slurm import parse_time
+
+    try:
+        seconds = parse_time(text)
+    except ValueError:
         raise ConfigError(f"{key}={text!r}: not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS "
-                          f"(e.g. {key}=04:00:00)")
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        fields = [int(days) * 24 + int(a), int(b or 0), int(c or 0)]
-    elif c is not None:  # HH:MM:SS
-        fields = [int(a), int(b), int(c)]
-    else:  # MM[:SS]
-        fields = [0, int(a), int(b or 0)]
-    return float(fields[0] * 3600 + fields[1] * 60 + fields[2])
+                          f"(e.g. {key}=04:00:00)") from None
+    return None if seconds is None else float(seconds)
 
 
 def _saves(current: int, last: int, every: int, final: bool) -> int:
