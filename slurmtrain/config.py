@@ -147,6 +147,9 @@ class TrainConfig:
     # step, and what straggler detection needs (a rank's time minus its waits in collectives).
     timers: bool = True
     flops_profile_step: int = 0  # N > 0: DeepSpeed's FLOPs profiler on step N -> profile/ (0: off)
+    # N > 0: peak tensor memory from model build to step N against the planner (ledger
+    # memory_checked). GPUs: free (allocator stats); CPUs: PyTorch's profiler until step N.
+    memory_check_step: int = 0
     straggler_factor: float = 1.5  # flag a rank slower than the median rank by more than this
     # N > 0: an attempt that starts before step N saves at N and exits (paused); the next job
     # resumes. The smoke test's real save -> new job -> load. 0: never.
@@ -182,7 +185,8 @@ class RootConfig:
 NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "force", "mfu_guess", "peak_tflops",
                    "nodes", "gpus_per_node", "cluster", "faults", "smoke",
                    "train.log_interval", "train.pause_at_step", "train.grad_accumulation",
-                   "train.timers", "train.flops_profile_step", "train.straggler_factor", "checkpoint")
+                   "train.timers", "train.flops_profile_step", "train.memory_check_step",
+                   "train.straggler_factor", "checkpoint")
 
 
 def register() -> None:
@@ -268,10 +272,11 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
                 "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
                 "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
         _positive(key, OmegaConf.select(cfg, key))
-    if not 0 <= cfg.train.flops_profile_step <= cfg.train.max_steps:
-        raise ConfigError(f"train.flops_profile_step={cfg.train.flops_profile_step}: must be 0 "
-                          f"(off) or a step up to train.max_steps={cfg.train.max_steps}; e.g. "
-                          f"train.flops_profile_step=10")
+    for key, example in (("train.flops_profile_step", 10), ("train.memory_check_step", 3)):
+        value = OmegaConf.select(cfg, key)
+        if not 0 <= value <= cfg.train.max_steps:
+            raise ConfigError(f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
+                              f"{cfg.train.max_steps}; e.g. {key}={example}")
     if cfg.train.straggler_factor <= 1:
         raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
                           f"(times the median rank's step time); e.g. train.straggler_factor=1.5")

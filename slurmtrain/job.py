@@ -202,6 +202,7 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
     from slurmtrain import ds_config
     from slurmtrain.checkpointer import Checkpointer
     from slurmtrain.train import data, loop, model
+    from slurmtrain.train.memory import MemoryCheck
     from slurmtrain.train.metrics import MetricsWriter
     from slurmtrain.train.perf import Perf
 
@@ -225,6 +226,8 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
         load_dir = reshape.for_world(resume, rank, world, attempt.record, cfg.checkpoint.verify)
         config.setdefault("checkpoint", {})["load_universal"] = True
         same_world = False
+    memory = MemoryCheck(cfg, device, rank, attempt.record)
+    memory.start()
     net = model.build(cfg, config)
     engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
                                            config=config)
@@ -259,6 +262,7 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
     def on_step(step: int, seconds: float) -> None:
         attempt.step = step
         watchdog.beat(f"step {step}")
+        memory.after_step(step)
         injector.after_step(step, seconds)
 
     state = loop.LoopState(start_step, start_step, time.time())
@@ -271,6 +275,7 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
         checkpointer.abandon()  # an async save already copied may still publish
         raise
     finally:
+        memory.stop()
         metrics.close()
     checkpointer.settle()  # async: the last save is published (or failed) on every rank
     final = checkpointer.last

@@ -36,8 +36,10 @@ GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # DeepSpeed defaults (deepspeed/runtime/zero/config.py, engine.py), in elements.
-REDUCE_BUCKET = 500_000_000  # reduce_bucket_size: contiguous gradient (ipg) buffer, stages 1-3
-ALLGATHER_BUCKET = 500_000_000  # allgather_bucket_size: param all-gather after step, stages 1-2
+# reduce_bucket_size: with contiguous_gradients DeepSpeed allocates the whole bucket (torch.empty of
+# reduce_bucket_size elements, however small the model; two with overlap_comm in stages 1-2) for
+# the gradients being reduced. The all-gather after step writes into the params' own flat buffer.
+REDUCE_BUCKET = 500_000_000
 ALLREDUCE_BUCKET = 500_000_000  # engine MEMORY_OPT_ALLREDUCE_SIZE: stage-0 grad all-reduce
 PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size: params fetched ahead, stage 3
 CUDA_CONTEXT = int(1.5 * GiB)  # CUDA context + cuBLAS workspaces + NCCL channel buffers
@@ -243,13 +245,15 @@ def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = 
                 offload_param: bool = False, nodes: int = 1, gpus_per_node: int = 8,
                 micro_batch: int = 1, seq_len: int = 2048, dtype: str = "bf16",
                 activation_checkpointing: bool = False, attention: str = "sdpa",
-                zero_init: bool = True) -> MemoryPlan:
+                zero_init: bool = True, reduce_bucket: int = REDUCE_BUCKET,
+                overlap_comm: bool = False, device: str = "cuda") -> MemoryPlan:
     """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
 
     `zero_init`: stage 3 builds the model under deepspeed.zero.Init, so no rank ever holds it
     whole; without it (and always in stages 0-2) every rank first builds it in fp32 on the host.
     Host memory under zero.Init is then the offloaded states, or (no offload) DeepSpeed's budget
-    of one fp32 largest layer per rank.
+    of one fp32 largest layer per rank. `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
+    (ds_config.zero_section). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
     """
     setting = Setting(stage, offload_optimizer, offload_param, micro_batch,
                       activation_checkpointing)
@@ -277,11 +281,11 @@ def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = 
         else:
             grads, optim = (d + 2) * p / n + work / 2, 12 * p / n
     if stage == 0:
-        buffers = d * min(ALLREDUCE_BUCKET, p)
+        buffers = d * min(ALLREDUCE_BUCKET, p)  # the flattened gradients of one all-reduce
     elif stage < 3:
-        buffers = d * (min(REDUCE_BUCKET, p) + min(ALLGATHER_BUCKET, p))
+        buffers = d * reduce_bucket * (2 if overlap_comm else 1)
     else:
-        buffers = d * (min(REDUCE_BUCKET, p) + min(PREFETCH_BUCKET, p))
+        buffers = d * (reduce_bucket + min(PREFETCH_BUCKET, p))
     acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention)
     allocated = params + grads + optim + acts + buffers
     if stage == 3 and zero_init:  # layers are built on the GPU; no rank holds the whole model
@@ -293,7 +297,8 @@ def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = 
         model=model.name, setting=setting, nodes=nodes, gpus_per_node=gpus_per_node,
         seq_len=seq_len, dtype=dtype, num_params=p, params=int(params), grads=int(grads),
         optimizer=int(optim), activations=int(acts), buffers=int(buffers),
-        overhead=int(CUDA_CONTEXT + FRAGMENTATION * allocated), cpu_per_node=int(cpu))
+        overhead=int(CUDA_CONTEXT + FRAGMENTATION * allocated) if device == "cuda" else 0,
+        cpu_per_node=int(cpu))
 
 
 # Search order, dearest knob outermost: offload (PCIe traffic + a CPU Adam step every update), then
@@ -320,7 +325,8 @@ def recommend(model: ModelShape, *, nodes: int, gpus_per_node: int, gpu_mem_byte
               seq_len: int = 2048, dtype: str = "bf16", max_micro_batch: int = 16,
               global_batch_size: Optional[int] = None,
               cpu_mem_bytes_per_node: Optional[int] = None,
-              attention: str = "sdpa") -> Optional[Recommendation]:
+              attention: str = "sdpa", reduce_bucket: int = REDUCE_BUCKET,
+              overlap_comm: bool = False) -> Optional[Recommendation]:
     """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
 
     With `global_batch_size`, only micro batches that divide it evenly over all GPUs are tried.
@@ -330,7 +336,8 @@ def recommend(model: ModelShape, *, nodes: int, gpus_per_node: int, gpu_mem_byte
         if global_batch_size is not None and global_batch_size % (s.micro_batch * world):
             continue
         plan = plan_memory(model, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
-                           dtype=dtype, attention=attention, **s.knobs())
+                           dtype=dtype, attention=attention, reduce_bucket=reduce_bucket,
+                           overlap_comm=overlap_comm, **s.knobs())
         if plan.fits(gpu_mem_bytes, cpu_mem_bytes_per_node):
             return Recommendation(s, plan)
     return None

@@ -12,7 +12,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from slurmtrain import eta, flops, plan
+from slurmtrain import ds_config, eta, flops, plan
 from slurmtrain.config import grad_accumulation, node_range, resolved_dtype, tasks_per_node
 from slurmtrain.errors import ConfigError
 
@@ -37,12 +37,26 @@ def _setting(cfg: DictConfig) -> plan.Setting:
                         cfg.train.micro_batch_size, cfg.model.activation_checkpointing)
 
 
+def _buckets(cfg: DictConfig) -> dict:
+    """The ZeRO buckets DeepSpeed will allocate for this run (ds_config is what it trains with)."""
+    zero = ds_config.zero_section(cfg)
+    return {"reduce_bucket": int(zero.get("reduce_bucket_size", plan.REDUCE_BUCKET)),
+            "overlap_comm": bool(zero.get("overlap_comm", cfg.deepspeed.stage == 3))}
+
+
+def memory_plan(cfg: DictConfig, nodes: int) -> plan.MemoryPlan:
+    """Memory per rank of this run on `nodes` nodes: per GPU, or per CPU rank on CPUs."""
+    return plan.plan_memory(cfg.model, nodes=nodes, gpus_per_node=tasks_per_node(cfg),
+                            seq_len=cfg.data.seq_len, dtype=resolved_dtype(cfg),
+                            device="cuda" if cfg.gpus_per_node > 0 else "cpu",
+                            **_buckets(cfg), **_setting(cfg).knobs())
+
+
 def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
     gpus, dtype = cfg.gpus_per_node, resolved_dtype(cfg)
     seq, gpu_mem = cfg.data.seq_len, int(cfg.cluster.gpu_mem_gb * plan.GiB)
     cpu_mem = int(cfg.cluster.cpu_mem_gb * plan.GiB) if cfg.cluster.cpu_mem_gb else None
-    mine = plan.plan_memory(cfg.model, nodes=nodes, gpus_per_node=gpus, seq_len=seq, dtype=dtype,
-                            **_setting(cfg).knobs())
+    mine = memory_plan(cfg, nodes)
     g = plan.GiB
     out.lines.append(
         f"plan: memory/GPU {mine.total / g:.1f} GiB of {cfg.cluster.gpu_mem_gb:g} GiB = params "
@@ -54,7 +68,7 @@ def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
         return
     best = plan.recommend(cfg.model, nodes=nodes, gpus_per_node=gpus, gpu_mem_bytes=gpu_mem,
                           seq_len=seq, dtype=dtype, cpu_mem_bytes_per_node=cpu_mem,
-                          global_batch_size=cfg.train.global_batch_size)
+                          global_batch_size=cfg.train.global_batch_size, **_buckets(cfg))
     out.misfit = f"plan does not fit: {plan.summary(mine, gpu_mem, best)}"
     out.lines.append(out.misfit)
 
@@ -125,6 +139,9 @@ def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
             f"data-parallel {world}")
     if cfg.gpus_per_node > 0:
         memory_lines(cfg, low, out)  # the smallest allocation is the one that must fit
+    else:
+        mine = memory_plan(cfg, low)
+        out.lines.append(f"plan: memory/rank {mine.total / 2**20:.1f} MiB of tensors (CPU ranks)")
     line = eta_line(cfg, low * per_node, measured_tps)
     if line:
         out.lines.append(line)

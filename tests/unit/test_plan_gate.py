@@ -40,3 +40,19 @@ def test_signal_lead_below_twice_the_save_time_warns(workdir):
         big = compose("config", overrides=["cluster=slurm", "model=opt66b", "gpus_per_node=8"])
     line = planning.lead_warning(big, [])  # before any save: estimated from the checkpoint size
     assert line is not None and "estimated" in line
+
+
+def test_the_plan_uses_the_buckets_the_run_trains_with(workdir):
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    sys.path.insert(0, str(__import__("tests.conftest").conftest.ROOT))
+    from slurmtrain import config, ds_config, planning
+
+    config.register()
+    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=["model=opt1.3b", "gpus_per_node=8",
+                                           "+deepspeed.extra.zero_optimization.reduce_bucket_size=2e8"])
+    assert ds_config.zero_section(cfg)["reduce_bucket_size"] == 2e8  # what DeepSpeed gets
+    assert planning.memory_plan(cfg, 1).buffers == 2 * 2 * 10**8  # bf16, one whole bucket
