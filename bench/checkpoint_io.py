@@ -7,7 +7,8 @@ synchronous saves and once with `checkpoint.async_save=true`; the figures come f
 ledger (`checkpoint_saved`: bytes, seconds = time the loop was blocked, total_seconds = until
 published) and metrics (step_time of the steps that ran while a background save was writing).
 `dd if=/dev/zero bs=1M count=N conv=fsync` writes as many bytes as one checkpoint to the same
-directory: the ceiling a checkpoint write could reach there. Last, the newest sync checkpoint of
+directory: the ceiling a checkpoint write could reach there, measured into new files while the
+earlier ones stay (as checkpoints do) and, for reference, into pages just freed by a deleted file. Last, the newest sync checkpoint of
 each model is converted to DeepSpeed's universal format (what a world-size change costs at start).
 """
 
@@ -23,23 +24,36 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_ARGS = {"opt125m": ["data.seq_len=128"]}
 
 
-def dd_mb_s(directory: Path, megabytes: int, repeat: int = 3) -> float:
-    """The median of `repeat` dd runs (a VM disk's write-back makes single runs noisy)."""
-    return statistics.median(_dd_once(directory, megabytes) for _ in range(repeat))
+def dd_mb_s(directory: Path, megabytes: int, repeat: int = 3) -> tuple[float, float]:
+    """dd's MB/s (median of `repeat`) into new page-cache pages and into just-freed ones.
+
+    "new": each file stays until all are written, as checkpoints do (keep_last): the kernel
+    takes pages never used before. "reused": each file is deleted before the next, so the next
+    reuses its pages. On this VM the two differ ~4x (guest pages first touched are backed by the
+    host on the fly); a checkpoint is compared with the first.
+    """
+    targets = [directory / f"dd{i}.bin" for i in range(repeat)]
+    new = [_dd_once(target, megabytes) for target in targets]
+    for target in targets:
+        target.unlink(missing_ok=True)
+    reused = []
+    for _ in range(repeat):
+        reused.append(_dd_once(targets[0], megabytes))
+        targets[0].unlink(missing_ok=True)
+    return statistics.median(new), statistics.median(reused)
 
 
-def _dd_once(directory: Path, megabytes: int) -> float:
-    target = directory / "dd.bin"
+def _dd_once(target: Path, megabytes: int) -> float:
     started = time.perf_counter()
     done = subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={megabytes}",
                            "conv=fsync"], capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    target.unlink(missing_ok=True)
     if done.returncode:
         raise SystemExit(f"dd failed: {done.stderr.strip()}")
     match = re.search(r"copied, ([\d.]+) s", done.stderr)
@@ -73,7 +87,7 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def figures(run: Path) -> dict[str, float]:
+def figures(run: Path) -> dict[str, Any]:
     saves = [e for e in rows(run / "ledger.jsonl") if e["event"] == "checkpoint_saved"]
     metrics = rows(run / "metrics.jsonl")
     windows = [(e["time"] - e["total_seconds"] + e["seconds"], e["time"]) for e in saves]
@@ -84,6 +98,8 @@ def figures(run: Path) -> dict[str, float]:
     during = [m["step_time"] for m in metrics[1:] if overlaps(m)]
     outside = [m["step_time"] for m in metrics[1:] if not overlaps(m)]
     mb = statistics.mean(e["bytes"] for e in saves) / 1e6
+    parts = {k: round(statistics.mean(e.get("write_seconds", {}).get(k, 0.0) for e in saves), 2)
+             for k in ("serialize", "hash", "fsync")}
     return {"saves": len(saves), "mb": mb,
             "blocked": statistics.mean(e["seconds"] for e in saves),
             "blocked_max": max(e["seconds"] for e in saves),
@@ -91,7 +107,7 @@ def figures(run: Path) -> dict[str, float]:
             "total": statistics.mean(e["total_seconds"] for e in saves),
             "write_mb_s": mb / statistics.mean(e["total_seconds"] for e in saves),
             "step": statistics.median(outside) if outside else float("nan"),
-            "step_during": statistics.median(during) if during else float("nan")}
+            "step_during": statistics.median(during) if during else float("nan"), "parts": parts}
 
 
 def main() -> None:
@@ -117,22 +133,26 @@ def main() -> None:
               f"means over the saves of {opts.steps} steps, one every {opts.every})")
         head = (f"{'model':9} {'mode':5} {'saves':>5} {'MB/save':>8} {'blocked s':>10} "
                 f"{'max s':>7} {'waited s':>9} {'total s':>8} {'write MB/s':>10} "
-                f"{'dd MB/s':>8} {'step s':>7} {'step s*':>8}")
+                f"{'dd new':>7} {'ratio':>6} {'dd reuse':>8} {'step s':>7} {'step s*':>8}")
         print(head)
         print("-" * len(head))
         for (model, mode), f in results.items():
-            dd = dd_mb_s(workdir, max(1, round(f["mb"])))
+            dd_new, dd_reused = dd_mb_s(workdir, max(1, round(f["mb"])))
             print(f"{model:9} {mode:5} {f['saves']:>5} {f['mb']:>8.1f} {f['blocked']:>10.3f} "
                   f"{f['blocked_max']:>7.3f} {f['waited']:>9.3f} {f['total']:>8.3f} "
-                  f"{f['write_mb_s']:>10.1f} {dd:>8.1f} {f['step']:>7.3f} {f['step_during']:>8.3f}")
+                  f"{f['write_mb_s']:>10.1f} {dd_new:>7.1f} {f['write_mb_s'] / dd_new:>6.2f} "
+                  f"{dd_reused:>8.1f} {f['step']:>7.3f} {f['step_during']:>8.3f}")
+            print(f"{'':15} slowest rank's write: {f['parts']}")
         for model, seconds in universal.items():
             print(f"{model}: universal conversion of one checkpoint (ds_to_universal, "
                   f"--inject_missing_state): {seconds:.1f} s")
         print("blocked s: the loop waited (sync: the whole save; async: host copy + waiting for "
               "the previous save);\nwaited s: part of it spent waiting for the previous save; "
-              "total s: until published;\nwrite MB/s: checkpoint bytes / total s; dd MB/s: dd of "
-              "the same size with conv=fsync;\nstep s: median step time; step s*: median step "
-              "time of steps that ran while a save was being written (async only)")
+              "total s: until published;\nwrite MB/s: checkpoint bytes / total s; dd new: dd of "
+              "the same size with conv=fsync into new files (earlier ones kept, as checkpoints "
+              "are); ratio: write / dd new;\ndd reuse: the same, each file deleted before the "
+              "next (pages reused);\nstep s: median step time; step s*: median step time of "
+              "steps that ran while a save was being written (async only)")
 
 
 if __name__ == "__main__":

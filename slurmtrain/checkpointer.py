@@ -240,9 +240,15 @@ class Checkpointer:
         self.record("checkpoint_saved", step=job.step,
                     seconds=job.blocked if self.async_save else total, total_seconds=total,
                     wait_seconds=job.waited, bytes=dir_bytes(final), path=str(final),
-                    mode="async" if self.async_save else "sync")
+                    mode="async" if self.async_save else "sync", write_seconds=_slowest(reports))
         prune(self.root, self.keep_last, self.keep_every)
         return SaveOutcome(job.step, True)
+
+
+def _slowest(reports: list[dict[str, Any]]) -> dict[str, float]:
+    """The slowest rank's serialize/hash/fsync seconds: where a save's time went."""
+    parts = [r.get("seconds") or {} for r in reports]
+    return {key: max(p.get(key, 0.0) for p in parts) for key in ("serialize", "hash", "fsync")}
 
 
 def _marker(tmp: Path, rank: int, kind: str) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -109,6 +110,7 @@ class _HashingFile:
     def __init__(self, f: Any, hashing: bool) -> None:
         self.f, self.error = f, None
         self.sha256 = hashlib.sha256() if hashing else None
+        self.hash_seconds = 0.0
 
     def write(self, data: Any) -> int:
         try:
@@ -117,7 +119,9 @@ class _HashingFile:
             self.error = err
             raise
         if self.sha256 is not None:
+            started = time.perf_counter()
             self.sha256.update(data)
+            self.hash_seconds += time.perf_counter() - started
         return n
 
     def flush(self) -> None:
@@ -139,6 +143,7 @@ class ShardWriter(TorchCheckpointEngine):
         self.pending: list[tuple[Any, str]] = []
         self.files: dict[str, dict[str, Any]] = {}
         self.error: Optional[str] = None
+        self.seconds = {"serialize": 0.0, "hash": 0.0, "fsync": 0.0}  # where this rank's write went
         self.pool.begin()
 
     def _fail(self, err: BaseException, path: str) -> None:
@@ -176,9 +181,14 @@ class ShardWriter(TorchCheckpointEngine):
         try:
             with open(path, "wb") as f:
                 sink = _HashingFile(f, self.verify == "checksum")
+                started = time.perf_counter()
                 torch.save(state, sink, _use_new_zipfile_serialization=self.zipfile_serialization)
                 f.flush()
+                written = time.perf_counter()
                 os.fsync(f.fileno())
+                self.seconds["fsync"] += time.perf_counter() - written
+                self.seconds["serialize"] += written - started - sink.hash_seconds
+                self.seconds["hash"] += sink.hash_seconds
             entry: dict[str, Any] = {"size": os.path.getsize(path)}
             if sink.sha256 is not None:
                 entry["sha256"] = sink.sha256.hexdigest()
@@ -208,4 +218,5 @@ class ShardWriter(TorchCheckpointEngine):
                 pass
 
     def report(self, rank: int) -> dict[str, Any]:
-        return {"rank": rank, "ok": self.error is None, "error": self.error, "files": self.files}
+        return {"rank": rank, "ok": self.error is None, "error": self.error, "files": self.files,
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}

@@ -8,6 +8,7 @@ import sys
 from typing import Optional
 
 from slurmtrain.errors import ConfigError
+from slurmtrain.ds_config import BUCKET_ELEMENTS  # the gradient bucket slurmtrain trains with
 from slurmtrain.plan import GiB, OPT_SIZES, param_count, recommend
 
 
@@ -48,7 +49,7 @@ def rows(args: argparse.Namespace) -> list[list[str]]:
             rec = recommend(model, nodes=nodes, gpus_per_node=args.gpus_per_node,
                             gpu_mem_bytes=gpu, seq_len=args.seq, dtype=args.dtype,
                             max_micro_batch=args.max_micro_batch, cpu_mem_bytes_per_node=cpu,
-                            attention=args.attention)
+                            attention=args.attention, reduce_bucket=BUCKET_ELEMENTS)
             if rec is None:
                 row.append("does not fit")
                 continue
