@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -42,9 +43,33 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _digest(path: Path) -> str:
+# zlib's CRC-32 (4.2 GB/s on one core here, sha256 1.8 GB/s: at 1 GB/rank it was 13% of a save):
+# it catches flipped bytes, zeroed pages and truncation, which is what disks and filesystems do;
+# it is no defence against someone forging a checkpoint. Manifests that list sha256 still verify.
+CHECKSUM = "crc32"
+
+
+class Crc32:
+    """A hashlib-like running CRC-32 (zlib releases the GIL on large buffers)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+def _digest(path: Path, kind: str = CHECKSUM) -> str:
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        if kind == "sha256":
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        crc = Crc32()
+        while chunk := f.read(16 << 20):
+            crc.update(chunk)
+        return crc.hexdigest()
 
 
 def _files(directory: Path) -> list[Path]:
@@ -76,7 +101,7 @@ def seal(tmp: Path, final: Path, fields: dict[str, Any], verify: str,
         entry = listed.get(name)
         if entry is None:
             _fsync(path)
-            entry = {"size": size, **({"sha256": _digest(path)} if verify == "checksum" else {})}
+            entry = {"size": size, **({CHECKSUM: _digest(path)} if verify == "checksum" else {})}
         elif entry["size"] != size:
             raise OSError(f"{name}: {size} bytes on disk, its writer reported {entry['size']}")
         files[name] = entry
@@ -135,7 +160,8 @@ def validate(directory: Path, full: bool = True) -> Optional[str]:
         size = path.stat().st_size
         if size != entry["size"]:
             return f"{name}: {size} bytes, manifest says {entry['size']}"
-        if full and "sha256" in entry and _digest(path) != entry["sha256"]:
+        kind = next((k for k in (CHECKSUM, "sha256") if k in entry), None)
+        if full and kind is not None and _digest(path, kind) != entry[kind]:
             return f"{name}: checksum mismatch (corrupt)"
     return None
 

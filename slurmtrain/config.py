@@ -81,7 +81,7 @@ class CheckpointConfig:
     interval_minutes: float = 0.0  # 0: never by time; both set: whichever comes first
     keep_last: int = 3
     keep_every: int = 0  # also keep every Nth step forever (0: none)
-    verify: str = "checksum"  # checksum: sha256 of every file | size: sizes only
+    verify: str = "checksum"  # checksum: CRC-32 of every file (checkpoint.CHECKSUM) | size: sizes only
     # Block the loop only for the copy of the state to host memory (2x host memory for the state);
     # files, fsync, manifest and publish happen in a background thread per rank.
     async_save: bool = False

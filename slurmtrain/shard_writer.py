@@ -13,13 +13,14 @@ DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. Thi
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 import time
 from typing import Any, Callable, Optional
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+from slurmtrain.checkpoint import CHECKSUM, Crc32
 
 Hook = Callable[[int, str], None]  # (step, file name) after each shard is on disk
 _ATOMS = (str, bytes, int, float, bool, complex, type(None))
@@ -109,7 +110,7 @@ class _HashingFile:
 
     def __init__(self, f: Any, hashing: bool) -> None:
         self.f, self.error = f, None
-        self.sha256 = hashlib.sha256() if hashing else None
+        self.checksum = Crc32() if hashing else None
         self.hash_seconds = 0.0
 
     def write(self, data: Any) -> int:
@@ -118,9 +119,9 @@ class _HashingFile:
         except OSError as err:
             self.error = err
             raise
-        if self.sha256 is not None:
+        if self.checksum is not None:
             started = time.perf_counter()
-            self.sha256.update(data)
+            self.checksum.update(data)
             self.hash_seconds += time.perf_counter() - started
         return n
 
@@ -190,8 +191,8 @@ class ShardWriter(TorchCheckpointEngine):
                 self.seconds["serialize"] += written - started - sink.hash_seconds
                 self.seconds["hash"] += sink.hash_seconds
             entry: dict[str, Any] = {"size": os.path.getsize(path)}
-            if sink.sha256 is not None:
-                entry["sha256"] = sink.sha256.hexdigest()
+            if sink.checksum is not None:
+                entry[CHECKSUM] = sink.checksum.hexdigest()
         except (OSError, RuntimeError) as err:
             # torch's zip writer turns ENOSPC into "unexpected pos"; the file kept the real error
             self._fail(sink.error if sink is not None and sink.error else err, path)

@@ -39,12 +39,12 @@ def test_publish_writes_manifest_renames_and_points_latest(tmp_path):
 def test_publish_uses_the_writers_reports_and_hashes_only_unlisted_files(tmp_path):
     _stage(tmp_path, 5, {"a.pt": b"aaaa", "b.pt": b"bbbb"})
     report = {"rank": 1, "ok": True, "error": None,
-              "files": {"a.pt": {"size": 4, "sha256": "reported-by-rank-1"}}}
+              "files": {"a.pt": {"size": 4, "crc32": "reported-by-rank-1"}}}
     (tmp_path / "step_5.tmp" / ".done_rank1.json").write_text(json.dumps(report))
     final = ckpt.publish(tmp_path, 5, {}, "checksum", [report])
     files = ckpt.read_manifest(final)["files"]
-    assert files["a.pt"]["sha256"] == "reported-by-rank-1"  # not re-read by rank 0
-    assert len(files["b.pt"]["sha256"]) == 64  # written outside our engine: hashed here
+    assert files["a.pt"]["crc32"] == "reported-by-rank-1"  # not re-read by rank 0
+    assert len(files["b.pt"]["crc32"]) == 8  # written outside our engine: hashed here
     assert not (final / ".done_rank1.json").exists()  # markers do not outlive the save
 
 
@@ -182,7 +182,7 @@ def test_shard_writer_keeps_a_write_error_instead_of_raising(tmp_path):
     writer.makedirs(str(target), exist_ok=True)
     writer.save({"t": torch.ones(3)}, str(target / "ok.pt"))
     entry = writer.report(0)["files"]["ok.pt"]
-    assert entry["sha256"] == ckpt._digest(target / "ok.pt")  # hashed on the way, not re-read
+    assert entry["crc32"] == ckpt._digest(target / "ok.pt")  # hashed on the way, not re-read
     assert entry["size"] == (target / "ok.pt").stat().st_size
     writer.save({"t": torch.ones(3)}, str(target / "gone" / "bad.pt"))  # this write fails
     writer.save({"t": torch.ones(3)}, str(target / "after.pt"))  # skipped: the save failed
@@ -207,3 +207,18 @@ def test_a_universal_conversion_is_reused_only_if_made_from_this_very_save(tmp_p
     assert reshape.cached(step, {**source, "time": source["time"] + 1}) is None  # re-saved since
     (tmp_path / "step_20_universal" / "zero.pt").write_bytes(b"")
     assert reshape.cached(step, source) is None  # damaged: converted again
+
+
+def test_manifests_written_with_sha256_still_verify(tmp_path):
+    import hashlib
+
+    final = _save(tmp_path, 10)
+    manifest = json.loads((final / "manifest.json").read_text())
+    for name, entry in manifest["files"].items():
+        entry.pop("crc32")
+        entry["sha256"] = hashlib.sha256((final / name).read_bytes()).hexdigest()
+    (final / "manifest.json").write_text(json.dumps(manifest))
+    assert ckpt.validate(final) is None
+    shard = final / "shard_rank0.pt"
+    shard.write_bytes(b"y" + shard.read_bytes()[1:])
+    assert "checksum mismatch" in ckpt.validate(final)
