@@ -1,4 +1,4 @@
-"""Checkpoints on the real cluster: a SIGKILL mid-save, flipped bytes, and a 2-node -> 1-node resume.
+"""Checkpoints on the real cluster: SIGKILL mid-save, flipped bytes, a 2-node -> 1-node resume.
 
 Every run is 2 nodes x 1 CPU rank (fp32, global batch 8), so an uninterrupted 2-node run is the
 reference for all three: same world size -> the same losses bitwise; after a resume on 1 node
@@ -93,8 +93,9 @@ def test_flipped_bytes_in_the_newest_checkpoint_load_the_previous_one(reference,
 def test_two_node_run_resumes_on_one_node_with_the_same_global_batch(reference, workdir):
     run = paused_at_20(workdir, "shrink")
     # Three of the four nodes are busy: `nodes=1-2` starts at once on the one that is free.
-    hog = subprocess.run(["sbatch", "--parsable", "-N3", "--job-name=st-hog", "--wrap",
-                          "sleep 600"], capture_output=True, text=True, check=True).stdout.strip()
+    hog = subprocess.run(["sbatch", "--parsable", "-N3", "--job-name=st-hog", "--output=/dev/null",
+                          "--wrap", "sleep 600"], capture_output=True, text=True,
+                         check=True).stdout.strip()
     try:
         wait_until(lambda: subprocess.run(["squeue", "-h", "-j", hog, "-o", "%T"],
                                           capture_output=True, text=True).stdout.strip()
