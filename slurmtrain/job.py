@@ -226,7 +226,7 @@ def _train(cfg: Any, run: RunDir, where: Placement, attempt: Attempt,
         load_dir = reshape.for_world(resume, rank, world, attempt.record, cfg.checkpoint.verify)
         config.setdefault("checkpoint", {})["load_universal"] = True
         same_world = False
-    memory = MemoryCheck(cfg, device, rank, attempt.record)
+    memory = MemoryCheck(cfg, device, rank, world, attempt.record)
     memory.start()
     net = model.build(cfg, config)
     engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(),

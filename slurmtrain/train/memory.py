@@ -22,8 +22,9 @@ TOLERANCE = 0.25  # a measured peak above the plan by more than this gets a warn
 class MemoryCheck:
     """Start before the model is built; `after_step` on every rank; done at step `at`."""
 
-    def __init__(self, cfg: Any, device: torch.device, rank: int, record: Record) -> None:
-        self.cfg, self.device, self.rank, self.record = cfg, device, rank, record
+    def __init__(self, cfg: Any, device: torch.device, rank: int, world: int,
+                 record: Record) -> None:
+        self.cfg, self.device, self.rank, self.world, self.record = cfg, device, rank, world, record
         self.at = int(cfg.train.memory_check_step)
         self.profiler: Optional[torch.profiler.profile] = None
         self.done = self.at <= 0
@@ -65,11 +66,11 @@ class MemoryCheck:
         return cpu_peak(prof)
 
     def _report(self, measured: int, step: int) -> None:
-        from slurmtrain.config import node_range
+        from slurmtrain.config import tasks_per_node
         from slurmtrain.planning import memory_plan
 
-        nodes = node_range(self.cfg.nodes)[0] if self.cfg.cluster.kind == "slurm" else 1
-        plan = memory_plan(self.cfg, nodes)
+        # The nodes this attempt really got (a `nodes=2-4` range may start on any of them).
+        plan = memory_plan(self.cfg, max(1, self.world // tasks_per_node(self.cfg)))
         # The caching allocator's figure excludes the CUDA context the plan adds on top.
         planned = plan.total - (plan.overhead if self.device.type == "cuda" else 0)
         ratio = measured / planned if planned else float("nan")
