@@ -14,7 +14,7 @@ import time
 
 
 def main(run_dir: str, warmup: int) -> None:
-    from slurmtrain.config import load_run_config
+    from slurmtrain.common.schema import load_run_config
 
     cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
     gpu = cfg.gpus_per_node > 0
@@ -24,8 +24,8 @@ def main(run_dir: str, warmup: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from slurmtrain import ds_config
-    from slurmtrain.train import data, model
+    from slurmtrain.common import ds_config
+    from slurmtrain.compute import data, model
 
     if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -92,8 +92,8 @@ def train(workdir: Path, model: str, mode: str, steps: int, every: int) -> Path:
 
 def universal_seconds(run: Path) -> float:
     sys.path.insert(0, str(ROOT))
-    from slurmtrain import checkpoint as ckpt
-    from slurmtrain import reshape
+    from slurmtrain.compute.checkpoint import format as ckpt
+    from slurmtrain.compute.checkpoint import reshape
 
     found = ckpt.find_resumable(run / "checkpoints", full=False)
     assert found.path is not None, f"no checkpoint in {run}"

@@ -7,7 +7,7 @@ One GPU, bf16, seq 2048, ZeRO-2, synthetic data. Ours is `python -m slurmtrain m
 gpus_per_node=1 ...` (local executor: one task), timed from metrics.jsonl between the rows of steps
 WARMUP and WARMUP+STEPS; the bare loop builds the same model, DeepSpeed config and batches from the
 same run directory and times the same steps with CUDA synchronised at both ends. Prints tokens/s,
-TFLOPS and MFU (slurmtrain.flops, model FLOPs) side by side and writes
+TFLOPS and MFU (slurmtrain.planning.flops, model FLOPs) side by side and writes
 bench/results/<date>-<device>.json. Without a CUDA GPU it stops at once (exit 2) saying so.
 """
 
@@ -68,7 +68,7 @@ def _remaining(deadline: float, what: str) -> float:
 
 
 def _figures(tokens_per_s: float, fpt: float, device: str) -> dict[str, Any]:
-    from slurmtrain import flops
+    from slurmtrain.planning import flops
 
     mfu = flops.mfu(tokens_per_s, fpt, device_name=device, dtype="bf16")
     return {"tokens_per_s": tokens_per_s, "tflops": flops.tflops_per_gpu(tokens_per_s, fpt),
@@ -108,7 +108,7 @@ def run_ours(model: str, micro: int, warmup: int, steps: int, workdir: Path,
 
 def run_bare(run: Path, warmup: int, deadline: float, model: str) -> dict[str, Any]:
     """This file's --bare worker on the same run directory, as rank 0 of 1."""
-    from slurmtrain.distributed import free_port
+    from slurmtrain.compute.distributed import free_port
 
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore::FutureWarning",
@@ -173,15 +173,15 @@ def main() -> int:
     deadline = time.monotonic() + args.budget_s
     micro = _micro_batches(args.micro_batch)
     sys.path.insert(0, str(ROOT))
-    from slurmtrain import flops
-    from slurmtrain.config import ModelConfig
+    from slurmtrain.planning import flops
+    from slurmtrain.common.schema import ModelConfig
     from omegaconf import OmegaConf
 
     results = []
     with tempfile.TemporaryDirectory(prefix="gpubench-") as tmp:
         for m in filter(None, args.models.split(",")):
             mb = micro.get(m, 4)
-            spec = OmegaConf.load(ROOT / "slurmtrain" / "conf" / "model" / f"{m}.yaml")
+            spec = OmegaConf.load(ROOT / "conf" / "model" / f"{m}.yaml")
             shape = ModelConfig(**OmegaConf.to_container(spec, resolve=True))  # type: ignore[arg-type]
             fpt = flops.flops_per_token(shape, SEQ)
             ours, run = run_ours(m, mb, args.warmup, args.steps, Path(tmp), deadline)

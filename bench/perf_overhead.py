@@ -51,11 +51,12 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
 
-    from slurmtrain import config, ds_config
-    from slurmtrain.faults import SignalFlags
-    from slurmtrain.train import data, loop, model
-    from slurmtrain.train.metrics import MetricsWriter
-    from slurmtrain.train.perf import Perf, StepTimers
+    from slurmtrain.common import schema as config
+    from slurmtrain.common import ds_config
+    from slurmtrain.compute.faults.signals import SignalFlags
+    from slurmtrain.compute import data, loop, model
+    from slurmtrain.compute.observe.metrics import MetricsWriter
+    from slurmtrain.compute.observe.perf import Perf, StepTimers
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)

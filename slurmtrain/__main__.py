@@ -13,10 +13,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from slurmtrain import config as schema
-from slurmtrain.errors import EXIT_CONFIG, ConfigError
-from slurmtrain.hydra_errors import one_line
-from slurmtrain.launch import launch_one
+from slurmtrain.common import schema
+from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
+from slurmtrain.common.hydra_errors import one_line
+from slurmtrain.login.launch import launch_one
 
 schema.register()
 
@@ -28,7 +28,7 @@ def _overrides() -> list[str]:
         return []
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://slurmtrain.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     try:
         code = launch_one(cfg, _overrides())

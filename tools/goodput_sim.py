@@ -6,7 +6,7 @@
 
 For each fixed interval (minutes of compute between blocking saves) and for the Young/Daly optimum
 tau = sqrt(2 * save * MTBF) it prints the Monte Carlo mean (exponential failures of the whole job,
-rate nodes * per-node rate) next to the analytic expectation (slurmtrain.ckpt_interval).
+rate nodes * per-node rate) next to the analytic expectation (slurmtrain.planning.ckpt_interval).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 try:
-    from slurmtrain import ckpt_interval as ci
+    from slurmtrain.planning import ckpt_interval as ci
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from slurmtrain import ckpt_interval as ci
+    from slurmtrain.planning import ckpt_interval as ci
 
 
 def _positive(kind: type):

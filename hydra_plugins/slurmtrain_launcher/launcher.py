@@ -40,7 +40,7 @@ class SlurmtrainLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
-        from slurmtrain import launch
+        from slurmtrain.login import launch
 
         assert self.config is not None and self.hydra_context is not None
         points = [(launch.resolve(self._compose(list(o)), copy=False), list(o))
@@ -51,7 +51,7 @@ class SlurmtrainLauncher(Launcher):
                 launch.launch_one(cfg, overrides)
             return [_done(o, 0) for _, o in points]
         if any(cfg.smoke for cfg, _ in points):
-            from slurmtrain.errors import ConfigError
+            from slurmtrain.common.errors import ConfigError
 
             raise ConfigError("smoke=true: not for sweeps (-m); smoke one point first, then "
                               "sweep with smoke=false")
@@ -67,7 +67,7 @@ class SlurmtrainLauncher(Launcher):
         for prepared, overrides in todo:
             launch.record(prepared, overrides)
         if todo[0][0].cfg.cluster.kind == "slurm":
-            from slurmtrain.submit.slurm import submit_array
+            from slurmtrain.login.slurm_submit import submit_array
 
             folder = Path(todo[0][0].cfg.runs_root) / ".sweeps" / "submitit"
             subs = submit_array([(p.cfg, p.run) for p, _ in todo], folder)
@@ -77,7 +77,7 @@ class SlurmtrainLauncher(Launcher):
             for sub, (p, _) in zip(subs, todo):
                 print(f"  {sub.job_id}  {p.run.path}")
         else:
-            from slurmtrain.submit import submit
+            from slurmtrain.login.submit import submit
 
             for p, _ in todo:
                 submit(p.cfg, p.run)
@@ -91,7 +91,7 @@ class SlurmtrainLauncher(Launcher):
         from hydra.core.override_parser.types import OverrideType, ValueType
         from omegaconf import OmegaConf
 
-        from slurmtrain.config import conf_dir
+        from slurmtrain.common.schema import conf_dir
 
         assert self.config is not None and self.hydra_context is not None
         groups = {p.name for p in Path(conf_dir()).iterdir() if p.is_dir()}

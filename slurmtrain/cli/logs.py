@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from slurmtrain.goodput import read_jsonl
+from slurmtrain.cli.goodput import read_jsonl
 
 LOG_GLOBS = ("**/*.log", "**/*.out", "**/*.err")
 _SUBMITIT = re.compile(r"^(\d+(?:_\d+)?)_(\d+)_log\.(?:out|err)$")

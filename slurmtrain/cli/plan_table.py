@@ -7,9 +7,9 @@ import argparse
 import sys
 from typing import Optional
 
-from slurmtrain.errors import ConfigError
-from slurmtrain.ds_config import BUCKET_ELEMENTS  # the gradient bucket slurmtrain trains with
-from slurmtrain.plan import GiB, OPT_SIZES, param_count, recommend
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.ds_config import BUCKET_ELEMENTS  # the gradient bucket slurmtrain trains with
+from slurmtrain.planning.memory import GiB, OPT_SIZES, param_count, recommend
 
 
 def _nodes(text: str) -> list[int]:

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.goodput import LABELS, PARTS, Analysis, analyze, format_table, read_jsonl
+from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, read_jsonl
 
 PART_COLORS = {"productive": "#2ca02c", "checkpoint_save": "#1f77b4", "checkpoint_load": "#17becf",
                "startup": "#9467bd", "queue_wait": "#c7c7c7", "work_lost": "#d62728",

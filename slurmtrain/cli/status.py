@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.runs import RunDir, read_jsonl
+from slurmtrain.common.rundir import RunDir, read_jsonl
 
 # Events that end an attempt without finishing the run: what status shows as the reason.
 STOP_EVENTS = ("failed", "stopped", "signal", "requeued", "node_lost")
@@ -31,7 +31,7 @@ def find_runs(paths: list[Path]) -> list[RunDir]:
 
 def summarize(run: RunDir) -> dict[str, Any]:
     """The status row of one run (plain values: also what tests and --json read)."""
-    from slurmtrain.goodput import compute_goodput
+    from slurmtrain.cli.goodput import compute_goodput
 
     events = run.events()
     metrics = read_jsonl(run.metrics)
@@ -52,7 +52,7 @@ def summarize(run: RunDir) -> dict[str, Any]:
         row["error"] = row["error"][0] if row["error"] else None
     if any(e["event"] == "stopped" for e in events):
         row["state"] = "stopped: " + (row["class"] or "?")
-    from slurmtrain.smoke import blocked
+    from slurmtrain.login.smoke import blocked
 
     held = blocked(events)  # smoke=true: the big job waits for (or was cancelled by) its smoke
     if held is not None:

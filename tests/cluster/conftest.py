@@ -31,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @dataclass(frozen=True)
 class ClusterInfo:
     nodes: list[str]
-    partitions: dict  # name -> slurmtrain.slurm.PartitionInfo
+    partitions: dict  # name -> slurmtrain.common.slurm_text.PartitionInfo
     state_dir: Path
     harness: Path
 
@@ -76,7 +76,7 @@ def slurm_cluster() -> ClusterInfo:
     res = info.start()
     if res.returncode != 0:
         pytest.fail(f"tools/slurm_cluster.py start failed:\n{res.stdout}\n{res.stderr}")
-    from slurmtrain.slurm import query_partitions
+    from slurmtrain.common.slurm_cmd import query_partitions
 
     return ClusterInfo(info.nodes, query_partitions(), state_dir, HARNESS)
 

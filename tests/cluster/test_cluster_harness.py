@@ -18,7 +18,8 @@ from typing import Callable
 
 import pytest
 
-from slurmtrain import slurm
+from slurmtrain.common import slurm_cmd
+from slurmtrain.common import slurm_text as slurm
 
 pytestmark = pytest.mark.slurm
 UP = {"idle", "mix", "alloc", "comp"}
@@ -51,7 +52,7 @@ def node_state(node: str) -> str:
 
 def requeued(job_id: str) -> dict:
     """The job's record once Slurm has requeued it and it waits to run again, else {}."""
-    info = slurm.job_info(job_id)
+    info = slurm_cmd.job_info(job_id)
     return info if info["Restarts"] != "0" and info["JobState"] == "PENDING" else {}
 
 
@@ -62,7 +63,7 @@ def first_attempt_state(job_id: str) -> str:
 
 
 def running_on(job_id: str) -> str:
-    info = slurm.job_info(job_id)
+    info = slurm_cmd.job_info(job_id)
     return info["NodeList"] if info["JobState"] == "RUNNING" else ""
 
 
@@ -100,7 +101,7 @@ def test_srun_two_nodes_runs_on_two_distinct_nodes(slurm_cluster):
 
 
 def test_rendezvous_agrees_across_real_srun_tasks(slurm_cluster):
-    code = ("import json, os; from slurmtrain.slurm import rendezvous_from_env as r; "
+    code = ("import json, os; from slurmtrain.common.slurm_text import rendezvous_from_env as r; "
             "print(json.dumps(r(os.environ)))")
     out = sh("srun", "-N2", "-n4", "--ntasks-per-node=2", "-t", "2", sys.executable, "-c", code)
     envs = [json.loads(line) for line in out.splitlines()]
@@ -120,7 +121,7 @@ def test_sacct_records_a_finished_job(slurm_cluster, jobs):
         return out if "COMPLETED" in out else ""
 
     assert wait_until("sacct to record the job", record) == f"{job}|COMPLETED|0:0"
-    assert slurm.job_state(job) == "COMPLETED"
+    assert slurm_cmd.job_state(job) == "COMPLETED"
 
 
 def test_query_partitions_reads_the_real_partitions(slurm_cluster):
@@ -167,13 +168,13 @@ def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp
     node = wait_until("the debug job to run", lambda: running_on(low))
     high = preempt(node, jobs)
     wait_until("the TERM to reach the task", (tmp_path / "low.marks").exists, 60)
-    assert slurm.is_preempted(low) and slurm.job_info(low)["JobState"] == "RUNNING"
+    assert slurm_cmd.is_preempted(low) and slurm_cmd.job_info(low)["JobState"] == "RUNNING"
     info = wait_until("the debug job to be requeued", lambda: requeued(low))
     assert info["Restarts"] == "1" and info["Reason"] == "BeginTime"
     assert (tmp_path / "low.marks").read_text().split() == ["TERM"]
     assert wait_until("sacct", lambda: first_attempt_state(low)) == "PREEMPTED"
     assert wait_until("the high job to run", lambda: running_on(high) == node or
-                      slurm.job_state(high) == "COMPLETED")
+                      slurm_cmd.job_state(high) == "COMPLETED")
 
 
 def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(slurm_cluster, jobs,
@@ -187,8 +188,8 @@ def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(slurm_cl
     jobs += [quits, asks]
     nodes = [wait_until("the debug jobs to run", lambda j=j: running_on(j)) for j in (quits, asks)]
     preempt(",".join(nodes), jobs)
-    assert wait_until("the quitter to end", lambda: slurm.job_state(quits) == "COMPLETED")
-    assert slurm.is_preempted(quits) and slurm.job_info(quits)["Restarts"] == "0"
+    assert wait_until("the quitter to end", lambda: slurm_cmd.job_state(quits) == "COMPLETED")
+    assert slurm_cmd.is_preempted(quits) and slurm_cmd.job_info(quits)["Restarts"] == "0"
     info = wait_until("the asker to be requeued", lambda: requeued(asks))
     assert info["Restarts"] == "1" and info["Reason"] == "BeginTime"
 
@@ -199,23 +200,23 @@ def test_requeued_job_waits_until_start_now(slurm_cluster, jobs, tmp_path):
                  f"echo attempt ${{SLURM_RESTART_COUNT:-0}} >> {starts}; sleep 600")
     jobs.append(job)
     wait_until("the first attempt to start", lambda: starts.exists())
-    assert not slurm.is_preempted(job)  # a SIGTERM now would be a scancel, not a preemption
-    slurm.requeue(job)
+    assert not slurm_cmd.is_preempted(job)  # a SIGTERM now would be a scancel, not a preemption
+    slurm_cmd.requeue(job)
     info = wait_until("the requeue", lambda: requeued(job))
     eligible = datetime.fromisoformat(info["EligibleTime"])
     assert info["Reason"] == "BeginTime" and eligible > datetime.now()
-    slurm.start_now(job)
-    assert datetime.fromisoformat(slurm.job_info(job)["EligibleTime"]) < eligible
+    slurm_cmd.start_now(job)
+    assert datetime.fromisoformat(slurm_cmd.job_info(job)["EligibleTime"]) < eligible
     wait_until("the second attempt to start", lambda: "attempt 1" in starts.read_text())
     assert starts.read_text().splitlines() == ["attempt 0", "attempt 1"]
-    assert slurm.job_state(job) == "RUNNING"
+    assert slurm_cmd.job_state(job) == "RUNNING"
 
 
 def test_exclude_nodes_keeps_a_pending_job_off_them(slurm_cluster, jobs):
     job = sbatch("--hold", "-t", "2", "--wrap", "sleep 30")
     jobs.append(job)
-    slurm.exclude_nodes(job, ["n1", "n2"])
-    assert slurm.job_info(job)["ExcNodeList"] == "n[1-2]"
+    slurm_cmd.exclude_nodes(job, ["n1", "n2"])
+    assert slurm_cmd.job_info(job)["ExcNodeList"] == "n[1-2]"
     sh("scontrol", "release", job)
     assert wait_until("the job to run", lambda: running_on(job)) in {"n3", "n4"}
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmtrain.slurm import compress_hostlist, expand_hostlist
+from slurmtrain.common.slurm_text import compress_hostlist, expand_hostlist
 
 pytestmark = pytest.mark.slurm
 MAX_HOSTS = 4096

@@ -65,7 +65,7 @@ def test_interrupted_run_goodput_adds_up_and_the_cli_shows_it(runs):
     ev = events(run)
     assert any(e["event"] == "signal" for e in ev) and any(e["event"] == "requeued" for e in ev)
 
-    from slurmtrain.goodput import compute_goodput
+    from slurmtrain.cli.goodput import compute_goodput
 
     g = compute_goodput(run)
     assert g.attempts >= 2 and not g.live

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from slurmtrain import slurm
+from slurmtrain.common import slurm_cmd
+from slurmtrain.common import slurm_text as slurm
 from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import run_cli
 
@@ -44,10 +45,10 @@ def test_failed_smoke_means_the_big_job_never_runs_and_status_says_why(slurm_clu
     assert stop["class"] == "crash" and "injected crash at step 3" in stop["error"]
     # The supervisor exits non-zero when it stops a run: afterok is never met, Slurm cancels
     # the rest of the chain instead of leaving it pending forever.
-    wait_until(lambda: slurm.job_state(first) == "FAILED", 120, f"smoke job {first} FAILED")
-    wait_until(lambda: slurm.job_state(sub["job_id"]) == "CANCELLED", 120,
+    wait_until(lambda: slurm_cmd.job_state(first) == "FAILED", 120, f"smoke job {first} FAILED")
+    wait_until(lambda: slurm_cmd.job_state(sub["job_id"]) == "CANCELLED", 120,
                f"big job {sub['job_id']} cancelled")
-    assert slurm.job_state(second) == "CANCELLED"
+    assert slurm_cmd.job_state(second) == "CANCELLED"
     assert not any(e["event"] == "started" for e in events(big))
     row = status(workdir, big)
     assert row["state"] == "blocked: smoke failed", row

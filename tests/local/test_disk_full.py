@@ -16,8 +16,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from slurmtrain import checkpoint as ckpt
-from slurmtrain import runs
+from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import rundir as runs
 from tests.conftest import read_jsonl, run_cli
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain import checkpoint as ckpt
+from slurmtrain.compute.checkpoint import format as ckpt
 from tests.conftest import read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10",

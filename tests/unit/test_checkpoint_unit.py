@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain import checkpoint as ckpt
-from slurmtrain import checkpointer
+from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.compute.checkpoint import manager as checkpointer
 
 
 def _stage(root: Path, step: int, files: dict[str, bytes]) -> Path:
@@ -131,7 +131,7 @@ def test_a_rank_that_cannot_write_into_the_directory_leaves_a_marker_beside_it(t
 
 def test_host_copy_keeps_views_shared_metadata_and_is_independent_of_the_source():
     torch = pytest.importorskip("torch")
-    from slurmtrain.shard_writer import HostPool
+    from slurmtrain.compute.checkpoint.writer import HostPool
 
     flat = torch.arange(10.0, requires_grad=True)
     state = collections.OrderedDict(whole=flat, view=flat.detach()[2:5], step=torch.tensor(3))
@@ -157,7 +157,7 @@ def test_host_copy_keeps_views_shared_metadata_and_is_independent_of_the_source(
 
 def test_host_copy_saves_the_same_bytes_as_the_live_state(tmp_path):
     torch = pytest.importorskip("torch")
-    from slurmtrain.shard_writer import HostPool
+    from slurmtrain.compute.checkpoint.writer import HostPool
 
     flat = torch.randn(64)
     state = {"w": flat[:32].view(4, 8), "b": flat[32:], "tied": flat[:32].view(4, 8)}
@@ -173,7 +173,7 @@ def test_host_copy_saves_the_same_bytes_as_the_live_state(tmp_path):
 def test_shard_writer_keeps_a_write_error_instead_of_raising(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("deepspeed")
-    from slurmtrain.shard_writer import ShardWriter
+    from slurmtrain.compute.checkpoint.writer import ShardWriter
 
     written = []
     writer = ShardWriter(True, "checksum", hook=lambda step, name: written.append((step, name)))
@@ -193,7 +193,7 @@ def test_shard_writer_keeps_a_write_error_instead_of_raising(tmp_path):
 
 
 def test_a_universal_conversion_is_reused_only_if_made_from_this_very_save(tmp_path):
-    from slurmtrain import reshape
+    from slurmtrain.compute.checkpoint import reshape
 
     step = _save(tmp_path, 20)
     source = ckpt.read_manifest(step)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmtrain.errors import ConfigError
-from slurmtrain.eta import estimate_eta, format_duration, format_eta, slurm_time_seconds
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.planning.eta import estimate_eta, format_duration, format_eta, slurm_time_seconds
 
 # 1M tokens a step at 100k tokens/s: 10 s a step; 1000 steps = 10,000 s of compute.
 BASE = dict(current_step=0, max_steps=1000, tokens_per_step=1_000_000, tokens_per_s=100_000.0,

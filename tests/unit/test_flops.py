@@ -6,9 +6,8 @@ import os
 
 import pytest
 
-from slurmtrain.flops import (PEAK_TFLOPS, detect_peak, flops_per_token, matmul_params, mfu,
-                              peak_key, tflops_per_gpu)
-from slurmtrain.plan import OPT_SIZES, OptShape, param_count
+from slurmtrain.planning.flops import PEAK_TFLOPS, detect_peak, flops_per_token, matmul_params, mfu, peak_key, tflops_per_gpu
+from slurmtrain.planning.memory import OPT_SIZES, OptShape, param_count
 
 
 def test_opt13b_flops_per_token_by_hand():

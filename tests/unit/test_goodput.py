@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmtrain.goodput import PARTS, analyze, compute_goodput, format_line, format_table
+from slurmtrain.cli.goodput import PARTS, analyze, compute_goodput, format_line, format_table
 
 T0 = 1_700_000_000.0
 

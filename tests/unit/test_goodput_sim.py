@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain import ckpt_interval as ci
-from slurmtrain.errors import ConfigError
+from slurmtrain.planning import ckpt_interval as ci
+from slurmtrain.common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 

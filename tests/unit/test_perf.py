@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain import config, ds_config
-from slurmtrain.errors import ConfigError
-from slurmtrain.train.metrics import scalars, summary_line
+from slurmtrain.common import schema as config
+from slurmtrain.common import ds_config
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.compute.observe.metrics import scalars, summary_line
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-perf = pytest.importorskip("slurmtrain.train.perf")
+perf = pytest.importorskip("slurmtrain.compute.observe.perf")
 
 
 def _cfg(*overrides: str):
@@ -120,7 +121,7 @@ def test_timers_and_flops_profiler_reach_the_deepspeed_config(tmp_path):
 
 
 def test_perf_keys_leave_the_fingerprint_alone():
-    from slurmtrain.runs import fingerprint
+    from slurmtrain.common.rundir import fingerprint
 
     base = fingerprint(_cfg())
     assert fingerprint(_cfg("train.timers=false", "train.flops_profile_step=3",

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.errors import ConfigError
-from slurmtrain.plan import (GiB, OPT_SIZES, LOGIT_BYTES, OptShape, activation_bytes, candidates,
-                             largest_layer_params, param_count, plan_memory, recommend, summary)
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.planning.memory import GiB, OPT_SIZES, LOGIT_BYTES, OptShape, activation_bytes, candidates, largest_layer_params, param_count, plan_memory, recommend, summary
 
 LAYOUTS = [(1, 8), (8, 8)]  # (nodes, gpus_per_node)
 TOL = 0.05
@@ -55,7 +54,7 @@ def test_param_count_and_largest_layer_match_transformers_opt(extra, ds_estimato
 
 
 def test_opt_table_agrees_with_the_model_configs():
-    conf = Path(__file__).resolve().parents[2] / "slurmtrain" / "conf" / "model"
+    conf = Path(__file__).resolve().parents[2] / "conf" / "model"
     if not conf.is_dir():
         pytest.skip("no conf/model directory")
     from omegaconf import OmegaConf

@@ -28,7 +28,8 @@ def test_signal_lead_below_twice_the_save_time_warns(workdir):
     from hydra import compose, initialize_config_dir
 
     sys.path.insert(0, str(__import__("tests.conftest").conftest.ROOT))
-    from slurmtrain import config, planning
+    from slurmtrain.common import schema as config
+    from slurmtrain.planning import report as planning
 
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
@@ -48,7 +49,9 @@ def test_the_plan_uses_the_buckets_the_run_trains_with(workdir):
     from hydra import compose, initialize_config_dir
 
     sys.path.insert(0, str(__import__("tests.conftest").conftest.ROOT))
-    from slurmtrain import config, ds_config, planning
+    from slurmtrain.common import schema as config
+    from slurmtrain.common import ds_config
+    from slurmtrain.planning import report as planning
 
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):

@@ -27,7 +27,7 @@ def test_byte_level_token_file_from_text_and_jsonl(workdir):
     assert meta["tokens"] == len(tokens) and meta["vocab_size"] == 256
 
     sys.path.insert(0, str(ROOT))
-    from slurmtrain.train.data import token_file
+    from slurmtrain.compute.data import token_file
 
     assert list(token_file(str(workdir / "t.bin"))) == list(tokens)
     plan = run_cli(["data=tokens", f"data.path={workdir / 't.bin'}", "data.seq_len=128",

@@ -84,7 +84,7 @@ def test_report_refuses_a_directory_that_is_not_a_run(tmp_path: Path, capsys) ->
 
 
 def test_report_module_does_not_import_torch() -> None:
-    code = "import sys, slurmtrain.cli.report, slurmtrain.cli.logs, slurmtrain.goodput; " \
+    code = "import sys, slurmtrain.cli.report, slurmtrain.cli.logs, slurmtrain.cli.goodput; " \
            "print('torch' in sys.modules, 'matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -9,11 +9,11 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain import config
-from slurmtrain.errors import ConfigError
-from slurmtrain.launch import resolve
-from slurmtrain.runs import RunDir, locate
-from slurmtrain.submit import slurm as backend
+from slurmtrain.common import schema as config
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.login.launch import resolve
+from slurmtrain.common.rundir import RunDir, locate
+from slurmtrain.login import slurm_submit as backend
 
 config.register()
 
@@ -58,19 +58,19 @@ def test_bare_metal_apptainer_and_pyxis_command_lines(tmp_path):
     bare = _cfg(tmp_path)
     run = locate(bare)
     assert _srun_line(backend.render_sbatch(bare, run)).endswith(
-        f"{shlex.quote(sys.executable)} -u -m slurmtrain.job {run.path}")
+        f"{shlex.quote(sys.executable)} -u -m slurmtrain.compute.attempt {run.path}")
 
     app = _cfg(tmp_path, "cluster.container=apptainer", "cluster.image=/images/train.sif")
     line = _srun_line(backend.render_sbatch(app, locate(app)))
     assert line.endswith(f"--kill-on-bad-exit=1 --wait=60 apptainer exec --nv --bind {tmp_path} "
-                         f"/images/train.sif python -u -m slurmtrain.job {locate(app).path}")
+                         f"/images/train.sif python -u -m slurmtrain.compute.attempt {locate(app).path}")
 
     pyx = _cfg(tmp_path, "cluster.container=pyxis", "cluster.image='nvcr.io#nvidia/pytorch:24.05-py3'")
     argv = shlex.split(_srun_line(backend.render_sbatch(pyx, locate(pyx))))
     assert argv[-9:] == ["--kill-on-bad-exit=1", "--wait=60",
                          "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
                          f"--container-mounts={tmp_path}:{tmp_path}", "python", "-u", "-m",
-                         "slurmtrain.job", str(locate(pyx).path)]
+                         "slurmtrain.compute.attempt", str(locate(pyx).path)]
 
 
 @pytest.mark.parametrize("override,key", [

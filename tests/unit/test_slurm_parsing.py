@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmtrain.slurm import (SlurmError, compress_hostlist, expand_hostlist, format_time,
-                              master_port, parse_kv, parse_partitions, parse_time,
-                              rendezvous_from_env, tasks_per_node, validate_request)
+from slurmtrain.common.slurm_text import SlurmError, compress_hostlist, expand_hostlist, format_time, master_port, parse_kv, parse_partitions, parse_time, rendezvous_from_env, tasks_per_node, validate_request
 
 # `scontrol show partition -o` on the local cluster, plus a GPU partition from a real cluster.
 PARTITIONS_O = """\

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain import config, faults, supervise
-from slurmtrain.errors import ConfigError
-from slurmtrain.inject import Injector
-from slurmtrain.launch import resolve
-from slurmtrain.runs import create, fingerprint, locate
-from slurmtrain.smoke import blocked, smoke_config
-from slurmtrain.submit import slurm as backend
+from slurmtrain.common import schema as config
+from slurmtrain.common import ledger as faults
+from slurmtrain.batch import supervise
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.compute.faults.inject import Injector
+from slurmtrain.login.launch import resolve
+from slurmtrain.common.rundir import create, fingerprint, locate
+from slurmtrain.login.smoke import blocked, smoke_config
+from slurmtrain.login import slurm_submit as backend
 
 config.register()
 

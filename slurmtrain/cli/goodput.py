@@ -1,0 +1,318 @@
+"""Goodput of a run across its whole chain of attempts, from ledger.jsonl and metrics.jsonl.
+
+Login-node code: no torch. Wall time (the first record, normally `submitted`, to the last record, or
+to `now` while the run is live) is painted into disjoint parts with a fixed precedence, so the parts
+always sum exactly to wall time even when records overlap (a save inside a logged step, a signal in
+mid-step, clock skew between nodes). Whatever no rule claims is "other" (eval, data stalls,
+teardown, the gap before a manual resubmission).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple, Optional
+
+from slurmtrain.planning.eta import format_duration
+
+# Display order; PRECEDENCE decides who owns a second claimed by two rules.
+PARTS = ("queue_wait", "startup", "checkpoint_load", "productive", "checkpoint_save", "work_lost",
+         "signal_idle", "other")
+PRECEDENCE = ("checkpoint_save", "checkpoint_load", "work_lost", "productive", "signal_idle",
+              "startup", "queue_wait")
+LABELS = {"queue_wait": "queue wait", "startup": "start-up", "checkpoint_load": "ckpt load",
+          "productive": "productive", "checkpoint_save": "ckpt save", "work_lost": "work lost",
+          "signal_idle": "idle after signal", "other": "other"}
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Seconds per part of the wall time; the parts sum to `wall`."""
+
+    wall: float = 0.0
+    queue_wait: float = 0.0
+    startup: float = 0.0
+    checkpoint_load: float = 0.0
+    productive: float = 0.0
+    checkpoint_save: float = 0.0
+    work_lost: float = 0.0
+    signal_idle: float = 0.0
+    other: float = 0.0
+    start: float = 0.0  # unix time of the first record
+    end: float = 0.0  # unix time of the last record (or `now` while live)
+    attempts: int = 0
+    steps_kept: int = 0
+    steps_lost: int = 0
+    live: bool = False  # not finished and not stopped by a failure: queued or running
+
+    @property
+    def goodput(self) -> float:
+        return self.productive / self.wall if self.wall > 0 else 0.0
+
+    def parts(self) -> dict[str, float]:
+        return {p: getattr(self, p) for p in PARTS}
+
+
+class Segment(NamedTuple):
+    start: float
+    end: float
+    part: str
+
+
+@dataclass(frozen=True)
+class Analysis:
+    goodput: Goodput
+    segments: list[Segment]  # disjoint, ordered, covering [start, end]
+    lost_records: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # (attempt, step)
+
+
+@dataclass
+class _Attempt:
+    number: int
+    begin: float = math.inf
+    end: float = -math.inf
+    started: Optional[float] = None
+    start_step: Optional[int] = None
+    loaded_step: Optional[int] = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def see(self, t: float) -> None:
+        self.begin, self.end = min(self.begin, t), max(self.end, t)
+
+    def kinds(self) -> set[str]:
+        return {e["event"] for e in self.events}
+
+    def resume_step(self) -> Optional[int]:
+        """Steps above this were (re)computed here. An attempt that started without loading a
+        checkpoint began at step 0; the first step logged bounds it when the ledger is incomplete."""
+        if self.loaded_step is not None:
+            r = self.loaded_step
+        else:
+            r = self.start_step if self.start_step is not None else (0 if self.started is not None else None)
+        known = [s for s in (r, (self.steps[0]["step"] - 1) if self.steps else None) if s is not None]
+        return min(known) if known else None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete JSON object line; a torn last line from a live writer is skipped."""
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def _num(x: Any) -> Optional[float]:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def _int(x: Any) -> Optional[int]:
+    v = _num(x)
+    return int(v) if v is not None else None
+
+
+def analyze(ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]],
+            now: Optional[float] = None) -> Analysis:
+    """Goodput parts and the painted timeline. `now` extends a live run (queued or running) to now."""
+    events = sorted((e for e in ledger if _num(e.get("time")) is not None and isinstance(e.get("event"), str)),
+                    key=lambda e: e["time"])
+    steps = sorted((m for m in metrics if _num(m.get("time")) is not None and _int(m.get("step")) is not None),
+                   key=lambda m: m["time"])
+    times = [e["time"] for e in events] + [m["time"] for m in steps]
+    if not times:
+        return Analysis(Goodput(), [])
+    start, end = min(times), max(times)
+    submitted = [e["time"] for e in events if e["event"] == "submitted"]
+
+    attempts: dict[int, _Attempt] = {}
+    for e in events:
+        n = _int(e.get("attempt"))
+        if e["event"] == "submitted" or n is None or n < 1:
+            continue
+        a = attempts.setdefault(n, _Attempt(n))
+        a.see(e["time"])
+        a.events.append(e)
+        if e["event"] == "started" and a.started is None:
+            a.started, a.start_step = e["time"], _int(e.get("step"))
+        if e["event"] == "checkpoint_loaded":
+            a.loaded_step = _int(e.get("step"))
+    for m in steps:
+        n = _int(m.get("attempt")) or 1
+        a = attempts.setdefault(n, _Attempt(n))
+        a.see(m["time"])
+        a.steps.append(m)
+    chain = sorted(attempts.values(), key=lambda a: a.number)
+    for a in chain:  # the process began before `started`: rendezvous_done.seconds counts from its start
+        if a.started is not None:
+            a.begin = a.started
+        for e in a.events:
+            if e["event"] == "rendezvous_done" and (sec := _num(e.get("seconds"))) is not None:
+                a.begin = min(a.begin, e["time"] - max(sec, 0.0))
+
+    start = min([start, *(a.begin for a in chain)])
+    last = chain[-1] if chain else None
+    kinds = last.kinds() if last else set()
+    resubmitted = last is not None and any(s > last.end for s in submitted)
+    stopped = "finished" in kinds or ("failed" in kinds and "requeued" not in kinds)
+    live = last is None or resubmitted or not stopped
+    if live and now is not None:
+        end = max(end, now)
+    last_running = last is not None and live and not resubmitted and "requeued" not in kinds
+    if last_running:
+        last.end = end
+
+    claims: list[tuple[float, float, int]] = []
+    rank = {p: i for i, p in enumerate(PRECEDENCE)}
+
+    def claim(s: float, e: float, part: str) -> None:
+        if e > s:
+            claims.append((s, e, rank[part]))
+
+    # Queue wait: submitted -> first start; after each attempt, the gap until the next start (from a
+    # resubmission inside the gap, if any: before it nobody asked for the run, that is "other").
+    prev_end: Optional[float] = None
+    gaps = [(a.begin, a) for a in chain] + ([] if last_running else [(end, None)])
+    for begin, a in gaps:
+        lo = prev_end if prev_end is not None else -math.inf
+        subs = [s for s in submitted if lo <= s <= begin]
+        if subs:
+            claim(min(subs), begin, "queue_wait")
+        elif prev_end is not None:
+            claim(prev_end, begin, "queue_wait")
+        if a is not None:
+            prev_end = a.end
+
+    # Steps above a later attempt's resume point were recomputed there: work lost.
+    cutoffs: dict[int, float] = {}
+    floor = math.inf
+    if not live and "failed" in kinds:  # a stopped run loses what its last checkpoint did not hold
+        saved = [_int(e.get("step")) for a in chain for e in a.events if e["event"] == "checkpoint_saved"]
+        floor = float(max([s for s in saved if s is not None], default=0))
+    for a in reversed(chain):
+        cutoffs[a.number] = floor
+        r = a.resume_step()
+        if r is not None:
+            floor = min(floor, r)
+
+    kept_n = lost_n = 0
+    lost_records: set[tuple[int, int]] = set()
+    for a in chain:
+        work_begin = math.inf
+        for e in a.events:
+            t = e["time"]
+            if e["event"] in ("checkpoint_loaded", "checkpoint_saved"):
+                sec = max(_num(e.get("seconds")) or 0.0, 0.0)
+                part = "checkpoint_load" if e["event"] == "checkpoint_loaded" else "checkpoint_save"
+                claim(t - sec, t, part)
+                if part == "checkpoint_load":
+                    work_begin = min(work_begin, t - sec)
+        prev_step, prev_t = a.resume_step(), a.begin if a.started is not None else -math.inf
+        for m in a.steps:
+            step, t = int(m["step"]), m["time"]
+            n = max(1, step - prev_step) if prev_step is not None else 1
+            st = _num(m.get("step_time"))
+            gap = max(t - prev_t, 0.0)  # a step cannot have begun before the attempt or the last step
+            span = min(n * max(st, 0.0), gap) if st is not None else gap
+            lost = min(max(step - cutoffs[a.number], 0), n)
+            kept_t = t - span + span * (n - lost) / n
+            claim(t - span, kept_t, "productive")
+            claim(kept_t, t, "work_lost")
+            kept_n, lost_n = kept_n + n - int(lost), lost_n + int(lost)
+            if lost:
+                lost_records.add((a.number, step))
+            work_begin = min(work_begin, t - span)
+            prev_step, prev_t = step, t
+        if work_begin == math.inf:  # never reached work: the whole attempt was start-up
+            work_begin = a.end
+        claim(a.begin, min(work_begin, a.end), "startup")
+        signals = [e["time"] for e in a.events if e["event"] == "signal"]
+        if signals:
+            claim(min(signals), a.end, "signal_idle")
+
+    segments = _paint(claims, start, end)
+    totals = dict.fromkeys(PARTS, 0.0)
+    for s in segments:
+        totals[s.part] += s.end - s.start
+    wall = end - start
+    totals["other"] = max(wall - sum(v for p, v in totals.items() if p != "other"), 0.0)
+    g = Goodput(wall=wall, start=start, end=end, attempts=len(chain), steps_kept=kept_n,
+                steps_lost=lost_n, live=live, **totals)
+    return Analysis(g, segments, frozenset(lost_records))
+
+
+def _paint(claims: list[tuple[float, float, int]], start: float, end: float) -> list[Segment]:
+    """Sweep the claimed intervals; each instant goes to its highest-precedence claimant."""
+    points: list[tuple[float, int, int]] = []
+    for s, e, p in claims:
+        s, e = max(s, start), min(e, end)
+        if e > s:
+            points += [(s, p, 1), (e, p, -1)]
+    points.sort()
+    active = [0] * len(PRECEDENCE)
+    starts: list[float] = []
+    ends: list[float] = []
+    parts: list[str] = []
+    cur = start
+    for t, p, d in [*points, (end, 0, 0)]:
+        if t > cur:
+            top = "other"
+            for i, c in enumerate(active):
+                if c:
+                    top = PRECEDENCE[i]
+                    break
+            if parts and parts[-1] == top:
+                ends[-1] = t
+            else:
+                starts.append(cur)
+                ends.append(t)
+                parts.append(top)
+            cur = t
+        active[p] += d
+    return [Segment(*x) for x in zip(starts, ends, parts)]
+
+
+def analyze_run(run_dir: Path | str, now: Optional[float] = None) -> Analysis:
+    run = Path(run_dir)
+    return analyze(read_jsonl(run / "ledger.jsonl"), read_jsonl(run / "metrics.jsonl"), now)
+
+
+def compute_goodput(run_dir: Path | str, now: Optional[float] = None) -> Goodput:
+    """Goodput of the run in `run_dir`; pass `now=time.time()` to count a live run up to now."""
+    return analyze_run(run_dir, now).goodput
+
+
+def fmt_duration(seconds: float) -> str:
+    return format_duration(max(seconds, 0.0))
+
+
+def format_line(g: Goodput) -> str:
+    """One line for `status`: goodput, wall time and the non-zero parts."""
+    parts = " · ".join(f"{LABELS[p]} {fmt_duration(v)}" for p, v in g.parts().items() if v >= 0.5)
+    live = " (live)" if g.live else ""
+    return f"goodput {100 * g.goodput:.1f}% of {fmt_duration(g.wall)} wall{live}" + (f": {parts}" if parts else "")
+
+
+def format_table(g: Goodput) -> str:
+    """Aligned plain-text table: part, duration, seconds, share of wall time."""
+    rows = [(LABELS[p], fmt_duration(v), f"{v:.1f}", f"{100 * v / g.wall:.1f}%" if g.wall else "-")
+            for p, v in g.parts().items()]
+    rows.append(("wall", fmt_duration(g.wall), f"{g.wall:.1f}", "100.0%" if g.wall else "-"))
+    head = ("part", "time", "seconds", "share")
+    w = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    line = lambda r: f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}"  # noqa: E731
+    body = [line(head), "-" * (sum(w) + 6), *(line(r) for r in rows[:-1]), "-" * (sum(w) + 6), line(rows[-1])]
+    return "\n".join(body) + f"\ngoodput {100 * g.goodput:.1f}%  attempts {g.attempts}  " \
+                             f"steps kept {g.steps_kept} lost {g.steps_lost}" + ("  (live)" if g.live else "")

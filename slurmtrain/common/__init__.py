@@ -1,0 +1,1 @@
+"""Shared by every world, never imports torch: schema, errors, run directory, ledger, Slurm text and commands."""

@@ -1,0 +1,86 @@
+"""Failure classes and budgets: deciding, from the ledger, whether a run goes on.
+
+Every attempt ends with exactly one `attempt_ended{class}` event: written by the batch-shell
+supervisor (slurmtrain.batch.supervise) when the job step exits, or, for attempts that vanished
+(Slurm requeued the job itself after a preemption or a node failure), by the next attempt when it
+starts. Budgets count those events across the whole run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Optional
+
+from slurmtrain.common.errors import (EXIT_BAD_NODE, EXIT_CONFIG, EXIT_HANG, EXIT_REQUEUE,
+                                      EXIT_TERMINATED)
+
+PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR = (
+    "preempted", "timed_out", "node_failure", "hang", "crash", "config_error")
+FAILURE_CLASSES = (PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR)
+EXIT_CLASS = {EXIT_REQUEUE: TIMED_OUT, EXIT_BAD_NODE: NODE_FAILURE, EXIT_HANG: HANG,
+              EXIT_CONFIG: CONFIG_ERROR}
+
+
+def budgets(faults_cfg: Any) -> dict[str, int]:
+    return {cls: int(getattr(faults_cfg, f"max_{cls}")) for cls in FAILURE_CLASSES}
+
+
+def ended_classes(events: list[dict[str, Any]]) -> Counter:
+    return Counter(e["class"] for e in events if e["event"] == "attempt_ended")
+
+
+def over_budget(events: list[dict[str, Any]], faults_cfg: Any) -> Optional[str]:
+    """The class whose budget the run has exceeded (or a crash loop), else None."""
+    counts = ended_classes(events)
+    for cls, limit in budgets(faults_cfg).items():
+        if limit >= 0 and counts.get(cls, 0) > limit:
+            return cls
+    ended = [e for e in events if e["event"] == "attempt_ended"]
+    loop = int(faults_cfg.crash_loop)
+    tail = ended[-loop:] if loop > 0 else []
+    if len(tail) == loop and all(e["class"] == CRASH for e in tail):
+        steps = {e.get("step") for e in tail}
+        if len(steps) == 1 and None not in steps:
+            return f"{CRASH} loop"
+    return None
+
+
+def last_error(events: list[dict[str, Any]], attempt: Optional[int] = None) -> Optional[str]:
+    """The last error line recorded by any rank (of one attempt, if given)."""
+    rows = [e for e in events if e["event"] == "failed"
+            and (attempt is None or e.get("attempt") == attempt) and e.get("error")]
+    return str(rows[-1]["error"]).strip().splitlines()[-1] if rows else None
+
+
+def unended_attempt(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The newest `started` event whose attempt has no `attempt_ended` and no `finished`."""
+    started = [e for e in events if e["event"] == "started"]
+    if not started:
+        return None
+    last = started[-1]
+    closing = {"attempt_ended", "finished", "stopped", "paused"}
+    if any(e["event"] in closing and e.get("attempt") == last["attempt"] for e in events):
+        return None
+    return last
+
+
+def vanished_class(events: list[dict[str, Any]], attempt: int) -> str:
+    """Why an attempt ended without telling anyone: SIGTERM first means preemption (Slurm requeued
+    the job itself); otherwise the job was requeued under us: a node failed."""
+    signals = [e for e in events if e["event"] == "signal" and e.get("attempt") == attempt]
+    if any(e.get("signal") == "SIGTERM" for e in signals):
+        return PREEMPTED
+    errors = [e for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
+    if errors and not is_peer_error(errors):
+        return errors[0].get("class") or CRASH
+    return NODE_FAILURE
+
+
+PEER_ERRORS = ("Connection closed", "Connection reset", "Broken pipe", "NCCL", "gloo",
+               "Connection refused", "timed out", "Timeout", "peer", "ProcessGroup")
+
+
+def is_peer_error(failed: list[dict[str, Any]]) -> bool:
+    """Every recorded error is a communication error: the cause is elsewhere (a dead peer/node)."""
+    return bool(failed) and all(any(k in str(e.get("error", "")) for k in PEER_ERRORS)
+                                for e in failed)

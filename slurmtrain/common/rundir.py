@@ -1,0 +1,192 @@
+"""The run directory: the single source of truth both worlds read and write.
+
+`<runs_root>/<name>/<fingerprint>/` holds the resolved config, the user's overrides, the batch script,
+provenance per attempt, `ledger.jsonl` (one event a line), metrics and checkpoints. The fingerprint
+hashes the resolved config minus keys that do not change the result, so submitting the same experiment
+twice finds the first one instead of silently training it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common.schema import NON_RESULT_KEYS
+
+FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
+# squeue/sacct states of a job that will still run (or is running): resubmitting would duplicate it.
+ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
+                       "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "STAGE_OUT",
+                       "SIGNALING"}
+
+
+def result_view(cfg: DictConfig) -> dict[str, Any]:
+    """The config as a plain dict without the keys that do not change what is computed."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    for key in NON_RESULT_KEYS:
+        parent, _, leaf = key.rpartition(".")
+        node = data
+        for part in parent.split(".") if parent else []:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+    return data
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    canonical = json.dumps(result_view(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line; a torn last line (writer killed mid-append) is ignored."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """One write() of one line with O_APPEND: concurrent writers never interleave inside a line."""
+    data = (json.dumps(row, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, text: str, durable: bool = True) -> None:
+    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def ledger(self) -> Path:
+        return self.path / "ledger.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def provenance(self) -> Path:
+        return self.path / "provenance"
+
+    @property
+    def sbatch(self) -> Path:
+        return self.path / "job.sbatch"
+
+    def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
+        rows = read_jsonl(self.ledger)
+        return [r for r in rows if kind is None or r.get("event") == kind]
+
+    def record(self, event: str, *, job_id: Optional[str] = None, attempt: Optional[int] = None,
+               nodes: Iterable[str] = (), **fields: Any) -> dict[str, Any]:
+        row = {"event": event, "time": time.time(), "job_id": job_id, "attempt": attempt,
+               "nodes": list(nodes), **fields}
+        append_jsonl(self.ledger, row)
+        return row
+
+    def attempts(self) -> int:
+        return len(self.events("started"))
+
+    def state(self) -> str:
+        """finished | running | stopped | new, from the ledger (and liveness of a local job)."""
+        rows = self.events()
+        if not rows:
+            return NEW
+        if any(r["event"] == "finished" for r in rows):
+            return FINISHED
+        if job_alive(rows):
+            return RUNNING
+        return STOPPED
+
+
+def job_alive(rows: list[dict[str, Any]]) -> bool:
+    """Whether the newest submission is still queued or running (Slurm) or its process lives (local)."""
+    subs = [r for r in rows if r["event"] == "submitted"]
+    if not subs:
+        return False
+    last = subs[-1]
+    if last.get("executor") == "local":
+        pid = last.get("pid")
+        if last.get("host") != socket.gethostname() or not pid:
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return _pid_start(int(pid)) == last.get("pid_start")
+    from slurmtrain.common import slurm_cmd
+
+    return slurm_cmd.job_state(str(last.get("job_id"))) in ACTIVE_SLURM_STATES
+
+
+def _pid_start(pid: int) -> Optional[str]:
+    """The process start time: tells our pid from a recycled one."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def locate(cfg: DictConfig) -> RunDir:
+    """The run directory this config trains in; `new_run=true` picks the next free replica."""
+    root = Path(cfg.runs_root).expanduser().resolve() / cfg.name
+    base = root / fingerprint(cfg)
+    if not cfg.new_run:
+        return RunDir(base)
+    replica = 2
+    while (root / f"{base.name}-r{replica}").exists():
+        replica += 1
+    return RunDir(root / f"{base.name}-r{replica}")
+
+
+def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
+    """Write the config files (first submission) and the directory skeleton."""
+    for sub in (run.path, run.checkpoints, run.logs, run.provenance):
+        sub.mkdir(parents=True, exist_ok=True)
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if run.config.exists() and run.config.read_text() != text:
+        # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        os.replace(run.config, run.path / f"config.{stamp}.yaml")
+    atomic_write(run.config, text)
+    atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)

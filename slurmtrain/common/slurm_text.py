@@ -1,0 +1,322 @@
+"""Slurm text, parsed and written without Slurm: hostlists, time strings, job environment, partitions.
+
+Pure functions (no subprocess, no torch), so they are tested without a cluster; the commands that
+produce this text live in slurm_cmd.py.
+Hostlist behaviour follows Slurm 22.05's `scontrol show hostnames/hostlist` (checked by
+tests/cluster/test_hostlist.py against the real binaries).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Sequence, Union
+
+MAX_RANGE = 65536  # Slurm refuses one bracket range with more hosts ("Too many hosts in range")
+PORT_BASE, PORT_SPAN = 20000, 40000  # MASTER_PORT range: 20000..59999
+_UNLIMITED = {"UNLIMITED", "INFINITE"}
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed, or a Slurm variable we need is missing."""
+
+
+# ---- hostlists ---------------------------------------------------------------------------------
+def _split_items(text: str) -> list[str]:
+    """Split on commas/whitespace outside brackets; empty items are dropped, as Slurm does."""
+    items, cur, depth = [], [], 0
+    for ch in text:
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"hostlist {text!r}: nested '['")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"hostlist {text!r}: ']' without '['")
+        if depth == 0 and (ch == "," or ch.isspace()):
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise ValueError(f"hostlist {text!r}: '[' without ']'")
+    items.append("".join(cur))
+    return [i for i in items if i]
+
+
+def _parse_ranges(spec: str, item: str) -> list[str]:
+    """`1-3,07` -> ['1','2','3','07']; a range's width is its low bound's (`[8-010]` -> 8,9,10)."""
+    out: list[str] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"hostlist {item!r}: bad range {part!r} "
+                             "(use e.g. [1-4,7] or [001-064])")
+        lo_s, hi_s = m.group(1), m.group(2) or m.group(1)
+        lo, hi, width = int(lo_s), int(hi_s), len(lo_s)
+        if hi < lo:
+            raise ValueError(f"hostlist {item!r}: range {part!r} runs backwards")
+        if hi - lo + 1 > MAX_RANGE:
+            raise ValueError(f"hostlist {item!r}: range {part!r} has more than {MAX_RANGE} hosts")
+        out.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
+    return out
+
+
+def _expand_item(item: str) -> list[str]:
+    parts = re.split(r"\[([^\[\]]*)\]", item)  # text, range, text, range, ..., text
+    texts, specs = parts[0::2], parts[1::2]
+    if any("[" in t or "]" in t for t in texts):
+        raise ValueError(f"hostlist {item!r}: unbalanced brackets")
+    if not specs:
+        return [item]
+    if texts[-1]:  # Slurm 22.05 rejects `n[1-3]-ib`; text may sit only between brackets
+        raise ValueError(f"hostlist {item!r}: text {texts[-1]!r} after the last ']' "
+                         f"(Slurm cannot parse it; list those hosts one by one)")
+    values = [_parse_ranges(s, item) for s in specs]
+    # Slurm's loop order: brackets k-1 .. 1 outermost to innermost, then the last bracket.
+    k = len(values)
+    order = list(range(k - 2, -1, -1)) + [k - 1]
+    hosts = []
+    for combo in itertools.product(*(values[i] for i in order)):
+        chosen = dict(zip(order, combo))
+        hosts.append("".join(t + (chosen[i] if i < k else "") for i, t in enumerate(texts)))
+    return hosts
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """`gpu[001-003],a[1-2]b[3-4]` -> every host name, in Slurm's order, duplicates kept."""
+    return [h for item in _split_items(text) for h in _expand_item(item)]
+
+
+def compress_hostlist(hosts: Iterable[str]) -> str:
+    """Hosts -> a Slurm hostlist that expands back to the same hosts in the same order.
+
+    Only a trailing number is bracketed (`n1-ib` stays as it is), like `scontrol show hostlist`.
+    """
+    groups: list[tuple[str, list[list]]] = []  # (prefix, [[lo_str, hi_int], ...]) or (host, [])
+    for host in hosts:
+        if not host or re.search(r"[\s,\[\]]", host):
+            raise ValueError(f"host name {host!r} cannot go into a hostlist")
+        m = re.fullmatch(r"(.*?)(\d+)", host)
+        if not m:
+            groups.append((host, []))
+            continue
+        prefix, num = m.groups()
+        if groups and groups[-1][1] and groups[-1][0] == prefix:
+            last = groups[-1][1][-1]
+            if f"{last[1] + 1:0{len(last[0])}d}" == num:
+                last[1] += 1
+            else:
+                groups[-1][1].append([num, int(num)])
+        else:
+            groups.append((prefix, [[num, int(num)]]))
+    out = []
+    for prefix, ranges in groups:
+        if not ranges:
+            out.append(prefix)
+        elif len(ranges) == 1 and int(ranges[0][0]) == ranges[0][1]:
+            out.append(prefix + ranges[0][0])
+        else:
+            out.append(prefix + "[" + ",".join(
+                lo if int(lo) == hi else f"{lo}-{hi:0{len(lo)}d}" for lo, hi in ranges) + "]")
+    return ",".join(out)
+
+
+# ---- time strings ------------------------------------------------------------------------------
+def parse_time(text: str) -> Optional[int]:
+    """Slurm `--time` -> seconds; None means no limit (`UNLIMITED`, `INFINITE`, or `0`).
+
+    Forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+    """
+    s = str(text).strip()
+    if s.upper() in _UNLIMITED:
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", s)
+    if not m:
+        raise ValueError(f"{text!r} is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        secs = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # HH:MM:SS
+        secs = int(a) * 3600 + int(b) * 60 + int(c)
+    else:  # MM or MM:SS
+        secs = int(a) * 60 + int(b or 0)
+    return None if secs == 0 else secs  # Slurm reads a zero limit as "no limit"
+
+
+def format_time(seconds: Optional[int]) -> str:
+    """Seconds -> `D-HH:MM:SS` (or `HH:MM:SS` under a day); None -> UNLIMITED."""
+    if seconds is None:
+        return "UNLIMITED"
+    d, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+# ---- job environment ---------------------------------------------------------------------------
+def tasks_per_node(value: str) -> list[int]:
+    """SLURM_TASKS_PER_NODE `2(x3),1` -> [2, 2, 2, 1]."""
+    out: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(f"SLURM_TASKS_PER_NODE {value!r}: cannot read {part!r}")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def master_port(job_id: str) -> int:
+    """A port every task of a job derives alike, spread over 20000..59999 by job id."""
+    key = int(job_id) if str(job_id).isdigit() else zlib.crc32(str(job_id).encode())
+    return PORT_BASE + key % PORT_SPAN
+
+
+def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed variables for a task started by srun, from its SLURM_* variables.
+
+    MASTER_ADDR is the first host of the step (SLURM_STEP_NODELIST, where rank 0 runs), else of
+    the job (SLURM_JOB_NODELIST / SLURM_NODELIST). Values are strings, ready for os.environ.
+    """
+    def need(*names: str) -> str:
+        for n in names:
+            if env.get(n):
+                return env[n]
+        raise SlurmError(f"{names[0]} is not set; start this under srun inside a Slurm job")
+
+    nodelist = need("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    hosts = expand_hostlist(nodelist)
+    port = master_port(need("SLURM_JOB_ID", "SLURM_JOBID"))
+    out = {"MASTER_ADDR": hosts[0], "MASTER_PORT": str(port),
+           "RANK": need("SLURM_PROCID"), "LOCAL_RANK": need("SLURM_LOCALID"),
+           "WORLD_SIZE": need("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")}
+    node_id = env.get("SLURM_NODEID")
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if node_id is not None:
+        out["NODE_RANK"] = node_id
+        if per_node:
+            counts = tasks_per_node(per_node)
+            if int(node_id) < len(counts):
+                out["LOCAL_WORLD_SIZE"] = str(counts[int(node_id)])
+    return out
+
+
+# ---- partitions --------------------------------------------------------------------------------
+_KV = re.compile(r"([A-Za-z][\w/:.]*)=(.*?)(?=\s+[A-Za-z][\w/:.]*=|\s*$)", re.S)
+
+
+def parse_kv(record: str) -> dict[str, str]:
+    """`A=1 B=x=y C=(null)` (scontrol's Key=Value records) -> dict; values may hold '='."""
+    return {k: v.strip() for k, v in _KV.findall(record.strip())}
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """What a plan needs to know about one partition (from `scontrol show partition`)."""
+
+    name: str
+    nodes: str  # Slurm hostlist, "" when none
+    node_names: tuple[str, ...]
+    total_nodes: int
+    max_nodes: Optional[int]  # per job; None = UNLIMITED
+    max_time_s: Optional[int]  # None = UNLIMITED
+    default_time_s: Optional[int]
+    default: bool
+    state: str
+    priority_tier: int
+    preempt_mode: str
+    grace_time_s: int
+    total_cpus: int
+    gpus: int  # gres/gpu over the whole partition
+    tres: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.total_nodes if self.total_nodes else 0
+
+
+def _int_or_none(value: str) -> Optional[int]:
+    return None if value.upper() in _UNLIMITED | {"NONE", "N/A", ""} else int(value)
+
+
+def _gpus(tres: Mapping[str, str]) -> int:
+    plain = [v for k, v in tres.items() if k == "gres/gpu"]
+    typed = [v for k, v in tres.items() if k.startswith("gres/gpu:")]
+    return sum(int(re.match(r"\d+", v).group()) for v in (plain or typed) if re.match(r"\d+", v))
+
+
+def parse_partitions(text: str) -> dict[str, PartitionInfo]:
+    """`scontrol show partition [-o]` output -> {name: PartitionInfo}, in Slurm's order."""
+    out: dict[str, PartitionInfo] = {}
+    for record in re.split(r"(?=\bPartitionName=)", text):
+        kv = parse_kv(record)
+        if "PartitionName" not in kv:
+            continue
+        tres = dict(p.split("=", 1) for p in kv.get("TRES", "").split(",") if "=" in p)
+        nodes = "" if kv.get("Nodes", "(null)") == "(null)" else kv["Nodes"]
+        names = tuple(expand_hostlist(nodes)) if nodes else ()
+        dt = kv.get("DefaultTime", "NONE")
+        out[kv["PartitionName"]] = PartitionInfo(
+            name=kv["PartitionName"], nodes=nodes, node_names=names,
+            total_nodes=int(kv.get("TotalNodes", len(names))),
+            max_nodes=_int_or_none(kv.get("MaxNodes", "UNLIMITED")),
+            max_time_s=parse_time(kv.get("MaxTime", "UNLIMITED")),
+            default_time_s=None if dt.upper() == "NONE" else parse_time(dt),
+            default=kv.get("Default", "NO") == "YES", state=kv.get("State", "UP"),
+            priority_tier=int(kv.get("PriorityTier", 1)), preempt_mode=kv.get("PreemptMode", "OFF"),
+            grace_time_s=int(kv.get("GraceTime", 0)), total_cpus=int(kv.get("TotalCPUs", 0)),
+            gpus=_gpus(tres), tres=tres)
+    return out
+
+
+DEFAULT_KEYS = {"partition": "cluster.partition", "nodes": "cluster.nodes",
+                "time": "cluster.time", "gpus_per_node": "cluster.gpus_per_node"}
+
+
+def validate_request(partition_name: Optional[str], nodes: int, time_str: str, gpus_per_node: int,
+                     partitions: Union[Mapping[str, PartitionInfo], Sequence[PartitionInfo]],
+                     keys: Optional[Mapping[str, str]] = None) -> list[str]:
+    """One-line errors (key, value, fix) for a request this cluster's partitions cannot take."""
+    k = {**DEFAULT_KEYS, **(keys or {})}
+    parts = dict(partitions) if isinstance(partitions, Mapping) else {p.name: p for p in partitions}
+    known = ", ".join(parts) or "(none)"
+    if partition_name is None:
+        defaults = [p for p in parts.values() if p.default]
+        if not defaults:
+            return [f"{k['partition']}: not set and the cluster has no default partition; "
+                    f"set {k['partition']} to one of: {known}"]
+        part = defaults[0]
+    elif partition_name not in parts:
+        return [f"{k['partition']}: unknown partition {partition_name!r}; "
+                f"set {k['partition']} to one of: {known}"]
+    else:
+        part = parts[partition_name]
+    errors, p = [], part.name
+    if part.state in {"INACTIVE", "DRAIN"}:
+        errors.append(f"{k['partition']}: partition {p!r} is {part.state} and takes no jobs; "
+                      f"pick another of: {known}")
+    limit = min(n for n in (part.total_nodes, part.max_nodes) if n is not None)
+    if nodes < 1:
+        errors.append(f"{k['nodes']}: {nodes} nodes; ask for at least 1")
+    elif nodes > limit:
+        errors.append(f"{k['nodes']}: {nodes} nodes exceed partition {p!r} ({limit} at most); "
+                      f"set {k['nodes']}<={limit} or pick a bigger partition")
+    try:
+        secs = parse_time(time_str)
+    except ValueError as exc:
+        errors.append(f"{k['time']}: {exc}")
+    else:
+        if part.max_time_s is not None and (secs is None or secs > part.max_time_s):
+            errors.append(f"{k['time']}: {time_str!r} exceeds partition {p!r} MaxTime "
+                          f"{format_time(part.max_time_s)}; set {k['time']}<="
+                          f"{format_time(part.max_time_s)} or pick another partition")
+    if gpus_per_node > 0 and part.gpus == 0:
+        errors.append(f"{k['gpus_per_node']}: {gpus_per_node} GPUs per node, but partition {p!r} "
+                      f"has no GPUs; set {k['gpus_per_node']}=0 or pick a GPU partition")
+    elif gpus_per_node > part.gpus_per_node > 0:
+        errors.append(f"{k['gpus_per_node']}: {gpus_per_node} GPUs per node, but partition {p!r} "
+                      f"has {part.gpus_per_node}; set {k['gpus_per_node']}<={part.gpus_per_node}")
+    return errors

@@ -1,0 +1,1 @@
+"""Checkpoints: format, manifest, publish and prune; collective save/load; per-rank writer; universal reshape."""

@@ -1,0 +1,293 @@
+"""The collective save/load around a DeepSpeed engine: sync or async, and never fatal on disk errors.
+
+A disk error on any rank fails that save only: the ranks agree on the outcome, rank 0 removes the
+`.tmp` directory and records `checkpoint_failed`; earlier checkpoints and `latest` are untouched,
+and the next save retries (or every rank raises SaveFailed with `checkpoint.on_save_error=stop`).
+With `async_save` the loop blocks only while the state is copied to host memory; a background
+thread per rank writes it, then drops a `.done_rank{r}.json` marker (its file list) into the `.tmp`
+directory, and rank 0's thread publishes once every rank's marker is there. Background threads run
+no collectives (gloo is not safe for that); outcomes are agreed on the main thread at the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from slurmtrain.compute.checkpoint.format import LATEST, _write_synced, dir_bytes, prune, publish, tag
+
+Record = Callable[..., Any]
+
+
+@dataclass
+class SaveOutcome:
+    step: int
+    ok: bool
+    error: Optional[str] = None
+
+
+class SaveFailed(RuntimeError):
+    """A save failed and `checkpoint.on_save_error=stop`: every rank raises it at the same step."""
+
+
+@dataclass
+class _Save:
+    step: int
+    meta: dict[str, Any]
+    started: float
+    waited: float
+    blocked: float = 0.0
+
+
+def _log(line: str) -> None:
+    print(f"slurmtrain: {line}", file=sys.stderr, flush=True)
+
+
+class Checkpointer:
+    """Collective save/load around a DeepSpeed engine; every rank calls every public method."""
+
+    def __init__(self, root: Path, rank: int, world: int, verify: str, *, async_save: bool = False,
+                 keep_last: int = 3, keep_every: int = 0, stop_on_error: bool = False,
+                 record: Optional[Record] = None, hook: Optional[Callable[[int, str], None]] = None,
+                 timeout_s: float = 1800.0) -> None:
+        self.root, self.rank, self.world, self.verify = root, rank, world, verify
+        self.async_save, self.keep_last, self.keep_every = async_save, keep_last, keep_every
+        self.stop_on_error, self.hook, self.timeout_s = stop_on_error, hook, timeout_s
+        self.record: Record = record or (lambda *a, **k: None)
+        self.writer: Any = None
+        self.last: Optional[SaveOutcome] = None  # the newest outcome every rank agreed on
+        self._thread: Optional[threading.Thread] = None
+        self._outcome: Optional[SaveOutcome] = None  # rank 0: result of the in-flight save
+        root.mkdir(parents=True, exist_ok=True)
+
+    def attach(self, engine: Any) -> None:
+        """Route DeepSpeed's shard writes through a ShardWriter (when it uses plain torch.save)."""
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import \
+            TorchCheckpointEngine
+
+        from slurmtrain.compute.checkpoint.writer import ShardWriter
+
+        current = engine.checkpoint_engine
+        if type(current) is TorchCheckpointEngine:
+            self.writer = ShardWriter(current.zipfile_serialization, self.verify, self.hook)
+            engine.checkpoint_engine = self.writer
+        else:
+            if self.rank == 0:
+                _log(f"checkpoint writer {type(current).__name__} is DeepSpeed's own: saves are "
+                     f"synchronous and a disk error ends the run")
+            self.async_save = False
+        copy_scripts = engine._copy_recovery_script
+
+        def guarded(path: str) -> None:  # zero_to_fp32.py into the root: a convenience only
+            try:
+                copy_scripts(path)
+            except OSError as err:
+                _log(f"could not copy DeepSpeed's recovery scripts into {path}: {err}")
+
+        engine._copy_recovery_script = guarded
+
+    def save(self, engine: Any, step: int, meta: dict[str, Any], rng: dict[str, Any]) -> None:
+        """Save `step`; returns when it is published (sync) or copied to host memory (async)."""
+        import torch
+        import torch.distributed as dist
+
+        started = time.time()
+        self.settle()
+        job = _Save(step, meta, started, waited=time.time() - started)
+        tmp = self.root / f"{tag(step)}.tmp"
+        if self.rank == 0:  # leftovers of an attempt killed while saving this same step
+            shutil.rmtree(tmp, ignore_errors=True)
+            for stale in self.root.glob(f".{tmp.name}.failed_rank*"):
+                stale.unlink(missing_ok=True)
+        dist.barrier()
+        deferred = self.async_save
+        rng_path = str(tmp / f"rng_rank{self.rank}.pt")
+        if self.writer is not None:
+            self.writer.begin(step, str(tmp), deferred)
+        engine.save_checkpoint(str(self.root), tag=tmp.name, client_state={"meta": meta},
+                               save_latest=False)
+        if self.writer is not None:
+            self.writer.save(rng, rng_path)
+            self.writer.host_copy_done()
+        else:
+            torch.save(rng, rng_path)
+        if deferred:
+            job.blocked = time.time() - started
+            self._thread = threading.Thread(target=self._background, args=(job,),
+                                            name=f"checkpoint-{tag(step)}", daemon=True)
+            self._thread.start()
+            return
+        reports: list[Any] = [None] * self.world
+        dist.all_gather_object(reports, self._report())
+        outcome = self._conclude(job, reports) if self.rank == 0 else None
+        self._agree(outcome)
+
+    def settle(self) -> Optional[SaveOutcome]:
+        """Wait for the in-flight async save; every rank learns its outcome (collective)."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        outcome, self._outcome = self._outcome, None
+        return self._agree(outcome)
+
+    def abandon(self, timeout_s: float = 60.0) -> None:
+        """On an exception: give the in-flight async save a chance to publish; no collectives."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def load(self, engine: Any, directory: Path, restore_rng: bool = True) -> dict[str, Any]:
+        """Load a checkpoint (or its universal conversion); the per-rank RNG state when asked."""
+        import torch
+
+        path, _client = engine.load_checkpoint(str(directory.parent), tag=directory.name)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load {directory}")
+        rng_file = directory / f"rng_rank{self.rank}.pt"
+        if restore_rng and rng_file.exists():
+            return torch.load(rng_file, weights_only=False)
+        return {}
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _report(self) -> dict[str, Any]:
+        if self.writer is None:
+            return {"rank": self.rank, "ok": True, "error": None, "files": {}}
+        return self.writer.report(self.rank)
+
+    def _agree(self, outcome: Optional[SaveOutcome]) -> SaveOutcome:
+        import torch.distributed as dist
+
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0)
+        agreed = box[0]
+        assert agreed is not None
+        self.last = agreed
+        if not agreed.ok and self.stop_on_error:
+            raise SaveFailed(f"checkpoint {tag(agreed.step)} not saved "
+                             f"(checkpoint.on_save_error=stop): {agreed.error}")
+        return agreed
+
+    def _background(self, job: _Save) -> None:
+        try:
+            self.writer.flush()
+            report = self.writer.report(self.rank)
+        except Exception as err:  # noqa: BLE001  whatever happens, rank 0 must hear of it
+            report = {"rank": self.rank, "ok": False, "error": f"{type(err).__name__}: {err}",
+                      "files": {}}
+        tmp = self.root / f"{tag(job.step)}.tmp"
+        if self.rank != 0:
+            if not report["ok"]:
+                self.writer.discard()  # room for the marker that says why, on a full disk
+            _write_marker(tmp, report)
+            return
+        try:
+            reports = [report, *self._collect(tmp)]
+            self._outcome = self._conclude(job, reports)
+        except Exception as err:  # noqa: BLE001
+            self._outcome = SaveOutcome(job.step, False, f"{type(err).__name__}: {err}")
+
+    def _collect(self, tmp: Path) -> list[dict[str, Any]]:
+        """Rank 0's thread: every other rank's marker, or a failure when one never comes."""
+        deadline, pause = time.time() + self.timeout_s, 0.01
+        waiting, got = set(range(1, self.world)), {}
+        while waiting and time.time() < deadline:
+            for r in sorted(waiting):
+                report = _read_marker(tmp, r)
+                if report is not None:
+                    got[r] = report
+                    waiting.discard(r)
+            if waiting:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+        for r in waiting:
+            got[r] = {"rank": r, "ok": False, "files": {},
+                      "error": f"no marker after {self.timeout_s:.0f} s (rank died or hung?)"}
+        return [got[r] for r in sorted(got)]
+
+    def _conclude(self, job: _Save, reports: list[dict[str, Any]]) -> SaveOutcome:
+        """Rank 0: publish when every rank wrote its files, else clean up and say why."""
+        tmp = self.root / f"{tag(job.step)}.tmp"
+        failed = [r for r in reports if not r["ok"]]
+        final: Optional[Path] = None
+        if not failed:
+            try:
+                final = publish(self.root, job.step, job.meta, self.verify, reports)
+            except OSError as err:
+                failed = [{"rank": 0, "error": f"publishing: {type(err).__name__}: {err}"}]
+        if failed or final is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed[:4])
+            if len(failed) > 4:
+                error += f"; and {len(failed) - 4} more ranks"
+            latest = self.root / LATEST
+            pointed = latest.read_text().strip() if latest.exists() else "none"
+            self.record("checkpoint_failed", step=job.step, error=error, path=str(tmp))
+            then = ("stopping (checkpoint.on_save_error=stop)" if self.stop_on_error
+                    else "training goes on; the next save retries")
+            _log(f"checkpoint {tag(job.step)} NOT saved: {error}. Earlier checkpoints are intact "
+                 f"(latest: {pointed}); {then}")
+            return SaveOutcome(job.step, False, error)
+        total = time.time() - job.started
+        self.record("checkpoint_saved", step=job.step,
+                    seconds=job.blocked if self.async_save else total, total_seconds=total,
+                    wait_seconds=job.waited, bytes=dir_bytes(final), path=str(final),
+                    mode="async" if self.async_save else "sync", write_seconds=_slowest(reports))
+        prune(self.root, self.keep_last, self.keep_every)
+        return SaveOutcome(job.step, True)
+
+
+def _slowest(reports: list[dict[str, Any]]) -> dict[str, float]:
+    """The slowest rank's serialize/hash/fsync seconds: where a save's time went."""
+    parts = [r.get("seconds") or {} for r in reports]
+    return {key: max(p.get(key, 0.0) for p in parts) for key in ("serialize", "hash", "fsync")}
+
+
+def _marker(tmp: Path, rank: int, kind: str) -> Path:
+    return tmp / f".{kind}_rank{rank}.json"
+
+
+def _write_marker(tmp: Path, report: dict[str, Any]) -> None:
+    """Atomically (temp + rename), so rank 0 never reads half a marker."""
+    kind = "done" if report["ok"] else "failed"
+    path = _marker(tmp, report["rank"], kind)
+    part = path.with_name(path.name + ".part")
+    try:
+        _write_synced(part, json.dumps(report))
+        os.replace(part, path)
+        return
+    except OSError as err:  # the disk is full: a done marker is a failure; say so in a name
+        if report["ok"]:
+            report = {**report, "ok": False, "error": f"writing marker: {err}"}
+    for path in (_marker(tmp, report["rank"], "failed"), _fallback_marker(tmp, report["rank"])):
+        try:
+            path.touch()
+            return
+        except OSError:
+            continue  # at worst rank 0 times out on this rank; nothing half-written is published
+
+
+def _fallback_marker(tmp: Path, rank: int) -> Path:
+    """Next to `step_N.tmp/`, for a rank that could not write into it (pruned later)."""
+    return tmp.parent / f".{tmp.name}.failed_rank{rank}"
+
+
+def _read_marker(tmp: Path, rank: int) -> Optional[dict[str, Any]]:
+    for kind in ("done", "failed"):
+        path = _marker(tmp, rank, kind)
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                return {"rank": rank, "ok": False, "files": {}, "error": "failed (see its log)"}
+    if _fallback_marker(tmp, rank).exists():
+        return {"rank": rank, "ok": False, "files": {}, "error": "could not write into the directory"}
+    return None

@@ -1,0 +1,123 @@
+"""Resuming on another world size: DeepSpeed's universal checkpoint, converted once and cached.
+
+A ZeRO checkpoint is sharded by data-parallel rank, so W ranks' files do not load on W' ranks.
+`deepspeed.checkpoint.ds_to_universal` rewrites it per parameter (`zero/<name>/fp32.pt, exp_avg.pt,
+...`), which loads on any world size with `"checkpoint": {"load_universal": true}`. The conversion
+runs on rank 0 as a subprocess (its own worker pool and memory), into `step_N_universal.tmp/`, and
+is sealed with our manifest like any checkpoint, so a converted folder is reused on the next start
+only when it is complete and was made from the same save of step N.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from slurmtrain.compute.checkpoint import format as ckpt
+
+SUFFIX = "_universal"
+
+
+class ReshapeError(RuntimeError):
+    pass
+
+
+@dataclass
+class Converted:
+    path: Path
+    seconds: float
+    cached: bool
+
+
+def universal_dir(step_dir: Path) -> Path:
+    return step_dir.with_name(step_dir.name + SUFFIX)
+
+
+def cached(step_dir: Path, source: dict[str, Any], full: bool = False) -> Optional[Path]:
+    """The converted folder if it is complete and made from this very save of the step."""
+    out = universal_dir(step_dir)
+    if not out.is_dir() or ckpt.validate(out, full) is not None:
+        return None
+    made_from = ckpt.read_manifest(out).get("source", {})
+    if made_from.get("time") != source.get("time") or made_from.get("step") != source.get("step"):
+        return None
+    return out
+
+
+def _workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+def convert(step_dir: Path, source: dict[str, Any], verify: str = "size",
+            timeout_s: Optional[float] = None) -> Converted:
+    """`step_N/` -> `step_N_universal/` (or the cached one); raises ReshapeError with the cause."""
+    hit = cached(step_dir, source, full=verify == "checksum")
+    if hit is not None:
+        return Converted(hit, 0.0, True)
+    out = universal_dir(step_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    started = time.time()
+    workers = str(_workers())
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+           "--input_folder", str(step_dir), "--output_folder", str(tmp),
+           "--num_extract_workers", workers, "--num_merge_workers", workers,
+           # ZeRO-1/2 checkpoints lack the universal-info key the converter insists on
+           "--inject_missing_state"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ReshapeError(f"ds_to_universal on {step_dir} took over {timeout_s} s") from err
+    # It points `latest_universal` at the folder it wrote (our .tmp name); we pass tags ourselves.
+    (step_dir.parent / "latest_universal").unlink(missing_ok=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise ReshapeError(f"ds_to_universal on {step_dir} failed (exit {proc.returncode}): {tail}")
+    fields = {"kind": "universal", "step": source.get("step"),
+              "world_size": source.get("world_size"),
+              "source": {"path": step_dir.name, "step": source.get("step"),
+                         "time": source.get("time")}}
+    ckpt.seal(tmp, out, fields, verify)
+    return Converted(out, time.time() - started, False)
+
+
+def for_world(resume: ckpt.Resume, rank: int, world: int, record: Callable[..., Any],
+              verify: str = "size") -> Path:
+    """Collective: rank 0 converts (or reuses) the universal folder, everyone gets its path."""
+    import torch.distributed as dist
+
+    assert resume.path is not None
+    result: list[Any] = [None]
+    if rank == 0:
+        try:
+            done = convert(resume.path, resume.manifest, verify)
+            result[0] = (str(done.path), done.seconds, done.cached)
+        except (ReshapeError, OSError) as err:
+            result[0] = f"{type(err).__name__}: {err}"
+    dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], str):
+        raise ReshapeError(f"cannot resume {resume.path} (world size "
+                           f"{resume.manifest.get('world_size')}) on {world} ranks: {result[0]}")
+    path, seconds, was_cached = result[0]
+    record("checkpoint_converted", step=resume.manifest.get("step"), path=path, seconds=seconds,
+           cached=was_cached, from_world_size=resume.manifest.get("world_size"),
+           to_world_size=world)
+    if rank == 0:
+        how = "reused" if was_cached else f"converted in {seconds:.1f} s"
+        print(f"slurmtrain: resuming {resume.path.name} (written by "
+              f"{resume.manifest.get('world_size')} ranks) on {world} ranks through its universal "
+              f"checkpoint ({how}): {path}", file=sys.stderr, flush=True)
+    return Path(path)

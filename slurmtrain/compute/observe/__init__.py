@@ -1,0 +1,1 @@
+"""Observability of a training attempt: metrics lines, throughput/MFU/straggler timers, memory check."""

@@ -1,0 +1,232 @@
+"""Where a step's time goes: DeepSpeed's timers, FLOPs and MFU, peak memory, stragglers.
+
+Every log interval each rank sends one small vector (its own time per step, the DeepSpeed timer
+split, its peak memory) in one all_gather; rank 0 turns the world's vectors into flat metrics
+fields and flags stragglers. A rank's *own* time is its wall time minus the time it spent waiting
+on peers: in the loop's collectives (`Perf.waiting`) and in DeepSpeed's gradient reduce and
+parameter all-gather (its timers). A slow GPU makes its peers wait inside those collectives, so
+only own time tells the slow rank from the ones waiting for it; with `train.timers=false`
+DeepSpeed's waits are unknown and straggler detection is off.
+
+Time split per step (seconds, mean over ranks), from DeepSpeed's `wall_clock_breakdown` timers:
+    time_forward = fwd                  time_backward = bwd - bwd_allreduce
+    time_optimizer = step - optimizer_allgather
+    time_comm = bwd_allreduce + optimizer_allgather
+They add up to DeepSpeed's share of step_time (the rest: data, the loop's all-reduce, logging).
+Gradient buckets reduced *during* backward (models larger than reduce_bucket_size) and ZeRO-3's
+forward all-gathers count as compute here.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from slurmtrain.planning import flops
+from slurmtrain.common.schema import resolved_dtype
+from slurmtrain.common.rundir import append_jsonl
+
+# DeepSpeed's timer names (deepspeed/utils/timer.py, runtime/zero/stage_1_and_2.py).
+FWD, BWD, BWD_REDUCE, STEP, ALLGATHER = "fwd", "bwd", "bwd_allreduce", "step", "optimizer_allgather"
+_SUMMED = (FWD, BWD, BWD_REDUCE, STEP, ALLGATHER)
+# The vector each rank contributes to the interval's all_gather.
+_OWN, _FWD, _BWD, _OPT, _COMM, _MEM = range(6)
+
+
+class StepTimers:
+    """Sums DeepSpeed's timers per interval and keeps DeepSpeed from printing them every step.
+
+    With `wall_clock_breakdown` (or the FLOPs profiler) on, the engine and the ZeRO optimizer call
+    `timers.log(names)` after every step, which prints a line on rank 0 and resets the timers;
+    DeepSpeed has no switch for the print. `log` is replaced on this engine's timer group by one that
+    adds the elapsed times to our sums and resets the same timers, so DeepSpeed's own reads (the
+    FLOPs profiler's latencies) see what they always saw.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.enabled = bool(engine.wall_clock_breakdown())
+        self.group = engine.timers
+        self.ms: dict[str, float] = defaultdict(float)
+        self.group.log = self._collect
+
+    def _collect(self, names: Any, normalizer: float = 1.0, reset: bool = True,
+                 memory_breakdown: bool = False, ranks: Any = None) -> None:
+        for name in names:
+            timer = self.group.timers.get(name)
+            if timer is None:
+                continue
+            if name in _SUMMED:
+                self.ms[name] += timer.elapsed(reset=reset) / normalizer
+            elif reset:
+                timer.reset()
+
+    def take(self, steps: int) -> tuple[float, float, float, float]:
+        """(forward, backward, optimizer, comm) seconds per step since the last call."""
+        ms, self.ms = self.ms, defaultdict(float)
+        per = 1e-3 / max(steps, 1)
+        comm = ms[BWD_REDUCE] + ms[ALLGATHER]
+        return (ms[FWD] * per, (ms[BWD] - ms[BWD_REDUCE]) * per,
+                (ms[STEP] - ms[ALLGATHER]) * per, comm * per)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated GPU memory; on CPU the process's peak RSS (ru_maxrss: KiB on Linux)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def stragglers(own: list[float], factor: float) -> list[tuple[int, float]]:
+    """(rank, own time / median) of every rank slower than the median by more than `factor`."""
+    median = statistics.median(own) if own else 0.0
+    if median <= 0:
+        return []
+    return [(r, t / median) for r, t in enumerate(own) if t / median > factor]
+
+
+def slow_ranks(own: list[float], forward: list[float], factor: float) -> list[tuple[int, float]]:
+    """Stragglers by own time, or by forward time: ZeRO 0-2's forward has no collective, so it
+    still shows a slow GPU when its peers wait inside backward (gradient buckets reduced there)."""
+    found: dict[int, float] = {}
+    typical = statistics.median(own) if own else 0.0
+    # A slow forward only counts when the rank's own time is not below the median too: on a
+    # shared or warming-up machine a fast rank's forward can jitter without it being slow.
+    by_forward = [(r, x) for r, x in stragglers(forward, factor) if own and own[r] >= typical]
+    for rank, ratio in stragglers(own, factor) + by_forward:
+        found[rank] = max(ratio, found.get(rank, 0.0))
+    return sorted(found.items())
+
+
+def offer_bad_node(path: Path, node: str, factor: float, step: int) -> None:
+    """Append a straggler to the bad-node ledger fault tolerance reads (nothing is excluded here)."""
+    append_jsonl(path, {"node": node, "reason": "straggler", "factor": round(factor, 3),
+                        "step": step, "time": time.time()})
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+class Perf:
+    """Per-rank clocks for one attempt and the interval report (one all_gather per log interval)."""
+
+    def __init__(self, engine: Any, cfg: Any, world: int, rank: int, device: torch.device,
+                 node: str, record: Callable[..., Any], run_path: Path) -> None:
+        self.engine, self.world, self.rank, self.device = engine, world, rank, device
+        self.record, self.run_path = record, run_path  # record: the ledger (writes on rank 0)
+        self.hosts: list[Any] = [None] * world  # each rank's node, for straggler events
+        dist.all_gather_object(self.hosts, node)
+        self.factor = float(cfg.train.straggler_factor)
+        self.profile_step = int(cfg.train.flops_profile_step)
+        self.micro_tokens = cfg.train.micro_batch_size * cfg.data.seq_len
+        self.tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
+        # Model FLOPs (no recompute): MFU must not reward activation checkpointing.
+        self.flops_per_token = flops.flops_per_token(cfg.model, cfg.data.seq_len)
+        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        self.dtype, self.peak_tflops = resolved_dtype(cfg), cfg.peak_tflops
+        self.timers = StepTimers(engine)
+        if not self.timers.enabled and rank == 0:
+            print("slurmtrain: train.timers=false: no forward/backward/optimizer/comm split and no "
+                  "straggler detection", file=sys.stderr, flush=True)
+        self.extra: dict[str, Any] = {}  # one-off fields for the next row (the measured FLOPs)
+        self.steps = 0
+        self.profiled = False  # this interval ran the FLOPs profiler (slow hooks on rank 0 only)
+        self.waited = self.saving_s = 0.0
+        self.wall_mark = self.own_mark = time.perf_counter()
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time inside a collective: waiting on slower ranks is not this rank's own time."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.waited += time.perf_counter() - t0
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """A checkpoint's blocking time: in the ledger (goodput), not in step time or throughput."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.saving_s += time.perf_counter() - t0
+
+    def step_done(self, step: int) -> None:
+        self.steps += 1
+        if step == self.profile_step:
+            self.profiled = True
+            if self.rank == 0:
+                self._flops_profiled(step)
+
+    def interval(self, step: int, max_steps: int) -> dict[str, Any]:
+        """The metrics fields of the steps since the last call (a collective: all ranks call it)."""
+        now = time.perf_counter()
+        steps = max(self.steps, 1)
+        fwd, bwd, opt, comm = self.timers.take(steps)
+        own = (now - self.own_mark - self.waited - self.saving_s) / steps
+        if self.timers.enabled:
+            own -= comm
+        mine = torch.tensor([own, fwd, bwd, opt, comm, peak_memory_bytes(self.device)],
+                            dtype=torch.float64, device=self.device)
+        rows = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(rows, mine)
+        world = torch.stack(rows).cpu().tolist()
+        train_s = max(now - self.wall_mark - self.saving_s, 1e-9)
+        self.steps, self.waited, self.saving_s = 0, 0.0, 0.0
+        # Waiting in the all_gather is no rank's own time; it is in the wall clock.
+        self.wall_mark, self.own_mark = now, time.perf_counter()
+
+        tps = self.tokens_per_step * steps / train_s
+        column = [list(col) for col in zip(*world)]
+        timed = self.timers.enabled
+        fields: dict[str, Any] = {
+            "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / self.world,
+            "tflops_per_gpu": flops.tflops_per_gpu(tps / self.world, self.flops_per_token),
+            "mfu": flops.mfu(tps / self.world, self.flops_per_token, device_name=self.device_name,
+                             dtype=self.dtype, peak_tflops=self.peak_tflops),
+            "step_time": train_s / steps,
+            "time_forward": _mean(column[_FWD]) if timed else None,
+            "time_backward": _mean(column[_BWD]) if timed else None,
+            "time_optimizer": _mean(column[_OPT]) if timed else None,
+            "time_comm": _mean(column[_COMM]) if timed else None,
+            "compute_time_per_rank": column[_OWN],
+            "peak_mem_bytes": [int(m) for m in column[_MEM]],
+            "peak_mem_bytes_max": int(max(column[_MEM])),
+            "eta_s": (max_steps - step) * train_s / steps,
+        }
+        fields.update(self.extra)
+        if timed and self.rank == 0 and not self.profiled:
+            for rank, factor in slow_ranks(column[_OWN], column[_FWD], self.factor):
+                self._straggler(rank, factor, step)
+        self.extra, self.profiled = {}, False
+        return fields
+
+    def _straggler(self, rank: int, factor: float, step: int) -> None:
+        node = self.hosts[rank] if rank < len(self.hosts) else "?"
+        self.record("straggler", rank=rank, node=node, factor=round(factor, 3), step=step)
+        offer_bad_node(self.run_path / "bad_nodes.jsonl", node, factor, step)
+        print(f"slurmtrain: straggler: rank {rank} on {node} takes {factor:.2f}x the median "
+              f"compute time per step (step {step}; train.straggler_factor={self.factor:g})",
+              file=sys.stderr, flush=True)
+
+    def _flops_profiled(self, step: int) -> None:
+        """DeepSpeed's profiler counted one micro batch's forward at this step; x3 for training."""
+        fwd = getattr(getattr(self.engine, "flops_profiler", None), "flops", None)
+        if not fwd:
+            return
+        measured = 3.0 * fwd / self.micro_tokens
+        path = self.run_path / "profile" / f"flops_step{step}.txt"
+        self.record("flops_profile", step=step, path=str(path), fwd_flops_per_micro_batch=fwd,
+                    flops_per_token_measured=measured, flops_per_token_model=self.flops_per_token)
+        self.extra = {"flops_per_token_measured": measured}

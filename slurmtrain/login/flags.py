@@ -1,0 +1,117 @@
+"""The one place Slurm flags come from: the submitit path and the job.sbatch template both read it.
+
+Why here: a flag added to one path and not the other is how a hand-resubmitted job behaves unlike
+the original. Values are checked before they reach any script: a value that cannot be quoted safely
+(newline, shell metacharacter in an `#SBATCH` line, which sbatch parses itself) is refused with one
+line naming the key.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from typing import Any, Union
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common.schema import node_range, tasks_per_node
+from slurmtrain.common.errors import ConfigError
+
+# What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
+SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
+SRUN_FIXED = ["--kill-on-bad-exit=1", "--wait=60"]
+NCCL_DEFAULTS = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective raises instead of hanging
+    "NCCL_DEBUG": "WARN",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONWARNINGS": "ignore::FutureWarning",
+}
+
+Flag = Union[str, bool]
+
+
+def _checked(key: str, value: Any) -> str:
+    text = str(value)
+    if not SAFE_SBATCH_VALUE.match(text):
+        shown = text.replace("\n", "\\n")
+        raise ConfigError(f"{key}={shown!r}: not allowed in a Slurm batch script (only letters, "
+                          f"digits and _.,:=@%+/-[]); fix the value")
+    return text
+
+
+def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
+    """Long sbatch options (no leading dashes) -> value, or True for a bare flag."""
+    c = cfg.cluster
+    low, high = node_range(cfg.nodes)
+    opts: dict[str, Flag] = {
+        "job-name": _checked("name", job_name),
+        "nodes": f"{low}-{high}" if high != low else str(low),
+        "ntasks-per-node": str(tasks_per_node(cfg)),
+        "cpus-per-task": str(c.cpus_per_task),
+        "time": _checked("cluster.time", c.time),
+        # USR2, not USR1: NCCL catches USR1. Sent to every task `lead` seconds before the limit.
+        "signal": f"USR2@{int(c.signal_lead_s)}",
+        "requeue": True,
+        "open-mode": "append",
+    }
+    if cfg.gpus_per_node > 0:
+        opts["gpus-per-node"] = str(cfg.gpus_per_node)
+    for key in ("partition", "account", "qos", "mem", "constraint", "exclude"):
+        if c[key]:
+            opts[key] = _checked(f"cluster.{key}", c[key])
+    if c.exclusive:
+        opts["exclusive"] = True
+    extra = OmegaConf.to_container(c.sbatch_extra, resolve=True)
+    assert isinstance(extra, dict)
+    for key, value in extra.items():
+        name = _checked("cluster.sbatch_extra", str(key).replace("_", "-"))
+        opts[name] = True if value is True else _checked(f"cluster.sbatch_extra.{key}", value)
+    return opts
+
+
+def sbatch_lines(opts: dict[str, Flag]) -> list[str]:
+    return [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in opts.items()]
+
+
+def srun_args(cfg: DictConfig) -> list[str]:
+    """Arguments for srun (argument list: each is quoted when rendered into a script)."""
+    args = list(SRUN_FIXED) + [str(a) for a in cfg.cluster.srun_extra]
+    for arg in args:
+        if "\n" in arg or "\r" in arg:
+            raise ConfigError(f"cluster.srun_extra={arg!r}: newlines are not allowed; fix the value")
+    if cfg.cluster.container == "pyxis":
+        image = cfg.cluster.image
+        if not image:
+            raise ConfigError("cluster.image=None: cluster.container=pyxis needs an image; set "
+                              "cluster.image=REGISTRY#IMAGE or a .sqsh path")
+        args += [f"--container-image={image}", f"--container-mounts={cfg.runs_root}:{cfg.runs_root}"]
+    return args
+
+
+def job_env(cfg: DictConfig) -> dict[str, str]:
+    env = dict(NCCL_DEFAULTS)
+    if cfg.gpus_per_node == 0:
+        env["DS_ACCELERATOR"] = "cpu"
+    for key, value in dict(cfg.cluster.env).items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
+            raise ConfigError(f"cluster.env.{key}: not a valid environment variable name")
+        env[str(key)] = str(value)
+    return env
+
+
+def python_command(cfg: DictConfig) -> list[str]:
+    """The interpreter on the compute node, inside the container when there is one."""
+    if cfg.cluster.container == "apptainer":
+        if not cfg.cluster.image:
+            raise ConfigError("cluster.image=None: cluster.container=apptainer needs an image; "
+                              "set cluster.image=PATH.sif")
+        return ["apptainer", "exec", "--nv", "--bind", f"{cfg.runs_root}", str(cfg.cluster.image),
+                "python"]
+    if cfg.cluster.container == "pyxis":
+        return ["python"]
+    return [sys.executable]
+
+
+def quote_all(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,92 @@
+"""Local backend: submitit's LocalExecutor starts one worker per task on this machine and we wait.
+
+The workers write metrics.jsonl; this side turns it into a rich progress bar, so the same
+entrypoint runs here and on Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import submitit
+from omegaconf import DictConfig
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from slurmtrain.common.schema import tasks_per_node
+from slurmtrain.compute.distributed import free_port
+from slurmtrain.common.rundir import RunDir, _pid_start
+from slurmtrain.login.submit import Submission, TrainTask
+
+
+def submit(cfg: DictConfig, run: RunDir) -> Submission:
+    if cfg.gpus_per_node == 0:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
+    executor.update_parameters(tasks_per_node=tasks_per_node(cfg), gpus_per_node=cfg.gpus_per_node,
+                               timeout_min=24 * 60, nodes=1)
+    job = executor.submit(TrainTask(str(run.path), free_port()))
+    pid = int(job.job_id)
+    run.record("submitted", job_id=job.job_id, executor="local", pid=pid, host=socket.gethostname(),
+               pid_start=_pid_start(pid), nodes=[socket.gethostname()])
+    print(f"slurmtrain: started local job {job.job_id} in {run.path}")
+    _follow(run, job, cfg.train.max_steps)
+    try:
+        job.results()
+        code = 0
+    except Exception:  # noqa: BLE001  the workers' traceback is in the ledger and their logs
+        code = 1
+        failed = [e for e in run.events("failed")]
+        reason = failed[-1].get("error") if failed else "a worker died (see its log)"
+        print(f"slurmtrain: local job {job.job_id} failed: {reason}")
+        print(f"slurmtrain: worker logs: {run.logs / 'submitit'}/{job.job_id}_*_log.err")
+    done = any(r["event"] == "finished" for r in run.events())
+    return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
+
+
+def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
+    """The complete lines appended since `offset` (a torn last line waits for the next poll)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset, []
+    done = data[:data.rfind(b"\n") + 1]
+    rows = []
+    for line in done.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return offset + len(done), rows
+
+
+def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> None:
+    """Progress bar fed by metrics.jsonl until the job's processes exit.
+
+    This process shares the machine with the workers: it reads only the new lines and redraws
+    twice a second (no 10 Hz refresh thread), so following a long run costs next to nothing.
+    """
+    columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+               TimeRemainingColumn())
+    with Progress(*columns, transient=False, auto_refresh=False) as bar:
+        task = bar.add_task("train", total=max_steps, loss="-", tps="-")
+        offset = 0
+        while True:
+            exited = job.done()  # checked before the read, so the last rows are always shown
+            offset, rows = _new_rows(run.metrics, offset)
+            if rows:
+                last = rows[-1]
+                bar.update(task, completed=last["step"], loss=f"{last['loss']:.4f}",
+                           tps=f"{last['tokens_per_s']:,.0f}")
+            bar.refresh()
+            if exited:
+                break
+            time.sleep(0.5)

@@ -1,0 +1,129 @@
+"""`smoke=true`: think before you train. A small job first; the big one starts only if it passed.
+
+The smoke run is the same code, data and model family at a size that starts at once: 1 node, at
+most 2 layers, 20 steps, the same micro batch and gradient accumulation per rank. It is two Slurm
+jobs on one run directory: the first saves at step 10 and stops (`train.pause_at_step`), the second
+(`afterok` on the first) resumes from that checkpoint in fresh processes and finishes, so the save
+AND the load are proven through the real resume path. Every failure budget except preemption's is
+0: any failure stops the smoke run, and the supervisor then exits non-zero (the job is FAILED).
+The big job is queued with `--dependency=afterok:<second smoke job>` and `--kill-on-invalid-dep`:
+when the smoke fails Slurm cancels it before it ever starts, and `status` shows it blocked with
+the smoke run's last error. Login node: no torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common import schema
+from slurmtrain.common import ledger as faults
+from slurmtrain.planning import report as planning
+from slurmtrain.common import rundir as runs
+
+SMOKE_STEPS = 20
+SMOKE_SAVE_STEP = 10  # the first smoke job saves here and stops; the second loads it
+SMOKE_SUFFIX = "-smoke"
+
+
+def smoke_config(cfg: DictConfig) -> DictConfig:
+    """The smoke run's config, derived from the big run's resolved one."""
+    small = cfg.copy()
+    OmegaConf.set_readonly(small, False)
+    world_big = schema.world_size(cfg)
+    accum = schema.grad_accumulation(cfg, world_big)
+    small.name = f"{cfg.name}{SMOKE_SUFFIX}"
+    small.smoke = False
+    small.nodes = 1
+    small.model.num_layers = min(2, int(cfg.model.num_layers))
+    small.train.max_steps = SMOKE_STEPS
+    small.train.pause_at_step = SMOKE_SAVE_STEP
+    small.train.log_interval = min(int(cfg.train.log_interval), 5)
+    if cfg.train.flops_profile_step > SMOKE_STEPS:
+        small.train.flops_profile_step = 0
+    small.checkpoint.interval_steps = SMOKE_SAVE_STEP
+    small.checkpoint.interval_minutes = 0.0
+    # Same work per rank and step as the big run (same memory profile), on one node.
+    small.train.global_batch_size = (cfg.train.micro_batch_size * accum
+                                     * schema.world_size(small, 1))
+    for cls in faults.FAILURE_CLASSES:
+        if cls != faults.PREEMPTED:  # a preempted smoke is requeued under the same job id
+            small.faults[f"max_{cls}"] = 0
+    schema.validate(small, submitting=True)
+    return small
+
+
+def smoke_overrides(overrides: list[str], small: DictConfig) -> list[str]:
+    """overrides.yaml of the smoke run: the user's, then what the smoke changed."""
+    return list(overrides) + [
+        f"name={small.name}", "nodes=1", f"model.num_layers={small.model.num_layers}",
+        f"train.max_steps={SMOKE_STEPS}", f"train.pause_at_step={SMOKE_SAVE_STEP}",
+        f"checkpoint.interval_steps={SMOKE_SAVE_STEP}",
+        f"train.global_batch_size={small.train.global_batch_size}",
+    ] + [f"faults.max_{c}=0" for c in faults.FAILURE_CLASSES if c != faults.PREEMPTED]
+
+
+def locate_smoke(small: DictConfig) -> tuple[runs.RunDir, bool]:
+    """(run directory, already passed). A smoke that did not finish is never resumed: its budgets
+    are spent; a fresh replica runs instead."""
+    planning.report(small, measured_tps=None).enforce(small)
+    run = runs.locate(small)
+    state = run.state()
+    if state == runs.FINISHED and not small.new_run:
+        return run, True
+    if state != runs.NEW:
+        small.new_run = True
+        run = runs.locate(small)
+    return run, False
+
+
+def submit_chain(big: Any, overrides: list[str]) -> int:
+    """Smoke jobs, then the big job after them. `big` is launch.Prepared (checked, not recorded)."""
+    from slurmtrain.login import launch
+    from slurmtrain.login import slurm_submit as backend
+
+    small = smoke_config(big.cfg)
+    smoke_run, passed = locate_smoke(small)
+    if passed:
+        print(f"slurmtrain: smoke test of this config already passed: {smoke_run.path}")
+        launch.record(big, overrides)
+        backend.submit(big.cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None)
+        return 0
+    prepared = launch.Prepared(small, smoke_run, resumed=False)
+    launch.record(prepared, smoke_overrides(overrides, small))
+    first = backend.submit(small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
+    second = backend.submit(small, smoke_run, after=first.job_id, smoke_of=str(big.run.path),
+                            smoke_part=2)
+    launch.record(big, overrides)
+    backend.submit(big.cfg, big.run, after=second.job_id, smoke_job_id=second.job_id,
+                   smoke_job_ids=[first.job_id, second.job_id], smoke_run=str(smoke_run.path))
+    print(f"slurmtrain: smoke test first: jobs {first.job_id} (save at step {SMOKE_SAVE_STEP}) "
+          f"-> {second.job_id} (load, finish) in {smoke_run.path}; the big job starts only if "
+          f"they succeed")
+    return 0
+
+
+def blocked(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """Why a big run that has not started waits or will never start, from its smoke run:
+    {"state", "class", "error", "smoke_run"}; None when no smoke holds it (or it passed)."""
+    subs = [e for e in events if e["event"] == "submitted"]
+    if not subs or not subs[-1].get("smoke_run") or not subs[-1].get("smoke_job_id"):
+        return None
+    last = subs[-1]
+    if any(e["event"] == "started" and e["time"] >= last["time"] for e in events):
+        return None
+    smoke = runs.RunDir(Path(last["smoke_run"]))
+    rows = smoke.events()
+    if any(e["event"] == "finished" for e in rows):
+        return None
+    stops = [e for e in rows if e["event"] in ("stopped", "failed")]
+    if not stops and smoke.state() == runs.RUNNING:
+        return {"state": "waiting: smoke test", "class": None, "error": None,
+                "smoke_run": str(smoke.path)}
+    error = faults.last_error(rows) or (stops[-1].get("error") if stops else None)
+    cls = next((e.get("class") for e in reversed(stops) if e.get("class")), None)
+    return {"state": "blocked: smoke failed", "class": f"smoke {cls}" if cls else "smoke",
+            "error": error or f"the smoke job ended without finishing; see {smoke.path}",
+            "smoke_run": str(smoke.path)}

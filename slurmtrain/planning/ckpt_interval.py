@@ -1,0 +1,167 @@
+"""Checkpoint interval math: Young/Daly optimum, analytic goodput and a Monte Carlo check of both.
+
+Model (Daly 2006): work is cut into segments of `interval` seconds of compute followed by a blocking
+save of `save` seconds. Failures of the whole job arrive as a Poisson process of mean `mtbf` seconds
+(any node failing stops the job) at every moment, also during saves and restarts. After a failure the
+job pays `restart` seconds (requeue, start-up, load; itself interruptible) and recomputes the
+segment. Used by `checkpoint.interval=auto` (measured save time, configured MTBF) and by
+tools/goodput_sim.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from slurmtrain.common.errors import ConfigError
+
+# Llama 3 (Dubey et al. 2024, sec. 3.3.4): 419 unexpected interruptions in 54 days of pre-training
+# on 16,384 H100s = 2,048 nodes of 8 GPUs.
+LLAMA3_FAILURES_PER_NODE_DAY = 419 / (54 * 2048)
+DAY = 86400.0
+
+
+def _positive(name: str, value: float, fix: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}={value!r}: must be a positive number of seconds; {fix}")
+    return float(value)
+
+
+def job_mtbf_seconds(nodes: int, failures_per_node_day: float = LLAMA3_FAILURES_PER_NODE_DAY) -> float:
+    """Mean time between failures of a job on `nodes` nodes: any node failing stops the job."""
+    if not isinstance(nodes, int) or nodes < 1:
+        raise ConfigError(f"nodes={nodes!r}: must be a positive integer; set nodes=N")
+    _positive("failures_per_node_day", failures_per_node_day, "give the fleet's failure rate per node-day")
+    return DAY / (nodes * failures_per_node_day)
+
+
+def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """Young/Daly first-order optimum tau = sqrt(2 * save * MTBF): seconds of compute between saves."""
+    save = _positive("checkpoint save_seconds", save_seconds, "measure a save first or set checkpoint.interval")
+    mtbf = _positive("checkpoint mtbf_seconds", mtbf_seconds, "set the cluster's job MTBF in seconds")
+    return math.sqrt(2.0 * save * mtbf)
+
+
+def measured_save_seconds(ledger: Sequence[dict], last: int = 5) -> Optional[float]:
+    """Median blocking time of the run's last `last` saves (ledger rows), None before the first save."""
+    secs = [float(e["seconds"]) for e in ledger if e.get("event") == "checkpoint_saved"
+            and isinstance(e.get("seconds"), (int, float)) and e["seconds"] > 0][-last:]
+    return statistics.median(secs) if secs else None
+
+
+def daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """Daly's higher-order optimum (close to the exact one when the save is not small against MTBF)."""
+    tau0 = young_daly_interval(save_seconds, mtbf_seconds)
+    d, m = float(save_seconds), float(mtbf_seconds)
+    if d >= 2 * m:
+        return m
+    return tau0 * (1 + math.sqrt(d / (2 * m)) / 3 + d / (18 * m)) - d
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where the wall time went for one checkpoint interval (seconds; failures as a count)."""
+
+    interval: float
+    wall: float
+    useful: float  # compute that ended up in a checkpoint
+    saving: float  # blocking saves that completed
+    lost: float  # compute (and partial saves) thrown away by failures
+    restarting: float  # restart cost, failed restarts included
+    failures: float
+
+    @property
+    def goodput(self) -> float:
+        return self.useful / self.wall if self.wall > 0 else 0.0
+
+
+def expected_segment_seconds(interval: float, save: float, restart: float, mtbf: float) -> float:
+    """Expected wall time to get one interval of compute plus its save committed (Daly's exact form)."""
+    return mtbf * math.exp(restart / mtbf) * math.expm1((interval + save) / mtbf)
+
+
+def analytic(interval: float, save: float, restart: float, mtbf: float, wall: float) -> Outcome:
+    """Expected outcome over `wall` seconds, by renewal-reward over committed segments."""
+    _positive("interval", interval, "use a positive checkpoint interval")
+    seg = interval + save
+    cycle = expected_segment_seconds(interval, save, restart, mtbf)
+    cycles = wall / cycle
+    failed_tries = math.expm1(seg / mtbf)  # expected failed attempts at one segment
+    lost = mtbf * failed_tries - seg  # sum of E[time to failure | failure within the segment]
+    restarting = failed_tries * mtbf * math.expm1(restart / mtbf)
+    return Outcome(interval, wall, cycles * interval, cycles * save, cycles * lost, cycles * restarting,
+                   wall / mtbf)
+
+
+def optimal_interval(save: float, restart: float, mtbf: float) -> float:
+    """The exact optimum of the analytic model, by golden-section search on log(interval)."""
+    f = lambda x: -interval_goodput(math.exp(x), save, restart, mtbf)  # noqa: E731
+    lo, hi = math.log(1e-3 * mtbf + 1e-9), math.log(10 * mtbf)
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(200):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        if f(a) < f(b):
+            hi = b
+        else:
+            lo = a
+    return math.exp((lo + hi) / 2)
+
+
+def interval_goodput(interval: float, save: float, restart: float, mtbf: float) -> float:
+    """Long-run expected goodput (useful / wall) of one interval."""
+    return interval / expected_segment_seconds(interval, save, restart, mtbf)
+
+
+def failure_times(mtbf: float, wall: float, rng: random.Random) -> list[float]:
+    """One trial's failure instants in [0, wall): exponential gaps of mean `mtbf`."""
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(1.0 / mtbf)
+        if t >= wall:
+            return out
+        out.append(t)
+
+
+def replay(interval: float, save: float, restart: float, wall: float, failures: Sequence[float]) -> Outcome:
+    """Play one trial's failures against one interval. Failures are independent of the job's state,
+    so every interval can replay the same list (common random numbers sharpen the comparison)."""
+    seg = interval + save
+    t = useful = saving = lost = restarting = 0.0
+    need_restart = False
+    for f in [*failures, wall]:
+        if need_restart:
+            if t + restart > f:  # failed again while restarting
+                restarting += f - t
+                t = f
+                continue
+            restarting += restart
+            t += restart
+            need_restart = False
+        n = math.floor((f - t) / seg)
+        useful, saving, t = useful + n * interval, saving + n * save, t + n * seg
+        if f < wall:
+            lost += f - t
+            t, need_restart = f, True
+    return Outcome(interval, wall, useful, saving, lost, restarting, float(len(failures)))
+
+
+def monte_carlo(intervals: Sequence[float], save: float, restart: float, mtbf: float, wall: float,
+                trials: int = 200, seed: int = 0) -> list[tuple[Outcome, float]]:
+    """Mean outcome and goodput standard deviation per interval over `trials` random failure lists."""
+    rng = random.Random(seed)
+    runs: list[list[Outcome]] = [[] for _ in intervals]
+    for _ in range(trials):
+        fails = failure_times(mtbf, wall, rng)
+        for i, tau in enumerate(intervals):
+            runs[i].append(replay(tau, save, restart, wall, fails))
+    out = []
+    for tau, rs in zip(intervals, runs):
+        n = len(rs)
+        mean = Outcome(tau, wall, *(sum(getattr(r, k) for r in rs) / n
+                                    for k in ("useful", "saving", "lost", "restarting", "failures")))
+        var = sum((r.goodput - mean.goodput) ** 2 for r in rs) / max(n - 1, 1)
+        out.append((mean, math.sqrt(var)))
+    return out

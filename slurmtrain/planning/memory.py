@@ -1,0 +1,363 @@
+"""Per-GPU memory plan for an OPT decoder under DeepSpeed ZeRO, and the cheapest setting that fits.
+
+Pure arithmetic for the login node (no torch/deepspeed import): a job that cannot fit should fail
+here, not after hours in the queue.
+
+Model states follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`,
+`estimate_zero3_model_states_mem_needs`, deepspeed 0.19.8), per GPU, P params, N = nodes x GPUs,
+16-bit training (bf16/fp16; fp32 replaces every 2-byte term by 4):
+- stage 0: 2P params + (2P 16-bit + 4P fp32) grads + 12P optimizer (fp32 master + Adam m, v).
+- stage 1: 2P params + (2P full 16-bit grads + 4P/N fp32 grad partition) + 12P/N optimizer.
+  DeepSpeed has no stage-1 estimator; its zero2 formula (2P + 18P/N) assumes partitioned 16-bit
+  grads, which stage 1 does not do (grads stay whole until the boundary reduce), so stage 1 is
+  zero2's formula plus 2P(1 - 1/N).
+- stage 2: 2P + 18P/N, exactly zero2's "2 = params_16bit, 18 = 2 grads16 + 4 grads32 + 4 params32
+  + 8 optimizer". With offload_optimizer the 16 fp32 bytes/param live on CPU: GPU = 2P (stage 1:
+  4P, its whole 16-bit grads stay on GPU).
+- stage 3: 18P/N + 4L, L = largest module's params (a gathered 16-bit param + its 16-bit grad).
+  The 18 is DeepSpeed's budget: 2 params16 + 2 grads16 + 12 optimizer persist, plus 2 for the
+  fp32 grad copy stage 3 materialises one sub_group at a time in step(). Offload: GPU 2P/N + 4L
+  (optimizer), 4L (optimizer + params).
+CPU per node = 1.5 (DeepSpeed's additional_buffer_factor; PyTorch's pinned host allocator rounds
+blocks up to powers of two) x max(the fp32 model every rank builds at init, offloaded states);
+stage 3 under zero.Init builds layers on the GPU: offloaded states, else 4L per rank (DeepSpeed's).
+DeepSpeed's zero2+offload CPU figure, max(4 x total_gpus, 16) x P x 1.5, scales with *all* GPUs of
+the job; we use the per-node count (like its own stage-3 code), so the two agree on one node only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Protocol
+
+from slurmtrain.common.errors import ConfigError
+
+GiB = 2**30
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+# DeepSpeed defaults (deepspeed/runtime/zero/config.py, engine.py), in elements.
+# reduce_bucket_size: with contiguous_gradients DeepSpeed allocates the whole bucket (torch.empty of
+# reduce_bucket_size elements, however small the model; two with overlap_comm in stages 1-2) for
+# the gradients being reduced. The all-gather after step writes into the params' own flat buffer.
+REDUCE_BUCKET = 500_000_000
+ALLREDUCE_BUCKET = 500_000_000  # engine MEMORY_OPT_ALLREDUCE_SIZE: stage-0 grad all-reduce
+PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size: params fetched ahead, stage 3
+CUDA_CONTEXT = int(1.5 * GiB)  # CUDA context + cuBLAS workspaces + NCCL channel buffers
+FRAGMENTATION = 0.05  # caching-allocator slack, as a share of everything PyTorch allocates
+CPU_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
+# Per logit element (b*s*vocab): 16-bit logits + fp32 log-softmax kept by the loss + its grad.
+LOGIT_BYTES = {2: 2 + 4 + 4, 4: 4 + 4 + 4}
+
+
+class ModelShape(Protocol):
+    """What the planner reads from a model config (slurmtrain.common.schema.ModelConfig has it)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_positions: int
+
+
+@dataclass(frozen=True)
+class OptShape:
+    """An OPT architecture (Zhang et al. 2022, table 1): the reference table tests check against."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_dim: int
+    vocab_size: int = 50272
+    max_positions: int = 2048
+    word_embed_proj_dim: Optional[int] = None
+    layer_norm_before: bool = True
+
+
+OPT_SIZES: dict[str, OptShape] = {s.name: s for s in (
+    OptShape("opt125m", 12, 768, 12, 3072),
+    OptShape("opt350m", 24, 1024, 16, 4096, word_embed_proj_dim=512, layer_norm_before=False),
+    OptShape("opt1.3b", 24, 2048, 32, 8192),
+    OptShape("opt2.7b", 32, 2560, 32, 10240),
+    OptShape("opt6.7b", 32, 4096, 32, 16384),
+    OptShape("opt13b", 40, 5120, 40, 20480),
+    OptShape("opt30b", 48, 7168, 56, 28672),
+    OptShape("opt66b", 64, 9216, 72, 36864),
+)}
+
+
+def _embed_dim(model: ModelShape) -> int:
+    return getattr(model, "word_embed_proj_dim", None) or model.hidden_size
+
+
+def param_count(model: ModelShape) -> int:
+    """Parameters of Hugging Face's OPTForCausalLM of this shape (lm_head tied to the embedding)."""
+    h, f, e = model.hidden_size, model.ffn_dim, _embed_dim(model)
+    layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 2 * 2 * h  # attention, MLP, 2 layernorms
+    total = model.vocab_size * e + (model.max_positions + 2) * h + model.num_layers * layer
+    if e != h:
+        total += 2 * e * h  # project_in / project_out, no bias
+    if getattr(model, "layer_norm_before", True):
+        total += 2 * h  # final layernorm (absent in post-LN OPT-350m)
+    return total
+
+
+def largest_layer_params(model: ModelShape) -> int:
+    """Params of the biggest single module, as DeepSpeed's stage3 `model_to_params` counts them."""
+    h, f = model.hidden_size, model.ffn_dim
+    return max(model.vocab_size * _embed_dim(model), (model.max_positions + 2) * h,
+               h * f + f, f * h + h, h * h + h)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The knobs the planner may turn: what `recommend` returns and the summary names."""
+
+    stage: int
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    micro_batch: int = 1
+    activation_checkpointing: bool = False
+
+    def knobs(self) -> dict:
+        """This setting as `plan_memory` keyword arguments."""
+        return {"stage": self.stage, "offload_optimizer": self.offload_optimizer,
+                "offload_param": self.offload_param, "micro_batch": self.micro_batch,
+                "activation_checkpointing": self.activation_checkpointing}
+
+    def label(self) -> str:
+        text = f"zero{self.stage}"
+        if self.offload_optimizer:
+            text += "+offload_opt"
+        if self.offload_param:
+            text += "+offload_param"
+        return f"{text} mb={self.micro_batch}" + (" ckpt" if self.activation_checkpointing else "")
+
+    def overrides(self, current: Optional[Setting] = None) -> str:
+        """Hydra overrides selecting this setting (only those that differ from `current`)."""
+        parts = []
+        if current is None or (self.stage, self.offload_optimizer, self.offload_param) != (
+                current.stage, current.offload_optimizer, current.offload_param):
+            if self.stage == 3 and self.offload_optimizer and self.offload_param:
+                parts.append("deepspeed=zero3_offload")
+            else:
+                parts.append(f"deepspeed=zero{self.stage}")
+                if self.offload_optimizer:
+                    parts.append("deepspeed.offload_optimizer=true")
+        if current is None or self.micro_batch != current.micro_batch:
+            parts.append(f"train.micro_batch_size={self.micro_batch}")
+        if current is None or self.activation_checkpointing != current.activation_checkpointing:
+            ckpt = str(self.activation_checkpointing).lower()
+            parts.append(f"model.activation_checkpointing={ckpt}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per GPU by part, and host bytes per node; `total` is what must fit on one GPU."""
+
+    model: str
+    setting: Setting
+    nodes: int
+    gpus_per_node: int
+    seq_len: int
+    dtype: str
+    num_params: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int  # communication buckets
+    overhead: int  # CUDA context + fragmentation
+    cpu_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def model_states(self) -> int:
+        """Params + grads + optimizer: the part DeepSpeed's estimators compute."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.model_states + self.activations + self.buffers + self.overhead
+
+    def fits(self, gpu_mem_bytes: int, cpu_mem_bytes_per_node: Optional[int] = None) -> bool:
+        cpu_ok = cpu_mem_bytes_per_node is None or self.cpu_per_node <= cpu_mem_bytes_per_node
+        return self.total <= gpu_mem_bytes and cpu_ok
+
+
+class Recommendation(NamedTuple):
+    setting: Setting
+    plan: MemoryPlan
+
+
+def activation_bytes(model: ModelShape, micro_batch: int, seq_len: int, dtype_bytes: int,
+                     checkpointing: bool, attention: str = "sdpa") -> int:
+    """Activations kept for backward (Korthikanti et al. 2022, no tensor/sequence parallelism).
+
+    One layer keeps s*b*h*(34 + 5*a*s/h) bytes in 16-bit: 34 sbh of inputs/outputs of its
+    matmuls, norms and masks, 5 a s^2 b of attention scores. Fused attention (PyTorch SDPA's
+    flash/memory-efficient kernels, Hugging Face OPT's default) keeps no scores, so "sdpa" drops
+    the second term and "eager" keeps it. Checkpointing each layer keeps only its 16-bit input
+    (2 sbh) plus one layer's full activations during its recompute. fp32 doubles the 2-byte terms.
+    Logits and the loss's fp32 log-softmax (LOGIT_BYTES per element) come on top either way.
+    """
+    s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
+    scores = 5 * a * s * s * b if attention == "eager" else 0
+    per_layer = (34 * s * b * h + scores) * dtype_bytes // 2
+    layers = (model.num_layers * 2 * s * b * h * dtype_bytes // 2 + per_layer if checkpointing
+              else model.num_layers * per_layer)
+    return layers + s * b * model.vocab_size * LOGIT_BYTES[dtype_bytes]
+
+
+def _check(model: ModelShape, s: Setting, nodes: int, gpus_per_node: int, seq_len: int,
+           dtype: str, attention: str) -> None:
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"deepspeed.dtype={dtype!r}: the planner knows bf16, fp16, fp32")
+    if s.stage not in (0, 1, 2, 3):
+        raise ConfigError(f"deepspeed.stage={s.stage}: ZeRO stages are 0-3; e.g. deepspeed=zero2")
+    if s.offload_param and s.stage != 3:
+        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is {s.stage}); "
+                          f"use deepspeed=zero3_offload")
+    if s.offload_optimizer and s.stage == 0:
+        raise ConfigError("deepspeed.offload_optimizer=true: needs ZeRO stage >= 1; "
+                          "use deepspeed=zero1 or higher")
+    if s.offload_param and not s.offload_optimizer:
+        raise ConfigError("deepspeed.offload_param=true: DeepSpeed offloads params only together "
+                          "with the optimizer; use deepspeed=zero3_offload")
+    if attention not in ("sdpa", "eager"):
+        raise ConfigError(f"attention={attention!r}: the planner knows sdpa, eager")
+    for key, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node),
+                       ("train.micro_batch_size", s.micro_batch), ("data.seq_len", seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value!r}: the GPU memory plan needs a positive integer")
+    if seq_len > model.max_positions:
+        raise ConfigError(f"data.seq_len={seq_len}: above model.max_positions="
+                          f"{model.max_positions}; use data.seq_len<={model.max_positions}")
+
+
+def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = False,
+                offload_param: bool = False, nodes: int = 1, gpus_per_node: int = 8,
+                micro_batch: int = 1, seq_len: int = 2048, dtype: str = "bf16",
+                activation_checkpointing: bool = False, attention: str = "sdpa",
+                zero_init: bool = True, reduce_bucket: int = REDUCE_BUCKET,
+                overlap_comm: bool = False, device: str = "cuda") -> MemoryPlan:
+    """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
+
+    `zero_init`: stage 3 builds the model under deepspeed.zero.Init, so no rank ever holds it
+    whole; without it (and always in stages 0-2) every rank first builds it in fp32 on the host.
+    Host memory under zero.Init is then the offloaded states, or (no offload) DeepSpeed's budget
+    of one fp32 largest layer per rank. `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
+    (ds_config.zero_section). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
+    """
+    setting = Setting(stage, offload_optimizer, offload_param, micro_batch,
+                      activation_checkpointing)
+    _check(model, setting, nodes, gpus_per_node, seq_len, dtype, attention)
+    d = DTYPE_BYTES[dtype]
+    p, big, n = param_count(model), largest_layer_params(model), nodes * gpus_per_node
+    master = 0 if (dtype == "fp32" and stage == 0) else 4  # ZeRO always keeps an fp32 copy
+    host = 0  # offloaded bytes per GPU
+    if stage == 0:
+        params, grads, optim = d * p, (d + master) * p, (8 + master) * p
+    elif stage in (1, 2):
+        params = d * p
+        grads16 = d * p if stage == 1 else d * p / n
+        if offload_optimizer:  # fp32 grads, master and moments on the host
+            grads, optim, host = (grads16 if stage == 1 else 0), 0, 16 * p / n
+        else:
+            grads, optim = grads16 + 4 * p / n, 12 * p / n
+    else:
+        work = 2 * d * big  # one gathered layer: its param and its grad
+        params = (0 if offload_param else d * p / n) + work / 2
+        state = (d + 2) * p / n + 12 * p / n  # grads16 + DeepSpeed's fp32-grad budget + optimizer
+        if offload_optimizer:
+            grads, optim = work / 2, 0
+            host = state + (d * p / n if offload_param else 0)
+        else:
+            grads, optim = (d + 2) * p / n + work / 2, 12 * p / n
+    if stage == 0:
+        buffers = d * min(ALLREDUCE_BUCKET, p)  # the flattened gradients of one all-reduce
+    elif stage < 3:
+        buffers = d * reduce_bucket * (2 if overlap_comm else 1)
+    else:
+        buffers = d * (reduce_bucket + min(PREFETCH_BUCKET, p))
+    acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention)
+    allocated = params + grads + optim + acts + buffers
+    if stage == 3 and zero_init:  # layers are built on the GPU; no rank holds the whole model
+        cpu = host * gpus_per_node if offload_optimizer else 4 * big * gpus_per_node
+    else:  # every rank first builds the model in fp32 on the host
+        cpu = max(4 * p * gpus_per_node, host * gpus_per_node)
+    cpu *= CPU_BUFFER_FACTOR
+    return MemoryPlan(
+        model=model.name, setting=setting, nodes=nodes, gpus_per_node=gpus_per_node,
+        seq_len=seq_len, dtype=dtype, num_params=p, params=int(params), grads=int(grads),
+        optimizer=int(optim), activations=int(acts), buffers=int(buffers),
+        overhead=int(CUDA_CONTEXT + FRAGMENTATION * allocated) if device == "cuda" else 0,
+        cpu_per_node=int(cpu))
+
+
+# Search order, dearest knob outermost: offload (PCIe traffic + a CPU Adam step every update), then
+# activation checkpointing (one more forward: ~+33% compute), then ZeRO stage (0-2 move the same
+# bytes as plain data parallelism, 3 moves 1.5x), then the largest micro batch.
+OFFLOAD_LEVELS = ((False, False), (True, False), (True, True))
+
+
+def candidates(max_micro_batch: int = 16) -> list[Setting]:
+    """Every setting `recommend` tries, cheapest first."""
+    batches = [2**i for i in range(max(max_micro_batch, 1).bit_length())][::-1]
+    batches = [b for b in batches if b <= max_micro_batch]
+    out = []
+    for opt, prm in OFFLOAD_LEVELS:
+        for ckpt in (False, True):
+            for stage in range(4):
+                if (opt and stage == 0) or (prm and stage != 3):
+                    continue
+                out += [Setting(stage, opt, prm, b, ckpt) for b in batches]
+    return out
+
+
+def recommend(model: ModelShape, *, nodes: int, gpus_per_node: int, gpu_mem_bytes: int,
+              seq_len: int = 2048, dtype: str = "bf16", max_micro_batch: int = 16,
+              global_batch_size: Optional[int] = None,
+              cpu_mem_bytes_per_node: Optional[int] = None,
+              attention: str = "sdpa", reduce_bucket: int = REDUCE_BUCKET,
+              overlap_comm: bool = False) -> Optional[Recommendation]:
+    """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
+
+    With `global_batch_size`, only micro batches that divide it evenly over all GPUs are tried.
+    """
+    world = nodes * gpus_per_node
+    for s in candidates(max_micro_batch):
+        if global_batch_size is not None and global_batch_size % (s.micro_batch * world):
+            continue
+        plan = plan_memory(model, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
+                           dtype=dtype, attention=attention, reduce_bucket=reduce_bucket,
+                           overlap_comm=overlap_comm, **s.knobs())
+        if plan.fits(gpu_mem_bytes, cpu_mem_bytes_per_node):
+            return Recommendation(s, plan)
+    return None
+
+
+def summary(plan: MemoryPlan, gpu_mem_bytes: int,
+            recommendation: Optional[Recommendation] = None) -> str:
+    """One line: the plan against the GPU, and (when it does not fit) what would."""
+    s = plan.setting
+    head = f"{plan.model} {s.label()} seq={plan.seq_len}: {plan.total / GiB:.1f} GiB/GPU"
+    if plan.total <= gpu_mem_bytes:
+        return f"{head} <= {gpu_mem_bytes / GiB:.1f} GiB (fits)"
+    head += f" > {gpu_mem_bytes / GiB:.1f} GiB"
+    if recommendation is None:
+        return (f"{head}; nothing fits on {plan.nodes}x{plan.gpus_per_node} GPUs: "
+                f"add nodes or shorten data.seq_len")
+    fix = recommendation.setting.overrides(current=s)
+    return f"{head}; fits with {fix} ({recommendation.plan.total / GiB:.1f} GiB)"
+
+
+__all__ = ["GiB", "OPT_SIZES", "OptShape", "Setting", "MemoryPlan", "Recommendation",
+           "param_count", "largest_layer_params", "activation_bytes", "plan_memory",
+           "candidates", "recommend", "summary"]

@@ -1,1 +1,0 @@
-"""Compute-node training parts: model, data, loop, metrics (these import torch)."""
