@@ -108,7 +108,7 @@ def run_ours(model: str, micro: int, warmup: int, steps: int, workdir: Path,
 
 def run_bare(run: Path, warmup: int, deadline: float, model: str) -> dict[str, Any]:
     """This file's --bare worker on the same run directory, as rank 0 of 1."""
-    from slurmtrain.compute.distributed import free_port
+    from slurmtrain.login.local_submit import free_port
 
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore::FutureWarning",

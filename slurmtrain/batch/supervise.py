@@ -35,22 +35,6 @@ def _attempt(events: list[dict[str, Any]], job_id: str) -> Optional[int]:
     return started[-1]["attempt"] if started else None
 
 
-def _down_nodes(nodes: list[str]) -> list[str]:
-    """Nodes of this job that Slurm sees as down or not responding."""
-    if not nodes:
-        return []
-    try:
-        out = slurm_cmd.run(["sinfo", "-h", "-N", "-n", slurm.compress_hostlist(nodes), "-o", "%N %t"])
-    except slurm.SlurmError:
-        return []
-    bad = []
-    for line in out.splitlines():
-        name, state = (line.split() + [""])[:2]
-        if state.endswith("*") or state.startswith(("down", "drain", "fail")):
-            bad.append(name)
-    return sorted(set(bad))
-
-
 def _effective_rc(rc: int, events: list[dict[str, Any]], attempt: Optional[int]) -> int:
     """What the attempt meant to exit with. After a collective stop every rank exits with the same
     code, but srun --kill-on-bad-exit may kill the slower ranks first, so srun's own code can be
@@ -83,7 +67,7 @@ def classify(rc: int, events: list[dict[str, Any]], attempt: Optional[int], node
         # Nobody raised a real error: a peer or node died. Give Slurm time to notice.
         deadline = time.time() + wait_s
         while True:
-            down = _down_nodes(nodes)
+            down = slurm_cmd.down_nodes(nodes)
             if down or time.time() >= deadline:
                 break
             time.sleep(2)
@@ -174,23 +158,18 @@ def restart(run: RunDir, job_id: str, bad: list[str], cfg: Any, cls: str) -> str
 
 def bad_nodes(run: RunDir) -> list[str]:
     """Nodes the health gate failed (the bad-node ledger); stragglers are only advisory."""
-    rows = read_jsonl(run.path / "bad_nodes.jsonl")
+    rows = read_jsonl(run.bad_nodes)
     return sorted({r["node"] for r in rows if r.get("reason") != "straggler" and r.get("node")})
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(prog="python -m slurmtrain.batch.supervise")
-    parser.add_argument("run_dir", nargs="?")
-    parser.add_argument("--map", help="JSON list of run dirs of a job array, by SLURM_ARRAY_TASK_ID")
+    parser.add_argument("run_dir")
     parser.add_argument("--rc", type=int, required=True, help="exit code of the srun step")
     args = parser.parse_args(argv)
-    run_dir = args.run_dir
-    if args.map:
-        run_dir = json.loads(Path(args.map).read_text())[int(os.environ["SLURM_ARRAY_TASK_ID"])]
-    raise SystemExit(supervise(run_dir, args.rc, dict(os.environ)))
+    raise SystemExit(supervise(args.run_dir, args.rc, dict(os.environ)))
 
 
 if __name__ == "__main__":

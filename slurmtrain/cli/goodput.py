@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Optional
 
+from slurmtrain.common.rundir import RunDir, read_jsonl
 from slurmtrain.planning.eta import format_duration
 
 # Display order; PRECEDENCE decides who owns a second claimed by two rules.
@@ -94,23 +95,6 @@ class _Attempt:
             r = self.start_step if self.start_step is not None else (0 if self.started is not None else None)
         known = [s for s in (r, (self.steps[0]["step"] - 1) if self.steps else None) if s is not None]
         return min(known) if known else None
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete JSON object line; a torn last line from a live writer is skipped."""
-    rows: list[dict[str, Any]] = []
-    try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    rows.append(row)
-    except FileNotFoundError:
-        pass
-    return rows
 
 
 def _num(x: Any) -> Optional[float]:
@@ -285,8 +269,8 @@ def _paint(claims: list[tuple[float, float, int]], start: float, end: float) -> 
 
 
 def analyze_run(run_dir: Path | str, now: Optional[float] = None) -> Analysis:
-    run = Path(run_dir)
-    return analyze(read_jsonl(run / "ledger.jsonl"), read_jsonl(run / "metrics.jsonl"), now)
+    rd = RunDir(Path(run_dir))
+    return analyze(read_jsonl(rd.ledger), read_jsonl(rd.metrics), now)
 
 
 def compute_goodput(run_dir: Path | str, now: Optional[float] = None) -> Goodput:
@@ -294,22 +278,18 @@ def compute_goodput(run_dir: Path | str, now: Optional[float] = None) -> Goodput
     return analyze_run(run_dir, now).goodput
 
 
-def fmt_duration(seconds: float) -> str:
-    return format_duration(max(seconds, 0.0))
-
-
 def format_line(g: Goodput) -> str:
     """One line for `status`: goodput, wall time and the non-zero parts."""
-    parts = " · ".join(f"{LABELS[p]} {fmt_duration(v)}" for p, v in g.parts().items() if v >= 0.5)
+    parts = " · ".join(f"{LABELS[p]} {format_duration(v)}" for p, v in g.parts().items() if v >= 0.5)
     live = " (live)" if g.live else ""
-    return f"goodput {100 * g.goodput:.1f}% of {fmt_duration(g.wall)} wall{live}" + (f": {parts}" if parts else "")
+    return f"goodput {100 * g.goodput:.1f}% of {format_duration(g.wall)} wall{live}" + (f": {parts}" if parts else "")
 
 
 def format_table(g: Goodput) -> str:
     """Aligned plain-text table: part, duration, seconds, share of wall time."""
-    rows = [(LABELS[p], fmt_duration(v), f"{v:.1f}", f"{100 * v / g.wall:.1f}%" if g.wall else "-")
+    rows = [(LABELS[p], format_duration(v), f"{v:.1f}", f"{100 * v / g.wall:.1f}%" if g.wall else "-")
             for p, v in g.parts().items()]
-    rows.append(("wall", fmt_duration(g.wall), f"{g.wall:.1f}", "100.0%" if g.wall else "-"))
+    rows.append(("wall", format_duration(g.wall), f"{g.wall:.1f}", "100.0%" if g.wall else "-"))
     head = ("part", "time", "seconds", "share")
     w = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     line = lambda r: f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}"  # noqa: E731

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from slurmtrain.cli.goodput import read_jsonl
+from slurmtrain.common.rundir import RunDir, read_jsonl
 
 LOG_GLOBS = ("**/*.log", "**/*.out", "**/*.err")
 _SUBMITIT = re.compile(r"^(\d+(?:_\d+)?)_(\d+)_log\.(?:out|err)$")
@@ -111,7 +111,7 @@ def describe(path: Path) -> LogFile:
 
 
 def find_logs(run_dir: Path) -> list[LogFile]:
-    logs = run_dir / "logs"
+    logs = RunDir(run_dir).logs
     paths = {p for g in LOG_GLOBS for p in logs.glob(g) if p.is_file()}
     files = [describe(p) for p in paths]
     return sorted(files, key=lambda f: (f.attempt or 0, -1 if f.rank is None else f.rank, str(f.path)))
@@ -184,7 +184,7 @@ class LogMerger:
         self.run_dir = Path(run_dir)
         self.files = [f for f in find_logs(self.run_dir) if rank is None or f.rank == rank]
         self.attempt = attempt
-        self.windows = attempt_windows(read_jsonl(self.run_dir / "ledger.jsonl"))
+        self.windows = attempt_windows(read_jsonl(RunDir(self.run_dir).ledger))
         jobs = sorted({f.job_id for f in self.files if f.job_id and f.attempt is None},
                       key=lambda j: tuple(int(x) for x in j.split("_")))
         self.ordinal = {j: i + 1 for i, j in enumerate(jobs)} if not self.windows else {}
@@ -255,7 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--attempt", type=int, default=None, help="only this attempt")
     p.add_argument("--errors", action="store_true", help="only traceback and error lines")
     args = p.parse_args(argv)
-    if not (args.run_dir / "logs").is_dir():
+    if not RunDir(args.run_dir).logs.is_dir():
         print(f"run_dir={args.run_dir}: no logs/ directory; pass a run directory "
               f"(<runs_root>/<name>/<fingerprint>)", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, read_jsonl
+from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table
+from slurmtrain.common.rundir import RunDir, read_jsonl
 
 PART_COLORS = {"productive": "#2ca02c", "checkpoint_save": "#1f77b4", "checkpoint_load": "#17becf",
                "startup": "#9467bd", "queue_wait": "#c7c7c7", "work_lost": "#d62728",
@@ -183,13 +184,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--live", action="store_true", help="count a queued/running run up to now")
     args = p.parse_args(argv)
     run = args.run_dir
-    if not (run / "ledger.jsonl").exists() and not (run / "metrics.jsonl").exists():
+    rd = RunDir(run)
+    if not rd.ledger.exists() and not rd.metrics.exists():
         print(f"run_dir={run}: no ledger.jsonl or metrics.jsonl there; pass a run directory "
               f"(<runs_root>/<name>/<fingerprint>)", file=sys.stderr)
         return 2
     import time
 
-    ledger, metrics = read_jsonl(run / "ledger.jsonl"), read_jsonl(run / "metrics.jsonl")
+    ledger, metrics = read_jsonl(rd.ledger), read_jsonl(rd.metrics)
     a = analyze(ledger, metrics, now=time.time() if args.live else None)
     print(summary(run, a, ledger, metrics))
     out = plot(run, args.out or run / "report.png", a, ledger, metrics)

@@ -48,15 +48,20 @@ def fingerprint(cfg: DictConfig) -> str:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line; a torn last line (writer killed mid-append) is ignored."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    """Every complete JSON object line, streamed; a torn last line (a writer killed mid-append, or
+    one still writing) is skipped. The one reader of ledger, metrics and bad-node files."""
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    except FileNotFoundError:
+        pass
     return rows
 
 
@@ -113,6 +118,27 @@ class RunDir:
     def sbatch(self) -> Path:
         return self.path / "job.sbatch"
 
+    @property
+    def bad_nodes(self) -> Path:
+        """Nodes the health gate (or straggler detection) flagged, one JSON row each."""
+        return self.path / "bad_nodes.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
+
+    @property
+    def profile(self) -> Path:
+        return self.path / "profile"
+
+    def hang_dump(self, attempt: int, rank: int) -> Path:
+        """Where the watchdog writes a hung rank's stacks."""
+        return self.path / "hangs" / f"attempt{attempt}.rank{rank}.txt"
+
+    def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
+        """A rank's output, as srun writes it (`--output=logs/%j_%t.out`) and local tasks too."""
+        return self.logs / f"{job_id}_{rank}.{stream}"
+
     def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
         rows = read_jsonl(self.ledger)
         return [r for r in rows if kind is None or r.get("event") == kind]
@@ -153,13 +179,13 @@ def job_alive(rows: list[dict[str, Any]]) -> bool:
             os.kill(int(pid), 0)
         except (ProcessLookupError, PermissionError):
             return False
-        return _pid_start(int(pid)) == last.get("pid_start")
+        return pid_start(int(pid)) == last.get("pid_start")
     from slurmtrain.common import slurm_cmd
 
     return slurm_cmd.job_state(str(last.get("job_id"))) in ACTIVE_SLURM_STATES
 
 
-def _pid_start(pid: int) -> Optional[str]:
+def pid_start(pid: int) -> Optional[str]:
     """The process start time: tells our pid from a recycled one."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]

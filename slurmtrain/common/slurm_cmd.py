@@ -76,3 +76,19 @@ def exclude_nodes(job_id: str, nodes: Union[str, Iterable[str]]) -> None:
     """Keep a pending job off some nodes (e.g. one that failed the health gate)."""
     hostlist = nodes if isinstance(nodes, str) else compress_hostlist(nodes)
     run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={hostlist}"])
+
+
+def down_nodes(nodes: list[str]) -> list[str]:
+    """Nodes of this job that Slurm sees as down or not responding."""
+    if not nodes:
+        return []
+    try:
+        out = run(["sinfo", "-h", "-N", "-n", compress_hostlist(nodes), "-o", "%N %t"])
+    except SlurmError:
+        return []
+    bad = []
+    for line in out.splitlines():
+        name, state = (line.split() + [""])[:2]
+        if state.endswith("*") or state.startswith(("down", "drain", "fail")):
+            bad.append(name)
+    return sorted(set(bad))

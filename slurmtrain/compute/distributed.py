@@ -46,9 +46,3 @@ def export(p: Placement) -> None:
     os.environ.update(RANK=str(p.rank), LOCAL_RANK=str(p.local_rank),
                       WORLD_SIZE=str(p.world_size), MASTER_ADDR=p.master_addr,
                       MASTER_PORT=str(p.master_port))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -2,7 +2,7 @@
 
 One step = `grad_accumulation` micro steps of the deterministic sampler, then one all-reduce that
 carries the loss and every rank's stop/save flags, so all ranks decide together at the step boundary.
-Every log interval one all_gather (train/perf.py) adds throughput, FLOPs, the timer split, memory
+Every log interval one all_gather (observe/perf.py) adds throughput, FLOPs, the timer split, memory
 and stragglers to the metrics row.
 """
 
@@ -38,13 +38,13 @@ class Outcome:
 
 def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: LoopState,
           world: int, rank: int, device: torch.device, metrics: MetricsWriter,
-          flags: SignalFlags, save: Callable[[int], None], perf: Perf,
+          flags: SignalFlags, save: Callable[[int], None], perf: Perf, accum: int,
           on_step: Optional[Callable[[int, float], None]] = None,
           stop_at: Optional[int] = None) -> Outcome:
-    """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes)."""
+    """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes).
+    `accum`: micro steps per optimizer step (schema.grad_accumulation for this world size)."""
     end = min(stop_at or cfg.train.max_steps, cfg.train.max_steps)
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
-    accum = gbs // (micro * world)
     every_steps = cfg.checkpoint.interval_steps
     every_seconds = cfg.checkpoint.interval_minutes * 60
     log_every = cfg.train.log_interval

@@ -18,9 +18,15 @@ from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slurmtrain.common.schema import tasks_per_node
-from slurmtrain.compute.distributed import free_port
-from slurmtrain.common.rundir import RunDir, _pid_start
+from slurmtrain.common.rundir import RunDir, pid_start
 from slurmtrain.login.submit import Submission, TrainTask
+
+
+def free_port() -> int:
+    """A free TCP port on this machine for the local workers' rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def submit(cfg: DictConfig, run: RunDir) -> Submission:
@@ -33,7 +39,7 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
     job = executor.submit(TrainTask(str(run.path), free_port()))
     pid = int(job.job_id)
     run.record("submitted", job_id=job.job_id, executor="local", pid=pid, host=socket.gethostname(),
-               pid_start=_pid_start(pid), nodes=[socket.gethostname()])
+               pid_start=pid_start(pid), nodes=[socket.gethostname()])
     print(f"slurmtrain: started local job {job.job_id} in {run.path}")
     _follow(run, job, cfg.train.max_steps)
     try:
@@ -44,7 +50,7 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         failed = [e for e in run.events("failed")]
         reason = failed[-1].get("error") if failed else "a worker died (see its log)"
         print(f"slurmtrain: local job {job.job_id} failed: {reason}")
-        print(f"slurmtrain: worker logs: {run.logs / 'submitit'}/{job.job_id}_*_log.err")
+        print(f"slurmtrain: worker logs: {run.logs}/{job.job_id}_*.err")
     done = any(r["event"] == "finished" for r in run.events())
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
 

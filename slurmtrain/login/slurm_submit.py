@@ -24,26 +24,11 @@ from slurmtrain.common.schema import node_range
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.errors import EXIT_REQUEUE
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.login.submit import Submission, TrainTask
+from slurmtrain.login.submit import Submission
 from slurmtrain.login import flags
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
 
-
-
-def teardown(target: list[str]) -> list[str]:
-    """Batch-shell lines after srun: the supervisor decides what the exit means (slurmtrain.batch.supervise).
-    Where the host has no slurmtrain (container-only sites) the shell still requeues on the
-    dedicated exit code."""
-    py = shlex.quote(sys.executable)
-    args = flags.quote_all(target)
-    return ["rc=$?",
-            f"if {py} -c 'import slurmtrain.batch.supervise' 2>/dev/null; then",
-            f'    {py} -m slurmtrain.batch.supervise {args} --rc "$rc"; rc=$?',
-            f'elif [ "$rc" -eq {EXIT_REQUEUE} ]; then',
-            '    scontrol requeue "$SLURM_JOB_ID"; rc=0',
-            "fi",
-            'exit "$rc"']
 
 
 @functools.lru_cache(maxsize=1)
@@ -69,43 +54,87 @@ def job_name(cfg: DictConfig) -> str:
     return f"st-{cfg.name}"
 
 
-def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
+def render_script(cfg: DictConfig, run_dir: str, options: dict[str, flags.Flag],
+                  batch_log: str, array_map: Optional[str] = None) -> str:
+    """The one batch script of every Slurm submission: first attempt, restart, array task, by hand.
+
+    `run_dir` is the run directory's path; in a job array it is found at run time from
+    SLURM_ARRAY_TASK_ID in `array_map` (a JSON list), and the script then appends its own output to
+    that run's logs/ like a single job's. srun line, environment and supervisor are the same.
+    """
     env = Environment(loader=FileSystemLoader(str(files(TEMPLATES))), undefined=StrictUndefined,
                       keep_trailing_newline=True)
     env.filters["q"] = lambda value: shlex.quote(str(value))
-    logs = flags._checked("runs_root", str(run.logs))
-    srun = ["--unbuffered", "--open-mode=append", f"--output={logs}/%j_%t.out",
-            f"--error={logs}/%j_%t.err", *flags.srun_args(cfg)]
+    run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags._checked("runs_root", run_dir))
+    logs = '"$RUN_DIR"/logs' if array_map else shlex.quote(f"{run_dir}/logs")
+    srun = ["--unbuffered", "--open-mode=append", *flags.srun_args(cfg)]
     return env.get_template("job.sbatch.j2").render(
-        run_dir=str(run.path), sbatch_path=str(run.sbatch), container=cfg.cluster.container,
-        sbatch_lines=flags.sbatch_lines(flags.sbatch_options(cfg, job_name(cfg))),
-        batch_log=f"{logs}/%j.batch.out", env=flags.job_env(cfg), setup=[],
-        srun_args=flags.quote_all(srun), python=flags.quote_all(flags.python_command(cfg)),
-        teardown=teardown([str(run.path)]))
+        run_dir=run_dir, array_map=array_map, container=cfg.cluster.container,
+        sbatch_lines=flags.sbatch_lines(options), batch_log=batch_log, env=flags.job_env(cfg),
+        python_path=sys.executable, logs=logs, srun_args=flags.quote_all(srun),
+        python=flags.quote_all(flags.python_command(cfg)), run_arg=run_arg,
+        exit_requeue=EXIT_REQUEUE)
+
+
+def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
+    """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array)."""
+    logs = flags._checked("runs_root", str(run.logs))
+    return render_script(cfg, str(run.path), flags.sbatch_options(cfg, job_name(cfg)),
+                         batch_log=f"{logs}/%j.batch.out")
 
 
 def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int = 0,
-             after: Optional[str] = None):
-    """submitit's SlurmExecutor with the same flags, environment and supervisor as job.sbatch.
+             after: Optional[str] = None, array_map: Optional[str] = None):
+    """submitit's SlurmExecutor submitting slurmtrain's own batch script (`render_script`).
 
-    `after`: a job id this one waits for (afterok). Submission only: job.sbatch never carries it,
-    so a hand resubmission does not wait for a job long gone."""
+    submitit keeps what it is good at: sbatch, job ids, job arrays, job objects. Its generated
+    script and pickled callable are not used, so the first attempt runs exactly the srun line,
+    environment and supervisor that every restart and a hand `sbatch job.sbatch` run.
+    `target`: [run_dir]. `after`: a job id this one waits for (afterok); at submission only:
+    job.sbatch never carries it, so a hand resubmission does not wait for a job long gone."""
     import submitit
+    from submitit.slurm.slurm import SlurmJob
 
-    python = flags.quote_all(flags.python_command(cfg))
-    ex = submitit.SlurmExecutor(folder=str(folder), python=python, max_num_timeout=10**6)
     options = flags.sbatch_options(cfg, job_name(cfg))
     if after:
         # Slurm cancels a job whose dependency can never be met (the smoke failed) instead of
         # leaving it PENDING with Reason=DependencyNeverSatisfied; down a chain too.
         options.update({"dependency": f"afterok:{flags._checked('dependency', after)}",
                         "kill-on-invalid-dep": "yes"})
-    exports = [f"export {k}={shlex.quote(v)}" for k, v in flags.job_env(cfg).items()]
+    run_dir = target[0] if target else ""
+    batch_log = (f"{folder}/%A_%a.batch.out" if array_map
+                 else f"{flags._checked('runs_root', run_dir)}/logs/%j.batch.out")
+
+    class _Executor(submitit.SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            opts = dict(options)
+            count = self.parameters.get("map_count")
+            if count:
+                opts["array"] = f"0-{count - 1}%{min(count, parallelism or 256)}"
+            return render_script(cfg, run_dir, opts, batch_log, array_map)
+
+        def _internal_process_submissions(self, delayed):
+            # Nothing to pickle: the script runs `python -m slurmtrain.compute.attempt RUN_DIR`.
+            if len(delayed) == 1:
+                return [self._submit_command("unused")]
+            self.parameters["map_count"] = len(delayed)
+            try:
+                first = self._submit_command("unused")
+            finally:
+                self.parameters.pop("map_count", None)
+            return [SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{a}", tasks=[0])
+                    for a in range(len(delayed))]
+
+    ex = _Executor(folder=str(folder), max_num_timeout=10**6)
     ex.update_parameters(
         additional_parameters={k.replace("-", "_"): v for k, v in options.items()},
         signal_delay_s=int(cfg.cluster.signal_lead_s), srun_args=flags.srun_args(cfg),
-        setup=exports, teardown=teardown(target), array_parallelism=parallelism or 256)
+        array_parallelism=parallelism or 256)
     return ex
+
+
+def _no_task() -> None:
+    """submitit's API takes a callable; ours runs from the batch script instead (see executor)."""
 
 
 def prepare(cfg: DictConfig, run: RunDir) -> None:
@@ -118,8 +147,7 @@ def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None,
            **ledger: Any) -> Submission:
     """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
     prepare(cfg, run)
-    job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(
-        TrainTask(str(run.path)))
+    job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(_no_task)
     run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name,
                **({"after": after} if after else {}), **ledger)
     waits = f" (after job {after} succeeds)" if after else ""
@@ -142,10 +170,10 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     folder.mkdir(parents=True, exist_ok=True)
     mapping = folder / f"sweep-{int(time.time() * 1000)}.json"
     mapping.write_text(json.dumps([str(run.path) for _, run in items]))
-    ex = executor(first, folder, ["--map", str(mapping)],
-                  parallelism=first.cluster.array_parallelism)
+    ex = executor(first, folder, [], parallelism=first.cluster.array_parallelism,
+                  array_map=str(mapping))
     with ex.batch():
-        jobs = [ex.submit(TrainTask(str(run.path))) for _, run in items]
+        jobs = [ex.submit(_no_task) for _ in items]
     out = []
     for job, (_, run) in zip(jobs, items):
         run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name)

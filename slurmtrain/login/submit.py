@@ -6,12 +6,18 @@ and waits, drawing a progress bar; the Slurm backend queues it and returns at on
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig
 
 from slurmtrain.common.rundir import RunDir
+
+COMPUTE_ENTRY = "slurmtrain.compute.attempt"  # what srun starts on Slurm: `python -m` this module
 
 
 @dataclass
@@ -23,15 +29,26 @@ class Submission:
 
 
 class TrainTask:
-    """The picklable callable submitit runs on every task: the same entrypoint srun starts."""
+    """The picklable callable submitit's LocalExecutor runs on every local task.
+
+    It runs in the worker process, not on the login side: the compute entrypoint is imported there
+    by name, and the task's output goes to the same per-rank files srun writes on Slurm
+    (logs/<job>_<rank>.out/.err)."""
 
     def __init__(self, run_dir: str, master_port: Optional[int] = None) -> None:
         self.run_dir, self.master_port = run_dir, master_port
 
     def __call__(self) -> int:
-        from slurmtrain.compute import attempt as job
-
-        code = job.run(self.run_dir, self.master_port)
+        job, rank = os.environ.get("SUBMITIT_LOCAL_JOB_ID"), os.environ.get("SUBMITIT_LOCAL_GLOBALID")
+        if job is not None and rank is not None:
+            logs = RunDir(Path(self.run_dir)).logs
+            for fd, suffix in ((1, "out"), (2, "err")):
+                sys.stdout.flush() if fd == 1 else sys.stderr.flush()
+                target = os.open(logs / f"{job}_{rank}.{suffix}",
+                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.dup2(target, fd)
+                os.close(target)
+        code = importlib.import_module(COMPUTE_ENTRY).run(self.run_dir, self.master_port)
         if code:
             raise SystemExit(code)
         return code
@@ -39,9 +56,9 @@ class TrainTask:
 
 def submit(cfg: DictConfig, run: RunDir) -> Submission:
     if cfg.cluster.kind == "local":
-        from slurmtrain.login.submit import local
+        from slurmtrain.login import local_submit
 
-        return local.submit(cfg, run)
-    from slurmtrain.login.submit import slurm
+        return local_submit.submit(cfg, run)
+    from slurmtrain.login import slurm_submit
 
-    return slurm.submit(cfg, run)
+    return slurm_submit.submit(cfg, run)

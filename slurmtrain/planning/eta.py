@@ -95,9 +95,14 @@ def estimate_eta(*, current_step: int, max_steps: int, tokens_per_step: float,
                total_s=work + forced + restarts, time_limit_s=time_limit_s)
 
 
-def format_duration(seconds: float) -> str:
-    """Compact duration: 45s, 3m20s, 5h12m, 2d03h."""
-    s = int(round(seconds))
+def format_duration(seconds: float, clock: bool = False) -> str:
+    """The one duration formatter (negative counts as 0). Compact for plans and reports: 45s,
+    3m20s, 5h12m, 2d03h; `clock` for log lines, whose width stays steady: 0:00:45, 1d 2:03:04."""
+    s = int(round(max(seconds, 0.0)))
+    if clock:
+        days, rest = divmod(s, 86400)
+        text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+        return f"{days}d {text}" if days else text
     if s < 60:
         return f"{s}s"
     if s < 3600:

@@ -62,7 +62,7 @@ def small_disk():
 
 
 def _worker_log(run: Path) -> str:
-    return "".join(p.read_text() for p in (run / "logs").rglob("*_0_log.err"))
+    return "".join(p.read_text() for p in (run / "logs").rglob("*_0.err"))
 
 
 def test_disk_full_fails_the_save_keeps_earlier_checkpoints_and_training_goes_on(

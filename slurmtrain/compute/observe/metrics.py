@@ -16,13 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common.rundir import append_jsonl
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}d {text}" if days else text
+from slurmtrain.planning.eta import format_duration
 
 
 def summary_line(step: int, max_steps: int, values: dict[str, Any]) -> str:
@@ -36,7 +30,7 @@ def summary_line(step: int, max_steps: int, values: dict[str, Any]) -> str:
             f"step {values.get('step_time', 0):.3f}s "
             f"TFLOPS/GPU {'-' if tflops is None else f'{tflops:.3g}'} "
             f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'} "
-            f"ETA {'-' if eta is None else _duration(eta)}")
+            f"ETA {'-' if eta is None else format_duration(eta, clock=True)}")
 
 
 PER_RANK_TAGS = 64  # wider lists get key/min, key/median, key/max instead of one tag per rank
