@@ -40,49 +40,12 @@ class SlurmtrainLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]],
                initial_job_idx: int) -> Sequence[JobReturn]:
+        """The same flow as a single run (slurmtrain.login.launch), for every point at once."""
         from slurmtrain.login import launch
 
         assert self.config is not None and self.hydra_context is not None
-        points = [(launch.resolve(self._compose(list(o)), copy=False), list(o))
-                  for o in job_overrides]
-        if any(cfg.dry_run for cfg, _ in points):
-            for cfg, overrides in points:
-                print(f"sweep point: {' '.join(overrides)}")
-                launch.launch_one(cfg, overrides)
-            return [_done(o, 0) for _, o in points]
-        if any(cfg.smoke for cfg, _ in points):
-            from slurmtrain.common.errors import ConfigError
-
-            raise ConfigError("smoke=true: not for sweeps (-m); smoke one point first, then "
-                              "sweep with smoke=false")
-        todo = []
-        for cfg, overrides in points:
-            prepared = launch.check(cfg, quiet=True)
-            if prepared is not None:
-                todo.append((prepared, overrides))
-        if not todo:
-            print(f"slurmtrain: all {len(points)} sweep points are finished or queued; "
-                  f"nothing submitted")
-            return [_done(o, 0) for _, o in points]
-        for prepared, overrides in todo:
-            launch.record(prepared, overrides)
-        if todo[0][0].cfg.cluster.kind == "slurm":
-            from slurmtrain.login.slurm_submit import submit_array
-
-            folder = Path(todo[0][0].cfg.runs_root) / ".sweeps" / "submitit"
-            subs = submit_array([(p.cfg, p.run) for p, _ in todo], folder)
-            array = subs[0].job_id.split("_")[0]
-            print(f"slurmtrain: submitted job array {array} with {len(subs)} of "
-                  f"{len(points)} sweep points")
-            for sub, (p, _) in zip(subs, todo):
-                print(f"  {sub.job_id}  {p.run.path}")
-        else:
-            from slurmtrain.login.submit import submit
-
-            for p, _ in todo:
-                submit(p.cfg, p.run)
-        return [_done(o, 0) for _, o in points]
-
+        code = launch.launch([(self._compose(list(o)), list(o)) for o in job_overrides])
+        return [_done(o, code) for o in job_overrides]
 
     def _compose(self, overrides: list[str]) -> DictConfig:
         """Hydra composes each point in ~80 ms; points differing only in plain values (the usual

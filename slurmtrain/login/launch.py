@@ -1,95 +1,82 @@
-"""From a composed config to a queued (or locally running) job: the login node's whole flow.
+"""The login node's one flow, for a single run, a sweep's points and the smoke chain.
 
-validate -> plan (refuse what does not fit) -> find the run directory -> refuse a duplicate or
-resume an unfinished run -> write config, overrides, provenance -> submit. Used for one run by
-`python -m slurmtrain` and for every sweep point by the slurmtrain Hydra launcher.
+compose (Hydra) -> prepare each point (validate, plan, run directory: login/prepare.py) ->
+dry run: print and stop | record -> submit (one job; a job array for a Slurm sweep; the smoke chain
+first when smoke=true). `python -m slurmtrain` calls `launch_one`; the Hydra launcher calls `launch`.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Optional
+from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import schema
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.login.prepare import check, record, resolve
 from slurmtrain.planning import report as planning
-from slurmtrain.common import rundir as runs
 
-
-@dataclass
-class Prepared:
-    cfg: DictConfig
-    run: runs.RunDir
-    resumed: bool
-
-
-def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
-    """The config as it will be recorded: `hydra` removed, runs_root absolute, batch derived."""
-    if copy:
-        cfg = cfg.copy()
-    if "hydra" in cfg:
-        OmegaConf.set_struct(cfg, False)
-        cfg.pop("hydra")
-        OmegaConf.set_struct(cfg, True)
-    cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
-    schema.validate(cfg, submitting=not cfg.dry_run)
-    return cfg
-
-
-def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
-    """Plan and locate; None (with the reason printed) when there is nothing to submit."""
-    report = planning.report(cfg, measured_tps=None)
-    report.enforce(cfg)  # before printing: a refusal is one line
-    if cfg.cluster.kind == "slurm":
-        from slurmtrain.login.slurm_submit import check_cluster
-
-        check_cluster(cfg)
-    if not quiet:
-        print(report.text)
-    run = runs.locate(cfg)
-    warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))
-    if warning:
-        print(f"slurmtrain: {warning}")
-    state = run.state()
-    if state == runs.FINISHED:
-        print(f"slurmtrain: this run already finished: {run.path}\n"
-              f"slurmtrain: nothing to train; pass new_run=true to train the same config again")
-        return None
-    if state == runs.RUNNING:
-        print(f"slurmtrain: this run is already queued or running: {run.path}")
-        return None
-    if state == runs.STOPPED:
-        print(f"slurmtrain: resuming unfinished run {run.path}")
-    return Prepared(cfg, run, resumed=state == runs.STOPPED)
-
-
-def record(p: Prepared, overrides: list[str]) -> None:
-    from slurmtrain.common import provenance
-
-    runs.create(p.run, p.cfg, overrides)
-    provenance.write(p.run.provenance, f"submit_{len(p.run.events('submitted')) + 1}",
-                     extra={"overrides": overrides})
+Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
 
 
 def launch_one(cfg: DictConfig, overrides: list[str]) -> int:
-    cfg = resolve(cfg)
-    if cfg.dry_run:
-        print(OmegaConf.to_yaml(cfg, resolve=True))
-        print(planning.report(cfg).text)
+    """`python -m slurmtrain KEY=VALUE...`: one run; returns the process exit code."""
+    return launch([(cfg, overrides)], copy=True)
+
+
+def launch(points: Sequence[Point], copy: bool = False) -> int:
+    """Every point validated and planned before anything is queued: one bad point, nothing submitted."""
+    points = [(resolve(cfg, copy=copy), list(o)) for cfg, o in points]
+    single = len(points) == 1
+    if any(cfg.dry_run for cfg, _ in points):
+        return dry_run(points)
+    if not single and any(cfg.smoke for cfg, _ in points):
+        raise ConfigError("smoke=true: not for sweeps (-m); smoke one point first, then sweep "
+                          "with smoke=false")
+    todo = [(p, o) for p, o in ((check(cfg, quiet=not single), o) for cfg, o in points)
+            if p is not None]
+    if not todo:
+        if not single:
+            print(f"slurmtrain: all {len(points)} sweep points are finished or queued; "
+                  f"nothing submitted")
         return 0
-    prepared = check(cfg)
-    if prepared is None:
-        return 0
-    if cfg.smoke:  # validate() allows it on Slurm only
+    if single and todo[0][0].cfg.smoke:  # validate() allows it on Slurm only
         from slurmtrain.login import smoke
 
-        return smoke.submit_chain(prepared, overrides)
-    record(prepared, overrides)
+        return smoke.submit_chain(*todo[0])
+    for prepared, overrides in todo:
+        record(prepared, overrides)
+    if not single and todo[0][0].cfg.cluster.kind == "slurm":
+        return _submit_array(todo, len(points))
     from slurmtrain.login.submit import submit
 
-    result = submit(prepared.cfg, prepared.run)
-    if result.finished:
-        print(f"slurmtrain: run finished: {prepared.run.path}")
-    return result.exit_code
+    code = 0
+    for prepared, _ in todo:
+        result = submit(prepared.cfg, prepared.run)
+        if result.finished:
+            print(f"slurmtrain: run finished: {prepared.run.path}")
+        code = code or result.exit_code
+    return code
+
+
+def dry_run(points: Sequence[Point]) -> int:
+    """Print each point's resolved config and plan; nothing is written or queued."""
+    for cfg, overrides in points:
+        if len(points) > 1:
+            print(f"sweep point: {' '.join(overrides)}")
+        print(OmegaConf.to_yaml(cfg, resolve=True))
+        print(planning.report(cfg).text)
+    return 0
+
+
+def _submit_array(todo: list, total: int) -> int:
+    from pathlib import Path
+
+    from slurmtrain.login.slurm_submit import submit_array
+
+    folder = Path(todo[0][0].cfg.runs_root) / ".sweeps" / "submitit"
+    subs = submit_array([(p.cfg, p.run) for p, _ in todo], folder)
+    print(f"slurmtrain: submitted job array {subs[0].job_id.split('_')[0]} with {len(subs)} of "
+          f"{total} sweep points")
+    for sub, (p, _) in zip(subs, todo):
+        print(f"  {sub.job_id}  {p.run.path}")
+    return 0

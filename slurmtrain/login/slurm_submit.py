@@ -115,6 +115,7 @@ def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int 
 
         def _internal_process_submissions(self, delayed):
             # Nothing to pickle: the script runs `python -m slurmtrain.compute.attempt RUN_DIR`.
+            Path(self.folder).mkdir(parents=True, exist_ok=True)
             if len(delayed) == 1:
                 return [self._submit_command("unused")]
             self.parameters["map_count"] = len(delayed)

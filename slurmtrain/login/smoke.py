@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import schema
 from slurmtrain.common import ledger as faults
+from slurmtrain.login.prepare import Prepared, record
 from slurmtrain.planning import report as planning
 from slurmtrain.common import rundir as runs
 
@@ -79,24 +80,23 @@ def locate_smoke(small: DictConfig) -> tuple[runs.RunDir, bool]:
     return run, False
 
 
-def submit_chain(big: Any, overrides: list[str]) -> int:
-    """Smoke jobs, then the big job after them. `big` is launch.Prepared (checked, not recorded)."""
-    from slurmtrain.login import launch
+def submit_chain(big: Prepared, overrides: list[str]) -> int:
+    """Smoke jobs, then the big job after them. `big` is checked, not yet recorded."""
     from slurmtrain.login import slurm_submit as backend
 
     small = smoke_config(big.cfg)
     smoke_run, passed = locate_smoke(small)
     if passed:
         print(f"slurmtrain: smoke test of this config already passed: {smoke_run.path}")
-        launch.record(big, overrides)
+        record(big, overrides)
         backend.submit(big.cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None)
         return 0
-    prepared = launch.Prepared(small, smoke_run, resumed=False)
-    launch.record(prepared, smoke_overrides(overrides, small))
+    prepared = Prepared(small, smoke_run, resumed=False)
+    record(prepared, smoke_overrides(overrides, small))
     first = backend.submit(small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
     second = backend.submit(small, smoke_run, after=first.job_id, smoke_of=str(big.run.path),
                             smoke_part=2)
-    launch.record(big, overrides)
+    record(big, overrides)
     backend.submit(big.cfg, big.run, after=second.job_id, smoke_job_id=second.job_id,
                    smoke_job_ids=[first.job_id, second.job_id], smoke_run=str(smoke_run.path))
     print(f"slurmtrain: smoke test first: jobs {first.job_id} (save at step {SMOKE_SAVE_STEP}) "

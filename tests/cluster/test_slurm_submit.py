@@ -33,9 +33,9 @@ def test_multi_node_job_trains_to_the_end(slurm_cluster, workdir, nodes, stage):
     assert len(set(started["hosts"])) == nodes and set(started["hosts"]) <= set(slurm_cluster.nodes)
     assert finished["step"] == 20 and not any(e["event"] == "failed" for e in events(run))
     wait_job_gone(submitted["job_id"])
-    logs = sorted(p.name for p in (run / "logs" / "submitit").glob(f"{submitted['job_id']}_*_log.out"))
+    logs = sorted(p.name for p in (run / "logs").glob(f"{submitted['job_id']}_*.out"))
     assert len(logs) == nodes, logs  # one log file per rank
-    assert "step 20/20" in (run / "logs" / "submitit" / logs[0].replace(".out", ".err")).read_text()
+    assert "step 20/20" in (run / "logs" / logs[0].replace(".out", ".err")).read_text()
 
 
 def test_sweep_is_one_array_that_returns_at_once_and_is_not_resubmitted(slurm_cluster, workdir):

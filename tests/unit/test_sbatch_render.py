@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from slurmtrain.common import schema as config
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.login.launch import resolve
+from slurmtrain.login.prepare import resolve
 from slurmtrain.common.rundir import RunDir, locate
 from slurmtrain.login import slurm_submit as backend
 

@@ -10,7 +10,7 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.batch import supervise
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.compute.faults.inject import Injector
-from slurmtrain.login.launch import resolve
+from slurmtrain.login.prepare import resolve
 from slurmtrain.common.rundir import create, fingerprint, locate
 from slurmtrain.login.smoke import blocked, smoke_config
 from slurmtrain.login import slurm_submit as backend

@@ -1,0 +1,73 @@
+"""Before anything is queued: resolve and validate a config, plan it, find its run directory, record it.
+
+validate -> plan (refuse what does not fit) -> find the run directory -> refuse a duplicate or
+resume an unfinished run -> write config, overrides, provenance. login/launch.py strings these
+together for a single run, a sweep and the smoke chain.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common import schema
+from slurmtrain.planning import report as planning
+from slurmtrain.common import rundir as runs
+
+
+@dataclass
+class Prepared:
+    cfg: DictConfig
+    run: runs.RunDir
+    resumed: bool
+
+
+def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
+    """The config as it will be recorded: `hydra` removed, runs_root absolute, batch derived."""
+    if copy:
+        cfg = cfg.copy()
+    if "hydra" in cfg:
+        OmegaConf.set_struct(cfg, False)
+        cfg.pop("hydra")
+        OmegaConf.set_struct(cfg, True)
+    cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
+    schema.validate(cfg, submitting=not cfg.dry_run)
+    return cfg
+
+
+def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
+    """Plan and locate; None (with the reason printed) when there is nothing to submit."""
+    report = planning.report(cfg, measured_tps=None)
+    report.enforce(cfg)  # before printing: a refusal is one line
+    if cfg.cluster.kind == "slurm":
+        from slurmtrain.login.slurm_submit import check_cluster
+
+        check_cluster(cfg)
+    if not quiet:
+        print(report.text)
+    run = runs.locate(cfg)
+    warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))
+    if warning:
+        print(f"slurmtrain: {warning}")
+    state = run.state()
+    if state == runs.FINISHED:
+        print(f"slurmtrain: this run already finished: {run.path}\n"
+              f"slurmtrain: nothing to train; pass new_run=true to train the same config again")
+        return None
+    if state == runs.RUNNING:
+        print(f"slurmtrain: this run is already queued or running: {run.path}")
+        return None
+    if state == runs.STOPPED:
+        print(f"slurmtrain: resuming unfinished run {run.path}")
+    return Prepared(cfg, run, resumed=state == runs.STOPPED)
+
+
+def record(p: Prepared, overrides: list[str]) -> None:
+    from slurmtrain.common import provenance
+
+    runs.create(p.run, p.cfg, overrides)
+    provenance.write(p.run.provenance, f"submit_{len(p.run.events('submitted')) + 1}",
+                     extra={"overrides": overrides})
