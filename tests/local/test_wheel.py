@@ -1,4 +1,4 @@
-"""An installed wheel (not only an editable checkout) still finds its packaged conf/."""
+"""Wheel, editable install and console script compose the same config from any directory."""
 
 from __future__ import annotations
 
@@ -39,3 +39,26 @@ def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
                           cwd=elsewhere, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "num_layers: 12" in done.stdout and "plan:" in done.stdout
+
+    # The console script of the wheel, as the README advertises it.
+    script = env_dir / "bin" / "slurmtrain"
+    mission = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=slurm", "dry_run=true"]
+    done = subprocess.run([str(script), *mission], cwd=elsewhere, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "num_layers: 40" in done.stdout and "nodes 64 x 8 tasks (8 GPUs)" in done.stdout, done.stdout
+    helped = subprocess.run([str(script), "--help"], cwd=elsewhere, capture_output=True, text=True)
+    assert helped.stdout.startswith("slurmtrain: large-model training on Slurm"), helped.stdout
+    assert "model: opt1.3b, opt125m, opt13b" in helped.stdout
+
+
+def test_editable_install_and_its_console_script_compose_from_another_directory(tmp_path):
+    """The project's own venv holds an editable install: conf/ is mapped from the repository root."""
+    script = ROOT / ".venv" / "bin" / "slurmtrain"
+    mission = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=slurm", "dry_run=true"]
+    for argv in ([sys.executable, "-m", "slurmtrain", *mission], [str(script), *mission]):
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert "num_layers: 40" in done.stdout and "nodes 64 x 8 tasks (8 GPUs)" in done.stdout
+    conf = subprocess.run([sys.executable, "-c", "from slurmtrain.common.schema import conf_dir; "
+                           "print(conf_dir())"], cwd=tmp_path, capture_output=True, text=True)
+    assert conf.stdout.strip() == str(ROOT / "conf"), conf.stdout + conf.stderr
