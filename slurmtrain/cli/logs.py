@@ -1,7 +1,7 @@
 """`python -m slurmtrain.cli.logs RUN_DIR [--rank R] [--attempt A] [--errors]`: one merged log of a run.
 
-Every rank of every attempt writes its own file (`attempt{A}.rank{R}.log`, or submitit's
-`<jobid>_<task>_log.out/err`, appended to across requeues). Reading them one by one hides the
+Every rank of every job writes its own files, `logs/<job>_<rank>.out|err` (srun's `%j_%t`, and local
+tasks alike; other names such as submitit's `<job>_<task>_log.out` are read too). Reading them one by one hides the
 question that matters after a crash: which rank failed first. This merges them, tags each line
 `[a{attempt} r{rank}]`, orders by attempt then by each line's timestamp (untimed lines keep their
 place after the previous timed line of their file) and ends with the first error: the earliest Python

@@ -12,12 +12,13 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
+
+from slurmtrain.common.commands import run_cmd
 
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|"
                          r"SESSION|ACCESS_KEY)", re.IGNORECASE)
@@ -41,11 +42,8 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _run(args: list[str], cwd: Optional[str] = None) -> Optional[str]:
-    try:
-        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    cmd = run_cmd(args, timeout=20, cwd=cwd)
+    return cmd.out if cmd.ok else None
 
 
 @functools.lru_cache(maxsize=8)

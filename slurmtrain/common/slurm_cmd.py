@@ -6,22 +6,19 @@ Argument lists only, never a shell string. Login node, batch shell and compute n
 
 from __future__ import annotations
 
-import subprocess
 from typing import Iterable, Optional, Sequence, Union
 
+from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.slurm_text import (PartitionInfo, SlurmError, compress_hostlist, parse_kv,
                                           parse_partitions)
 
 
 def run(args: Sequence[str], timeout: float = 60) -> str:
-    """Run a Slurm command; its stdout, or SlurmError with its stderr."""
-    try:
-        res = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmError(f"{args[0]}: {exc}") from exc
-    if res.returncode != 0:
-        raise SlurmError(f"{' '.join(args)}: {(res.stderr or res.stdout).strip()}")
-    return res.stdout
+    """Run a Slurm command; its stdout, or SlurmError with the line that says why."""
+    cmd = run_cmd(args, timeout)
+    if not cmd.ok:
+        raise SlurmError(f"{' '.join(args)}: {cmd.reason()}")
+    return cmd.out
 
 
 def query_partitions() -> dict[str, PartitionInfo]:

@@ -4,8 +4,8 @@ Model (Daly 2006): work is cut into segments of `interval` seconds of compute fo
 save of `save` seconds. Failures of the whole job arrive as a Poisson process of mean `mtbf` seconds
 (any node failing stops the job) at every moment, also during saves and restarts. After a failure the
 job pays `restart` seconds (requeue, start-up, load; itself interruptible) and recomputes the
-segment. Used by `checkpoint.interval=auto` (measured save time, configured MTBF) and by
-tools/goodput_sim.py.
+segment. Used by tools/goodput_sim.py (choose checkpoint.interval_minutes from it) and, for the
+measured save time, by the plan's signal-lead check (planning/report.py).
 """
 
 from __future__ import annotations
@@ -40,16 +40,22 @@ def job_mtbf_seconds(nodes: int, failures_per_node_day: float = LLAMA3_FAILURES_
 
 def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
     """Young/Daly first-order optimum tau = sqrt(2 * save * MTBF): seconds of compute between saves."""
-    save = _positive("checkpoint save_seconds", save_seconds, "measure a save first or set checkpoint.interval")
+    save = _positive("checkpoint save_seconds", save_seconds, "measure a save first or give the save time in seconds")
     mtbf = _positive("checkpoint mtbf_seconds", mtbf_seconds, "set the cluster's job MTBF in seconds")
     return math.sqrt(2.0 * save * mtbf)
 
 
-def measured_save_seconds(ledger: Sequence[dict], last: int = 5) -> Optional[float]:
-    """Median blocking time of the run's last `last` saves (ledger rows), None before the first save."""
-    secs = [float(e["seconds"]) for e in ledger if e.get("event") == "checkpoint_saved"
-            and isinstance(e.get("seconds"), (int, float)) and e["seconds"] > 0][-last:]
-    return statistics.median(secs) if secs else None
+def measured_save_seconds(ledger: Sequence[dict], last: int = 5, worst: bool = False,
+                          key: str = "seconds") -> Optional[float]:
+    """The run's save time from its last `last` saves (ledger rows; None before the first save):
+    their median, or with `worst` the longest. `key`: seconds (what blocked the loop) or
+    total_seconds (until published, async saves included; falls back to seconds)."""
+    secs = [float(e.get(key) or e.get("seconds") or 0) for e in ledger
+            if e.get("event", "checkpoint_saved") == "checkpoint_saved"]
+    secs = [s for s in secs if s > 0][-last:]
+    if not secs:
+        return None
+    return max(secs) if worst else statistics.median(secs)
 
 
 def daly_interval(save_seconds: float, mtbf_seconds: float) -> float:

@@ -13,7 +13,7 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from slurmtrain.common import ds_config
-from slurmtrain.planning import eta
+from slurmtrain.planning import ckpt_interval, eta
 from slurmtrain.planning import flops
 from slurmtrain.planning import memory as plan
 from slurmtrain.common.schema import grad_accumulation, node_range, resolved_dtype, tasks_per_node
@@ -104,9 +104,9 @@ SAVE_FIXED_S = 5.0
 
 def save_seconds(cfg: DictConfig, saves: list[dict]) -> tuple[float, str]:
     """The time a full save takes for this run: measured (ledger) or estimated from its size."""
-    totals = [float(e.get("total_seconds") or e.get("seconds") or 0) for e in saves[-5:]]
-    if totals:
-        return max(totals), "measured"
+    measured = ckpt_interval.measured_save_seconds(saves, worst=True, key="total_seconds")
+    if measured is not None:
+        return measured, "measured"
     n = plan.param_count(cfg.model)
     weight = 4 if resolved_dtype(cfg) == "fp32" else 2
     return n * (weight + 12) / ASSUMED_WRITE_BYTES_PER_S + SAVE_FIXED_S, "estimated"

@@ -1,4 +1,4 @@
-"""Shared pieces of the doctor: the result type, the options, and a subprocess runner that never raises.
+"""Shared pieces of the doctor: the result type and the options (commands run through common.commands).
 
 Every check returns `CheckResult`s instead of raising, so one broken tool (no slurm.conf, a hung
 controller, a torch that cannot import) shows up as a row with advice rather than a traceback.
@@ -6,10 +6,11 @@ controller, a torch that cannot import) shows up as a row with advice rather tha
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Literal, Optional
+
+from slurmtrain.common.commands import Cmd, run_cmd  # noqa: F401  (the doctor's checks use both)
 
 Status = Literal["ok", "warn", "fail"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail")
@@ -53,54 +54,6 @@ class DoctorOptions:
     command_timeout: float = 8.0
     probe_timeout: float = 90.0
     shared_marker: Optional[Path] = None  # set on compute nodes by --srun: a file the login node created
-
-
-@dataclass(frozen=True)
-class Cmd:
-    """Outcome of one external command; rc 127 = not found, 124 = timed out."""
-
-    argv: tuple[str, ...]
-    rc: int
-    out: str
-    err: str
-    timeout: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-    def reason(self) -> str:
-        """The last meaningful stderr (or stdout) line: Slurm puts the real cause last ('fatal: ...')."""
-        last = ""
-        for text in (self.err, self.out):
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            if lines:
-                last = lines[-1]
-                break
-        if self.rc == 124:
-            return f"{last} (no answer within {self.timeout:g} s)" if last else f"no answer within {self.timeout:g} s"
-        return last or f"exit code {self.rc}"
-
-
-def run_cmd(argv: Sequence[str], timeout: float, env: Optional[dict[str, str]] = None) -> Cmd:
-    """Run an argument list (never a shell) with a timeout; never raises."""
-    full_env = {**os.environ, "LC_ALL": "C", **(env or {})}
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=full_env,
-                              stdin=subprocess.DEVNULL, errors="replace")
-    except FileNotFoundError:
-        return Cmd(tuple(argv), 127, "", f"{argv[0]}: command not found")
-    except subprocess.TimeoutExpired as exc:  # keep what it said so far: often the real cause
-        return Cmd(tuple(argv), 124, _text(exc.stdout), _text(exc.stderr), timeout)
-    except OSError as err:
-        return Cmd(tuple(argv), 126, "", f"{argv[0]}: {err}")
-    return Cmd(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
-
-
-def _text(data: "bytes | str | None") -> str:
-    if isinstance(data, bytes):
-        return data.decode(errors="replace")
-    return data or ""
 
 
 def on_compute_node() -> bool:
