@@ -76,7 +76,7 @@ def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dic
             "warmup_num_steps": opt.warmup_steps, "total_num_steps": max(train.max_steps, 1),
             "warmup_type": "linear"}},
         "steps_per_print": 10**9,
-        # Timers feed metrics (forward/backward/optimizer/comm); train/perf.py mutes their prints.
+        # Timers feed metrics (forward/backward/optimizer/comm); compute/observe/perf.py mutes their prints.
         "wall_clock_breakdown": bool(train.timers),
         "checkpoint": {"tag_validation": "Fail"},
     }

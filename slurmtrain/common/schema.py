@@ -176,7 +176,7 @@ class RootConfig:
     mfu_guess: float = 0.4  # MFU assumed for an ETA before any throughput was measured
     peak_tflops: Optional[float] = None  # overrides the GPU table (MFU on CPUs or unlisted GPUs)
     # cluster=slurm: first a small job (1 node, <= 2 layers, 20 steps, a save and a load in a new
-    # job), then this one with --dependency=afterok on it (slurmtrain/smoke.py).
+    # job), then this one with --dependency=afterok on it (slurmtrain/login/smoke.py).
     smoke: bool = False
 
 
@@ -300,12 +300,8 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
     _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
     _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
-    if cfg.deepspeed.stage not in (0, 1, 2, 3):
-        raise ConfigError(f"deepspeed.stage={cfg.deepspeed.stage}: ZeRO stages are 0-3; "
-                          f"e.g. deepspeed=zero2")
-    if cfg.deepspeed.offload_param and cfg.deepspeed.stage != 3:
-        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is "
-                          f"{cfg.deepspeed.stage}); use deepspeed=zero3_offload")
+    ds = cfg.deepspeed
+    check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)
     for key in DERIVED_DEEPSPEED_KEYS:
         if key in cfg.deepspeed.extra:
             raise ConfigError(f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
@@ -325,9 +321,7 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
             raise ConfigError(f"data.path={path!r}: tokens go up to {vocab} but model.vocab_size="
                               f"{cfg.model.vocab_size}; use a model with a larger vocabulary or "
                               f"set model.vocab_size={vocab}")
-    if cfg.data.seq_len > cfg.model.max_positions:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len}: above model.max_positions="
-                          f"{cfg.model.max_positions}; use data.seq_len<={cfg.model.max_positions}")
+    check_seq_len(cfg.data.seq_len, cfg.model.max_positions)
     if submitting and cfg.cluster.kind == "local" and high != 1:
         raise ConfigError(f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
                           f"use nodes=1 or cluster=slurm")
@@ -336,6 +330,27 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     if cfg.model.pretrained_path and not os.path.isdir(cfg.model.pretrained_path):
         raise ConfigError(f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
                           f"point it at a local Hugging Face model folder")
+
+
+def check_zero(stage: int, offload_optimizer: bool, offload_param: bool) -> None:
+    """What DeepSpeed accepts of ZeRO stage and offload; shared by validate and the planner."""
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"deepspeed.stage={stage}: ZeRO stages are 0-3; e.g. deepspeed=zero2")
+    if offload_param and stage != 3:
+        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is {stage}); "
+                          f"use deepspeed=zero3_offload")
+    if offload_optimizer and stage == 0:
+        raise ConfigError("deepspeed.offload_optimizer=true: needs ZeRO stage >= 1; "
+                          "use deepspeed=zero1 or higher")
+    if offload_param and not offload_optimizer:
+        raise ConfigError("deepspeed.offload_param=true: DeepSpeed offloads params only together "
+                          "with the optimizer; use deepspeed=zero3_offload")
+
+
+def check_seq_len(seq_len: int, max_positions: int) -> None:
+    if seq_len > max_positions:
+        raise ConfigError(f"data.seq_len={seq_len}: above model.max_positions={max_positions}; "
+                          f"use data.seq_len<={max_positions}")
 
 
 def _sidecar_vocab(meta_path: str) -> Optional[int]:

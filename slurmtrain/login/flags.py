@@ -31,7 +31,7 @@ NCCL_DEFAULTS = {
 Flag = Union[str, bool]
 
 
-def _checked(key: str, value: Any) -> str:
+def checked(key: str, value: Any) -> str:
     text = str(value)
     if not SAFE_SBATCH_VALUE.match(text):
         shown = text.replace("\n", "\\n")
@@ -45,11 +45,11 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
     c = cfg.cluster
     low, high = node_range(cfg.nodes)
     opts: dict[str, Flag] = {
-        "job-name": _checked("name", job_name),
+        "job-name": checked("name", job_name),
         "nodes": f"{low}-{high}" if high != low else str(low),
         "ntasks-per-node": str(tasks_per_node(cfg)),
         "cpus-per-task": str(c.cpus_per_task),
-        "time": _checked("cluster.time", c.time),
+        "time": checked("cluster.time", c.time),
         # USR2, not USR1: NCCL catches USR1. Sent to every task `lead` seconds before the limit.
         "signal": f"USR2@{int(c.signal_lead_s)}",
         "requeue": True,
@@ -59,14 +59,14 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         opts["gpus-per-node"] = str(cfg.gpus_per_node)
     for key in ("partition", "account", "qos", "mem", "constraint", "exclude"):
         if c[key]:
-            opts[key] = _checked(f"cluster.{key}", c[key])
+            opts[key] = checked(f"cluster.{key}", c[key])
     if c.exclusive:
         opts["exclusive"] = True
     extra = OmegaConf.to_container(c.sbatch_extra, resolve=True)
     assert isinstance(extra, dict)
     for key, value in extra.items():
-        name = _checked("cluster.sbatch_extra", str(key).replace("_", "-"))
-        opts[name] = True if value is True else _checked(f"cluster.sbatch_extra.{key}", value)
+        name = checked("cluster.sbatch_extra", str(key).replace("_", "-"))
+        opts[name] = True if value is True else checked(f"cluster.sbatch_extra.{key}", value)
     return opts
 
 

@@ -1,7 +1,8 @@
 """Slurm backend: validate against the cluster, write job.sbatch, submit through submitit, return.
 
-Single runs and sweeps (one job array) go through submitit's SlurmExecutor; the job.sbatch written
-into every run directory is rendered from the same flags (submit/flags.py) for hand resubmission.
+Single runs, smoke chains and sweeps (one job array) are queued by submitit's SlurmExecutor with
+slurmtrain's own batch script (`render_script`, flags from login/flags.py), the very script written
+to RUN_DIR/job.sbatch: every restart and a hand resubmission run what the first attempt ran.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def render_script(cfg: DictConfig, run_dir: str, options: dict[str, flags.Flag],
     env = Environment(loader=FileSystemLoader(str(files(TEMPLATES))), undefined=StrictUndefined,
                       keep_trailing_newline=True)
     env.filters["q"] = lambda value: shlex.quote(str(value))
-    run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags._checked("runs_root", run_dir))
+    run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags.checked("runs_root", run_dir))
     logs = '"$RUN_DIR"/logs' if array_map else shlex.quote(f"{run_dir}/logs")
     srun = ["--unbuffered", "--open-mode=append", *flags.srun_args(cfg)]
     return env.get_template("job.sbatch.j2").render(
@@ -78,7 +79,7 @@ def render_script(cfg: DictConfig, run_dir: str, options: dict[str, flags.Flag],
 
 def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
     """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array)."""
-    logs = flags._checked("runs_root", str(run.logs))
+    logs = flags.checked("runs_root", str(run.logs))
     return render_script(cfg, str(run.path), flags.sbatch_options(cfg, job_name(cfg)),
                          batch_log=f"{logs}/%j.batch.out")
 
@@ -99,11 +100,11 @@ def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int 
     if after:
         # Slurm cancels a job whose dependency can never be met (the smoke failed) instead of
         # leaving it PENDING with Reason=DependencyNeverSatisfied; down a chain too.
-        options.update({"dependency": f"afterok:{flags._checked('dependency', after)}",
+        options.update({"dependency": f"afterok:{flags.checked('dependency', after)}",
                         "kill-on-invalid-dep": "yes"})
     run_dir = target[0] if target else ""
     batch_log = (f"{folder}/%A_%a.batch.out" if array_map
-                 else f"{flags._checked('runs_root', run_dir)}/logs/%j.batch.out")
+                 else f"{flags.checked('runs_root', run_dir)}/logs/%j.batch.out")
 
     class _Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional, Protocol
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import check_seq_len, check_zero
 
 GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -219,26 +220,14 @@ def _check(model: ModelShape, s: Setting, nodes: int, gpus_per_node: int, seq_le
            dtype: str, attention: str) -> None:
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"deepspeed.dtype={dtype!r}: the planner knows bf16, fp16, fp32")
-    if s.stage not in (0, 1, 2, 3):
-        raise ConfigError(f"deepspeed.stage={s.stage}: ZeRO stages are 0-3; e.g. deepspeed=zero2")
-    if s.offload_param and s.stage != 3:
-        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is {s.stage}); "
-                          f"use deepspeed=zero3_offload")
-    if s.offload_optimizer and s.stage == 0:
-        raise ConfigError("deepspeed.offload_optimizer=true: needs ZeRO stage >= 1; "
-                          "use deepspeed=zero1 or higher")
-    if s.offload_param and not s.offload_optimizer:
-        raise ConfigError("deepspeed.offload_param=true: DeepSpeed offloads params only together "
-                          "with the optimizer; use deepspeed=zero3_offload")
+    check_zero(s.stage, s.offload_optimizer, s.offload_param)
     if attention not in ("sdpa", "eager"):
         raise ConfigError(f"attention={attention!r}: the planner knows sdpa, eager")
     for key, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node),
                        ("train.micro_batch_size", s.micro_batch), ("data.seq_len", seq_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r}: the GPU memory plan needs a positive integer")
-    if seq_len > model.max_positions:
-        raise ConfigError(f"data.seq_len={seq_len}: above model.max_positions="
-                          f"{model.max_positions}; use data.seq_len<={model.max_positions}")
+    check_seq_len(seq_len, model.max_positions)
 
 
 def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = False,

@@ -1,6 +1,6 @@
 """Checkpoints that are never half-written, never silently corrupt, and never stop training.
 
-Protocol (DESIGN.md): every rank writes its shards into `step_N.tmp/` through DeepSpeed (our
+Protocol (README, "Checkpoints"): every rank writes its shards into `step_N.tmp/` through DeepSpeed (our
 `ShardWriter` engine: each rank fsyncs and hashes its own files); rank 0 writes `manifest.json`
 (files, sizes, checksums, world size, step, consumed samples, data position), renames the directory
 to `step_N/`, then atomically replaces `latest` (temp file + rename; DeepSpeed's one-line format).
@@ -77,7 +77,7 @@ def _files(directory: Path) -> list[Path]:
                   and not MARKER.match(p.name))
 
 
-def _write_synced(path: Path, text: str) -> None:
+def write_synced(path: Path, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
         f.flush()
@@ -111,7 +111,7 @@ def seal(tmp: Path, final: Path, fields: dict[str, Any], verify: str,
     for marker in tmp.glob(".*_rank*.json"):
         marker.unlink()
     manifest = {"time": time.time(), "verify": verify, "files": files, **fields}
-    _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
+    write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
     old = final.with_name(final.name + ".old")
     if final.exists():  # a stale copy of this step (re-saved after a resume)
         shutil.rmtree(old, ignore_errors=True)
@@ -131,7 +131,7 @@ def publish(root: Path, step: int, meta: dict[str, Any], verify: str,
     """
     tmp, final = root / f"{tag(step)}.tmp", root / tag(step)
     pointer = root / f".{LATEST}.tmp"
-    _write_synced(pointer, tag(step))
+    write_synced(pointer, tag(step))
     try:
         seal(tmp, final, {"step": step, **meta}, verify, reports)
     except BaseException:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from slurmtrain.compute.checkpoint.format import LATEST, _write_synced, dir_bytes, prune, publish, tag
+from slurmtrain.compute.checkpoint.format import LATEST, write_synced, dir_bytes, prune, publish, tag
 
 Record = Callable[..., Any]
 
@@ -261,7 +261,7 @@ def _write_marker(tmp: Path, report: dict[str, Any]) -> None:
     path = _marker(tmp, report["rank"], kind)
     part = path.with_name(path.name + ".part")
     try:
-        _write_synced(part, json.dumps(report))
+        write_synced(part, json.dumps(report))
         os.replace(part, path)
         return
     except OSError as err:  # the disk is full: a done marker is a failure; say so in a name
