@@ -39,7 +39,12 @@ class ModelConfig:
     max_positions: int = 2048
     word_embed_proj_dim: Optional[int] = None
     layer_norm_before: bool = True
-    dropout: float = 0.0
+    dropout: float = 0.0  # residual and attention dropout (OPT recipe: 0.1)
+    # Weights ~ N(0, init_std) (transformers' OPT init); scaled_init: the residual-branch output
+    # projections (attention out_proj, fc2) get init_std / sqrt(2 * num_layers), as metaseq's
+    # --full-megatron-init does, so the residual stream's variance does not grow with depth.
+    init_std: float = 0.02
+    scaled_init: bool = False
     activation_checkpointing: bool = False
     pretrained_path: Optional[str] = None  # a local Hugging Face directory; nothing is downloaded
 
@@ -56,9 +61,15 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 1e-3
-    min_lr: float = 1e-4  # > 0: WarmupDecayLR's warmup_min_lr=0 makes the first updates no-ops
-    warmup_steps: int = 10
+    lr: float = 1e-3  # peak
+    # Linear warm-up to `lr`, then linear decay to min_lr at the last step (WarmupDecayLR).
+    # None: min_lr_ratio x lr (OPT: 10% of peak). Must be > 0: warmup_min_lr=0 makes the first
+    # updates no-ops.
+    min_lr: Optional[float] = None
+    min_lr_ratio: float = 0.1
+    # warmup_steps wins when set; else warmup_tokens / tokens per step; else DEFAULT_WARMUP_STEPS.
+    warmup_steps: Optional[int] = None
+    warmup_tokens: Optional[float] = None
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.95
@@ -91,14 +102,18 @@ class CheckpointConfig:
 
 @dataclass
 class ClusterConfig:
-    kind: str = "local"  # local | slurm
+    kind: str = "local"  # auto (Slurm when it answers, else local) | local | slurm
     cpu_tasks_per_node: int = 2  # tasks per node when gpus_per_node == 0
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
     time: str = "01:00:00"
-    cpus_per_task: int = 1
-    mem: Optional[str] = None
+    # None: on Slurm GPU runs the node's cores per GPU (partition CPUs / GPUs), else 1; passed to
+    # srun too (Slurm 22.05-23.02 srun does not inherit it) with --cpu-bind=cores.
+    cpus_per_task: Optional[int] = None
+    mem: Optional[str] = None  # --mem per node; set it or mem_per_gpu
+    mem_per_gpu: Optional[str] = None  # None on Slurm GPU runs: the node's memory over its GPUs
+    cpu_bind: str = "cores"  # srun --cpu-bind (none: leave binding to the site)
     constraint: Optional[str] = None
     exclude: Optional[str] = None
     exclusive: bool = False
@@ -135,11 +150,17 @@ class FaultsConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 200
+    # The run's length: max_steps wins when set; else tokens / tokens per step (rounded down); else
+    # DEFAULT_MAX_STEPS. The OPT recipes set tokens (300B), so train.max_steps=20 still shortens them.
+    max_steps: Optional[int] = None
+    tokens: Optional[float] = None
     micro_batch_size: int = 4
-    # None: micro batch x grad_accumulation x data-parallel size of the largest allocation, fixed at
-    # the first submission; afterwards constant across world sizes (grad accumulation adjusts).
+    # Sequences per optimizer step. None: global_batch_tokens / data.seq_len when that is set (the
+    # OPT recipes give the batch in tokens), else micro batch x grad_accumulation x data-parallel
+    # size of the largest allocation, fixed at the first submission; afterwards constant across
+    # world sizes (grad accumulation adjusts).
     global_batch_size: Optional[int] = None
+    global_batch_tokens: Optional[float] = None
     grad_accumulation: int = 1  # only used to derive global_batch_size when it is None
     log_interval: int = 10
     seed: int = 1234
@@ -169,7 +190,9 @@ class RootConfig:
     name: str = "demo"
     runs_root: str = "runs"
     nodes: Any = 1  # an int, or a range "2-4" that Slurm may start at any size within
-    gpus_per_node: int = 0  # 0: CPU (gloo); > 0: one task per GPU (NCCL)
+    # 0: CPU (gloo); > 0: one task per GPU (NCCL); "auto": the chosen partition's GPUs on Slurm,
+    # `nvidia-smi -L` on this machine (login/placement.py resolves it before validation).
+    gpus_per_node: Any = 0
     dry_run: bool = False
     new_run: bool = False  # start a fresh run even if this exact config already ran
     force: bool = False  # submit even when the memory plan says it does not fit
@@ -253,13 +276,54 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r}: unknown; choose one of {', '.join(choices)}")
 
 
+DEFAULT_MAX_STEPS = 200  # the tiny demo's length when neither max_steps nor tokens is given
+DEFAULT_WARMUP_STEPS = 10
+
+
+def _per_tokens(key: str, tokens: Any, per: int) -> int:
+    """A token budget as whole `per`-token steps, rounded down as metaseq does (at least 1)."""
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens <= 0:
+        raise ConfigError(f"{key}={tokens!r}: must be a positive number of tokens; e.g. {key}=3e11")
+    return max(1, int(tokens) // per)
+
+
 def resolve_batch(cfg: DictConfig) -> None:
-    """Fill in global_batch_size when it was left to be derived (login node, before hashing)."""
-    if cfg.train.global_batch_size is None:
-        _positive("train.micro_batch_size", cfg.train.micro_batch_size)
-        _positive("train.grad_accumulation", cfg.train.grad_accumulation)
-        cfg.train.global_batch_size = (cfg.train.micro_batch_size * cfg.train.grad_accumulation
-                                       * world_size(cfg))
+    """Fill in what was left to be derived (login node, before hashing): the global batch (from
+    tokens or from micro x accumulation x world), the run length and warm-up (steps from tokens),
+    and the decay floor (a fraction of the peak lr)."""
+    t, o = cfg.train, cfg.optim
+    if t.global_batch_size is None and t.global_batch_tokens is not None:
+        _positive("data.seq_len", cfg.data.seq_len)
+        tokens = t.global_batch_tokens
+        if (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens <= 0
+                or int(tokens) != tokens or int(tokens) % cfg.data.seq_len):
+            raise ConfigError(f"train.global_batch_tokens={tokens!r}: must be a whole number of "
+                              f"sequences of data.seq_len={cfg.data.seq_len} tokens; e.g. "
+                              f"train.global_batch_tokens={cfg.data.seq_len * 256}")
+        t.global_batch_size = int(tokens) // cfg.data.seq_len
+    if t.global_batch_size is None:
+        _positive("train.micro_batch_size", t.micro_batch_size)
+        _positive("train.grad_accumulation", t.grad_accumulation)
+        t.global_batch_size = t.micro_batch_size * t.grad_accumulation * world_size(cfg)
+    _positive("train.global_batch_size", t.global_batch_size)
+    step_tokens = t.global_batch_size * cfg.data.seq_len
+    if t.max_steps is None:
+        t.max_steps = (_per_tokens("train.tokens", t.tokens, step_tokens)
+                       if t.tokens is not None else DEFAULT_MAX_STEPS)
+    if o.warmup_steps is None:
+        o.warmup_steps = (_per_tokens("optim.warmup_tokens", o.warmup_tokens, step_tokens)
+                          if o.warmup_tokens is not None else DEFAULT_WARMUP_STEPS)
+    if o.warmup_steps < 0:
+        raise ConfigError(f"optim.warmup_steps={o.warmup_steps}: must be >= 0; e.g. "
+                          f"optim.warmup_steps=10")
+    if o.min_lr is None:
+        if not 0 < o.min_lr_ratio <= 1:
+            raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio}: must be in (0, 1] (the "
+                              f"decay floor as a fraction of optim.lr); e.g. optim.min_lr_ratio=0.1")
+        o.min_lr = o.lr * o.min_lr_ratio
+    if not 0 < o.min_lr <= o.lr:
+        raise ConfigError(f"optim.min_lr={o.min_lr}: must be > 0 and <= optim.lr={o.lr} "
+                          f"(0 makes the first warm-up updates no-ops); e.g. optim.min_lr={o.lr / 10:g}")
 
 
 def validate(cfg: DictConfig, submitting: bool = True) -> None:
@@ -269,6 +333,13 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     backend that can place it.
     """
     low, high = node_range(cfg.nodes)
+    if cfg.gpus_per_node == "auto" or cfg.cluster.kind == "auto":
+        raise ConfigError("cluster.kind/gpus_per_node=auto: not resolved; the launch flow calls "
+                          "slurmtrain.login.placement.resolve_auto first (or set them explicitly)")
+    if (isinstance(cfg.gpus_per_node, bool) or not isinstance(cfg.gpus_per_node, int)
+            or cfg.gpus_per_node < 0):
+        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node!r}: must be auto or an integer >= 0 "
+                          f"(0 means CPU); e.g. gpus_per_node=8")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(cfg.name)):
         raise ConfigError(f"name={cfg.name!r}: a run name is a directory and a job name; use "
                           f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)")
@@ -291,8 +362,6 @@ def validate(cfg: DictConfig, submitting: bool = True) -> None:
     if submitting and cfg.smoke and cfg.cluster.kind != "slurm":
         raise ConfigError(f"smoke=true: chains a smoke job before the real one on Slurm; use "
                           f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false")
-    if cfg.gpus_per_node < 0:
-        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node}: must be >= 0 (0 means CPU)")
     _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
     _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis"))
     _choice("data.kind", cfg.data.kind, ("synthetic", "tokens"))

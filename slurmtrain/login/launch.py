@@ -34,6 +34,9 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
         cfg.pop("hydra")
         OmegaConf.set_struct(cfg, True)
     cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
+    from slurmtrain.login.placement import resolve_auto  # cluster=auto, gpus_per_node=auto
+
+    resolve_auto(cfg)
     schema.validate(cfg, submitting=not cfg.dry_run)
     return cfg
 
@@ -75,10 +78,10 @@ def record(p: Prepared, overrides: list[str]) -> None:
 
 def launch_one(cfg: DictConfig, overrides: list[str]) -> int:
     cfg = resolve(cfg)
-    if cfg.dry_run:
-        print(OmegaConf.to_yaml(cfg, resolve=True))
-        print(planning.report(cfg).text)
-        return 0
+    if cfg.dry_run:  # exits 2 where the real command would be refused (login/dry_run.py)
+        from slurmtrain.login.dry_run import show
+
+        return show(cfg)
     prepared = check(cfg)
     if prepared is None:
         return 0
