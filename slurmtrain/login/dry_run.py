@@ -63,6 +63,9 @@ def test_only(script: str) -> str:
 def show(cfg: DictConfig, out=None) -> int:
     """Print config, plan, and on Slurm the batch script and Slurm's answer; 0 or EXIT_CONFIG."""
     out = out or sys.stdout
+    from slurmtrain.login.placement import announce
+
+    announce(out)
     print(OmegaConf.to_yaml(cfg, resolve=True), file=out)
     report = planning.report(cfg)
     print(report.text, file=out)

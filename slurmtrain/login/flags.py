@@ -94,11 +94,11 @@ def srun_args(cfg: DictConfig) -> list[str]:
     --cpus-per-task is repeated here: srun in Slurm 22.05-23.02 does not inherit it from the batch
     allocation (SLURM_CPUS_PER_TASK), so without it every rank is bound to one core. --cpu-bind
     keeps each rank's data loader and Python threads on its own cores."""
-    args = list(SRUN_FIXED) + [f"--cpus-per-task={cpus_per_task(cfg)}"]
+    args = [f"--cpus-per-task={cpus_per_task(cfg)}"]
     bind = str(cfg.cluster.cpu_bind)
     if bind != "none":
         args.append(f"--cpu-bind={_checked('cluster.cpu_bind', bind)}")
-    args += [str(a) for a in cfg.cluster.srun_extra]
+    args += list(SRUN_FIXED) + [str(a) for a in cfg.cluster.srun_extra]
     for arg in args:
         if "\n" in arg or "\r" in arg:
             raise ConfigError(f"cluster.srun_extra={arg!r}: newlines are not allowed; fix the value")

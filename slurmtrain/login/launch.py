@@ -50,6 +50,9 @@ def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
 
         check_cluster(cfg)
     if not quiet:
+        from slurmtrain.login.placement import announce
+
+        announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
     run = runs.locate(cfg)
     warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))

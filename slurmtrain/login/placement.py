@@ -44,6 +44,7 @@ class Probe:
 
 _probe_cache: dict[str, Probe] = {}
 _said: set[str] = set()
+_pending: list[str] = []  # the line, printed by announce() once the command goes ahead
 
 
 def probe_slurm(env: Mapping[str, str] = os.environ) -> Probe:
@@ -128,10 +129,10 @@ def slurm_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
         cfg.cluster.mem_per_gpu = f"{mem // gpus}M"
 
 
-def resolve_auto(cfg: DictConfig, out=None) -> None:
+def resolve_auto(cfg: DictConfig) -> None:
     """Replace `cluster.kind=auto` / `gpus_per_node=auto` / unset per-task resources by what this
-    machine reaches (mutates cfg); prints one line saying which and why when anything was auto."""
-    out = out or sys.stdout
+    machine reaches (mutates cfg). The line saying which and why waits for announce(): a command
+    refused for bad input stays one line."""
     said = []
     if cfg.cluster.kind == "auto":
         probe = probe_slurm()
@@ -167,4 +168,10 @@ def resolve_auto(cfg: DictConfig, out=None) -> None:
     line = "slurmtrain: auto: " + ", ".join(said)
     if said and line not in _said:  # once per process (a sweep resolves every point)
         _said.add(line)
-        print(line, file=out)
+        _pending.append(line)
+
+
+def announce(out=None) -> None:
+    """Print the pending "which and why" line (once), when the command goes ahead."""
+    while _pending:
+        print(_pending.pop(0), file=out or sys.stdout)
