@@ -297,7 +297,7 @@ def resolve_batch(cfg: DictConfig) -> None:
         tokens = t.global_batch_tokens
         if (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens <= 0
                 or int(tokens) != tokens or int(tokens) % cfg.data.seq_len):
-            raise ConfigError(f"train.global_batch_tokens={tokens!r}: must be a whole number of "
+            raise ConfigError(f"train.global_batch_tokens={tokens:g}: must be a whole number of "
                               f"sequences of data.seq_len={cfg.data.seq_len} tokens; e.g. "
                               f"train.global_batch_tokens={cfg.data.seq_len * 256}")
         t.global_batch_size = int(tokens) // cfg.data.seq_len
