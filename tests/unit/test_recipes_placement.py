@@ -142,3 +142,12 @@ def test_dry_run_exits_2_where_the_real_command_would_be_refused(workdir):
     assert "does not fit" in done.stderr and not (workdir / "runs").exists()
     fine = run_cli(["model=opt125m", "gpus_per_node=8", "dry_run=true"], cwd=workdir)
     assert fine.returncode == 0, fine.stderr
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H800 80GB HBM3", 989.4), ("NVIDIA A800-SXM4-80GB", 312.0),
+                                       ("NVIDIA H20", 148.0), ("NVIDIA H200", 989.4),
+                                       ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0)])
+def test_peak_table_knows_the_export_and_blackwell_parts_dense_bf16(name, peak):
+    from slurmtrain.planning.flops import detect_peak
+
+    assert detect_peak(name, "bf16") == peak
