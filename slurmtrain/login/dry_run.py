@@ -70,7 +70,7 @@ def show(cfg: DictConfig, out=None) -> int:
     report = planning.report(cfg)
     print(report.text, file=out)
     refused = refusal(cfg, report)
-    if cfg.cluster.kind == "slurm" and not refused:
+    if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
         from slurmtrain.login.slurm_submit import render_sbatch
 
         script = render_sbatch(cfg, runs.locate(cfg))

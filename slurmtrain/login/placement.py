@@ -151,6 +151,12 @@ def resolve_auto(cfg: DictConfig) -> None:
         if os.environ.get(ENV, "").lower() == "off":
             cfg.gpus_per_node, why = 0, f"{ENV}=off"
         elif cfg.cluster.kind == "slurm":
+            known = probe_slurm().partitions
+            if part is None and known is not None:
+                raise ConfigError(
+                    f"cluster.partition={cfg.cluster.partition!r}: "
+                    + ("unknown partition" if cfg.cluster.partition else "no default partition")
+                    + f"; set cluster.partition to one of: {', '.join(known) or '(none)'}")
             if part is None:
                 raise ConfigError(
                     f"gpus_per_node=auto: cannot read partition "
