@@ -13,6 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+# cluster=auto / gpus_per_node=auto mean "this machine, CPU ranks" in tests, even on a machine that
+# runs the Slurm test cluster or has GPUs (slurmtrain/login/placement.py); tests that want
+# detection pass SLURMTRAIN_AUTO="" in their env.
+os.environ.setdefault("SLURMTRAIN_AUTO", "off")
 
 
 def slurmtrain_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:

@@ -5,13 +5,19 @@ Why: sbatch, srun, preemption, node failure, requeue and sacct must be tested ag
 not a mock. Every node is a `slurmd -N nK` on 127.0.0.1 with its own port and spool directory.
 
     python tools/slurm_cluster.py install
-    python tools/slurm_cluster.py start [--nodes 4] [--state-dir DIR]
+    python tools/slurm_cluster.py start [--nodes 4] [--gpu-nodes 2] [--state-dir DIR]
     python tools/slurm_cluster.py status | stop [--keep-jobs] [--purge]
 
 All state lives under the state dir (default $SLURMTRAIN_CLUSTER_DIR or /tmp/slurmtrain-cluster).
 The configs are installed as /etc/slurm/slurm.conf and slurmdbd.conf (an existing foreign file is
 backed up and restored on stop) so that a plain `sbatch` typed after `start` just works; node
 names n1..nN are added to /etc/hosts so that MASTER_ADDR=n1 resolves like on a real cluster.
+
+Partition `gpu` (nodes after the CPU ones, n5-n6 by default) declares count-only GPU GRES: each
+node has `Gres=gpu:8` (gres.conf `Name=gpu Count=8`, no File=, no device files), 16 CPUs and 16000
+MB (declared, not real: config_overrides). Slurm then schedules, validates and reports GPUs as on a
+GPU cluster (`--gpus-per-node=8`, TRES gres/gpu, auto-detection), though no job there can touch
+one: dry runs and `sbatch --test-only` are what it is for.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ DB_PORT = int(os.environ.get("SLURMTRAIN_DB_PORT", "3307"))
 NODE_PORT0 = 17000
 DB_USER, DB_PASS, DB_NAME = "slurm", "slurmtrain", "slurm_acct_db"
 RESPONSIVE = {"idle", "mix", "alloc", "comp"}  # sinfo %t states of a node that answers
+GPUS_PER_NODE, GPU_NODE_CPUS, GPU_NODE_MEM_MB = 8, 16, 16000  # the gpu partition's declared nodes
 
 
 def sh(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -66,12 +73,14 @@ def wait_for(what: str, ok, timeout: float, log: Path | None = None) -> None:
 class Cluster:
     """Paths and daemons of one local cluster; every daemon it starts has a pid file here."""
 
-    def __init__(self, state_dir: Path, nodes: int) -> None:
-        self.dir, self.nodes = state_dir, nodes
+    def __init__(self, state_dir: Path, nodes: int, gpu_nodes: int = 0) -> None:
+        self.dir, self.nodes, self.gpu_nodes = state_dir, nodes, gpu_nodes
         self.log, self.run, self.spool = state_dir / "log", state_dir / "run", state_dir / "spool"
         self.etc, self.db = state_dir / "etc", state_dir / "mysql"
         self.sock = self.run / "mysqld.sock"
-        self.names = [f"n{i}" for i in range(1, nodes + 1)]
+        self.cpu_names = [f"n{i}" for i in range(1, nodes + 1)]
+        self.gpu_names = [f"n{i}" for i in range(nodes + 1, nodes + gpu_nodes + 1)]
+        self.names = self.cpu_names + self.gpu_names
         self.meta = state_dir / "cluster.json"
 
     def pid(self, name: str, comm: str) -> int | None:
@@ -132,15 +141,27 @@ class Cluster:
                  "JobAcctGatherFrequency=30", "AccountingStorageType=accounting_storage/slurmdbd",
                  "AccountingStorageHost=localhost", "AccountingStoragePort=6819",
                  "JobCompType=jobcomp/none"]
+        if self.gpu_names:
+            lines.append("GresTypes=gpu")
         for i, name in enumerate(self.names, 1):
+            shape = (f"CPUs={GPU_NODE_CPUS} RealMemory={GPU_NODE_MEM_MB} Gres=gpu:{GPUS_PER_NODE}"
+                     if name in self.gpu_names else "CPUs=2 RealMemory=4000")
             lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                         f"Port={NODE_PORT0 + i} CPUs=2 RealMemory=4000 State=UNKNOWN")
+                         f"Port={NODE_PORT0 + i} {shape} State=UNKNOWN")
         allnodes = f"n[1-{n}]" if n > 1 else "n1"
         lines += [f"PartitionName=debug Nodes={allnodes} Default=YES MaxTime=02:00:00 "
                   "PriorityTier=1 PreemptMode=REQUEUE GraceTime=20 State=UP",
                   f"PartitionName=high Nodes={allnodes} MaxTime=1-00:00:00 PriorityTier=10 "
                   "PreemptMode=OFF State=UP"]
+        if self.gpu_names:
+            lines.append(f"PartitionName=gpu Nodes={','.join(self.gpu_names)} MaxTime=1-00:00:00 "
+                         "PriorityTier=1 PreemptMode=OFF State=UP")
         return "\n".join(lines) + "\n"
+
+    def gres_conf(self) -> str:
+        """Count-only GPUs: no File= lines, so slurmd looks for no /dev/nvidia* (none exist)."""
+        return "\n".join([MARK] + [f"NodeName={name} Name=gpu Count={GPUS_PER_NODE}"
+                                   for name in self.gpu_names]) + "\n"
 
     def dbd_conf(self) -> str:
         d = self.dir
@@ -156,13 +177,14 @@ class Cluster:
         self.etc.mkdir(parents=True, exist_ok=True)
         ETC.mkdir(parents=True, exist_ok=True)
         changed = False
-        for fname, text in [("slurm.conf", self.slurm_conf()), ("slurmdbd.conf", self.dbd_conf())]:
+        for fname, text in [("slurm.conf", self.slurm_conf()), ("slurmdbd.conf", self.dbd_conf()),
+                            ("gres.conf", self.gres_conf())]:
             (self.etc / fname).write_text(text)
             target = ETC / fname
             old = target.read_text() if target.exists() else None
             if old == text:
                 continue
-            changed |= fname == "slurm.conf"
+            changed |= fname in ("slurm.conf", "gres.conf")
             if old is not None and MARK not in old:
                 backup = target.with_name(fname + ".slurmtrain-backup")
                 print(f"  backing up {target} to {backup}")
@@ -172,7 +194,7 @@ class Cluster:
         return changed
 
     def uninstall_confs(self) -> None:
-        for fname in ["slurm.conf", "slurmdbd.conf"]:
+        for fname in ["slurm.conf", "slurmdbd.conf", "gres.conf"]:
             target, backup = ETC / fname, ETC / (fname + ".slurmtrain-backup")
             if target.exists() and MARK in target.read_text():
                 target.unlink()
@@ -330,7 +352,7 @@ def cmd_install(_: argparse.Namespace) -> None:
 
 def cmd_start(a: argparse.Namespace) -> None:
     t0 = time.monotonic()
-    c = Cluster(a.state_dir, a.nodes)
+    c = Cluster(a.state_dir, a.nodes, a.gpu_nodes)
     if os.geteuid() != 0:
         sys.exit("slurm_cluster: start needs root (munge, /etc/slurm, /etc/hosts)")
     missing = missing_binaries()
@@ -338,17 +360,21 @@ def cmd_start(a: argparse.Namespace) -> None:
         sys.exit(f"slurm_cluster: missing {', '.join(missing)}; run `python {sys.argv[0]} install`")
     for d in [c.log, c.run, c.spool / "ctld", c.etc]:
         d.mkdir(parents=True, exist_ok=True)
-    print(f"slurm_cluster: starting {a.nodes} node(s), state in {c.dir}")
+    print(f"slurm_cluster: starting {a.nodes} node(s) + {a.gpu_nodes} GPU-GRES node(s), "
+          f"state in {c.dir}")
     start_munge(c)
     start_mariadb(c)
     changed = c.install_confs()
     c.set_hosts(c.names)
     start_slurmdbd(c)
     start_slurm(c, changed)
-    c.meta.write_text(json.dumps({"nodes": a.nodes, "names": c.names}) + "\n")
+    c.meta.write_text(json.dumps({"nodes": a.nodes, "gpu_nodes": a.gpu_nodes,
+                                  "names": c.names}) + "\n")
     print(sh(["sinfo"]).stdout.rstrip())
     print(f"slurm_cluster: up in {time.monotonic() - t0:.1f}s; nodes {','.join(c.names)}; "
-          f"partitions debug (default, preemptible) and high; SLURM_CONF={ETC / 'slurm.conf'}")
+          f"partitions debug (default, preemptible) and high"
+          + (f", gpu ({','.join(c.gpu_names)}: gres gpu:{GPUS_PER_NODE}, count only)"
+             if c.gpu_names else "") + f"; SLURM_CONF={ETC / 'slurm.conf'}")
 
 
 def cmd_stop(a: argparse.Namespace) -> None:
@@ -381,6 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["install", "start", "stop", "status"])
     p.add_argument("--nodes", type=int, default=4, help="virtual nodes n1..nN (start)")
+    p.add_argument("--gpu-nodes", type=int, default=2,
+                   help="start: nodes after n1..nN in partition gpu, count-only gres gpu:8 (0: none)")
     p.add_argument("--state-dir", type=Path, default=Path(
         os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster")))
     p.add_argument("--keep-jobs", action="store_true", help="stop: do not cancel queued jobs")
@@ -389,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if not 1 <= a.nodes <= 64:
         p.error(f"--nodes {a.nodes}: use 1..64")
+    if not 0 <= a.gpu_nodes <= 8:
+        p.error(f"--gpu-nodes {a.gpu_nodes}: use 0..8")
     a.state_dir = a.state_dir.resolve()
     cmd = {"install": cmd_install, "start": cmd_start, "stop": cmd_stop, "status": cmd_status}
     if a.command in {"start", "stop"}:  # test sessions may call `start` at the same moment

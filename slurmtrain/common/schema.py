@@ -8,8 +8,6 @@ torch: the login node composes and validates in well under a second.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -39,7 +37,12 @@ class ModelConfig:
     max_positions: int = 2048
     word_embed_proj_dim: Optional[int] = None
     layer_norm_before: bool = True
-    dropout: float = 0.0
+    dropout: float = 0.0  # residual and attention dropout (OPT recipe: 0.1)
+    # Weights ~ N(0, init_std) (transformers' OPT init); scaled_init: the residual-branch output
+    # projections (attention out_proj, fc2) get init_std / sqrt(2 * num_layers), as metaseq's
+    # --full-megatron-init does, so the residual stream's variance does not grow with depth.
+    init_std: float = 0.02
+    scaled_init: bool = False
     activation_checkpointing: bool = False
     pretrained_path: Optional[str] = None  # a local Hugging Face directory; nothing is downloaded
 
@@ -56,9 +59,15 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 1e-3
-    min_lr: float = 1e-4  # > 0: WarmupDecayLR's warmup_min_lr=0 makes the first updates no-ops
-    warmup_steps: int = 10
+    lr: float = 1e-3  # peak
+    # Linear warm-up to `lr`, then linear decay to min_lr at the last step (WarmupDecayLR).
+    # None: min_lr_ratio x lr (OPT: 10% of peak). Must be > 0: warmup_min_lr=0 makes the first
+    # updates no-ops.
+    min_lr: Optional[float] = None
+    min_lr_ratio: float = 0.1
+    # warmup_steps wins when set; else warmup_tokens / tokens per step; else DEFAULT_WARMUP_STEPS.
+    warmup_steps: Optional[int] = None
+    warmup_tokens: Optional[float] = None
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.95
@@ -91,14 +100,18 @@ class CheckpointConfig:
 
 @dataclass
 class ClusterConfig:
-    kind: str = "local"  # local | slurm
+    kind: str = "local"  # auto (Slurm when it answers, else local) | local | slurm
     cpu_tasks_per_node: int = 2  # tasks per node when gpus_per_node == 0
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
     time: str = "01:00:00"
-    cpus_per_task: int = 1
-    mem: Optional[str] = None
+    # None: on Slurm GPU runs the node's cores per GPU (partition CPUs / GPUs), else 1; passed to
+    # srun too (Slurm 22.05-23.02 srun does not inherit it) with --cpu-bind=cores.
+    cpus_per_task: Optional[int] = None
+    mem: Optional[str] = None  # --mem per node; set it or mem_per_gpu
+    mem_per_gpu: Optional[str] = None  # None on Slurm GPU runs: the node's memory over its GPUs
+    cpu_bind: str = "cores"  # srun --cpu-bind (none: leave binding to the site)
     constraint: Optional[str] = None
     exclude: Optional[str] = None
     exclusive: bool = False
@@ -135,11 +148,17 @@ class FaultsConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 200
+    # The run's length: max_steps wins when set; else tokens / tokens per step (rounded down); else
+    # DEFAULT_MAX_STEPS. The OPT recipes set tokens (300B), so train.max_steps=20 still shortens them.
+    max_steps: Optional[int] = None
+    tokens: Optional[float] = None
     micro_batch_size: int = 4
-    # None: micro batch x grad_accumulation x data-parallel size of the largest allocation, fixed at
-    # the first submission; afterwards constant across world sizes (grad accumulation adjusts).
+    # Sequences per optimizer step. None: global_batch_tokens / data.seq_len when that is set (the
+    # OPT recipes give the batch in tokens), else micro batch x grad_accumulation x data-parallel
+    # size of the largest allocation, fixed at the first submission; afterwards constant across
+    # world sizes (grad accumulation adjusts).
     global_batch_size: Optional[int] = None
+    global_batch_tokens: Optional[float] = None
     grad_accumulation: int = 1  # only used to derive global_batch_size when it is None
     log_interval: int = 10
     seed: int = 1234
@@ -169,7 +188,9 @@ class RootConfig:
     name: str = "demo"
     runs_root: str = "runs"
     nodes: Any = 1  # an int, or a range "2-4" that Slurm may start at any size within
-    gpus_per_node: int = 0  # 0: CPU (gloo); > 0: one task per GPU (NCCL)
+    # 0: CPU (gloo); > 0: one task per GPU (NCCL); "auto": the chosen partition's GPUs on Slurm,
+    # `nvidia-smi -L` on this machine (login/placement.py resolves it before validation).
+    gpus_per_node: Any = 0
     dry_run: bool = False
     new_run: bool = False  # start a fresh run even if this exact config already ran
     force: bool = False  # submit even when the memory plan says it does not fit
@@ -243,122 +264,11 @@ def resolved_dtype(cfg: DictConfig) -> str:
     return cfg.deepspeed.dtype
 
 
-def _positive(key: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{key}={value!r}: must be a positive integer; e.g. {key}=1")
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r}: unknown; choose one of {', '.join(choices)}")
-
-
-def resolve_batch(cfg: DictConfig) -> None:
-    """Fill in global_batch_size when it was left to be derived (login node, before hashing)."""
-    if cfg.train.global_batch_size is None:
-        _positive("train.micro_batch_size", cfg.train.micro_batch_size)
-        _positive("train.grad_accumulation", cfg.train.grad_accumulation)
-        cfg.train.global_batch_size = (cfg.train.micro_batch_size * cfg.train.grad_accumulation
-                                       * world_size(cfg))
-
-
 def validate(cfg: DictConfig, submitting: bool = True) -> None:
-    """Every check Hydra's types cannot do; the first failure raises one ConfigError line.
+    """Every check Hydra's types cannot do (common/validation.py); the first raises one ConfigError."""
+    from slurmtrain.common.validation import validate_config
 
-    A dry run plans any size (`model=opt13b nodes=64` on a laptop); only a real submission needs a
-    backend that can place it.
-    """
-    low, high = node_range(cfg.nodes)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(cfg.name)):
-        raise ConfigError(f"name={cfg.name!r}: a run name is a directory and a job name; use "
-                          f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)")
-    resolve_batch(cfg)
-    for key in ("train.max_steps", "train.micro_batch_size", "train.global_batch_size",
-                "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
-                "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
-        _positive(key, OmegaConf.select(cfg, key))
-    for key, example in (("train.flops_profile_step", 10), ("train.memory_check_step", 3)):
-        value = OmegaConf.select(cfg, key)
-        if not 0 <= value <= cfg.train.max_steps:
-            raise ConfigError(f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
-                              f"{cfg.train.max_steps}; e.g. {key}={example}")
-    if cfg.train.straggler_factor <= 1:
-        raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
-                          f"(times the median rank's step time); e.g. train.straggler_factor=1.5")
-    if cfg.train.pause_at_step < 0:
-        raise ConfigError(f"train.pause_at_step={cfg.train.pause_at_step}: must be 0 (never) or a "
-                          f"step; e.g. train.pause_at_step=10")
-    if submitting and cfg.smoke and cfg.cluster.kind != "slurm":
-        raise ConfigError(f"smoke=true: chains a smoke job before the real one on Slurm; use "
-                          f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false")
-    if cfg.gpus_per_node < 0:
-        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node}: must be >= 0 (0 means CPU)")
-    _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
-    _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis"))
-    _choice("data.kind", cfg.data.kind, ("synthetic", "tokens"))
-    _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
-    _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
-    _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
-    _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
-    ds = cfg.deepspeed
-    check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)
-    for key in DERIVED_DEEPSPEED_KEYS:
-        if key in cfg.deepspeed.extra:
-            raise ConfigError(f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
-                              f"train.global_batch_size; set those instead")
-    if cfg.model.hidden_size % cfg.model.num_heads:
-        raise ConfigError(f"model.num_heads={cfg.model.num_heads}: must divide model.hidden_size="
-                          f"{cfg.model.hidden_size}")
-    if cfg.data.kind == "tokens":
-        path = cfg.data.path
-        if not path or not os.path.isfile(path):
-            raise ConfigError(f"data.path={path!r}: no such token file; make one with "
-                              f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass "
-                              f"data.path=FILE.bin")
-        meta_path = os.path.splitext(path)[0] + ".json"
-        vocab = _sidecar_vocab(meta_path)
-        if vocab is not None and vocab > cfg.model.vocab_size:
-            raise ConfigError(f"data.path={path!r}: tokens go up to {vocab} but model.vocab_size="
-                              f"{cfg.model.vocab_size}; use a model with a larger vocabulary or "
-                              f"set model.vocab_size={vocab}")
-    check_seq_len(cfg.data.seq_len, cfg.model.max_positions)
-    if submitting and cfg.cluster.kind == "local" and high != 1:
-        raise ConfigError(f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
-                          f"use nodes=1 or cluster=slurm")
-    for n in sorted({low, high}):
-        grad_accumulation(cfg, world_size(cfg, n))
-    if cfg.model.pretrained_path and not os.path.isdir(cfg.model.pretrained_path):
-        raise ConfigError(f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
-                          f"point it at a local Hugging Face model folder")
-
-
-def check_zero(stage: int, offload_optimizer: bool, offload_param: bool) -> None:
-    """What DeepSpeed accepts of ZeRO stage and offload; shared by validate and the planner."""
-    if stage not in (0, 1, 2, 3):
-        raise ConfigError(f"deepspeed.stage={stage}: ZeRO stages are 0-3; e.g. deepspeed=zero2")
-    if offload_param and stage != 3:
-        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is {stage}); "
-                          f"use deepspeed=zero3_offload")
-    if offload_optimizer and stage == 0:
-        raise ConfigError("deepspeed.offload_optimizer=true: needs ZeRO stage >= 1; "
-                          "use deepspeed=zero1 or higher")
-    if offload_param and not offload_optimizer:
-        raise ConfigError("deepspeed.offload_param=true: DeepSpeed offloads params only together "
-                          "with the optimizer; use deepspeed=zero3_offload")
-
-
-def check_seq_len(seq_len: int, max_positions: int) -> None:
-    if seq_len > max_positions:
-        raise ConfigError(f"data.seq_len={seq_len}: above model.max_positions={max_positions}; "
-                          f"use data.seq_len<={max_positions}")
-
-
-def _sidecar_vocab(meta_path: str) -> Optional[int]:
-    try:
-        with open(meta_path) as f:
-            return int(json.load(f)["vocab_size"])
-    except (OSError, ValueError, KeyError):
-        return None
+    validate_config(cfg, submitting)
 
 
 def load_run_config(path: str) -> DictConfig:

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 MAX_RANGE = 65536  # Slurm refuses one bracket range with more hosts ("Too many hosts in range")
-PORT_BASE, PORT_SPAN = 20000, 40000  # MASTER_PORT range: 20000..59999
+# MASTER_PORT range 10000..32767: below Linux's ephemeral ports (net.ipv4.ip_local_port_range,
+# 32768..60999 by default), so a port the kernel handed to some client socket on rank 0's node
+# cannot collide with the rendezvous; above the well-known and most registered service ports.
+PORT_BASE, PORT_SPAN = 10000, 32768 - 10000
 _UNLIMITED = {"UNLIMITED", "INFINITE"}
 
 
@@ -170,7 +173,7 @@ def tasks_per_node(value: str) -> list[int]:
 
 
 def master_port(job_id: str) -> int:
-    """A port every task of a job derives alike, spread over 20000..59999 by job id."""
+    """A port every task of a job derives alike, spread over 10000..32767 by job id."""
     key = int(job_id) if str(job_id).isdigit() else zlib.crc32(str(job_id).encode())
     return PORT_BASE + key % PORT_SPAN
 

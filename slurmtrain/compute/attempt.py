@@ -21,7 +21,7 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.common import errors, provenance
 from slurmtrain.compute.faults import signals
 from slurmtrain.common.schema import load_run_config
-from slurmtrain.compute.distributed import Placement, export, placement
+from slurmtrain.compute.distributed import Placement, export, placement, rank_device
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.compute.faults.watchdog import Watchdog
@@ -84,7 +84,7 @@ def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector
     from slurmtrain.common.rundir import append_jsonl
 
     t0 = time.time()
-    device = torch.device("cpu") if cfg.gpus_per_node == 0 else torch.device("cuda", where.local_rank)
+    device = rank_device(cfg.gpus_per_node, os.environ, where.local_rank)
     mine = health.check_rank(where.node, where.rank, device, cfg.gpus_per_node,
                              injector.fails_health(where.node))
     bad = health.gate(mine, where.world_size, cfg.faults.health_slow_factor)
@@ -120,7 +120,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         # DeepSpeed's shared-memory all-reduce JIT-compiles for ~50 s on first use; gloo is enough.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     else:
-        torch.cuda.set_device(where.local_rank)
+        torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
     deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", verbose=False,
                                timeout=timedelta(seconds=cfg.faults.collective_timeout_s))
     rendezvous_s = time.time() - started

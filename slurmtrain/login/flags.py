@@ -48,7 +48,7 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         "job-name": checked("name", job_name),
         "nodes": f"{low}-{high}" if high != low else str(low),
         "ntasks-per-node": str(tasks_per_node(cfg)),
-        "cpus-per-task": str(c.cpus_per_task),
+        "cpus-per-task": str(cpus_per_task(cfg)),
         "time": checked("cluster.time", c.time),
         # USR2, not USR1: NCCL catches USR1. Sent to every task `lead` seconds before the limit.
         "signal": f"USR2@{int(c.signal_lead_s)}",
@@ -60,6 +60,8 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
     for key in ("partition", "account", "qos", "mem", "constraint", "exclude"):
         if c[key]:
             opts[key] = checked(f"cluster.{key}", c[key])
+    if cfg.gpus_per_node > 0 and c.mem_per_gpu and not c.mem:  # Slurm refuses both at once
+        opts["mem-per-gpu"] = checked("cluster.mem_per_gpu", c.mem_per_gpu)
     if c.exclusive:
         opts["exclusive"] = True
     extra = OmegaConf.to_container(c.sbatch_extra, resolve=True)
@@ -74,9 +76,29 @@ def sbatch_lines(opts: dict[str, Flag]) -> list[str]:
     return [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in opts.items()]
 
 
+def cpus_per_task(cfg: DictConfig) -> int:
+    """Cores per task: cluster.cpus_per_task, filled from the partition (cores per GPU) by
+    login/placement.py; 1 when nothing set it (a config composed outside the launch flow)."""
+    value = cfg.cluster.cpus_per_task
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"cluster.cpus_per_task={value!r}: must be a positive integer; e.g. "
+                          f"cluster.cpus_per_task=8")
+    return value
+
+
 def srun_args(cfg: DictConfig) -> list[str]:
-    """Arguments for srun (argument list: each is quoted when rendered into a script)."""
-    args = list(SRUN_FIXED) + [str(a) for a in cfg.cluster.srun_extra]
+    """Arguments for srun (argument list: each is quoted when rendered into a script).
+
+    --cpus-per-task is repeated here: srun in Slurm 22.05-23.02 does not inherit it from the batch
+    allocation (SLURM_CPUS_PER_TASK), so without it every rank is bound to one core. --cpu-bind
+    keeps each rank's data loader and Python threads on its own cores."""
+    args = [f"--cpus-per-task={cpus_per_task(cfg)}"]
+    bind = str(cfg.cluster.cpu_bind)
+    if bind != "none":
+        args.append(f"--cpu-bind={checked('cluster.cpu_bind', bind)}")
+    args += list(SRUN_FIXED) + [str(a) for a in cfg.cluster.srun_extra]
     for arg in args:
         if "\n" in arg or "\r" in arg:
             raise ConfigError(f"cluster.srun_extra={arg!r}: newlines are not allowed; fix the value")

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.login.prepare import check, record, resolve
-from slurmtrain.planning import report as planning
 
 Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
 
@@ -59,13 +58,16 @@ def launch(points: Sequence[Point], copy: bool = False) -> int:
 
 
 def dry_run(points: Sequence[Point]) -> int:
-    """Print each point's resolved config and plan; nothing is written or queued."""
+    """Show each point (config, plan, batch script, Slurm's answer); nothing is written or queued.
+    Exits 2 when the same command without dry_run=true would be refused (login/dry_run.py)."""
+    from slurmtrain.login.dry_run import show
+
+    code = 0
     for cfg, overrides in points:
         if len(points) > 1:
             print(f"sweep point: {' '.join(overrides)}")
-        print(OmegaConf.to_yaml(cfg, resolve=True))
-        print(planning.report(cfg).text)
-    return 0
+        code = show(cfg) or code
+    return code
 
 
 def _submit_array(todo: list, total: int) -> int:

@@ -14,6 +14,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import schema
+from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
 from slurmtrain.common import rundir as runs
 
@@ -34,6 +35,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
         cfg.pop("hydra")
         OmegaConf.set_struct(cfg, True)
     cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
+    resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     schema.validate(cfg, submitting=not cfg.dry_run)
     return cfg
 
@@ -47,6 +49,7 @@ def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
 
         check_cluster(cfg)
     if not quiet:
+        announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
     run = runs.locate(cfg)
     warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))

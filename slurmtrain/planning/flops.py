@@ -49,6 +49,16 @@ PEAK_TFLOPS: dict[str, dict[str, Optional[float]]] = {
     # GeForce: 16-bit inputs with fp32 accumulation (what PyTorch uses), Ada/Ampere whitepapers.
     "RTX-4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
     "RTX-3090": {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6},
+    # Export parts: H800 keeps H100 SXM compute (NVLink and FP64 cut), A800 keeps A100's (NVLink
+    # cut); H20 (Hopper, cut compute): NVIDIA H20 product brief, 148 TFLOPS dense FP16/BF16.
+    "H800": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "A800": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "H20": {"bf16": 148.0, "fp16": 148.0, "tf32": 74.0, "fp32": 44.0},
+    # Blackwell: NVIDIA's HGX B200 / GB200 NVL72 datasheets list per-GPU tensor figures *with*
+    # 2:4 sparsity (B200 4.5 PF, GB200 5 PF FP16/BF16; TF32 2.2 / 2.5 PF); dense is half.
+    # FP32 (no tensor core): 75 / 80 TFLOPS. GB200's GPU runs at 1200 W, B200's at 1000 W.
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 75.0},
+    "GB200": {"bf16": 2500.0, "fp16": 2500.0, "tf32": 1250.0, "fp32": 80.0},
     "MI300X": {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4},
     "MI250X": {"bf16": 383.0, "fp16": 383.0, "tf32": None, "fp32": 95.7},
 }
@@ -56,6 +66,11 @@ PEAK_TFLOPS: dict[str, dict[str, Optional[float]]] = {
 # torch.cuda.get_device_name() strings -> table key; first match wins, so specific before general.
 _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"\bGH200\b", "GH200"),
+    (r"\bGB200\b", "GB200"),
+    (r"\bB200\b", "B200"),
+    (r"\bH800\b", "H800"),
+    (r"\bA800\b", "A800"),
+    (r"\bH20\b", "H20"),  # a word: "H200" does not match
     (r"\bH200\b.*\bNVL\b", "H200-NVL"),
     (r"\bH200\b", "H200"),
     (r"\bH100\b.*\bPCIe\b", "H100-PCIe"),

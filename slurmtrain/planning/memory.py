@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional, Protocol
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import check_seq_len, check_zero
+from slurmtrain.common.validation import check_seq_len, check_zero
 
 GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

@@ -27,7 +27,8 @@ from slurmtrain.common import schema as config
 from slurmtrain.planning import report as planning
 from slurmtrain.common import rundir as runs
 with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
-    cfg = compose("config", overrides=["model=opt13b", "nodes=64"])
+    cfg = compose("config", overrides=["model=opt13b", "nodes=64", "cluster=local",
+                                       "gpus_per_node=0"])
 config.validate(cfg, submitting=False)
 planning.report(cfg)
 runs.fingerprint(cfg)

@@ -21,7 +21,7 @@ perf = pytest.importorskip("slurmtrain.compute.observe.perf")
 def _cfg(*overrides: str):
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
+        cfg = compose("config", overrides=["cluster=local", "gpus_per_node=0", *overrides])
     config.validate(cfg, submitting=False)
     return cfg
 

@@ -33,7 +33,8 @@ def test_signal_lead_below_twice_the_save_time_warns(workdir):
 
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["cluster=slurm", "cluster.signal_lead_s=60"])
+        cfg = compose("config", overrides=["cluster=slurm", "gpus_per_node=0",
+                                           "cluster.signal_lead_s=60"])
     assert planning.lead_warning(cfg, [{"total_seconds": 10.0}]) is None
     line = planning.lead_warning(cfg, [{"total_seconds": 40.0}])
     assert "cluster.signal_lead_s=60" in line and "measured" in line and ">=81" in line

@@ -124,7 +124,7 @@ SRUN_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[007-008,010]",
 
 def test_rendezvous_from_env_gives_the_five_torch_variables():
     rv = rendezvous_from_env(SRUN_ENV)
-    assert rv == {"MASTER_ADDR": "gpu007", "MASTER_PORT": str(20000 + 4242), "RANK": "5",
+    assert rv == {"MASTER_ADDR": "gpu007", "MASTER_PORT": str(10000 + 4242), "RANK": "5",
                   "LOCAL_RANK": "1", "WORLD_SIZE": "6", "NODE_RANK": "2", "LOCAL_WORLD_SIZE": "2"}
 
 
@@ -142,9 +142,10 @@ def test_rendezvous_outside_srun_says_what_is_missing():
 
 
 def test_master_port_is_deterministic_and_in_range():
-    assert master_port("4242") == master_port("4242") == 24242
-    assert master_port("40000") == 20000 and master_port("39999") == 59999
-    assert all(20000 <= master_port(j) < 60000 for j in ["1", "123456789", "77_3", "x"])
+    assert master_port("4242") == master_port("4242") == 14242
+    assert master_port("22768") == 10000 and master_port("22767") == 32767
+    # Never in Linux's default ephemeral range (32768..60999), where client sockets get ports.
+    assert all(10000 <= master_port(j) < 32768 for j in ["1", "123456789", "77_3", "x"])
 
 
 def test_tasks_per_node_expands_slurms_repeat_syntax():

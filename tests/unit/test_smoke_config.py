@@ -26,7 +26,8 @@ def _cfg(tmp_path, *overrides):
 
 def test_smoke_is_one_node_two_layers_twenty_steps_with_a_save_and_no_retries(tmp_path):
     big = _cfg(tmp_path, "model=opt125m", "nodes=4", "train.max_steps=5000", "name=big",
-               "train.grad_accumulation=2", "smoke=true")
+               "train.grad_accumulation=2", "smoke=true",
+               "train.global_batch_tokens=null")  # batch from micro x accumulation x world
     small = smoke_config(big)
     assert (small.name, small.nodes, small.model.num_layers) == ("big-smoke", 1, 2)
     assert (small.train.max_steps, small.train.pause_at_step) == (20, 10)

@@ -1,0 +1,183 @@
+"""Checks Hydra's types cannot express: batch math, ranges, files, ZeRO/offload, the recipe's tokens.
+
+Each failure is one ConfigError line naming the key, the value and the fix. Called through
+schema.validate on the login node before anything is written or queued (and by the planner for
+the ZeRO and sequence checks it shares).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import (DERIVED_DEEPSPEED_KEYS, grad_accumulation, node_range,
+                                      world_size)
+
+
+def _positive(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}={value!r}: must be a positive integer; e.g. {key}=1")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r}: unknown; choose one of {', '.join(choices)}")
+
+
+DEFAULT_MAX_STEPS = 200  # the tiny demo's length when neither max_steps nor tokens is given
+DEFAULT_WARMUP_STEPS = 10
+
+
+def _per_tokens(key: str, tokens: Any, per: int) -> int:
+    """A token budget as whole `per`-token steps, rounded down as metaseq does (at least 1)."""
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens <= 0:
+        raise ConfigError(f"{key}={tokens!r}: must be a positive number of tokens; e.g. {key}=3e11")
+    return max(1, int(tokens) // per)
+
+
+def resolve_batch(cfg: DictConfig) -> None:
+    """Fill in what was left to be derived (login node, before hashing): the global batch (from
+    tokens or from micro x accumulation x world), the run length and warm-up (steps from tokens),
+    and the decay floor (a fraction of the peak lr)."""
+    t, o = cfg.train, cfg.optim
+    if t.global_batch_size is None and t.global_batch_tokens is not None:
+        _positive("data.seq_len", cfg.data.seq_len)
+        tokens = t.global_batch_tokens
+        if (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens <= 0
+                or int(tokens) != tokens or int(tokens) % cfg.data.seq_len):
+            raise ConfigError(f"train.global_batch_tokens={tokens:g}: must be a whole number of "
+                              f"sequences of data.seq_len={cfg.data.seq_len} tokens; e.g. "
+                              f"train.global_batch_tokens={cfg.data.seq_len * 256}")
+        t.global_batch_size = int(tokens) // cfg.data.seq_len
+    if t.global_batch_size is None:
+        _positive("train.micro_batch_size", t.micro_batch_size)
+        _positive("train.grad_accumulation", t.grad_accumulation)
+        t.global_batch_size = t.micro_batch_size * t.grad_accumulation * world_size(cfg)
+    _positive("train.global_batch_size", t.global_batch_size)
+    step_tokens = t.global_batch_size * cfg.data.seq_len
+    if t.max_steps is None:
+        t.max_steps = (_per_tokens("train.tokens", t.tokens, step_tokens)
+                       if t.tokens is not None else DEFAULT_MAX_STEPS)
+    if o.warmup_steps is None:
+        o.warmup_steps = (_per_tokens("optim.warmup_tokens", o.warmup_tokens, step_tokens)
+                          if o.warmup_tokens is not None else DEFAULT_WARMUP_STEPS)
+    if o.warmup_steps < 0:
+        raise ConfigError(f"optim.warmup_steps={o.warmup_steps}: must be >= 0; e.g. "
+                          f"optim.warmup_steps=10")
+    if o.min_lr is None:
+        if not 0 < o.min_lr_ratio <= 1:
+            raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio}: must be in (0, 1] (the "
+                              f"decay floor as a fraction of optim.lr); e.g. optim.min_lr_ratio=0.1")
+        o.min_lr = o.lr * o.min_lr_ratio
+    if not 0 < o.min_lr <= o.lr:
+        raise ConfigError(f"optim.min_lr={o.min_lr}: must be > 0 and <= optim.lr={o.lr} "
+                          f"(0 makes the first warm-up updates no-ops); e.g. optim.min_lr={o.lr / 10:g}")
+
+
+def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
+    """Every check Hydra's types cannot do; the first failure raises one ConfigError line.
+
+    A dry run plans any size (`model=opt13b nodes=64` on a laptop); only a real submission needs a
+    backend that can place it.
+    """
+    low, high = node_range(cfg.nodes)
+    if cfg.gpus_per_node == "auto" or cfg.cluster.kind == "auto":
+        raise ConfigError("cluster.kind/gpus_per_node=auto: not resolved; the launch flow calls "
+                          "slurmtrain.login.placement.resolve_auto first (or set them explicitly)")
+    if (isinstance(cfg.gpus_per_node, bool) or not isinstance(cfg.gpus_per_node, int)
+            or cfg.gpus_per_node < 0):
+        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node!r}: must be auto or an integer >= 0 "
+                          f"(0 means CPU); e.g. gpus_per_node=8")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(cfg.name)):
+        raise ConfigError(f"name={cfg.name!r}: a run name is a directory and a job name; use "
+                          f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)")
+    resolve_batch(cfg)
+    for key in ("train.max_steps", "train.micro_batch_size", "train.global_batch_size",
+                "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
+                "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
+        _positive(key, OmegaConf.select(cfg, key))
+    for key, example in (("train.flops_profile_step", 10), ("train.memory_check_step", 3)):
+        value = OmegaConf.select(cfg, key)
+        if not 0 <= value <= cfg.train.max_steps:
+            raise ConfigError(f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
+                              f"{cfg.train.max_steps}; e.g. {key}={example}")
+    if cfg.train.straggler_factor <= 1:
+        raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
+                          f"(times the median rank's step time); e.g. train.straggler_factor=1.5")
+    if cfg.train.pause_at_step < 0:
+        raise ConfigError(f"train.pause_at_step={cfg.train.pause_at_step}: must be 0 (never) or a "
+                          f"step; e.g. train.pause_at_step=10")
+    if submitting and cfg.smoke and cfg.cluster.kind != "slurm":
+        raise ConfigError(f"smoke=true: chains a smoke job before the real one on Slurm; use "
+                          f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false")
+    _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
+    _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis"))
+    _choice("data.kind", cfg.data.kind, ("synthetic", "tokens"))
+    _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
+    _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
+    _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
+    _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
+    ds = cfg.deepspeed
+    check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)
+    for key in DERIVED_DEEPSPEED_KEYS:
+        if key in cfg.deepspeed.extra:
+            raise ConfigError(f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
+                              f"train.global_batch_size; set those instead")
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError(f"model.num_heads={cfg.model.num_heads}: must divide model.hidden_size="
+                          f"{cfg.model.hidden_size}")
+    if cfg.data.kind == "tokens":
+        path = cfg.data.path
+        if not path or not os.path.isfile(path):
+            raise ConfigError(f"data.path={path!r}: no such token file; make one with "
+                              f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass "
+                              f"data.path=FILE.bin")
+        meta_path = os.path.splitext(path)[0] + ".json"
+        vocab = _sidecar_vocab(meta_path)
+        if vocab is not None and vocab > cfg.model.vocab_size:
+            raise ConfigError(f"data.path={path!r}: tokens go up to {vocab} but model.vocab_size="
+                              f"{cfg.model.vocab_size}; use a model with a larger vocabulary or "
+                              f"set model.vocab_size={vocab}")
+    check_seq_len(cfg.data.seq_len, cfg.model.max_positions)
+    if submitting and cfg.cluster.kind == "local" and high != 1:
+        raise ConfigError(f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
+                          f"use nodes=1 or cluster=slurm")
+    for n in sorted({low, high}):
+        grad_accumulation(cfg, world_size(cfg, n))
+    if cfg.model.pretrained_path and not os.path.isdir(cfg.model.pretrained_path):
+        raise ConfigError(f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
+                          f"point it at a local Hugging Face model folder")
+
+
+def check_zero(stage: int, offload_optimizer: bool, offload_param: bool) -> None:
+    """What DeepSpeed accepts of ZeRO stage and offload; shared by validate and the planner."""
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"deepspeed.stage={stage}: ZeRO stages are 0-3; e.g. deepspeed=zero2")
+    if offload_param and stage != 3:
+        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is {stage}); "
+                          f"use deepspeed=zero3_offload")
+    if offload_optimizer and stage == 0:
+        raise ConfigError("deepspeed.offload_optimizer=true: needs ZeRO stage >= 1; "
+                          "use deepspeed=zero1 or higher")
+    if offload_param and not offload_optimizer:
+        raise ConfigError("deepspeed.offload_param=true: DeepSpeed offloads params only together "
+                          "with the optimizer; use deepspeed=zero3_offload")
+
+
+def check_seq_len(seq_len: int, max_positions: int) -> None:
+    if seq_len > max_positions:
+        raise ConfigError(f"data.seq_len={seq_len}: above model.max_positions={max_positions}; "
+                          f"use data.seq_len<={max_positions}")
+
+
+def _sidecar_vocab(meta_path: str) -> Optional[int]:
+    try:
+        with open(meta_path) as f:
+            return int(json.load(f)["vocab_size"])
+    except (OSError, ValueError, KeyError):
+        return None

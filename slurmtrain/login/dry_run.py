@@ -1,0 +1,85 @@
+"""`dry_run=true`: show everything a submission would do, queue nothing, and exit as it would.
+
+Why an exit code: scripts gate on `python -m slurmtrain ... dry_run=true` before a real submission,
+so a dry run of a command that would be refused (plan does not fit, bad partition, too many nodes)
+exits 2 with the same one-line reason, after printing the plan. With Slurm it also prints the exact
+batch script (slurm_submit.render_sbatch, the one submission writes) and Slurm's own answer to it
+(`sbatch --test-only`: expected start and nodes), so what is shown is what would be queued.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common import rundir as runs
+from slurmtrain.common.commands import run_cmd
+from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
+from slurmtrain.common.slurm_text import SlurmError
+from slurmtrain.planning import report as planning
+
+TEST_ONLY_TIMEOUT_S = 20.0
+
+
+def refusal(cfg: DictConfig, report: planning.PlanReport) -> Optional[str]:
+    """The line a real submission would refuse with, or None: the plan gate, then the cluster's
+    partitions (Slurm)."""
+    try:
+        report.enforce(cfg)
+        if cfg.cluster.kind == "slurm":
+            from slurmtrain.login.slurm_submit import check_cluster
+
+            check_cluster(cfg)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def test_only(script: str) -> str:
+    """Slurm's answer to the script without queueing it: `sbatch --test-only` (it prints
+    "Job N to start at T using C processors on nodes H in partition P" on stderr)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as f:
+        f.write(script)
+    try:
+        cmd = run_cmd(["sbatch", "--test-only", f.name], TEST_ONLY_TIMEOUT_S)
+        if not cmd.ok:
+            raise SlurmError(cmd.reason())
+        return (cmd.err + cmd.out).strip()
+    finally:
+        os.unlink(f.name)
+
+
+def show(cfg: DictConfig, out=None) -> int:
+    """Print config, plan, and on Slurm the batch script and Slurm's answer; 0 or EXIT_CONFIG."""
+    out = out or sys.stdout
+    from slurmtrain.login.placement import announce
+
+    announce(out)
+    print(OmegaConf.to_yaml(cfg, resolve=True), file=out)
+    report = planning.report(cfg)
+    print(report.text, file=out)
+    refused = refusal(cfg, report)
+    if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
+        from slurmtrain.login.slurm_submit import render_sbatch
+
+        script = render_sbatch(cfg, runs.locate(cfg))
+        print("slurmtrain: dry run: the batch script that would be submitted:", file=out)
+        print(script.rstrip("\n"), file=out)
+        try:
+            answer = test_only(script)
+            lines = [ln for ln in answer.splitlines() if re.search(r"to start at", ln)] or \
+                answer.splitlines()[-1:]
+            print(f"slurmtrain: dry run: Slurm says: {' '.join(lines)}", file=out)
+        except SlurmError as err:
+            print(f"slurmtrain: dry run: sbatch --test-only gave no answer ({err})", file=out)
+    if refused:
+        print(f"slurmtrain: error: {refused}", file=sys.stderr)
+        print("slurmtrain: dry run: the same command without dry_run=true would be refused "
+              "(exit 2)", file=out)
+        return EXIT_CONFIG
+    return 0

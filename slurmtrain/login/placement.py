@@ -1,0 +1,181 @@
+"""Where a run goes when the user did not say: `cluster=auto` and `gpus_per_node=auto`.
+
+Why: the mission's command (`python -m slurmtrain model=opt13b nodes=64`) has no `cluster=` key, so
+on a login node it must reach Slurm, and on a laptop it must run here. Slurm is used when it
+answers (sbatch on PATH and the controller responds within seconds); otherwise this machine. GPUs
+per node come from the chosen partition's GRES/TRES on Slurm, from `nvidia-smi -L` locally (never a
+torch import: the login path stays around a second), else 0 (CPU ranks). One line says which and
+why. Slurm's per-task resources left unset (cpus per task, memory per GPU) default from the same
+partition, so the batch script asks for them explicitly.
+
+`SLURMTRAIN_AUTO=off` turns detection off: auto means this machine and CPU ranks, the embedded
+default before detection existed (tests and tools/demo.sh use it on machines that run Slurm).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from omegaconf import DictConfig
+
+from slurmtrain.common.commands import run_cmd
+
+from slurmtrain.common import slurm_cmd
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.slurm_text import PartitionInfo, SlurmError
+
+ENV = "SLURMTRAIN_AUTO"
+PROBE_TIMEOUT_S = 5.0
+LOCAL_CPU_TASKS, SLURM_CPU_TASKS = 2, 1  # cpu_tasks_per_node when cluster=auto leaves it to the kind
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What this machine can reach: the Slurm partitions (None: no Slurm) and local GPUs."""
+
+    partitions: Optional[dict[str, PartitionInfo]]
+    why: str  # why Slurm is (not) used, for the one line
+    local_gpus: Optional[int] = None  # filled lazily: nvidia-smi only when needed
+
+
+_probe_cache: dict[str, Probe] = {}
+_said: set[str] = set()
+_pending: list[str] = []  # the line, printed by announce() once the command goes ahead
+
+
+def probe_slurm(env: Mapping[str, str] = os.environ) -> Probe:
+    """Slurm when sbatch is on PATH and `scontrol ping` says the controller is UP (cached per
+    process: a sweep resolves every point, Slurm is asked once)."""
+    if "slurm" in _probe_cache:
+        return _probe_cache["slurm"]
+    if env.get(ENV, "").lower() == "off":
+        probe = Probe(None, f"{ENV}=off")
+    elif not shutil.which("sbatch", path=env.get("PATH")):
+        probe = Probe(None, "no sbatch on PATH")
+    else:
+        try:
+            pong = slurm_cmd.run(["scontrol", "ping"], timeout=PROBE_TIMEOUT_S)
+            if not re.search(r"\bUP\b", pong):
+                raise SlurmError(pong.strip().splitlines()[0] if pong.strip() else "no answer")
+            probe = Probe(slurm_cmd.query_partitions(), "the Slurm controller answers")
+        except SlurmError as err:
+            probe = Probe(None, f"sbatch is on PATH but the controller does not answer ({err})")
+    _probe_cache["slurm"] = probe
+    return probe
+
+
+def local_gpu_count(env: Mapping[str, str] = os.environ) -> int:
+    """GPUs on this machine from `nvidia-smi -L` (one `GPU n: ...` line each), honouring
+    CUDA_VISIBLE_DEVICES; 0 when there is no nvidia-smi or it fails."""
+    if env.get(ENV, "").lower() == "off":
+        return 0
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not [v for v in visible.split(",") if v.strip()]:
+        return 0
+    exe = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if not exe:
+        return 0
+    out = run_cmd([exe, "-L"], PROBE_TIMEOUT_S)
+    count = parse_nvidia_smi_l(out.out) if out.ok else 0
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
+
+
+def parse_nvidia_smi_l(text: str) -> int:
+    """`nvidia-smi -L` -> number of GPUs (MIG instances listed under a GPU are not extra GPUs)."""
+    return sum(1 for line in text.splitlines() if re.match(r"GPU \d+:", line))
+
+
+def chosen_partition(name: Optional[str], partitions: Mapping[str, PartitionInfo]) -> Optional[PartitionInfo]:
+    """The partition a job lands in: the named one, else the cluster's default (None: unknown)."""
+    if name:
+        return partitions.get(name)
+    return next((p for p in partitions.values() if p.default), None)
+
+
+def _mem_mb(value: str) -> Optional[int]:
+    """TRES memory `16000M` / `64000G` / `2T` -> MiB."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", value.strip())
+    if not m:
+        return None
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[m[2]]
+    return int(float(m[1]) * scale)
+
+
+def node_resources(part: PartitionInfo) -> tuple[int, Optional[int], int]:
+    """(CPUs per node, memory MiB per node or None, GPUs per node) of a partition (its average:
+    the TRES totals over its nodes)."""
+    nodes = max(part.total_nodes, 1)
+    mem = _mem_mb(part.tres.get("mem", "")) if part.tres.get("mem") else None
+    return part.total_cpus // nodes, (mem // nodes if mem else None), part.gpus_per_node
+
+
+def slurm_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
+    """Per-task resources left unset, from the partition: cores per GPU (srun gets them too) and
+    memory per GPU (the node's memory over its GPUs). CPU ranks keep one core and the site's
+    memory default: CPU jobs share nodes on small clusters, and they ask for no GPUs to divide by."""
+    cpus, mem, gpus = node_resources(part)
+    if cfg.cluster.cpus_per_task is None:
+        cfg.cluster.cpus_per_task = max(1, cpus // gpus) if cfg.gpus_per_node > 0 and gpus else 1
+    if cfg.gpus_per_node > 0 and not cfg.cluster.mem and cfg.cluster.mem_per_gpu is None and mem and gpus:
+        cfg.cluster.mem_per_gpu = f"{mem // gpus}M"
+
+
+def resolve_auto(cfg: DictConfig) -> None:
+    """Replace `cluster.kind=auto` / `gpus_per_node=auto` / unset per-task resources by what this
+    machine reaches (mutates cfg). The line saying which and why waits for announce(): a command
+    refused for bad input stays one line."""
+    said = []
+    if cfg.cluster.kind == "auto":
+        probe = probe_slurm()
+        cfg.cluster.kind = "slurm" if probe.partitions is not None else "local"
+        said.append(f"cluster={cfg.cluster.kind} ({probe.why})")
+    if cfg.cluster.cpu_tasks_per_node == 0:  # conf/cluster/auto.yaml: by the chosen kind
+        cfg.cluster.cpu_tasks_per_node = (SLURM_CPU_TASKS if cfg.cluster.kind == "slurm"
+                                          else LOCAL_CPU_TASKS)
+    part = None
+    if cfg.cluster.kind == "slurm" and (cfg.gpus_per_node == "auto" or cfg.cluster.cpus_per_task is None
+                                        or cfg.cluster.mem_per_gpu is None):
+        probe = probe_slurm()
+        if probe.partitions is not None:
+            part = chosen_partition(cfg.cluster.partition, probe.partitions)
+    if cfg.gpus_per_node == "auto":
+        if os.environ.get(ENV, "").lower() == "off":
+            cfg.gpus_per_node, why = 0, f"{ENV}=off"
+        elif cfg.cluster.kind == "slurm":
+            known = probe_slurm().partitions
+            if part is None and known is not None:
+                raise ConfigError(
+                    f"cluster.partition={cfg.cluster.partition!r}: "
+                    + ("unknown partition" if cfg.cluster.partition else "no default partition")
+                    + f"; set cluster.partition to one of: {', '.join(known) or '(none)'}")
+            if part is None:
+                raise ConfigError(
+                    f"gpus_per_node=auto: cannot read partition "
+                    f"{cfg.cluster.partition or '(default)'}'s GPUs from Slurm "
+                    f"({probe_slurm().why}); set gpus_per_node=N or cluster.partition=NAME")
+            cfg.gpus_per_node = part.gpus_per_node
+            why = f"partition {part.name}'s GRES"
+        else:
+            cfg.gpus_per_node, why = local_gpu_count(), "nvidia-smi -L"
+        said.append(f"gpus_per_node={cfg.gpus_per_node} ({why})")
+    if part is not None:
+        slurm_defaults(cfg, part)
+    if cfg.cluster.cpus_per_task is None:
+        cfg.cluster.cpus_per_task = 1
+    line = "slurmtrain: auto: " + ", ".join(said)
+    if said and line not in _said:  # once per process (a sweep resolves every point)
+        _said.add(line)
+        _pending.append(line)
+
+
+def announce(out=None) -> None:
+    """Print the pending "which and why" line (once), when the command goes ahead."""
+    while _pending:
+        print(_pending.pop(0), file=out or sys.stdout)

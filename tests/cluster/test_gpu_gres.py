@@ -1,0 +1,61 @@
+"""GPUs as Slurm reports them (partition `gpu`: count-only GRES gpu:8, tools/slurm_cluster.py), and
+cluster=auto choosing Slurm on a machine where the controller answers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.cluster.helpers import only_run, wait_event
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slurm
+DETECT = {"SLURMTRAIN_AUTO": ""}  # the test session turns detection off (tests/conftest.py)
+
+
+def _sbatch(stdout: str) -> dict[str, str]:
+    return {m[1]: m[2] or "" for m in re.finditer(r"^#SBATCH --([\w-]+)(?:=(\S+))?$", stdout, re.M)}
+
+
+def test_gpu_partition_plans_8_gpus_per_node_in_bf16_with_the_recipe(slurm_cluster, workdir):
+    gpu = slurm_cluster.partitions["gpu"]
+    assert gpu.gpus_per_node == 8 and gpu.total_nodes == 2
+    done = run_cli(["model=opt13b", "nodes=2", "cluster=slurm", "cluster.partition=gpu",
+                    "dry_run=true"], cwd=workdir, env=DETECT)
+    out = done.stdout
+    assert "gpus_per_node=8 (partition gpu's GRES)" in out, out[:2000]
+    assert "plan: opt13b" in out and "bf16" in out and "nodes 2 x 8 tasks (8 GPUs)" in out
+    assert "global batch 2048" in out  # 4M tokens / 2048 (the OPT-13B recipe)
+    assert re.search(r"^  lr: 0\.0001$", out, re.M) and re.search(r"^  seq_len: 2048$", out, re.M)
+    flags = _sbatch(out)
+    assert flags["gpus-per-node"] == "8" and flags["ntasks-per-node"] == "8"
+    assert flags["cpus-per-task"] == "2"  # 16 CPUs / 8 GPUs per node
+    assert flags["mem-per-gpu"] == "2000M"  # 16000 MB / 8 GPUs
+    srun = next(line for line in out.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=2" in srun and "--cpu-bind=cores" in srun
+    # The plan either fits (exit 0) or says why (exit 2, as the real command would be refused).
+    assert "Slurm says:" in out or "--test-only gave no answer" in out
+    assert done.returncode == 0 or (done.returncode == 2 and "does not fit" in done.stderr)
+
+
+def test_a_fitting_gpu_plan_gets_slurms_answer(slurm_cluster, workdir):
+    done = run_cli(["model=opt125m", "nodes=2", "cluster=slurm", "cluster.partition=gpu",
+                    "dry_run=true"], cwd=workdir, env=DETECT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    assert re.search(r"Slurm says: .*to start at .* on nodes n\[5-6\] in partition gpu", done.stdout)
+
+
+def test_too_many_gpu_nodes_is_refused_by_the_dry_run_too(slurm_cluster, workdir):
+    done = run_cli(["model=opt125m", "nodes=3", "cluster=slurm", "cluster.partition=gpu",
+                    "dry_run=true"], cwd=workdir, env=DETECT)
+    assert done.returncode == 2 and "exceed partition 'gpu'" in done.stderr
+
+
+def test_no_cluster_key_submits_to_slurm_when_it_answers(slurm_cluster, workdir):
+    done = run_cli(["model=opt_tiny", "nodes=2", "train.max_steps=10", "train.log_interval=5",
+                    "checkpoint.interval_steps=0", "name=auto"], cwd=workdir, env=DETECT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "slurmtrain: auto: cluster=slurm (the Slurm controller answers)" in done.stdout
+    assert "submitted job" in done.stdout
+    wait_event(only_run(workdir / "runs", "auto"), "finished", timeout=400)
