@@ -39,9 +39,9 @@ class TrainTask:
 
 def submit(cfg: DictConfig, run: RunDir) -> Submission:
     if cfg.cluster.kind == "local":
-        from slurmtrain.login.submit import local
+        from slurmtrain.login import local_submit as local
 
         return local.submit(cfg, run)
-    from slurmtrain.login.submit import slurm
+    from slurmtrain.login import slurm_submit as slurm
 
     return slurm.submit(cfg, run)
