@@ -35,6 +35,16 @@ def _attempt(events: list[dict[str, Any]], job_id: str) -> Optional[int]:
     return started[-1]["attempt"] if started else None
 
 
+def cancelled_since(events: list[dict[str, Any]], job_id: str, attempt: Optional[int]) -> bool:
+    """A `cancelled` event (slurmtrain.cli.cancel) after this job's attempt started (or after its
+    submission, when the attempt never started)."""
+    marks = [e for e in events if e["event"] in ("started", "submitted")
+             and str(e.get("job_id")) == job_id and (attempt is None or e["event"] == "submitted"
+                                                     or e.get("attempt") == attempt)]
+    since = max((float(e.get("time", 0)) for e in marks), default=0.0)
+    return any(e["event"] == "cancelled" and float(e.get("time", 0)) >= since for e in events)
+
+
 def _down_nodes(nodes: list[str]) -> list[str]:
     """Nodes of this job that Slurm sees as down or not responding."""
     if not nodes:
@@ -106,6 +116,10 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
         # of a smoke chain) would start after a run that failed.
         return EXIT_STOPPED if "stopped" in closing else 0
+    if cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart what a user stopped
+        run.record("attempt_ended", job_id=job_id, attempt=attempt, nodes=nodes,
+                   **{"class": "cancelled", "exit_code": rc})
+        return 0
     rc = _effective_rc(rc, events, attempt)
     if rc == 0:
         return 0
