@@ -240,6 +240,9 @@ def export(run: Path, out: Path, step: Optional[int] = None, dtype_name: str = "
            max_shard_size: str = "2GB", check: bool = True, samples: int = 4,
            force: bool = False) -> dict[str, Any]:
     """Write the folder (into `out.tmp`, renamed when complete); returns its provenance record."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ExportError(f"--out={out}: exists and is not empty; pick a new folder or pass --force")
+    ckpt_dir, manifest = pick_checkpoint(run, step)
     import torch
     from transformers import GenerationConfig
 
@@ -247,10 +250,7 @@ def export(run: Path, out: Path, step: Optional[int] = None, dtype_name: str = "
     from slurmtrain.compute.model import opt_config
 
     cfg = load_run_config(str(run / "config.yaml"))
-    ckpt_dir, manifest = pick_checkpoint(run, step)
     step = int(manifest["step"])
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ExportError(f"--out={out}: exists and is not empty; pick a new folder or pass --force")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -279,6 +279,8 @@ def export(run: Path, out: Path, step: Optional[int] = None, dtype_name: str = "
         record["check"] = verify(cfg, run, tmp, state, step, dtype_name, samples)
     record["seconds"] = time.time() - started
     (tmp / EXPORT_META).write_text(json.dumps(record, indent=1) + "\n")
+    for path in tmp.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600: an export is meant to be shared
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

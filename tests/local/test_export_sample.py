@@ -57,6 +57,8 @@ def test_zero3_two_rank_export_loads_in_transformers_with_the_training_logits(z3
     # Independent of the consolidation code: the loss training logged at step 5 (weights of step
     # 4, global batch of step 4) is what the export computes on that batch.
     assert check["training_loss"]["step"] == 5 and check["training_loss"]["abs_diff"] < 1e-5, check
+    print(f"zero3 2-rank export: max |logit diff| {check['max_abs_logit_diff']:.1e}, loss vs "
+          f"logged {check['training_loss']['abs_diff']:.1e}, {meta['seconds']:.1f} s")
     manifest = z3_run / "checkpoints" / "step_4" / "manifest.json"
     import hashlib
 
@@ -104,6 +106,8 @@ def test_zero2_export_after_a_two_to_one_world_size_change(tmp_path):
     after = _export(run, tmp_path / "s8", "--step", "8")  # written by 1 rank after the change
     assert (before["world_size"], after["world_size"], after["zero_stage"]) == (2, 1, 2)
     assert after["check"]["training_loss"]["abs_diff"] < 1e-5, after["check"]
+    print(f"zero2 2->1 export: loss vs logged {before['check']['training_loss']['abs_diff']:.1e} "
+          f"(2 ranks), {after['check']['training_loss']['abs_diff']:.1e} (1 rank)")
     _loads_and_generates(tmp_path / "s8", 512)
 
 
