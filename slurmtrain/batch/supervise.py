@@ -90,6 +90,10 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
         # of a smoke chain) would start after a run that failed.
         return EXIT_STOPPED if "stopped" in closing else 0
+    if faults.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart what a user stopped
+        run.record("attempt_ended", job_id=job_id, attempt=attempt, nodes=nodes,
+                   **{"class": "cancelled", "exit_code": rc})
+        return 0
     rc = _effective_rc(rc, events, attempt)
     if rc == 0:
         return 0

@@ -1,4 +1,8 @@
-"""`python -m slurmtrain.cli COMMAND ...`: status, logs, report, doctor, plan-table."""
+"""`python -m slurmtrain.cli COMMAND ...`: status, logs, report, doctor, plan-table, export, sample,
+cancel.
+
+Commands that need torch live in compute/ and are reached here by module name only (login/cli code
+never imports compute/): each module has `main(argv) -> int`."""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import sys
 
 COMMANDS = {"status": "slurmtrain.cli.status", "logs": "slurmtrain.cli.logs",
             "report": "slurmtrain.cli.report", "doctor": "slurmtrain.cli.doctor",
-            "plan-table": "slurmtrain.cli.plan_table"}
+            "plan-table": "slurmtrain.cli.plan_table", "cancel": "slurmtrain.cli.cancel",
+            "export": "slurmtrain.compute.export", "sample": "slurmtrain.compute.sample"}
 
 
 def main() -> int:

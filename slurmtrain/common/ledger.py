@@ -84,3 +84,13 @@ def is_peer_error(failed: list[dict[str, Any]]) -> bool:
     """Every recorded error is a communication error: the cause is elsewhere (a dead peer/node)."""
     return bool(failed) and all(any(k in str(e.get("error", "")) for k in PEER_ERRORS)
                                 for e in failed)
+
+
+def cancelled_since(events: list[dict[str, Any]], job_id: str, attempt: Optional[int]) -> bool:
+    """A `cancelled` event (slurmtrain.cli.cancel) after this job's attempt started (or after its
+    submission, when the attempt never started)."""
+    marks = [e for e in events if e["event"] in ("started", "submitted")
+             and str(e.get("job_id")) == job_id and (attempt is None or e["event"] == "submitted"
+                                                     or e.get("attempt") == attempt)]
+    since = max((float(e.get("time", 0)) for e in marks), default=0.0)
+    return any(e["event"] == "cancelled" and float(e.get("time", 0)) >= since for e in events)

@@ -1,0 +1,140 @@
+"""`python -m slurmtrain.cli cancel RUN_DIR|NAME`: stop every queued or running job of a run, for good.
+
+Order matters: `cancelled` goes into the ledger first, then `scancel`. The batch-shell supervisor
+(slurmtrain.batch.supervise) reads the ledger after srun returns and does not restart an attempt
+that a `cancelled` event postdates; a job the supervisor submitted anyway (it read the ledger just
+before the event) shows up as a new `submitted`/`requeued` id, so the ledger is re-read and new ids
+are cancelled until every job of the run has left the queue. Checkpoints are kept: `cancelled` is
+not `finished`, so submitting the same config again resumes from the newest valid checkpoint.
+No torch: runs on a login node in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from slurmtrain.common import ledger, slurm_cmd
+from slurmtrain.common.rundir import ACTIVE_SLURM_STATES, RunDir
+from slurmtrain.common.slurm_text import SlurmError
+
+
+def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
+    """A run directory by path, or by name under runs_root; SystemExit(2) with one line otherwise."""
+    path = Path(arg).expanduser()
+    if (path / "config.yaml").is_file():
+        return RunDir(path.resolve())
+    root = Path(runs_root or os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs")).expanduser()
+    found = sorted(p.parent for p in (root / arg).glob("*/config.yaml")) if "/" not in arg else []
+    if len(found) == 1:
+        return RunDir(found[0].resolve())
+    if found:
+        alive = [p for p in found if _active(RunDir(p))]
+        if len(alive) == 1:
+            return RunDir(alive[0].resolve())
+        _fail(f"run name {arg!r}: {len(found)} run directories under {root} "
+              f"({', '.join(p.name for p in found)}); pass the directory to cancel")
+    _fail(f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under {root}; pass a "
+          f"run directory (runs/NAME/FINGERPRINT) or --runs-root")
+    raise AssertionError
+
+
+def _fail(line: str) -> None:
+    print(f"slurmtrain cancel: {line}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def job_ids(events: list[dict[str, Any]]) -> list[str]:
+    """Every Slurm job id the run ever had, oldest first (submissions, requeues, resubmissions)."""
+    ids: list[str] = []
+    for e in events:
+        if e["event"] == "submitted" and e.get("executor", "slurm") == "slurm":
+            ids.append(str(e.get("job_id")))
+        elif e["event"] == "requeued":
+            ids += [str(e.get(k)) for k in ("job_id", "new_job_id") if e.get(k)]
+    return list(dict.fromkeys(i for i in ids if i and i != "None"))
+
+
+def _state(job_id: str) -> Optional[str]:
+    try:
+        return slurm_cmd.job_state(job_id)
+    except SlurmError:
+        return None
+
+
+def _active(run: RunDir) -> list[str]:
+    return [j for j in job_ids(run.events()) if _state(j) in ACTIVE_SLURM_STATES]
+
+
+def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], list[str]]:
+    """(job ids scancel'ed, ids still in the queue when `wait_s` ran out)."""
+    events = run.events()
+    run.record("cancelled", job_ids=job_ids(events), by=getpass.getuser(),
+               host=socket.gethostname())
+    cancelled: list[str] = []
+    deadline = time.time() + wait_s
+    while True:
+        active = _active(run)
+        new = [j for j in active if j not in cancelled]
+        if new:
+            try:
+                slurm_cmd.run(["scancel", *new])
+            except SlurmError as err:  # a job that ended meanwhile: scancel says so; go on
+                print(f"slurmtrain cancel: {err}", file=sys.stderr)
+            cancelled += new
+        if not active or time.time() >= deadline:
+            break
+        time.sleep(poll_s)
+    if not active:
+        close_attempt(run, cancelled)
+    return cancelled, active
+
+
+def close_attempt(run: RunDir, cancelled: list[str]) -> None:
+    """scancel kills the batch shell too, usually before its supervisor runs: close the attempt
+    here as `cancelled` (otherwise the next start would count it as a vanished preemption)."""
+    prev = ledger.unended_attempt(run.events())
+    if prev is not None and str(prev.get("job_id")) in cancelled:
+        run.record("attempt_ended", job_id=prev.get("job_id"), attempt=prev["attempt"],
+                   nodes=prev.get("nodes", []), **{"class": "cancelled", "closed_by": "cancel"})
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli cancel",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("run", help="run directory (runs/NAME/FINGERPRINT) or run name")
+    parser.add_argument("--runs-root", help="where run names are looked up (default: "
+                                            "$SLURMTRAIN_RUNS_ROOT or ./runs)")
+    parser.add_argument("--wait", type=float, default=60.0,
+                        help="seconds to wait for the jobs to leave the queue (0: do not wait)")
+    args = parser.parse_args(argv)
+    run = find_run(args.run, args.runs_root)
+    events = run.events()
+    if any(e["event"] == "finished" for e in events):
+        print(f"slurmtrain cancel: {run.path} already finished; nothing to cancel")
+        return 0
+    local = [e for e in events if e["event"] == "submitted" and e.get("executor") == "local"]
+    if local and not job_ids(events):
+        _fail(f"{run.path}: a local run (pid {local[-1].get('pid')} on {local[-1].get('host')}); "
+              f"stop it with Ctrl-C or `kill -TERM` (it saves first)")
+    cancelled, left = cancel(run, args.wait)
+    done = f"cancelled job(s) {', '.join(cancelled)}" if cancelled else "no queued or running job"
+    print(f"slurmtrain cancel: {done} of {run.path}")
+    if left:
+        print(f"slurmtrain cancel: still in the queue after {args.wait:.0f} s: {', '.join(left)} "
+              f"(completing); `squeue -j {','.join(left)}`", file=sys.stderr)
+    latest = run.checkpoints / "latest"
+    if latest.is_file():
+        print(f"slurmtrain cancel: checkpoints kept (latest {latest.read_text().strip()}); "
+              f"submitting the same config again resumes it")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

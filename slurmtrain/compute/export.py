@@ -1,0 +1,329 @@
+"""`python -m slurmtrain.cli export RUN_DIR --out DIR`: a run's checkpoint as a Hugging Face OPT folder.
+
+Writes config.json (the run's `model` config through compute/model.py `opt_config`),
+generation_config.json, safetensors shards (+ index), the tokenizer files when the run's token file
+was made with a tokenizer folder (tools/prepare_data.py records it beside the `.bin`), and
+`slurmtrain_export.json` (run, step, sha256 of the checkpoint's manifest, dtype, measured error).
+
+Consolidation is DeepSpeed's own (`deepspeed.utils.zero_to_fp32`, lazy mode), from the checkpoint as
+written, whatever the world size that wrote it. Memory: ZeRO-3 materializes one parameter at a time
+from memory-mapped shards and one output shard is held at a time; ZeRO-1/2 (and bf16 stage 0):
+DeepSpeed's consolidation concatenates every rank's flat fp32 partition, so the whole fp32 model is
+in memory once; ZeRO-0 fp32 reads the memory-mapped module weights. The check (skip it with
+--no-verify on a login node too small for it) loads the whole model twice: the training model
+(compute/model.py) with the fp32 weights, and the export through `OPTForCausalLM.from_pretrained`;
+it compares their logits on a fixed batch of the run's own data and, when metrics.jsonl has the next
+step's loss, checks the export's loss on that step's global batch against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+EXPORT_META = "slurmtrain_export.json"
+# Largest |logit difference| accepted between the export and the training model on the check
+# batch: fp32 is the same arithmetic on the same weights; bf16 rounds every weight (8-bit mantissa),
+# measured 2e-3..1e-2 on opt_tiny, so the bound is relative to the largest logit.
+TOLERANCE = {"fp32": 1e-5, "bf16": 3e-2}
+TIED = "lm_head.weight"
+
+
+class ExportError(Exception):
+    """A bad input: one line, exit 2."""
+
+
+def quiet() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    import logging
+
+    for name in ("DeepSpeed", "deepspeed", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def find_run(arg: str) -> Path:
+    """A run directory by path, or by run name under $SLURMTRAIN_RUNS_ROOT (default ./runs)."""
+    path = Path(arg).expanduser()
+    if (path / "config.yaml").is_file():
+        return path.resolve()
+    root = Path(os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs")).expanduser()
+    found = sorted(p.parent for p in (root / arg).glob("*/config.yaml")) if "/" not in arg else []
+    if len(found) == 1:
+        return found[0].resolve()
+    if len(found) > 1:
+        raise ExportError(f"run name {arg!r} has {len(found)} run directories under {root}: "
+                          f"{', '.join(str(p) for p in found)}; pass one of them")
+    raise ExportError(f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under "
+                      f"{root}; pass a run directory (runs/NAME/FINGERPRINT)")
+
+
+def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any]]:
+    """`step_N/` (validated) or the newest checkpoint that validates, with its manifest."""
+    from slurmtrain.compute.checkpoint import format as ckpt
+
+    root = run / "checkpoints"
+    if step is None:
+        found = ckpt.find_resumable(root)
+        for path, reason in found.skipped:
+            print(f"slurmtrain export: skipping {path}: {reason}", file=sys.stderr)
+        if found.path is None:
+            raise ExportError(f"RUN_DIR={run}: no checkpoint validates under {root}; train it "
+                              f"further or pick one with --step N")
+        return found.path, found.manifest
+    path = root / ckpt.tag(step)
+    reason = ckpt.validate(path) if path.is_dir() else "no such checkpoint"
+    if reason is not None:
+        have = ", ".join(p.name for p in ckpt.step_dirs(root)) or "none"
+        raise ExportError(f"--step={step}: {path}: {reason}; checkpoints: {have}")
+    return path, ckpt.read_manifest(path)
+
+
+def lazy_state_dict(ckpt_dir: Path) -> dict[str, Any]:
+    """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
+    import torch
+
+    if list(ckpt_dir.glob("*_optim_states.pt")):
+        from deepspeed.utils import zero_to_fp32
+
+        with _stdout_to_stderr():  # it prints progress lines and tqdm bars
+            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+                str(ckpt_dir.parent), tag=ckpt_dir.name, lazy_mode=True)
+    # ZeRO-0 in fp32 keeps the optimizer inside the model-states file: the module is the model.
+    states = torch.load(ckpt_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True,
+                        weights_only=False)
+    module = dict(states["module"])
+    for name, source in (states.get("shared_params") or {}).items():
+        module.setdefault(name, module[source])
+    return module
+
+
+class _stdout_to_stderr:
+    def __enter__(self) -> None:
+        sys.stdout.flush()
+        self._saved = os.dup(1)
+        os.dup2(2, 1)
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.stdout.flush()
+        os.dup2(self._saved, 1)
+        os.close(self._saved)
+
+
+def materialize(tensor: Any, dtype: Any = None) -> Any:
+    out = tensor.contiguous()
+    return out.to(dtype) if dtype is not None and out.is_floating_point() else out
+
+
+def hf_keys(state: dict[str, Any], tied: bool) -> dict[str, Any]:
+    """The names `from_pretrained` expects: OPT ties lm_head to embed_tokens, so a tied head is
+    not written (transformers re-ties it on load); an untied head is kept."""
+    state = dict(state)
+    if tied and TIED in state:
+        del state[TIED]
+    return state
+
+
+def write_weights(state: dict[str, Any], out: Path, dtype: Any, max_shard_size: str) -> list[str]:
+    """safetensors shards, one in memory at a time, + model.safetensors.index.json if sharded."""
+    import torch
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    shapes = {k: torch.empty(tuple(v.shape), dtype=dtype if v.dtype.is_floating_point else v.dtype,
+                             device="meta") for k, v in state.items()}
+    split = split_torch_state_dict_into_shards(shapes, filename_pattern="model{suffix}.safetensors",
+                                               max_shard_size=max_shard_size)
+    for filename, names in split.filename_to_tensors.items():
+        shard = {name: materialize(state[name], dtype) for name in names}
+        save_file(shard, str(out / filename), metadata={"format": "pt"})
+        del shard
+        gc.collect()
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2,
+                                                                     sort_keys=True) + "\n")
+    return list(split.filename_to_tensors)
+
+
+def tokenizer_dir(cfg: Any) -> Optional[Path]:
+    """The tokenizer folder the run's token file was made with (its sidecar), or None (bytes)."""
+    if cfg.data.kind != "tokens" or not cfg.data.path:
+        return None
+    sidecar = Path(cfg.data.path).with_suffix(".json")
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    for key in ("tokenizer_dir", "tokenizer"):
+        value = meta.get(key)
+        if value and value != "bytes":
+            path = Path(value) if os.path.isabs(value) else sidecar.parent / value
+            if path.is_dir():
+                return path
+    return None
+
+
+def check_batch(cfg: Any, step: int, limit: Optional[int]) -> Any:
+    """The global batch training would see at step `step` (first `limit` samples), (B, seq+1)."""
+    import torch
+
+    from slurmtrain.compute import data
+
+    tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
+    sampler = data.Sampler(len(tokens), cfg.data.seq_len, cfg.data.seed)
+    gbs = int(cfg.train.global_batch_size)
+    ids = [sampler.sample(step * gbs + i) for i in range(gbs if limit is None else min(gbs, limit))]
+    return torch.from_numpy(data.batch(tokens, ids, cfg.data.seq_len))
+
+
+def verify(cfg: Any, run: Path, out: Path, state: dict[str, Any], step: int, dtype_name: str,
+           samples: int) -> dict[str, Any]:
+    """Logits of the export (from_pretrained) against the training model with the fp32 weights."""
+    import torch
+    from transformers import OPTForCausalLM
+
+    from slurmtrain.compute.model import loss_fn, opt_config
+
+    torch.manual_seed(0)
+    reference = OPTForCausalLM(opt_config(cfg))
+    missing, unexpected = reference.load_state_dict({k: materialize(v) for k, v in state.items()},
+                                                    strict=False)
+    if [k for k in missing if k != TIED] or unexpected:
+        raise RuntimeError(f"checkpoint does not fit the model: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    reference.eval()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    exported = OPTForCausalLM.from_pretrained(str(out), dtype=dtype, local_files_only=True).eval()
+    window = check_batch(cfg, step, samples)
+    with torch.no_grad():
+        want = reference(input_ids=window[:, :-1]).logits.float()
+        got = exported(input_ids=window[:, :-1]).logits.float()
+    diff = float((want - got).abs().max())
+    scale = float(want.abs().max())
+    tolerance = TOLERANCE[dtype_name] * (1.0 if dtype_name == "fp32" else max(1.0, scale))
+    result: dict[str, Any] = {"check_samples": int(window.shape[0]), "seq_len": int(cfg.data.seq_len),
+                              "max_abs_logit_diff": diff, "max_abs_logit": scale,
+                              "tolerance": tolerance, "ok": diff <= tolerance}
+    logged = {r.get("step"): r.get("loss") for r in _metrics(run)}
+    if logged.get(step + 1) is not None:
+        # The loss training logged at step N+1 was computed by the weights of step N on the global
+        # batch of step N: an independent check of the consolidation, not only of the writing.
+        full = check_batch(cfg, step, None)
+        with torch.no_grad():
+            loss = float(loss_fn(exported, full))
+        result["training_loss"] = {"step": step + 1, "logged": logged[step + 1],
+                                   "export": loss, "abs_diff": abs(loss - logged[step + 1])}
+    del reference, exported
+    gc.collect()
+    return result
+
+
+def _metrics(run: Path) -> list[dict[str, Any]]:
+    from slurmtrain.common.rundir import read_jsonl
+
+    return read_jsonl(run / "metrics.jsonl")
+
+
+def export(run: Path, out: Path, step: Optional[int] = None, dtype_name: str = "fp32",
+           max_shard_size: str = "2GB", check: bool = True, samples: int = 4,
+           force: bool = False) -> dict[str, Any]:
+    """Write the folder (into `out.tmp`, renamed when complete); returns its provenance record."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ExportError(f"--out={out}: exists and is not empty; pick a new folder or pass --force")
+    ckpt_dir, manifest = pick_checkpoint(run, step)
+    import torch
+    from transformers import GenerationConfig
+
+    from slurmtrain.common.schema import load_run_config
+    from slurmtrain.compute.model import opt_config
+
+    cfg = load_run_config(str(run / "config.yaml"))
+    step = int(manifest["step"])
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    started = time.time()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    config = opt_config(cfg)
+    config.dtype = dtype
+    config.architectures = ["OPTForCausalLM"]
+    config.use_cache = True
+    state = hf_keys(lazy_state_dict(ckpt_dir), bool(config.tie_word_embeddings))
+    shards = write_weights(state, tmp, dtype, max_shard_size)
+    config.save_pretrained(str(tmp))
+    GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
+    tok = tokenizer_dir(cfg)
+    if tok is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(str(tok), local_files_only=True).save_pretrained(str(tmp))
+    record: dict[str, Any] = {
+        "run": str(run), "fingerprint": run.name, "step": step, "checkpoint": str(ckpt_dir),
+        "manifest_sha256": hashlib.sha256((ckpt_dir / "manifest.json").read_bytes()).hexdigest(),
+        "world_size": manifest.get("world_size"), "zero_stage": manifest.get("zero_stage"),
+        "dtype": dtype_name, "shards": shards, "tokenizer": str(tok) if tok else "bytes",
+        "time": time.time()}
+    if check:
+        record["check"] = verify(cfg, run, tmp, state, step, dtype_name, samples)
+    record["seconds"] = time.time() - started
+    (tmp / EXPORT_META).write_text(json.dumps(record, indent=1) + "\n")
+    for path in tmp.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600: an export is meant to be shared
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return record
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli export",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="run directory (runs/NAME/FINGERPRINT) or run name")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (new or empty)")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: newest that validates)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--max-shard-size", default="2GB")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip the logits check (it holds the whole model twice)")
+    parser.add_argument("--check-samples", type=int, default=4)
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    args = parser.parse_args(argv)
+    quiet()
+    try:
+        run = find_run(args.run_dir)
+        record = export(run, args.out.expanduser().resolve(), args.step, args.dtype,
+                        args.max_shard_size, not args.no_verify, args.check_samples, args.force)
+    except ExportError as err:
+        print(f"slurmtrain export: {err}", file=sys.stderr)
+        return 2
+    check = record.get("check")
+    print(f"slurmtrain export: step {record['step']} of {record['run']} -> {args.out} "
+          f"({record['dtype']}, {len(record['shards'])} shard(s), {record['seconds']:.1f} s)")
+    if check:
+        line = (f"slurmtrain export: logits vs the training model: max |diff| "
+                f"{check['max_abs_logit_diff']:.2e} (tolerance {check['tolerance']:.1e})")
+        if "training_loss" in check:
+            t = check["training_loss"]
+            line += f"; loss {t['export']:.6f} vs logged {t['logged']:.6f} at step {t['step']}"
+        print(line)
+        if not check["ok"]:
+            print("slurmtrain export: the export does not reproduce the training model's logits",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

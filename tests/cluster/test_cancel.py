@@ -1,0 +1,62 @@
+"""`python -m slurmtrain.cli cancel` on the real cluster: a running run stops, nothing restarts it,
+and submitting the same config again resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from slurmtrain.common.rundir import STOPPED, RunDir
+from slurmtrain.compute.checkpoint import format as ckpt
+from tests.cluster.helpers import events, only_run, wait_event, wait_until
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slurm
+ARGS = ["cluster=slurm", "nodes=2", "name=cancelme", "train.max_steps=60", "train.log_interval=1",
+        "checkpoint.interval_steps=5"]
+
+
+def _queued(name: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "--name", f"st-{name}", "-o", "%i %T"],
+                         capture_output=True, text=True).stdout
+    return out.split("\n") if out.strip() else []
+
+
+def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluster, workdir):
+    done = run_cli(ARGS, cwd=workdir, env={"SLURMTRAIN_INJECT": "step_delay=1.0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = only_run(workdir / "runs", "cancelme")
+    wait_event(run, "checkpoint_saved", timeout=300)
+    [submitted] = [e for e in events(run) if e["event"] == "submitted"]
+
+    t0 = time.time()
+    cancelled = run_cli(["cancel", "cancelme"], cwd=workdir, module="slurmtrain.cli")  # by name
+    took = time.time() - t0
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"cancelled job(s) {submitted['job_id']}" in cancelled.stdout, cancelled.stdout
+    assert "checkpoints kept" in cancelled.stdout
+    assert not _queued("cancelme")  # cancel waits until the jobs have left the queue
+
+    # Nothing restarts it: no new job, attempt or requeue in the next 30 s.
+    time.sleep(30)
+    rows = events(run)
+    at = next(i for i, e in enumerate(rows) if e["event"] == "cancelled")
+    after = [e["event"] for e in rows[at + 1:]]
+    assert not {"submitted", "requeued", "started"} & set(after), after
+    assert not _queued("cancelme")
+    assert "finished" not in after
+    assert RunDir(run).state() == STOPPED
+    resume = ckpt.find_resumable(run / "checkpoints")
+    assert resume.path is not None
+    print(f"cancel took {took:.1f} s; events after it: {after}; newest checkpoint "
+          f"{resume.path.name}")
+
+    # Resumable: the same config again continues from that checkpoint and finishes.
+    again = run_cli(ARGS, cwd=workdir)
+    assert again.returncode == 0 and "resuming" in again.stdout, again.stdout + again.stderr
+    wait_event(run, "finished", timeout=400)
+    loaded = [e for e in events(run) if e["event"] == "checkpoint_loaded"]
+    assert loaded and loaded[-1]["step"] == resume.manifest["step"]
+    wait_until(lambda: not _queued("cancelme"), 120, "the resumed job to leave the queue")
