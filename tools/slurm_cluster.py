@@ -14,7 +14,7 @@ backed up and restored on stop) so that a plain `sbatch` typed after `start` jus
 names n1..nN are added to /etc/hosts so that MASTER_ADDR=n1 resolves like on a real cluster.
 
 Partition `gpu` (nodes after the CPU ones, n5-n6 by default) declares count-only GPU GRES: each
-node has `Gres=gpu:8` (gres.conf `Name=gpu Count=8`, no File=, no device files), 16 CPUs and 16000
+node has `Gres=gpu:8` (gres.conf File= links to /dev/null: no real device files), 16 CPUs and 16000
 MB (declared, not real: config_overrides). Slurm then schedules, validates and reports GPUs as on a
 GPU cluster (`--gpus-per-node=8`, TRES gres/gpu, auto-detection), though no job there can touch
 one: dry runs and `sbatch --test-only` are what it is for.
@@ -141,8 +141,8 @@ class Cluster:
                  "JobAcctGatherFrequency=30", "AccountingStorageType=accounting_storage/slurmdbd",
                  "AccountingStorageHost=localhost", "AccountingStoragePort=6819",
                  "JobCompType=jobcomp/none"]
-        if self.gpu_names:
-            lines.append("GresTypes=gpu")
+        if self.gpu_names:  # TRES lists gres/gpu (what `scontrol show partition` reports) only so
+            lines += ["GresTypes=gpu", "AccountingStorageTRES=gres/gpu"]
         for i, name in enumerate(self.names, 1):
             shape = (f"CPUs={GPU_NODE_CPUS} RealMemory={GPU_NODE_MEM_MB} Gres=gpu:{GPUS_PER_NODE}"
                      if name in self.gpu_names else "CPUs=2 RealMemory=4000")
@@ -159,8 +159,18 @@ class Cluster:
         return "\n".join(lines) + "\n"
 
     def gres_conf(self) -> str:
-        """Count-only GPUs: no File= lines, so slurmd looks for no /dev/nvidia* (none exist)."""
-        return "\n".join([MARK] + [f"NodeName={name} Name=gpu Count={GPUS_PER_NODE}"
+        """GPUs nobody can touch. Slurm 22.05 drops file-less GPUs ("Removing file-less GPU") and
+        wants character devices, so each node's 8 GPUs are links to /dev/null under the state dir
+        (no /dev/nvidia* is created; task/none constrains no devices)."""
+        dev = self.dir / "dev"
+        dev.mkdir(parents=True, exist_ok=True)
+        for i in range(GPUS_PER_NODE):
+            link = dev / f"nvidia{i}"
+            if not link.is_symlink():
+                link.unlink(missing_ok=True)
+                link.symlink_to("/dev/null")
+        files = f"{dev}/nvidia[0-{GPUS_PER_NODE - 1}]"
+        return "\n".join([MARK] + [f"NodeName={name} Name=gpu File={files}"
                                    for name in self.gpu_names]) + "\n"
 
     def dbd_conf(self) -> str:
@@ -286,11 +296,10 @@ def start_slurm(c: Cluster, conf_changed: bool) -> None:
         old_nodes = json.loads(c.meta.read_text())["names"]
     except (OSError, ValueError, KeyError):
         old_nodes = None
-    if conf_changed and old_nodes != c.names:  # reconfigure cannot add/remove nodes in 22.05
+    if conf_changed and c.pid("slurmctld", "slurmctld"):
+        # `scontrol reconfigure` in 22.05 neither adds/removes nodes nor applies GRES/TRES changes.
         stop_slurm(c, keep_jobs=True)
-    elif conf_changed and c.pid("slurmctld", "slurmctld"):
-        sh(["scontrol", "reconfigure"])
-        print("  slurm.conf changed: scontrol reconfigure")
+        print(f"  slurm.conf changed (nodes were {old_nodes}): daemons restarted")
     if not c.pid("slurmctld", "slurmctld"):
         sh(["slurmctld"])
         print("  slurmctld started")
@@ -373,7 +382,7 @@ def cmd_start(a: argparse.Namespace) -> None:
     print(sh(["sinfo"]).stdout.rstrip())
     print(f"slurm_cluster: up in {time.monotonic() - t0:.1f}s; nodes {','.join(c.names)}; "
           f"partitions debug (default, preemptible) and high"
-          + (f", gpu ({','.join(c.gpu_names)}: gres gpu:{GPUS_PER_NODE}, count only)"
+          + (f", gpu ({','.join(c.gpu_names)}: gres gpu:{GPUS_PER_NODE}, no real devices)"
              if c.gpu_names else "") + f"; SLURM_CONF={ETC / 'slurm.conf'}")
 
 

@@ -47,7 +47,7 @@ def test_a_fitting_gpu_plan_gets_slurms_answer(slurm_cluster, workdir):
 
 
 def test_too_many_gpu_nodes_is_refused_by_the_dry_run_too(slurm_cluster, workdir):
-    done = run_cli(["model=opt125m", "nodes=3", "cluster=slurm", "cluster.partition=gpu",
+    done = run_cli(["model=opt125m", "nodes=4", "cluster=slurm", "cluster.partition=gpu",
                     "dry_run=true"], cwd=workdir, env=DETECT)
     assert done.returncode == 2 and "exceed partition 'gpu'" in done.stderr
 
