@@ -33,7 +33,9 @@ MODEL_ARGS = {"opt125m": ["data.seq_len=128"]}
 PAUSE_S = 5.0  # longer than virtio-balloon's free page reporting delay (2 s)
 
 
-def dd_mb_s(directory: Path, megabytes: int, streams: int = 2, repeat: int = 3) -> tuple[float, float]:
+def dd_mb_s(
+    directory: Path, megabytes: int, streams: int = 2, repeat: int = 3
+) -> tuple[float, float]:
     """dd's MB/s under a checkpoint's conditions (median of `repeat`), and into just-freed pages.
 
     Like a checkpoint: one dd per rank at once (`streams`, the bytes split evenly), into new files
@@ -66,9 +68,12 @@ def dd_mb_s(directory: Path, megabytes: int, streams: int = 2, repeat: int = 3) 
 
 
 def _dd(target: Path, megabytes: int) -> subprocess.Popen:
-    return subprocess.Popen(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={megabytes}",
-                             "conv=fsync"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={megabytes}", "conv=fsync"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _check(proc: subprocess.Popen) -> None:
@@ -78,10 +83,20 @@ def _check(proc: subprocess.Popen) -> None:
 
 
 def train(workdir: Path, model: str, mode: str, steps: int, every: int) -> Path:
-    args = [sys.executable, "-m", "slurmtrain", f"model={model}", f"train.max_steps={steps}",
-            "train.log_interval=1", f"checkpoint.interval_steps={every}", "checkpoint.keep_last=2",
-            f"checkpoint.async_save={'true' if mode == 'async' else 'false'}",
-            f"name=io-{model}-{mode}", f"runs_root={workdir}", *MODEL_ARGS.get(model, [])]
+    args = [
+        sys.executable,
+        "-m",
+        "slurmtrain",
+        f"model={model}",
+        f"train.max_steps={steps}",
+        "train.log_interval=1",
+        f"checkpoint.interval_steps={every}",
+        "checkpoint.keep_last=2",
+        f"checkpoint.async_save={'true' if mode == 'async' else 'false'}",
+        f"name=io-{model}-{mode}",
+        f"runs_root={workdir}",
+        *MODEL_ARGS.get(model, []),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -115,25 +130,37 @@ def figures(run: Path) -> dict[str, Any]:
     during = [m["step_time"] for m in metrics[1:] if overlaps(m)]
     outside = [m["step_time"] for m in metrics[1:] if not overlaps(m)]
     mb = statistics.mean(e["bytes"] for e in saves) / 1e6
-    parts = {k: round(statistics.mean(e.get("write_seconds", {}).get(k, 0.0) for e in saves), 2)
-             for k in ("serialize", "hash", "fsync")}
-    return {"saves": len(saves), "mb": mb,
-            "blocked": statistics.mean(e["seconds"] for e in saves),
-            "blocked_max": max(e["seconds"] for e in saves),
-            # the first save allocates the async host pool (page faults); later ones reuse it
-            "blocked_later": statistics.mean(e["seconds"] for e in saves[1:]) if saves[1:] else
-            float("nan"),
-            "waited": statistics.mean(e.get("wait_seconds", 0.0) for e in saves),
-            "total": statistics.mean(e["total_seconds"] for e in saves),
-            "write_mb_s": mb / statistics.mean(e["total_seconds"] for e in saves),
-            "step": statistics.median(outside) if outside else float("nan"),
-            "step_during": statistics.median(during) if during else float("nan"), "parts": parts}
+    parts = {
+        k: round(statistics.mean(e.get("write_seconds", {}).get(k, 0.0) for e in saves), 2)
+        for k in ("serialize", "hash", "fsync")
+    }
+    return {
+        "saves": len(saves),
+        "mb": mb,
+        "blocked": statistics.mean(e["seconds"] for e in saves),
+        "blocked_max": max(e["seconds"] for e in saves),
+        # the first save allocates the async host pool (page faults); later ones reuse it
+        "blocked_later": statistics.mean(e["seconds"] for e in saves[1:])
+        if saves[1:]
+        else float("nan"),
+        "waited": statistics.mean(e.get("wait_seconds", 0.0) for e in saves),
+        "total": statistics.mean(e["total_seconds"] for e in saves),
+        "write_mb_s": mb / statistics.mean(e["total_seconds"] for e in saves),
+        "step": statistics.median(outside) if outside else float("nan"),
+        "step_during": statistics.median(during) if during else float("nan"),
+        "parts": parts,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp "
-                        "directory under the current one, i.e. the disk runs/ would live on)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where to write (default: a temp "
+        "directory under the current one, i.e. the disk runs/ would live on)",
+    )
     parser.add_argument("--models", default="opt_tiny,opt125m")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--every", type=int, default=4, help="checkpoint.interval_steps")
@@ -149,35 +176,47 @@ def main() -> None:
                 results[model, mode] = figures(run)
                 if mode == "sync":
                     universal[model] = universal_seconds(run)
-        print(f"checkpoint I/O on {workdir.parent} (2 CPU ranks, fp32, ZeRO-2; "
-              f"means over the saves of {opts.steps} steps, one every {opts.every})")
-        head = (f"{'model':9} {'mode':5} {'saves':>5} {'MB/save':>8} {'blocked s':>10} "
-                f"{'max s':>7} {'waited s':>9} {'total s':>8} {'write MB/s':>10} "
-                f"{'dd':>7} {'ratio':>6} {'dd reuse':>8} {'step s':>7} {'step s*':>8}")
+        print(
+            f"checkpoint I/O on {workdir.parent} (2 CPU ranks, fp32, ZeRO-2; "
+            f"means over the saves of {opts.steps} steps, one every {opts.every})"
+        )
+        head = (
+            f"{'model':9} {'mode':5} {'saves':>5} {'MB/save':>8} {'blocked s':>10} "
+            f"{'max s':>7} {'waited s':>9} {'total s':>8} {'write MB/s':>10} "
+            f"{'dd':>7} {'ratio':>6} {'dd reuse':>8} {'step s':>7} {'step s*':>8}"
+        )
         print(head)
         print("-" * len(head))
         for (model, mode), f in results.items():
             dd_new, dd_reused = dd_mb_s(workdir, max(1, round(f["mb"])))
-            print(f"{model:9} {mode:5} {f['saves']:>5} {f['mb']:>8.1f} {f['blocked']:>10.3f} "
-                  f"{f['blocked_max']:>7.3f} {f['waited']:>9.3f} {f['total']:>8.3f} "
-                  f"{f['write_mb_s']:>10.1f} {dd_new:>7.1f} {f['write_mb_s'] / dd_new:>6.2f} "
-                  f"{dd_reused:>8.1f} {f['step']:>7.3f} {f['step_during']:>8.3f}")
+            print(
+                f"{model:9} {mode:5} {f['saves']:>5} {f['mb']:>8.1f} {f['blocked']:>10.3f} "
+                f"{f['blocked_max']:>7.3f} {f['waited']:>9.3f} {f['total']:>8.3f} "
+                f"{f['write_mb_s']:>10.1f} {dd_new:>7.1f} {f['write_mb_s'] / dd_new:>6.2f} "
+                f"{dd_reused:>8.1f} {f['step']:>7.3f} {f['step_during']:>8.3f}"
+            )
             print(f"{'':15} slowest rank's write: {f['parts']}")
         for model in dict.fromkeys(m for m, _ in results):
             sync, later = results[model, "sync"], results[model, "async"]
-            print(f"{model}: async blocked / sync blocked = {later['blocked'] / sync['blocked']:.3f} "
-                  f"(all saves), {later['blocked_later'] / sync['blocked_later']:.3f} (after the "
-                  f"first, which allocates the host pool)")
+            print(
+                f"{model}: async blocked / sync blocked = {later['blocked'] / sync['blocked']:.3f} "
+                f"(all saves), {later['blocked_later'] / sync['blocked_later']:.3f} (after the "
+                f"first, which allocates the host pool)"
+            )
         for model, seconds in universal.items():
-            print(f"{model}: universal conversion of one checkpoint (ds_to_universal, "
-                  f"--inject_missing_state): {seconds:.1f} s")
-        print("blocked s: the loop waited (sync: the whole save; async: host copy + waiting for "
-              "the previous save);\nwaited s: part of it spent waiting for the previous save; "
-              "total s: until published;\nwrite MB/s: checkpoint bytes / total s; dd: as many bytes "
-              "with conv=fsync, one dd per rank at once, into new files after a 5 s pause (as a "
-              "save writes); ratio: write / dd;\ndd reuse: one dd, each file deleted just before "
-              "the next (pages reused: optimistic);\nstep s: median step time; step s*: median step time of "
-              "steps that ran while a save was being written (async only)")
+            print(
+                f"{model}: universal conversion of one checkpoint (ds_to_universal, "
+                f"--inject_missing_state): {seconds:.1f} s"
+            )
+        print(
+            "blocked s: the loop waited (sync: the whole save; async: host copy + waiting for "
+            "the previous save);\nwaited s: part of it spent waiting for the previous save; "
+            "total s: until published;\nwrite MB/s: checkpoint bytes / total s; dd: as many bytes "
+            "with conv=fsync, one dd per rank at once, into new files after a 5 s pause (as a "
+            "save writes); ratio: write / dd;\ndd reuse: one dd, each file deleted just before "
+            "the next (pages reused: optimistic);\nstep s: median step time; step s*: median step time of "
+            "steps that ran while a save was being written (async only)"
+        )
 
 
 if __name__ == "__main__":

@@ -22,14 +22,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def ours(workdir: Path, steps: int, warmup: int,
-         log_interval: int) -> tuple[float, Path, float]:
+def ours(workdir: Path, steps: int, warmup: int, log_interval: int) -> tuple[float, Path, float]:
     if warmup % log_interval or steps % log_interval:
-        raise SystemExit(f"--warmup {warmup} and --steps {steps}: must be multiples of "
-                         f"--log-interval {log_interval} (the rate is read between logged rows)")
-    args = [sys.executable, "-m", "slurmtrain", f"train.max_steps={steps}",
-            f"train.log_interval={log_interval}", "checkpoint.interval_steps=0", "new_run=true",
-            f"runs_root={workdir}"]
+        raise SystemExit(
+            f"--warmup {warmup} and --steps {steps}: must be multiples of "
+            f"--log-interval {log_interval} (the rate is read between logged rows)"
+        )
+    args = [
+        sys.executable,
+        "-m",
+        "slurmtrain",
+        f"train.max_steps={steps}",
+        f"train.log_interval={log_interval}",
+        "checkpoint.interval_steps=0",
+        "new_run=true",
+        f"runs_root={workdir}",
+    ]
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
         login_share = _login_side_share(proc, workdir, warmup, steps)
@@ -60,8 +68,9 @@ def _login_side_share(proc: subprocess.Popen, workdir: Path, warmup: int, steps:
     def cpu() -> float:
         try:
             login = psutil.Process(proc.pid)
-            side = [login] + [c for c in login.children()
-                              if "submitit.local" in " ".join(c.cmdline())]
+            side = [login] + [
+                c for c in login.children() if "submitit.local" in " ".join(c.cmdline())
+            ]
             return sum(sum(p.cpu_times()[:2]) for p in side)
         except psutil.Error:
             return float("nan")
@@ -89,12 +98,31 @@ def _tokens_per_step(run: Path) -> int:
 def bare(run: Path, warmup: int, port: int) -> float:
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
-                   PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
-        procs.append(subprocess.Popen([sys.executable, str(ROOT / "bench" / "bare_deepspeed_loop.py"),
-                                       str(run), str(warmup)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            DS_ACCELERATOR="cpu",
+            PYTHONWARNINGS="ignore",
+            PYTHONPATH=str(ROOT),
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "bare_deepspeed_loop.py"),
+                    str(run),
+                    str(warmup),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
     out = [p.communicate()[0] for p in procs]
     line = [x for x in out[0].splitlines() if x.startswith("{")][-1]
     return json.loads(line)["tokens_per_s"]
@@ -110,16 +138,20 @@ def main() -> None:
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            ours_tps, run, login_share = ours(Path(tmp), args.steps, args.warmup,
-                                              args.log_interval)
+            ours_tps, run, login_share = ours(Path(tmp), args.steps, args.warmup, args.log_interval)
             bare_tps = bare(run, args.warmup, 29700 + i)
             ratios.append(ours_tps / bare_tps)
-            print(f"round {i + 1}: slurmtrain {ours_tps:,.0f} tok/s | bare DeepSpeed "
-                  f"{bare_tps:,.0f} tok/s | ratio {ours_tps / bare_tps:.3f} | login side + "
-                  f"controller {100 * login_share:.1f}% of a core", flush=True)
-    print(f"median ratio slurmtrain / bare DeepSpeed: {statistics.median(ratios):.3f} "
-          f"({args.rounds} rounds, {args.steps} steps, {args.warmup} warm-up, log interval "
-          f"{args.log_interval}, 2 CPU processes)")
+            print(
+                f"round {i + 1}: slurmtrain {ours_tps:,.0f} tok/s | bare DeepSpeed "
+                f"{bare_tps:,.0f} tok/s | ratio {ours_tps / bare_tps:.3f} | login side + "
+                f"controller {100 * login_share:.1f}% of a core",
+                flush=True,
+            )
+    print(
+        f"median ratio slurmtrain / bare DeepSpeed: {statistics.median(ratios):.3f} "
+        f"({args.rounds} rounds, {args.steps} steps, {args.warmup} warm-up, log interval "
+        f"{args.log_interval}, 2 CPU processes)"
+    )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each rank")
     args = parser.parse_args()
     if "RANK" not in os.environ:  # the launcher: one process per rank, rank 0 prints
-        procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=dict(
-            os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.ranks),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT="29733", DS_ACCELERATOR="cpu",
-            PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(args.threads)))
-            for r in range(args.ranks)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, *sys.argv[1:]],
+                env=dict(
+                    os.environ,
+                    RANK=str(r),
+                    LOCAL_RANK=str(r),
+                    WORLD_SIZE=str(args.ranks),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT="29733",
+                    DS_ACCELERATOR="cpu",
+                    PYTHONWARNINGS="ignore",
+                    OMP_NUM_THREADS=str(args.threads),
+                ),
+            )
+            for r in range(args.ranks)
+        ]
         raise SystemExit(max(p.wait() for p in procs))
     rank_main(args)
 
@@ -51,10 +63,10 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
 
-    from slurmtrain.common import schema as config
     from slurmtrain.common import ds_config
-    from slurmtrain.compute.faults.signals import SignalFlags
+    from slurmtrain.common import schema as config
     from slurmtrain.compute import data, loop, model
+    from slurmtrain.compute.faults.signals import SignalFlags
     from slurmtrain.compute.observe.metrics import MetricsWriter
     from slurmtrain.compute.observe.perf import Perf, StepTimers
 
@@ -63,10 +75,16 @@ def rank_main(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
-        base = compose("config", overrides=[f"train.global_batch_size={4 * world}",
-                                            "train.max_steps=100000", "checkpoint.interval_steps=0",
-                                            "train.straggler_factor=1000",
-                                            f"cluster.cpu_tasks_per_node={world}"])
+        base = compose(
+            "config",
+            overrides=[
+                f"train.global_batch_size={4 * world}",
+                "train.max_steps=100000",
+                "checkpoint.interval_steps=0",
+                "train.straggler_factor=1000",
+                f"cluster.cpu_tasks_per_node={world}",
+            ],
+        )
     config.validate(base, submitting=False)
     tokens = data.load_tokens(base.data.kind, None, base.data.max_corpus_bytes)
     sampler = data.Sampler(len(tokens), base.data.seq_len, base.data.seed)
@@ -104,19 +122,41 @@ def rank_main(args: argparse.Namespace) -> None:
         if key not in trackers:
             run = tmp / f"t{int(timers)}_l{log_interval}"
             run.mkdir()
-            metrics = MetricsWriter(run / "metrics.jsonl", rank == 0, 1, run / "tb",
-                                    print_lines=False)
-            tracker = Perf(engines[timers], cfg, world, rank, torch.device("cpu"), "localhost",
-                           lambda *a, **k: None, run)
+            metrics = MetricsWriter(
+                run / "metrics.jsonl", rank == 0, 1, run / "tb", print_lines=False
+            )
+            tracker = Perf(
+                engines[timers],
+                cfg,
+                world,
+                rank,
+                torch.device("cpu"),
+                "localhost",
+                lambda *a, **k: None,
+                run,
+            )
             trackers[key] = (metrics, tracker)
         metrics, tracker = trackers[key]
         state = loop.LoopState(steps[timers], steps[timers], time.time())
-        loop.train(engines[timers], cfg, tokens, sampler, state, world, rank, torch.device("cpu"),
-                   metrics, SignalFlags(), lambda step: None, tracker)
+        loop.train(
+            engines[timers],
+            cfg,
+            tokens,
+            sampler,
+            state,
+            world,
+            rank,
+            torch.device("cpu"),
+            metrics,
+            SignalFlags(),
+            lambda step: None,
+            tracker,
+        )
         steps[timers] = state.step
 
     variants = {
-        "bare": lambda: bare(False), "bare+timers": lambda: bare(True),
+        "bare": lambda: bare(False),
+        "bare+timers": lambda: bare(True),
         "loop timers=off log=10": lambda: ours(False, 10),
         "loop timers=on log=10": lambda: ours(True, 10),
         "loop timers=off log=1": lambda: ours(False, 1),
@@ -128,7 +168,7 @@ def rank_main(args: argparse.Namespace) -> None:
     cpu_per_step: dict[str, list[float]] = {name: [] for name in variants}
     for block in range(args.blocks):
         order = list(variants.items())
-        order = order[block % len(order):] + order[:block % len(order)]  # rotate the order
+        order = order[block % len(order) :] + order[: block % len(order)]  # rotate the order
         for name, run_variant in order:
             dist.barrier()
             t0, c0 = time.perf_counter(), time.process_time()
@@ -141,16 +181,20 @@ def rank_main(args: argparse.Namespace) -> None:
     if rank:
         return _teardown(engines)
     ref, cpu_ref = statistics.median(per_step["bare"]), statistics.median(cpu_per_step["bare"])
-    print(f"{args.blocks} blocks x {args.block_steps} steps, tiny OPT, {world} CPU ranks x "
-          f"{args.threads} thread(s); medians per step: wall (IQR) | CPU of all ranks (IQR)")
+    print(
+        f"{args.blocks} blocks x {args.block_steps} steps, tiny OPT, {world} CPU ranks x "
+        f"{args.threads} thread(s); medians per step: wall (IQR) | CPU of all ranks (IQR)"
+    )
     for name, values in per_step.items():
         med, cpu_med = statistics.median(values), statistics.median(cpu_per_step[name])
         # Paired: each block against the bare block of the same round (the load drifts slowly).
         paired = statistics.median(v / b for v, b in zip(values, per_step["bare"]))
-        print(f"  {name:24s} {1e3 * med:7.2f} ms {100 * (med / ref - 1):+6.1f}% "
-              f"({1e3 * _iqr(values):5.2f}) paired {100 * (paired - 1):+5.1f}% | "
-              f"{1e3 * cpu_med:7.2f} ms {100 * (cpu_med / cpu_ref - 1):+6.1f}% "
-              f"({1e3 * _iqr(cpu_per_step[name]):5.2f})")
+        print(
+            f"  {name:24s} {1e3 * med:7.2f} ms {100 * (med / ref - 1):+6.1f}% "
+            f"({1e3 * _iqr(values):5.2f}) paired {100 * (paired - 1):+5.1f}% | "
+            f"{1e3 * cpu_med:7.2f} ms {100 * (cpu_med / cpu_ref - 1):+6.1f}% "
+            f"({1e3 * _iqr(cpu_per_step[name]):5.2f})"
+        )
     _teardown(engines)
 
 

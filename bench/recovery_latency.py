@@ -21,27 +21,50 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    )
 
 
 def measure(restart: str, workdir: Path) -> tuple[float, float]:
     name = f"recovery-{restart}"
     env = dict(__import__("os").environ, SLURMTRAIN_INJECT="step_delay=0.8")
-    subprocess.run([sys.executable, "-m", "slurmtrain", "cluster=slurm", "nodes=2", f"name={name}",
-                    f"runs_root={workdir}", "cluster.time=2", "cluster.signal_lead_s=30",
-                    "train.max_steps=100", "train.log_interval=1", f"faults.restart={restart}"],
-                   cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurmtrain",
+            "cluster=slurm",
+            "nodes=2",
+            f"name={name}",
+            f"runs_root={workdir}",
+            "cluster.time=2",
+            "cluster.signal_lead_s=30",
+            "train.max_steps=100",
+            "train.log_interval=1",
+            f"faults.restart={restart}",
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     run = next((workdir / name).glob("*/config.yaml")).parent
     deadline = time.time() + 600
     while time.time() < deadline:
         ledger, metrics = rows(run / "ledger.jsonl"), rows(run / "metrics.jsonl")
         signal = next((e for e in ledger if e["event"] == "signal"), None)
         after = [m for m in metrics if signal and m["attempt"] == signal["attempt"] + 1]
-        started = [e for e in ledger if signal and e["event"] == "started"
-                   and e["attempt"] == signal["attempt"] + 1]
+        started = [
+            e
+            for e in ledger
+            if signal and e["event"] == "started" and e["attempt"] == signal["attempt"] + 1
+        ]
         if after and started:
             subprocess.run(["scancel", "-n", f"st-{name}"])
-            return started[0]["time"] - signal["received_at"], after[0]["time"] - signal["received_at"]
+            return started[0]["time"] - signal["received_at"], after[0]["time"] - signal[
+                "received_at"
+            ]
         time.sleep(1)
     raise RuntimeError(f"{restart}: no second attempt within 10 minutes")
 
@@ -52,8 +75,10 @@ def main() -> None:
         requeue = measure("requeue", Path(tmp))
     print("USR2 -> next attempt started / first step of the next attempt:")
     print(f"  slurmtrain (resubmit)          {ours[0]:6.1f} s / {ours[1]:6.1f} s")
-    print(f"  scontrol requeue (submitit's)  {requeue[0]:6.1f} s / {requeue[1]:6.1f} s  "
-          f"(cred_expire here: see `scontrol show config | grep AuthInfo`)")
+    print(
+        f"  scontrol requeue (submitit's)  {requeue[0]:6.1f} s / {requeue[1]:6.1f} s  "
+        f"(cred_expire here: see `scontrol show config | grep AuthInfo`)"
+    )
 
 
 if __name__ == "__main__":

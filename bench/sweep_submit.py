@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def queued(name: str) -> int:
-    out = subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%i"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-n", name, "-o", "%i"], capture_output=True, text=True
+    ).stdout
     return len(out.split())
 
 
@@ -33,22 +34,45 @@ def sweep(points: int) -> str:
 
 def ours(points: int, workdir: Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "slurmtrain", "-m", "cluster=slurm", "name=benchours",
-                    f"runs_root={workdir}", "+cluster.sbatch_extra.hold=true", sweep(points)],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurmtrain",
+            "-m",
+            "cluster=slurm",
+            "name=benchours",
+            f"runs_root={workdir}",
+            "+cluster.sbatch_extra.hold=true",
+            sweep(points),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     elapsed = time.perf_counter() - t0
     assert queued("st-benchours") == points, queued("st-benchours")
     return elapsed
 
 
 def hydras(points: int, workdir: Path) -> float:
-    cmd = [sys.executable, "-m", "slurmtrain", "-m", "hydra/launcher=submitit_slurm",
-           f"hydra.sweep.dir={workdir}/hydra", "hydra.launcher.name=benchhydra",
-           "+hydra.launcher.additional_parameters.hold=true", "hydra.launcher.timeout_min=10",
-           f"runs_root={workdir}", sweep(points)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slurmtrain",
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        f"hydra.sweep.dir={workdir}/hydra",
+        "hydra.launcher.name=benchhydra",
+        "+hydra.launcher.additional_parameters.hold=true",
+        "hydra.launcher.timeout_min=10",
+        f"runs_root={workdir}",
+        sweep(points),
+    ]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     while queued("benchhydra") < points:
         if proc.poll() is not None and queued("benchhydra") < points:
             raise RuntimeError("Hydra's submitit launcher exited before queueing the sweep")
@@ -70,9 +94,11 @@ def main() -> None:
         finally:
             subprocess.run(["scancel", "-n", "st-benchours"])
             subprocess.run(["scancel", "-n", "benchhydra"])
-    print(f"{args.points}-point sweep, time until all queued: slurmtrain {t_ours:.2f} s (one "
-          f"array, returns at once) | Hydra submitit launcher {t_hydra:.2f} s (then blocks until "
-          f"the jobs end) | ratio {t_hydra / t_ours:.1f}x")
+    print(
+        f"{args.points}-point sweep, time until all queued: slurmtrain {t_ours:.2f} s (one "
+        f"array, returns at once) | Hydra submitit launcher {t_hydra:.2f} s (then blocks until "
+        f"the jobs end) | ratio {t_hydra / t_ours:.1f}x"
+    )
 
 
 if __name__ == "__main__":

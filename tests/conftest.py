@@ -27,10 +27,21 @@ def slurmtrain_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], cwd: Path, env: Optional[dict[str, str]] = None,
-            module: str = "slurmtrain", timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", module, *args], cwd=cwd, env=slurmtrain_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+def run_cli(
+    args: list[str],
+    cwd: Path,
+    env: Optional[dict[str, str]] = None,
+    module: str = "slurmtrain",
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", module, *args],
+        cwd=cwd,
+        env=slurmtrain_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -65,13 +65,15 @@ def documents(path: str, start: int, end: int, key: str) -> Iterator[str]:
     if not path.endswith((".jsonl", ".json")):
         yield data.decode("utf-8", errors="replace")
         return
-    for number, line in enumerate(data.splitlines()):
+    for line in data.splitlines():
         if not line.strip():
             continue
         row = json.loads(line)
         if key not in row:
-            raise KeyError(f"{path}: a line near byte {start} has no key {key!r} (keys: "
-                           f"{', '.join(list(row)[:5])}); pass --text-key")
+            raise KeyError(
+                f"{path}: a line near byte {start} has no key {key!r} (keys: "
+                f"{', '.join(list(row)[:5])}); pass --text-key"
+            )
         yield row[key]
 
 
@@ -114,17 +116,32 @@ def load_tokenizer(folder: str) -> tuple[Any, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     global _TOK
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--tokenizer", help="local Hugging Face tokenizer folder (default: bytes)")
-    parser.add_argument("--text-key", "--jsonl-key", dest="text_key", default="text",
-                        help="the JSONL field holding each document's text")
-    parser.add_argument("--vocab-size", type=int, default=50272,
-                        help="the model's embedding rows (model.vocab_size): the tokenizer must fit")
+    parser.add_argument(
+        "--text-key",
+        "--jsonl-key",
+        dest="text_key",
+        default="text",
+        help="the JSONL field holding each document's text",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=50272,
+        help="the model's embedding rows (model.vocab_size): the tokenizer must fit",
+    )
     parser.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
-    parser.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES,
-                        help="split JSONL files larger than this into line-aligned work units")
+    parser.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=CHUNK_BYTES,
+        help="split JSONL files larger than this into line-aligned work units",
+    )
     args = parser.parse_args(argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # before the tokenizer runs: fork-safe
     missing = [str(p) for p in args.files if not p.is_file()]
@@ -133,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     tok = None
     if args.tokenizer:
         if not Path(args.tokenizer).is_dir():
-            return _fail(f"--tokenizer={args.tokenizer}: not a directory; pass a local Hugging "
-                         f"Face tokenizer folder (tokenizer.json, tokenizer_config.json)")
+            return _fail(
+                f"--tokenizer={args.tokenizer}: not a directory; pass a local Hugging "
+                f"Face tokenizer folder (tokenizer.json, tokenizer_config.json)"
+            )
         try:
             tok, vocab, eos = load_tokenizer(args.tokenizer)
         except (OSError, ValueError) as err:
@@ -145,23 +164,28 @@ def main(argv: list[str] | None = None) -> int:
         vocab, eos, name = 256, 0, "bytes"
     if vocab > args.vocab_size:
         what = f"--tokenizer={args.tokenizer}" if args.tokenizer else "the byte-level tokenizer"
-        return _fail(f"{what} has {vocab} tokens but the model's embedding "
-                     f"has --vocab-size={args.vocab_size}; use a model with model.vocab_size >= "
-                     f"{vocab} (and pass it here) or a smaller tokenizer")
+        return _fail(
+            f"{what} has {vocab} tokens but the model's embedding "
+            f"has --vocab-size={args.vocab_size}; use a model with model.vocab_size >= "
+            f"{vocab} (and pass it here) or a smaller tokenizer"
+        )
     dtype = np.dtype(np.uint16 if vocab <= 65535 else np.uint32)
     units = work_units(args.files, max(1, args.chunk_bytes))
     workers = args.workers or min(len(units), os.cpu_count() or 1)
     parts = args.out.with_name(args.out.name + ".parts")
     shutil.rmtree(parts, ignore_errors=True)
     parts.mkdir(parents=True)
-    jobs = [(i, path, start, end, args.text_key, eos, dtype.name, str(parts / f"{i:06d}.bin"))
-            for i, (path, start, end) in enumerate(units)]
+    jobs = [
+        (i, path, start, end, args.text_key, eos, dtype.name, str(parts / f"{i:06d}.bin"))
+        for i, (path, start, end) in enumerate(units)
+    ]
     results: dict[int, tuple[int, int]] = {}
     columns = [TextColumn("tokenizing"), BarColumn(), TransferSpeedColumn(), TimeRemainingColumn()]
     try:
-        with Progress(*columns, transient=True) as bar, \
-                mp.get_context("fork").Pool(
-                    max(1, workers), _init, (args.tokenizer,)) as pool:
+        with (
+            Progress(*columns, transient=True) as bar,
+            mp.get_context("fork").Pool(max(1, workers), _init, (args.tokenizer,)) as pool,
+        ):
             task = bar.add_task("tokenizing", total=sum(end - start for _, start, end in units))
             for index, tokens, docs, nbytes in pool.imap_unordered(tokenize_unit, jobs):
                 results[index] = (tokens, docs)
@@ -177,17 +201,25 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(tmp, args.out)
     shutil.rmtree(parts, ignore_errors=True)
     count = sum(t for t, _ in results.values())
-    meta = {"dtype": dtype.name, "tokens": count, "documents": sum(d for _, d in results.values()),
-            "vocab_size": vocab, "eos_id": eos, "tokenizer": name,
-            "sources": [str(p) for p in args.files]}
+    meta = {
+        "dtype": dtype.name,
+        "tokens": count,
+        "documents": sum(d for _, d in results.values()),
+        "vocab_size": vocab,
+        "eos_id": eos,
+        "tokenizer": name,
+        "sources": [str(p) for p in args.files],
+    }
     if tok is not None:
         copy = args.out.with_name(args.out.stem + ".tokenizer")
         shutil.rmtree(copy, ignore_errors=True)
         tok.save_pretrained(str(copy))
         meta["tokenizer_dir"] = copy.name  # relative to the sidecar: moves with the data
     args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
-    print(f"prepare_data: {count:,} tokens, {meta['documents']:,} documents (vocab {vocab}, "
-          f"{dtype.name}, {workers} workers) -> {args.out}")
+    print(
+        f"prepare_data: {count:,} tokens, {meta['documents']:,} documents (vocab {vocab}, "
+        f"{dtype.name}, {workers} workers) -> {args.out}"
+    )
     return 0
 
 

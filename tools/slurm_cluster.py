@@ -35,8 +35,18 @@ import time
 from pathlib import Path
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server"]
-BINARIES = ["slurmctld", "slurmd", "slurmdbd", "sbatch", "srun", "sacct", "sacctmgr", "munged",
-            "mariadbd", "mariadb-install-db"]
+BINARIES = [
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "sbatch",
+    "srun",
+    "sacct",
+    "sacctmgr",
+    "munged",
+    "mariadbd",
+    "mariadb-install-db",
+]
 MARK = "# managed by slurmtrain tools/slurm_cluster.py"
 ETC = Path("/etc/slurm")
 HOSTS = Path("/etc/hosts")
@@ -53,8 +63,10 @@ def sh(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess
     kw.setdefault("capture_output", True)
     res = subprocess.run(args, text=True, **kw)
     if check and res.returncode != 0:
-        sys.exit(f"slurm_cluster: {' '.join(args)} failed ({res.returncode}): "
-                 f"{(res.stderr or res.stdout or '').strip()[-800:]}")
+        sys.exit(
+            f"slurm_cluster: {' '.join(args)} failed ({res.returncode}): "
+            f"{(res.stderr or res.stdout or '').strip()[-800:]}"
+        )
     return res
 
 
@@ -66,8 +78,10 @@ def wait_for(what: str, ok, timeout: float, log: Path | None = None) -> None:
             return
         time.sleep(0.5)
     tail = log.read_text(errors="replace").splitlines()[-15:] if log and log.exists() else []
-    sys.exit(f"slurm_cluster: timed out after {timeout:.0f}s waiting for {what}"
-             + (f"; last lines of {log}:\n" + "\n".join(tail) if log else ""))
+    sys.exit(
+        f"slurm_cluster: timed out after {timeout:.0f}s waiting for {what}"
+        + (f"; last lines of {log}:\n" + "\n".join(tail) if log else "")
+    )
 
 
 class Cluster:
@@ -108,54 +122,90 @@ class Cluster:
     def spawn(self, name: str, args: list[str]) -> int:
         """Start a foreground daemon detached from us and record its pid."""
         with open(self.log / f"{name}.out", "ab") as out:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
         (self.run / f"{name}.pid").write_text(f"{proc.pid}\n")
         return proc.pid
 
     def slurm_conf(self) -> str:
         d, n = self.dir, self.nodes
         host = socket.gethostname().split(".")[0]
-        lines = [MARK, f"ClusterName={CLUSTER}", f"SlurmctldHost={host}(127.0.0.1)",
-                 "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
-                 # a requeued job waits cred_expire (Slurm's default: 120 s) before it may start
-                 # again; sites tune it, and the test suite would spend minutes waiting at 120
-                 "AuthInfo=cred_expire=10",
-                 f"StateSaveLocation={d}/spool/ctld", f"SlurmdSpoolDir={d}/spool/%n",
-                 f"SlurmctldPidFile={d}/run/slurmctld.pid", f"SlurmdPidFile={d}/run/slurmd-%n.pid",
-                 f"SlurmctldLogFile={d}/log/slurmctld.log", f"SlurmdLogFile={d}/log/slurmd-%n.log",
-                 "SlurmctldDebug=info", "SlurmdDebug=info", "MailProg=/bin/true",
-                 # containers have no usable cgroups; linuxproc tracks job processes by parentage
-                 "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
-                 "SwitchType=switch/none", "SlurmdParameters=config_overrides",
-                 # jobs share nodes core by core unless --exclusive; memory is not a consumable
-                 "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-                 # periodic main scheduling pass every 10 s (Slurm's default is 60 s)
-                 "SchedulerType=sched/backfill",
-                 "SchedulerParameters=bf_interval=5,sched_interval=10",
-                 "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE", "JobRequeue=1",
-                 # a killed slurmd goes DOWN in ~30-40 s; a restarted one comes back by itself
-                 "ReturnToService=2", "SlurmdTimeout=10", "SlurmctldTimeout=30",
-                 "InactiveLimit=0", "KillWait=15", "MinJobAge=300", "MessageTimeout=10",
-                 "Waittime=0", "JobAcctGatherType=jobacct_gather/linux",
-                 "JobAcctGatherFrequency=30", "AccountingStorageType=accounting_storage/slurmdbd",
-                 "AccountingStorageHost=localhost", "AccountingStoragePort=6819",
-                 "JobCompType=jobcomp/none"]
+        lines = [
+            MARK,
+            f"ClusterName={CLUSTER}",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # a requeued job waits cred_expire (Slurm's default: 120 s) before it may start
+            # again; sites tune it, and the test suite would spend minutes waiting at 120
+            "AuthInfo=cred_expire=10",
+            f"StateSaveLocation={d}/spool/ctld",
+            f"SlurmdSpoolDir={d}/spool/%n",
+            f"SlurmctldPidFile={d}/run/slurmctld.pid",
+            f"SlurmdPidFile={d}/run/slurmd-%n.pid",
+            f"SlurmctldLogFile={d}/log/slurmctld.log",
+            f"SlurmdLogFile={d}/log/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "MailProg=/bin/true",
+            # containers have no usable cgroups; linuxproc tracks job processes by parentage
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "SlurmdParameters=config_overrides",
+            # jobs share nodes core by core unless --exclusive; memory is not a consumable
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            # periodic main scheduling pass every 10 s (Slurm's default is 60 s)
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=bf_interval=5,sched_interval=10",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            "JobRequeue=1",
+            # a killed slurmd goes DOWN in ~30-40 s; a restarted one comes back by itself
+            "ReturnToService=2",
+            "SlurmdTimeout=10",
+            "SlurmctldTimeout=30",
+            "InactiveLimit=0",
+            "KillWait=15",
+            "MinJobAge=300",
+            "MessageTimeout=10",
+            "Waittime=0",
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherFrequency=30",
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=localhost",
+            "AccountingStoragePort=6819",
+            "JobCompType=jobcomp/none",
+        ]
         if self.gpu_names:  # TRES lists gres/gpu (what `scontrol show partition` reports) only so
             lines += ["GresTypes=gpu", "AccountingStorageTRES=gres/gpu"]
         for i, name in enumerate(self.names, 1):
-            shape = (f"CPUs={GPU_NODE_CPUS} RealMemory={GPU_NODE_MEM_MB} Gres=gpu:{GPUS_PER_NODE}"
-                     if name in self.gpu_names else "CPUs=2 RealMemory=4000")
-            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                         f"Port={NODE_PORT0 + i} {shape} State=UNKNOWN")
+            shape = (
+                f"CPUs={GPU_NODE_CPUS} RealMemory={GPU_NODE_MEM_MB} Gres=gpu:{GPUS_PER_NODE}"
+                if name in self.gpu_names
+                else "CPUs=2 RealMemory=4000"
+            )
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
+                f"Port={NODE_PORT0 + i} {shape} State=UNKNOWN"
+            )
         allnodes = f"n[1-{n}]" if n > 1 else "n1"
-        lines += [f"PartitionName=debug Nodes={allnodes} Default=YES MaxTime=02:00:00 "
-                  "PriorityTier=1 PreemptMode=REQUEUE GraceTime=20 State=UP",
-                  f"PartitionName=high Nodes={allnodes} MaxTime=1-00:00:00 PriorityTier=10 "
-                  "PreemptMode=OFF State=UP"]
+        lines += [
+            f"PartitionName=debug Nodes={allnodes} Default=YES MaxTime=02:00:00 "
+            "PriorityTier=1 PreemptMode=REQUEUE GraceTime=20 State=UP",
+            f"PartitionName=high Nodes={allnodes} MaxTime=1-00:00:00 PriorityTier=10 "
+            "PreemptMode=OFF State=UP",
+        ]
         if self.gpu_names:
-            lines.append(f"PartitionName=gpu Nodes={','.join(self.gpu_names)} MaxTime=1-00:00:00 "
-                         "PriorityTier=1 PreemptMode=OFF State=UP")
+            lines.append(
+                f"PartitionName=gpu Nodes={','.join(self.gpu_names)} MaxTime=1-00:00:00 "
+                "PriorityTier=1 PreemptMode=OFF State=UP"
+            )
         return "\n".join(lines) + "\n"
 
     def gres_conf(self) -> str:
@@ -170,25 +220,48 @@ class Cluster:
                 link.unlink(missing_ok=True)
                 link.symlink_to("/dev/null")
         files = f"{dev}/nvidia[0-{GPUS_PER_NODE - 1}]"
-        return "\n".join([MARK] + [f"NodeName={name} Name=gpu File={files}"
-                                   for name in self.gpu_names]) + "\n"
+        return (
+            "\n".join(
+                [MARK] + [f"NodeName={name} Name=gpu File={files}" for name in self.gpu_names]
+            )
+            + "\n"
+        )
 
     def dbd_conf(self) -> str:
         d = self.dir
-        return "\n".join([MARK, "AuthType=auth/munge", "DbdHost=localhost", "DbdAddr=127.0.0.1",
-                          "DbdPort=6819", "SlurmUser=root", "DebugLevel=info",
-                          f"LogFile={d}/log/slurmdbd.log", f"PidFile={d}/run/slurmdbd.pid",
-                          "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1",
-                          f"StoragePort={DB_PORT}", f"StorageUser={DB_USER}",
-                          f"StoragePass={DB_PASS}", f"StorageLoc={DB_NAME}"]) + "\n"
+        return (
+            "\n".join(
+                [
+                    MARK,
+                    "AuthType=auth/munge",
+                    "DbdHost=localhost",
+                    "DbdAddr=127.0.0.1",
+                    "DbdPort=6819",
+                    "SlurmUser=root",
+                    "DebugLevel=info",
+                    f"LogFile={d}/log/slurmdbd.log",
+                    f"PidFile={d}/run/slurmdbd.pid",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={DB_PORT}",
+                    f"StorageUser={DB_USER}",
+                    f"StoragePass={DB_PASS}",
+                    f"StorageLoc={DB_NAME}",
+                ]
+            )
+            + "\n"
+        )
 
     def install_confs(self) -> bool:
         """Write the configs here and into /etc/slurm; True when slurm.conf changed."""
         self.etc.mkdir(parents=True, exist_ok=True)
         ETC.mkdir(parents=True, exist_ok=True)
         changed = False
-        for fname, text in [("slurm.conf", self.slurm_conf()), ("slurmdbd.conf", self.dbd_conf()),
-                            ("gres.conf", self.gres_conf())]:
+        for fname, text in [
+            ("slurm.conf", self.slurm_conf()),
+            ("slurmdbd.conf", self.dbd_conf()),
+            ("gres.conf", self.gres_conf()),
+        ]:
             (self.etc / fname).write_text(text)
             target = ETC / fname
             old = target.read_text() if target.exists() else None
@@ -225,8 +298,10 @@ class Cluster:
 # ---- components ------------------------------------------------------------------------------
 def munge_ok() -> bool:
     cred = subprocess.run(["munge", "-n"], capture_output=True)
-    return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout,
-                                                   capture_output=True).returncode == 0
+    return (
+        cred.returncode == 0
+        and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
+    )
 
 
 def start_munge(c: Cluster) -> None:
@@ -252,21 +327,46 @@ def start_mariadb(c: Cluster) -> None:
         return
     if not (c.db / "mysql").exists():
         shutil.rmtree(c.db, ignore_errors=True)
-        sh(["mariadb-install-db", "--no-defaults", f"--datadir={c.db}", "--user=root",
-            "--auth-root-authentication-method=socket", "--skip-test-db"])
+        sh(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={c.db}",
+                "--user=root",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ]
+        )
     c.sock.unlink(missing_ok=True)
-    c.spawn("mariadb", ["mariadbd", "--no-defaults", f"--datadir={c.db}", f"--socket={c.sock}",
-                        f"--port={DB_PORT}", "--bind-address=127.0.0.1", "--user=root",
-                        f"--pid-file={c.run / 'mariadbd.pid'}",
-                        f"--log-error={c.log / 'mariadb.log'}",
-                        "--innodb-use-native-aio=0", "--innodb-buffer-pool-size=128M",
-                        "--innodb-lock-wait-timeout=900", "--skip-name-resolve"])
-    wait_for("mariadb", lambda: sh(["mariadb-admin", f"--socket={c.sock}", "ping"],
-                                   check=False).returncode == 0, 60, c.log / "mariadb.log")
-    sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
-           + "".join(f"CREATE USER IF NOT EXISTS '{DB_USER}'@'{h}' IDENTIFIED BY '{DB_PASS}';"
-                     f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'{h}';"
-                     for h in ["127.0.0.1", "localhost"]))
+    c.spawn(
+        "mariadb",
+        [
+            "mariadbd",
+            "--no-defaults",
+            f"--datadir={c.db}",
+            f"--socket={c.sock}",
+            f"--port={DB_PORT}",
+            "--bind-address=127.0.0.1",
+            "--user=root",
+            f"--pid-file={c.run / 'mariadbd.pid'}",
+            f"--log-error={c.log / 'mariadb.log'}",
+            "--innodb-use-native-aio=0",
+            "--innodb-buffer-pool-size=128M",
+            "--innodb-lock-wait-timeout=900",
+            "--skip-name-resolve",
+        ],
+    )
+    wait_for(
+        "mariadb",
+        lambda: sh(["mariadb-admin", f"--socket={c.sock}", "ping"], check=False).returncode == 0,
+        60,
+        c.log / "mariadb.log",
+    )
+    sql = f"CREATE DATABASE IF NOT EXISTS {DB_NAME};" + "".join(
+        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'{h}' IDENTIFIED BY '{DB_PASS}';"
+        f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'{h}';"
+        for h in ["127.0.0.1", "localhost"]
+    )
     sh(["mariadb", f"--socket={c.sock}", "-u", "root", "-e", sql])
     print(f"  mariadb started (127.0.0.1:{DB_PORT}, datadir {c.db})")
 
@@ -275,8 +375,10 @@ def start_slurmdbd(c: Cluster) -> None:
     if not c.pid("slurmdbd", "slurmdbd"):
         sh(["slurmdbd"])
         print("  slurmdbd started")
-    ready = lambda: sh(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"],
-                       check=False).returncode == 0
+    ready = lambda: (
+        sh(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], check=False).returncode
+        == 0
+    )
     wait_for("slurmdbd", ready, 60, c.log / "slurmdbd.log")
     out = sh(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"]).stdout.split()
     if CLUSTER not in out:
@@ -303,8 +405,12 @@ def start_slurm(c: Cluster, conf_changed: bool) -> None:
     if not c.pid("slurmctld", "slurmctld"):
         sh(["slurmctld"])
         print("  slurmctld started")
-    wait_for("slurmctld", lambda: sh(["scontrol", "ping"], check=False).returncode == 0, 60,
-             c.log / "slurmctld.log")
+    wait_for(
+        "slurmctld",
+        lambda: sh(["scontrol", "ping"], check=False).returncode == 0,
+        60,
+        c.log / "slurmctld.log",
+    )
     restarted = []
     for name in c.names:
         (c.spool / name).mkdir(parents=True, exist_ok=True)
@@ -333,8 +439,10 @@ def stop_slurm(c: Cluster, keep_jobs: bool) -> None:
             sh(["scancel", *jobs], check=False)
             print(f"  cancelled {len(jobs)} job(s)")
             end = time.monotonic() + 20
-            while time.monotonic() < end and sh(["squeue", "-h", "-t", "R,CG", "-o", "%A"],
-                                                  check=False).stdout.strip():
+            while (
+                time.monotonic() < end
+                and sh(["squeue", "-h", "-t", "R,CG", "-o", "%A"], check=False).stdout.strip()
+            ):
                 time.sleep(0.5)
     for f in sorted(c.run.glob("slurmd-*.pid")):
         c.kill(f.stem, "slurmd")
@@ -369,21 +477,30 @@ def cmd_start(a: argparse.Namespace) -> None:
         sys.exit(f"slurm_cluster: missing {', '.join(missing)}; run `python {sys.argv[0]} install`")
     for d in [c.log, c.run, c.spool / "ctld", c.etc]:
         d.mkdir(parents=True, exist_ok=True)
-    print(f"slurm_cluster: starting {a.nodes} node(s) + {a.gpu_nodes} GPU-GRES node(s), "
-          f"state in {c.dir}")
+    print(
+        f"slurm_cluster: starting {a.nodes} node(s) + {a.gpu_nodes} GPU-GRES node(s), "
+        f"state in {c.dir}"
+    )
     start_munge(c)
     start_mariadb(c)
     changed = c.install_confs()
     c.set_hosts(c.names)
     start_slurmdbd(c)
     start_slurm(c, changed)
-    c.meta.write_text(json.dumps({"nodes": a.nodes, "gpu_nodes": a.gpu_nodes,
-                                  "names": c.names}) + "\n")
+    c.meta.write_text(
+        json.dumps({"nodes": a.nodes, "gpu_nodes": a.gpu_nodes, "names": c.names}) + "\n"
+    )
     print(sh(["sinfo"]).stdout.rstrip())
-    print(f"slurm_cluster: up in {time.monotonic() - t0:.1f}s; nodes {','.join(c.names)}; "
-          f"partitions debug (default, preemptible) and high"
-          + (f", gpu ({','.join(c.gpu_names)}: gres gpu:{GPUS_PER_NODE}, no real devices)"
-             if c.gpu_names else "") + f"; SLURM_CONF={ETC / 'slurm.conf'}")
+    print(
+        f"slurm_cluster: up in {time.monotonic() - t0:.1f}s; nodes {','.join(c.names)}; "
+        f"partitions debug (default, preemptible) and high"
+        + (
+            f", gpu ({','.join(c.gpu_names)}: gres gpu:{GPUS_PER_NODE}, no real devices)"
+            if c.gpu_names
+            else ""
+        )
+        + f"; SLURM_CONF={ETC / 'slurm.conf'}"
+    )
 
 
 def cmd_stop(a: argparse.Namespace) -> None:
@@ -416,13 +533,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["install", "start", "stop", "status"])
     p.add_argument("--nodes", type=int, default=4, help="virtual nodes n1..nN (start)")
-    p.add_argument("--gpu-nodes", type=int, default=2,
-                   help="start: nodes after n1..nN in partition gpu, count-only gres gpu:8 (0: none)")
-    p.add_argument("--state-dir", type=Path, default=Path(
-        os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster")))
+    p.add_argument(
+        "--gpu-nodes",
+        type=int,
+        default=2,
+        help="start: nodes after n1..nN in partition gpu, count-only gres gpu:8 (0: none)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster")),
+    )
     p.add_argument("--keep-jobs", action="store_true", help="stop: do not cancel queued jobs")
-    p.add_argument("--purge", action="store_true",
-                   help="stop: also delete the state dir (job ids restart at 1)")
+    p.add_argument(
+        "--purge",
+        action="store_true",
+        help="stop: also delete the state dir (job ids restart at 1)",
+    )
     a = p.parse_args(argv)
     if not 1 <= a.nodes <= 64:
         p.error(f"--nodes {a.nodes}: use 1..64")

@@ -7,7 +7,6 @@ submits the rest as a single `sbatch --array` (cluster=slurm) or runs them one a
 (cluster=local).
 """
 
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -24,8 +23,9 @@ class SlurmtrainLauncherConf:
     _target_: str = "hydra_plugins.slurmtrain_launcher.launcher.SlurmtrainLauncher"
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="slurmtrain",
-                             node=SlurmtrainLauncherConf, provider="slurmtrain")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="slurmtrain", node=SlurmtrainLauncherConf, provider="slurmtrain"
+)
 
 
 class SlurmtrainLauncher(Launcher):
@@ -34,12 +34,14 @@ class SlurmtrainLauncher(Launcher):
         self.hydra_context: Optional[HydraContext] = None
         self._cache: dict[tuple[str, ...], DictConfig] = {}
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
-              config: DictConfig) -> None:
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
         self.config, self.hydra_context = config, hydra_context
 
-    def launch(self, job_overrides: Sequence[Sequence[str]],
-               initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
         """The same flow as a single run (slurmtrain.login.launch), for every point at once."""
         from slurmtrain.login import launch
 
@@ -59,14 +61,19 @@ class SlurmtrainLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         groups = {p.name for p in Path(conf_dir()).iterdir() if p.is_dir()}
         parsed = OverridesParser.create().parse_overrides(overrides)
-        plain = [o for o in parsed if o.type == OverrideType.CHANGE and o.package is None
-                 and o.value_type == ValueType.ELEMENT and o.key_or_group not in groups
-                 and not o.key_or_group.startswith("hydra")]
+        plain = [
+            o
+            for o in parsed
+            if o.type == OverrideType.CHANGE
+            and o.package is None
+            and o.value_type == ValueType.ELEMENT
+            and o.key_or_group not in groups
+            and not o.key_or_group.startswith("hydra")
+        ]
         structural = tuple(str(o.input_line) for o in parsed if o not in plain)
         base = self._cache.get(structural)
         if base is None:
-            base = self.hydra_context.config_loader.load_sweep_config(self.config,
-                                                                      list(structural))
+            base = self.hydra_context.config_loader.load_sweep_config(self.config, list(structural))
             OmegaConf.set_struct(base, False)
             base.pop("hydra", None)  # big, unused by us, and every copy would pay for it
             OmegaConf.set_struct(base, True)

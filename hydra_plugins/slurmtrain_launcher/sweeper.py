@@ -19,8 +19,9 @@ class SlurmtrainSweeperConf:
     params: Optional[Dict[str, str]] = None
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="slurmtrain", node=SlurmtrainSweeperConf,
-                             provider="slurmtrain")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="slurmtrain", node=SlurmtrainSweeperConf, provider="slurmtrain"
+)
 
 
 class SlurmtrainSweeper(BasicSweeper):

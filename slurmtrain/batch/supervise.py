@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common import ledger as faults
 from slurmtrain.common import errors, slurm_cmd
+from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_text as slurm
-from slurmtrain.common.schema import load_run_config
 from slurmtrain.common.rundir import RunDir, read_jsonl
+from slurmtrain.common.schema import load_run_config
 
 EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
 
@@ -39,7 +39,9 @@ def _effective_rc(rc: int, events: list[dict[str, Any]], attempt: Optional[int])
     """What the attempt meant to exit with. After a collective stop every rank exits with the same
     code, but srun --kill-on-bad-exit may kill the slower ranks first, so srun's own code can be
     a signal's; the ledger's `signal` event says what really happened."""
-    signals = [e.get("signal") for e in events if e["event"] == "signal" and e.get("attempt") == attempt]
+    signals = [
+        e.get("signal") for e in events if e["event"] == "signal" and e.get("attempt") == attempt
+    ]
     if "SIGTERM" in signals:
         return errors.EXIT_TERMINATED
     if "SIGUSR2" in signals:
@@ -54,8 +56,9 @@ def _preempted(job_id: str) -> bool:
         return False
 
 
-def classify(rc: int, events: list[dict[str, Any]], attempt: Optional[int], nodes: list[str],
-             wait_s: float) -> tuple[str, list[str]]:
+def classify(
+    rc: int, events: list[dict[str, Any]], attempt: Optional[int], nodes: list[str], wait_s: float
+) -> tuple[str, list[str]]:
     """(failure class, nodes that failed) for a job step that exited with `rc` != 0."""
     if rc in faults.EXIT_CLASS:
         return faults.EXIT_CLASS[rc], []
@@ -81,18 +84,30 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
     job_id = env.get("SLURM_JOB_ID", "")
-    nodes = slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    nodes = (
+        slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    )
     events = read_jsonl(run.ledger)
     attempt = _attempt(events, job_id)
-    closing = [e["event"] for e in events
-               if e["event"] in ("finished", "stopped") and e.get("attempt") == attempt]
+    closing = [
+        e["event"]
+        for e in events
+        if e["event"] in ("finished", "stopped") and e.get("attempt") == attempt
+    ]
     if closing:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
         # of a smoke chain) would start after a run that failed.
         return EXIT_STOPPED if "stopped" in closing else 0
-    if faults.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart what a user stopped
-        run.record("attempt_ended", job_id=job_id, attempt=attempt, nodes=nodes,
-                   **{"class": "cancelled", "exit_code": rc})
+    if faults.cancelled_since(
+        events, job_id, attempt
+    ):  # `cli cancel`: never restart what a user stopped
+        run.record(
+            "attempt_ended",
+            job_id=job_id,
+            attempt=attempt,
+            nodes=nodes,
+            **{"class": "cancelled", "exit_code": rc},
+        )
         return 0
     rc = _effective_rc(rc, events, attempt)
     if rc == 0:
@@ -106,16 +121,24 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
             return 0
         run.record("attempt_ended", **record, **{"class": faults.PREEMPTED, "exit_code": rc})
         if faults.over_budget(read_jsonl(run.ledger), cfg.faults) is not None:
-            run.record("stopped", **record, **{"class": faults.PREEMPTED,
-                                               "error": "preemption budget exhausted"})
+            run.record(
+                "stopped",
+                **record,
+                **{"class": faults.PREEMPTED, "error": "preemption budget exhausted"},
+            )
             return EXIT_STOPPED
         slurm_cmd.requeue(job_id)
         run.record("requeued", **record, reason=faults.PREEMPTED, new_job_id=job_id, how="requeue")
         return 0
     cls, lost = classify(rc, events, attempt, nodes, float(cfg.faults.node_check_s))
-    steps = [e.get("step") for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
-    run.record("attempt_ended", **record, **{"class": cls, "exit_code": rc,
-                                            "step": next((s for s in steps if s is not None), None)})
+    steps = [
+        e.get("step") for e in events if e["event"] == "failed" and e.get("attempt") == attempt
+    ]
+    run.record(
+        "attempt_ended",
+        **record,
+        **{"class": cls, "exit_code": rc, "step": next((s for s in steps if s is not None), None)},
+    )
     for node in lost:
         run.record("node_lost", **record, node=node)
     events = read_jsonl(run.ledger)
@@ -123,8 +146,10 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     if stop is not None or cls == faults.CONFIG_ERROR:
         error = faults.last_error(events, attempt) or f"exit code {rc}"
         run.record("stopped", **record, **{"class": stop or cls, "error": error})
-        print(f"slurmtrain: stopping the run: {stop or cls} budget exhausted; last error: {error}",
-              file=sys.stderr)
+        print(
+            f"slurmtrain: stopping the run: {stop or cls} budget exhausted; last error: {error}",
+            file=sys.stderr,
+        )
         return rc
     bad = bad_nodes(run)
     try:
@@ -132,13 +157,27 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     except slurm.SlurmError as err:
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
         return rc
-    run.record("requeued", **record, reason=cls, excluded=bad, new_job_id=new_id,
-               how="requeue" if new_id == job_id else "resubmit")
+    run.record(
+        "requeued",
+        **record,
+        reason=cls,
+        excluded=bad,
+        new_job_id=new_id,
+        how="requeue" if new_id == job_id else "resubmit",
+    )
     if new_id != job_id:
-        run.record("submitted", job_id=new_id, executor="slurm", fingerprint=run.path.name,
-                   requeue_of=job_id)
-    print(f"slurmtrain: restart of job {job_id} -> {new_id} ({cls}); excluded: "
-          f"{','.join(bad) or 'none'}", file=sys.stderr)
+        run.record(
+            "submitted",
+            job_id=new_id,
+            executor="slurm",
+            fingerprint=run.path.name,
+            requeue_of=job_id,
+        )
+    print(
+        f"slurmtrain: restart of job {job_id} -> {new_id} ({cls}); excluded: "
+        f"{','.join(bad) or 'none'}",
+        file=sys.stderr,
+    )
     return 0
 
 

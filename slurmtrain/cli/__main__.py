@@ -9,10 +9,16 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {"status": "slurmtrain.cli.status", "logs": "slurmtrain.cli.logs",
-            "report": "slurmtrain.cli.report", "doctor": "slurmtrain.cli.doctor",
-            "plan-table": "slurmtrain.cli.plan_table", "cancel": "slurmtrain.cli.cancel",
-            "export": "slurmtrain.compute.export", "sample": "slurmtrain.compute.sample"}
+COMMANDS = {
+    "status": "slurmtrain.cli.status",
+    "logs": "slurmtrain.cli.logs",
+    "report": "slurmtrain.cli.report",
+    "doctor": "slurmtrain.cli.doctor",
+    "plan-table": "slurmtrain.cli.plan_table",
+    "cancel": "slurmtrain.cli.cancel",
+    "export": "slurmtrain.compute.export",
+    "sample": "slurmtrain.compute.sample",
+}
 
 
 def main() -> int:

@@ -38,10 +38,14 @@ def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
         alive = [p for p in found if _active(RunDir(p))]
         if len(alive) == 1:
             return RunDir(alive[0].resolve())
-        _fail(f"run name {arg!r}: {len(found)} run directories under {root} "
-              f"({', '.join(p.name for p in found)}); pass the directory to cancel")
-    _fail(f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under {root}; pass a "
-          f"run directory (runs/NAME/FINGERPRINT) or --runs-root")
+        _fail(
+            f"run name {arg!r}: {len(found)} run directories under {root} "
+            f"({', '.join(p.name for p in found)}); pass the directory to cancel"
+        )
+    _fail(
+        f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under {root}; pass a "
+        f"run directory (runs/NAME/FINGERPRINT) or --runs-root"
+    )
     raise AssertionError
 
 
@@ -75,8 +79,9 @@ def _active(run: RunDir) -> list[str]:
 def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], list[str]]:
     """(job ids scancel'ed, ids still in the queue when `wait_s` ran out)."""
     events = run.events()
-    run.record("cancelled", job_ids=job_ids(events), by=getpass.getuser(),
-               host=socket.gethostname())
+    run.record(
+        "cancelled", job_ids=job_ids(events), by=getpass.getuser(), host=socket.gethostname()
+    )
     cancelled: list[str] = []
     deadline = time.time() + wait_s
     while True:
@@ -101,18 +106,30 @@ def close_attempt(run: RunDir, cancelled: list[str]) -> None:
     here as `cancelled` (otherwise the next start would count it as a vanished preemption)."""
     prev = ledger.unended_attempt(run.events())
     if prev is not None and str(prev.get("job_id")) in cancelled:
-        run.record("attempt_ended", job_id=prev.get("job_id"), attempt=prev["attempt"],
-                   nodes=prev.get("nodes", []), **{"class": "cancelled", "closed_by": "cancel"})
+        run.record(
+            "attempt_ended",
+            job_id=prev.get("job_id"),
+            attempt=prev["attempt"],
+            nodes=prev.get("nodes", []),
+            **{"class": "cancelled", "closed_by": "cancel"},
+        )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli cancel",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmtrain.cli cancel", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run", help="run directory (runs/NAME/FINGERPRINT) or run name")
-    parser.add_argument("--runs-root", help="where run names are looked up (default: "
-                                            "$SLURMTRAIN_RUNS_ROOT or ./runs)")
-    parser.add_argument("--wait", type=float, default=60.0,
-                        help="seconds to wait for the jobs to leave the queue (0: do not wait)")
+    parser.add_argument(
+        "--runs-root",
+        help="where run names are looked up (default: $SLURMTRAIN_RUNS_ROOT or ./runs)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the jobs to leave the queue (0: do not wait)",
+    )
     args = parser.parse_args(argv)
     run = find_run(args.run, args.runs_root)
     events = run.events()
@@ -121,18 +138,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     local = [e for e in events if e["event"] == "submitted" and e.get("executor") == "local"]
     if local and not job_ids(events):
-        _fail(f"{run.path}: a local run (pid {local[-1].get('pid')} on {local[-1].get('host')}); "
-              f"stop it with Ctrl-C or `kill -TERM` (it saves first)")
+        _fail(
+            f"{run.path}: a local run (pid {local[-1].get('pid')} on {local[-1].get('host')}); "
+            f"stop it with Ctrl-C or `kill -TERM` (it saves first)"
+        )
     cancelled, left = cancel(run, args.wait)
     done = f"cancelled job(s) {', '.join(cancelled)}" if cancelled else "no queued or running job"
     print(f"slurmtrain cancel: {done} of {run.path}")
     if left:
-        print(f"slurmtrain cancel: still in the queue after {args.wait:.0f} s: {', '.join(left)} "
-              f"(completing); `squeue -j {','.join(left)}`", file=sys.stderr)
+        print(
+            f"slurmtrain cancel: still in the queue after {args.wait:.0f} s: {', '.join(left)} "
+            f"(completing); `squeue -j {','.join(left)}`",
+            file=sys.stderr,
+        )
     latest = run.checkpoints / "latest"
     if latest.is_file():
-        print(f"slurmtrain cancel: checkpoints kept (latest {latest.read_text().strip()}); "
-              f"submitting the same config again resumes it")
+        print(
+            f"slurmtrain cancel: checkpoints kept (latest {latest.read_text().strip()}); "
+            f"submitting the same config again resumes it"
+        )
     return 0
 
 

@@ -9,7 +9,6 @@ teardown, the gap before a manual resubmission).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +18,35 @@ from slurmtrain.common.rundir import RunDir, read_jsonl
 from slurmtrain.planning.eta import format_duration
 
 # Display order; PRECEDENCE decides who owns a second claimed by two rules.
-PARTS = ("queue_wait", "startup", "checkpoint_load", "productive", "checkpoint_save", "work_lost",
-         "signal_idle", "other")
-PRECEDENCE = ("checkpoint_save", "checkpoint_load", "work_lost", "productive", "signal_idle",
-              "startup", "queue_wait")
-LABELS = {"queue_wait": "queue wait", "startup": "start-up", "checkpoint_load": "ckpt load",
-          "productive": "productive", "checkpoint_save": "ckpt save", "work_lost": "work lost",
-          "signal_idle": "idle after signal", "other": "other"}
+PARTS = (
+    "queue_wait",
+    "startup",
+    "checkpoint_load",
+    "productive",
+    "checkpoint_save",
+    "work_lost",
+    "signal_idle",
+    "other",
+)
+PRECEDENCE = (
+    "checkpoint_save",
+    "checkpoint_load",
+    "work_lost",
+    "productive",
+    "signal_idle",
+    "startup",
+    "queue_wait",
+)
+LABELS = {
+    "queue_wait": "queue wait",
+    "startup": "start-up",
+    "checkpoint_load": "ckpt load",
+    "productive": "productive",
+    "checkpoint_save": "ckpt save",
+    "work_lost": "work lost",
+    "signal_idle": "idle after signal",
+    "other": "other",
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +113,14 @@ class _Attempt:
         if self.loaded_step is not None:
             r = self.loaded_step
         else:
-            r = self.start_step if self.start_step is not None else (0 if self.started is not None else None)
-        known = [s for s in (r, (self.steps[0]["step"] - 1) if self.steps else None) if s is not None]
+            r = (
+                self.start_step
+                if self.start_step is not None
+                else (0 if self.started is not None else None)
+            )
+        known = [
+            s for s in (r, (self.steps[0]["step"] - 1) if self.steps else None) if s is not None
+        ]
         return min(known) if known else None
 
 
@@ -108,13 +135,18 @@ def _int(x: Any) -> Optional[int]:
     return int(v) if v is not None else None
 
 
-def analyze(ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]],
-            now: Optional[float] = None) -> Analysis:
+def analyze(
+    ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]], now: Optional[float] = None
+) -> Analysis:
     """Goodput parts and the painted timeline. `now` extends a live run (queued or running) to now."""
-    events = sorted((e for e in ledger if _num(e.get("time")) is not None and isinstance(e.get("event"), str)),
-                    key=lambda e: e["time"])
-    steps = sorted((m for m in metrics if _num(m.get("time")) is not None and _int(m.get("step")) is not None),
-                   key=lambda m: m["time"])
+    events = sorted(
+        (e for e in ledger if _num(e.get("time")) is not None and isinstance(e.get("event"), str)),
+        key=lambda e: e["time"],
+    )
+    steps = sorted(
+        (m for m in metrics if _num(m.get("time")) is not None and _int(m.get("step")) is not None),
+        key=lambda m: m["time"],
+    )
     times = [e["time"] for e in events] + [m["time"] for m in steps]
     if not times:
         return Analysis(Goodput(), [])
@@ -139,7 +171,9 @@ def analyze(ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]],
         a.see(m["time"])
         a.steps.append(m)
     chain = sorted(attempts.values(), key=lambda a: a.number)
-    for a in chain:  # the process began before `started`: rendezvous_done.seconds counts from its start
+    for (
+        a
+    ) in chain:  # the process began before `started`: rendezvous_done.seconds counts from its start
         if a.started is not None:
             a.begin = a.started
         for e in a.events:
@@ -183,7 +217,9 @@ def analyze(ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]],
     cutoffs: dict[int, float] = {}
     floor = math.inf
     if not live and "failed" in kinds:  # a stopped run loses what its last checkpoint did not hold
-        saved = [_int(e.get("step")) for a in chain for e in a.events if e["event"] == "checkpoint_saved"]
+        saved = [
+            _int(e.get("step")) for a in chain for e in a.events if e["event"] == "checkpoint_saved"
+        ]
         floor = float(max([s for s in saved if s is not None], default=0))
     for a in reversed(chain):
         cutoffs[a.number] = floor
@@ -208,7 +244,9 @@ def analyze(ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]],
             step, t = int(m["step"]), m["time"]
             n = max(1, step - prev_step) if prev_step is not None else 1
             st = _num(m.get("step_time"))
-            gap = max(t - prev_t, 0.0)  # a step cannot have begun before the attempt or the last step
+            gap = max(
+                t - prev_t, 0.0
+            )  # a step cannot have begun before the attempt or the last step
             span = min(n * max(st, 0.0), gap) if st is not None else gap
             lost = min(max(step - cutoffs[a.number], 0), n)
             kept_t = t - span + span * (n - lost) / n
@@ -232,8 +270,16 @@ def analyze(ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]],
         totals[s.part] += s.end - s.start
     wall = end - start
     totals["other"] = max(wall - sum(v for p, v in totals.items() if p != "other"), 0.0)
-    g = Goodput(wall=wall, start=start, end=end, attempts=len(chain), steps_kept=kept_n,
-                steps_lost=lost_n, live=live, **totals)
+    g = Goodput(
+        wall=wall,
+        start=start,
+        end=end,
+        attempts=len(chain),
+        steps_kept=kept_n,
+        steps_lost=lost_n,
+        live=live,
+        **totals,
+    )
     return Analysis(g, segments, frozenset(lost_records))
 
 
@@ -280,19 +326,33 @@ def compute_goodput(run_dir: Path | str, now: Optional[float] = None) -> Goodput
 
 def format_line(g: Goodput) -> str:
     """One line for `status`: goodput, wall time and the non-zero parts."""
-    parts = " · ".join(f"{LABELS[p]} {format_duration(v)}" for p, v in g.parts().items() if v >= 0.5)
+    parts = " · ".join(
+        f"{LABELS[p]} {format_duration(v)}" for p, v in g.parts().items() if v >= 0.5
+    )
     live = " (live)" if g.live else ""
-    return f"goodput {100 * g.goodput:.1f}% of {format_duration(g.wall)} wall{live}" + (f": {parts}" if parts else "")
+    return f"goodput {100 * g.goodput:.1f}% of {format_duration(g.wall)} wall{live}" + (
+        f": {parts}" if parts else ""
+    )
 
 
 def format_table(g: Goodput) -> str:
     """Aligned plain-text table: part, duration, seconds, share of wall time."""
-    rows = [(LABELS[p], format_duration(v), f"{v:.1f}", f"{100 * v / g.wall:.1f}%" if g.wall else "-")
-            for p, v in g.parts().items()]
+    rows = [
+        (LABELS[p], format_duration(v), f"{v:.1f}", f"{100 * v / g.wall:.1f}%" if g.wall else "-")
+        for p, v in g.parts().items()
+    ]
     rows.append(("wall", format_duration(g.wall), f"{g.wall:.1f}", "100.0%" if g.wall else "-"))
     head = ("part", "time", "seconds", "share")
     w = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     line = lambda r: f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}"  # noqa: E731
-    body = [line(head), "-" * (sum(w) + 6), *(line(r) for r in rows[:-1]), "-" * (sum(w) + 6), line(rows[-1])]
-    return "\n".join(body) + f"\ngoodput {100 * g.goodput:.1f}%  attempts {g.attempts}  " \
-                             f"steps kept {g.steps_kept} lost {g.steps_lost}" + ("  (live)" if g.live else "")
+    body = [
+        line(head),
+        "-" * (sum(w) + 6),
+        *(line(r) for r in rows[:-1]),
+        "-" * (sum(w) + 6),
+        line(rows[-1]),
+    ]
+    return (
+        "\n".join(body) + f"\ngoodput {100 * g.goodput:.1f}%  attempts {g.attempts}  "
+        f"steps kept {g.steps_kept} lost {g.steps_lost}" + ("  (live)" if g.live else "")
+    )

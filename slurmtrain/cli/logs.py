@@ -30,14 +30,21 @@ _BATCH = re.compile(r"^(\d+(?:_\d+)?)\.batch\.out$")  # job.sbatch's own output:
 _ATTEMPT = re.compile(r"attempt[_-]?(\d+)")
 _RANK = re.compile(r"rank[_-]?(\d+)")
 _JOB = re.compile(r"(?:^|slurm-)(\d+(?:_\d+)?)(?=[._])")
-_TS = re.compile(r"(?:\d+: |\[rank\d+\]:\s?|submitit \w+ \(|\[)?"
-                 r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,9}))?(Z|[+-]\d{2}:?\d{2})?")
-_SRUN_PREFIX = re.compile(r"^(?:\d+: |\[rank\d+\]:\s?)")  # `srun -l`, torchrun: stripped before parsing
+_TS = re.compile(
+    r"(?:\d+: |\[rank\d+\]:\s?|submitit \w+ \(|\[)?"
+    r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,9}))?(Z|[+-]\d{2}:?\d{2})?"
+)
+_SRUN_PREFIX = re.compile(
+    r"^(?:\d+: |\[rank\d+\]:\s?)"
+)  # `srun -l`, torchrun: stripped before parsing
 TB_START = "Traceback (most recent call last):"
 CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 NCCL = re.compile(r"NCCL|ProcessGroupNCCL|watchdog", re.IGNORECASE)
-ERROR_LINE = re.compile(r"Traceback|\b(?:ERROR|CRITICAL|FATAL)\b|\w+(?:Error|Exception):|\berror:|"
-                        r"Segmentation fault|\bKilled\b|oom[-_]kill|Out of memory", re.IGNORECASE)
+ERROR_LINE = re.compile(
+    r"Traceback|\b(?:ERROR|CRITICAL|FATAL)\b|\w+(?:Error|Exception):|\berror:|"
+    r"Segmentation fault|\bKilled\b|oom[-_]kill|Out of memory",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -106,15 +113,21 @@ def describe(path: Path) -> LogFile:
     if m:
         return LogFile(path, None, None, m.group(1))
     a, r, j = _ATTEMPT.search(name), _RANK.search(name), _JOB.search(name)
-    return LogFile(path, int(a.group(1)) if a else None, int(r.group(1)) if r else None,
-                   j.group(1) if j and not a else None)
+    return LogFile(
+        path,
+        int(a.group(1)) if a else None,
+        int(r.group(1)) if r else None,
+        j.group(1) if j and not a else None,
+    )
 
 
 def find_logs(run_dir: Path) -> list[LogFile]:
     logs = RunDir(run_dir).logs
     paths = {p for g in LOG_GLOBS for p in logs.glob(g) if p.is_file()}
     files = [describe(p) for p in paths]
-    return sorted(files, key=lambda f: (f.attempt or 0, -1 if f.rank is None else f.rank, str(f.path)))
+    return sorted(
+        files, key=lambda f: (f.attempt or 0, -1 if f.rank is None else f.rank, str(f.path))
+    )
 
 
 def attempt_windows(ledger: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
@@ -123,7 +136,11 @@ def attempt_windows(ledger: list[dict[str, Any]]) -> dict[str, list[tuple[int, f
     spans: dict[int, list] = {}
     for e in ledger:
         n, t = e.get("attempt"), e.get("time")
-        if e.get("event") == "submitted" or not isinstance(n, int) or not isinstance(t, (int, float)):
+        if (
+            e.get("event") == "submitted"
+            or not isinstance(n, int)
+            or not isinstance(t, (int, float))
+        ):
             continue
         s = spans.setdefault(n, [None, math.inf, -math.inf])
         s[0] = s[0] or (str(e["job_id"]) if e.get("job_id") is not None else None)
@@ -135,8 +152,10 @@ def attempt_windows(ledger: list[dict[str, Any]]) -> dict[str, list[tuple[int, f
             by_job.setdefault(job, []).append((n, begin, end))
     out = {}
     for job, rows in by_job.items():
-        out[job] = [(n, (end + rows[i + 1][1]) / 2 if i + 1 < len(rows) else math.inf)
-                    for i, (n, _, end) in enumerate(rows)]
+        out[job] = [
+            (n, (end + rows[i + 1][1]) / 2 if i + 1 < len(rows) else math.inf)
+            for i, (n, _, end) in enumerate(rows)
+        ]
     return out
 
 
@@ -180,23 +199,33 @@ class _TracebackTracker:
 class LogMerger:
     """Iterate the merged lines; afterwards `tracebacks` holds every block and `first_error()` the answer."""
 
-    def __init__(self, run_dir: Path | str, rank: Optional[int] = None, attempt: Optional[int] = None) -> None:
+    def __init__(
+        self, run_dir: Path | str, rank: Optional[int] = None, attempt: Optional[int] = None
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.files = [f for f in find_logs(self.run_dir) if rank is None or f.rank == rank]
         self.attempt = attempt
         self.windows = attempt_windows(read_jsonl(RunDir(self.run_dir).ledger))
-        jobs = sorted({f.job_id for f in self.files if f.job_id and f.attempt is None},
-                      key=lambda j: tuple(int(x) for x in j.split("_")))
+        jobs = sorted(
+            {f.job_id for f in self.files if f.job_id and f.attempt is None},
+            key=lambda j: tuple(int(x) for x in j.split("_")),
+        )
         self.ordinal = {j: i + 1 for i, j in enumerate(jobs)} if not self.windows else {}
         self.tracebacks: list[Traceback] = []
         self.first_error_line: Optional[LogLine] = None
 
     def _file_lines(self, idx: int, f: LogFile) -> Iterator[tuple[tuple, LogLine]]:
         windows = self.windows.get(f.job_id or "", [])
-        attempt = f.attempt if f.attempt is not None else (windows[0][0] if windows else self.ordinal.get(f.job_id))
+        attempt = (
+            f.attempt
+            if f.attempt is not None
+            else (windows[0][0] if windows else self.ordinal.get(f.job_id))
+        )
         wi, ts_eff = 0, -math.inf
         keep = lambda a: self.attempt is None or a == self.attempt  # noqa: E731
-        tracker = _TracebackTracker(lambda tb: self.tracebacks.append(tb) if keep(tb.attempt) else None)
+        tracker = _TracebackTracker(
+            lambda tb: self.tracebacks.append(tb) if keep(tb.attempt) else None
+        )
         with open(f.path, errors="replace") as fh:
             for lineno, raw in enumerate(fh, 1):
                 text = raw.rstrip("\r\n")
@@ -216,7 +245,11 @@ class LogMerger:
     def __iter__(self) -> Iterator[LogLine]:
         streams = [self._file_lines(i, f) for i, f in enumerate(self.files)]
         for _, line in heapq.merge(*streams, key=lambda kv: kv[0]):
-            if self.first_error_line is None and ERROR_LINE.search(line.text) and not NCCL.search(line.text):
+            if (
+                self.first_error_line is None
+                and ERROR_LINE.search(line.text)
+                and not NCCL.search(line.text)
+            ):
                 self.first_error_line = line
             yield line
 
@@ -249,15 +282,20 @@ def _print_first_error(m: LogMerger) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slurmtrain.cli.logs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m slurmtrain.cli.logs", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--rank", type=int, default=None, help="only this global rank's files")
     p.add_argument("--attempt", type=int, default=None, help="only this attempt")
     p.add_argument("--errors", action="store_true", help="only traceback and error lines")
     args = p.parse_args(argv)
     if not RunDir(args.run_dir).logs.is_dir():
-        print(f"run_dir={args.run_dir}: no logs/ directory; pass a run directory "
-              f"(<runs_root>/<name>/<fingerprint>)", file=sys.stderr)
+        print(
+            f"run_dir={args.run_dir}: no logs/ directory; pass a run directory "
+            f"(<runs_root>/<name>/<fingerprint>)",
+            file=sys.stderr,
+        )
         return 2
     m = LogMerger(args.run_dir, args.rank, args.attempt)
     try:

@@ -7,9 +7,11 @@ import argparse
 import sys
 from typing import Optional
 
+from slurmtrain.common.ds_config import (
+    BUCKET_ELEMENTS,  # the gradient bucket slurmtrain trains with
+)
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.ds_config import BUCKET_ELEMENTS  # the gradient bucket slurmtrain trains with
-from slurmtrain.planning.memory import GiB, OPT_SIZES, param_count, recommend
+from slurmtrain.planning.memory import OPT_SIZES, GiB, param_count, recommend
 
 
 def _nodes(text: str) -> list[int]:
@@ -30,10 +32,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--max-micro-batch", type=int, default=16)
-    p.add_argument("--cpu-mem-gb", type=float, default=None,
-                   help="host memory per node, GiB; offload settings must fit it too")
-    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
-                   help="eager keeps the s^2 attention scores (Korthikanti's 5as/h term)")
+    p.add_argument(
+        "--cpu-mem-gb",
+        type=float,
+        default=None,
+        help="host memory per node, GiB; offload settings must fit it too",
+    )
+    p.add_argument(
+        "--attention",
+        choices=("sdpa", "eager"),
+        default="sdpa",
+        help="eager keeps the s^2 attention scores (Korthikanti's 5as/h term)",
+    )
     p.add_argument("--markdown", action="store_true", help="plain markdown instead of a rich table")
     return p
 
@@ -46,10 +56,18 @@ def rows(args: argparse.Namespace) -> list[list[str]]:
     for name, model in OPT_SIZES.items():
         row = [name, f"{param_count(model) / 1e9:.2f}B"]
         for nodes in args.nodes:
-            rec = recommend(model, nodes=nodes, gpus_per_node=args.gpus_per_node,
-                            gpu_mem_bytes=gpu, seq_len=args.seq, dtype=args.dtype,
-                            max_micro_batch=args.max_micro_batch, cpu_mem_bytes_per_node=cpu,
-                            attention=args.attention, reduce_bucket=BUCKET_ELEMENTS)
+            rec = recommend(
+                model,
+                nodes=nodes,
+                gpus_per_node=args.gpus_per_node,
+                gpu_mem_bytes=gpu,
+                seq_len=args.seq,
+                dtype=args.dtype,
+                max_micro_batch=args.max_micro_batch,
+                cpu_mem_bytes_per_node=cpu,
+                attention=args.attention,
+                reduce_bucket=BUCKET_ELEMENTS,
+            )
             if rec is None:
                 row.append("does not fit")
                 continue
@@ -69,8 +87,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"plan_table: error: {err}", file=sys.stderr)
         return 2
     header = ["model", "params"] + [f"{n} x {args.gpus_per_node} GPUs" for n in args.nodes]
-    title = (f"cheapest fitting setting per GPU of {args.gpu_mem_gb:g} GiB, seq {args.seq}, "
-             f"{args.dtype}, attention {args.attention}")
+    title = (
+        f"cheapest fitting setting per GPU of {args.gpu_mem_gb:g} GiB, seq {args.seq}, "
+        f"{args.dtype}, attention {args.attention}"
+    )
     if args.markdown:
         print(f"{title}\n")
         print("| " + " | ".join(header) + " |")

@@ -16,17 +16,40 @@ from typing import Any, Optional
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table
 from slurmtrain.common.rundir import RunDir, read_jsonl
 
-PART_COLORS = {"productive": "#2ca02c", "checkpoint_save": "#1f77b4", "checkpoint_load": "#17becf",
-               "startup": "#9467bd", "queue_wait": "#c7c7c7", "work_lost": "#d62728",
-               "signal_idle": "#ff7f0e", "other": "#e7cba9"}
+PART_COLORS = {
+    "productive": "#2ca02c",
+    "checkpoint_save": "#1f77b4",
+    "checkpoint_load": "#17becf",
+    "startup": "#9467bd",
+    "queue_wait": "#c7c7c7",
+    "work_lost": "#d62728",
+    "signal_idle": "#ff7f0e",
+    "other": "#e7cba9",
+}
 # Bottom band = running goodput; queue wait (the job not running at all) on top.
-STACK = ("productive", "checkpoint_save", "checkpoint_load", "startup", "work_lost", "signal_idle", "other",
-         "queue_wait")
-CLASS_COLORS = {"preempted": "#8c564b", "timed_out": "#ff7f0e", "node_failure": "#d62728", "hang": "#e377c2",
-                "crash": "#000000", "config_error": "#1f77b4"}
-MARKERS = {"started": dict(color="#2ca02c", ls="--", lw=1.0, alpha=0.8),
-           "requeued": dict(color="#ff7f0e", ls=":", lw=1.4, alpha=0.9),
-           "checkpoint_saved": dict(color="#1f77b4", ls="-", lw=0.6, alpha=0.35)}
+STACK = (
+    "productive",
+    "checkpoint_save",
+    "checkpoint_load",
+    "startup",
+    "work_lost",
+    "signal_idle",
+    "other",
+    "queue_wait",
+)
+CLASS_COLORS = {
+    "preempted": "#8c564b",
+    "timed_out": "#ff7f0e",
+    "node_failure": "#d62728",
+    "hang": "#e377c2",
+    "crash": "#000000",
+    "config_error": "#1f77b4",
+}
+MARKERS = {
+    "started": dict(color="#2ca02c", ls="--", lw=1.0, alpha=0.8),
+    "requeued": dict(color="#ff7f0e", ls=":", lw=1.4, alpha=0.9),
+    "checkpoint_saved": dict(color="#1f77b4", ls="-", lw=0.6, alpha=0.35),
+}
 
 
 def _unit(wall: float) -> tuple[float, str]:
@@ -37,25 +60,31 @@ def _unit(wall: float) -> tuple[float, str]:
     return 86400.0, "days"
 
 
-def summary(run_dir: Path, a: Analysis, ledger: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> str:
+def summary(
+    run_dir: Path, a: Analysis, ledger: list[dict[str, Any]], metrics: list[dict[str, Any]]
+) -> str:
     """Steps, attempts, failures by class and the goodput table, as plain text."""
     kinds = Counter(e.get("event") for e in ledger)
     failures = Counter(str(e.get("class", "?")) for e in ledger if e.get("event") == "failed")
     steps = [m["step"] for m in metrics if isinstance(m.get("step"), int)]
     g = a.goodput
     fail = ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none"
-    return "\n".join([
-        f"run       {run_dir}",
-        f"steps     last {max(steps, default=0)}, logged {len(steps)}, kept {g.steps_kept}, lost {g.steps_lost}",
-        f"attempts  {g.attempts}   requeues {kinds['requeued']}   signals {kinds['signal']}   "
-        f"checkpoints saved {kinds['checkpoint_saved']}",
-        f"failures  {fail}",
-        "",
-        format_table(g),
-    ])
+    return "\n".join(
+        [
+            f"run       {run_dir}",
+            f"steps     last {max(steps, default=0)}, logged {len(steps)}, kept {g.steps_kept}, lost {g.steps_lost}",
+            f"attempts  {g.attempts}   requeues {kinds['requeued']}   signals {kinds['signal']}   "
+            f"checkpoints saved {kinds['checkpoint_saved']}",
+            f"failures  {fail}",
+            "",
+            format_table(g),
+        ]
+    )
 
 
-def _series(metrics: list[dict[str, Any]], key: str, t0: float, unit: float) -> dict[int, tuple[list, list]]:
+def _series(
+    metrics: list[dict[str, Any]], key: str, t0: float, unit: float
+) -> dict[int, tuple[list, list]]:
     """Per attempt (so lines never join across a restart): x in `unit` since t0, y."""
     out: dict[int, tuple[list, list]] = {}
     for m in metrics:
@@ -67,21 +96,40 @@ def _series(metrics: list[dict[str, Any]], key: str, t0: float, unit: float) -> 
     return out
 
 
-def _metric_panel(ax, metrics, key: str, label: str, t0: float, unit: float, scale: float = 1.0,
-                  lost: frozenset = frozenset()) -> bool:
+def _metric_panel(
+    ax,
+    metrics,
+    key: str,
+    label: str,
+    t0: float,
+    unit: float,
+    scale: float = 1.0,
+    lost: frozenset = frozenset(),
+) -> bool:
     series = _series(metrics, key, t0, unit)
-    for attempt, (xs, ys) in sorted(series.items()):
+    for _attempt, (xs, ys) in sorted(series.items()):
         ax.plot(xs, [y * scale for y in ys], lw=1.2, color="#1f77b4")
     if lost:
-        pts = [((m["time"] - t0) / unit, m[key] * scale) for m in metrics
-               if (int(m.get("attempt") or 1), m.get("step")) in lost and isinstance(m.get(key), (int, float))]
+        pts = [
+            ((m["time"] - t0) / unit, m[key] * scale)
+            for m in metrics
+            if (int(m.get("attempt") or 1), m.get("step")) in lost
+            and isinstance(m.get(key), (int, float))
+        ]
         if pts:
             ax.scatter(*zip(*pts), s=14, color="#d62728", zorder=3, label="recomputed later (lost)")
             ax.legend(loc="upper right", fontsize=7)
     ax.set_ylabel(label)
     if not series:
-        ax.text(0.5, 0.5, f"{label}: n/a (not in metrics.jsonl)", transform=ax.transAxes, ha="center",
-                va="center", color="#777777")
+        ax.text(
+            0.5,
+            0.5,
+            f"{label}: n/a (not in metrics.jsonl)",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="#777777",
+        )
     return bool(series)
 
 
@@ -108,7 +156,9 @@ def _cumulative(ax, a: Analysis, t0: float, unit: float) -> None:
 
 def _strip(ax, a: Analysis, t0: float, unit: float) -> None:
     for part in PARTS:
-        bars = [((s.start - t0) / unit, (s.end - s.start) / unit) for s in a.segments if s.part == part]
+        bars = [
+            ((s.start - t0) / unit, (s.end - s.start) / unit) for s in a.segments if s.part == part
+        ]
         if bars:
             ax.broken_barh(bars, (0, 1), facecolors=PART_COLORS[part])
     ax.set_yticks([])
@@ -125,10 +175,19 @@ def _markers(axes, ledger: list[dict[str, Any]], t0: float, unit: float) -> list
             continue
         if kind == "failed":
             cls = str(e.get("class", "?"))
-            style, name = dict(color=CLASS_COLORS.get(cls, "#7f7f7f"), ls="-", lw=1.6), f"failed: {cls}"
+            style, name = (
+                dict(color=CLASS_COLORS.get(cls, "#7f7f7f"), ls="-", lw=1.6),
+                f"failed: {cls}",
+            )
         elif kind in MARKERS:
-            style, name = MARKERS[kind], {"started": "attempt started", "requeued": "requeued",
-                                          "checkpoint_saved": "checkpoint saved"}[kind]
+            style, name = (
+                MARKERS[kind],
+                {
+                    "started": "attempt started",
+                    "requeued": "requeued",
+                    "checkpoint_saved": "checkpoint saved",
+                }[kind],
+            )
         else:
             continue
         for ax in axes:
@@ -137,7 +196,13 @@ def _markers(axes, ledger: list[dict[str, Any]], t0: float, unit: float) -> list
     return list(seen.values())
 
 
-def plot(run_dir: Path, out: Path, a: Analysis, ledger: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> Path:
+def plot(
+    run_dir: Path,
+    out: Path,
+    a: Analysis,
+    ledger: list[dict[str, Any]],
+    metrics: list[dict[str, Any]],
+) -> Path:
     """Write the report PNG to `out` and return it."""
     import matplotlib
 
@@ -147,17 +212,22 @@ def plot(run_dir: Path, out: Path, a: Analysis, ledger: list[dict[str, Any]], me
     g = a.goodput
     t0 = g.start
     unit, unit_name = _unit(g.wall)
-    fig, axes = plt.subplots(5, 1, figsize=(12, 11), sharex=True,
-                             gridspec_kw={"height_ratios": [3, 2, 2, 3, 0.5]})
+    fig, axes = plt.subplots(
+        5, 1, figsize=(12, 11), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2, 3, 0.5]}
+    )
     ax_loss, ax_tps, ax_mfu, ax_cum, ax_strip = axes
     _metric_panel(ax_loss, metrics, "loss", "loss", t0, unit, lost=a.lost_records)
     _metric_panel(ax_tps, metrics, "tokens_per_s", "tokens/s", t0, unit)
     if any(isinstance(m.get("mfu"), (int, float)) for m in metrics):
         vals = [m["mfu"] for m in metrics if isinstance(m.get("mfu"), (int, float))]
-        _metric_panel(ax_mfu, metrics, "mfu", "MFU %", t0, unit, scale=100.0 if max(vals) <= 1.0 else 1.0)
+        _metric_panel(
+            ax_mfu, metrics, "mfu", "MFU %", t0, unit, scale=100.0 if max(vals) <= 1.0 else 1.0
+        )
     elif any(isinstance(m.get("tflops_per_gpu"), (int, float)) for m in metrics):
         _metric_panel(ax_mfu, metrics, "tflops_per_gpu", "TFLOP/s/GPU", t0, unit)
-        ax_mfu.text(0.01, 0.9, "MFU n/a: showing TFLOP/s per GPU", transform=ax_mfu.transAxes, fontsize=7)
+        ax_mfu.text(
+            0.01, 0.9, "MFU n/a: showing TFLOP/s per GPU", transform=ax_mfu.transAxes, fontsize=7
+        )
     else:
         _metric_panel(ax_mfu, metrics, "mfu", "MFU", t0, unit)
     if a.segments:
@@ -165,11 +235,15 @@ def plot(run_dir: Path, out: Path, a: Analysis, ledger: list[dict[str, Any]], me
         _strip(ax_strip, a, t0, unit)
     handles = _markers(axes[:4], ledger, t0, unit)
     if handles:
-        ax_loss.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
+        ax_loss.legend(
+            handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False
+        )
     ax_strip.set_xlabel(f"wall time since first record ({unit_name})")
     ax_strip.set_xlim(0, max(g.wall / unit, 1e-9))
     live = " (live)" if g.live else ""
-    fig.suptitle(f"{run_dir}  ·  {g.attempts} attempts  ·  goodput {100 * g.goodput:.1f}%{live}", fontsize=10)
+    fig.suptitle(
+        f"{run_dir}  ·  {g.attempts} attempts  ·  goodput {100 * g.goodput:.1f}%{live}", fontsize=10
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -178,7 +252,9 @@ def plot(run_dir: Path, out: Path, a: Analysis, ledger: list[dict[str, Any]], me
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m slurmtrain.cli.report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m slurmtrain.cli.report", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/report.png)")
     p.add_argument("--live", action="store_true", help="count a queued/running run up to now")
@@ -186,8 +262,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     run = args.run_dir
     rd = RunDir(run)
     if not rd.ledger.exists() and not rd.metrics.exists():
-        print(f"run_dir={run}: no ledger.jsonl or metrics.jsonl there; pass a run directory "
-              f"(<runs_root>/<name>/<fingerprint>)", file=sys.stderr)
+        print(
+            f"run_dir={run}: no ledger.jsonl or metrics.jsonl there; pass a run directory "
+            f"(<runs_root>/<name>/<fingerprint>)",
+            file=sys.stderr,
+        )
         return 2
     import time
 

@@ -38,11 +38,17 @@ def summarize(run: RunDir) -> dict[str, Any]:
     latest = run.checkpoints / "latest"
     last = events[-1] if events else {}
     row: dict[str, Any] = {
-        "run": str(run.path), "name": run.path.parent.name, "state": run.state(),
-        "attempts": run.attempts(), "step": metrics[-1]["step"] if metrics else 0,
+        "run": str(run.path),
+        "name": run.path.parent.name,
+        "state": run.state(),
+        "attempts": run.attempts(),
+        "step": metrics[-1]["step"] if metrics else 0,
         "checkpoint": latest.read_text().strip() if latest.exists() else None,
         "job_id": next((e["job_id"] for e in reversed(events) if e["event"] == "submitted"), None),
-        "nodes": last.get("nodes") or [], "class": None, "error": None, "goodput": None,
+        "nodes": last.get("nodes") or [],
+        "class": None,
+        "error": None,
+        "goodput": None,
         "last_event": last.get("event"),
     }
     stopped = [e for e in events if e["event"] in ("failed", "stopped")]
@@ -70,23 +76,47 @@ def render(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="slurmtrain runs")
-    for col in ("name", "run", "state", "attempt", "step", "checkpoint", "job", "nodes",
-                "goodput", "last error"):
+    for col in (
+        "name",
+        "run",
+        "state",
+        "attempt",
+        "step",
+        "checkpoint",
+        "job",
+        "nodes",
+        "goodput",
+        "last error",
+    ):
         table.add_column(col, overflow="fold")
     for r in rows:
         gp = f"{r['goodput']:.0%}" if r["goodput"] is not None else "-"
         error = f"{r['class']}: {r['error']}" if r["class"] else ""
-        table.add_row(r["name"], Path(r["run"]).name, r["state"], str(r["attempts"]),
-                      str(r["step"]), r["checkpoint"] or "-", str(r["job_id"] or "-"),
-                      ",".join(r["nodes"]) or "-", gp, error)
+        table.add_row(
+            r["name"],
+            Path(r["run"]).name,
+            r["state"],
+            str(r["attempts"]),
+            str(r["step"]),
+            r["checkpoint"] or "-",
+            str(r["job_id"] or "-"),
+            ",".join(r["nodes"]) or "-",
+            gp,
+            error,
+        )
     Console(width=200).print(table)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli status",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="*", type=Path,
-                        default=[Path(os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs"))])
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmtrain.cli status", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        default=[Path(os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs"))],
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per run")
     args = parser.parse_args(argv)
     rows = [summarize(run) for run in find_runs(args.paths)]

@@ -35,17 +35,33 @@ class Cmd:
                 last = lines[-1]
                 break
         if self.rc == 124:
-            return f"{last} (no answer within {self.timeout:g} s)" if last else f"no answer within {self.timeout:g} s"
+            return (
+                f"{last} (no answer within {self.timeout:g} s)"
+                if last
+                else f"no answer within {self.timeout:g} s"
+            )
         return last or f"exit code {self.rc}"
 
 
-def run_cmd(argv: Sequence[str], timeout: float, env: Optional[dict[str, str]] = None,
-            cwd: Optional[str] = None) -> Cmd:
+def run_cmd(
+    argv: Sequence[str],
+    timeout: float,
+    env: Optional[dict[str, str]] = None,
+    cwd: Optional[str] = None,
+) -> Cmd:
     """Run an argument list (never a shell) with a timeout; never raises."""
     full_env = {**os.environ, "LC_ALL": "C", **(env or {})}
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, errors="replace")
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            errors="replace",
+        )
     except FileNotFoundError:
         return Cmd(tuple(argv), 127, "", f"{argv[0]}: command not found")
     except subprocess.TimeoutExpired as exc:  # keep what it said so far: often the real cause

@@ -25,8 +25,13 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def flops_profiler(train: DictConfig, profile_dir: Optional[str]) -> dict[str, Any]:
     """DeepSpeed's FLOPs profiler on our step N (1-based); DeepSpeed counts completed steps from 0."""
     step = train.flops_profile_step
-    section: dict[str, Any] = {"enabled": True, "profile_step": step - 1, "module_depth": -1,
-                               "top_modules": 3, "detailed": True}
+    section: dict[str, Any] = {
+        "enabled": True,
+        "profile_step": step - 1,
+        "module_depth": -1,
+        "top_modules": 3,
+        "detailed": True,
+    }
     if profile_dir:
         section["output_file"] = f"{profile_dir}/flops_step{step}.txt"
     return section
@@ -43,8 +48,12 @@ def zero_section(cfg: DictConfig) -> dict[str, Any]:
     ds = cfg.deepspeed
     zero: dict[str, Any] = {"stage": ds.stage}
     if ds.stage > 0:
-        zero.update(overlap_comm=False, contiguous_gradients=True,
-                    reduce_bucket_size=BUCKET_ELEMENTS, allgather_bucket_size=BUCKET_ELEMENTS)
+        zero.update(
+            overlap_comm=False,
+            contiguous_gradients=True,
+            reduce_bucket_size=BUCKET_ELEMENTS,
+            allgather_bucket_size=BUCKET_ELEMENTS,
+        )
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.gpus_per_node > 0}
     if ds.offload_param:
@@ -66,15 +75,27 @@ def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dic
         "bf16": {"enabled": dtype == "bf16"},
         "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16},
         "gradient_clipping": opt.grad_clip,
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": opt.lr, "betas": [opt.beta1, opt.beta2], "eps": opt.eps,
-            "weight_decay": opt.weight_decay,
-            # DeepSpeed's fused CPU Adam JIT-compiles for ~70 s on first use; torch's is as good here.
-            "torch_adam": True}},
-        "scheduler": {"type": "WarmupDecayLR", "params": {
-            "warmup_min_lr": opt.min_lr, "warmup_max_lr": opt.lr,
-            "warmup_num_steps": opt.warmup_steps, "total_num_steps": max(train.max_steps, 1),
-            "warmup_type": "linear"}},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": opt.lr,
+                "betas": [opt.beta1, opt.beta2],
+                "eps": opt.eps,
+                "weight_decay": opt.weight_decay,
+                # DeepSpeed's fused CPU Adam JIT-compiles for ~70 s on first use; torch's is as good here.
+                "torch_adam": True,
+            },
+        },
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": opt.min_lr,
+                "warmup_max_lr": opt.lr,
+                "warmup_num_steps": opt.warmup_steps,
+                "total_num_steps": max(train.max_steps, 1),
+                "warmup_type": "linear",
+            },
+        },
         "steps_per_print": 10**9,
         # Timers feed metrics (forward/backward/optimizer/comm); compute/observe/perf.py mutes their prints.
         "wall_clock_breakdown": bool(train.timers),

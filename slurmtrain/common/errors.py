@@ -9,7 +9,9 @@ class ConfigError(Exception):
     """A bad config value: the message names the key, the value and the fix."""
 
 
-EXIT_CONFIG = 2  # bad config (login) / the run directory's config cannot run (compute): never requeue
+EXIT_CONFIG = (
+    2  # bad config (login) / the run directory's config cannot run (compute): never requeue
+)
 EXIT_REQUEUE = 3  # time limit: everything saved, requeue me
 EXIT_BAD_NODE = 4  # the health gate failed a node: exclude it and requeue
 EXIT_HANG = 5  # the watchdog saw no progress: stacks dumped, requeue

@@ -19,16 +19,22 @@ def one_line(err: BaseException) -> Optional[str]:
     text = "\n".join(str(e) for e in chain)
     override = getattr(err, "override", None)
     if override is not None and ("Exception" in text or "mismatched input" in text):
-        return (f"{override.strip()!r}: not a valid override; quote a value with spaces or "
-                f"special characters, e.g. key='a value' (for the shell: \"key='a value'\")")
+        return (
+            f"{override.strip()!r}: not a valid override; quote a value with spaces or "
+            f"special characters, e.g. key='a value' (for the shell: \"key='a value'\")"
+        )
     if isinstance(err, MissingConfigException) or "Could not find '" in text:
         m = re.search(r"Could not find '([^/']+)/([^']+)'", text)
         options = re.findall(r"^\t(\S+)$", text, re.MULTILINE)
         if m:
-            return (f"{m[1]}={m[2]}: unknown {m[1]}; choose one of {', '.join(options)}"
-                    if options else f"{m[1]}={m[2]}: unknown {m[1]}")
+            return (
+                f"{m[1]}={m[2]}: unknown {m[1]}; choose one of {', '.join(options)}"
+                if options
+                else f"{m[1]}={m[2]}: unknown {m[1]}"
+            )
     m = re.search(r"Could not override '([^']+)'", text) or re.search(
-        r"Key '([^']+)' (?:is not in struct|not in)", text)
+        r"Key '([^']+)' (?:is not in struct|not in)", text
+    )
     if m:
         key = m[1]
         return f"{key}: unknown key; check the spelling (python -m slurmtrain --cfg job lists all keys)"

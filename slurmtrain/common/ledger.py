@@ -11,14 +11,28 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from slurmtrain.common.errors import (EXIT_BAD_NODE, EXIT_CONFIG, EXIT_HANG, EXIT_REQUEUE,
-                                      EXIT_TERMINATED)
+from slurmtrain.common.errors import (
+    EXIT_BAD_NODE,
+    EXIT_CONFIG,
+    EXIT_HANG,
+    EXIT_REQUEUE,
+)
 
 PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR = (
-    "preempted", "timed_out", "node_failure", "hang", "crash", "config_error")
+    "preempted",
+    "timed_out",
+    "node_failure",
+    "hang",
+    "crash",
+    "config_error",
+)
 FAILURE_CLASSES = (PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR)
-EXIT_CLASS = {EXIT_REQUEUE: TIMED_OUT, EXIT_BAD_NODE: NODE_FAILURE, EXIT_HANG: HANG,
-              EXIT_CONFIG: CONFIG_ERROR}
+EXIT_CLASS = {
+    EXIT_REQUEUE: TIMED_OUT,
+    EXIT_BAD_NODE: NODE_FAILURE,
+    EXIT_HANG: HANG,
+    EXIT_CONFIG: CONFIG_ERROR,
+}
 
 
 def budgets(faults_cfg: Any) -> dict[str, int]:
@@ -47,8 +61,13 @@ def over_budget(events: list[dict[str, Any]], faults_cfg: Any) -> Optional[str]:
 
 def last_error(events: list[dict[str, Any]], attempt: Optional[int] = None) -> Optional[str]:
     """The last error line recorded by any rank (of one attempt, if given)."""
-    rows = [e for e in events if e["event"] == "failed"
-            and (attempt is None or e.get("attempt") == attempt) and e.get("error")]
+    rows = [
+        e
+        for e in events
+        if e["event"] == "failed"
+        and (attempt is None or e.get("attempt") == attempt)
+        and e.get("error")
+    ]
     return str(rows[-1]["error"]).strip().splitlines()[-1] if rows else None
 
 
@@ -76,21 +95,36 @@ def vanished_class(events: list[dict[str, Any]], attempt: int) -> str:
     return NODE_FAILURE
 
 
-PEER_ERRORS = ("Connection closed", "Connection reset", "Broken pipe", "NCCL", "gloo",
-               "Connection refused", "timed out", "Timeout", "peer", "ProcessGroup")
+PEER_ERRORS = (
+    "Connection closed",
+    "Connection reset",
+    "Broken pipe",
+    "NCCL",
+    "gloo",
+    "Connection refused",
+    "timed out",
+    "Timeout",
+    "peer",
+    "ProcessGroup",
+)
 
 
 def is_peer_error(failed: list[dict[str, Any]]) -> bool:
     """Every recorded error is a communication error: the cause is elsewhere (a dead peer/node)."""
-    return bool(failed) and all(any(k in str(e.get("error", "")) for k in PEER_ERRORS)
-                                for e in failed)
+    return bool(failed) and all(
+        any(k in str(e.get("error", "")) for k in PEER_ERRORS) for e in failed
+    )
 
 
 def cancelled_since(events: list[dict[str, Any]], job_id: str, attempt: Optional[int]) -> bool:
     """A `cancelled` event (slurmtrain.cli.cancel) after this job's attempt started (or after its
     submission, when the attempt never started)."""
-    marks = [e for e in events if e["event"] in ("started", "submitted")
-             and str(e.get("job_id")) == job_id and (attempt is None or e["event"] == "submitted"
-                                                     or e.get("attempt") == attempt)]
+    marks = [
+        e
+        for e in events
+        if e["event"] in ("started", "submitted")
+        and str(e.get("job_id")) == job_id
+        and (attempt is None or e["event"] == "submitted" or e.get("attempt") == attempt)
+    ]
     since = max((float(e.get("time", 0)) for e in marks), default=0.0)
     return any(e["event"] == "cancelled" and float(e.get("time", 0)) >= since for e in events)

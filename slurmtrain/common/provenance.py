@@ -20,14 +20,21 @@ from typing import Any, Optional
 
 from slurmtrain.common.commands import run_cmd
 
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|"
-                         r"SESSION|ACCESS_KEY)", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|"
+    r"SESSION|ACCESS_KEY)",
+    re.IGNORECASE,
+)
 # Values that look like credentials whatever the variable is called (tokens of common services).
-SECRET_VALUE = re.compile(r"(hf_[A-Za-z0-9]{20,}|ghp_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|"
-                          r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,}|wandb_[A-Za-z0-9]{20,})")
-RECORDED_ENV = re.compile(r"^(SLURM_|SUBMITIT_|CUDA_|NCCL_|TORCH_|DS_|OMP_|MASTER_|WORLD_SIZE|RANK|"
-                          r"LOCAL_RANK|PYTHON|HOSTNAME|PATH$|LD_LIBRARY_PATH|VIRTUAL_ENV|CONDA_|"
-                          r"HF_|TRANSFORMERS_|WANDB_|SLURMTRAIN_)")
+SECRET_VALUE = re.compile(
+    r"(hf_[A-Za-z0-9]{20,}|ghp_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|"
+    r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,}|wandb_[A-Za-z0-9]{20,})"
+)
+RECORDED_ENV = re.compile(
+    r"^(SLURM_|SUBMITIT_|CUDA_|NCCL_|TORCH_|DS_|OMP_|MASTER_|WORLD_SIZE|RANK|"
+    r"LOCAL_RANK|PYTHON|HOSTNAME|PATH$|LD_LIBRARY_PATH|VIRTUAL_ENV|CONDA_|"
+    r"HF_|TRANSFORMERS_|WANDB_|SLURMTRAIN_)"
+)
 REDACTED = "<redacted>"
 
 
@@ -52,15 +59,19 @@ def git_state(cwd: str) -> dict[str, Any]:
     if sha is None:
         return {"git": None}
     diff = _run(["git", "diff", "HEAD"], cwd) or ""
-    return {"git": sha.strip(), "git_dirty": bool(diff.strip()),
-            "git_diff": SECRET_VALUE.sub(REDACTED, diff)}
+    return {
+        "git": sha.strip(),
+        "git_dirty": bool(diff.strip()),
+        "git_diff": SECRET_VALUE.sub(REDACTED, diff),
+    }
 
 
 @functools.lru_cache(maxsize=1)
 def packages() -> list[str]:
     """`pip freeze` without spawning pip: name==version of every installed distribution."""
-    seen = {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()
-            if d.metadata["Name"]}
+    seen = {
+        f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
+    }
     return sorted(seen, key=str.lower)
 
 
@@ -73,8 +84,11 @@ def glibc() -> Optional[str]:
 
 def versions() -> dict[str, Any]:
     """Library versions; torch/deepspeed only if this process already imported them (compute node)."""
-    out: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                           "glibc": glibc()}
+    out: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "glibc": glibc(),
+    }
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = torch.__version__
@@ -88,13 +102,21 @@ def versions() -> dict[str, Any]:
     return out
 
 
-def write(directory: Path, label: str, extra: Optional[dict[str, Any]] = None,
-          cwd: Optional[str] = None) -> Path:
+def write(
+    directory: Path, label: str, extra: Optional[dict[str, Any]] = None, cwd: Optional[str] = None
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     # Cached per process: a 64-point sweep records the same tree and packages 64 times.
-    record = {"label": label, "time": time.time(), "host": socket.gethostname(),
-              "argv": [SECRET_VALUE.sub(REDACTED, a) for a in sys.argv], "versions": versions(),
-              **git_state(cwd or os.getcwd()), "env": redact_env(dict(os.environ)), **(extra or {})}
+    record = {
+        "label": label,
+        "time": time.time(),
+        "host": socket.gethostname(),
+        "argv": [SECRET_VALUE.sub(REDACTED, a) for a in sys.argv],
+        "versions": versions(),
+        **git_state(cwd or os.getcwd()),
+        "env": redact_env(dict(os.environ)),
+        **(extra or {}),
+    }
     path = directory / f"{label}.json"
     path.write_text(json.dumps(record, indent=1, default=str))
     (directory / f"{label}.pip-freeze.txt").write_text("\n".join(packages()) + "\n")

@@ -24,9 +24,19 @@ from slurmtrain.common.schema import NON_RESULT_KEYS
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
 # squeue/sacct states of a job that will still run (or is running): resubmitting would duplicate it.
-ACTIVE_SLURM_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
-                       "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "STAGE_OUT",
-                       "SIGNALING"}
+ACTIVE_SLURM_STATES = {
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SUSPENDED",
+    "STAGE_OUT",
+    "SIGNALING",
+}
 
 
 def result_view(cfg: DictConfig) -> dict[str, Any]:
@@ -143,10 +153,23 @@ class RunDir:
         rows = read_jsonl(self.ledger)
         return [r for r in rows if kind is None or r.get("event") == kind]
 
-    def record(self, event: str, *, job_id: Optional[str] = None, attempt: Optional[int] = None,
-               nodes: Iterable[str] = (), **fields: Any) -> dict[str, Any]:
-        row = {"event": event, "time": time.time(), "job_id": job_id, "attempt": attempt,
-               "nodes": list(nodes), **fields}
+    def record(
+        self,
+        event: str,
+        *,
+        job_id: Optional[str] = None,
+        attempt: Optional[int] = None,
+        nodes: Iterable[str] = (),
+        **fields: Any,
+    ) -> dict[str, Any]:
+        row = {
+            "event": event,
+            "time": time.time(),
+            "job_id": job_id,
+            "attempt": attempt,
+            "nodes": list(nodes),
+            **fields,
+        }
         append_jsonl(self.ledger, row)
         return row
 

@@ -49,7 +49,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    kind: str = "synthetic"  # synthetic: stdlib text as bytes, on every machine | tokens: a .bin file
+    kind: str = (
+        "synthetic"  # synthetic: stdlib text as bytes, on every machine | tokens: a .bin file
+    )
     path: Optional[str] = None  # tokens: the .bin written by tools/prepare_data.py
     seq_len: int = 128
     max_corpus_bytes: int = 4_000_000  # synthetic: how much stdlib source to gather
@@ -90,7 +92,9 @@ class CheckpointConfig:
     interval_minutes: float = 0.0  # 0: never by time; both set: whichever comes first
     keep_last: int = 3
     keep_every: int = 0  # also keep every Nth step forever (0: none)
-    verify: str = "checksum"  # checksum: CRC-32 of every file (checkpoint.CHECKSUM) | size: sizes only
+    verify: str = (
+        "checksum"  # checksum: CRC-32 of every file (checkpoint.CHECKSUM) | size: sizes only
+    )
     # Block the loop only for the copy of the state to host memory (2x host memory for the state);
     # files, fsync, manifest and publish happen in a background thread per rank.
     async_save: bool = False
@@ -143,7 +147,9 @@ class FaultsConfig:
     health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
     health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate
     node_check_s: float = 45.0  # after peer errors: how long to wait for Slurm to mark a node down
-    restart: str = "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
+    restart: str = (
+        "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
+    )
 
 
 @dataclass
@@ -203,11 +209,28 @@ class RootConfig:
 
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
 # another node count (the global batch is fixed) is the same experiment.
-NON_RESULT_KEYS = ("name", "runs_root", "dry_run", "new_run", "force", "mfu_guess", "peak_tflops",
-                   "nodes", "gpus_per_node", "cluster", "faults", "smoke",
-                   "train.log_interval", "train.pause_at_step", "train.grad_accumulation",
-                   "train.timers", "train.flops_profile_step", "train.memory_check_step",
-                   "train.straggler_factor", "checkpoint")
+NON_RESULT_KEYS = (
+    "name",
+    "runs_root",
+    "dry_run",
+    "new_run",
+    "force",
+    "mfu_guess",
+    "peak_tflops",
+    "nodes",
+    "gpus_per_node",
+    "cluster",
+    "faults",
+    "smoke",
+    "train.log_interval",
+    "train.pause_at_step",
+    "train.grad_accumulation",
+    "train.timers",
+    "train.flops_profile_step",
+    "train.memory_check_step",
+    "train.straggler_factor",
+    "checkpoint",
+)
 
 
 def register() -> None:
@@ -230,11 +253,15 @@ def node_range(nodes: Any) -> tuple[int, int]:
     text = str(nodes).strip()
     match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
     if isinstance(nodes, bool) or not match:
-        raise ConfigError(f"nodes={nodes!r}: not a node count; use a positive integer (nodes=4) "
-                          f"or a range (nodes=2-4)")
+        raise ConfigError(
+            f"nodes={nodes!r}: not a node count; use a positive integer (nodes=4) "
+            f"or a range (nodes=2-4)"
+        )
     low, high = int(match[1]), int(match[2] or match[1])
     if low < 1 or high < low:
-        raise ConfigError(f"nodes={nodes!r}: must be >= 1 (and min <= max in a range); e.g. nodes=1")
+        raise ConfigError(
+            f"nodes={nodes!r}: must be >= 1 (and min <= max in a range); e.g. nodes=1"
+        )
     return low, high
 
 
@@ -254,7 +281,8 @@ def grad_accumulation(cfg: DictConfig, world: int) -> int:
         raise ConfigError(
             f"train.global_batch_size={gbs}: not divisible by micro batch x world size "
             f"= {cfg.train.micro_batch_size} x {world} = {per_step}; use a multiple of {per_step} "
-            f"(e.g. train.global_batch_size={per_step * max(1, gbs // per_step)})")
+            f"(e.g. train.global_batch_size={per_step * max(1, gbs // per_step)})"
+        )
     return gbs // per_step
 
 

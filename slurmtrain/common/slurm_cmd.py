@@ -9,8 +9,13 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence, Union
 
 from slurmtrain.common.commands import run_cmd
-from slurmtrain.common.slurm_text import (PartitionInfo, SlurmError, compress_hostlist, parse_kv,
-                                          parse_partitions)
+from slurmtrain.common.slurm_text import (
+    PartitionInfo,
+    SlurmError,
+    compress_hostlist,
+    parse_kv,
+    parse_partitions,
+)
 
 
 def run(args: Sequence[str], timeout: float = 60) -> str:

@@ -56,8 +56,9 @@ def _parse_ranges(spec: str, item: str) -> list[str]:
     for part in spec.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise ValueError(f"hostlist {item!r}: bad range {part!r} "
-                             "(use e.g. [1-4,7] or [001-064])")
+            raise ValueError(
+                f"hostlist {item!r}: bad range {part!r} (use e.g. [1-4,7] or [001-064])"
+            )
         lo_s, hi_s = m.group(1), m.group(2) or m.group(1)
         lo, hi, width = int(lo_s), int(hi_s), len(lo_s)
         if hi < lo:
@@ -76,8 +77,10 @@ def _expand_item(item: str) -> list[str]:
     if not specs:
         return [item]
     if texts[-1]:  # Slurm 22.05 rejects `n[1-3]-ib`; text may sit only between brackets
-        raise ValueError(f"hostlist {item!r}: text {texts[-1]!r} after the last ']' "
-                         f"(Slurm cannot parse it; list those hosts one by one)")
+        raise ValueError(
+            f"hostlist {item!r}: text {texts[-1]!r} after the last ']' "
+            f"(Slurm cannot parse it; list those hosts one by one)"
+        )
     values = [_parse_ranges(s, item) for s in specs]
     # Slurm's loop order: brackets k-1 .. 1 outermost to innermost, then the last bracket.
     k = len(values)
@@ -123,8 +126,12 @@ def compress_hostlist(hosts: Iterable[str]) -> str:
         elif len(ranges) == 1 and int(ranges[0][0]) == ranges[0][1]:
             out.append(prefix + ranges[0][0])
         else:
-            out.append(prefix + "[" + ",".join(
-                lo if int(lo) == hi else f"{lo}-{hi:0{len(lo)}d}" for lo, hi in ranges) + "]")
+            out.append(
+                prefix
+                + "["
+                + ",".join(lo if int(lo) == hi else f"{lo}-{hi:0{len(lo)}d}" for lo, hi in ranges)
+                + "]"
+            )
     return ",".join(out)
 
 
@@ -184,6 +191,7 @@ def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
     MASTER_ADDR is the first host of the step (SLURM_STEP_NODELIST, where rank 0 runs), else of
     the job (SLURM_JOB_NODELIST / SLURM_NODELIST). Values are strings, ready for os.environ.
     """
+
     def need(*names: str) -> str:
         for n in names:
             if env.get(n):
@@ -193,9 +201,13 @@ def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
     nodelist = need("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     hosts = expand_hostlist(nodelist)
     port = master_port(need("SLURM_JOB_ID", "SLURM_JOBID"))
-    out = {"MASTER_ADDR": hosts[0], "MASTER_PORT": str(port),
-           "RANK": need("SLURM_PROCID"), "LOCAL_RANK": need("SLURM_LOCALID"),
-           "WORLD_SIZE": need("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")}
+    out = {
+        "MASTER_ADDR": hosts[0],
+        "MASTER_PORT": str(port),
+        "RANK": need("SLURM_PROCID"),
+        "LOCAL_RANK": need("SLURM_LOCALID"),
+        "WORLD_SIZE": need("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
+    }
     node_id = env.get("SLURM_NODEID")
     per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if node_id is not None:
@@ -263,25 +275,41 @@ def parse_partitions(text: str) -> dict[str, PartitionInfo]:
         names = tuple(expand_hostlist(nodes)) if nodes else ()
         dt = kv.get("DefaultTime", "NONE")
         out[kv["PartitionName"]] = PartitionInfo(
-            name=kv["PartitionName"], nodes=nodes, node_names=names,
+            name=kv["PartitionName"],
+            nodes=nodes,
+            node_names=names,
             total_nodes=int(kv.get("TotalNodes", len(names))),
             max_nodes=_int_or_none(kv.get("MaxNodes", "UNLIMITED")),
             max_time_s=parse_time(kv.get("MaxTime", "UNLIMITED")),
             default_time_s=None if dt.upper() == "NONE" else parse_time(dt),
-            default=kv.get("Default", "NO") == "YES", state=kv.get("State", "UP"),
-            priority_tier=int(kv.get("PriorityTier", 1)), preempt_mode=kv.get("PreemptMode", "OFF"),
-            grace_time_s=int(kv.get("GraceTime", 0)), total_cpus=int(kv.get("TotalCPUs", 0)),
-            gpus=_gpus(tres), tres=tres)
+            default=kv.get("Default", "NO") == "YES",
+            state=kv.get("State", "UP"),
+            priority_tier=int(kv.get("PriorityTier", 1)),
+            preempt_mode=kv.get("PreemptMode", "OFF"),
+            grace_time_s=int(kv.get("GraceTime", 0)),
+            total_cpus=int(kv.get("TotalCPUs", 0)),
+            gpus=_gpus(tres),
+            tres=tres,
+        )
     return out
 
 
-DEFAULT_KEYS = {"partition": "cluster.partition", "nodes": "cluster.nodes",
-                "time": "cluster.time", "gpus_per_node": "cluster.gpus_per_node"}
+DEFAULT_KEYS = {
+    "partition": "cluster.partition",
+    "nodes": "cluster.nodes",
+    "time": "cluster.time",
+    "gpus_per_node": "cluster.gpus_per_node",
+}
 
 
-def validate_request(partition_name: Optional[str], nodes: int, time_str: str, gpus_per_node: int,
-                     partitions: Union[Mapping[str, PartitionInfo], Sequence[PartitionInfo]],
-                     keys: Optional[Mapping[str, str]] = None) -> list[str]:
+def validate_request(
+    partition_name: Optional[str],
+    nodes: int,
+    time_str: str,
+    gpus_per_node: int,
+    partitions: Union[Mapping[str, PartitionInfo], Sequence[PartitionInfo]],
+    keys: Optional[Mapping[str, str]] = None,
+) -> list[str]:
     """One-line errors (key, value, fix) for a request this cluster's partitions cannot take."""
     k = {**DEFAULT_KEYS, **(keys or {})}
     parts = dict(partitions) if isinstance(partitions, Mapping) else {p.name: p for p in partitions}
@@ -289,37 +317,51 @@ def validate_request(partition_name: Optional[str], nodes: int, time_str: str, g
     if partition_name is None:
         defaults = [p for p in parts.values() if p.default]
         if not defaults:
-            return [f"{k['partition']}: not set and the cluster has no default partition; "
-                    f"set {k['partition']} to one of: {known}"]
+            return [
+                f"{k['partition']}: not set and the cluster has no default partition; "
+                f"set {k['partition']} to one of: {known}"
+            ]
         part = defaults[0]
     elif partition_name not in parts:
-        return [f"{k['partition']}: unknown partition {partition_name!r}; "
-                f"set {k['partition']} to one of: {known}"]
+        return [
+            f"{k['partition']}: unknown partition {partition_name!r}; "
+            f"set {k['partition']} to one of: {known}"
+        ]
     else:
         part = parts[partition_name]
     errors, p = [], part.name
     if part.state in {"INACTIVE", "DRAIN"}:
-        errors.append(f"{k['partition']}: partition {p!r} is {part.state} and takes no jobs; "
-                      f"pick another of: {known}")
+        errors.append(
+            f"{k['partition']}: partition {p!r} is {part.state} and takes no jobs; "
+            f"pick another of: {known}"
+        )
     limit = min(n for n in (part.total_nodes, part.max_nodes) if n is not None)
     if nodes < 1:
         errors.append(f"{k['nodes']}: {nodes} nodes; ask for at least 1")
     elif nodes > limit:
-        errors.append(f"{k['nodes']}: {nodes} nodes exceed partition {p!r} ({limit} at most); "
-                      f"set {k['nodes']}<={limit} or pick a bigger partition")
+        errors.append(
+            f"{k['nodes']}: {nodes} nodes exceed partition {p!r} ({limit} at most); "
+            f"set {k['nodes']}<={limit} or pick a bigger partition"
+        )
     try:
         secs = parse_time(time_str)
     except ValueError as exc:
         errors.append(f"{k['time']}: {exc}")
     else:
         if part.max_time_s is not None and (secs is None or secs > part.max_time_s):
-            errors.append(f"{k['time']}: {time_str!r} exceeds partition {p!r} MaxTime "
-                          f"{format_time(part.max_time_s)}; set {k['time']}<="
-                          f"{format_time(part.max_time_s)} or pick another partition")
+            errors.append(
+                f"{k['time']}: {time_str!r} exceeds partition {p!r} MaxTime "
+                f"{format_time(part.max_time_s)}; set {k['time']}<="
+                f"{format_time(part.max_time_s)} or pick another partition"
+            )
     if gpus_per_node > 0 and part.gpus == 0:
-        errors.append(f"{k['gpus_per_node']}: {gpus_per_node} GPUs per node, but partition {p!r} "
-                      f"has no GPUs; set {k['gpus_per_node']}=0 or pick a GPU partition")
+        errors.append(
+            f"{k['gpus_per_node']}: {gpus_per_node} GPUs per node, but partition {p!r} "
+            f"has no GPUs; set {k['gpus_per_node']}=0 or pick a GPU partition"
+        )
     elif gpus_per_node > part.gpus_per_node > 0:
-        errors.append(f"{k['gpus_per_node']}: {gpus_per_node} GPUs per node, but partition {p!r} "
-                      f"has {part.gpus_per_node}; set {k['gpus_per_node']}<={part.gpus_per_node}")
+        errors.append(
+            f"{k['gpus_per_node']}: {gpus_per_node} GPUs per node, but partition {p!r} "
+            f"has {part.gpus_per_node}; set {k['gpus_per_node']}<={part.gpus_per_node}"
+        )
     return errors

@@ -15,8 +15,12 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import (DERIVED_DEEPSPEED_KEYS, grad_accumulation, node_range,
-                                      world_size)
+from slurmtrain.common.schema import (
+    DERIVED_DEEPSPEED_KEYS,
+    grad_accumulation,
+    node_range,
+    world_size,
+)
 
 
 def _positive(key: str, value: Any) -> None:
@@ -48,11 +52,18 @@ def resolve_batch(cfg: DictConfig) -> None:
     if t.global_batch_size is None and t.global_batch_tokens is not None:
         _positive("data.seq_len", cfg.data.seq_len)
         tokens = t.global_batch_tokens
-        if (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens <= 0
-                or int(tokens) != tokens or int(tokens) % cfg.data.seq_len):
-            raise ConfigError(f"train.global_batch_tokens={tokens:g}: must be a whole number of "
-                              f"sequences of data.seq_len={cfg.data.seq_len} tokens; e.g. "
-                              f"train.global_batch_tokens={cfg.data.seq_len * 256}")
+        if (
+            isinstance(tokens, bool)
+            or not isinstance(tokens, (int, float))
+            or tokens <= 0
+            or int(tokens) != tokens
+            or int(tokens) % cfg.data.seq_len
+        ):
+            raise ConfigError(
+                f"train.global_batch_tokens={tokens:g}: must be a whole number of "
+                f"sequences of data.seq_len={cfg.data.seq_len} tokens; e.g. "
+                f"train.global_batch_tokens={cfg.data.seq_len * 256}"
+            )
         t.global_batch_size = int(tokens) // cfg.data.seq_len
     if t.global_batch_size is None:
         _positive("train.micro_batch_size", t.micro_batch_size)
@@ -61,22 +72,33 @@ def resolve_batch(cfg: DictConfig) -> None:
     _positive("train.global_batch_size", t.global_batch_size)
     step_tokens = t.global_batch_size * cfg.data.seq_len
     if t.max_steps is None:
-        t.max_steps = (_per_tokens("train.tokens", t.tokens, step_tokens)
-                       if t.tokens is not None else DEFAULT_MAX_STEPS)
+        t.max_steps = (
+            _per_tokens("train.tokens", t.tokens, step_tokens)
+            if t.tokens is not None
+            else DEFAULT_MAX_STEPS
+        )
     if o.warmup_steps is None:
-        o.warmup_steps = (_per_tokens("optim.warmup_tokens", o.warmup_tokens, step_tokens)
-                          if o.warmup_tokens is not None else DEFAULT_WARMUP_STEPS)
+        o.warmup_steps = (
+            _per_tokens("optim.warmup_tokens", o.warmup_tokens, step_tokens)
+            if o.warmup_tokens is not None
+            else DEFAULT_WARMUP_STEPS
+        )
     if o.warmup_steps < 0:
-        raise ConfigError(f"optim.warmup_steps={o.warmup_steps}: must be >= 0; e.g. "
-                          f"optim.warmup_steps=10")
+        raise ConfigError(
+            f"optim.warmup_steps={o.warmup_steps}: must be >= 0; e.g. optim.warmup_steps=10"
+        )
     if o.min_lr is None:
         if not 0 < o.min_lr_ratio <= 1:
-            raise ConfigError(f"optim.min_lr_ratio={o.min_lr_ratio}: must be in (0, 1] (the "
-                              f"decay floor as a fraction of optim.lr); e.g. optim.min_lr_ratio=0.1")
+            raise ConfigError(
+                f"optim.min_lr_ratio={o.min_lr_ratio}: must be in (0, 1] (the "
+                f"decay floor as a fraction of optim.lr); e.g. optim.min_lr_ratio=0.1"
+            )
         o.min_lr = o.lr * o.min_lr_ratio
     if not 0 < o.min_lr <= o.lr:
-        raise ConfigError(f"optim.min_lr={o.min_lr}: must be > 0 and <= optim.lr={o.lr} "
-                          f"(0 makes the first warm-up updates no-ops); e.g. optim.min_lr={o.lr / 10:g}")
+        raise ConfigError(
+            f"optim.min_lr={o.min_lr}: must be > 0 and <= optim.lr={o.lr} "
+            f"(0 makes the first warm-up updates no-ops); e.g. optim.min_lr={o.lr / 10:g}"
+        )
 
 
 def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
@@ -87,34 +109,60 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     """
     low, high = node_range(cfg.nodes)
     if cfg.gpus_per_node == "auto" or cfg.cluster.kind == "auto":
-        raise ConfigError("cluster.kind/gpus_per_node=auto: not resolved; the launch flow calls "
-                          "slurmtrain.login.placement.resolve_auto first (or set them explicitly)")
-    if (isinstance(cfg.gpus_per_node, bool) or not isinstance(cfg.gpus_per_node, int)
-            or cfg.gpus_per_node < 0):
-        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node!r}: must be auto or an integer >= 0 "
-                          f"(0 means CPU); e.g. gpus_per_node=8")
+        raise ConfigError(
+            "cluster.kind/gpus_per_node=auto: not resolved; the launch flow calls "
+            "slurmtrain.login.placement.resolve_auto first (or set them explicitly)"
+        )
+    if (
+        isinstance(cfg.gpus_per_node, bool)
+        or not isinstance(cfg.gpus_per_node, int)
+        or cfg.gpus_per_node < 0
+    ):
+        raise ConfigError(
+            f"gpus_per_node={cfg.gpus_per_node!r}: must be auto or an integer >= 0 "
+            f"(0 means CPU); e.g. gpus_per_node=8"
+        )
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(cfg.name)):
-        raise ConfigError(f"name={cfg.name!r}: a run name is a directory and a job name; use "
-                          f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)")
+        raise ConfigError(
+            f"name={cfg.name!r}: a run name is a directory and a job name; use "
+            f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)"
+        )
     resolve_batch(cfg)
-    for key in ("train.max_steps", "train.micro_batch_size", "train.global_batch_size",
-                "train.log_interval", "data.seq_len", "model.num_layers", "model.hidden_size",
-                "model.num_heads", "cluster.cpu_tasks_per_node", "checkpoint.keep_last"):
+    for key in (
+        "train.max_steps",
+        "train.micro_batch_size",
+        "train.global_batch_size",
+        "train.log_interval",
+        "data.seq_len",
+        "model.num_layers",
+        "model.hidden_size",
+        "model.num_heads",
+        "cluster.cpu_tasks_per_node",
+        "checkpoint.keep_last",
+    ):
         _positive(key, OmegaConf.select(cfg, key))
     for key, example in (("train.flops_profile_step", 10), ("train.memory_check_step", 3)):
         value = OmegaConf.select(cfg, key)
         if not 0 <= value <= cfg.train.max_steps:
-            raise ConfigError(f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
-                              f"{cfg.train.max_steps}; e.g. {key}={example}")
+            raise ConfigError(
+                f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
+                f"{cfg.train.max_steps}; e.g. {key}={example}"
+            )
     if cfg.train.straggler_factor <= 1:
-        raise ConfigError(f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
-                          f"(times the median rank's step time); e.g. train.straggler_factor=1.5")
+        raise ConfigError(
+            f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
+            f"(times the median rank's step time); e.g. train.straggler_factor=1.5"
+        )
     if cfg.train.pause_at_step < 0:
-        raise ConfigError(f"train.pause_at_step={cfg.train.pause_at_step}: must be 0 (never) or a "
-                          f"step; e.g. train.pause_at_step=10")
+        raise ConfigError(
+            f"train.pause_at_step={cfg.train.pause_at_step}: must be 0 (never) or a "
+            f"step; e.g. train.pause_at_step=10"
+        )
     if submitting and cfg.smoke and cfg.cluster.kind != "slurm":
-        raise ConfigError(f"smoke=true: chains a smoke job before the real one on Slurm; use "
-                          f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false")
+        raise ConfigError(
+            f"smoke=true: chains a smoke job before the real one on Slurm; use "
+            f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false"
+        )
     _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
     _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis"))
     _choice("data.kind", cfg.data.kind, ("synthetic", "tokens"))
@@ -126,32 +174,44 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)
     for key in DERIVED_DEEPSPEED_KEYS:
         if key in cfg.deepspeed.extra:
-            raise ConfigError(f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
-                              f"train.global_batch_size; set those instead")
+            raise ConfigError(
+                f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
+                f"train.global_batch_size; set those instead"
+            )
     if cfg.model.hidden_size % cfg.model.num_heads:
-        raise ConfigError(f"model.num_heads={cfg.model.num_heads}: must divide model.hidden_size="
-                          f"{cfg.model.hidden_size}")
+        raise ConfigError(
+            f"model.num_heads={cfg.model.num_heads}: must divide model.hidden_size="
+            f"{cfg.model.hidden_size}"
+        )
     if cfg.data.kind == "tokens":
         path = cfg.data.path
         if not path or not os.path.isfile(path):
-            raise ConfigError(f"data.path={path!r}: no such token file; make one with "
-                              f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass "
-                              f"data.path=FILE.bin")
+            raise ConfigError(
+                f"data.path={path!r}: no such token file; make one with "
+                f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass "
+                f"data.path=FILE.bin"
+            )
         meta_path = os.path.splitext(path)[0] + ".json"
         vocab = _sidecar_vocab(meta_path)
         if vocab is not None and vocab > cfg.model.vocab_size:
-            raise ConfigError(f"data.path={path!r}: tokens go up to {vocab} but model.vocab_size="
-                              f"{cfg.model.vocab_size}; use a model with a larger vocabulary or "
-                              f"set model.vocab_size={vocab}")
+            raise ConfigError(
+                f"data.path={path!r}: tokens go up to {vocab} but model.vocab_size="
+                f"{cfg.model.vocab_size}; use a model with a larger vocabulary or "
+                f"set model.vocab_size={vocab}"
+            )
     check_seq_len(cfg.data.seq_len, cfg.model.max_positions)
     if submitting and cfg.cluster.kind == "local" and high != 1:
-        raise ConfigError(f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
-                          f"use nodes=1 or cluster=slurm")
+        raise ConfigError(
+            f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
+            f"use nodes=1 or cluster=slurm"
+        )
     for n in sorted({low, high}):
         grad_accumulation(cfg, world_size(cfg, n))
     if cfg.model.pretrained_path and not os.path.isdir(cfg.model.pretrained_path):
-        raise ConfigError(f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
-                          f"point it at a local Hugging Face model folder")
+        raise ConfigError(
+            f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
+            f"point it at a local Hugging Face model folder"
+        )
 
 
 def check_zero(stage: int, offload_optimizer: bool, offload_param: bool) -> None:
@@ -159,20 +219,27 @@ def check_zero(stage: int, offload_optimizer: bool, offload_param: bool) -> None
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.stage={stage}: ZeRO stages are 0-3; e.g. deepspeed=zero2")
     if offload_param and stage != 3:
-        raise ConfigError(f"deepspeed.offload_param=true: needs ZeRO-3 (stage is {stage}); "
-                          f"use deepspeed=zero3_offload")
+        raise ConfigError(
+            f"deepspeed.offload_param=true: needs ZeRO-3 (stage is {stage}); "
+            f"use deepspeed=zero3_offload"
+        )
     if offload_optimizer and stage == 0:
-        raise ConfigError("deepspeed.offload_optimizer=true: needs ZeRO stage >= 1; "
-                          "use deepspeed=zero1 or higher")
+        raise ConfigError(
+            "deepspeed.offload_optimizer=true: needs ZeRO stage >= 1; use deepspeed=zero1 or higher"
+        )
     if offload_param and not offload_optimizer:
-        raise ConfigError("deepspeed.offload_param=true: DeepSpeed offloads params only together "
-                          "with the optimizer; use deepspeed=zero3_offload")
+        raise ConfigError(
+            "deepspeed.offload_param=true: DeepSpeed offloads params only together "
+            "with the optimizer; use deepspeed=zero3_offload"
+        )
 
 
 def check_seq_len(seq_len: int, max_positions: int) -> None:
     if seq_len > max_positions:
-        raise ConfigError(f"data.seq_len={seq_len}: above model.max_positions={max_positions}; "
-                          f"use data.seq_len<={max_positions}")
+        raise ConfigError(
+            f"data.seq_len={seq_len}: above model.max_positions={max_positions}; "
+            f"use data.seq_len<={max_positions}"
+        )
 
 
 def _sidecar_vocab(meta_path: str) -> Optional[int]:

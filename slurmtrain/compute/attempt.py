@@ -17,13 +17,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common import ledger as faults
 from slurmtrain.common import errors, provenance
-from slurmtrain.compute.faults import signals
+from slurmtrain.common import ledger as faults
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.compute.distributed import Placement, export, placement, rank_device
+from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
-from slurmtrain.common.rundir import RunDir
 from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.compute.trainer import Trainer, broadcast
 
@@ -53,8 +53,9 @@ class Attempt:
     def record_any(self, event: str, **fields: Any) -> None:
         """Any rank: failures are recorded by the rank that saw them."""
         fields.setdefault("rank", self.where.rank)
-        self.run.record(event, job_id=self.where.job_id, attempt=self.number, nodes=self.nodes,
-                        **fields)
+        self.run.record(
+            event, job_id=self.where.job_id, attempt=self.number, nodes=self.nodes, **fields
+        )
 
 
 def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
@@ -78,26 +79,27 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
 
 def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector: Any) -> bool:
     """The health gate on every rank; bad nodes go to the bad-node ledger, the job exits."""
-    import torch
 
-    from slurmtrain.compute.faults import health
     from slurmtrain.common.rundir import append_jsonl
+    from slurmtrain.compute.faults import health
 
     t0 = time.time()
     device = rank_device(cfg.gpus_per_node, os.environ, where.local_rank)
-    mine = health.check_rank(where.node, where.rank, device, cfg.gpus_per_node,
-                             injector.fails_health(where.node))
+    mine = health.check_rank(
+        where.node, where.rank, device, cfg.gpus_per_node, injector.fails_health(where.node)
+    )
     bad = health.gate(mine, where.world_size, cfg.faults.health_slow_factor)
     if not bad:
         attempt.record("health_ok", seconds=time.time() - t0)
         return True
     if where.rank == 0:
         for row in bad:
-            append_jsonl(run.bad_nodes, {**row, "time": time.time(),
-                                                        "attempt": attempt.number})
+            append_jsonl(run.bad_nodes, {**row, "time": time.time(), "attempt": attempt.number})
             attempt.record("bad_node", node=row["node"], reason=row["reason"])
-            print(f"slurmtrain: node {row['node']} failed the health gate: {row['reason']}",
-                  file=sys.stderr)
+            print(
+                f"slurmtrain: node {row['node']} failed the health gate: {row['reason']}",
+                file=sys.stderr,
+            )
     return False
 
 
@@ -121,8 +123,11 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     else:
         torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
-    deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", verbose=False,
-                               timeout=timedelta(seconds=cfg.faults.collective_timeout_s))
+    deepspeed.init_distributed(
+        dist_backend="gloo" if cpu else "nccl",
+        verbose=False,
+        timeout=timedelta(seconds=cfg.faults.collective_timeout_s),
+    )
     rendezvous_s = time.time() - started
     gathered: list[Any] = [None] * where.world_size
     dist.all_gather_object(gathered, (where.node, os.getpid()))
@@ -130,33 +135,52 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     attempt = Attempt(run, where, nodes, broadcast(run.attempts() + 1 if where.rank == 0 else 0))
     if where.rank == 0:
         _close_previous_attempt(run, attempt)
-    attempt.record("started", world_size=where.world_size, hosts=[n for n, _ in gathered],
-                   pids=[p for _, p in gathered])
+    attempt.record(
+        "started",
+        world_size=where.world_size,
+        hosts=[n for n, _ in gathered],
+        pids=[p for _, p in gathered],
+    )
     attempt.record("rendezvous_done", seconds=rendezvous_s)
     if where.rank == 0:
-        provenance.write(run.provenance, f"attempt_{attempt.number}",
-                         extra={"nodes": nodes, "world_size": where.world_size})
+        provenance.write(
+            run.provenance,
+            f"attempt_{attempt.number}",
+            extra={"nodes": nodes, "world_size": where.world_size},
+        )
     stop = broadcast(faults.over_budget(run.events(), cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
-        attempt.record("stopped", **{"class": stop, "error": faults.last_error(run.events())
-                                     or f"{stop} budget exhausted"})
+        attempt.record(
+            "stopped",
+            **{
+                "class": stop,
+                "error": faults.last_error(run.events()) or f"{stop} budget exhausted",
+            },
+        )
         dist.destroy_process_group()
         return 0
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name))
-    watchdog = Watchdog(cfg.faults.hang_timeout_s,
-                        run.hang_dump(attempt.number, where.rank),
-                        lambda why: attempt.record_any("failed", **{"class": faults.HANG,
-                                                                    "error": why}),
-                        errors.EXIT_HANG).start()
+    watchdog = Watchdog(
+        cfg.faults.hang_timeout_s,
+        run.hang_dump(attempt.number, where.rank),
+        lambda why: attempt.record_any("failed", **{"class": faults.HANG, "error": why}),
+        errors.EXIT_HANG,
+    ).start()
     try:
         if cfg.faults.health_check and not _healthy(cfg, run, where, attempt, injector):
             return errors.EXIT_BAD_NODE
         watchdog.beat("health gate")
         code = Trainer(cfg, run, where, attempt, flags, injector, watchdog).fit()
     except Exception as err:  # the failing rank records its error and class, then re-raises
-        attempt.record_any("failed", **{"class": faults.CRASH, "error": f"{type(err).__name__}: "
-                                        f"{err}", "step": attempt.step},
-                           traceback=traceback.format_exc()[-4000:])
+        attempt.record_any(
+            "failed",
+            **{
+                "class": faults.CRASH,
+                "error": f"{type(err).__name__}: {err}",
+                "step": attempt.step,
+            },
+            traceback=traceback.format_exc()[-4000:],
+        )
         raise
     finally:
         watchdog.stop()

@@ -49,7 +49,9 @@ class Sampler:
         self.seq_len = seq_len
         self.num_samples = (n_tokens - 1) // seq_len
         if self.num_samples < 1:
-            raise ValueError(f"corpus of {n_tokens} tokens is shorter than one sequence ({seq_len})")
+            raise ValueError(
+                f"corpus of {n_tokens} tokens is shorter than one sequence ({seq_len})"
+            )
         self.seed = seed
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
 
@@ -63,13 +65,18 @@ class Sampler:
         epoch, pos = divmod(global_index, self.num_samples)
         return int(self.order(epoch)[pos])
 
-    def indices(self, step: int, micro_step: int, rank: int, micro_batch: int, world: int,
-                global_batch: int) -> list[int]:
+    def indices(
+        self, step: int, micro_step: int, rank: int, micro_batch: int, world: int, global_batch: int
+    ) -> list[int]:
         first = step * global_batch + (micro_step * world + rank) * micro_batch
         return [self.sample(first + i) for i in range(micro_batch)]
 
 
 def batch(tokens: np.ndarray, sample_ids: list[int], seq_len: int) -> np.ndarray:
     """(micro_batch, seq_len + 1) int64 windows; inputs are [:, :-1], labels [:, 1:]."""
-    return np.stack([np.asarray(tokens[i * seq_len: i * seq_len + seq_len + 1], dtype=np.int64)
-                     for i in sample_ids])
+    return np.stack(
+        [
+            np.asarray(tokens[i * seq_len : i * seq_len + seq_len + 1], dtype=np.int64)
+            for i in sample_ids
+        ]
+    )

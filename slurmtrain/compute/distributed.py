@@ -29,23 +29,44 @@ def placement(env: Mapping[str, str], default_port: int = 29500) -> Placement:
         from slurmtrain.common.slurm_text import rendezvous_from_env
 
         rv = rendezvous_from_env(env)
-        return Placement(int(rv["RANK"]), int(rv["LOCAL_RANK"]), int(rv["WORLD_SIZE"]),
-                         rv["MASTER_ADDR"], int(rv["MASTER_PORT"]), env.get("SLURM_JOB_ID"),
-                         env.get("SLURMD_NODENAME", host))
+        return Placement(
+            int(rv["RANK"]),
+            int(rv["LOCAL_RANK"]),
+            int(rv["WORLD_SIZE"]),
+            rv["MASTER_ADDR"],
+            int(rv["MASTER_PORT"]),
+            env.get("SLURM_JOB_ID"),
+            env.get("SLURMD_NODENAME", host),
+        )
     if "SUBMITIT_LOCAL_GLOBALID" in env:
-        return Placement(int(env["SUBMITIT_LOCAL_GLOBALID"]), int(env["SUBMITIT_LOCAL_LOCALID"]),
-                         int(env["SUBMITIT_LOCAL_NTASKS"]), "127.0.0.1",
-                         int(env.get("MASTER_PORT", default_port)),
-                         env.get("SUBMITIT_LOCAL_JOB_ID"), host)
-    return Placement(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)),
-                     int(env.get("WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),
-                     int(env.get("MASTER_PORT", default_port)), env.get("JOB_ID"), host)
+        return Placement(
+            int(env["SUBMITIT_LOCAL_GLOBALID"]),
+            int(env["SUBMITIT_LOCAL_LOCALID"]),
+            int(env["SUBMITIT_LOCAL_NTASKS"]),
+            "127.0.0.1",
+            int(env.get("MASTER_PORT", default_port)),
+            env.get("SUBMITIT_LOCAL_JOB_ID"),
+            host,
+        )
+    return Placement(
+        int(env.get("RANK", 0)),
+        int(env.get("LOCAL_RANK", 0)),
+        int(env.get("WORLD_SIZE", 1)),
+        env.get("MASTER_ADDR", "127.0.0.1"),
+        int(env.get("MASTER_PORT", default_port)),
+        env.get("JOB_ID"),
+        host,
+    )
 
 
 def export(p: Placement) -> None:
-    os.environ.update(RANK=str(p.rank), LOCAL_RANK=str(p.local_rank),
-                      WORLD_SIZE=str(p.world_size), MASTER_ADDR=p.master_addr,
-                      MASTER_PORT=str(p.master_port))
+    os.environ.update(
+        RANK=str(p.rank),
+        LOCAL_RANK=str(p.local_rank),
+        WORLD_SIZE=str(p.world_size),
+        MASTER_ADDR=p.master_addr,
+        MASTER_PORT=str(p.master_port),
+    )
 
 
 # ---- which device is this rank's ----------------------------------------------------------------
@@ -75,8 +96,12 @@ def device_index(env: Mapping[str, str], visible_count: int, local_rank: int) ->
     """
     visible = _ids(env.get("CUDA_VISIBLE_DEVICES"))
     count = len(visible) if visible is not None else visible_count
-    local_world = int(env.get("LOCAL_WORLD_SIZE") or env.get("SUBMITIT_LOCAL_NTASKS")
-                      or env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0)
+    local_world = int(
+        env.get("LOCAL_WORLD_SIZE")
+        or env.get("SUBMITIT_LOCAL_NTASKS")
+        or env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0]
+        or 0
+    )
     if count == 1:
         return 0
     if count > local_rank and (local_world == 0 or count >= local_world):
@@ -90,7 +115,8 @@ def device_index(env: Mapping[str, str], visible_count: int, local_rank: int) ->
         f"local rank {local_rank} of {local_world or '?'} tasks on this node sees {count} devices "
         f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}, SLURM_STEP_GPUS="
         f"{env.get('SLURM_STEP_GPUS')!r}): cannot tell which is its own; let each task see one GPU "
-        f"(srun --gpus-per-task=1 / --gpu-bind=single:1) or all of the node's")
+        f"(srun --gpus-per-task=1 / --gpu-bind=single:1) or all of the node's"
+    )
 
 
 CPU_STAND_IN = "SLURMTRAIN_VISIBLE_DEVICES"
@@ -107,11 +133,16 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
         stand_in = env.get(CPU_STAND_IN)
         if stand_in is not None:
             index = device_index({**env, "CUDA_VISIBLE_DEVICES": stand_in}, 0, local_rank)
-            print(f"slurmtrain: local rank {local_rank}: device {index} of {stand_in!r} "
-                  f"({CPU_STAND_IN}; CPU rank)", flush=True)
+            print(
+                f"slurmtrain: local rank {local_rank}: device {index} of {stand_in!r} "
+                f"({CPU_STAND_IN}; CPU rank)",
+                flush=True,
+            )
         return torch.device("cpu")
     visible = torch.cuda.device_count()
     if visible < 1:
-        raise DeviceError(f"gpus_per_node={gpus_per_node} but this task sees no CUDA device "
-                          f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r})")
+        raise DeviceError(
+            f"gpus_per_node={gpus_per_node} but this task sees no CUDA device "
+            f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
     return torch.device("cuda", device_index(env, visible, local_rank))

@@ -63,10 +63,14 @@ def find_run(arg: str) -> Path:
     if len(found) == 1:
         return found[0].resolve()
     if len(found) > 1:
-        raise ExportError(f"run name {arg!r} has {len(found)} run directories under {root}: "
-                          f"{', '.join(str(p) for p in found)}; pass one of them")
-    raise ExportError(f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under "
-                      f"{root}; pass a run directory (runs/NAME/FINGERPRINT)")
+        raise ExportError(
+            f"run name {arg!r} has {len(found)} run directories under {root}: "
+            f"{', '.join(str(p) for p in found)}; pass one of them"
+        )
+    raise ExportError(
+        f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under "
+        f"{root}; pass a run directory (runs/NAME/FINGERPRINT)"
+    )
 
 
 def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any]]:
@@ -79,8 +83,10 @@ def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any
         for path, reason in found.skipped:
             print(f"slurmtrain export: skipping {path}: {reason}", file=sys.stderr)
         if found.path is None:
-            raise ExportError(f"RUN_DIR={run}: no checkpoint validates under {root}; train it "
-                              f"further or pick one with --step N")
+            raise ExportError(
+                f"RUN_DIR={run}: no checkpoint validates under {root}; train it "
+                f"further or pick one with --step N"
+            )
         return found.path, found.manifest
     path = root / ckpt.tag(step)
     reason = ckpt.validate(path) if path.is_dir() else "no such checkpoint"
@@ -99,10 +105,12 @@ def lazy_state_dict(ckpt_dir: Path) -> dict[str, Any]:
 
         with _stdout_to_stderr():  # it prints progress lines and tqdm bars
             return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
-                str(ckpt_dir.parent), tag=ckpt_dir.name, lazy_mode=True)
+                str(ckpt_dir.parent), tag=ckpt_dir.name, lazy_mode=True
+            )
     # ZeRO-0 in fp32 keeps the optimizer inside the model-states file: the module is the model.
-    states = torch.load(ckpt_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True,
-                        weights_only=False)
+    states = torch.load(
+        ckpt_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False
+    )
     module = dict(states["module"])
     for name, source in (states.get("shared_params") or {}).items():
         module.setdefault(name, module[source])
@@ -141,10 +149,15 @@ def write_weights(state: dict[str, Any], out: Path, dtype: Any, max_shard_size: 
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    shapes = {k: torch.empty(tuple(v.shape), dtype=dtype if v.dtype.is_floating_point else v.dtype,
-                             device="meta") for k, v in state.items()}
-    split = split_torch_state_dict_into_shards(shapes, filename_pattern="model{suffix}.safetensors",
-                                               max_shard_size=max_shard_size)
+    shapes = {
+        k: torch.empty(
+            tuple(v.shape), dtype=dtype if v.dtype.is_floating_point else v.dtype, device="meta"
+        )
+        for k, v in state.items()
+    }
+    split = split_torch_state_dict_into_shards(
+        shapes, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+    )
     for filename, names in split.filename_to_tensors.items():
         shard = {name: materialize(state[name], dtype) for name in names}
         save_file(shard, str(out / filename), metadata={"format": "pt"})
@@ -152,8 +165,9 @@ def write_weights(state: dict[str, Any], out: Path, dtype: Any, max_shard_size: 
         gc.collect()
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2,
-                                                                     sort_keys=True) + "\n")
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps(index, indent=2, sort_keys=True) + "\n"
+        )
     return list(split.filename_to_tensors)
 
 
@@ -188,8 +202,9 @@ def check_batch(cfg: Any, step: int, limit: Optional[int]) -> Any:
     return torch.from_numpy(data.batch(tokens, ids, cfg.data.seq_len))
 
 
-def verify(cfg: Any, run: Path, out: Path, state: dict[str, Any], step: int, dtype_name: str,
-           samples: int) -> dict[str, Any]:
+def verify(
+    cfg: Any, run: Path, out: Path, state: dict[str, Any], step: int, dtype_name: str, samples: int
+) -> dict[str, Any]:
     """Logits of the export (from_pretrained) against the training model with the fp32 weights."""
     import torch
     from transformers import OPTForCausalLM
@@ -198,11 +213,13 @@ def verify(cfg: Any, run: Path, out: Path, state: dict[str, Any], step: int, dty
 
     torch.manual_seed(0)
     reference = OPTForCausalLM(opt_config(cfg))
-    missing, unexpected = reference.load_state_dict({k: materialize(v) for k, v in state.items()},
-                                                    strict=False)
+    missing, unexpected = reference.load_state_dict(
+        {k: materialize(v) for k, v in state.items()}, strict=False
+    )
     if [k for k in missing if k != TIED] or unexpected:
-        raise RuntimeError(f"checkpoint does not fit the model: missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]}")
+        raise RuntimeError(
+            f"checkpoint does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     reference.eval()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     exported = OPTForCausalLM.from_pretrained(str(out), dtype=dtype, local_files_only=True).eval()
@@ -213,9 +230,14 @@ def verify(cfg: Any, run: Path, out: Path, state: dict[str, Any], step: int, dty
     diff = float((want - got).abs().max())
     scale = float(want.abs().max())
     tolerance = TOLERANCE[dtype_name] * (1.0 if dtype_name == "fp32" else max(1.0, scale))
-    result: dict[str, Any] = {"check_samples": int(window.shape[0]), "seq_len": int(cfg.data.seq_len),
-                              "max_abs_logit_diff": diff, "max_abs_logit": scale,
-                              "tolerance": tolerance, "ok": diff <= tolerance}
+    result: dict[str, Any] = {
+        "check_samples": int(window.shape[0]),
+        "seq_len": int(cfg.data.seq_len),
+        "max_abs_logit_diff": diff,
+        "max_abs_logit": scale,
+        "tolerance": tolerance,
+        "ok": diff <= tolerance,
+    }
     logged = {r.get("step"): r.get("loss") for r in _metrics(run)}
     if logged.get(step + 1) is not None:
         # The loss training logged at step N+1 was computed by the weights of step N on the global
@@ -223,8 +245,12 @@ def verify(cfg: Any, run: Path, out: Path, state: dict[str, Any], step: int, dty
         full = check_batch(cfg, step, None)
         with torch.no_grad():
             loss = float(loss_fn(exported, full))
-        result["training_loss"] = {"step": step + 1, "logged": logged[step + 1],
-                                   "export": loss, "abs_diff": abs(loss - logged[step + 1])}
+        result["training_loss"] = {
+            "step": step + 1,
+            "logged": logged[step + 1],
+            "export": loss,
+            "abs_diff": abs(loss - logged[step + 1]),
+        }
     del reference, exported
     gc.collect()
     return result
@@ -236,12 +262,21 @@ def _metrics(run: Path) -> list[dict[str, Any]]:
     return read_jsonl(run / "metrics.jsonl")
 
 
-def export(run: Path, out: Path, step: Optional[int] = None, dtype_name: str = "fp32",
-           max_shard_size: str = "2GB", check: bool = True, samples: int = 4,
-           force: bool = False) -> dict[str, Any]:
+def export(
+    run: Path,
+    out: Path,
+    step: Optional[int] = None,
+    dtype_name: str = "fp32",
+    max_shard_size: str = "2GB",
+    check: bool = True,
+    samples: int = 4,
+    force: bool = False,
+) -> dict[str, Any]:
     """Write the folder (into `out.tmp`, renamed when complete); returns its provenance record."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ExportError(f"--out={out}: exists and is not empty; pick a new folder or pass --force")
+        raise ExportError(
+            f"--out={out}: exists and is not empty; pick a new folder or pass --force"
+        )
     ckpt_dir, manifest = pick_checkpoint(run, step)
     import torch
     from transformers import GenerationConfig
@@ -270,11 +305,18 @@ def export(run: Path, out: Path, step: Optional[int] = None, dtype_name: str = "
 
         AutoTokenizer.from_pretrained(str(tok), local_files_only=True).save_pretrained(str(tmp))
     record: dict[str, Any] = {
-        "run": str(run), "fingerprint": run.name, "step": step, "checkpoint": str(ckpt_dir),
+        "run": str(run),
+        "fingerprint": run.name,
+        "step": step,
+        "checkpoint": str(ckpt_dir),
         "manifest_sha256": hashlib.sha256((ckpt_dir / "manifest.json").read_bytes()).hexdigest(),
-        "world_size": manifest.get("world_size"), "zero_stage": manifest.get("zero_stage"),
-        "dtype": dtype_name, "shards": shards, "tokenizer": str(tok) if tok else "bytes",
-        "time": time.time()}
+        "world_size": manifest.get("world_size"),
+        "zero_stage": manifest.get("zero_stage"),
+        "dtype": dtype_name,
+        "shards": shards,
+        "tokenizer": str(tok) if tok else "bytes",
+        "time": time.time(),
+    }
     if check:
         record["check"] = verify(cfg, run, tmp, state, step, dtype_name, samples)
     record["seconds"] = time.time() - started
@@ -288,39 +330,57 @@ def export(run: Path, out: Path, step: Optional[int] = None, dtype_name: str = "
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli export",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmtrain.cli export", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dir", help="run directory (runs/NAME/FINGERPRINT) or run name")
     parser.add_argument("--out", required=True, type=Path, help="output folder (new or empty)")
     parser.add_argument("--step", type=int, help="checkpoint step (default: newest that validates)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--max-shard-size", default="2GB")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip the logits check (it holds the whole model twice)")
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the logits check (it holds the whole model twice)",
+    )
     parser.add_argument("--check-samples", type=int, default=4)
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
     args = parser.parse_args(argv)
     quiet()
     try:
         run = find_run(args.run_dir)
-        record = export(run, args.out.expanduser().resolve(), args.step, args.dtype,
-                        args.max_shard_size, not args.no_verify, args.check_samples, args.force)
+        record = export(
+            run,
+            args.out.expanduser().resolve(),
+            args.step,
+            args.dtype,
+            args.max_shard_size,
+            not args.no_verify,
+            args.check_samples,
+            args.force,
+        )
     except ExportError as err:
         print(f"slurmtrain export: {err}", file=sys.stderr)
         return 2
     check = record.get("check")
-    print(f"slurmtrain export: step {record['step']} of {record['run']} -> {args.out} "
-          f"({record['dtype']}, {len(record['shards'])} shard(s), {record['seconds']:.1f} s)")
+    print(
+        f"slurmtrain export: step {record['step']} of {record['run']} -> {args.out} "
+        f"({record['dtype']}, {len(record['shards'])} shard(s), {record['seconds']:.1f} s)"
+    )
     if check:
-        line = (f"slurmtrain export: logits vs the training model: max |diff| "
-                f"{check['max_abs_logit_diff']:.2e} (tolerance {check['tolerance']:.1e})")
+        line = (
+            f"slurmtrain export: logits vs the training model: max |diff| "
+            f"{check['max_abs_logit_diff']:.2e} (tolerance {check['tolerance']:.1e})"
+        )
         if "training_loss" in check:
             t = check["training_loss"]
             line += f"; loss {t['export']:.6f} vs logged {t['logged']:.6f} at step {t['step']}"
         print(line)
         if not check["ok"]:
-            print("slurmtrain export: the export does not reproduce the training model's logits",
-                  file=sys.stderr)
+            print(
+                "slurmtrain export: the export does not reproduce the training model's logits",
+                file=sys.stderr,
+            )
             return 1
     return 0
 

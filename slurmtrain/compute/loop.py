@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from slurmtrain.compute.faults.signals import NONE, SignalFlags
 from slurmtrain.compute.data import Sampler, batch
+from slurmtrain.compute.faults.signals import NONE, SignalFlags
+from slurmtrain.compute.model import loss_fn
 from slurmtrain.compute.observe.metrics import MetricsWriter
 from slurmtrain.compute.observe.perf import Perf
-from slurmtrain.compute.model import loss_fn
 
 
 @dataclass
@@ -36,11 +36,23 @@ class Outcome:
     stop_code: int  # signals.NONE when max_steps was reached
 
 
-def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: LoopState,
-          world: int, rank: int, device: torch.device, metrics: MetricsWriter,
-          flags: SignalFlags, save: Callable[[int], None], perf: Perf, accum: int,
-          on_step: Optional[Callable[[int, float], None]] = None,
-          stop_at: Optional[int] = None) -> Outcome:
+def train(
+    engine: Any,
+    cfg: Any,
+    tokens: np.ndarray,
+    sampler: Sampler,
+    state: LoopState,
+    world: int,
+    rank: int,
+    device: torch.device,
+    metrics: MetricsWriter,
+    flags: SignalFlags,
+    save: Callable[[int], None],
+    perf: Perf,
+    accum: int,
+    on_step: Optional[Callable[[int, float], None]] = None,
+    stop_at: Optional[int] = None,
+) -> Outcome:
     """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes).
     `accum`: micro steps per optimizer step (schema.grad_accumulation for this world size)."""
     end = min(stop_at or cfg.train.max_steps, cfg.train.max_steps)
@@ -64,8 +76,11 @@ def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: Lo
         # One collective per step: [loss sum, signal code, time-based save due]. The loss .item()
         # ends this rank's compute (on GPUs too); one .tolist() after, not one .item() per value.
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
-        shared = torch.tensor([torch.stack(losses).mean().item(), float(flags.code), float(due)],
-                              dtype=torch.float64, device=device)
+        shared = torch.tensor(
+            [torch.stack(losses).mean().item(), float(flags.code), float(due)],
+            dtype=torch.float64,
+            device=device,
+        )
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
             loss_sum, code_sum, due_sum = shared.tolist()
@@ -78,9 +93,14 @@ def train(engine: Any, cfg: Any, tokens: np.ndarray, sampler: Sampler, state: Lo
 
         if state.step % log_every == 0 or state.step == cfg.train.max_steps or stop_code:
             # perf.interval is a collective (one all_gather): throughput, FLOPs, timers, memory.
-            metrics.log(state.step, cfg.train.max_steps, loss=loss_value, lr=engine.get_lr()[0],
-                        consumed_samples=state.step * gbs,
-                        **perf.interval(state.step, cfg.train.max_steps))
+            metrics.log(
+                state.step,
+                cfg.train.max_steps,
+                loss=loss_value,
+                lr=engine.get_lr()[0],
+                consumed_samples=state.step * gbs,
+                **perf.interval(state.step, cfg.train.max_steps),
+            )
 
         finished = state.step >= end
         by_steps = every_steps > 0 and state.step % every_steps == 0

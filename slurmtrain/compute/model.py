@@ -20,14 +20,26 @@ def opt_config(cfg: DictConfig) -> Any:
 
     m = cfg.model
     return OPTConfig(
-        vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-        ffn_dim=m.ffn_dim, num_attention_heads=m.num_heads, max_position_embeddings=m.max_positions,
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        ffn_dim=m.ffn_dim,
+        num_attention_heads=m.num_heads,
+        max_position_embeddings=m.max_positions,
         word_embed_proj_dim=m.word_embed_proj_dim or m.hidden_size,
-        do_layer_norm_before=m.layer_norm_before, dropout=m.dropout, attention_dropout=m.dropout,
-        activation_dropout=0.0, layerdrop=0.0, enable_bias=True, use_cache=False,
+        do_layer_norm_before=m.layer_norm_before,
+        dropout=m.dropout,
+        attention_dropout=m.dropout,
+        activation_dropout=0.0,
+        layerdrop=0.0,
+        enable_bias=True,
+        use_cache=False,
         init_std=m.init_std,
         # No padding id: we never pad, and zeroing its embedding row fails on ZeRO-3 partitions.
-        pad_token_id=None, bos_token_id=1, eos_token_id=2)
+        pad_token_id=None,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def build(cfg: DictConfig, ds_config: dict[str, Any]) -> torch.nn.Module:
@@ -62,8 +74,11 @@ def scaled_std(cfg: DictConfig) -> float:
 def output_projections(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The Linear layers that write into the residual stream: each layer's attention out_proj and
     its second MLP matrix fc2 (2 per layer)."""
-    return [m for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.endswith(("self_attn.out_proj", ".fc2"))]
+    return [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and name.endswith(("self_attn.out_proj", ".fc2"))
+    ]
 
 
 def _init_partitioned(model: torch.nn.Module, scaled: float | None = None) -> None:
@@ -89,4 +104,5 @@ def loss_fn(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:]."""
     logits = model(input_ids=window[:, :-1]).logits
     return torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), window[:, 1:].reshape(-1))
+        logits.float().reshape(-1, logits.size(-1)), window[:, 1:].reshape(-1)
+    )

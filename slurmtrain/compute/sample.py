@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.compute.export import EXPORT_META, ExportError, find_run, quiet
+from slurmtrain.compute.export import ExportError, find_run, quiet
 
 BYTE_VOCAB = 256
 
@@ -57,8 +57,9 @@ def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
 
     path = Path(arg).expanduser()
     if _is_export(path):
-        model = OPTForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                               local_files_only=True)
+        model = OPTForCausalLM.from_pretrained(
+            str(path), dtype=torch.float32, local_files_only=True
+        )
         has_tok = any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
         return model, HFCodec(path) if has_tok else ByteCodec(), f"export {path}"
     from slurmtrain.common.schema import load_run_config
@@ -72,15 +73,18 @@ def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
     state = {k: export.materialize(v) for k, v in export.lazy_state_dict(ckpt_dir).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [k for k in missing if k != export.TIED] or unexpected:
-        raise ExportError(f"{ckpt_dir}: does not fit model={cfg.model.name} "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ExportError(
+            f"{ckpt_dir}: does not fit model={cfg.model.name} "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     model.tie_weights()
     tok = export.tokenizer_dir(cfg)
     return model, HFCodec(tok) if tok else ByteCodec(), f"{ckpt_dir} (step {manifest['step']})"
 
 
-def generate(model: Any, codec: Any, prompt: str, tokens: int, temperature: float, seed: int,
-             device: str) -> str:
+def generate(
+    model: Any, codec: Any, prompt: str, tokens: int, temperature: float, seed: int, device: str
+) -> str:
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -94,25 +98,35 @@ def generate(model: Any, codec: Any, prompt: str, tokens: int, temperature: floa
         raise ExportError("--prompt='': empty; give some text to continue, e.g. --prompt 'def '")
     limit = int(model.config.max_position_embeddings) - len(ids)
     if limit < 1:
-        raise ExportError(f"--prompt: {len(ids)} tokens, the model takes at most "
-                          f"{model.config.max_position_embeddings}; shorten it")
+        raise ExportError(
+            f"--prompt: {len(ids)} tokens, the model takes at most "
+            f"{model.config.max_position_embeddings}; shorten it"
+        )
     torch.manual_seed(seed)
     model.to(device).eval()
     model.config.use_cache = True
     processors = LogitsProcessorList([OnlyBytes()] if isinstance(codec, ByteCodec) else [])
     sampling = temperature > 0
-    extra: dict[str, Any] = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sampling else {}
+    extra: dict[str, Any] = (
+        {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sampling else {}
+    )
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=min(tokens, limit),
-                             do_sample=sampling, logits_processor=processors,
-                             eos_token_id=codec.eos_token_id, pad_token_id=codec.eos_token_id or 0,
-                             **extra)
-    return codec.decode(out[0, len(ids):].tolist())
+        out = model.generate(
+            torch.tensor([ids], device=device),
+            max_new_tokens=min(tokens, limit),
+            do_sample=sampling,
+            logits_processor=processors,
+            eos_token_id=codec.eos_token_id,
+            pad_token_id=codec.eos_token_id or 0,
+            **extra,
+        )
+    return codec.decode(out[0, len(ids) :].tolist())
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli sample",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m slurmtrain.cli sample", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("source", help="run directory, run name, or export folder")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens to generate")
@@ -123,7 +137,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.tokens < 1 or args.temperature < 0:
         bad = f"--tokens={args.tokens}" if args.tokens < 1 else f"--temperature={args.temperature}"
-        print(f"slurmtrain sample: {bad}: must be positive (temperature 0 = greedy)", file=sys.stderr)
+        print(
+            f"slurmtrain sample: {bad}: must be positive (temperature 0 = greedy)", file=sys.stderr
+        )
         return 2
     quiet()
     import torch

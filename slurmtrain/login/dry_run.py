@@ -72,14 +72,17 @@ def show(cfg: DictConfig, out=None) -> int:
         print(script.rstrip("\n"), file=out)
         try:
             answer = test_only(script)
-            lines = [ln for ln in answer.splitlines() if re.search(r"to start at", ln)] or \
-                answer.splitlines()[-1:]
+            lines = [
+                ln for ln in answer.splitlines() if re.search(r"to start at", ln)
+            ] or answer.splitlines()[-1:]
             print(f"slurmtrain: dry run: Slurm says: {' '.join(lines)}", file=out)
         except SlurmError as err:
             print(f"slurmtrain: dry run: sbatch --test-only gave no answer ({err})", file=out)
     if refused:
         print(f"slurmtrain: error: {refused}", file=sys.stderr)
-        print("slurmtrain: dry run: the same command without dry_run=true would be refused "
-              "(exit 2)", file=out)
+        print(
+            "slurmtrain: dry run: the same command without dry_run=true would be refused (exit 2)",
+            file=out,
+        )
         return EXIT_CONFIG
     return 0

@@ -15,8 +15,8 @@ from typing import Any, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common.schema import node_range, tasks_per_node
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import node_range, tasks_per_node
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -35,8 +35,10 @@ def checked(key: str, value: Any) -> str:
     text = str(value)
     if not SAFE_SBATCH_VALUE.match(text):
         shown = text.replace("\n", "\\n")
-        raise ConfigError(f"{key}={shown!r}: not allowed in a Slurm batch script (only letters, "
-                          f"digits and _.,:=@%+/-[]); fix the value")
+        raise ConfigError(
+            f"{key}={shown!r}: not allowed in a Slurm batch script (only letters, "
+            f"digits and _.,:=@%+/-[]); fix the value"
+        )
     return text
 
 
@@ -83,8 +85,10 @@ def cpus_per_task(cfg: DictConfig) -> int:
     if value is None:
         return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"cluster.cpus_per_task={value!r}: must be a positive integer; e.g. "
-                          f"cluster.cpus_per_task=8")
+        raise ConfigError(
+            f"cluster.cpus_per_task={value!r}: must be a positive integer; e.g. "
+            f"cluster.cpus_per_task=8"
+        )
     return value
 
 
@@ -101,13 +105,20 @@ def srun_args(cfg: DictConfig) -> list[str]:
     args += list(SRUN_FIXED) + [str(a) for a in cfg.cluster.srun_extra]
     for arg in args:
         if "\n" in arg or "\r" in arg:
-            raise ConfigError(f"cluster.srun_extra={arg!r}: newlines are not allowed; fix the value")
+            raise ConfigError(
+                f"cluster.srun_extra={arg!r}: newlines are not allowed; fix the value"
+            )
     if cfg.cluster.container == "pyxis":
         image = cfg.cluster.image
         if not image:
-            raise ConfigError("cluster.image=None: cluster.container=pyxis needs an image; set "
-                              "cluster.image=REGISTRY#IMAGE or a .sqsh path")
-        args += [f"--container-image={image}", f"--container-mounts={cfg.runs_root}:{cfg.runs_root}"]
+            raise ConfigError(
+                "cluster.image=None: cluster.container=pyxis needs an image; set "
+                "cluster.image=REGISTRY#IMAGE or a .sqsh path"
+            )
+        args += [
+            f"--container-image={image}",
+            f"--container-mounts={cfg.runs_root}:{cfg.runs_root}",
+        ]
     return args
 
 
@@ -126,10 +137,19 @@ def python_command(cfg: DictConfig) -> list[str]:
     """The interpreter on the compute node, inside the container when there is one."""
     if cfg.cluster.container == "apptainer":
         if not cfg.cluster.image:
-            raise ConfigError("cluster.image=None: cluster.container=apptainer needs an image; "
-                              "set cluster.image=PATH.sif")
-        return ["apptainer", "exec", "--nv", "--bind", f"{cfg.runs_root}", str(cfg.cluster.image),
-                "python"]
+            raise ConfigError(
+                "cluster.image=None: cluster.container=apptainer needs an image; "
+                "set cluster.image=PATH.sif"
+            )
+        return [
+            "apptainer",
+            "exec",
+            "--nv",
+            "--bind",
+            f"{cfg.runs_root}",
+            str(cfg.cluster.image),
+            "python",
+        ]
     if cfg.cluster.container == "pyxis":
         return ["python"]
     return [sys.executable]

@@ -29,14 +29,18 @@ def launch(points: Sequence[Point], copy: bool = False) -> int:
     if any(cfg.dry_run for cfg, _ in points):
         return dry_run(points)
     if not single and any(cfg.smoke for cfg, _ in points):
-        raise ConfigError("smoke=true: not for sweeps (-m); smoke one point first, then sweep "
-                          "with smoke=false")
-    todo = [(p, o) for p, o in ((check(cfg, quiet=not single), o) for cfg, o in points)
-            if p is not None]
+        raise ConfigError(
+            "smoke=true: not for sweeps (-m); smoke one point first, then sweep with smoke=false"
+        )
+    todo = [
+        (p, o) for p, o in ((check(cfg, quiet=not single), o) for cfg, o in points) if p is not None
+    ]
     if not todo:
         if not single:
-            print(f"slurmtrain: all {len(points)} sweep points are finished or queued; "
-                  f"nothing submitted")
+            print(
+                f"slurmtrain: all {len(points)} sweep points are finished or queued; "
+                f"nothing submitted"
+            )
         return 0
     if single and todo[0][0].cfg.smoke:  # validate() allows it on Slurm only
         from slurmtrain.login import smoke
@@ -77,8 +81,10 @@ def _submit_array(todo: list, total: int) -> int:
 
     folder = Path(todo[0][0].cfg.runs_root) / ".sweeps" / "submitit"
     subs = submit_array([(p.cfg, p.run) for p, _ in todo], folder)
-    print(f"slurmtrain: submitted job array {subs[0].job_id.split('_')[0]} with {len(subs)} of "
-          f"{total} sweep points")
+    print(
+        f"slurmtrain: submitted job array {subs[0].job_id.split('_')[0]} with {len(subs)} of "
+        f"{total} sweep points"
+    )
     for sub, (p, _) in zip(subs, todo):
         print(f"  {sub.job_id}  {p.run.path}")
     return 0

@@ -17,8 +17,8 @@ import submitit
 from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from slurmtrain.common.schema import tasks_per_node
 from slurmtrain.common.rundir import RunDir, pid_start
+from slurmtrain.common.schema import tasks_per_node
 from slurmtrain.login.submit import Submission, TrainTask
 
 
@@ -34,12 +34,23 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
-    executor.update_parameters(tasks_per_node=tasks_per_node(cfg), gpus_per_node=cfg.gpus_per_node,
-                               timeout_min=24 * 60, nodes=1)
+    executor.update_parameters(
+        tasks_per_node=tasks_per_node(cfg),
+        gpus_per_node=cfg.gpus_per_node,
+        timeout_min=24 * 60,
+        nodes=1,
+    )
     job = executor.submit(TrainTask(str(run.path), free_port()))
     pid = int(job.job_id)
-    run.record("submitted", job_id=job.job_id, executor="local", pid=pid, host=socket.gethostname(),
-               pid_start=pid_start(pid), nodes=[socket.gethostname()])
+    run.record(
+        "submitted",
+        job_id=job.job_id,
+        executor="local",
+        pid=pid,
+        host=socket.gethostname(),
+        pid_start=pid_start(pid),
+        nodes=[socket.gethostname()],
+    )
     print(f"slurmtrain: started local job {job.job_id} in {run.path}")
     _follow(run, job, cfg.train.max_steps)
     try:
@@ -63,7 +74,7 @@ def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
             data = f.read()
     except FileNotFoundError:
         return offset, []
-    done = data[:data.rfind(b"\n") + 1]
+    done = data[: data.rfind(b"\n") + 1]
     rows = []
     for line in done.splitlines():
         try:
@@ -79,9 +90,14 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> None:
     This process shares the machine with the workers: it reads only the new lines and redraws
     twice a second (no 10 Hz refresh thread), so following a long run costs next to nothing.
     """
-    columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-               TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tok/s"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, transient=False, auto_refresh=False) as bar:
         task = bar.add_task("train", total=max_steps, loss="-", tps="-")
         offset = 0
@@ -90,8 +106,12 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> None:
             offset, rows = _new_rows(run.metrics, offset)
             if rows:
                 last = rows[-1]
-                bar.update(task, completed=last["step"], loss=f"{last['loss']:.4f}",
-                           tps=f"{last['tokens_per_s']:,.0f}")
+                bar.update(
+                    task,
+                    completed=last["step"],
+                    loss=f"{last['loss']:.4f}",
+                    tps=f"{last['tokens_per_s']:,.0f}",
+                )
             bar.refresh()
             if exited:
                 break

@@ -23,15 +23,17 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig
 
-from slurmtrain.common.commands import run_cmd
-
 from slurmtrain.common import slurm_cmd
+from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError
 
 ENV = "SLURMTRAIN_AUTO"
 PROBE_TIMEOUT_S = 5.0
-LOCAL_CPU_TASKS, SLURM_CPU_TASKS = 2, 1  # cpu_tasks_per_node when cluster=auto leaves it to the kind
+LOCAL_CPU_TASKS, SLURM_CPU_TASKS = (
+    2,
+    1,
+)  # cpu_tasks_per_node when cluster=auto leaves it to the kind
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,9 @@ def parse_nvidia_smi_l(text: str) -> int:
     return sum(1 for line in text.splitlines() if re.match(r"GPU \d+:", line))
 
 
-def chosen_partition(name: Optional[str], partitions: Mapping[str, PartitionInfo]) -> Optional[PartitionInfo]:
+def chosen_partition(
+    name: Optional[str], partitions: Mapping[str, PartitionInfo]
+) -> Optional[PartitionInfo]:
     """The partition a job lands in: the named one, else the cluster's default (None: unknown)."""
     if name:
         return partitions.get(name)
@@ -123,7 +127,13 @@ def slurm_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
     cpus, mem, gpus = node_resources(part)
     if cfg.cluster.cpus_per_task is None:
         cfg.cluster.cpus_per_task = max(1, cpus // gpus) if cfg.gpus_per_node > 0 and gpus else 1
-    if cfg.gpus_per_node > 0 and not cfg.cluster.mem and cfg.cluster.mem_per_gpu is None and mem and gpus:
+    if (
+        cfg.gpus_per_node > 0
+        and not cfg.cluster.mem
+        and cfg.cluster.mem_per_gpu is None
+        and mem
+        and gpus
+    ):
         cfg.cluster.mem_per_gpu = f"{mem // gpus}M"
 
 
@@ -137,11 +147,15 @@ def resolve_auto(cfg: DictConfig) -> None:
         cfg.cluster.kind = "slurm" if probe.partitions is not None else "local"
         said.append(f"cluster={cfg.cluster.kind} ({probe.why})")
     if cfg.cluster.cpu_tasks_per_node == 0:  # conf/cluster/auto.yaml: by the chosen kind
-        cfg.cluster.cpu_tasks_per_node = (SLURM_CPU_TASKS if cfg.cluster.kind == "slurm"
-                                          else LOCAL_CPU_TASKS)
+        cfg.cluster.cpu_tasks_per_node = (
+            SLURM_CPU_TASKS if cfg.cluster.kind == "slurm" else LOCAL_CPU_TASKS
+        )
     part = None
-    if cfg.cluster.kind == "slurm" and (cfg.gpus_per_node == "auto" or cfg.cluster.cpus_per_task is None
-                                        or cfg.cluster.mem_per_gpu is None):
+    if cfg.cluster.kind == "slurm" and (
+        cfg.gpus_per_node == "auto"
+        or cfg.cluster.cpus_per_task is None
+        or cfg.cluster.mem_per_gpu is None
+    ):
         probe = probe_slurm()
         if probe.partitions is not None:
             part = chosen_partition(cfg.cluster.partition, probe.partitions)
@@ -154,12 +168,14 @@ def resolve_auto(cfg: DictConfig) -> None:
                 raise ConfigError(
                     f"cluster.partition={cfg.cluster.partition!r}: "
                     + ("unknown partition" if cfg.cluster.partition else "no default partition")
-                    + f"; set cluster.partition to one of: {', '.join(known) or '(none)'}")
+                    + f"; set cluster.partition to one of: {', '.join(known) or '(none)'}"
+                )
             if part is None:
                 raise ConfigError(
                     f"gpus_per_node=auto: cannot read partition "
                     f"{cfg.cluster.partition or '(default)'}'s GPUs from Slurm "
-                    f"({probe_slurm().why}); set gpus_per_node=N or cluster.partition=NAME")
+                    f"({probe_slurm().why}); set gpus_per_node=N or cluster.partition=NAME"
+                )
             cfg.gpus_per_node = part.gpus_per_node
             why = f"partition {part.name}'s GRES"
         else:

@@ -13,10 +13,10 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common import rundir as runs
 from slurmtrain.common import schema
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
-from slurmtrain.common import rundir as runs
 
 
 @dataclass
@@ -57,8 +57,10 @@ def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
         print(f"slurmtrain: {warning}")
     state = run.state()
     if state == runs.FINISHED:
-        print(f"slurmtrain: this run already finished: {run.path}\n"
-              f"slurmtrain: nothing to train; pass new_run=true to train the same config again")
+        print(
+            f"slurmtrain: this run already finished: {run.path}\n"
+            f"slurmtrain: nothing to train; pass new_run=true to train the same config again"
+        )
         return None
     if state == runs.RUNNING:
         print(f"slurmtrain: this run is already queued or running: {run.path}")
@@ -72,5 +74,8 @@ def record(p: Prepared, overrides: list[str]) -> None:
     from slurmtrain.common import provenance
 
     runs.create(p.run, p.cfg, overrides)
-    provenance.write(p.run.provenance, f"submit_{len(p.run.events('submitted')) + 1}",
-                     extra={"overrides": overrides})
+    provenance.write(
+        p.run.provenance,
+        f"submit_{len(p.run.events('submitted')) + 1}",
+        extra={"overrides": overrides},
+    )

@@ -8,11 +8,11 @@ to RUN_DIR/job.sbatch: every restart and a hand resubmission run what the first 
 from __future__ import annotations
 
 import functools
-from importlib.resources import files
 import json
 import shlex
 import sys
 import time
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -21,15 +21,13 @@ from omegaconf import DictConfig
 
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common import slurm_text as slurm
-from slurmtrain.common.schema import node_range
-from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.errors import EXIT_REQUEUE
+from slurmtrain.common.errors import EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.login.submit import Submission
+from slurmtrain.common.schema import node_range
 from slurmtrain.login import flags
+from slurmtrain.login.submit import Submission
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
-
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,11 +40,18 @@ def check_cluster(cfg: DictConfig) -> None:
     try:
         partitions = _partitions()
     except slurm.SlurmError as err:
-        raise ConfigError(f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
-                          f"or use cluster=local") from None
-    errors = slurm.validate_request(cfg.cluster.partition, node_range(cfg.nodes)[1],
-                                    cfg.cluster.time, cfg.gpus_per_node, partitions,
-                                    keys={"nodes": "nodes", "gpus_per_node": "gpus_per_node"})
+        raise ConfigError(
+            f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
+            f"or use cluster=local"
+        ) from None
+    errors = slurm.validate_request(
+        cfg.cluster.partition,
+        node_range(cfg.nodes)[1],
+        cfg.cluster.time,
+        cfg.gpus_per_node,
+        partitions,
+        keys={"nodes": "nodes", "gpus_per_node": "gpus_per_node"},
+    )
     if errors:
         raise ConfigError(errors[0])
 
@@ -55,37 +60,63 @@ def job_name(cfg: DictConfig) -> str:
     return f"st-{cfg.name}"
 
 
-def render_script(cfg: DictConfig, run_dir: str, options: dict[str, flags.Flag],
-                  batch_log: str, array_map: Optional[str] = None) -> str:
+def render_script(
+    cfg: DictConfig,
+    run_dir: str,
+    options: dict[str, flags.Flag],
+    batch_log: str,
+    array_map: Optional[str] = None,
+) -> str:
     """The one batch script of every Slurm submission: first attempt, restart, array task, by hand.
 
     `run_dir` is the run directory's path; in a job array it is found at run time from
     SLURM_ARRAY_TASK_ID in `array_map` (a JSON list), and the script then appends its own output to
     that run's logs/ like a single job's. srun line, environment and supervisor are the same.
     """
-    env = Environment(loader=FileSystemLoader(str(files(TEMPLATES))), undefined=StrictUndefined,
-                      keep_trailing_newline=True)
+    env = Environment(
+        loader=FileSystemLoader(str(files(TEMPLATES))),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
     env.filters["q"] = lambda value: shlex.quote(str(value))
     run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags.checked("runs_root", run_dir))
     logs = '"$RUN_DIR"/logs' if array_map else shlex.quote(f"{run_dir}/logs")
     srun = ["--unbuffered", "--open-mode=append", *flags.srun_args(cfg)]
     return env.get_template("job.sbatch.j2").render(
-        run_dir=run_dir, array_map=array_map, container=cfg.cluster.container,
-        sbatch_lines=flags.sbatch_lines(options), batch_log=batch_log, env=flags.job_env(cfg),
-        python_path=sys.executable, logs=logs, srun_args=flags.quote_all(srun),
-        python=flags.quote_all(flags.python_command(cfg)), run_arg=run_arg,
-        exit_requeue=EXIT_REQUEUE)
+        run_dir=run_dir,
+        array_map=array_map,
+        container=cfg.cluster.container,
+        sbatch_lines=flags.sbatch_lines(options),
+        batch_log=batch_log,
+        env=flags.job_env(cfg),
+        python_path=sys.executable,
+        logs=logs,
+        srun_args=flags.quote_all(srun),
+        python=flags.quote_all(flags.python_command(cfg)),
+        run_arg=run_arg,
+        exit_requeue=EXIT_REQUEUE,
+    )
 
 
 def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
     """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array)."""
     logs = flags.checked("runs_root", str(run.logs))
-    return render_script(cfg, str(run.path), flags.sbatch_options(cfg, job_name(cfg)),
-                         batch_log=f"{logs}/%j.batch.out")
+    return render_script(
+        cfg,
+        str(run.path),
+        flags.sbatch_options(cfg, job_name(cfg)),
+        batch_log=f"{logs}/%j.batch.out",
+    )
 
 
-def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int = 0,
-             after: Optional[str] = None, array_map: Optional[str] = None):
+def executor(
+    cfg: DictConfig,
+    folder: Path,
+    target: list[str],
+    parallelism: int = 0,
+    after: Optional[str] = None,
+    array_map: Optional[str] = None,
+):
     """submitit's SlurmExecutor submitting slurmtrain's own batch script (`render_script`).
 
     submitit keeps what it is good at: sbatch, job ids, job arrays, job objects. Its generated
@@ -100,11 +131,18 @@ def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int 
     if after:
         # Slurm cancels a job whose dependency can never be met (the smoke failed) instead of
         # leaving it PENDING with Reason=DependencyNeverSatisfied; down a chain too.
-        options.update({"dependency": f"afterok:{flags.checked('dependency', after)}",
-                        "kill-on-invalid-dep": "yes"})
+        options.update(
+            {
+                "dependency": f"afterok:{flags.checked('dependency', after)}",
+                "kill-on-invalid-dep": "yes",
+            }
+        )
     run_dir = target[0] if target else ""
-    batch_log = (f"{folder}/%A_%a.batch.out" if array_map
-                 else f"{flags.checked('runs_root', run_dir)}/logs/%j.batch.out")
+    batch_log = (
+        f"{folder}/%A_%a.batch.out"
+        if array_map
+        else f"{flags.checked('runs_root', run_dir)}/logs/%j.batch.out"
+    )
 
     class _Executor(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
@@ -124,14 +162,18 @@ def executor(cfg: DictConfig, folder: Path, target: list[str], parallelism: int 
                 first = self._submit_command("unused")
             finally:
                 self.parameters.pop("map_count", None)
-            return [SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{a}", tasks=[0])
-                    for a in range(len(delayed))]
+            return [
+                SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{a}", tasks=[0])
+                for a in range(len(delayed))
+            ]
 
     ex = _Executor(folder=str(folder), max_num_timeout=10**6)
     ex.update_parameters(
         additional_parameters={k.replace("-", "_"): v for k, v in options.items()},
-        signal_delay_s=int(cfg.cluster.signal_lead_s), srun_args=flags.srun_args(cfg),
-        array_parallelism=parallelism or 256)
+        signal_delay_s=int(cfg.cluster.signal_lead_s),
+        srun_args=flags.srun_args(cfg),
+        array_parallelism=parallelism or 256,
+    )
     return ex
 
 
@@ -145,13 +187,18 @@ def prepare(cfg: DictConfig, run: RunDir) -> None:
     run.sbatch.write_text(render_sbatch(cfg, run))
 
 
-def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None,
-           **ledger: Any) -> Submission:
+def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: Any) -> Submission:
     """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
     prepare(cfg, run)
     job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(_no_task)
-    run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name,
-               **({"after": after} if after else {}), **ledger)
+    run.record(
+        "submitted",
+        job_id=job.job_id,
+        executor="slurm",
+        fingerprint=run.path.name,
+        **({"after": after} if after else {}),
+        **ledger,
+    )
     waits = f" (after job {after} succeeds)" if after else ""
     print(f"slurmtrain: submitted job {job.job_id} for {run.path}{waits}")
     return Submission(job.job_id, "slurm")
@@ -165,15 +212,18 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     base = flags.sbatch_options(first, job_name(first))
     for cfg, run in items:
         if flags.sbatch_options(cfg, job_name(first)) != base:
-            raise ConfigError(f"sweep point {run.path.name}: its Slurm flags differ from the first "
-                              f"point's; sweep cluster.*/nodes in separate submissions")
+            raise ConfigError(
+                f"sweep point {run.path.name}: its Slurm flags differ from the first "
+                f"point's; sweep cluster.*/nodes in separate submissions"
+            )
         prepare(cfg, run)
     # Array tasks share one script: the supervisor finds its run by SLURM_ARRAY_TASK_ID in this map.
     folder.mkdir(parents=True, exist_ok=True)
     mapping = folder / f"sweep-{int(time.time() * 1000)}.json"
     mapping.write_text(json.dumps([str(run.path) for _, run in items]))
-    ex = executor(first, folder, [], parallelism=first.cluster.array_parallelism,
-                  array_map=str(mapping))
+    ex = executor(
+        first, folder, [], parallelism=first.cluster.array_parallelism, array_map=str(mapping)
+    )
     with ex.batch():
         jobs = [ex.submit(_no_task) for _ in items]
     out = []

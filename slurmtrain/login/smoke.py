@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import schema
 from slurmtrain.common import ledger as faults
+from slurmtrain.common import rundir as runs
+from slurmtrain.common import schema
 from slurmtrain.login.prepare import Prepared, record
 from slurmtrain.planning import report as planning
-from slurmtrain.common import rundir as runs
 
 SMOKE_STEPS = 20
 SMOKE_SAVE_STEP = 10  # the first smoke job saves here and stops; the second loads it
@@ -47,8 +47,7 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     small.checkpoint.interval_steps = SMOKE_SAVE_STEP
     small.checkpoint.interval_minutes = 0.0
     # Same work per rank and step as the big run (same memory profile), on one node.
-    small.train.global_batch_size = (cfg.train.micro_batch_size * accum
-                                     * schema.world_size(small, 1))
+    small.train.global_batch_size = cfg.train.micro_batch_size * accum * schema.world_size(small, 1)
     for cls in faults.FAILURE_CLASSES:
         if cls != faults.PREEMPTED:  # a preempted smoke is requeued under the same job id
             small.faults[f"max_{cls}"] = 0
@@ -58,12 +57,19 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
 
 def smoke_overrides(overrides: list[str], small: DictConfig) -> list[str]:
     """overrides.yaml of the smoke run: the user's, then what the smoke changed."""
-    return list(overrides) + [
-        f"name={small.name}", "nodes=1", f"model.num_layers={small.model.num_layers}",
-        f"train.max_steps={SMOKE_STEPS}", f"train.pause_at_step={SMOKE_SAVE_STEP}",
-        f"checkpoint.interval_steps={SMOKE_SAVE_STEP}",
-        f"train.global_batch_size={small.train.global_batch_size}",
-    ] + [f"faults.max_{c}=0" for c in faults.FAILURE_CLASSES if c != faults.PREEMPTED]
+    return (
+        list(overrides)
+        + [
+            f"name={small.name}",
+            "nodes=1",
+            f"model.num_layers={small.model.num_layers}",
+            f"train.max_steps={SMOKE_STEPS}",
+            f"train.pause_at_step={SMOKE_SAVE_STEP}",
+            f"checkpoint.interval_steps={SMOKE_SAVE_STEP}",
+            f"train.global_batch_size={small.train.global_batch_size}",
+        ]
+        + [f"faults.max_{c}=0" for c in faults.FAILURE_CLASSES if c != faults.PREEMPTED]
+    )
 
 
 def locate_smoke(small: DictConfig) -> tuple[runs.RunDir, bool]:
@@ -94,14 +100,23 @@ def submit_chain(big: Prepared, overrides: list[str]) -> int:
     prepared = Prepared(small, smoke_run, resumed=False)
     record(prepared, smoke_overrides(overrides, small))
     first = backend.submit(small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
-    second = backend.submit(small, smoke_run, after=first.job_id, smoke_of=str(big.run.path),
-                            smoke_part=2)
+    second = backend.submit(
+        small, smoke_run, after=first.job_id, smoke_of=str(big.run.path), smoke_part=2
+    )
     record(big, overrides)
-    backend.submit(big.cfg, big.run, after=second.job_id, smoke_job_id=second.job_id,
-                   smoke_job_ids=[first.job_id, second.job_id], smoke_run=str(smoke_run.path))
-    print(f"slurmtrain: smoke test first: jobs {first.job_id} (save at step {SMOKE_SAVE_STEP}) "
-          f"-> {second.job_id} (load, finish) in {smoke_run.path}; the big job starts only if "
-          f"they succeed")
+    backend.submit(
+        big.cfg,
+        big.run,
+        after=second.job_id,
+        smoke_job_id=second.job_id,
+        smoke_job_ids=[first.job_id, second.job_id],
+        smoke_run=str(smoke_run.path),
+    )
+    print(
+        f"slurmtrain: smoke test first: jobs {first.job_id} (save at step {SMOKE_SAVE_STEP}) "
+        f"-> {second.job_id} (load, finish) in {smoke_run.path}; the big job starts only if "
+        f"they succeed"
+    )
     return 0
 
 
@@ -120,10 +135,17 @@ def blocked(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
         return None
     stops = [e for e in rows if e["event"] in ("stopped", "failed")]
     if not stops and smoke.state() == runs.RUNNING:
-        return {"state": "waiting: smoke test", "class": None, "error": None,
-                "smoke_run": str(smoke.path)}
+        return {
+            "state": "waiting: smoke test",
+            "class": None,
+            "error": None,
+            "smoke_run": str(smoke.path),
+        }
     error = faults.last_error(rows) or (stops[-1].get("error") if stops else None)
     cls = next((e.get("class") for e in reversed(stops) if e.get("class")), None)
-    return {"state": "blocked: smoke failed", "class": f"smoke {cls}" if cls else "smoke",
-            "error": error or f"the smoke job ended without finishing; see {smoke.path}",
-            "smoke_run": str(smoke.path)}
+    return {
+        "state": "blocked: smoke failed",
+        "class": f"smoke {cls}" if cls else "smoke",
+        "error": error or f"the smoke job ended without finishing; see {smoke.path}",
+        "smoke_run": str(smoke.path),
+    }

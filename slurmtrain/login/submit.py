@@ -39,13 +39,17 @@ class TrainTask:
         self.run_dir, self.master_port = run_dir, master_port
 
     def __call__(self) -> int:
-        job, rank = os.environ.get("SUBMITIT_LOCAL_JOB_ID"), os.environ.get("SUBMITIT_LOCAL_GLOBALID")
+        job, rank = (
+            os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+            os.environ.get("SUBMITIT_LOCAL_GLOBALID"),
+        )
         if job is not None and rank is not None:
             logs = RunDir(Path(self.run_dir)).logs
             for fd, suffix in ((1, "out"), (2, "err")):
                 sys.stdout.flush() if fd == 1 else sys.stderr.flush()
-                target = os.open(logs / f"{job}_{rank}.{suffix}",
-                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                target = os.open(
+                    logs / f"{job}_{rank}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+                )
                 os.dup2(target, fd)
                 os.close(target)
         code = importlib.import_module(COMPUTE_ENTRY).run(self.run_dir, self.master_port)

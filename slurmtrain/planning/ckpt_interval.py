@@ -25,33 +25,52 @@ DAY = 86400.0
 
 
 def _positive(name: str, value: float, fix: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ConfigError(f"{name}={value!r}: must be a positive number of seconds; {fix}")
     return float(value)
 
 
-def job_mtbf_seconds(nodes: int, failures_per_node_day: float = LLAMA3_FAILURES_PER_NODE_DAY) -> float:
+def job_mtbf_seconds(
+    nodes: int, failures_per_node_day: float = LLAMA3_FAILURES_PER_NODE_DAY
+) -> float:
     """Mean time between failures of a job on `nodes` nodes: any node failing stops the job."""
     if not isinstance(nodes, int) or nodes < 1:
         raise ConfigError(f"nodes={nodes!r}: must be a positive integer; set nodes=N")
-    _positive("failures_per_node_day", failures_per_node_day, "give the fleet's failure rate per node-day")
+    _positive(
+        "failures_per_node_day", failures_per_node_day, "give the fleet's failure rate per node-day"
+    )
     return DAY / (nodes * failures_per_node_day)
 
 
 def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
     """Young/Daly first-order optimum tau = sqrt(2 * save * MTBF): seconds of compute between saves."""
-    save = _positive("checkpoint save_seconds", save_seconds, "measure a save first or give the save time in seconds")
-    mtbf = _positive("checkpoint mtbf_seconds", mtbf_seconds, "set the cluster's job MTBF in seconds")
+    save = _positive(
+        "checkpoint save_seconds",
+        save_seconds,
+        "measure a save first or give the save time in seconds",
+    )
+    mtbf = _positive(
+        "checkpoint mtbf_seconds", mtbf_seconds, "set the cluster's job MTBF in seconds"
+    )
     return math.sqrt(2.0 * save * mtbf)
 
 
-def measured_save_seconds(ledger: Sequence[dict], last: int = 5, worst: bool = False,
-                          key: str = "seconds") -> Optional[float]:
+def measured_save_seconds(
+    ledger: Sequence[dict], last: int = 5, worst: bool = False, key: str = "seconds"
+) -> Optional[float]:
     """The run's save time from its last `last` saves (ledger rows; None before the first save):
     their median, or with `worst` the longest. `key`: seconds (what blocked the loop) or
     total_seconds (until published, async saves included; falls back to seconds)."""
-    secs = [float(e.get(key) or e.get("seconds") or 0) for e in ledger
-            if e.get("event", "checkpoint_saved") == "checkpoint_saved"]
+    secs = [
+        float(e.get(key) or e.get("seconds") or 0)
+        for e in ledger
+        if e.get("event", "checkpoint_saved") == "checkpoint_saved"
+    ]
     secs = [s for s in secs if s > 0][-last:]
     if not secs:
         return None
@@ -98,8 +117,15 @@ def analytic(interval: float, save: float, restart: float, mtbf: float, wall: fl
     failed_tries = math.expm1(seg / mtbf)  # expected failed attempts at one segment
     lost = mtbf * failed_tries - seg  # sum of E[time to failure | failure within the segment]
     restarting = failed_tries * mtbf * math.expm1(restart / mtbf)
-    return Outcome(interval, wall, cycles * interval, cycles * save, cycles * lost, cycles * restarting,
-                   wall / mtbf)
+    return Outcome(
+        interval,
+        wall,
+        cycles * interval,
+        cycles * save,
+        cycles * lost,
+        cycles * restarting,
+        wall / mtbf,
+    )
 
 
 def optimal_interval(save: float, restart: float, mtbf: float) -> float:
@@ -131,7 +157,9 @@ def failure_times(mtbf: float, wall: float, rng: random.Random) -> list[float]:
         out.append(t)
 
 
-def replay(interval: float, save: float, restart: float, wall: float, failures: Sequence[float]) -> Outcome:
+def replay(
+    interval: float, save: float, restart: float, wall: float, failures: Sequence[float]
+) -> Outcome:
     """Play one trial's failures against one interval. Failures are independent of the job's state,
     so every interval can replay the same list (common random numbers sharpen the comparison)."""
     seg = interval + save
@@ -154,8 +182,15 @@ def replay(interval: float, save: float, restart: float, wall: float, failures: 
     return Outcome(interval, wall, useful, saving, lost, restarting, float(len(failures)))
 
 
-def monte_carlo(intervals: Sequence[float], save: float, restart: float, mtbf: float, wall: float,
-                trials: int = 200, seed: int = 0) -> list[tuple[Outcome, float]]:
+def monte_carlo(
+    intervals: Sequence[float],
+    save: float,
+    restart: float,
+    mtbf: float,
+    wall: float,
+    trials: int = 200,
+    seed: int = 0,
+) -> list[tuple[Outcome, float]]:
     """Mean outcome and goodput standard deviation per interval over `trials` random failure lists."""
     rng = random.Random(seed)
     runs: list[list[Outcome]] = [[] for _ in intervals]
@@ -166,8 +201,14 @@ def monte_carlo(intervals: Sequence[float], save: float, restart: float, mtbf: f
     out = []
     for tau, rs in zip(intervals, runs):
         n = len(rs)
-        mean = Outcome(tau, wall, *(sum(getattr(r, k) for r in rs) / n
-                                    for k in ("useful", "saving", "lost", "restarting", "failures")))
+        mean = Outcome(
+            tau,
+            wall,
+            *(
+                sum(getattr(r, k) for r in rs) / n
+                for k in ("useful", "saving", "lost", "restarting", "failures")
+            ),
+        )
         var = sum((r.goodput - mean.goodput) ** 2 for r in rs) / max(n - 1, 1)
         out.append((mean, math.sqrt(var)))
     return out

@@ -38,8 +38,10 @@ def slurm_time_seconds(text: str, key: str = "cluster.time") -> Optional[float]:
     try:
         seconds = parse_time(text)
     except ValueError:
-        raise ConfigError(f"{key}={text!r}: not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS "
-                          f"(e.g. {key}=04:00:00)") from None
+        raise ConfigError(
+            f"{key}={text!r}: not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS "
+            f"(e.g. {key}=04:00:00)"
+        ) from None
     return None if seconds is None else float(seconds)
 
 
@@ -49,11 +51,20 @@ def _saves(current: int, last: int, every: int, final: bool) -> int:
     return periodic + (1 if final and last > current and (not every or last % every) else 0)
 
 
-def estimate_eta(*, current_step: int, max_steps: int, tokens_per_step: float,
-                 tokens_per_s: float, time_limit_s: Optional[float] = None,
-                 restart_overhead_s: float = 0.0, save_s: float = 0.0,
-                 save_every_steps: int = 0, save_every_s: float = 0.0,
-                 signal_lead_s: float = 0.0, save_final: bool = True) -> Eta:
+def estimate_eta(
+    *,
+    current_step: int,
+    max_steps: int,
+    tokens_per_step: float,
+    tokens_per_s: float,
+    time_limit_s: Optional[float] = None,
+    restart_overhead_s: float = 0.0,
+    save_s: float = 0.0,
+    save_every_steps: int = 0,
+    save_every_s: float = 0.0,
+    signal_lead_s: float = 0.0,
+    save_final: bool = True,
+) -> Eta:
     """Time from `current_step` to `max_steps` at `tokens_per_s` (whole job).
 
     tokens_per_step is the global batch x seq_len. Each attempt pays `restart_overhead_s` and
@@ -62,8 +73,10 @@ def estimate_eta(*, current_step: int, max_steps: int, tokens_per_step: float,
     allocation. Time- and step-based save intervals combine as "whichever comes first".
     """
     if tokens_per_s <= 0 or tokens_per_step <= 0:
-        raise ConfigError(f"tokens_per_s={tokens_per_s}, tokens_per_step={tokens_per_step}: "
-                          f"throughput and batch must be positive to estimate an ETA")
+        raise ConfigError(
+            f"tokens_per_s={tokens_per_s}, tokens_per_step={tokens_per_step}: "
+            f"throughput and batch must be positive to estimate an ETA"
+        )
     if min(restart_overhead_s, save_s, save_every_s, signal_lead_s, save_every_steps) < 0:
         raise ConfigError("ETA inputs: overheads and save intervals must be >= 0")
     remaining = max(0, max_steps - current_step)
@@ -85,14 +98,24 @@ def estimate_eta(*, current_step: int, max_steps: int, tokens_per_step: float,
             raise ConfigError(
                 f"cluster.time={time_limit_s:.0f}s: leaves no training time after restart "
                 f"overhead ({restart_overhead_s:.0f}s) and the final save "
-                f"({max(signal_lead_s, save_s):.0f}s); raise cluster.time")
+                f"({max(signal_lead_s, save_s):.0f}s); raise cluster.time"
+            )
         attempts = max(1, math.ceil(work / usable))
     forced = max(0, attempts - 1) * save_s  # the save each requeue signal triggers
     restarts = attempts * restart_overhead_s
-    return Eta(current_step=current_step, max_steps=max_steps, remaining_steps=remaining,
-               step_time_s=step_time, compute_s=compute, saves=saves,
-               checkpoint_s=saves * save_s + forced, attempts=attempts, restart_s=restarts,
-               total_s=work + forced + restarts, time_limit_s=time_limit_s)
+    return Eta(
+        current_step=current_step,
+        max_steps=max_steps,
+        remaining_steps=remaining,
+        step_time_s=step_time,
+        compute_s=compute,
+        saves=saves,
+        checkpoint_s=saves * save_s + forced,
+        attempts=attempts,
+        restart_s=restarts,
+        total_s=work + forced + restarts,
+        time_limit_s=time_limit_s,
+    )
 
 
 def format_duration(seconds: float, clock: bool = False) -> str:
@@ -116,10 +139,15 @@ def format_eta(eta: Eta) -> str:
     """One line, e.g. 'ETA 9h40m: 9000 steps x 3.40 s; 3 attempts of 4h00m; 19 saves, 9m30s'."""
     if eta.remaining_steps == 0:
         return f"ETA 0s: step {eta.current_step} already at max_steps={eta.max_steps}"
-    limit = (f"{eta.attempts} attempt{'s' if eta.attempts != 1 else ''} of "
-             f"{format_duration(eta.time_limit_s)}" if eta.time_limit_s is not None
-             else "1 attempt (no time limit)")
-    return (f"ETA {format_duration(eta.total_s)}: {eta.remaining_steps} steps x "
-            f"{eta.step_time_s:.2f} s = {format_duration(eta.compute_s)}; {limit}, restarts "
-            f"{format_duration(eta.restart_s)}; {eta.saves} saves, checkpoints "
-            f"{format_duration(eta.checkpoint_s)}")
+    limit = (
+        f"{eta.attempts} attempt{'s' if eta.attempts != 1 else ''} of "
+        f"{format_duration(eta.time_limit_s)}"
+        if eta.time_limit_s is not None
+        else "1 attempt (no time limit)"
+    )
+    return (
+        f"ETA {format_duration(eta.total_s)}: {eta.remaining_steps} steps x "
+        f"{eta.step_time_s:.2f} s = {format_duration(eta.compute_s)}; {limit}, restarts "
+        f"{format_duration(eta.restart_s)}; {eta.saves} saves, checkpoints "
+        f"{format_duration(eta.checkpoint_s)}"
+    )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from slurmtrain.planning.memory import ModelShape
+from slurmtrain.planning.shapes import ModelShape
 
 # Dense (no structured sparsity) peak tensor-core TFLOPS by dtype, from NVIDIA / AMD datasheets.
 # None: the dtype has no tensor-core path on that part (MFU is then undefined, not zero).
@@ -103,8 +103,9 @@ def matmul_params(model: ModelShape) -> int:
     return model.num_layers * (4 * h * h + 2 * h * f) + model.vocab_size * e + proj
 
 
-def flops_per_token(model: ModelShape, seq_len: int, *, training: bool = True,
-                    recompute: bool = False) -> float:
+def flops_per_token(
+    model: ModelShape, seq_len: int, *, training: bool = True, recompute: bool = False
+) -> float:
     """Model FLOPs per token: 6N + 12Lhs for training, 2N + 4Lhs forward (see module doc)."""
     forward = 2 * matmul_params(model) + 4 * model.num_layers * model.hidden_size * seq_len
     if not training:
@@ -131,12 +132,20 @@ def detect_peak(device_name: str, dtype: str) -> Optional[float]:
     return PEAK_TFLOPS[key].get(dtype) if key else None
 
 
-def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, *,
-        device_name: Optional[str] = None, dtype: str = "bf16",
-        peak_tflops: Optional[float] = None) -> Optional[float]:
+def mfu(
+    tokens_per_s_per_gpu: float,
+    flops_per_token: float,
+    *,
+    device_name: Optional[str] = None,
+    dtype: str = "bf16",
+    peak_tflops: Optional[float] = None,
+) -> Optional[float]:
     """Model FLOPs utilisation in [0, 1]; None when no peak is known (e.g. on CPU) or given."""
-    peak = peak_tflops if peak_tflops is not None else (
-        detect_peak(device_name, dtype) if device_name else None)
+    peak = (
+        peak_tflops
+        if peak_tflops is not None
+        else (detect_peak(device_name, dtype) if device_name else None)
+    )
     if not peak:
         return None
     return tflops_per_gpu(tokens_per_s_per_gpu, flops_per_token) / peak

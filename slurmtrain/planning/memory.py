@@ -28,10 +28,18 @@ the job; we use the per-node count (like its own stage-3 code), so the two agree
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Protocol
+from typing import NamedTuple, Optional
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
+from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's API)
+    OPT_SIZES,
+    ModelShape,
+    OptShape,
+    embed_dim,
+    largest_layer_params,
+    param_count,
+)
 
 GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -50,68 +58,6 @@ CPU_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
 LOGIT_BYTES = {2: 2 + 4 + 4, 4: 4 + 4 + 4}
 
 
-class ModelShape(Protocol):
-    """What the planner reads from a model config (slurmtrain.common.schema.ModelConfig has it)."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_dim: int
-    vocab_size: int
-    max_positions: int
-
-
-@dataclass(frozen=True)
-class OptShape:
-    """An OPT architecture (Zhang et al. 2022, table 1): the reference table tests check against."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_dim: int
-    vocab_size: int = 50272
-    max_positions: int = 2048
-    word_embed_proj_dim: Optional[int] = None
-    layer_norm_before: bool = True
-
-
-OPT_SIZES: dict[str, OptShape] = {s.name: s for s in (
-    OptShape("opt125m", 12, 768, 12, 3072),
-    OptShape("opt350m", 24, 1024, 16, 4096, word_embed_proj_dim=512, layer_norm_before=False),
-    OptShape("opt1.3b", 24, 2048, 32, 8192),
-    OptShape("opt2.7b", 32, 2560, 32, 10240),
-    OptShape("opt6.7b", 32, 4096, 32, 16384),
-    OptShape("opt13b", 40, 5120, 40, 20480),
-    OptShape("opt30b", 48, 7168, 56, 28672),
-    OptShape("opt66b", 64, 9216, 72, 36864),
-)}
-
-
-def _embed_dim(model: ModelShape) -> int:
-    return getattr(model, "word_embed_proj_dim", None) or model.hidden_size
-
-
-def param_count(model: ModelShape) -> int:
-    """Parameters of Hugging Face's OPTForCausalLM of this shape (lm_head tied to the embedding)."""
-    h, f, e = model.hidden_size, model.ffn_dim, _embed_dim(model)
-    layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 2 * 2 * h  # attention, MLP, 2 layernorms
-    total = model.vocab_size * e + (model.max_positions + 2) * h + model.num_layers * layer
-    if e != h:
-        total += 2 * e * h  # project_in / project_out, no bias
-    if getattr(model, "layer_norm_before", True):
-        total += 2 * h  # final layernorm (absent in post-LN OPT-350m)
-    return total
-
-
-def largest_layer_params(model: ModelShape) -> int:
-    """Params of the biggest single module, as DeepSpeed's stage3 `model_to_params` counts them."""
-    h, f = model.hidden_size, model.ffn_dim
-    return max(model.vocab_size * _embed_dim(model), (model.max_positions + 2) * h,
-               h * f + f, f * h + h, h * h + h)
-
-
 @dataclass(frozen=True)
 class Setting:
     """The knobs the planner may turn: what `recommend` returns and the summary names."""
@@ -124,9 +70,13 @@ class Setting:
 
     def knobs(self) -> dict:
         """This setting as `plan_memory` keyword arguments."""
-        return {"stage": self.stage, "offload_optimizer": self.offload_optimizer,
-                "offload_param": self.offload_param, "micro_batch": self.micro_batch,
-                "activation_checkpointing": self.activation_checkpointing}
+        return {
+            "stage": self.stage,
+            "offload_optimizer": self.offload_optimizer,
+            "offload_param": self.offload_param,
+            "micro_batch": self.micro_batch,
+            "activation_checkpointing": self.activation_checkpointing,
+        }
 
     def label(self) -> str:
         text = f"zero{self.stage}"
@@ -140,7 +90,10 @@ class Setting:
         """Hydra overrides selecting this setting (only those that differ from `current`)."""
         parts = []
         if current is None or (self.stage, self.offload_optimizer, self.offload_param) != (
-                current.stage, current.offload_optimizer, current.offload_param):
+            current.stage,
+            current.offload_optimizer,
+            current.offload_param,
+        ):
             if self.stage == 3 and self.offload_optimizer and self.offload_param:
                 parts.append("deepspeed=zero3_offload")
             else:
@@ -197,8 +150,14 @@ class Recommendation(NamedTuple):
     plan: MemoryPlan
 
 
-def activation_bytes(model: ModelShape, micro_batch: int, seq_len: int, dtype_bytes: int,
-                     checkpointing: bool, attention: str = "sdpa") -> int:
+def activation_bytes(
+    model: ModelShape,
+    micro_batch: int,
+    seq_len: int,
+    dtype_bytes: int,
+    checkpointing: bool,
+    attention: str = "sdpa",
+) -> int:
     """Activations kept for backward (Korthikanti et al. 2022, no tensor/sequence parallelism).
 
     One layer keeps s*b*h*(34 + 5*a*s/h) bytes in 16-bit: 34 sbh of inputs/outputs of its
@@ -211,31 +170,57 @@ def activation_bytes(model: ModelShape, micro_batch: int, seq_len: int, dtype_by
     s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
     scores = 5 * a * s * s * b if attention == "eager" else 0
     per_layer = (34 * s * b * h + scores) * dtype_bytes // 2
-    layers = (model.num_layers * 2 * s * b * h * dtype_bytes // 2 + per_layer if checkpointing
-              else model.num_layers * per_layer)
+    layers = (
+        model.num_layers * 2 * s * b * h * dtype_bytes // 2 + per_layer
+        if checkpointing
+        else model.num_layers * per_layer
+    )
     return layers + s * b * model.vocab_size * LOGIT_BYTES[dtype_bytes]
 
 
-def _check(model: ModelShape, s: Setting, nodes: int, gpus_per_node: int, seq_len: int,
-           dtype: str, attention: str) -> None:
+def _check(
+    model: ModelShape,
+    s: Setting,
+    nodes: int,
+    gpus_per_node: int,
+    seq_len: int,
+    dtype: str,
+    attention: str,
+) -> None:
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"deepspeed.dtype={dtype!r}: the planner knows bf16, fp16, fp32")
     check_zero(s.stage, s.offload_optimizer, s.offload_param)
     if attention not in ("sdpa", "eager"):
         raise ConfigError(f"attention={attention!r}: the planner knows sdpa, eager")
-    for key, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node),
-                       ("train.micro_batch_size", s.micro_batch), ("data.seq_len", seq_len)):
+    for key, value in (
+        ("nodes", nodes),
+        ("gpus_per_node", gpus_per_node),
+        ("train.micro_batch_size", s.micro_batch),
+        ("data.seq_len", seq_len),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r}: the GPU memory plan needs a positive integer")
     check_seq_len(seq_len, model.max_positions)
 
 
-def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = False,
-                offload_param: bool = False, nodes: int = 1, gpus_per_node: int = 8,
-                micro_batch: int = 1, seq_len: int = 2048, dtype: str = "bf16",
-                activation_checkpointing: bool = False, attention: str = "sdpa",
-                zero_init: bool = True, reduce_bucket: int = REDUCE_BUCKET,
-                overlap_comm: bool = False, device: str = "cuda") -> MemoryPlan:
+def plan_memory(
+    model: ModelShape,
+    *,
+    stage: int = 2,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+    nodes: int = 1,
+    gpus_per_node: int = 8,
+    micro_batch: int = 1,
+    seq_len: int = 2048,
+    dtype: str = "bf16",
+    activation_checkpointing: bool = False,
+    attention: str = "sdpa",
+    zero_init: bool = True,
+    reduce_bucket: int = REDUCE_BUCKET,
+    overlap_comm: bool = False,
+    device: str = "cuda",
+) -> MemoryPlan:
     """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
 
     `zero_init`: stage 3 builds the model under deepspeed.zero.Init, so no rank ever holds it
@@ -244,8 +229,9 @@ def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = 
     of one fp32 largest layer per rank. `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
     (ds_config.zero_section). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
     """
-    setting = Setting(stage, offload_optimizer, offload_param, micro_batch,
-                      activation_checkpointing)
+    setting = Setting(
+        stage, offload_optimizer, offload_param, micro_batch, activation_checkpointing
+    )
     _check(model, setting, nodes, gpus_per_node, seq_len, dtype, attention)
     d = DTYPE_BYTES[dtype]
     p, big, n = param_count(model), largest_layer_params(model), nodes * gpus_per_node
@@ -283,11 +269,21 @@ def plan_memory(model: ModelShape, *, stage: int = 2, offload_optimizer: bool = 
         cpu = max(4 * p * gpus_per_node, host * gpus_per_node)
     cpu *= CPU_BUFFER_FACTOR
     return MemoryPlan(
-        model=model.name, setting=setting, nodes=nodes, gpus_per_node=gpus_per_node,
-        seq_len=seq_len, dtype=dtype, num_params=p, params=int(params), grads=int(grads),
-        optimizer=int(optim), activations=int(acts), buffers=int(buffers),
+        model=model.name,
+        setting=setting,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        seq_len=seq_len,
+        dtype=dtype,
+        num_params=p,
+        params=int(params),
+        grads=int(grads),
+        optimizer=int(optim),
+        activations=int(acts),
+        buffers=int(buffers),
         overhead=int(CUDA_CONTEXT + FRAGMENTATION * allocated) if device == "cuda" else 0,
-        cpu_per_node=int(cpu))
+        cpu_per_node=int(cpu),
+    )
 
 
 # Search order, dearest knob outermost: offload (PCIe traffic + a CPU Adam step every update), then
@@ -310,12 +306,21 @@ def candidates(max_micro_batch: int = 16) -> list[Setting]:
     return out
 
 
-def recommend(model: ModelShape, *, nodes: int, gpus_per_node: int, gpu_mem_bytes: int,
-              seq_len: int = 2048, dtype: str = "bf16", max_micro_batch: int = 16,
-              global_batch_size: Optional[int] = None,
-              cpu_mem_bytes_per_node: Optional[int] = None,
-              attention: str = "sdpa", reduce_bucket: int = REDUCE_BUCKET,
-              overlap_comm: bool = False) -> Optional[Recommendation]:
+def recommend(
+    model: ModelShape,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    gpu_mem_bytes: int,
+    seq_len: int = 2048,
+    dtype: str = "bf16",
+    max_micro_batch: int = 16,
+    global_batch_size: Optional[int] = None,
+    cpu_mem_bytes_per_node: Optional[int] = None,
+    attention: str = "sdpa",
+    reduce_bucket: int = REDUCE_BUCKET,
+    overlap_comm: bool = False,
+) -> Optional[Recommendation]:
     """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
 
     With `global_batch_size`, only micro batches that divide it evenly over all GPUs are tried.
@@ -324,16 +329,25 @@ def recommend(model: ModelShape, *, nodes: int, gpus_per_node: int, gpu_mem_byte
     for s in candidates(max_micro_batch):
         if global_batch_size is not None and global_batch_size % (s.micro_batch * world):
             continue
-        plan = plan_memory(model, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
-                           dtype=dtype, attention=attention, reduce_bucket=reduce_bucket,
-                           overlap_comm=overlap_comm, **s.knobs())
+        plan = plan_memory(
+            model,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            seq_len=seq_len,
+            dtype=dtype,
+            attention=attention,
+            reduce_bucket=reduce_bucket,
+            overlap_comm=overlap_comm,
+            **s.knobs(),
+        )
         if plan.fits(gpu_mem_bytes, cpu_mem_bytes_per_node):
             return Recommendation(s, plan)
     return None
 
 
-def summary(plan: MemoryPlan, gpu_mem_bytes: int,
-            recommendation: Optional[Recommendation] = None) -> str:
+def summary(
+    plan: MemoryPlan, gpu_mem_bytes: int, recommendation: Optional[Recommendation] = None
+) -> str:
     """One line: the plan against the GPU, and (when it does not fit) what would."""
     s = plan.setting
     head = f"{plan.model} {s.label()} seq={plan.seq_len}: {plan.total / GiB:.1f} GiB/GPU"
@@ -341,12 +355,26 @@ def summary(plan: MemoryPlan, gpu_mem_bytes: int,
         return f"{head} <= {gpu_mem_bytes / GiB:.1f} GiB (fits)"
     head += f" > {gpu_mem_bytes / GiB:.1f} GiB"
     if recommendation is None:
-        return (f"{head}; nothing fits on {plan.nodes}x{plan.gpus_per_node} GPUs: "
-                f"add nodes or shorten data.seq_len")
+        return (
+            f"{head}; nothing fits on {plan.nodes}x{plan.gpus_per_node} GPUs: "
+            f"add nodes or shorten data.seq_len"
+        )
     fix = recommendation.setting.overrides(current=s)
     return f"{head}; fits with {fix} ({recommendation.plan.total / GiB:.1f} GiB)"
 
 
-__all__ = ["GiB", "OPT_SIZES", "OptShape", "Setting", "MemoryPlan", "Recommendation",
-           "param_count", "largest_layer_params", "activation_bytes", "plan_memory",
-           "candidates", "recommend", "summary"]
+__all__ = [
+    "GiB",
+    "OPT_SIZES",
+    "OptShape",
+    "Setting",
+    "MemoryPlan",
+    "Recommendation",
+    "param_count",
+    "largest_layer_params",
+    "activation_bytes",
+    "plan_memory",
+    "candidates",
+    "recommend",
+    "summary",
+]

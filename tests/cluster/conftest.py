@@ -19,13 +19,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "tools" / "slurm_cluster.py"
 NODES = 4
-NEEDED = ["slurmctld", "slurmd", "slurmdbd", "sbatch", "srun", "scontrol", "sacct", "munged",
-          "mariadbd"]
+NEEDED = [
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "sbatch",
+    "srun",
+    "scontrol",
+    "sacct",
+    "munged",
+    "mariadbd",
+]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "slurm: needs the real local Slurm cluster (tools/slurm_cluster.py start)")
+        "markers", "slurm: needs the real local Slurm cluster (tools/slurm_cluster.py start)"
+    )
 
 
 @dataclass(frozen=True)
@@ -40,9 +50,20 @@ class ClusterInfo:
 
     def start(self) -> subprocess.CompletedProcess:
         """Run the harness `start` again (brings back any slurmd that died)."""
-        return subprocess.run([sys.executable, str(self.harness), "start", "--nodes",
-                               str(len(self.nodes)), "--state-dir", str(self.state_dir)],
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                str(self.harness),
+                "start",
+                "--nodes",
+                str(len(self.nodes)),
+                "--state-dir",
+                str(self.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
 
 def _in_ci() -> bool:
@@ -66,8 +87,10 @@ def slurm_cluster() -> ClusterInfo:
         subprocess.run([sys.executable, str(HARNESS), "install"], check=False, timeout=1800)
     missing = _missing()
     if missing:
-        msg = (f"Slurm is not installed (missing {', '.join(missing)}); "
-               f"run `sudo python {HARNESS.relative_to(REPO)} install`")
+        msg = (
+            f"Slurm is not installed (missing {', '.join(missing)}); "
+            f"run `sudo python {HARNESS.relative_to(REPO)} install`"
+        )
         _fail_or_skip(ci, msg)
     if os.geteuid() != 0:
         _fail_or_skip(ci, "the local Slurm cluster needs root (munge, /etc/slurm, /etc/hosts)")

@@ -24,23 +24,32 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def wait_event(run: Path, event: str, timeout: float = 300, count: int = 1,
-               fail_on: tuple[str, ...] = ("failed",)) -> list[dict[str, Any]]:
+def wait_event(
+    run: Path,
+    event: str,
+    timeout: float = 300,
+    count: int = 1,
+    fail_on: tuple[str, ...] = ("failed",),
+) -> list[dict[str, Any]]:
     """Wait for `count` events of a kind; an unexpected `fail_on` event fails at once."""
+
     def check() -> bool:
         rows = events(run)
         bad = [e for e in rows if e["event"] in fail_on]
         assert not bad, f"unexpected {bad[-1]['event']}: {bad[-1].get('error')}"
         return sum(e["event"] == event for e in rows) >= count
+
     wait_until(check, timeout, f"{count} x {event!r} in {run}/ledger.jsonl")
     return [e for e in events(run) if e["event"] == event]
 
 
 def wait_job_gone(job_id: str, timeout: float = 120) -> None:
     def gone() -> bool:
-        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"],
-                             capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(
+            ["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True
+        ).stdout.strip()
         return out == ""
+
     wait_until(gone, timeout, f"job {job_id} to leave the queue")
 
 

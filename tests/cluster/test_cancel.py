@@ -14,13 +14,20 @@ from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slurm
-ARGS = ["cluster=slurm", "nodes=2", "name=cancelme", "train.max_steps=60", "train.log_interval=1",
-        "checkpoint.interval_steps=5"]
+ARGS = [
+    "cluster=slurm",
+    "nodes=2",
+    "name=cancelme",
+    "train.max_steps=60",
+    "train.log_interval=1",
+    "checkpoint.interval_steps=5",
+]
 
 
 def _queued(name: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "--name", f"st-{name}", "-o", "%i %T"],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "--name", f"st-{name}", "-o", "%i %T"], capture_output=True, text=True
+    ).stdout
     return out.split("\n") if out.strip() else []
 
 
@@ -43,15 +50,16 @@ def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluste
     time.sleep(30)
     rows = events(run)
     at = next(i for i, e in enumerate(rows) if e["event"] == "cancelled")
-    after = [e["event"] for e in rows[at + 1:]]
+    after = [e["event"] for e in rows[at + 1 :]]
     assert not {"submitted", "requeued", "started"} & set(after), after
     assert not _queued("cancelme")
     assert "finished" not in after
     assert RunDir(run).state() == STOPPED
     resume = ckpt.find_resumable(run / "checkpoints")
     assert resume.path is not None
-    print(f"cancel took {took:.1f} s; events after it: {after}; newest checkpoint "
-          f"{resume.path.name}")
+    print(
+        f"cancel took {took:.1f} s; events after it: {after}; newest checkpoint {resume.path.name}"
+    )
 
     # Resumable: the same config again continues from that checkpoint and finishes.
     again = run_cli(ARGS, cwd=workdir)

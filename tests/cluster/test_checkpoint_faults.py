@@ -17,9 +17,16 @@ from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone, w
 from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
-BASE = ["cluster=slurm", "cluster.cpu_tasks_per_node=1", "train.log_interval=1",
-        "train.max_steps=30", "checkpoint.interval_steps=10", "train.global_batch_size=8",
-        "train.micro_batch_size=4", "nodes=2"]
+BASE = [
+    "cluster=slurm",
+    "cluster.cpu_tasks_per_node=1",
+    "train.log_interval=1",
+    "train.max_steps=30",
+    "checkpoint.interval_steps=10",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "nodes=2",
+]
 SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 
@@ -93,13 +100,31 @@ def test_flipped_bytes_in_the_newest_checkpoint_load_the_previous_one(reference,
 def test_two_node_run_resumes_on_one_node_with_the_same_global_batch(reference, workdir):
     run = paused_at_20(workdir, "shrink")
     # Three of the four nodes are busy: `nodes=1-2` starts at once on the one that is free.
-    hog = subprocess.run(["sbatch", "--parsable", "-N3", "--job-name=st-hog", "--output=/dev/null",
-                          "--wrap", "sleep 600"], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    hog = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N3",
+            "--job-name=st-hog",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     try:
-        wait_until(lambda: subprocess.run(["squeue", "-h", "-j", hog, "-o", "%T"],
-                                          capture_output=True, text=True).stdout.strip()
-                   == "RUNNING", 120, "the 3-node hog to run")
+        wait_until(
+            lambda: (
+                subprocess.run(
+                    ["squeue", "-h", "-j", hog, "-o", "%T"], capture_output=True, text=True
+                ).stdout.strip()
+                == "RUNNING"
+            ),
+            120,
+            "the 3-node hog to run",
+        )
         done = run_cli(BASE[:-1] + ["name=shrink", "nodes=1-2"], cwd=workdir)
         assert done.returncode == 0, done.stdout + done.stderr
         wait_event(run, "checkpoint_loaded", timeout=400)
@@ -108,7 +133,11 @@ def test_two_node_run_resumes_on_one_node_with_the_same_global_batch(reference, 
     finished(run)
     assert [e["world_size"] for e in kind(run, "started")] == [2, 1]
     [converted] = kind(run, "checkpoint_converted")
-    assert (converted["step"], converted["from_world_size"], converted["to_world_size"]) == (20, 2, 1)
+    assert (converted["step"], converted["from_world_size"], converted["to_world_size"]) == (
+        20,
+        2,
+        1,
+    )
     [loaded] = kind(run, "checkpoint_loaded")
     assert loaded["step"] == 20 and loaded["world_size_changed"] is True
     config = (run / "config.yaml").read_text()

@@ -101,8 +101,10 @@ def test_srun_two_nodes_runs_on_two_distinct_nodes(slurm_cluster):
 
 
 def test_rendezvous_agrees_across_real_srun_tasks(slurm_cluster):
-    code = ("import json, os; from slurmtrain.common.slurm_text import rendezvous_from_env as r; "
-            "print(json.dumps(r(os.environ)))")
+    code = (
+        "import json, os; from slurmtrain.common.slurm_text import rendezvous_from_env as r; "
+        "print(json.dumps(r(os.environ)))"
+    )
     out = sh("srun", "-N2", "-n4", "--ntasks-per-node=2", "-t", "2", sys.executable, "-c", code)
     envs = [json.loads(line) for line in out.splitlines()]
     assert sorted(int(e["RANK"]) for e in envs) == [0, 1, 2, 3]
@@ -133,17 +135,22 @@ def test_query_partitions_reads_the_real_partitions(slurm_cluster):
     assert debug.preempt_mode == "REQUEUE" and debug.grace_time_s == 20
     assert high.priority_tier > debug.priority_tier
     errors = slurm.validate_request("debug", 8, "03:00:00", 1, parts)
-    assert [e.split(":")[0] for e in errors] == ["cluster.nodes", "cluster.time",
-                                                  "cluster.gpus_per_node"]
+    assert [e.split(":")[0] for e in errors] == [
+        "cluster.nodes",
+        "cluster.time",
+        "cluster.gpus_per_node",
+    ]
     assert slurm.validate_request("high", 4, "03:00:00", 0, parts) == []
 
 
 def task_script(tmp_path, name: str, on_term: str) -> str:
     """A batch script whose srun task logs SIGTERM to <name>.marks, then runs `on_term`."""
     marks, script = tmp_path / f"{name}.marks", tmp_path / f"{name}.sh"
-    script.write_text("#!/bin/bash\n"
-                      f"srun bash -c 'trap \"echo TERM >> {marks}; {on_term}\" TERM; "
-                      "sleep 600 & wait'\n")
+    script.write_text(
+        "#!/bin/bash\n"
+        f'srun bash -c \'trap "echo TERM >> {marks}; {on_term}" TERM; '
+        "sleep 600 & wait'\n"
+    )
     return str(script)
 
 
@@ -162,8 +169,16 @@ def nodes_settled() -> bool:
 def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp_path):
     """Its tasks get SIGTERM at once; still running when GraceTime ends, the job is requeued."""
     wait_until("nodes to finish completing earlier jobs", nodes_settled)
-    low = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
-                 task_script(tmp_path, "low", 'trap \\"exit 0\\" TERM; sleep 600'))
+    low = sbatch(
+        "-p",
+        "debug",
+        "-N1",
+        "--exclusive",
+        "--requeue",
+        "-t",
+        "10",
+        task_script(tmp_path, "low", 'trap \\"exit 0\\" TERM; sleep 600'),
+    )
     jobs.append(low)
     node = wait_until("the debug job to run", lambda: running_on(low))
     high = preempt(node, jobs)
@@ -173,18 +188,37 @@ def test_high_partition_preempts_a_debug_job_by_requeue(slurm_cluster, jobs, tmp
     assert info["Restarts"] == "1" and info["Reason"] == "BeginTime"
     assert (tmp_path / "low.marks").read_text().split() == ["TERM"]
     assert wait_until("sacct", lambda: first_attempt_state(low)) == "PREEMPTED"
-    assert wait_until("the high job to run", lambda: running_on(high) == node or
-                      slurm_cmd.job_state(high) == "COMPLETED")
+    assert wait_until(
+        "the high job to run",
+        lambda: running_on(high) == node or slurm_cmd.job_state(high) == "COMPLETED",
+    )
 
 
-def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(slurm_cluster, jobs,
-                                                                        tmp_path):
+def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(
+    slurm_cluster, jobs, tmp_path
+):
     """Slurm 22.05 requeues only jobs still running at GraceTime's end; the rest must ask."""
     wait_until("nodes to finish completing earlier jobs", nodes_settled)
-    quits = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
-                   task_script(tmp_path, "quits", "exit 0"))
-    asks = sbatch("-p", "debug", "-N1", "--exclusive", "--requeue", "-t", "10",
-                  task_script(tmp_path, "asks", "scontrol requeue $SLURM_JOB_ID; exit 0"))
+    quits = sbatch(
+        "-p",
+        "debug",
+        "-N1",
+        "--exclusive",
+        "--requeue",
+        "-t",
+        "10",
+        task_script(tmp_path, "quits", "exit 0"),
+    )
+    asks = sbatch(
+        "-p",
+        "debug",
+        "-N1",
+        "--exclusive",
+        "--requeue",
+        "-t",
+        "10",
+        task_script(tmp_path, "asks", "scontrol requeue $SLURM_JOB_ID; exit 0"),
+    )
     jobs += [quits, asks]
     nodes = [wait_until("the debug jobs to run", lambda j=j: running_on(j)) for j in (quits, asks)]
     preempt(",".join(nodes), jobs)
@@ -196,8 +230,13 @@ def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(slurm_cl
 
 def test_requeued_job_waits_until_start_now(slurm_cluster, jobs, tmp_path):
     starts = tmp_path / "starts"
-    job = sbatch("--requeue", "-t", "5", "--wrap",
-                 f"echo attempt ${{SLURM_RESTART_COUNT:-0}} >> {starts}; sleep 600")
+    job = sbatch(
+        "--requeue",
+        "-t",
+        "5",
+        "--wrap",
+        f"echo attempt ${{SLURM_RESTART_COUNT:-0}} >> {starts}; sleep 600",
+    )
     jobs.append(job)
     wait_until("the first attempt to start", lambda: starts.exists())
     assert not slurm_cmd.is_preempted(job)  # a SIGTERM now would be a scancel, not a preemption
@@ -240,11 +279,19 @@ def test_killed_slurmd_downs_its_node_and_requeues_its_job(slurm_cluster, jobs):
         wait_until(f"{node} to come back", lambda: node_state(node) in UP, 60)
 
 
-@pytest.mark.skipif(os.environ.get("SLURMTRAIN_TEST_8_NODES") != "1",
-                    reason="restarts the shared cluster; set SLURMTRAIN_TEST_8_NODES=1")
+@pytest.mark.skipif(
+    os.environ.get("SLURMTRAIN_TEST_8_NODES") != "1",
+    reason="restarts the shared cluster; set SLURMTRAIN_TEST_8_NODES=1",
+)
 def test_start_with_eight_nodes_then_back_to_four(slurm_cluster):
-    cmd = [sys.executable, str(slurm_cluster.harness), "start", "--state-dir",
-           str(slurm_cluster.state_dir), "--nodes"]
+    cmd = [
+        sys.executable,
+        str(slurm_cluster.harness),
+        "start",
+        "--state-dir",
+        str(slurm_cluster.state_dir),
+        "--nodes",
+    ]
     try:
         sh(*cmd, "8", timeout=300)
         nodes = [f"n{i}" for i in range(1, 9)]

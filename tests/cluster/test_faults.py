@@ -18,8 +18,13 @@ from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
-BASE = ["cluster=slurm", "train.log_interval=1", "train.max_steps=30",
-        "checkpoint.interval_steps=5", "faults.health_check=true"]
+BASE = [
+    "cluster=slurm",
+    "train.log_interval=1",
+    "train.max_steps=30",
+    "checkpoint.interval_steps=5",
+    "faults.health_check=true",
+]
 
 
 def submit(workdir, name, args, inject=""):
@@ -44,8 +49,12 @@ def test_time_limit_saves_requeues_and_finishes_with_no_step_lost(slurm_cluster,
     # Slurm checks signal deadlines about every 30 s: with --time=2 and USR2@30 the signal comes
     # 60-90 s into each attempt, and 130 steps of >= 0.8 s (> 100 s) need a second attempt
     # (100 steps once finished in 88 s, just as the signal came).
-    run = submit(workdir, "timelimit", ["nodes=2", "cluster.time=2", "cluster.signal_lead_s=30",
-                                        "train.max_steps=130"], inject="step_delay=0.8")
+    run = submit(
+        workdir,
+        "timelimit",
+        ["nodes=2", "cluster.time=2", "cluster.signal_lead_s=30", "train.max_steps=130"],
+        inject="step_delay=0.8",
+    )
     wait_event(run, "finished", timeout=400)
     ev = events(run)
     [sig, *_] = [e for e in ev if e["event"] == "signal"]
@@ -62,10 +71,17 @@ def test_time_limit_saves_requeues_and_finishes_with_no_step_lost(slurm_cluster,
 
 def test_preemption_saves_within_grace_and_the_run_finishes(slurm_cluster, workdir):
     run = submit(workdir, "preempted", ["nodes=2", "train.max_steps=40"], inject="step_delay=0.5")
-    wait_until(lambda: (run / "metrics.jsonl").exists() and len(read_jsonl(run / "metrics.jsonl")) > 5,
-               300, "training to start")
-    hog = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N4", "--exclusive",
-                          "--wrap", "sleep 3"], capture_output=True, text=True, check=True)
+    wait_until(
+        lambda: (run / "metrics.jsonl").exists() and len(read_jsonl(run / "metrics.jsonl")) > 5,
+        300,
+        "training to start",
+    )
+    hog = subprocess.run(
+        ["sbatch", "--parsable", "-p", "high", "-N4", "--exclusive", "--wrap", "sleep 3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     wait_event(run, "finished", timeout=400)
     ev = events(run)
     [sig] = [e for e in ev if e["event"] == "signal" and e["attempt"] == 1]
@@ -79,9 +95,14 @@ def test_preemption_saves_within_grace_and_the_run_finishes(slurm_cluster, workd
 
 def test_node_failure_requeues_resumes_and_names_the_lost_node(slurm_cluster, workdir):
     run = submit(workdir, "nodefail", ["nodes=2", "train.max_steps=40"], inject="step_delay=0.5")
-    wait_until(lambda: (run / "metrics.jsonl").exists()
-               and max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) >= 12,
-               300, "step 12")
+    wait_until(
+        lambda: (
+            (run / "metrics.jsonl").exists()
+            and max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) >= 12
+        ),
+        300,
+        "step 12",
+    )
     [started] = [e for e in events(run) if e["event"] == "started"]
     victim = started["hosts"][1]  # rank 1's node: the batch shell survives on rank 0's
     os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)
@@ -91,19 +112,27 @@ def test_node_failure_requeues_resumes_and_names_the_lost_node(slurm_cluster, wo
         wait_event(run, "finished", timeout=500, fail_on=())
     finally:
         slurm_cluster.start()  # bring the node back for the other tests
-        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
-                       capture_output=True)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={victim}", "state=resume"], capture_output=True
+        )
     ev = events(run)
     assert any(e["event"] == "node_lost" and e["node"] == victim for e in ev)
     [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
     assert end["class"] == "node_failure"
-    lost = max(steps_by_attempt(run)[1]) - [e for e in ev if e["event"] == "checkpoint_loaded"][-1]["step"]
+    lost = (
+        max(steps_by_attempt(run)[1])
+        - [e for e in ev if e["event"] == "checkpoint_loaded"][-1]["step"]
+    )
     assert lost <= 5  # at most one checkpoint interval
 
 
 def test_stalled_rank_trips_the_watchdog_then_the_run_finishes(slurm_cluster, workdir):
-    run = submit(workdir, "hang", ["nodes=2", "faults.hang_timeout_s=15", "train.max_steps=20"],
-                 inject="stall_at_step=8,stall_rank=1,attempts=1")
+    run = submit(
+        workdir,
+        "hang",
+        ["nodes=2", "faults.hang_timeout_s=15", "train.max_steps=20"],
+        inject="stall_at_step=8,stall_rank=1,attempts=1",
+    )
     wait_event(run, "finished", timeout=400, fail_on=())
     ev = events(run)
     [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
@@ -118,7 +147,9 @@ def test_stalled_rank_trips_the_watchdog_then_the_run_finishes(slurm_cluster, wo
 
 
 def test_injected_bad_node_is_excluded_on_the_next_attempt(slurm_cluster, workdir):
-    run = submit(workdir, "badnode", ["nodes=2", "train.max_steps=10"], inject="bad_rank=1,attempts=1")
+    run = submit(
+        workdir, "badnode", ["nodes=2", "train.max_steps=10"], inject="bad_rank=1,attempts=1"
+    )
     wait_event(run, "finished", timeout=400, fail_on=())
     ev = events(run)
     [bad] = [e for e in ev if e["event"] == "bad_node"]

@@ -21,8 +21,11 @@ def _sbatch(stdout: str) -> dict[str, str]:
 def test_gpu_partition_plans_8_gpus_per_node_in_bf16_with_the_recipe(slurm_cluster, workdir):
     gpu = slurm_cluster.partitions["gpu"]
     assert gpu.gpus_per_node == 8 and gpu.total_nodes == 2
-    done = run_cli(["model=opt13b", "nodes=2", "cluster=slurm", "cluster.partition=gpu",
-                    "dry_run=true"], cwd=workdir, env=DETECT)
+    done = run_cli(
+        ["model=opt13b", "nodes=2", "cluster=slurm", "cluster.partition=gpu", "dry_run=true"],
+        cwd=workdir,
+        env=DETECT,
+    )
     out = done.stdout
     assert "gpus_per_node=8 (partition gpu's GRES)" in out, out[:2000]
     assert "plan: opt13b" in out and "bf16" in out and "nodes 2 x 8 tasks (8 GPUs)" in out
@@ -40,21 +43,39 @@ def test_gpu_partition_plans_8_gpus_per_node_in_bf16_with_the_recipe(slurm_clust
 
 
 def test_a_fitting_gpu_plan_gets_slurms_answer(slurm_cluster, workdir):
-    done = run_cli(["model=opt125m", "nodes=2", "cluster=slurm", "cluster.partition=gpu",
-                    "dry_run=true"], cwd=workdir, env=DETECT)
+    done = run_cli(
+        ["model=opt125m", "nodes=2", "cluster=slurm", "cluster.partition=gpu", "dry_run=true"],
+        cwd=workdir,
+        env=DETECT,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
-    assert re.search(r"Slurm says: .*to start at .* on nodes n\[5-6\] in partition gpu", done.stdout)
+    assert re.search(
+        r"Slurm says: .*to start at .* on nodes n\[5-6\] in partition gpu", done.stdout
+    )
 
 
 def test_too_many_gpu_nodes_is_refused_by_the_dry_run_too(slurm_cluster, workdir):
-    done = run_cli(["model=opt125m", "nodes=4", "cluster=slurm", "cluster.partition=gpu",
-                    "dry_run=true"], cwd=workdir, env=DETECT)
+    done = run_cli(
+        ["model=opt125m", "nodes=4", "cluster=slurm", "cluster.partition=gpu", "dry_run=true"],
+        cwd=workdir,
+        env=DETECT,
+    )
     assert done.returncode == 2 and "exceed partition 'gpu'" in done.stderr
 
 
 def test_no_cluster_key_submits_to_slurm_when_it_answers(slurm_cluster, workdir):
-    done = run_cli(["model=opt_tiny", "nodes=2", "train.max_steps=10", "train.log_interval=5",
-                    "checkpoint.interval_steps=0", "name=auto"], cwd=workdir, env=DETECT)
+    done = run_cli(
+        [
+            "model=opt_tiny",
+            "nodes=2",
+            "train.max_steps=10",
+            "train.log_interval=5",
+            "checkpoint.interval_steps=0",
+            "name=auto",
+        ],
+        cwd=workdir,
+        env=DETECT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "slurmtrain: auto: cluster=slurm (the Slurm controller answers)" in done.stdout
     assert "submitted job" in done.stdout

@@ -16,8 +16,11 @@ from slurmtrain.common.slurm_text import compress_hostlist, expand_hostlist
 
 pytestmark = pytest.mark.slurm
 MAX_HOSTS = 4096
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 words = st.text("abcgnoprux", min_size=1, max_size=4)
 infix = st.text("abn-_.0123456789", min_size=0, max_size=3)
@@ -68,8 +71,9 @@ def hostlists(draw) -> str:
 
 
 def scontrol(what: str, arg: str) -> str:
-    res = subprocess.run(["scontrol", "show", what, arg], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        ["scontrol", "show", what, arg], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, f"scontrol show {what} {arg!r}: {res.stderr}"
     return res.stdout
 

@@ -30,15 +30,26 @@ def _submit(workdir: Path, name: str, args: list[str], inject: str) -> Path:
 def runs(slurm_cluster, tmp_path_factory):
     """Submit both runs before either test waits on one."""
     workdir = tmp_path_factory.mktemp("observability")
-    slow = _submit(workdir, SLOW, ["train.log_interval=5", "train.max_steps=30",
-                                   "checkpoint.interval_steps=0"],
-                   inject="slow_rank=1,slow_factor=4")
+    slow = _submit(
+        workdir,
+        SLOW,
+        ["train.log_interval=5", "train.max_steps=30", "checkpoint.interval_steps=0"],
+        inject="slow_rank=1,slow_factor=4",
+    )
     # Same recipe as test_time_limit_saves_requeues_and_finishes_with_no_step_lost: Slurm sends
     # USR2 60-90 s into the first attempt, 100 steps of ~1 s need a second one.
-    limited = _submit(workdir, LIMITED, ["cluster.time=2", "cluster.signal_lead_s=30",
-                                         "train.max_steps=100", "train.log_interval=1",
-                                         "checkpoint.interval_steps=5"],
-                      inject="step_delay=0.8")
+    limited = _submit(
+        workdir,
+        LIMITED,
+        [
+            "cluster.time=2",
+            "cluster.signal_lead_s=30",
+            "train.max_steps=100",
+            "train.log_interval=1",
+            "checkpoint.interval_steps=5",
+        ],
+        inject="step_delay=0.8",
+    )
     yield {"workdir": workdir, SLOW: slow, LIMITED: limited}
     for name in (SLOW, LIMITED):
         cancel_all_of(name)
@@ -96,5 +107,6 @@ def test_logs_tag_the_lines_of_both_attempts(runs):
     assert attempts >= 2 and tagged == set(range(1, attempts + 1)), (attempts, sorted(tagged))
     # Every training progress line says which attempt printed it (rank 0 logs them).
     progress = [ln for ln in logs.stdout.splitlines() if re.search(r"\] step \d+/100 ", ln)]
-    assert progress and all(re.match(r"\[a\d+ r0\]", ln) for ln in progress), \
-        [ln for ln in progress if not re.match(r"\[a\d+ r0\]", ln)][:3]
+    assert progress and all(re.match(r"\[a\d+ r0\]", ln) for ln in progress), [
+        ln for ln in progress if not re.match(r"\[a\d+ r0\]", ln)
+    ][:3]

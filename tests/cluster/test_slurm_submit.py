@@ -11,7 +11,12 @@ from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone
 from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
-SHORT = ["cluster=slurm", "train.max_steps=20", "train.log_interval=5", "checkpoint.interval_steps=10"]
+SHORT = [
+    "cluster=slurm",
+    "train.max_steps=20",
+    "train.log_interval=5",
+    "checkpoint.interval_steps=10",
+]
 
 
 def _submit(args, workdir):
@@ -61,27 +66,37 @@ def test_job_sbatch_resubmitted_by_hand_resumes_from_newest_checkpoint(slurm_clu
     # (it would change the experiment), so instead drop the last checkpoint's "finished" marker by
     # resubmitting a copy of the run whose ledger stops before the end.
     ledger = read_jsonl(run / "ledger.jsonl")
-    (run / "ledger.jsonl").write_text("".join(
-        __import__("json").dumps(e) + "\n" for e in ledger if e["event"] != "finished"))
+    (run / "ledger.jsonl").write_text(
+        "".join(__import__("json").dumps(e) + "\n" for e in ledger if e["event"] != "finished")
+    )
     import shutil
+
     shutil.rmtree(run / "checkpoints" / "step_40")
     (run / "checkpoints" / "latest").write_text("step_30")
-    out = subprocess.run(["sbatch", "--parsable", str(run / "job.sbatch")], capture_output=True,
-                         text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        ["sbatch", "--parsable", str(run / "job.sbatch")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     finished = wait_event(run, "finished", timeout=400)
     loaded = [e for e in events(run) if e["event"] == "checkpoint_loaded"]
     assert loaded[-1]["step"] == 30 and loaded[-1]["job_id"] == out.split(";")[0]
     assert finished[-1]["step"] == 40
 
 
-@pytest.mark.parametrize("args,named", [
-    (["cluster.partition=nosuch"], "cluster.partition"),
-    (["nodes=9"], "nodes"),
-    (["cluster.time=3:00:00"], "cluster.time"),
-    (["gpus_per_node=1", "force=true"], "gpus_per_node"),
-])
-def test_requests_the_cluster_cannot_take_are_refused_before_queueing(slurm_cluster, workdir,
-                                                                       args, named):
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["cluster.partition=nosuch"], "cluster.partition"),
+        (["nodes=9"], "nodes"),
+        (["cluster.time=3:00:00"], "cluster.time"),
+        (["gpus_per_node=1", "force=true"], "gpus_per_node"),
+    ],
+)
+def test_requests_the_cluster_cannot_take_are_refused_before_queueing(
+    slurm_cluster, workdir, args, named
+):
     done = run_cli(SHORT + args + ["name=refused"], cwd=workdir)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = (done.stdout + done.stderr).strip().splitlines()
@@ -98,8 +113,9 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     newline = run_cli(SHORT + ["cluster.partition=debug\nhostname"], cwd=workdir)
     assert newline.returncode == 2 and "cluster.partition" in newline.stderr
     # A value that reaches the script body is quoted: the job sees the literal text.
-    _submit(["name=quoted", f"+cluster.env.CANARY='$(touch {canary})'", "train.max_steps=5"],
-            workdir)
+    _submit(
+        ["name=quoted", f"+cluster.env.CANARY='$(touch {canary})'", "train.max_steps=5"], workdir
+    )
     run = only_run(workdir / "runs", "quoted")
     wait_event(run, "finished", timeout=400)
     assert f"export CANARY='$(touch {canary})'" in (run / "job.sbatch").read_text()

@@ -8,13 +8,19 @@ import json
 import pytest
 
 from slurmtrain.common import slurm_cmd
-from slurmtrain.common import slurm_text as slurm
 from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slurm
-BASE = ["cluster=slurm", "nodes=2", "model.num_layers=3", "train.max_steps=20",
-        "train.log_interval=5", "checkpoint.interval_steps=10", "smoke=true"]
+BASE = [
+    "cluster=slurm",
+    "nodes=2",
+    "model.num_layers=3",
+    "train.max_steps=20",
+    "train.log_interval=5",
+    "checkpoint.interval_steps=10",
+    "smoke=true",
+]
 
 
 def submit(workdir, name, inject=""):
@@ -46,8 +52,11 @@ def test_failed_smoke_means_the_big_job_never_runs_and_status_says_why(slurm_clu
     # The supervisor exits non-zero when it stops a run: afterok is never met, Slurm cancels
     # the rest of the chain instead of leaving it pending forever.
     wait_until(lambda: slurm_cmd.job_state(first) == "FAILED", 120, f"smoke job {first} FAILED")
-    wait_until(lambda: slurm_cmd.job_state(sub["job_id"]) == "CANCELLED", 120,
-               f"big job {sub['job_id']} cancelled")
+    wait_until(
+        lambda: slurm_cmd.job_state(sub["job_id"]) == "CANCELLED",
+        120,
+        f"big job {sub['job_id']} cancelled",
+    )
     assert slurm_cmd.job_state(second) == "CANCELLED"
     assert not any(e["event"] == "started" for e in events(big))
     row = status(workdir, big)

@@ -40,8 +40,11 @@ def reference(tmp_path_factory) -> Path:
 def killed(tmp_path_factory) -> Path:
     """An async-saving run SIGKILLed (all ranks) after writing part of step_30.tmp."""
     work = tmp_path_factory.mktemp("killed")
-    dead = run_cli(BASE + ["checkpoint.async_save=true"], cwd=work,
-                   env={"SLURMTRAIN_INJECT": "kill_during_save=30"})
+    dead = run_cli(
+        BASE + ["checkpoint.async_save=true"],
+        cwd=work,
+        env={"SLURMTRAIN_INJECT": "kill_during_save=30"},
+    )
     assert dead.returncode != 0
     [run] = run_dirs(work / "runs")
     partial = run / "checkpoints" / "step_30.tmp"
@@ -77,8 +80,9 @@ def test_async_saves_write_the_same_shards_as_sync_saves(killed, reference):
     assert all(0 < e["seconds"] <= e["total_seconds"] for e in saved)
 
 
-def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous(killed, reference,
-                                                                          tmp_path):
+def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous(
+    killed, reference, tmp_path
+):
     run, work = _resume_copy(killed, tmp_path / "w")
     shard = run / "checkpoints" / "step_20" / SHARD
     data = bytearray(shard.read_bytes())

@@ -18,9 +18,19 @@ def test_one_visible_device_and_local_id_1_trains(workdir):
 
 def test_a_binding_it_cannot_read_fails_with_the_lookup_error(workdir):
     # Three tasks but two devices listed: local id 2 cannot tell which is its own.
-    done = run_cli(FAST + ["name=unbound", "cluster.cpu_tasks_per_node=3",
-                           "train.global_batch_size=12", "faults.max_crash=0"],
-                   cwd=workdir, env={"SLURMTRAIN_VISIBLE_DEVICES": "4,5"})
+    done = run_cli(
+        FAST
+        + [
+            "name=unbound",
+            "cluster.cpu_tasks_per_node=3",
+            "train.global_batch_size=12",
+            "faults.max_crash=0",
+        ],
+        cwd=workdir,
+        env={"SLURMTRAIN_VISIBLE_DEVICES": "4,5"},
+    )
     assert done.returncode != 0
     events = read_jsonl(run_dirs(workdir / "runs")[0] / "ledger.jsonl")
-    assert any("cannot tell which is its own" in str(e.get("error", "")) for e in events), events[-3:]
+    assert any("cannot tell which is its own" in str(e.get("error", "")) for e in events), events[
+        -3:
+    ]

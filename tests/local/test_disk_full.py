@@ -16,8 +16,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from slurmtrain.compute.checkpoint import format as ckpt
 from slurmtrain.common import rundir as runs
+from slurmtrain.compute.checkpoint import format as ckpt
 from tests.conftest import read_jsonl, run_cli
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
@@ -47,8 +47,9 @@ def small_disk():
     def mount(path: Path, size: str, remount: bool = False) -> None:
         path.mkdir(parents=True, exist_ok=True)
         opts = f"remount,size={size}" if remount else f"size={size}"
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
         if not remount:
@@ -66,7 +67,8 @@ def _worker_log(run: Path) -> str:
 
 
 def test_disk_full_fails_the_save_keeps_earlier_checkpoints_and_training_goes_on(
-        workdir, small_disk):
+    workdir, small_disk
+):
     run = _run_dir(BASE, workdir)
     small_disk(run / "checkpoints", "4M")  # one 2.7 MB checkpoint fits, a second one does not
     first = run_cli(BASE, cwd=workdir)

@@ -13,8 +13,13 @@ import torch
 
 from tests.conftest import ROOT, read_jsonl, run_cli, run_dirs
 
-FAST = ["train.max_steps=8", "train.log_interval=1", "checkpoint.interval_steps=4",
-        "train.global_batch_size=8", "train.micro_batch_size=4"]
+FAST = [
+    "train.max_steps=8",
+    "train.log_interval=1",
+    "checkpoint.interval_steps=4",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+]
 
 
 def _cli(args, cwd):
@@ -57,8 +62,10 @@ def test_zero3_two_rank_export_loads_in_transformers_with_the_training_logits(z3
     # Independent of the consolidation code: the loss training logged at step 5 (weights of step
     # 4, global batch of step 4) is what the export computes on that batch.
     assert check["training_loss"]["step"] == 5 and check["training_loss"]["abs_diff"] < 1e-5, check
-    print(f"zero3 2-rank export: max |logit diff| {check['max_abs_logit_diff']:.1e}, loss vs "
-          f"logged {check['training_loss']['abs_diff']:.1e}, {meta['seconds']:.1f} s")
+    print(
+        f"zero3 2-rank export: max |logit diff| {check['max_abs_logit_diff']:.1e}, loss vs "
+        f"logged {check['training_loss']['abs_diff']:.1e}, {meta['seconds']:.1f} s"
+    )
     manifest = z3_run / "checkpoints" / "step_4" / "manifest.json"
     import hashlib
 
@@ -71,8 +78,10 @@ def test_zero3_two_rank_export_loads_in_transformers_with_the_training_logits(z3
     assert small["step"] == 8 and len(small["shards"]) > 1
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     checked = _export(z3_run, tmp_path / "bf16c", "--dtype", "bf16")
-    print(f"bf16 export: max |logit diff| {checked['check']['max_abs_logit_diff']:.2e} of "
-          f"max |logit| {checked['check']['max_abs_logit']:.2f}")
+    print(
+        f"bf16 export: max |logit diff| {checked['check']['max_abs_logit_diff']:.2e} of "
+        f"max |logit| {checked['check']['max_abs_logit']:.2f}"
+    )
 
     refused = _cli(["export", str(z3_run), "--out", str(tmp_path / "x"), "--step", "3"], tmp_path)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
@@ -84,12 +93,26 @@ def test_sample_prints_text_from_a_run_and_from_its_export(z3_run, tmp_path):
     assert from_run.returncode == 0, from_run.stderr
     assert from_run.stdout.startswith("def ") and len(from_run.stdout) > 4
     _export(z3_run, tmp_path / "hf", "--no-verify")
-    from_export = _cli(["sample", str(tmp_path / "hf"), "--prompt", "def ", "--tokens", "16"],
-                       tmp_path)
+    from_export = _cli(
+        ["sample", str(tmp_path / "hf"), "--prompt", "def ", "--tokens", "16"], tmp_path
+    )
     assert from_export.returncode == 0, from_export.stderr
     assert from_export.stdout == from_run.stdout  # greedy, same weights (step 8)
-    sampled = _cli(["sample", str(tmp_path / "hf"), "--prompt", "def ", "--tokens", "16",
-                    "--temperature", "0.8", "--seed", "1"], tmp_path)
+    sampled = _cli(
+        [
+            "sample",
+            str(tmp_path / "hf"),
+            "--prompt",
+            "def ",
+            "--tokens",
+            "16",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "1",
+        ],
+        tmp_path,
+    )
     assert sampled.returncode == 0 and sampled.stdout.startswith("def ")
 
 
@@ -106,8 +129,10 @@ def test_zero2_export_after_a_two_to_one_world_size_change(tmp_path):
     after = _export(run, tmp_path / "s8", "--step", "8")  # written by 1 rank after the change
     assert (before["world_size"], after["world_size"], after["zero_stage"]) == (2, 1, 2)
     assert after["check"]["training_loss"]["abs_diff"] < 1e-5, after["check"]
-    print(f"zero2 2->1 export: loss vs logged {before['check']['training_loss']['abs_diff']:.1e} "
-          f"(2 ranks), {after['check']['training_loss']['abs_diff']:.1e} (1 rank)")
+    print(
+        f"zero2 2->1 export: loss vs logged {before['check']['training_loss']['abs_diff']:.1e} "
+        f"(2 ranks), {after['check']['training_loss']['abs_diff']:.1e} (1 rank)"
+    )
     _loads_and_generates(tmp_path / "s8", 512)
 
 
@@ -116,14 +141,30 @@ def test_run_on_a_tokenizer_folder_exports_and_samples_with_it(tmp_path):
 
     folder = _tiny_tokenizer(tmp_path)
     text = "def add(a, b):\n    return a + b\nthe quick brown fox\n" * 400
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": text[i:i + 300]}) + "\n"
-                                                 for i in range(0, len(text), 300)))
-    prep = subprocess.run([sys.executable, str(ROOT / "tools" / "prepare_data.py"), "--out",
-                           "c.bin", "--tokenizer", str(folder), "--vocab-size", "512",
-                           "docs.jsonl"], cwd=tmp_path, capture_output=True, text=True)
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": text[i : i + 300]}) + "\n" for i in range(0, len(text), 300))
+    )
+    prep = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "prepare_data.py"),
+            "--out",
+            "c.bin",
+            "--tokenizer",
+            str(folder),
+            "--vocab-size",
+            "512",
+            "docs.jsonl",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert prep.returncode == 0, prep.stderr
-    done = run_cli(FAST + ["data=tokens", f"data.path={tmp_path / 'c.bin'}", "data.seq_len=32",
-                           "name=tok"], cwd=tmp_path)
+    done = run_cli(
+        FAST + ["data=tokens", f"data.path={tmp_path / 'c.bin'}", "data.seq_len=32", "name=tok"],
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(tmp_path / "runs")
     meta = _export(run, tmp_path / "hf")

@@ -28,8 +28,13 @@ def test_default_run_finishes_with_falling_loss_and_a_rerun_trains_nothing(workd
     assert sorted(losses) == list(range(1, 41))
     assert sum(losses[s] for s in range(36, 41)) < 0.85 * sum(losses[s] for s in range(1, 6))
     assert (run / "checkpoints" / "latest").read_text() == "step_40"
-    for name in ("config.yaml", "overrides.yaml", "provenance/submit_1.json",
-                 "provenance/attempt_1.json", "provenance/attempt_1.pip-freeze.txt"):
+    for name in (
+        "config.yaml",
+        "overrides.yaml",
+        "provenance/submit_1.json",
+        "provenance/attempt_1.json",
+        "provenance/attempt_1.pip-freeze.txt",
+    ):
         assert (run / name).is_file(), name
 
     again = run_cli(FAST, cwd=workdir)
@@ -54,8 +59,14 @@ def test_sigkill_mid_run_then_rerun_resumes_bitwise(workdir):
     [ref_run] = run_dirs(workdir / "runs")
 
     env = slurmtrain_env({"SLURMTRAIN_INJECT": "step_delay=0.15"})
-    proc = subprocess.Popen([PYTHON, "-m", "slurmtrain", *FAST, "name=killed"], cwd=workdir,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "slurmtrain", *FAST, "name=killed"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run = workdir / "runs" / "killed" / ref_run.name  # same config: same fingerprint
     _wait_for_step(run / "metrics.jsonl", 25, proc)
     [started] = [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == "started"]

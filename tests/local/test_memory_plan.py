@@ -13,11 +13,14 @@ import pytest
 from tests.conftest import read_jsonl, run_cli, run_dirs
 
 
-@pytest.mark.parametrize("overrides", [
-    ["deepspeed=zero2"],
-    ["deepspeed=zero0", "train.micro_batch_size=16"],
-    ["deepspeed=zero3"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["deepspeed=zero2"],
+        ["deepspeed=zero0", "train.micro_batch_size=16"],
+        ["deepspeed=zero3"],
+    ],
+)
 def test_measured_peak_of_a_tiny_cpu_run_is_within_25_percent_of_the_plan(overrides, workdir):
     done = run_cli(["train.max_steps=3", "train.memory_check_step=3", *overrides], cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -10,9 +10,24 @@ import pytest
 from tests.conftest import read_jsonl, run_cli, run_dirs
 
 FAST = ["train.max_steps=20", "train.log_interval=5", "checkpoint.interval_steps=0"]
-FIELDS = ("step", "time", "attempt", "loss", "lr", "tokens_per_s", "tokens_per_s_per_gpu",
-          "tflops_per_gpu", "mfu", "step_time", "time_forward", "time_backward", "time_optimizer",
-          "time_comm", "peak_mem_bytes", "peak_mem_bytes_max")
+FIELDS = (
+    "step",
+    "time",
+    "attempt",
+    "loss",
+    "lr",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "step_time",
+    "time_forward",
+    "time_backward",
+    "time_optimizer",
+    "time_comm",
+    "peak_mem_bytes",
+    "peak_mem_bytes_max",
+)
 
 
 def _train(workdir: Path, *args: str, env: dict[str, str] | None = None) -> Path:
@@ -34,8 +49,10 @@ def test_every_logged_row_holds_every_perf_field(default_run):
         assert set(FIELDS) <= set(row), set(FIELDS) - set(row)
         assert row["mfu"] is None  # a CPU has no peak unless peak_tflops is given
         assert row["tflops_per_gpu"] > 0 and row["tokens_per_s_per_gpu"] == row["tokens_per_s"] / 2
-        assert len(row["peak_mem_bytes"]) == 2 and row["peak_mem_bytes_max"] == max(
-            row["peak_mem_bytes"]) > 0
+        assert (
+            len(row["peak_mem_bytes"]) == 2
+            and row["peak_mem_bytes_max"] == max(row["peak_mem_bytes"]) > 0
+        )
         split = [row[k] for k in ("time_forward", "time_backward", "time_optimizer", "time_comm")]
         assert all(isinstance(t, float) and t >= 0 for t in split)
         assert sum(split) <= row["step_time"] * 1.01  # DeepSpeed's part of the step
@@ -55,9 +72,20 @@ def test_new_fields_reach_tensorboard(default_run):
     acc = EventAccumulator(str(events))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for key in ("tokens_per_s", "tflops_per_gpu", "step_time", "time_forward", "time_backward",
-                "time_optimizer", "time_comm", "peak_mem_bytes_max", "peak_mem_bytes/rank0",
-                "peak_mem_bytes/rank1", "compute_time_per_rank/rank1", "eta_s"):
+    for key in (
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "step_time",
+        "time_forward",
+        "time_backward",
+        "time_optimizer",
+        "time_comm",
+        "peak_mem_bytes_max",
+        "peak_mem_bytes/rank0",
+        "peak_mem_bytes/rank1",
+        "compute_time_per_rank/rank1",
+        "eta_s",
+    ):
         assert key in tags, key
     assert "mfu" not in tags  # null on CPU: nothing to plot
     assert [e.step for e in acc.Scalars("tflops_per_gpu")] == [5, 10, 15, 20]
@@ -65,8 +93,9 @@ def test_new_fields_reach_tensorboard(default_run):
 
 @pytest.fixture(scope="module")
 def profiled_run(tmp_path_factory) -> Path:
-    return _train(tmp_path_factory.mktemp("profiled"), "peak_tflops=1.0",
-                  "train.flops_profile_step=3")
+    return _train(
+        tmp_path_factory.mktemp("profiled"), "peak_tflops=1.0", "train.flops_profile_step=3"
+    )
 
 
 def test_mfu_is_a_number_when_peak_tflops_is_given(profiled_run):

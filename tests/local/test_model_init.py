@@ -17,18 +17,32 @@ def test_output_projections_are_scaled_by_one_over_sqrt_2L(monkeypatch):
     from slurmtrain.compute.distributed import free_port
 
     # One process of world size 1: DeepSpeed needs all five or it tries MPI discovery.
-    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(free_port())).items():
+    for key, value in dict(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    ).items():
         monkeypatch.setenv(key, value)
     from slurmtrain.common import ds_config
     from slurmtrain.compute import model
 
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["cluster=local", "gpus_per_node=0", "deepspeed=zero2",
-                                           "model.num_layers=4", "model.hidden_size=128",
-                                           "model.ffn_dim=512", "model.init_std=0.006",
-                                           "model.scaled_init=true"])
+        cfg = compose(
+            "config",
+            overrides=[
+                "cluster=local",
+                "gpus_per_node=0",
+                "deepspeed=zero2",
+                "model.num_layers=4",
+                "model.hidden_size=128",
+                "model.ffn_dim=512",
+                "model.init_std=0.006",
+                "model.scaled_init=true",
+            ],
+        )
     config.validate(cfg, submitting=False)
     net = model.build(cfg, ds_config.build(cfg, 1))
     scaled = 0.006 / math.sqrt(2 * 4)

@@ -12,8 +12,20 @@ from tests.conftest import ROOT
 
 def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
     dist = tmp_path / "dist"
-    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
-                            "--outdir", str(dist), str(ROOT)], capture_output=True, text=True)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     [wheel] = dist.glob("slurmtrain-*.whl")
 
@@ -21,22 +33,38 @@ def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     # Dependencies come from the test's own environment (offline); the package itself from the wheel.
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     deps = [p for p in site.getsitepackages() if p.endswith("site-packages")]
-    (tmp_path / "venv" / purelib.split(str(env_dir) + "/", 1)[1]).joinpath("deps.pth") \
-        .write_text("\n".join(deps) + "\n")
-    installed = subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
-                               capture_output=True, text=True)
+    (tmp_path / "venv" / purelib.split(str(env_dir) + "/", 1)[1]).joinpath("deps.pth").write_text(
+        "\n".join(deps) + "\n"
+    )
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert installed.returncode == 0, installed.stderr
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = subprocess.run([python, "-c", "import slurmtrain; print(slurmtrain.__file__)"],
-                           cwd=elsewhere, capture_output=True, text=True)
+    where = subprocess.run(
+        [python, "-c", "import slurmtrain; print(slurmtrain.__file__)"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+    )
     assert where.stdout.startswith(str(env_dir)), where.stdout + where.stderr
-    done = subprocess.run([python, "-m", "slurmtrain", "model=opt125m", "dry_run=true"],
-                          cwd=elsewhere, capture_output=True, text=True)
+    done = subprocess.run(
+        [python, "-m", "slurmtrain", "model=opt125m", "dry_run=true"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "num_layers: 12" in done.stdout and "plan:" in done.stdout
 
@@ -45,7 +73,9 @@ def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
     mission = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=slurm", "dry_run=true"]
     done = subprocess.run([str(script), *mission], cwd=elsewhere, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "num_layers: 40" in done.stdout and "nodes 64 x 8 tasks (8 GPUs)" in done.stdout, done.stdout
+    assert "num_layers: 40" in done.stdout and "nodes 64 x 8 tasks (8 GPUs)" in done.stdout, (
+        done.stdout
+    )
     helped = subprocess.run([str(script), "--help"], cwd=elsewhere, capture_output=True, text=True)
     assert helped.stdout.startswith("slurmtrain: large-model training on Slurm"), helped.stdout
     assert "model: opt1.3b, opt125m, opt13b" in helped.stdout
@@ -59,6 +89,10 @@ def test_editable_install_and_its_console_script_compose_from_another_directory(
         done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         assert "num_layers: 40" in done.stdout and "nodes 64 x 8 tasks (8 GPUs)" in done.stdout
-    conf = subprocess.run([sys.executable, "-c", "from slurmtrain.common.schema import conf_dir; "
-                           "print(conf_dir())"], cwd=tmp_path, capture_output=True, text=True)
+    conf = subprocess.run(
+        [sys.executable, "-c", "from slurmtrain.common.schema import conf_dir; print(conf_dir())"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert conf.stdout.strip() == str(ROOT / "conf"), conf.stdout + conf.stderr

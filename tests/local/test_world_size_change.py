@@ -13,8 +13,13 @@ import pytest
 from slurmtrain.compute.checkpoint import format as ckpt
 from tests.conftest import read_jsonl, run_cli, run_dirs
 
-BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10",
-        "train.global_batch_size=8", "train.micro_batch_size=4"]
+BASE = [
+    "train.max_steps=40",
+    "train.log_interval=1",
+    "checkpoint.interval_steps=10",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+]
 
 
 def losses_by_step(run: Path) -> dict[int, float]:
@@ -30,8 +35,9 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses(stage, wor
     args = BASE + [f"deepspeed={stage}"]
     reference = run_cli(args + ["name=reference"], cwd=workdir)
     assert reference.returncode == 0, reference.stdout + reference.stderr
-    crashed = run_cli(args + ["name=elastic"], cwd=workdir,
-                      env={"SLURMTRAIN_INJECT": "crash_at_step=25"})
+    crashed = run_cli(
+        args + ["name=elastic"], cwd=workdir, env={"SLURMTRAIN_INJECT": "crash_at_step=25"}
+    )
     assert crashed.returncode != 0
     resumed = run_cli(args + ["name=elastic", "cluster.cpu_tasks_per_node=1"], cwd=workdir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -41,7 +47,11 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses(stage, wor
     assert ref_run.name == run.name  # cluster.* is not in the fingerprint: the same run resumed
     assert [e["world_size"] for e in events(run, "started")] == [2, 1]
     [converted] = events(run, "checkpoint_converted")
-    assert (converted["step"], converted["from_world_size"], converted["to_world_size"]) == (20, 2, 1)
+    assert (converted["step"], converted["from_world_size"], converted["to_world_size"]) == (
+        20,
+        2,
+        1,
+    )
     assert converted["cached"] is False
     [loaded] = events(run, "checkpoint_loaded")
     assert loaded["step"] == 20 and loaded["world_size_changed"] is True

@@ -38,8 +38,12 @@ def test_publish_writes_manifest_renames_and_points_latest(tmp_path):
 
 def test_publish_uses_the_writers_reports_and_hashes_only_unlisted_files(tmp_path):
     _stage(tmp_path, 5, {"a.pt": b"aaaa", "b.pt": b"bbbb"})
-    report = {"rank": 1, "ok": True, "error": None,
-              "files": {"a.pt": {"size": 4, "crc32": "reported-by-rank-1"}}}
+    report = {
+        "rank": 1,
+        "ok": True,
+        "error": None,
+        "files": {"a.pt": {"size": 4, "crc32": "reported-by-rank-1"}},
+    }
     (tmp_path / "step_5.tmp" / ".done_rank1.json").write_text(json.dumps(report))
     final = ckpt.publish(tmp_path, 5, {}, "checksum", [report])
     files = ckpt.read_manifest(final)["files"]
@@ -89,7 +93,8 @@ def test_find_resumable_walks_back_and_says_why_it_skipped(tmp_path):
     assert found.path == tmp_path / "step_10" and found.manifest["step"] == 10
     assert [(Path(p).name, r) for p, r in found.skipped] == [
         ("step_30", "shard_rank0.pt: checksum mismatch (corrupt)"),
-        ("step_20", "no manifest (save did not finish)")]
+        ("step_20", "no manifest (save did not finish)"),
+    ]
 
 
 def test_find_resumable_on_a_missing_or_empty_root_finds_nothing(tmp_path):
@@ -145,10 +150,14 @@ def test_host_copy_keeps_views_shared_metadata_and_is_independent_of_the_source(
         flat.add_(100)  # training goes on after the copy
     assert torch.equal(copy["model"]["whole"], torch.arange(10.0))
     assert copy["model"]["whole"].requires_grad
-    assert copy["model"]["view"].untyped_storage().data_ptr() == \
-        copy["model"]["whole"].untyped_storage().data_ptr()
+    assert (
+        copy["model"]["view"].untyped_storage().data_ptr()
+        == copy["model"]["whole"].untyped_storage().data_ptr()
+    )
     assert copy["model"]._metadata == {"": {"version": 1}}
-    assert isinstance(copy["pair"], Pair) and torch.equal(copy["pair"].b[0], torch.tensor([0., 1.]))
+    assert isinstance(copy["pair"], Pair) and torch.equal(
+        copy["pair"].b[0], torch.tensor([0.0, 1.0])
+    )
     buffers = [b.data_ptr() for b in pool.buffers]
     pool.begin()
     pool.copy(obj)
@@ -201,8 +210,9 @@ def test_a_universal_conversion_is_reused_only_if_made_from_this_very_save(tmp_p
     tmp = tmp_path / "step_20_universal.tmp"
     tmp.mkdir()
     (tmp / "zero.pt").write_bytes(b"z")
-    ckpt.seal(tmp, reshape.universal_dir(step), {"source": {"step": 20, "time": source["time"]}},
-              "size")
+    ckpt.seal(
+        tmp, reshape.universal_dir(step), {"source": {"step": 20, "time": source["time"]}}, "size"
+    )
     assert reshape.cached(step, source) == tmp_path / "step_20_universal"
     assert reshape.cached(step, {**source, "time": source["time"] + 1}) is None  # re-saved since
     (tmp_path / "step_20_universal" / "zero.pt").write_bytes(b"")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT, run_cli, slurmtrain_env
+from tests.conftest import run_cli, slurmtrain_env
 
 HEAVY = ("torch", "deepspeed", "transformers")
 
@@ -35,7 +35,12 @@ runs.fingerprint(cfg)
 import slurmtrain.login.submit, slurmtrain.login.local_submit
 print(sorted(m for m in {HEAVY!r} if m in sys.modules))
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=slurmtrain_env(),
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=workdir,
+        env=slurmtrain_env(),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

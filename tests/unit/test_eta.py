@@ -8,8 +8,16 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.planning.eta import estimate_eta, format_duration, format_eta, slurm_time_seconds
 
 # 1M tokens a step at 100k tokens/s: 10 s a step; 1000 steps = 10,000 s of compute.
-BASE = dict(current_step=0, max_steps=1000, tokens_per_step=1_000_000, tokens_per_s=100_000.0,
-            restart_overhead_s=300.0, save_s=60.0, save_every_steps=100, signal_lead_s=120.0)
+BASE = dict(
+    current_step=0,
+    max_steps=1000,
+    tokens_per_step=1_000_000,
+    tokens_per_s=100_000.0,
+    restart_overhead_s=300.0,
+    save_s=60.0,
+    save_every_steps=100,
+    signal_lead_s=120.0,
+)
 
 
 def test_one_attempt_when_the_work_fits_the_time_limit():
@@ -60,10 +68,19 @@ def test_bad_throughput_is_a_config_error():
         estimate_eta(**{**BASE, "tokens_per_s": 0.0})
 
 
-@pytest.mark.parametrize("text,seconds", [
-    ("30", 1800), ("30:15", 1815), ("01:00:00", 3600), ("2-12", 216_000),
-    ("2-12:30", 217_800), ("1-00:00:10", 86_410), ("UNLIMITED", None), ("infinite", None),
-])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("30", 1800),
+        ("30:15", 1815),
+        ("01:00:00", 3600),
+        ("2-12", 216_000),
+        ("2-12:30", 217_800),
+        ("1-00:00:10", 86_410),
+        ("UNLIMITED", None),
+        ("infinite", None),
+    ],
+)
 def test_slurm_time_formats(text, seconds):
     assert slurm_time_seconds(text) == seconds
 
@@ -74,8 +91,14 @@ def test_bad_slurm_time_names_the_key():
 
 
 def test_formatting():
-    assert [format_duration(s) for s in (45, 200, 18_720, 183_600)] == ["45s", "3m20s", "5h12m",
-                                                                        "2d03h"]
+    assert [format_duration(s) for s in (45, 200, 18_720, 183_600)] == [
+        "45s",
+        "3m20s",
+        "5h12m",
+        "2d03h",
+    ]
     line = format_eta(estimate_eta(**BASE, time_limit_s=3600))
-    assert line == ("ETA 3h19m: 1000 steps x 10.00 s = 2h46m; 4 attempts of 1h00m, restarts "
-                    "20m00s; 10 saves, checkpoints 13m00s")
+    assert line == (
+        "ETA 3h19m: 1000 steps x 10.00 s = 2h46m; 4 attempts of 1h00m, restarts "
+        "20m00s; 10 saves, checkpoints 13m00s"
+    )

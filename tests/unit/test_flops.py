@@ -6,7 +6,15 @@ import os
 
 import pytest
 
-from slurmtrain.planning.flops import PEAK_TFLOPS, detect_peak, flops_per_token, matmul_params, mfu, peak_key, tflops_per_gpu
+from slurmtrain.planning.flops import (
+    PEAK_TFLOPS,
+    detect_peak,
+    flops_per_token,
+    matmul_params,
+    mfu,
+    peak_key,
+    tflops_per_gpu,
+)
 from slurmtrain.planning.memory import OPT_SIZES, OptShape, param_count
 
 
@@ -36,16 +44,27 @@ def test_matches_deepspeed_flops_profiler_on_tiny_opt(attn):
     from deepspeed.profiling.flops_profiler import get_model_profile
 
     L, h, a, f, vocab, b, s = 2, 128, 4, 512, 512, 2, 128
-    cfg = transformers.OPTConfig(hidden_size=h, num_hidden_layers=L, ffn_dim=f,
-                                 num_attention_heads=a, vocab_size=vocab,
-                                 max_position_embeddings=256, attn_implementation=attn)
+    cfg = transformers.OPTConfig(
+        hidden_size=h,
+        num_hidden_layers=L,
+        ffn_dim=f,
+        num_attention_heads=a,
+        vocab_size=vocab,
+        max_position_embeddings=256,
+        attn_implementation=attn,
+    )
     torch.manual_seed(0)
     model = transformers.OPTForCausalLM(cfg).eval()
     ids = torch.randint(0, vocab, (b, s))
     # The profiler's flops = 2 x MACs for linear/matmul/sdpa plus elementwise ops (no MACs).
-    fwd_flops, fwd_macs, _ = get_model_profile(model, kwargs={"input_ids": ids},
-                                               print_profile=False, detailed=False,
-                                               as_string=False, warm_up=0)
+    fwd_flops, fwd_macs, _ = get_model_profile(
+        model,
+        kwargs={"input_ids": ids},
+        print_profile=False,
+        detailed=False,
+        as_string=False,
+        warm_up=0,
+    )
     ours = flops_per_token(OptShape("tiny", L, h, a, f, vocab, 256), s) * b * s
     assert 3 * fwd_flops == pytest.approx(ours, rel=0.10)
     assert 3 * 2 * fwd_macs == pytest.approx(ours, rel=0.01)
@@ -56,7 +75,8 @@ def test_tflops_and_mfu_arithmetic():
     # 3000 tok/s x 9.07e9 FLOPs = 27.2 TFLOPS on a 312-TFLOPS A100
     fpt = flops_per_token(OPT_SIZES["opt1.3b"], 2048)
     assert mfu(3000.0, fpt, device_name="NVIDIA A100-SXM4-80GB") == pytest.approx(
-        3000 * fpt / 1e12 / 312.0)
+        3000 * fpt / 1e12 / 312.0
+    )
     assert mfu(3000.0, fpt, peak_tflops=100.0) == pytest.approx(3000 * fpt / 1e14)
 
 
@@ -67,34 +87,37 @@ def test_mfu_is_none_without_a_known_peak():
     assert mfu(100.0, 1e9, device_name="cpu", peak_tflops=2.0) == pytest.approx(0.05)
 
 
-@pytest.mark.parametrize("name,key", [
-    ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA A100-SXM4-40GB", "A100"),
-    ("NVIDIA A100-PCIE-40GB", "A100"),
-    ("NVIDIA A100 80GB PCIe", "A100"),
-    ("NVIDIA H100 80GB HBM3", "H100-SXM"),
-    ("NVIDIA H100 PCIe", "H100-PCIe"),
-    ("NVIDIA H100 NVL", "H100-NVL"),
-    ("NVIDIA H200", "H200"),
-    ("NVIDIA H200 NVL", "H200-NVL"),
-    ("NVIDIA GH200 480GB", "GH200"),
-    ("NVIDIA L40S", "L40S"),
-    ("NVIDIA L40", "L40"),
-    ("NVIDIA L4", "L4"),
-    ("NVIDIA A10", "A10"),
-    ("NVIDIA A40", "A40"),
-    ("Tesla V100-SXM2-32GB", "V100-SXM"),
-    ("Tesla V100-PCIE-16GB", "V100-PCIe"),
-    ("Tesla V100S-PCIE-32GB", "V100S"),
-    ("Tesla T4", "T4"),
-    ("NVIDIA GeForce RTX 4090", "RTX-4090"),
-    ("NVIDIA GeForce RTX 3090", "RTX-3090"),
-    ("NVIDIA RTX A6000", "RTX-A6000"),
-    ("AMD Instinct MI300X", "MI300X"),
-    ("NVIDIA A10G", None),
-    ("cpu", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("NVIDIA A100-PCIE-40GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+        ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("NVIDIA H100 NVL", "H100-NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200-NVL"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA A40", "A40"),
+        ("Tesla V100-SXM2-32GB", "V100-SXM"),
+        ("Tesla V100-PCIE-16GB", "V100-PCIe"),
+        ("Tesla V100S-PCIE-32GB", "V100S"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+        ("NVIDIA GeForce RTX 3090", "RTX-3090"),
+        ("NVIDIA RTX A6000", "RTX-A6000"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("NVIDIA A10G", None),
+        ("cpu", None),
+        ("", None),
+    ],
+)
 def test_device_names_map_to_their_peak(name, key):
     assert peak_key(name) == key
 

@@ -15,12 +15,28 @@ T0 = 1_700_000_000.0
 
 
 def ev(event: str, t: float, attempt: int | None, **kw) -> dict:
-    return {"event": event, "time": T0 + t, "job_id": "100", "attempt": attempt, "nodes": ["n1"], **kw}
+    return {
+        "event": event,
+        "time": T0 + t,
+        "job_id": "100",
+        "attempt": attempt,
+        "nodes": ["n1"],
+        **kw,
+    }
 
 
 def steps(attempt: int, first: int, last: int, first_end: float, dt: float = 10.0) -> list[dict]:
-    return [{"step": s, "time": T0 + first_end + (s - first) * dt, "attempt": attempt, "loss": 5.0 / s,
-             "tokens_per_s": 1000.0, "step_time": dt} for s in range(first, last + 1)]
+    return [
+        {
+            "step": s,
+            "time": T0 + first_end + (s - first) * dt,
+            "attempt": attempt,
+            "loss": 5.0 / s,
+            "tokens_per_s": 1000.0,
+            "step_time": dt,
+        }
+        for s in range(first, last + 1)
+    ]
 
 
 def hand_made_run() -> tuple[list[dict], list[dict]]:
@@ -29,13 +45,15 @@ def hand_made_run() -> tuple[list[dict], list[dict]]:
     ledger = [
         ev("submitted", 0, None, fingerprint="abc"),
         ev("started", 100, 1, step=0, world_size=2, hosts=["n1"]),
-        ev("rendezvous_done", 110, 1, seconds=10), ev("health_ok", 120, 1, seconds=10),
+        ev("rendezvous_done", 110, 1, seconds=10),
+        ev("health_ok", 120, 1, seconds=10),
         ev("checkpoint_saved", 230, 1, step=10, seconds=10, total_seconds=12, bytes=1, path="p"),
         ev("signal", 285, 1, signal="USR2", step=15),
         ev("checkpoint_saved", 300, 1, step=16, seconds=10, total_seconds=12, bytes=1, path="p"),
         ev("requeued", 305, 1, reason="time limit"),
         ev("started", 405, 2, step=16, world_size=2, hosts=["n1"]),
-        ev("rendezvous_done", 415, 2, seconds=10), ev("health_ok", 420, 2, seconds=5),
+        ev("rendezvous_done", 415, 2, seconds=10),
+        ev("health_ok", 420, 2, seconds=5),
         ev("checkpoint_loaded", 430, 2, step=16, seconds=5, path="p"),
         ev("checkpoint_saved", 480, 2, step=20, seconds=10, total_seconds=12, bytes=1, path="p"),
         ev("failed", 515, 2, error="RuntimeError", step=23, **{"class": "crash"}),
@@ -44,8 +62,13 @@ def hand_made_run() -> tuple[list[dict], list[dict]]:
         ev("checkpoint_saved", 700, 3, step=25, seconds=10, total_seconds=12, bytes=1, path="p"),
         ev("finished", 705, 3, step=25),
     ]
-    metrics = (steps(1, 1, 10, 130) + steps(1, 11, 16, 240) + steps(2, 17, 20, 440)
-               + steps(2, 21, 23, 490) + steps(3, 21, 25, 650))
+    metrics = (
+        steps(1, 1, 10, 130)
+        + steps(1, 11, 16, 240)
+        + steps(2, 17, 20, 440)
+        + steps(2, 21, 23, 490)
+        + steps(3, 21, 25, 650)
+    )
     return ledger, metrics
 
 
@@ -58,8 +81,16 @@ def write_run(path: Path, ledger: list[dict], metrics: list[dict]) -> Path:
 
 def test_hand_made_parts_have_the_expected_seconds(tmp_path: Path) -> None:
     g = compute_goodput(write_run(tmp_path / "run", *hand_made_run()))
-    expected = {"queue_wait": 300, "startup": 60, "checkpoint_load": 10, "productive": 250,
-                "checkpoint_save": 40, "work_lost": 30, "signal_idle": 5, "other": 10}
+    expected = {
+        "queue_wait": 300,
+        "startup": 60,
+        "checkpoint_load": 10,
+        "productive": 250,
+        "checkpoint_save": 40,
+        "work_lost": 30,
+        "signal_idle": 5,
+        "other": 10,
+    }
     assert g.parts() == pytest.approx(expected, abs=1e-6)
     assert g.wall == pytest.approx(705)
     assert g.goodput == pytest.approx(250 / 705)
@@ -102,8 +133,14 @@ def test_failed_run_loses_steps_after_its_last_checkpoint() -> None:
 
 
 def test_sparse_logging_counts_every_step_in_the_window() -> None:
-    ledger = [ev("submitted", 0, None), ev("started", 10, 1, step=0), ev("finished", 120, 1, step=10)]
-    metrics = [{"step": s, "time": T0 + 20 + 10 * s, "attempt": 1, "step_time": 10.0} for s in (5, 10)]
+    ledger = [
+        ev("submitted", 0, None),
+        ev("started", 10, 1, step=0),
+        ev("finished", 120, 1, step=10),
+    ]
+    metrics = [
+        {"step": s, "time": T0 + 20 + 10 * s, "attempt": 1, "step_time": 10.0} for s in (5, 10)
+    ]
     g = analyze(ledger, metrics).goodput
     assert g.productive == pytest.approx(100) and g.startup == pytest.approx(10)
     assert g.steps_kept == 10
@@ -118,22 +155,48 @@ def test_formatters_name_every_part() -> None:
     g = analyze(*hand_made_run()).goodput
     line, table = format_line(g), format_table(g)
     assert "\n" not in line and line.startswith("goodput 35.5% of 11m45s wall")
-    for label in ("queue wait", "start-up", "ckpt load", "productive", "ckpt save", "work lost", "other"):
+    for label in (
+        "queue wait",
+        "start-up",
+        "ckpt load",
+        "productive",
+        "ckpt save",
+        "work lost",
+        "other",
+    ):
         assert label in table
     assert "705.0" in table
 
 
-event_kinds = st.sampled_from(["started", "checkpoint_loaded", "checkpoint_saved", "signal", "requeued",
-                               "failed", "finished", "health_ok"])
+event_kinds = st.sampled_from(
+    [
+        "started",
+        "checkpoint_loaded",
+        "checkpoint_saved",
+        "signal",
+        "requeued",
+        "failed",
+        "finished",
+        "health_ok",
+    ]
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(event_kinds, st.floats(0, 1e4), st.integers(1, 4), st.floats(0, 500)), max_size=30),
-       st.lists(st.tuples(st.integers(1, 50), st.floats(0, 1e4), st.integers(1, 4), st.floats(0, 300)),
-                max_size=40),
-       st.one_of(st.none(), st.floats(0, 2e4)))
+@given(
+    st.lists(
+        st.tuples(event_kinds, st.floats(0, 1e4), st.integers(1, 4), st.floats(0, 500)), max_size=30
+    ),
+    st.lists(
+        st.tuples(st.integers(1, 50), st.floats(0, 1e4), st.integers(1, 4), st.floats(0, 300)),
+        max_size=40,
+    ),
+    st.one_of(st.none(), st.floats(0, 2e4)),
+)
 def test_parts_always_sum_to_wall(evs, mets, now) -> None:
-    ledger = [ev("submitted", 0, None)] + [ev(k, t, a, step=int(s) % 50, seconds=s) for k, t, a, s in evs]
+    ledger = [ev("submitted", 0, None)] + [
+        ev(k, t, a, step=int(s) % 50, seconds=s) for k, t, a, s in evs
+    ]
     metrics = [{"step": s, "time": T0 + t, "attempt": a, "step_time": d} for s, t, a, d in mets]
     g = analyze(ledger, metrics, None if now is None else T0 + now).goodput
     assert all(getattr(g, p) >= 0 for p in PARTS)

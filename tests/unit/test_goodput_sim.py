@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.planning import ckpt_interval as ci
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.planning import ckpt_interval as ci
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,8 +26,12 @@ def test_llama3_default_rate_and_job_mtbf() -> None:
     assert 54 * ci.DAY / ci.job_mtbf_seconds(2048) == pytest.approx(419)
 
 
-@pytest.mark.parametrize("save,restart,nodes", [(60, 300, 512), (30, 600, 2048), (300, 300, 128), (10, 60, 64)])
-def test_young_daly_is_at_least_as_good_as_fixed_intervals_analytically(save, restart, nodes) -> None:
+@pytest.mark.parametrize(
+    "save,restart,nodes", [(60, 300, 512), (30, 600, 2048), (300, 300, 128), (10, 60, 64)]
+)
+def test_young_daly_is_at_least_as_good_as_fixed_intervals_analytically(
+    save, restart, nodes
+) -> None:
     mtbf = ci.job_mtbf_seconds(nodes)
     yd = ci.interval_goodput(ci.young_daly_interval(save, mtbf), save, restart, mtbf)
     for minutes in (10, 30, 60, 120):
@@ -70,8 +74,21 @@ def test_bad_input_names_the_key() -> None:
 
 
 def test_cli_prints_a_row_per_interval_and_young_daly() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "goodput_sim.py"), "--nodes", "512",
-                          "--days", "60", "--trials", "20"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "goodput_sim.py"),
+            "--nodes",
+            "512",
+            "--days",
+            "60",
+            "--trials",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = [line.split()[0] for line in out.splitlines()[6:]]
     assert rows == ["10", "30", "60", "120", "young-daly"]
     assert "job MTBF 12.37 h" in out

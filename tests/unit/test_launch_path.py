@@ -30,16 +30,23 @@ def _fields(text: str) -> dict[str, object]:
     """The parts of a batch script that decide how the job runs."""
     lines = text.splitlines()
     srun = next(line for line in lines if line.startswith("srun "))
-    exports = dict(line[len("export "):].split("=", 1) for line in lines
-                   if line.startswith("export "))
+    exports = dict(
+        line[len("export ") :].split("=", 1) for line in lines if line.startswith("export ")
+    )
     sbatch = [line for line in lines if line.startswith("#SBATCH")]
-    after = lines[lines.index(srun) + 1:]
+    after = lines[lines.index(srun) + 1 :]
     return {"srun": shlex.split(srun), "env": exports, "sbatch": sbatch, "after_srun": after}
 
 
 def test_submitit_submission_file_equals_job_sbatch_field_by_field(tmp_path):
-    cfg = _cfg(tmp_path, "nodes=2", "gpus_per_node=8", "cluster.partition=gpu",
-               "+cluster.env.NCCL_IB_HCA=mlx5", "cluster.srun_extra=['--cpu-bind=cores']")
+    cfg = _cfg(
+        tmp_path,
+        "nodes=2",
+        "gpus_per_node=8",
+        "cluster.partition=gpu",
+        "+cluster.env.NCCL_IB_HCA=mlx5",
+        "cluster.srun_extra=['--cpu-bind=cores']",
+    )
     run = locate(cfg)
     ours = _fields(backend.render_sbatch(cfg, run))
     ex = backend.executor(cfg, tmp_path / "submitit", [str(run.path)])
@@ -70,5 +77,5 @@ def test_array_tasks_run_the_same_srun_line_on_their_own_run(tmp_path):
     # Same srun line; only where the run directory comes from differs ($RUN_DIR, from the map).
     literal = [a.replace(str(run.path), "$RUN_DIR") for a in single["srun"]]
     assert array["srun"] == literal
-    assert re.search(r'^RUN_DIR=\$\(.*SLURM_ARRAY_TASK_ID.*\) \|\| exit 2$', text, re.M)
+    assert re.search(r"^RUN_DIR=\$\(.*SLURM_ARRAY_TASK_ID.*\) \|\| exit 2$", text, re.M)
     assert 'exec >>"$RUN_DIR/logs/$SLURM_JOB_ID.batch.out" 2>&1' in text

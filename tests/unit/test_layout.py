@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+
 import tomllib
 
 from tests.conftest import ROOT
@@ -53,12 +54,17 @@ def test_login_batch_and_cli_never_import_compute_and_compute_never_imports_them
 
 
 def test_nothing_on_the_login_path_imports_torch_at_import_time():
-    names = [n for n in _modules() if not _under(n, ("slurmtrain.compute",))
-             and not n.endswith("__main__")]
-    code = ("import sys, importlib\n"
-            f"for n in {names!r}: importlib.import_module(n)\n"
-            "import slurmtrain.__main__, hydra_plugins.slurmtrain_launcher.launcher\n"
-            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    names = [
+        n
+        for n in _modules()
+        if not _under(n, ("slurmtrain.compute",)) and not n.endswith("__main__")
+    ]
+    code = (
+        "import sys, importlib\n"
+        f"for n in {names!r}: importlib.import_module(n)\n"
+        "import slurmtrain.__main__, hydra_plugins.slurmtrain_launcher.launcher\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", f"heavy modules imported on the login path: {done.stdout}"
@@ -68,8 +74,11 @@ def test_every_module_says_its_one_job_and_stays_readable():
     for name, tree in _modules().items():
         doc = ast.get_docstring(tree)
         assert doc and doc.splitlines()[0].strip(), f"{name}: no docstring saying its job"
-        lines = len((ROOT / (name.replace(".", "/") + ".py")).read_text().splitlines()) \
-            if not (ROOT / name.replace(".", "/")).is_dir() else 0
+        lines = (
+            len((ROOT / (name.replace(".", "/") + ".py")).read_text().splitlines())
+            if not (ROOT / name.replace(".", "/")).is_dir()
+            else 0
+        )
         assert lines <= 420, f"{name}: {lines} lines; split it (files stay under ~400 lines)"
 
 
@@ -80,8 +89,12 @@ def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(project["packages"])
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
-    on_disk |= {"slurmtrain.conf", "slurmtrain.sbatch_templates",
-                "hydra_plugins", "hydra_plugins.slurmtrain_launcher"}
+    on_disk |= {
+        "slurmtrain.conf",
+        "slurmtrain.sbatch_templates",
+        "hydra_plugins",
+        "hydra_plugins.slurmtrain_launcher",
+    }
     assert listed == on_disk, f"pyproject.toml packages differ from the tree: {listed ^ on_disk}"
     assert project["package-dir"]["slurmtrain.conf"] == "conf"
     assert project["package-dir"]["slurmtrain.sbatch_templates"] == "sbatch_templates"

@@ -29,24 +29,39 @@ def make_logs(run: Path) -> Path:
     """Rank 1 logs an NCCL watchdog traceback at 10:00:03, before rank 0's real error (10:00:05; the
     traceback itself is untimed and inherits the time of the line above it)."""
     logs_dir = run / "logs"
-    write(logs_dir / "attempt1.rank0.log", f"""
+    write(
+        logs_dir / "attempt1.rank0.log",
+        f"""
 2024-05-01 10:00:00,100 INFO rank0 start
 2024-05-01 10:00:02,000 INFO rank0 step 1
 2024-05-01 10:00:05,000 ERROR rank0 loading data
 {VALUE_ERROR_TB}
-""")
-    write(logs_dir / "attempt1.rank1.log", f"""
+""",
+    )
+    write(
+        logs_dir / "attempt1.rank1.log",
+        f"""
 2024-05-01 10:00:01,000 INFO rank1 start
 2024-05-01 10:00:03,000 ERROR rank1 collective failed
 {NCCL_TB}
-""")
-    write(logs_dir / "attempt2.rank0.log", "2024-05-01 09:00:00,000 INFO rank0 attempt two (clock skew)\n")
-    write(logs_dir / "sub" / "attempt2.rank1.log", "no timestamp here\n2024-05-01 11:00:00 INFO rank1 a2\n")
+""",
+    )
+    write(
+        logs_dir / "attempt2.rank0.log",
+        "2024-05-01 09:00:00,000 INFO rank0 attempt two (clock skew)\n",
+    )
+    write(
+        logs_dir / "sub" / "attempt2.rank1.log",
+        "no timestamp here\n2024-05-01 11:00:00 INFO rank1 a2\n",
+    )
     return run
 
 
 def test_timestamp_formats() -> None:
-    assert parse_timestamp("2024-05-01 10:00:00,250 INFO x") == datetime(2024, 5, 1, 10, 0, 0, 250000).timestamp()
+    assert (
+        parse_timestamp("2024-05-01 10:00:00,250 INFO x")
+        == datetime(2024, 5, 1, 10, 0, 0, 250000).timestamp()
+    )
     assert parse_timestamp("2024-05-01T10:00:00Z x") == 1714557600.0
     assert parse_timestamp("2024-05-01T12:00:00+0200 x") == 1714557600.0
     assert parse_timestamp("submitit INFO (2024-05-01 10:00:00,000) - Starting") is not None
@@ -54,8 +69,12 @@ def test_timestamp_formats() -> None:
 
 
 def test_file_names_give_attempt_rank_and_job() -> None:
-    for name, expected in [("attempt3.rank12.log", (3, 12, None)), ("4242_7_log.err", (None, 7, "4242")),
-                           ("4242_3_7_log.out", (None, 7, "4242_3")), ("slurm-99.out", (None, None, "99"))]:
+    for name, expected in [
+        ("attempt3.rank12.log", (3, 12, None)),
+        ("4242_7_log.err", (None, 7, "4242")),
+        ("4242_3_7_log.out", (None, 7, "4242_3")),
+        ("slurm-99.out", (None, None, "99")),
+    ]:
         d = describe(Path(name))
         assert (d.attempt, d.rank, d.job_id) == expected
 
@@ -71,8 +90,11 @@ def test_merged_order_and_tags(tmp_path: Path) -> None:
     ]
     # Attempt 2 comes after all of attempt 1 even though its clock reads earlier; an untimed
     # first line keeps its place at the start of its file.
-    assert lines[-3:] == ["[a2 r1] no timestamp here", "[a2 r0] 2024-05-01 09:00:00,000 INFO rank0 attempt two "
-                          "(clock skew)", "[a2 r1] 2024-05-01 11:00:00 INFO rank1 a2"]
+    assert lines[-3:] == [
+        "[a2 r1] no timestamp here",
+        "[a2 r0] 2024-05-01 09:00:00,000 INFO rank0 attempt two (clock skew)",
+        "[a2 r1] 2024-05-01 11:00:00 INFO rank1 a2",
+    ]
     assert len(lines) == 3 + 4 + 2 + 4 + 1 + 2
 
 
@@ -96,30 +118,39 @@ def test_cli_prints_first_error_last_and_errors_only(tmp_path: Path, capsys) -> 
     assert logs.main([str(run), "--errors"]) == 0
     out = capsys.readouterr().out
     assert "INFO rank0 start" not in out and "[a1 r0] ValueError: data.path=/x" in out
-    tail = out[out.index("First error"):]
-    assert "[a1 r0]" in tail and "ValueError: data.path=/x" in tail and "ProcessGroupNCCL" not in tail
+    tail = out[out.index("First error") :]
+    assert (
+        "[a1 r0]" in tail and "ValueError: data.path=/x" in tail and "ProcessGroupNCCL" not in tail
+    )
 
 
 def test_submitit_files_split_into_attempts_by_ledger(tmp_path: Path) -> None:
     """A requeued job keeps its id and appends: lines after the gap belong to the next attempt."""
     run = tmp_path / "run"
     t1 = datetime(2024, 5, 1, 10, 0, 0).timestamp()
-    ledger = [{"event": "started", "time": t1, "job_id": "77", "attempt": 1, "nodes": []},
-              {"event": "requeued", "time": t1 + 60, "job_id": "77", "attempt": 1, "nodes": []},
-              {"event": "started", "time": t1 + 600, "job_id": "77", "attempt": 2, "nodes": []}]
+    ledger = [
+        {"event": "started", "time": t1, "job_id": "77", "attempt": 1, "nodes": []},
+        {"event": "requeued", "time": t1 + 60, "job_id": "77", "attempt": 1, "nodes": []},
+        {"event": "started", "time": t1 + 600, "job_id": "77", "attempt": 2, "nodes": []},
+    ]
     write(run / "ledger.jsonl", "\n".join(json.dumps(r) for r in ledger))
-    write(run / "logs" / "77_0_log.out", """
+    write(
+        run / "logs" / "77_0_log.out",
+        """
 submitit INFO (2024-05-01 09:59:58,000) - Starting with JobEnvironment
 2024-05-01 10:00:30,000 INFO step 5
 submitit INFO (2024-05-01 10:09:55,000) - Starting with JobEnvironment
 2024-05-01 10:10:30,000 INFO step 6
-""")
+""",
+    )
     tags = [ln.tag for ln in LogMerger(run)]
     assert tags == ["[a1 r0]", "[a1 r0]", "[a2 r0]", "[a2 r0]"]
 
 
 def test_chained_traceback_is_one_block(tmp_path: Path) -> None:
-    chained = VALUE_ERROR_TB + """
+    chained = (
+        VALUE_ERROR_TB
+        + """
 
 During handling of the above exception, another exception occurred:
 
@@ -127,6 +158,7 @@ Traceback (most recent call last):
   File "/app/slurmtrain/job.py", line 99, in run
     raise RuntimeError("resume failed")
 RuntimeError: resume failed"""
+    )
     write(tmp_path / "run" / "logs" / "attempt1.rank0.log", "x\n" + chained + "\nafter\n")
     m = LogMerger(tmp_path / "run")
     flags = [ln.in_traceback for ln in m]

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
 from slurmtrain.common import ds_config
+from slurmtrain.common import schema as config
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.compute.observe.metrics import scalars, summary_line
 
@@ -49,7 +49,9 @@ def test_a_straggler_is_offered_to_the_bad_node_ledger(tmp_path):
     perf.offer_bad_node(path, "n3", 1.9, 50)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["node"], r["reason"], r["factor"], r["step"]) for r in rows] == [
-        ("n3", "straggler", 2.043, 40), ("n3", "straggler", 1.9, 50)]
+        ("n3", "straggler", 2.043, 40),
+        ("n3", "straggler", 1.9, 50),
+    ]
     assert all(isinstance(r["time"], float) for r in rows)
 
 
@@ -69,8 +71,14 @@ def test_timer_split_adds_up_and_deepspeed_prints_nothing(capsys):
     timers = perf.StepTimers(engine)
     group = engine.timers
     for _ in range(2):  # two optimizer steps, each logged by DeepSpeed's engine and optimizer
-        for name, s in (("fwd", 0.010), ("bwd", 0.030), ("bwd_allreduce", 0.004),
-                        ("step", 0.008), ("optimizer_allgather", 0.002), ("fwd_microstep", 0.5)):
+        for name, s in (
+            ("fwd", 0.010),
+            ("bwd", 0.030),
+            ("bwd_allreduce", 0.004),
+            ("step", 0.008),
+            ("optimizer_allgather", 0.002),
+            ("fwd_microstep", 0.5),
+        ):
             _record(group, name, s)
         group.log(["optimizer_allgather"])  # ZeRO's optimizer logs its own timers first
         group.log(["fwd_microstep"])
@@ -93,17 +101,38 @@ def test_peak_memory_on_cpu_is_the_process_peak_rss():
 
 
 def test_every_number_of_a_row_becomes_a_tensorboard_scalar():
-    row = {"loss": 2.5, "mfu": None, "peak_mem_bytes": [10, 12], "peak_mem_bytes_max": 12,
-           "time_comm": 0.01, "note": "x", "flag": True}
-    assert scalars(row) == {"loss": 2.5, "peak_mem_bytes/rank0": 10.0,
-                            "peak_mem_bytes/rank1": 12.0, "peak_mem_bytes_max": 12.0,
-                            "time_comm": 0.01}
+    row = {
+        "loss": 2.5,
+        "mfu": None,
+        "peak_mem_bytes": [10, 12],
+        "peak_mem_bytes_max": 12,
+        "time_comm": 0.01,
+        "note": "x",
+        "flag": True,
+    }
+    assert scalars(row) == {
+        "loss": 2.5,
+        "peak_mem_bytes/rank0": 10.0,
+        "peak_mem_bytes/rank1": 12.0,
+        "peak_mem_bytes_max": 12.0,
+        "time_comm": 0.01,
+    }
 
 
 def test_summary_line_shows_tflops_mfu_and_eta():
-    line = summary_line(40, 200, {"loss": 4.1, "lr": 1e-3, "tokens_per_s": 21000.0,
-                                  "step_time": 0.05, "tflops_per_gpu": 0.0123, "mfu": 0.412,
-                                  "eta_s": 3725.0})
+    line = summary_line(
+        40,
+        200,
+        {
+            "loss": 4.1,
+            "lr": 1e-3,
+            "tokens_per_s": 21000.0,
+            "step_time": 0.05,
+            "tflops_per_gpu": 0.0123,
+            "mfu": 0.412,
+            "eta_s": 3725.0,
+        },
+    )
     assert "step 40/200" in line and "TFLOPS/GPU 0.0123" in line and "MFU 41.2%" in line
     assert "ETA 1:02:05" in line
     assert "MFU -" in summary_line(1, 2, {"mfu": None, "tflops_per_gpu": 0.1, "eta_s": 1.0})
@@ -124,12 +153,18 @@ def test_perf_keys_leave_the_fingerprint_alone():
     from slurmtrain.common.rundir import fingerprint
 
     base = fingerprint(_cfg())
-    assert fingerprint(_cfg("train.timers=false", "train.flops_profile_step=3",
-                            "train.straggler_factor=2.0")) == base
+    assert (
+        fingerprint(
+            _cfg("train.timers=false", "train.flops_profile_step=3", "train.straggler_factor=2.0")
+        )
+        == base
+    )
 
 
-@pytest.mark.parametrize("override", ["train.straggler_factor=1.0", "train.flops_profile_step=-1",
-                                      "train.flops_profile_step=201"])
+@pytest.mark.parametrize(
+    "override",
+    ["train.straggler_factor=1.0", "train.flops_profile_step=-1", "train.flops_profile_step=201"],
+)
 def test_bad_perf_values_name_the_key(override):
     with pytest.raises(ConfigError) as err:
         _cfg(override)

@@ -9,7 +9,19 @@ from pathlib import Path
 import pytest
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.planning.memory import GiB, OPT_SIZES, LOGIT_BYTES, OptShape, activation_bytes, candidates, largest_layer_params, param_count, plan_memory, recommend, summary
+from slurmtrain.planning.memory import (
+    LOGIT_BYTES,
+    OPT_SIZES,
+    GiB,
+    OptShape,
+    activation_bytes,
+    candidates,
+    largest_layer_params,
+    param_count,
+    plan_memory,
+    recommend,
+    summary,
+)
 
 LAYOUTS = [(1, 8), (8, 8)]  # (nodes, gpus_per_node)
 TOL = 0.05
@@ -30,6 +42,7 @@ def _rel(ours: float, ref: float) -> float:
 
 # -- parameter counts -----------------------------------------------------------------------------
 
+
 def test_param_count_matches_published_opt_sizes():
     assert param_count(OPT_SIZES["opt125m"]) == pytest.approx(125.2e6, rel=1e-3)
     assert param_count(OPT_SIZES["opt350m"]) == pytest.approx(331.2e6, rel=1e-3)
@@ -37,17 +50,34 @@ def test_param_count_matches_published_opt_sizes():
     assert param_count(OPT_SIZES["opt66b"]) == pytest.approx(65.7e9, rel=1e-2)
 
 
-@pytest.mark.parametrize("extra", [{}, {"word_embed_proj_dim": 32, "do_layer_norm_before": False}],
-                         ids=["pre_ln", "post_ln_projected"])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"word_embed_proj_dim": 32, "do_layer_norm_before": False}],
+    ids=["pre_ln", "post_ln_projected"],
+)
 def test_param_count_and_largest_layer_match_transformers_opt(extra, ds_estimators):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.OPTConfig(hidden_size=64, num_hidden_layers=2, ffn_dim=256,
-                                 num_attention_heads=4, vocab_size=512,
-                                 max_position_embeddings=512, **extra)
+    cfg = transformers.OPTConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        ffn_dim=256,
+        num_attention_heads=4,
+        vocab_size=512,
+        max_position_embeddings=512,
+        **extra,
+    )
     model = transformers.OPTForCausalLM(cfg)
-    shape = OptShape("tiny", 2, 64, 4, 256, vocab_size=512, max_positions=512,
-                     word_embed_proj_dim=extra.get("word_embed_proj_dim"),
-                     layer_norm_before=extra.get("do_layer_norm_before", True))
+    shape = OptShape(
+        "tiny",
+        2,
+        64,
+        4,
+        256,
+        vocab_size=512,
+        max_positions=512,
+        word_embed_proj_dim=extra.get("word_embed_proj_dim"),
+        layer_norm_before=extra.get("do_layer_norm_before", True),
+    )
     total, largest = ds_estimators[1].model_to_params(model)  # tied lm_head counted once
     assert param_count(shape) == total
     assert largest_layer_params(shape) == largest
@@ -69,6 +99,7 @@ def test_opt_table_agrees_with_the_model_configs():
 
 # -- model states against DeepSpeed's estimators ---------------------------------------------------
 
+
 @pytest.mark.parametrize("nodes,gpus", LAYOUTS)
 @pytest.mark.parametrize("offload", [False, True])
 @pytest.mark.parametrize("stage", [1, 2])
@@ -76,12 +107,14 @@ def test_opt_table_agrees_with_the_model_configs():
 def test_stage_1_2_model_states_match_deepspeed(name, stage, offload, nodes, gpus, ds_estimators):
     model, est = OPT_SIZES[name], ds_estimators[0].estimate_zero2_model_states_mem_needs
     p, n = param_count(model), nodes * gpus
-    cpu_ref, gpu_ref = est(total_params=p, num_gpus_per_node=gpus, num_nodes=nodes,
-                           cpu_offload=offload)
+    cpu_ref, gpu_ref = est(
+        total_params=p, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload
+    )
     if stage == 1:  # stage 1 keeps whole 16-bit grads; DeepSpeed's formula partitions them
         gpu_ref += 2 * p if offload else 2 * p - 2 * p // n
-    plan = plan_memory(model, stage=stage, offload_optimizer=offload, nodes=nodes,
-                       gpus_per_node=gpus)
+    plan = plan_memory(
+        model, stage=stage, offload_optimizer=offload, nodes=nodes, gpus_per_node=gpus
+    )
     assert _rel(plan.model_states, gpu_ref) < TOL
     if nodes == 1 or not offload:  # DeepSpeed's offload host figure scales with all GPUs of a job
         assert _rel(plan.cpu_per_node, cpu_ref) < TOL
@@ -94,11 +127,17 @@ def test_stage_3_model_states_match_deepspeed(name, offload, nodes, gpus, ds_est
     model = OPT_SIZES[name]
     opt, prm = offload != "none", offload == "optimizer+param"
     cpu_ref, gpu_ref, _ = ds_estimators[1].estimate_zero3_model_states_mem_needs(
-        total_params=param_count(model), largest_layer_params=largest_layer_params(model),
-        num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=opt, cpu_offload_params=prm,
-        zero_init=True)
-    plan = plan_memory(model, stage=3, offload_optimizer=opt, offload_param=prm, nodes=nodes,
-                       gpus_per_node=gpus)
+        total_params=param_count(model),
+        largest_layer_params=largest_layer_params(model),
+        num_gpus_per_node=gpus,
+        num_nodes=nodes,
+        cpu_offload=opt,
+        cpu_offload_params=prm,
+        zero_init=True,
+    )
+    plan = plan_memory(
+        model, stage=3, offload_optimizer=opt, offload_param=prm, nodes=nodes, gpus_per_node=gpus
+    )
     assert _rel(plan.model_states, gpu_ref) < TOL
     assert _rel(plan.cpu_per_node, cpu_ref) < TOL
 
@@ -120,13 +159,17 @@ def test_all_cold_printouts_agree(name, ds_estimators, capsys):
     rows = [r for r in _printed_rows(capsys.readouterr().out) if "zero_init=1" in r[2]]
     assert len(rows) == 3
     for cpu, gpu, opts in rows:
-        plan = plan_memory(model, stage=3,
-                           offload_optimizer="offload_optimizer=none" not in opts,
-                           offload_param="offload_param=none" not in opts)
+        plan = plan_memory(
+            model,
+            stage=3,
+            offload_optimizer="offload_optimizer=none" not in opts,
+            offload_param="offload_param=none" not in opts,
+        )
         assert _rel(plan.model_states, gpu) < TOL and _rel(plan.cpu_per_node, cpu) < TOL, opts
 
 
 # -- activations and the rest of the plan ----------------------------------------------------------
+
 
 def test_activation_formula_by_hand():
     m = OPT_SIZES["opt1.3b"]  # L=24, h=2048, a=32, vocab 50272
@@ -161,15 +204,18 @@ def test_total_is_the_sum_of_its_parts_and_fits_compares_with_it():
     assert not plan.fits(plan.total, cpu_mem_bytes_per_node=plan.cpu_per_node - 1)
 
 
-@pytest.mark.parametrize("kwargs,key", [
-    ({"stage": 2, "offload_param": True, "offload_optimizer": True}, "deepspeed.offload_param"),
-    ({"stage": 0, "offload_optimizer": True}, "deepspeed.offload_optimizer"),
-    ({"stage": 5}, "deepspeed.stage"),
-    ({"dtype": "int8"}, "deepspeed.dtype"),
-    ({"seq_len": 4096}, "data.seq_len"),
-    ({"micro_batch": 0}, "train.micro_batch_size"),
-    ({"gpus_per_node": 0}, "gpus_per_node"),
-])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        ({"stage": 2, "offload_param": True, "offload_optimizer": True}, "deepspeed.offload_param"),
+        ({"stage": 0, "offload_optimizer": True}, "deepspeed.offload_optimizer"),
+        ({"stage": 5}, "deepspeed.stage"),
+        ({"dtype": "int8"}, "deepspeed.dtype"),
+        ({"seq_len": 4096}, "data.seq_len"),
+        ({"micro_batch": 0}, "train.micro_batch_size"),
+        ({"gpus_per_node": 0}, "gpus_per_node"),
+    ],
+)
 def test_bad_settings_fail_with_one_line_naming_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=re.escape(key)) as err:
         plan_memory(OPT_SIZES["opt125m"], **kwargs)
@@ -177,6 +223,7 @@ def test_bad_settings_fail_with_one_line_naming_the_key(kwargs, key):
 
 
 # -- recommend -------------------------------------------------------------------------------------
+
 
 def test_opt66b_on_one_node_needs_more_than_zero2():
     m, gpu = OPT_SIZES["opt66b"], 80 * GiB
@@ -224,8 +271,12 @@ def test_recommend_honours_global_batch_and_host_memory():
     rec = recommend(m, nodes=1, gpus_per_node=8, gpu_mem_bytes=80 * GiB, global_batch_size=32)
     assert rec.setting.micro_batch == 4  # 32 / 8 GPUs
     big = OPT_SIZES["opt66b"]
-    assert recommend(big, nodes=1, gpus_per_node=8, gpu_mem_bytes=80 * GiB,
-                     cpu_mem_bytes_per_node=512 * GiB) is None  # offload needs > 1 TiB of host
+    assert (
+        recommend(
+            big, nodes=1, gpus_per_node=8, gpu_mem_bytes=80 * GiB, cpu_mem_bytes_per_node=512 * GiB
+        )
+        is None
+    )  # offload needs > 1 TiB of host
     plan = plan_memory(big, stage=2, nodes=1, gpus_per_node=8)
     assert "nothing fits" in summary(plan, 80 * GiB, None)
 
@@ -247,8 +298,9 @@ def test_the_gradient_bucket_is_planned_whole_as_deepspeed_allocates_it():
     for stage in (1, 2):
         plan = plan_memory(tiny, stage=stage, dtype="fp32", seq_len=128, reduce_bucket=5 * 10**7)
         assert plan.buffers == 4 * 5 * 10**7
-        doubled = plan_memory(tiny, stage=stage, dtype="fp32", seq_len=128, reduce_bucket=5 * 10**7,
-                              overlap_comm=True)
+        doubled = plan_memory(
+            tiny, stage=stage, dtype="fp32", seq_len=128, reduce_bucket=5 * 10**7, overlap_comm=True
+        )
         assert doubled.buffers == 2 * plan.buffers
     assert plan_memory(tiny, stage=0, dtype="fp32", seq_len=128).buffers == 4 * param_count(tiny)
 

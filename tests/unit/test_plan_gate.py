@@ -33,8 +33,9 @@ def test_signal_lead_below_twice_the_save_time_warns(workdir):
 
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["cluster=slurm", "gpus_per_node=0",
-                                           "cluster.signal_lead_s=60"])
+        cfg = compose(
+            "config", overrides=["cluster=slurm", "gpus_per_node=0", "cluster.signal_lead_s=60"]
+        )
     assert planning.lead_warning(cfg, [{"total_seconds": 10.0}]) is None
     line = planning.lead_warning(cfg, [{"total_seconds": 40.0}])
     assert "cluster.signal_lead_s=60" in line and "measured" in line and ">=81" in line
@@ -50,13 +51,19 @@ def test_the_plan_uses_the_buckets_the_run_trains_with(workdir):
     from hydra import compose, initialize_config_dir
 
     sys.path.insert(0, str(__import__("tests.conftest").conftest.ROOT))
-    from slurmtrain.common import schema as config
     from slurmtrain.common import ds_config
+    from slurmtrain.common import schema as config
     from slurmtrain.planning import report as planning
 
     config.register()
     with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["model=opt1.3b", "gpus_per_node=8",
-                                           "+deepspeed.extra.zero_optimization.reduce_bucket_size=2e8"])
+        cfg = compose(
+            "config",
+            overrides=[
+                "model=opt1.3b",
+                "gpus_per_node=8",
+                "+deepspeed.extra.zero_optimization.reduce_bucket_size=2e8",
+            ],
+        )
     assert ds_config.zero_section(cfg)["reduce_bucket_size"] == 2e8  # what DeepSpeed gets
     assert planning.memory_plan(cfg, 1).buffers == 2 * 2 * 10**8  # bf16, one whole bucket

@@ -16,8 +16,16 @@ from tests.conftest import run_cli
 config.register()
 M = 1024 * 1024
 # (size, peak lr, batch in M tokens) from metaseq/launcher/opt_job_constants.py MODEL_SIZES.
-OPT = [("opt125m", 6e-4, 0.5), ("opt350m", 3e-4, 0.5), ("opt1.3b", 2e-4, 1), ("opt2.7b", 1.6e-4, 1),
-       ("opt6.7b", 1.2e-4, 2), ("opt13b", 1e-4, 4), ("opt30b", 1e-4, 4), ("opt66b", 8e-5, 2)]
+OPT = [
+    ("opt125m", 6e-4, 0.5),
+    ("opt350m", 3e-4, 0.5),
+    ("opt1.3b", 2e-4, 1),
+    ("opt2.7b", 1.6e-4, 1),
+    ("opt6.7b", 1.2e-4, 2),
+    ("opt13b", 1e-4, 4),
+    ("opt30b", 1e-4, 4),
+    ("opt66b", 8e-5, 2),
+]
 
 
 def _cfg(*overrides: str):
@@ -45,8 +53,14 @@ def test_each_opt_size_trains_with_the_papers_recipe(size, lr, batch_m):
 
 def test_half_a_million_tokens_is_256_sequences_and_overrides_win():
     assert _cfg("model=opt125m").train.global_batch_size == 256
-    cfg = _cfg("model=opt13b", "optim.lr=3e-4", "train.max_steps=20", "data.seq_len=1024",
-               "model.dropout=0.0", "optim.warmup_steps=5")
+    cfg = _cfg(
+        "model=opt13b",
+        "optim.lr=3e-4",
+        "train.max_steps=20",
+        "data.seq_len=1024",
+        "model.dropout=0.0",
+        "optim.warmup_steps=5",
+    )
     assert (cfg.optim.lr, cfg.train.max_steps, cfg.model.dropout) == (3e-4, 20, 0.0)
     assert cfg.train.global_batch_size == 4096 and cfg.optim.warmup_steps == 5  # 4M / 1024
     assert _cfg("model=opt13b", "train.tokens=1e9").train.max_steps == int(1e9) // (4 * M)
@@ -55,7 +69,11 @@ def test_half_a_million_tokens_is_256_sequences_and_overrides_win():
 
 def test_opt_tiny_keeps_the_demo_recipe():
     cfg = _cfg()
-    assert (cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps) == (1e-3, pytest.approx(1e-4), 10)
+    assert (cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps) == (
+        1e-3,
+        pytest.approx(1e-4),
+        10,
+    )
     assert (cfg.data.seq_len, cfg.train.max_steps, cfg.optim.weight_decay) == (128, 200, 0.01)
     assert (cfg.model.dropout, cfg.model.init_std, cfg.model.scaled_init) == (0.0, 0.02, False)
     assert cfg.train.global_batch_size == 4 * 2  # micro x accumulation x 2 local CPU ranks
@@ -91,15 +109,19 @@ def test_no_sbatch_on_path_means_this_machine(monkeypatch):
 
 
 def test_nvidia_smi_lines_count_gpus_not_mig_instances():
-    text = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n"
-            "  MIG 3g.40gb     Device  0: (UUID: MIG-a)\n"
-            "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)\n")
+    text = (
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n"
+        "  MIG 3g.40gb     Device  0: (UUID: MIG-a)\n"
+        "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)\n"
+    )
     assert placement.parse_nvidia_smi_l(text) == 2 and placement.parse_nvidia_smi_l("") == 0
 
 
-GPU_PART = ("PartitionName=gpu Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=g[1-2] "
-            "State=UP TotalCPUs=192 TotalNodes=2 TRES=cpu=192,mem=2000G,node=2,billing=192,"
-            "gres/gpu=16\n")
+GPU_PART = (
+    "PartitionName=gpu Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=g[1-2] "
+    "State=UP TotalCPUs=192 TotalNodes=2 TRES=cpu=192,mem=2000G,node=2,billing=192,"
+    "gres/gpu=16\n"
+)
 
 
 def test_slurm_gpu_runs_ask_for_cores_and_memory_per_gpu_and_bind_cores():
@@ -118,20 +140,33 @@ def test_slurm_gpu_runs_ask_for_cores_and_memory_per_gpu_and_bind_cores():
     assert "mem-per-gpu" not in flags.sbatch_options(cfg, "x")
 
 
-@pytest.mark.parametrize("env,visible,local_rank,want", [
-    ({}, 8, 3, 3),  # all of the node's GPUs visible: the local rank's
-    ({"CUDA_VISIBLE_DEVICES": "5"}, 1, 1, 0),  # one GPU per task: it is device 0
-    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_NTASKS_PER_NODE": "4"}, 4, 2, 2),
-    # a site binding 2 of 4 step GPUs per task, physical ids visible: found by id
-    ({"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_STEP_GPUS": "0,1,2,3", "SLURM_NTASKS_PER_NODE": "4"},
-     2, 3, 1),
-])
+@pytest.mark.parametrize(
+    "env,visible,local_rank,want",
+    [
+        ({}, 8, 3, 3),  # all of the node's GPUs visible: the local rank's
+        ({"CUDA_VISIBLE_DEVICES": "5"}, 1, 1, 0),  # one GPU per task: it is device 0
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_NTASKS_PER_NODE": "4"}, 4, 2, 2),
+        # a site binding 2 of 4 step GPUs per task, physical ids visible: found by id
+        (
+            {
+                "CUDA_VISIBLE_DEVICES": "2,3",
+                "SLURM_STEP_GPUS": "0,1,2,3",
+                "SLURM_NTASKS_PER_NODE": "4",
+            },
+            2,
+            3,
+            1,
+        ),
+    ],
+)
 def test_device_index_finds_the_ranks_device_among_those_it_sees(env, visible, local_rank, want):
     assert device_index(env, visible, local_rank) == want
 
 
 def test_device_index_refuses_what_it_cannot_tell_in_one_message():
-    with pytest.raises(DeviceError, match=r"local rank 2 of 3 tasks .* sees 2 devices.*--gpus-per-task=1"):
+    with pytest.raises(
+        DeviceError, match=r"local rank 2 of 3 tasks .* sees 2 devices.*--gpus-per-task=1"
+    ):
         device_index({"CUDA_VISIBLE_DEVICES": "4,5", "LOCAL_WORLD_SIZE": "3"}, 2, 2)
 
 
@@ -144,9 +179,17 @@ def test_dry_run_exits_2_where_the_real_command_would_be_refused(workdir):
     assert fine.returncode == 0, fine.stderr
 
 
-@pytest.mark.parametrize("name,peak", [("NVIDIA H800 80GB HBM3", 989.4), ("NVIDIA A800-SXM4-80GB", 312.0),
-                                       ("NVIDIA H20", 148.0), ("NVIDIA H200", 989.4),
-                                       ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0)])
+@pytest.mark.parametrize(
+    "name,peak",
+    [
+        ("NVIDIA H800 80GB HBM3", 989.4),
+        ("NVIDIA A800-SXM4-80GB", 312.0),
+        ("NVIDIA H20", 148.0),
+        ("NVIDIA H200", 989.4),
+        ("NVIDIA B200", 2250.0),
+        ("NVIDIA GB200", 2500.0),
+    ],
+)
 def test_peak_table_knows_the_export_and_blackwell_parts_dense_bf16(name, peak):
     from slurmtrain.planning.flops import detect_peak
 

@@ -16,11 +16,22 @@ T0 = 1_700_000_000.0
 def make_run(path: Path, with_mfu: bool = True) -> Path:
     """Attempt 1 hits the time limit (USR2, save, requeue); attempt 2 crashes 40 steps after its last
     save; attempt 3 resumes from step 400 and finishes at 600. One step = 6 s, save every 100 steps."""
-    ledger: list[dict] = [{"event": "submitted", "time": T0, "job_id": "7", "attempt": None, "nodes": []}]
+    ledger: list[dict] = [
+        {"event": "submitted", "time": T0, "job_id": "7", "attempt": None, "nodes": []}
+    ]
     metrics: list[dict] = []
 
     def ev(event: str, t: float, attempt: int, **kw) -> None:
-        ledger.append({"event": event, "time": t, "job_id": "7", "attempt": attempt, "nodes": ["n1", "n2"], **kw})
+        ledger.append(
+            {
+                "event": event,
+                "time": t,
+                "job_id": "7",
+                "attempt": attempt,
+                "nodes": ["n1", "n2"],
+                **kw,
+            }
+        )
 
     t = T0 + 600
     plan = [(1, 0, 250, "requeue"), (2, 250, 440, "crash"), (3, 400, 600, "finish")]
@@ -34,14 +45,29 @@ def make_run(path: Path, with_mfu: bool = True) -> Path:
             ev("checkpoint_loaded", t, attempt, step=first, seconds=25, path=f"step_{first}")
         for step in range(first + 1, last + 1):
             t += 6.0
-            row = {"step": step, "time": t, "attempt": attempt, "loss": 2 + 8 * math.exp(-step / 150),
-                   "tokens_per_s": 40_000 + 3_000 * math.sin(step / 9), "step_time": 6.0}
+            row = {
+                "step": step,
+                "time": t,
+                "attempt": attempt,
+                "loss": 2 + 8 * math.exp(-step / 150),
+                "tokens_per_s": 40_000 + 3_000 * math.sin(step / 9),
+                "step_time": 6.0,
+            }
             if with_mfu:
                 row["mfu"] = 0.42 + 0.02 * math.sin(step / 13)
             metrics.append(row)
             if step % 100 == 0 or (end == "requeue" and step == last):
                 t += 30
-                ev("checkpoint_saved", t, attempt, step=step, seconds=30, total_seconds=45, bytes=1, path="p")
+                ev(
+                    "checkpoint_saved",
+                    t,
+                    attempt,
+                    step=step,
+                    seconds=30,
+                    total_seconds=45,
+                    bytes=1,
+                    path="p",
+                )
         if end == "requeue":
             ev("signal", t - 40, attempt, signal="USR2", step=last)
             t += 5
@@ -49,7 +75,14 @@ def make_run(path: Path, with_mfu: bool = True) -> Path:
             t += 900
         elif end == "crash":
             t += 3
-            ev("failed", t, attempt, error="RuntimeError: loss is NaN", step=last, **{"class": "crash"})
+            ev(
+                "failed",
+                t,
+                attempt,
+                error="RuntimeError: loss is NaN",
+                step=last,
+                **{"class": "crash"},
+            )
             t += 400
         else:
             t += 2
@@ -84,7 +117,11 @@ def test_report_refuses_a_directory_that_is_not_a_run(tmp_path: Path, capsys) ->
 
 
 def test_report_module_does_not_import_torch() -> None:
-    code = "import sys, slurmtrain.cli.report, slurmtrain.cli.logs, slurmtrain.cli.goodput; " \
-           "print('torch' in sys.modules, 'matplotlib' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys, slurmtrain.cli.report, slurmtrain.cli.logs, slurmtrain.cli.goodput; "
+        "print('torch' in sys.modules, 'matplotlib' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.split() == ["False", "False"]

@@ -11,9 +11,9 @@ from hydra import compose, initialize_config_dir
 
 from slurmtrain.common import schema as config
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.login.prepare import resolve
-from slurmtrain.common.rundir import RunDir, locate
+from slurmtrain.common.rundir import locate
 from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login.prepare import resolve
 
 config.register()
 
@@ -38,8 +38,15 @@ def _srun_line(text: str) -> str:
 
 
 def test_job_sbatch_and_submitit_script_carry_the_same_flags(tmp_path):
-    cfg = _cfg(tmp_path, "nodes=2", "gpus_per_node=8", "cluster.partition=gpu", "cluster.qos=high",
-               "cluster.exclusive=true", "cluster.signal_lead_s=300")
+    cfg = _cfg(
+        tmp_path,
+        "nodes=2",
+        "gpus_per_node=8",
+        "cluster.partition=gpu",
+        "cluster.qos=high",
+        "cluster.exclusive=true",
+        "cluster.signal_lead_s=300",
+    )
     run = locate(cfg)
     ours = _sbatch_flags(backend.render_sbatch(cfg, run))
     ex = backend.executor(cfg, tmp_path / "submitit", [str(run.path)])
@@ -51,33 +58,50 @@ def test_job_sbatch_and_submitit_script_carry_the_same_flags(tmp_path):
     assert ours["ntasks-per-node"] == "8" and ours["gpus-per-node"] == "8"
     assert ours["open-mode"] == "append" and ours["exclusive"] is True
     for arg in ("--kill-on-bad-exit=1", "--wait=60"):
-        assert arg in ex.parameters["srun_args"] and arg in _srun_line(backend.render_sbatch(cfg, run))
+        assert arg in ex.parameters["srun_args"] and arg in _srun_line(
+            backend.render_sbatch(cfg, run)
+        )
 
 
 def test_bare_metal_apptainer_and_pyxis_command_lines(tmp_path):
     bare = _cfg(tmp_path)
     run = locate(bare)
     assert _srun_line(backend.render_sbatch(bare, run)).endswith(
-        f"{shlex.quote(sys.executable)} -u -m slurmtrain.compute.attempt {run.path}")
+        f"{shlex.quote(sys.executable)} -u -m slurmtrain.compute.attempt {run.path}"
+    )
 
     app = _cfg(tmp_path, "cluster.container=apptainer", "cluster.image=/images/train.sif")
     line = _srun_line(backend.render_sbatch(app, locate(app)))
-    assert line.endswith(f"--kill-on-bad-exit=1 --wait=60 apptainer exec --nv --bind {tmp_path} "
-                         f"/images/train.sif python -u -m slurmtrain.compute.attempt {locate(app).path}")
+    assert line.endswith(
+        f"--kill-on-bad-exit=1 --wait=60 apptainer exec --nv --bind {tmp_path} "
+        f"/images/train.sif python -u -m slurmtrain.compute.attempt {locate(app).path}"
+    )
 
-    pyx = _cfg(tmp_path, "cluster.container=pyxis", "cluster.image='nvcr.io#nvidia/pytorch:24.05-py3'")
+    pyx = _cfg(
+        tmp_path, "cluster.container=pyxis", "cluster.image='nvcr.io#nvidia/pytorch:24.05-py3'"
+    )
     argv = shlex.split(_srun_line(backend.render_sbatch(pyx, locate(pyx))))
-    assert argv[-9:] == ["--kill-on-bad-exit=1", "--wait=60",
-                         "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
-                         f"--container-mounts={tmp_path}:{tmp_path}", "python", "-u", "-m",
-                         "slurmtrain.compute.attempt", str(locate(pyx).path)]
+    assert argv[-9:] == [
+        "--kill-on-bad-exit=1",
+        "--wait=60",
+        "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+        f"--container-mounts={tmp_path}:{tmp_path}",
+        "python",
+        "-u",
+        "-m",
+        "slurmtrain.compute.attempt",
+        str(locate(pyx).path),
+    ]
 
 
-@pytest.mark.parametrize("override,key", [
-    ("cluster.partition='gpu\nhostname'", "cluster.partition"),
-    ("cluster.account='a;b'", "cluster.account"),
-    ("cluster.constraint='$(id)'", "cluster.constraint"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("cluster.partition='gpu\nhostname'", "cluster.partition"),
+        ("cluster.account='a;b'", "cluster.account"),
+        ("cluster.constraint='$(id)'", "cluster.constraint"),
+    ],
+)
 def test_values_that_cannot_be_quoted_in_sbatch_lines_are_refused(tmp_path, override, key):
     cfg = _cfg(tmp_path, override)
     with pytest.raises(ConfigError, match=re.escape(key)):

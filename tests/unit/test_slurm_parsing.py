@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from slurmtrain.common.slurm_text import SlurmError, compress_hostlist, expand_hostlist, format_time, master_port, parse_kv, parse_partitions, parse_time, rendezvous_from_env, tasks_per_node, validate_request
+from slurmtrain.common.slurm_text import (
+    SlurmError,
+    compress_hostlist,
+    expand_hostlist,
+    format_time,
+    master_port,
+    parse_kv,
+    parse_partitions,
+    parse_time,
+    rendezvous_from_env,
+    tasks_per_node,
+    validate_request,
+)
 
 # `scontrol show partition -o` on the local cluster, plus a GPU partition from a real cluster.
 PARTITIONS_O = """\
@@ -31,11 +43,23 @@ PartitionName=debug
 """
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("30", 1800), ("30:15", 1815), ("01:02:03", 3723), ("2-12", 2 * 86400 + 12 * 3600),
-    ("1-02:03", 86400 + 7200 + 180), ("1-02:03:04", 93784), ("90", 5400), (" 5 ", 300),
-    ("UNLIMITED", None), ("infinite", None), ("0", None), ("0-0:0:0", None),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("30", 1800),
+        ("30:15", 1815),
+        ("01:02:03", 3723),
+        ("2-12", 2 * 86400 + 12 * 3600),
+        ("1-02:03", 86400 + 7200 + 180),
+        ("1-02:03:04", 93784),
+        ("90", 5400),
+        (" 5 ", 300),
+        ("UNLIMITED", None),
+        ("infinite", None),
+        ("0", None),
+        ("0-0:0:0", None),
+    ],
+)
 def test_parse_time_reads_every_slurm_form(text, seconds):
     assert parse_time(text) == seconds
 
@@ -63,7 +87,9 @@ def test_parse_partitions_reads_limits_priority_and_gpus():
     assert (high.priority_tier, high.preempt_mode) == (10, "OFF")
     assert debug.gpus == 0 and debug.tres["mem"] == "16000M"
     assert gpu.gpus == 512 and gpu.gpus_per_node == 8 and gpu.max_nodes == 32
-    assert gpu.default_time_s == 3600 and gpu.node_names[0] == "gpu001" and len(gpu.node_names) == 64
+    assert (
+        gpu.default_time_s == 3600 and gpu.node_names[0] == "gpu001" and len(gpu.node_names) == 64
+    )
 
 
 def test_parse_partitions_reads_the_multi_line_form_alike():
@@ -71,8 +97,11 @@ def test_parse_partitions_reads_the_multi_line_form_alike():
 
 
 def test_parse_kv_keeps_equals_signs_inside_values():
-    assert parse_kv("A=1 TRES=cpu=8,mem=1G B=(null)") == {"A": "1", "TRES": "cpu=8,mem=1G",
-                                                          "B": "(null)"}
+    assert parse_kv("A=1 TRES=cpu=8,mem=1G B=(null)") == {
+        "A": "1",
+        "TRES": "cpu=8,mem=1G",
+        "B": "(null)",
+    }
 
 
 PARTS = parse_partitions(PARTITIONS_O)
@@ -86,29 +115,34 @@ def test_validate_request_accepts_a_request_that_fits():
 def test_validate_request_names_unknown_partition_and_lists_known():
     assert validate_request("gpux", 1, "10", 0, PARTS) == [
         "cluster.partition: unknown partition 'gpux'; set cluster.partition to one of: "
-        "debug, high, gpu"]
+        "debug, high, gpu"
+    ]
 
 
 def test_validate_request_names_too_many_nodes_with_the_limit():
     assert validate_request("debug", 64, "10", 0, PARTS) == [
         "cluster.nodes: 64 nodes exceed partition 'debug' (4 at most); set cluster.nodes<=4 "
-        "or pick a bigger partition"]
+        "or pick a bigger partition"
+    ]
     assert "(32 at most)" in validate_request("gpu", 33, "10", 8, PARTS)[0]  # MaxNodes per job
 
 
 def test_validate_request_names_time_above_max_time():
     assert validate_request("debug", 1, "03:00:00", 0, PARTS) == [
         "cluster.time: '03:00:00' exceeds partition 'debug' MaxTime 02:00:00; set "
-        "cluster.time<=02:00:00 or pick another partition"]
+        "cluster.time<=02:00:00 or pick another partition"
+    ]
     assert validate_request("debug", 1, "UNLIMITED", 0, PARTS)[0].startswith("cluster.time:")
     assert validate_request("debug", 1, "1h", 0, PARTS) == [
-        "cluster.time: '1h' is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS"]
+        "cluster.time: '1h' is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS"
+    ]
 
 
 def test_validate_request_names_gpus_where_the_partition_has_none():
     assert validate_request("high", 2, "10", 8, PARTS) == [
         "cluster.gpus_per_node: 8 GPUs per node, but partition 'high' has no GPUs; set "
-        "cluster.gpus_per_node=0 or pick a GPU partition"]
+        "cluster.gpus_per_node=0 or pick a GPU partition"
+    ]
     assert "has 8;" in validate_request("gpu", 2, "10", 16, PARTS)[0]
 
 
@@ -117,15 +151,29 @@ def test_validate_request_uses_the_callers_key_names():
     assert errs[0].startswith("nodes: 64 nodes") and "set nodes<=4" in errs[0]
 
 
-SRUN_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[007-008,010]",
-            "SLURM_STEP_NODELIST": "gpu[007-008,010]", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
-            "SLURM_NTASKS": "6", "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x3)"}
+SRUN_ENV = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NODELIST": "gpu[007-008,010]",
+    "SLURM_STEP_NODELIST": "gpu[007-008,010]",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "6",
+    "SLURM_NODEID": "2",
+    "SLURM_TASKS_PER_NODE": "2(x3)",
+}
 
 
 def test_rendezvous_from_env_gives_the_five_torch_variables():
     rv = rendezvous_from_env(SRUN_ENV)
-    assert rv == {"MASTER_ADDR": "gpu007", "MASTER_PORT": str(10000 + 4242), "RANK": "5",
-                  "LOCAL_RANK": "1", "WORLD_SIZE": "6", "NODE_RANK": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert rv == {
+        "MASTER_ADDR": "gpu007",
+        "MASTER_PORT": str(10000 + 4242),
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "6",
+        "NODE_RANK": "2",
+        "LOCAL_WORLD_SIZE": "2",
+    }
 
 
 def test_rendezvous_master_is_first_node_of_the_step():
@@ -152,30 +200,46 @@ def test_tasks_per_node_expands_slurms_repeat_syntax():
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1] and tasks_per_node("4") == [4]
 
 
-@pytest.mark.parametrize("text, hosts", [
-    ("gpu[001-003,100]", ["gpu001", "gpu002", "gpu003", "gpu100"]),
-    ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]),
-    ("a[1-2]b[1-2]c[1-2]", ["a1b1c1", "a1b1c2", "a2b1c1", "a2b1c2",
-                            "a1b2c1", "a1b2c2", "a2b2c1", "a2b2c2"]),  # Slurm's own order
-    ("rack[1-2]-n[01-02],login", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02", "login"]),
-    ("n[8-010]", ["n8", "n9", "n10"]), ("n[1,1]", ["n1", "n1"]), ("n1,,n2", ["n1", "n2"]),
-])
+@pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("gpu[001-003,100]", ["gpu001", "gpu002", "gpu003", "gpu100"]),
+        ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]),
+        (
+            "a[1-2]b[1-2]c[1-2]",
+            ["a1b1c1", "a1b1c2", "a2b1c1", "a2b1c2", "a1b2c1", "a1b2c2", "a2b2c1", "a2b2c2"],
+        ),  # Slurm's own order
+        ("rack[1-2]-n[01-02],login", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02", "login"]),
+        ("n[8-010]", ["n8", "n9", "n10"]),
+        ("n[1,1]", ["n1", "n1"]),
+        ("n1,,n2", ["n1", "n2"]),
+    ],
+)
 def test_expand_hostlist_examples(text, hosts):
     assert expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize("text", ["n[1-3]-ib", "n[3-1]", "n[]", "n[1-2", "n1]", "n[[1]]",
-                                  "n[a-b]", "n[1-70000]"])
+@pytest.mark.parametrize(
+    "text", ["n[1-3]-ib", "n[3-1]", "n[]", "n[1-2", "n1]", "n[[1]]", "n[a-b]", "n[1-70000]"]
+)
 def test_expand_hostlist_rejects_what_slurm_rejects(text):
     with pytest.raises(ValueError, match="hostlist"):
         expand_hostlist(text)
 
 
-@pytest.mark.parametrize("hosts, text", [
-    (["n1", "n2", "n3", "n5"], "n[1-3,5]"), (["n09", "n10", "n8"], "n[09-10,8]"),
-    (["n1-ib", "n2-ib"], "n1-ib,n2-ib"), (["a1b3", "a1b4", "a2b3"], "a1b[3-4],a2b3"),
-    (["n3", "n1", "n2"], "n[3,1-2]"), (["login"], "login"), (["n7"], "n7"), ([], ""),
-])
+@pytest.mark.parametrize(
+    "hosts, text",
+    [
+        (["n1", "n2", "n3", "n5"], "n[1-3,5]"),
+        (["n09", "n10", "n8"], "n[09-10,8]"),
+        (["n1-ib", "n2-ib"], "n1-ib,n2-ib"),
+        (["a1b3", "a1b4", "a2b3"], "a1b[3-4],a2b3"),
+        (["n3", "n1", "n2"], "n[3,1-2]"),
+        (["login"], "login"),
+        (["n7"], "n7"),
+        ([], ""),
+    ],
+)
 def test_compress_hostlist_examples(hosts, text):
     assert compress_hostlist(hosts) == text
     assert expand_hostlist(text) == hosts

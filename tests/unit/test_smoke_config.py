@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
-from slurmtrain.common import ledger as faults
 from slurmtrain.batch import supervise
+from slurmtrain.common import ledger as faults
+from slurmtrain.common import schema as config
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.compute.faults.inject import Injector
-from slurmtrain.login.prepare import resolve
 from slurmtrain.common.rundir import create, fingerprint, locate
-from slurmtrain.login.smoke import blocked, smoke_config
+from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login.prepare import resolve
+from slurmtrain.login.smoke import blocked, smoke_config
 
 config.register()
 
@@ -25,9 +25,16 @@ def _cfg(tmp_path, *overrides):
 
 
 def test_smoke_is_one_node_two_layers_twenty_steps_with_a_save_and_no_retries(tmp_path):
-    big = _cfg(tmp_path, "model=opt125m", "nodes=4", "train.max_steps=5000", "name=big",
-               "train.grad_accumulation=2", "smoke=true",
-               "train.global_batch_tokens=null")  # batch from micro x accumulation x world
+    big = _cfg(
+        tmp_path,
+        "model=opt125m",
+        "nodes=4",
+        "train.max_steps=5000",
+        "name=big",
+        "train.grad_accumulation=2",
+        "smoke=true",
+        "train.global_batch_tokens=null",
+    )  # batch from micro x accumulation x world
     small = smoke_config(big)
     assert (small.name, small.nodes, small.model.num_layers) == ("big-smoke", 1, 2)
     assert (small.train.max_steps, small.train.pause_at_step) == (20, 10)
@@ -53,7 +60,8 @@ def test_dependency_is_passed_at_submission_only(tmp_path):
     text = script._make_submission_file_text("true", "uid")
     assert "#SBATCH --dependency=afterok:123" in text and "--kill-on-invalid-dep=yes" in text
     plain = backend.executor(cfg, tmp_path / "s", [str(run.path)])._make_submission_file_text(
-        "true", "uid")
+        "true", "uid"
+    )
     assert "--dependency" not in plain and "--dependency" not in backend.render_sbatch(cfg, run)
 
 
@@ -74,21 +82,42 @@ def _run_with(tmp_path, rows):
 
 def test_supervisor_exits_non_zero_after_a_stop_so_afterok_is_not_met(tmp_path):
     env = {"SLURM_JOB_ID": "7"}
-    run = _run_with(tmp_path, [{"event": "started", "job_id": "7", "attempt": 1},
-                               {"event": "stopped", "job_id": "7", "attempt": 1, "class": "crash"}])
+    run = _run_with(
+        tmp_path,
+        [
+            {"event": "started", "job_id": "7", "attempt": 1},
+            {"event": "stopped", "job_id": "7", "attempt": 1, "class": "crash"},
+        ],
+    )
     assert supervise.supervise(str(run.path), 0, env) == supervise.EXIT_STOPPED != 0
-    done = _run_with(tmp_path / "b", [{"event": "started", "job_id": "7", "attempt": 1},
-                                      {"event": "finished", "job_id": "7", "attempt": 1}])
+    done = _run_with(
+        tmp_path / "b",
+        [
+            {"event": "started", "job_id": "7", "attempt": 1},
+            {"event": "finished", "job_id": "7", "attempt": 1},
+        ],
+    )
     assert supervise.supervise(str(done.path), 0, env) == 0
 
 
 def test_status_explains_a_big_run_blocked_by_its_failed_smoke(tmp_path):
-    smoke = _run_with(tmp_path / "s", [
-        {"event": "started", "job_id": "1", "attempt": 1},
-        {"event": "failed", "job_id": "1", "attempt": 1, "class": "crash", "error": "boom"},
-        {"event": "stopped", "job_id": "1", "attempt": 1, "class": "crash", "error": "boom"}])
-    rows = [{"event": "submitted", "time": 1.0, "job_id": "3", "smoke_job_id": "2",
-             "smoke_run": str(smoke.path)}]
+    smoke = _run_with(
+        tmp_path / "s",
+        [
+            {"event": "started", "job_id": "1", "attempt": 1},
+            {"event": "failed", "job_id": "1", "attempt": 1, "class": "crash", "error": "boom"},
+            {"event": "stopped", "job_id": "1", "attempt": 1, "class": "crash", "error": "boom"},
+        ],
+    )
+    rows = [
+        {
+            "event": "submitted",
+            "time": 1.0,
+            "job_id": "3",
+            "smoke_job_id": "2",
+            "smoke_run": str(smoke.path),
+        }
+    ]
     held = blocked(rows)
     assert held is not None and held["state"] == "blocked: smoke failed"
     assert held["error"] == "boom" and held["class"] == "smoke crash"

@@ -8,6 +8,7 @@ file in the run root, and never installs, upgrades or configures anything.
 
 Exit code 1 when any check fails, else 0. Programmatic use: `run_checks(DoctorOptions(...))`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,15 @@ from typing import Optional, Sequence
 from .results import CONTAINERS, CheckResult, DoctorOptions, default_runs_root
 from .runner import NodeReport, check_names, consistency, run_checks, run_on_nodes
 
-__all__ = ["CheckResult", "DoctorOptions", "NodeReport", "check_names", "run_checks", "run_on_nodes", "main"]
+__all__ = [
+    "CheckResult",
+    "DoctorOptions",
+    "NodeReport",
+    "check_names",
+    "run_checks",
+    "run_on_nodes",
+    "main",
+]
 
 
 def _positive(kind: type, key: str):
@@ -25,33 +34,68 @@ def _positive(kind: type, key: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{key}={text!r} is not a number; pass e.g. {key} 10") from None
+            raise argparse.ArgumentTypeError(
+                f"{key}={text!r} is not a number; pass e.g. {key} 10"
+            ) from None
         if value < 0 or (kind is int and value < 1):
             raise argparse.ArgumentTypeError(f"{key}={text!r} must be positive; pass e.g. {key} 10")
         return value
+
     return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m slurmtrain.cli.doctor",
-                                description="Check this machine (and compute nodes) for slurmtrain; changes nothing.")
-    p.add_argument("--runs-root", type=Path, default=None,
-                   help="run directory root (default: $SLURMTRAIN_RUNS_ROOT or ./runs)")
-    p.add_argument("--partition", default=None, help="partition to inspect (default: the cluster's default)")
-    p.add_argument("--container", choices=CONTAINERS, default="none", help="container runtime the job will use")
-    p.add_argument("--planned-checkpoint-gb", type=_positive(float, "--planned-checkpoint-gb"), default=None,
-                   help="disk the run's kept checkpoints need, in GB")
-    p.add_argument("--srun", action="store_true", help="also run the checks on compute nodes via srun")
-    p.add_argument("--nodes", type=_positive(int, "--nodes"), default=1, help="compute nodes for --srun")
-    p.add_argument("--srun-timeout", type=_positive(float, "--srun-timeout"), default=300.0,
-                   help="seconds to wait for --srun, queueing included")
+    p = argparse.ArgumentParser(
+        prog="python -m slurmtrain.cli.doctor",
+        description="Check this machine (and compute nodes) for slurmtrain; changes nothing.",
+    )
+    p.add_argument(
+        "--runs-root",
+        type=Path,
+        default=None,
+        help="run directory root (default: $SLURMTRAIN_RUNS_ROOT or ./runs)",
+    )
+    p.add_argument(
+        "--partition", default=None, help="partition to inspect (default: the cluster's default)"
+    )
+    p.add_argument(
+        "--container", choices=CONTAINERS, default="none", help="container runtime the job will use"
+    )
+    p.add_argument(
+        "--planned-checkpoint-gb",
+        type=_positive(float, "--planned-checkpoint-gb"),
+        default=None,
+        help="disk the run's kept checkpoints need, in GB",
+    )
+    p.add_argument(
+        "--srun", action="store_true", help="also run the checks on compute nodes via srun"
+    )
+    p.add_argument(
+        "--nodes", type=_positive(int, "--nodes"), default=1, help="compute nodes for --srun"
+    )
+    p.add_argument(
+        "--srun-timeout",
+        type=_positive(float, "--srun-timeout"),
+        default=300.0,
+        help="seconds to wait for --srun, queueing included",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.add_argument("--plain", action="store_true", help="plain text lines instead of a rich table")
-    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=8.0,
-                   help="seconds per Slurm/container command")
-    p.add_argument("--probe-timeout", type=_positive(float, "--probe-timeout"), default=90.0,
-                   help="seconds allowed for importing torch and DeepSpeed")
-    p.add_argument("--shared-marker", type=Path, default=None, help=argparse.SUPPRESS)  # set by --srun
+    p.add_argument(
+        "--timeout",
+        type=_positive(float, "--timeout"),
+        default=8.0,
+        help="seconds per Slurm/container command",
+    )
+    p.add_argument(
+        "--probe-timeout",
+        type=_positive(float, "--probe-timeout"),
+        default=90.0,
+        help="seconds allowed for importing torch and DeepSpeed",
+    )
+    p.add_argument(
+        "--shared-marker", type=Path, default=None, help=argparse.SUPPRESS
+    )  # set by --srun
     return p
 
 
@@ -59,10 +103,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from . import report  # rich loads only when printing
 
     args = build_parser().parse_args(argv)
-    options = DoctorOptions(runs_root=args.runs_root or default_runs_root(), partition=args.partition,
-                            container=args.container, planned_checkpoint_gb=args.planned_checkpoint_gb,
-                            command_timeout=args.timeout, probe_timeout=args.probe_timeout,
-                            shared_marker=args.shared_marker)
+    options = DoctorOptions(
+        runs_root=args.runs_root or default_runs_root(),
+        partition=args.partition,
+        container=args.container,
+        planned_checkpoint_gb=args.planned_checkpoint_gb,
+        command_timeout=args.timeout,
+        probe_timeout=args.probe_timeout,
+        shared_marker=args.shared_marker,
+    )
     checks = run_checks(options)
     nodes: Optional[list[NodeReport]] = None
     extra: list[CheckResult] = []

@@ -4,6 +4,7 @@ A child process keeps the doctor itself light (torch + DeepSpeed cost ~2-3 s to 
 up on an import that hangs (a stale NFS mount, a CUDA driver probe) instead of hanging with it.
 Depends on nothing from slurmtrain so it runs by file path. The last stdout line is the JSON result.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,6 +34,7 @@ def probe_torch(out: dict[str, Any]) -> Any:
     out["torch_hip"] = getattr(torch.version, "hip", None)
     try:
         import torch.distributed as dist
+
         out["gloo"] = bool(dist.is_available() and dist.is_gloo_available())
         out["nccl_backend"] = bool(dist.is_available() and dist.is_nccl_available())
     except BaseException as exc:
@@ -42,7 +44,9 @@ def probe_torch(out: dict[str, Any]) -> Any:
         count = torch.cuda.device_count() if out["cuda_available"] else 0
         out["device_count"] = count
         out["devices"] = [torch.cuda.get_device_name(i) for i in range(count)]
-        out["capabilities"] = [".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(count)]
+        out["capabilities"] = [
+            ".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(count)
+        ]
     except BaseException as exc:
         out["cuda_error"] = _err(exc)
     if out.get("cuda_available"):
@@ -82,9 +86,13 @@ def probe_deepspeed(out: dict[str, Any]) -> None:
                 compatible = bool(builder.is_compatible(False))
             except BaseException:
                 compatible = False
-            ops[name] = {"compatible": compatible, "installed": bool(installed_ops.get(name, False))}
+            ops[name] = {
+                "compatible": compatible,
+                "installed": bool(installed_ops.get(name, False)),
+            }
         try:
             from torch.utils.cpp_extension import is_ninja_available
+
             out["ninja"] = bool(is_ninja_available())
         except BaseException as exc:
             out["ninja_error"] = _err(exc)

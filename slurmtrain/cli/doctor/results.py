@@ -3,6 +3,7 @@
 Every check returns `CheckResult`s instead of raising, so one broken tool (no slurm.conf, a hung
 controller, a torch that cannot import) shows up as a row with advice rather than a traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,12 @@ class CheckResult:
         status = data.get("status")
         if status not in STATUSES:
             status = "fail"
-        return cls(str(data.get("name", "?")), status, str(data.get("value", "")), str(data.get("advice", "")))
+        return cls(
+            str(data.get("name", "?")),
+            status,
+            str(data.get("value", "")),
+            str(data.get("advice", "")),
+        )
 
 
 def default_runs_root() -> Path:
@@ -53,7 +59,9 @@ class DoctorOptions:
     site_paths: Optional[list[str]] = None
     command_timeout: float = 8.0
     probe_timeout: float = 90.0
-    shared_marker: Optional[Path] = None  # set on compute nodes by --srun: a file the login node created
+    shared_marker: Optional[Path] = (
+        None  # set on compute nodes by --srun: a file the login node created
+    )
 
 
 def on_compute_node() -> bool:

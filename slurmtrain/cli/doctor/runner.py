@@ -1,4 +1,5 @@
 """Run every check (concurrently: the torch probe dominates), and the same checks on compute nodes via srun."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,9 @@ from typing import Callable, Optional
 from . import python_env, slurm_checks, storage, torch_stack, wheels
 from .results import CheckResult, DoctorOptions
 
-REPO_ROOT = Path(__file__).resolve().parents[3]  # .../slurmtrain/cli/doctor/runner.py -> checkout root
+REPO_ROOT = (
+    Path(__file__).resolve().parents[3]
+)  # .../slurmtrain/cli/doctor/runner.py -> checkout root
 CONSISTENT = ("python", "torch", "deepspeed", "nccl", "glibc")
 
 
@@ -34,8 +37,13 @@ def _groups(o: DoctorOptions) -> list[tuple[tuple[str, ...], Callable[[], list[C
         (("slurm_accounting",), lambda: [slurm_checks.check_slurm_accounting(t)]),
         (("partition",), lambda: [slurm_checks.check_partition(o.partition, t)]),
         (("container",), lambda: [slurm_checks.check_container(o.container, t)]),
-        (("run_root", "disk_space"), lambda: [storage.check_run_root(o.runs_root, o.shared_marker),
-                                              storage.check_disk_space(o.runs_root, o.planned_checkpoint_gb)]),
+        (
+            ("run_root", "disk_space"),
+            lambda: [
+                storage.check_run_root(o.runs_root, o.shared_marker),
+                storage.check_disk_space(o.runs_root, o.planned_checkpoint_gb),
+            ],
+        ),
     ]
 
 
@@ -50,7 +58,9 @@ def _guarded(names: tuple[str, ...], fn: Callable[[], list[CheckResult]]) -> lis
         return fn()
     except Exception as exc:  # noqa: BLE001 - the report must finish whatever one check does
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        why = f"doctor error {type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
+        why = (
+            f"doctor error {type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})"
+        )
         return [CheckResult(n, "fail", why, "please report this doctor bug") for n in names]
 
 
@@ -103,22 +113,50 @@ def consistency(login: list[CheckResult], nodes: list[NodeReport]) -> CheckResul
     rows.update({n.node: {c.name: norm(c.value) for c in n.checks} for n in nodes})
     differ = [name for name in CONSISTENT if len({r.get(name) for r in rows.values()}) > 1]
     if not differ:
-        return CheckResult("nodes_consistent", "ok", f"{', '.join(CONSISTENT)} identical on login + "
-                           f"{len(nodes)} node(s)")
-    detail = "; ".join(f"{name}: " + " vs ".join(sorted({r.get(name) or '-' for r in rows.values()}))[:160]
-                       for name in differ)
-    return CheckResult("nodes_consistent", "warn", detail, "login and compute nodes differ: use one venv on "
-                       "a shared filesystem (or a container) so jobs see what the doctor saw")
+        return CheckResult(
+            "nodes_consistent",
+            "ok",
+            f"{', '.join(CONSISTENT)} identical on login + {len(nodes)} node(s)",
+        )
+    detail = "; ".join(
+        f"{name}: " + " vs ".join(sorted({r.get(name) or "-" for r in rows.values()}))[:160]
+        for name in differ
+    )
+    return CheckResult(
+        "nodes_consistent",
+        "warn",
+        detail,
+        "login and compute nodes differ: use one venv on "
+        "a shared filesystem (or a container) so jobs see what the doctor saw",
+    )
 
 
 def srun_argv(o: DoctorOptions, nodes: int, marker: Optional[Path]) -> list[str]:
-    argv = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0",
-            "--job-name=slurmtrain-doctor", "--time=10"]
+    argv = [
+        "srun",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        "--label",
+        "--kill-on-bad-exit=0",
+        "--job-name=slurmtrain-doctor",
+        "--time=10",
+    ]
     if o.partition:
         argv.append(f"--partition={o.partition}")
-    argv += [sys.executable, "-m", "slurmtrain.cli.doctor", "--json", "--runs-root",
-             str(o.runs_root.expanduser().absolute()), "--container", o.container,
-             "--timeout", str(o.command_timeout), "--probe-timeout", str(o.probe_timeout)]
+    argv += [
+        sys.executable,
+        "-m",
+        "slurmtrain.cli.doctor",
+        "--json",
+        "--runs-root",
+        str(o.runs_root.expanduser().absolute()),
+        "--container",
+        o.container,
+        "--timeout",
+        str(o.command_timeout),
+        "--probe-timeout",
+        str(o.probe_timeout),
+    ]
     if o.partition:
         argv += ["--partition", o.partition]
     if o.planned_checkpoint_gb is not None:
@@ -128,7 +166,9 @@ def srun_argv(o: DoctorOptions, nodes: int, marker: Optional[Path]) -> list[str]
     return argv
 
 
-def run_on_nodes(o: DoctorOptions, nodes: int, timeout: float) -> tuple[list[NodeReport], list[CheckResult]]:
+def run_on_nodes(
+    o: DoctorOptions, nodes: int, timeout: float
+) -> tuple[list[NodeReport], list[CheckResult]]:
     """The same checks on `nodes` compute nodes (one task each). Returns the node reports and srun-level
     failures (no allocation, a task that printed nothing)."""
     marker: Optional[Path] = None
@@ -139,13 +179,24 @@ def run_on_nodes(o: DoctorOptions, nodes: int, timeout: float) -> tuple[list[Nod
         marker = Path(name)
     except OSError:
         pass  # the run_root check reports the unwritable root
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH"))
-                                                          if p))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+    )
     try:
-        proc = subprocess.Popen(srun_argv(o, nodes, marker), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, text=True, env=env, errors="replace")
+        proc = subprocess.Popen(
+            srun_argv(o, nodes, marker),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            errors="replace",
+        )
     except FileNotFoundError:
-        return [], [CheckResult("srun", "fail", "srun not on PATH", "run the doctor on a Slurm login node")]
+        return [], [
+            CheckResult("srun", "fail", "srun not on PATH", "run the doctor on a Slurm login node")
+        ]
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -155,19 +206,33 @@ def run_on_nodes(o: DoctorOptions, nodes: int, timeout: float) -> tuple[list[Nod
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-        err = (err or "") + f"\nno result within {timeout:g} s (queue wait? pass a free --partition)"
+        err = (
+            err or ""
+        ) + f"\nno result within {timeout:g} s (queue wait? pass a free --partition)"
     finally:
         if marker is not None:
             marker.unlink(missing_ok=True)
     docs = parse_srun_output(out or "")
-    reports = [NodeReport(str(d.get("node") or d.get("host") or f"task{t}"), str(d.get("host", "?")),
-                          [CheckResult.from_dict(c) for c in d.get("checks", [])]) for t, d in docs.items()]
+    reports = [
+        NodeReport(
+            str(d.get("node") or d.get("host") or f"task{t}"),
+            str(d.get("host", "?")),
+            [CheckResult.from_dict(c) for c in d.get("checks", [])],
+        )
+        for t, d in docs.items()
+    ]
     problems: list[CheckResult] = []
     if len(reports) < nodes:
         last = [ln for ln in (err or "").splitlines() if ln.strip()]
-        problems.append(CheckResult("srun", "fail", f"{len(reports)}/{nodes} node(s) reported; srun exit "
-                                    f"{proc.returncode}: {last[-1].strip() if last else 'no error text'}",
-                                    "check the partition, `sinfo`, and that this venv path exists on the nodes"))
+        problems.append(
+            CheckResult(
+                "srun",
+                "fail",
+                f"{len(reports)}/{nodes} node(s) reported; srun exit "
+                f"{proc.returncode}: {last[-1].strip() if last else 'no error text'}",
+                "check the partition, `sinfo`, and that this venv path exists on the nodes",
+            )
+        )
     return reports, problems
 
 

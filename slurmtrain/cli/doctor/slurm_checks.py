@@ -3,6 +3,7 @@
 Everything runs the real commands with argument lists and short timeouts; the parsing and the
 verdicts are pure functions so they can be tested on captured text.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,9 @@ def slurm_advice(cmd: Cmd) -> str:
     """What to do about a failed Slurm client command, from its last error line."""
     why = cmd.reason().lower()
     if cmd.rc == 127:
-        return "Slurm client tools not on PATH: module load slurm, or run on the cluster's login node"
+        return (
+            "Slurm client tools not on PATH: module load slurm, or run on the cluster's login node"
+        )
     if "configuration source" in why or "slurm.conf" in why:
         return "no Slurm configuration: set SLURM_CONF=/path/to/slurm.conf (or ask admins for configless DNS)"
     if "munge" in why or "authentication" in why:
@@ -44,8 +47,12 @@ def check_slurm_tools(timeout: float) -> CheckResult:
     found = [t for t in TOOLS if shutil.which(t)]
     missing = [t for t in TOOLS if t not in found]
     if not found:
-        return CheckResult("slurm_tools", "fail", "none of " + ", ".join(TOOLS) + " on PATH",
-                           "module load slurm, or run the doctor on the cluster's login node")
+        return CheckResult(
+            "slurm_tools",
+            "fail",
+            "none of " + ", ".join(TOOLS) + " on PATH",
+            "module load slurm, or run the doctor on the cluster's login node",
+        )
     with ThreadPoolExecutor(len(found)) as pool:
         results = dict(pool.map(lambda t: _version(t, timeout), found))
     broken = {t: c for t, c in results.items() if not c.ok}
@@ -55,15 +62,27 @@ def check_slurm_tools(timeout: float) -> CheckResult:
         value += f"; missing {' '.join(missing)}"
     if broken:
         tool, cmd = next(iter(broken.items()))
-        return CheckResult("slurm_tools", "fail", f"{' '.join(broken)} fail: {why(cmd)}"
-                           + (f"; missing {' '.join(missing)}" if missing else ""), slurm_advice(cmd))
+        return CheckResult(
+            "slurm_tools",
+            "fail",
+            f"{' '.join(broken)} fail: {why(cmd)}"
+            + (f"; missing {' '.join(missing)}" if missing else ""),
+            slurm_advice(cmd),
+        )
     if any(t in missing for t in REQUIRED):
-        return CheckResult("slurm_tools", "fail", value, "sbatch, srun and scontrol are needed to submit, "
-                           "launch and requeue: install the Slurm client or module load slurm")
+        return CheckResult(
+            "slurm_tools",
+            "fail",
+            value,
+            "sbatch, srun and scontrol are needed to submit, "
+            "launch and requeue: install the Slurm client or module load slurm",
+        )
     if missing:
         return CheckResult("slurm_tools", "warn", value, "status/history need sinfo and sacct")
     if len(versions) > 1:
-        return CheckResult("slurm_tools", "warn", value, "mixed Slurm client versions on PATH: load one module")
+        return CheckResult(
+            "slurm_tools", "warn", value, "mixed Slurm client versions on PATH: load one module"
+        )
     return CheckResult("slurm_tools", "ok", value)
 
 
@@ -84,7 +103,10 @@ def summarize_sinfo(text: str) -> tuple[str, int]:
             bad += n
     summary = "; ".join(
         f"{name}: {e['avail']}, {e['nodes']} nodes ("
-        + ", ".join(f"{n} {s}" for s, n in sorted(e["states"].items())) + ")" for name, e in parts.items())
+        + ", ".join(f"{n} {s}" for s, n in sorted(e["states"].items()))
+        + ")"
+        for name, e in parts.items()
+    )
     return summary or "no partitions", bad
 
 
@@ -94,8 +116,12 @@ def check_slurm_controller(timeout: float) -> CheckResult:
         return CheckResult("slurm_controller", "fail", why(cmd), slurm_advice(cmd))
     summary, bad = summarize_sinfo(cmd.out)
     if bad:
-        return CheckResult("slurm_controller", "warn", summary, f"{bad} node(s) down/drained: "
-                           "`sinfo -R` shows why; jobs needing them will wait")
+        return CheckResult(
+            "slurm_controller",
+            "warn",
+            summary,
+            f"{bad} node(s) down/drained: `sinfo -R` shows why; jobs needing them will wait",
+        )
     return CheckResult("slurm_controller", "ok", summary)
 
 
@@ -106,13 +132,19 @@ def accounting_verdict(cmd: Cmd) -> CheckResult:
     reason = cmd.reason().lower()
     if not any(word in reason for word in ("accounting", "slurmdbd", "database")):
         return CheckResult("slurm_accounting", "warn", why(cmd), slurm_advice(cmd))
-    return CheckResult("slurm_accounting", "warn", why(cmd),
-                       "no job accounting: status falls back to squeue/scontrol and the run ledger; finished "
-                       "jobs vanish after MinJobAge (admins: AccountingStorageType=accounting_storage/slurmdbd)")
+    return CheckResult(
+        "slurm_accounting",
+        "warn",
+        why(cmd),
+        "no job accounting: status falls back to squeue/scontrol and the run ledger; finished "
+        "jobs vanish after MinJobAge (admins: AccountingStorageType=accounting_storage/slurmdbd)",
+    )
 
 
 def check_slurm_accounting(timeout: float) -> CheckResult:
-    return accounting_verdict(run_cmd(["sacct", "-n", "-X", "-P", "-S", "now", "-E", "now", "-o", "JobID"], timeout))
+    return accounting_verdict(
+        run_cmd(["sacct", "-n", "-X", "-P", "-S", "now", "-E", "now", "-o", "JobID"], timeout)
+    )
 
 
 def parse_scontrol_config(text: str) -> dict[str, str]:
@@ -163,29 +195,54 @@ def evaluate_partition(config: dict[str, str], part: dict[str, str]) -> CheckRes
     kill_wait = slurm_seconds(config.get("KillWait", "30 sec")) or 30
     ptype = config.get("PreemptType", "preempt/none")
     mode = (part.get("PreemptMode") or config.get("PreemptMode") or "OFF").upper()
-    user_signal = ("send_user_signal" in config.get("PreemptParameters", "")
-                   or "preempt_send_user_signal" in config.get("SlurmctldParameters", ""))
+    user_signal = "send_user_signal" in config.get(
+        "PreemptParameters", ""
+    ) or "preempt_send_user_signal" in config.get("SlurmctldParameters", "")
     preempting = ptype.lower() not in ("preempt/none", "none", "") and not mode.startswith("OFF")
-    value = (f"{name}: MaxTime={max_time} PreemptType={ptype} PreemptMode={mode} GraceTime={grace}s "
-             f"send_user_signal={'yes' if user_signal else 'no'}")
-    lead = ("--signal=USR2@<lead>: make the lead exceed the measured checkpoint save time "
-            "(Slurm may signal up to 60 s early)")
+    value = (
+        f"{name}: MaxTime={max_time} PreemptType={ptype} PreemptMode={mode} GraceTime={grace}s "
+        f"send_user_signal={'yes' if user_signal else 'no'}"
+    )
+    lead = (
+        "--signal=USR2@<lead>: make the lead exceed the measured checkpoint save time "
+        "(Slurm may signal up to 60 s early)"
+    )
     state = part.get("State", "UP").upper()
     if state != "UP":
-        return CheckResult("partition", "warn", value + f" State={state}",
-                           f"partition {name} is {state}: jobs queue but do not start")
+        return CheckResult(
+            "partition",
+            "warn",
+            value + f" State={state}",
+            f"partition {name} is {state}: jobs queue but do not start",
+        )
     if not preempting:
-        return CheckResult("partition", "ok", value, f"no preemption here, only the time limit: {lead}")
+        return CheckResult(
+            "partition", "ok", value, f"no preemption here, only the time limit: {lead}"
+        )
     if "SUSPEND" in mode:
-        return CheckResult("partition", "warn", value, "preempted jobs are suspended without a signal; "
-                           "collectives time out if ranks stop unevenly: prefer a REQUEUE partition")
+        return CheckResult(
+            "partition",
+            "warn",
+            value,
+            "preempted jobs are suspended without a signal; "
+            "collectives time out if ranks stop unevenly: prefer a REQUEUE partition",
+        )
     at_preempt = "your --signal (USR2)" if user_signal else "SIGTERM"
     if grace <= 0:
-        return CheckResult("partition", "warn", value, f"GraceTime=0: preempted jobs get SIGTERM and SIGKILL "
-                           f"KillWait={kill_wait}s later; a longer save is lost: ask admins for GraceTime")
+        return CheckResult(
+            "partition",
+            "warn",
+            value,
+            f"GraceTime=0: preempted jobs get SIGTERM and SIGKILL "
+            f"KillWait={kill_wait}s later; a longer save is lost: ask admins for GraceTime",
+        )
     requeue = "Slurm requeues it" if "REQUEUE" in mode else "CANCEL mode: the job is not requeued"
-    return CheckResult("partition", "ok" if "REQUEUE" in mode else "warn", value,
-                       f"at preemption tasks get {at_preempt} and {grace}s to save ({requeue}); {lead}")
+    return CheckResult(
+        "partition",
+        "ok" if "REQUEUE" in mode else "warn",
+        value,
+        f"at preemption tasks get {at_preempt} and {grace}s to save ({requeue}); {lead}",
+    )
 
 
 def check_partition(partition: Optional[str], timeout: float) -> CheckResult:
@@ -195,20 +252,29 @@ def check_partition(partition: Optional[str], timeout: float) -> CheckResult:
         conf, parts_cmd = conf_f.result(), part_f.result()
     for cmd in (conf, parts_cmd):
         if not cmd.ok:
-            return CheckResult("partition", "fail", f"{partition or 'default'}: {why(cmd)}",
-                               slurm_advice(cmd))
+            return CheckResult(
+                "partition", "fail", f"{partition or 'default'}: {why(cmd)}", slurm_advice(cmd)
+            )
     parts = parse_partitions(parts_cmd.out)
     names = [p["PartitionName"] for p in parts]
     if partition:
         chosen = [p for p in parts if p["PartitionName"] == partition]
         if not chosen:
-            return CheckResult("partition", "fail", f"partition {partition!r} not found",
-                               f"use one of: {', '.join(names) or 'none defined'}")
+            return CheckResult(
+                "partition",
+                "fail",
+                f"partition {partition!r} not found",
+                f"use one of: {', '.join(names) or 'none defined'}",
+            )
     else:
         chosen = [p for p in parts if p.get("Default", "").upper() == "YES"]
         if not chosen:
-            return CheckResult("partition", "warn", f"no default partition; have {', '.join(names) or 'none'}",
-                               "pass --partition (and cluster.partition in the config)")
+            return CheckResult(
+                "partition",
+                "warn",
+                f"no default partition; have {', '.join(names) or 'none'}",
+                "pass --partition (and cluster.partition in the config)",
+            )
     return evaluate_partition(parse_scontrol_config(conf.out), chosen[0])
 
 
@@ -220,20 +286,38 @@ def check_container(kind: str, timeout: float) -> CheckResult:
             if shutil.which(exe):
                 cmd = run_cmd([exe, "--version"], timeout)
                 if cmd.ok:
-                    return CheckResult("container", "ok", cmd.out.strip() or exe,
-                                       "compute nodes need it too: --srun checks them")
-                return CheckResult("container", "fail", f"{exe}: {cmd.reason()}", f"{exe} is installed but broken")
-        return CheckResult("container", "fail", "neither apptainer nor singularity on PATH",
-                           "module load apptainer, or use --container pyxis/none")
+                    return CheckResult(
+                        "container",
+                        "ok",
+                        cmd.out.strip() or exe,
+                        "compute nodes need it too: --srun checks them",
+                    )
+                return CheckResult(
+                    "container", "fail", f"{exe}: {cmd.reason()}", f"{exe} is installed but broken"
+                )
+        return CheckResult(
+            "container",
+            "fail",
+            "neither apptainer nor singularity on PATH",
+            "module load apptainer, or use --container pyxis/none",
+        )
     enroot = shutil.which("enroot")
     help_cmd = run_cmd(["srun", "--help"], timeout)
     pyxis = help_cmd.ok and "--container-image" in help_cmd.out
-    bits = [f"enroot {'at ' + enroot if enroot else 'missing'}",
-            "pyxis " + ("yes (srun --container-image)" if pyxis else "no")]
+    bits = [
+        f"enroot {'at ' + enroot if enroot else 'missing'}",
+        "pyxis " + ("yes (srun --container-image)" if pyxis else "no"),
+    ]
     if not help_cmd.ok:
         bits[1] = f"pyxis unknown (srun --help: {help_cmd.reason()})"
     if enroot and pyxis:
-        return CheckResult("container", "ok", "; ".join(bits), "compute nodes need both too: --srun checks them")
-    return CheckResult("container", "fail", "; ".join(bits),
-                       "pyxis needs enroot and the pyxis SPANK plugin (plugstack.conf) on every node; "
-                       "or use --container apptainer/none")
+        return CheckResult(
+            "container", "ok", "; ".join(bits), "compute nodes need both too: --srun checks them"
+        )
+    return CheckResult(
+        "container",
+        "fail",
+        "; ".join(bits),
+        "pyxis needs enroot and the pyxis SPANK plugin (plugstack.conf) on every node; "
+        "or use --container apptainer/none",
+    )

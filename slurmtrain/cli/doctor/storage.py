@@ -1,4 +1,5 @@
 """The run root: writable, visible from compute nodes, and big enough for the planned checkpoints."""
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,9 @@ def filesystem_type(path: Path) -> str:
         if len(fields) < 3:
             continue
         mount = fields[1].replace("\\040", " ")
-        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(
+            best
+        ):
             best, kind = mount, fields[2]
     return kind
 
@@ -44,22 +47,36 @@ def check_run_root(root: Path, shared_marker: Optional[Path] = None) -> CheckRes
     base = existing_ancestor(root)
     fs = filesystem_type(base)
     if base == root and not root.is_dir():
-        return CheckResult("run_root", "fail", f"{root} exists and is not a directory", "pick another runs_root")
+        return CheckResult(
+            "run_root", "fail", f"{root} exists and is not a directory", "pick another runs_root"
+        )
     where = f"{root} ({fs})" if base == root else f"{root} (to be created in {base}, {fs})"
     try:
         fd, tmp = tempfile.mkstemp(prefix=".slurmtrain-doctor-", dir=base)
         os.close(fd)
         os.unlink(tmp)
     except OSError as err:
-        return CheckResult("run_root", "fail", f"{where}: not writable ({err.strerror})",
-                           "choose a writable runs_root=... on a filesystem all nodes share")
+        return CheckResult(
+            "run_root",
+            "fail",
+            f"{where}: not writable ({err.strerror})",
+            "choose a writable runs_root=... on a filesystem all nodes share",
+        )
     if shared_marker is not None and not shared_marker.exists():
-        return CheckResult("run_root", "fail", f"{where}: the login node's marker file is not visible here",
-                           "runs_root must be on a filesystem shared by login and compute nodes (same path)")
+        return CheckResult(
+            "run_root",
+            "fail",
+            f"{where}: the login node's marker file is not visible here",
+            "runs_root must be on a filesystem shared by login and compute nodes (same path)",
+        )
     advice = "" if shared_marker else "must be the same shared path on every node (--srun verifies)"
     if fs in ("tmpfs", "ramfs"):
-        return CheckResult("run_root", "warn", f"{where}, writable", "in memory: lost at reboot and not shared "
-                           "with other nodes; use a shared filesystem")
+        return CheckResult(
+            "run_root",
+            "warn",
+            f"{where}, writable",
+            "in memory: lost at reboot and not shared with other nodes; use a shared filesystem",
+        )
     return CheckResult("run_root", "ok", f"{where}, writable", advice)
 
 
@@ -68,17 +85,33 @@ def check_disk_space(root: Path, planned_gb: Optional[float]) -> CheckResult:
     try:
         usage = shutil.disk_usage(base)
     except OSError as err:
-        return CheckResult("disk_space", "fail", f"{base}: {err.strerror}", "check the run root path")
+        return CheckResult(
+            "disk_space", "fail", f"{base}: {err.strerror}", "check the run root path"
+        )
     free_gb = usage.free / GB
     value = f"{free_gb:,.1f} GB free of {usage.total / GB:,.1f} GB at {base}"
     if planned_gb is None:
-        return CheckResult("disk_space", "ok", value, "pass --planned-checkpoint-gb (kept checkpoints x size, "
-                           "from the plan) to compare")
+        return CheckResult(
+            "disk_space",
+            "ok",
+            value,
+            "pass --planned-checkpoint-gb (kept checkpoints x size, from the plan) to compare",
+        )
     value += f"; planned checkpoints {planned_gb:,.1f} GB"
     if free_gb < planned_gb:
-        return CheckResult("disk_space", "fail", value, f"short by {planned_gb - free_gb:,.1f} GB: keep fewer "
-                           "checkpoints (checkpoint.keep_last) or move runs_root")
+        return CheckResult(
+            "disk_space",
+            "fail",
+            value,
+            f"short by {planned_gb - free_gb:,.1f} GB: keep fewer "
+            "checkpoints (checkpoint.keep_last) or move runs_root",
+        )
     if free_gb < planned_gb * MARGIN:
-        return CheckResult("disk_space", "warn", value, "less than 25 % headroom: a save in flight needs room "
-                           "for one more checkpoint (step_N.tmp) before the oldest is pruned")
+        return CheckResult(
+            "disk_space",
+            "warn",
+            value,
+            "less than 25 % headroom: a save in flight needs room "
+            "for one more checkpoint (step_N.tmp) before the oldest is pruned",
+        )
     return CheckResult("disk_space", "ok", value)

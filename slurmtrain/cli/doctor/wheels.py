@@ -4,6 +4,7 @@ A wheel tagged manylinux_2_X only loads where glibc >= 2.X. pip on a newer login
 installs wheels that then fail on older compute nodes with "GLIBC_2.X not found"; the fix is an
 older wheel or a container, never upgrading the system C library.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,11 @@ from typing import Iterable, Optional, Sequence
 from .results import CheckResult
 
 Glibc = tuple[int, int]
-LEGACY_ALIASES: dict[str, Glibc] = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+LEGACY_ALIASES: dict[str, Glibc] = {
+    "manylinux1": (2, 5),
+    "manylinux2010": (2, 12),
+    "manylinux2014": (2, 17),
+}
 _PEP600 = re.compile(r"^manylinux_(\d+)_(\d+)_\w+$")
 _LEGACY = re.compile(r"^(manylinux1|manylinux2010|manylinux2014)_\w+$")
 
@@ -35,8 +40,11 @@ def manylinux_glibc(platform_tag: str) -> Optional[Glibc]:
 
 def wheel_tags(wheel_text: str) -> list[str]:
     """The 'Tag:' values of a WHEEL metadata file, e.g. ['cp311-cp311-manylinux_2_28_x86_64']."""
-    return [line.split(":", 1)[1].strip() for line in wheel_text.splitlines()
-            if line.lower().startswith("tag:") and line.split(":", 1)[1].strip()]
+    return [
+        line.split(":", 1)[1].strip()
+        for line in wheel_text.splitlines()
+        if line.lower().startswith("tag:") and line.split(":", 1)[1].strip()
+    ]
 
 
 def required_glibc(tags: Iterable[str]) -> Optional[Glibc]:
@@ -117,18 +125,32 @@ def evaluate_glibc(machine: Optional[Glibc], needs: list[WheelNeed]) -> CheckRes
     newest = max(n.glibc for n in needs)
     top = [n for n in needs if n.glibc == newest]
     if machine is None:
-        return CheckResult("glibc", "warn", f"not glibc (musl?); {_names(top)} need glibc {_fmt(newest)}",
-                           "manylinux wheels need glibc: use musllinux wheels or a glibc container")
-    too_new = sorted((n for n in needs if n.glibc > machine), key=lambda n: (n.glibc, n.name), reverse=True)
+        return CheckResult(
+            "glibc",
+            "warn",
+            f"not glibc (musl?); {_names(top)} need glibc {_fmt(newest)}",
+            "manylinux wheels need glibc: use musllinux wheels or a glibc container",
+        )
+    too_new = sorted(
+        (n for n in needs if n.glibc > machine), key=lambda n: (n.glibc, n.name), reverse=True
+    )
     if too_new:
         detail = "; ".join(f"{n.label()} needs {_fmt(n.glibc)}" for n in too_new[:4])
         more = f" (+{len(too_new) - 4} more)" if len(too_new) > 4 else ""
         names = ", ".join(sorted({n.name for n in too_new}))
-        return CheckResult("glibc", "fail", f"glibc {_fmt(machine)}; {detail}{more}",
-                           f"do not upgrade GLIBC; install an older wheel of {names} "
-                           f"(manylinux_{machine[0]}_{machine[1]} or older) or use a container")
-    return CheckResult("glibc", "ok", f"glibc {_fmt(machine)}; newest need {_fmt(newest)} ({_names(top)})",
-                       "" if newest < machine else "compute nodes need glibc >= this too (--srun checks them)")
+        return CheckResult(
+            "glibc",
+            "fail",
+            f"glibc {_fmt(machine)}; {detail}{more}",
+            f"do not upgrade GLIBC; install an older wheel of {names} "
+            f"(manylinux_{machine[0]}_{machine[1]} or older) or use a container",
+        )
+    return CheckResult(
+        "glibc",
+        "ok",
+        f"glibc {_fmt(machine)}; newest need {_fmt(newest)} ({_names(top)})",
+        "" if newest < machine else "compute nodes need glibc >= this too (--srun checks them)",
+    )
 
 
 def check_glibc(paths: Optional[Sequence[str]] = None) -> CheckResult:

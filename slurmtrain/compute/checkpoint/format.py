@@ -73,8 +73,11 @@ def _digest(path: Path, kind: str = CHECKSUM) -> str:
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST
-                  and not MARKER.match(p.name))
+    return sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != MANIFEST and not MARKER.match(p.name)
+    )
 
 
 def write_synced(path: Path, text: str) -> None:
@@ -84,8 +87,13 @@ def write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def seal(tmp: Path, final: Path, fields: dict[str, Any], verify: str,
-         reports: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+def seal(
+    tmp: Path,
+    final: Path,
+    fields: dict[str, Any],
+    verify: str,
+    reports: Optional[list[dict[str, Any]]] = None,
+) -> dict[str, Any]:
     """Manifest into `tmp`, then rename it to `final` (a previous `final` is replaced whole).
 
     Files listed in `reports` were fsynced and hashed by the rank that wrote them; any other file
@@ -122,8 +130,13 @@ def seal(tmp: Path, final: Path, fields: dict[str, Any], verify: str,
     return manifest
 
 
-def publish(root: Path, step: int, meta: dict[str, Any], verify: str,
-            reports: Optional[list[dict[str, Any]]] = None) -> Path:
+def publish(
+    root: Path,
+    step: int,
+    meta: dict[str, Any],
+    verify: str,
+    reports: Optional[list[dict[str, Any]]] = None,
+) -> Path:
     """Rank 0, after every rank finished writing `step_N.tmp/`: manifest, rename, `latest`.
 
     Everything that allocates disk space (manifest, pointer temp file) happens before the renames,

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from slurmtrain.compute.checkpoint.format import LATEST, write_synced, dir_bytes, prune, publish, tag
+from slurmtrain.compute.checkpoint.format import (
+    LATEST,
+    dir_bytes,
+    prune,
+    publish,
+    tag,
+    write_synced,
+)
 
 Record = Callable[..., Any]
 
@@ -53,10 +60,21 @@ def _log(line: str) -> None:
 class Checkpointer:
     """Collective save/load around a DeepSpeed engine; every rank calls every public method."""
 
-    def __init__(self, root: Path, rank: int, world: int, verify: str, *, async_save: bool = False,
-                 keep_last: int = 3, keep_every: int = 0, stop_on_error: bool = False,
-                 record: Optional[Record] = None, hook: Optional[Callable[[int, str], None]] = None,
-                 timeout_s: float = 1800.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        rank: int,
+        world: int,
+        verify: str,
+        *,
+        async_save: bool = False,
+        keep_last: int = 3,
+        keep_every: int = 0,
+        stop_on_error: bool = False,
+        record: Optional[Record] = None,
+        hook: Optional[Callable[[int, str], None]] = None,
+        timeout_s: float = 1800.0,
+    ) -> None:
         self.root, self.rank, self.world, self.verify = root, rank, world, verify
         self.async_save, self.keep_last, self.keep_every = async_save, keep_last, keep_every
         self.stop_on_error, self.hook, self.timeout_s = stop_on_error, hook, timeout_s
@@ -69,8 +87,9 @@ class Checkpointer:
 
     def attach(self, engine: Any) -> None:
         """Route DeepSpeed's shard writes through a ShardWriter (when it uses plain torch.save)."""
-        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import \
-            TorchCheckpointEngine
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+            TorchCheckpointEngine,
+        )
 
         from slurmtrain.compute.checkpoint.writer import ShardWriter
 
@@ -80,8 +99,10 @@ class Checkpointer:
             engine.checkpoint_engine = self.writer
         else:
             if self.rank == 0:
-                _log(f"checkpoint writer {type(current).__name__} is DeepSpeed's own: saves are "
-                     f"synchronous and a disk error ends the run")
+                _log(
+                    f"checkpoint writer {type(current).__name__} is DeepSpeed's own: saves are "
+                    f"synchronous and a disk error ends the run"
+                )
             self.async_save = False
         copy_scripts = engine._copy_recovery_script
 
@@ -111,8 +132,9 @@ class Checkpointer:
         rng_path = str(tmp / f"rng_rank{self.rank}.pt")
         if self.writer is not None:
             self.writer.begin(step, str(tmp), deferred)
-        engine.save_checkpoint(str(self.root), tag=tmp.name, client_state={"meta": meta},
-                               save_latest=False)
+        engine.save_checkpoint(
+            str(self.root), tag=tmp.name, client_state={"meta": meta}, save_latest=False
+        )
         if self.writer is not None:
             self.writer.save(rng, rng_path)
             self.writer.host_copy_done()
@@ -120,8 +142,9 @@ class Checkpointer:
             torch.save(rng, rng_path)
         if deferred:
             job.blocked = time.time() - started
-            self._thread = threading.Thread(target=self._background, args=(job,),
-                                            name=f"checkpoint-{tag(step)}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._background, args=(job,), name=f"checkpoint-{tag(step)}", daemon=True
+            )
             self._thread.start()
             return
         reports: list[Any] = [None] * self.world
@@ -172,8 +195,10 @@ class Checkpointer:
         assert agreed is not None
         self.last = agreed
         if not agreed.ok and self.stop_on_error:
-            raise SaveFailed(f"checkpoint {tag(agreed.step)} not saved "
-                             f"(checkpoint.on_save_error=stop): {agreed.error}")
+            raise SaveFailed(
+                f"checkpoint {tag(agreed.step)} not saved "
+                f"(checkpoint.on_save_error=stop): {agreed.error}"
+            )
         return agreed
 
     def _background(self, job: _Save) -> None:
@@ -181,8 +206,12 @@ class Checkpointer:
             self.writer.flush()
             report = self.writer.report(self.rank)
         except Exception as err:  # noqa: BLE001  whatever happens, rank 0 must hear of it
-            report = {"rank": self.rank, "ok": False, "error": f"{type(err).__name__}: {err}",
-                      "files": {}}
+            report = {
+                "rank": self.rank,
+                "ok": False,
+                "error": f"{type(err).__name__}: {err}",
+                "files": {},
+            }
         tmp = self.root / f"{tag(job.step)}.tmp"
         if self.rank != 0:
             if not report["ok"]:
@@ -209,8 +238,12 @@ class Checkpointer:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
         for r in waiting:
-            got[r] = {"rank": r, "ok": False, "files": {},
-                      "error": f"no marker after {self.timeout_s:.0f} s (rank died or hung?)"}
+            got[r] = {
+                "rank": r,
+                "ok": False,
+                "files": {},
+                "error": f"no marker after {self.timeout_s:.0f} s (rank died or hung?)",
+            }
         return [got[r] for r in sorted(got)]
 
     def _conclude(self, job: _Save, reports: list[dict[str, Any]]) -> SaveOutcome:
@@ -231,16 +264,28 @@ class Checkpointer:
             latest = self.root / LATEST
             pointed = latest.read_text().strip() if latest.exists() else "none"
             self.record("checkpoint_failed", step=job.step, error=error, path=str(tmp))
-            then = ("stopping (checkpoint.on_save_error=stop)" if self.stop_on_error
-                    else "training goes on; the next save retries")
-            _log(f"checkpoint {tag(job.step)} NOT saved: {error}. Earlier checkpoints are intact "
-                 f"(latest: {pointed}); {then}")
+            then = (
+                "stopping (checkpoint.on_save_error=stop)"
+                if self.stop_on_error
+                else "training goes on; the next save retries"
+            )
+            _log(
+                f"checkpoint {tag(job.step)} NOT saved: {error}. Earlier checkpoints are intact "
+                f"(latest: {pointed}); {then}"
+            )
             return SaveOutcome(job.step, False, error)
         total = time.time() - job.started
-        self.record("checkpoint_saved", step=job.step,
-                    seconds=job.blocked if self.async_save else total, total_seconds=total,
-                    wait_seconds=job.waited, bytes=dir_bytes(final), path=str(final),
-                    mode="async" if self.async_save else "sync", write_seconds=_slowest(reports))
+        self.record(
+            "checkpoint_saved",
+            step=job.step,
+            seconds=job.blocked if self.async_save else total,
+            total_seconds=total,
+            wait_seconds=job.waited,
+            bytes=dir_bytes(final),
+            path=str(final),
+            mode="async" if self.async_save else "sync",
+            write_seconds=_slowest(reports),
+        )
         prune(self.root, self.keep_last, self.keep_every)
         return SaveOutcome(job.step, True)
 
@@ -289,5 +334,10 @@ def _read_marker(tmp: Path, rank: int) -> Optional[dict[str, Any]]:
             except (OSError, json.JSONDecodeError):
                 return {"rank": rank, "ok": False, "files": {}, "error": "failed (see its log)"}
     if _fallback_marker(tmp, rank).exists():
-        return {"rank": rank, "ok": False, "files": {}, "error": "could not write into the directory"}
+        return {
+            "rank": rank,
+            "ok": False,
+            "files": {},
+            "error": "could not write into the directory",
+        }
     return None

@@ -58,8 +58,9 @@ def _workers() -> int:
     return max(1, min(8, cpus))
 
 
-def convert(step_dir: Path, source: dict[str, Any], verify: str = "size",
-            timeout_s: Optional[float] = None) -> Converted:
+def convert(
+    step_dir: Path, source: dict[str, Any], verify: str = "size", timeout_s: Optional[float] = None
+) -> Converted:
     """`step_N/` -> `step_N_universal/` (or the cached one); raises ReshapeError with the cause."""
     hit = cached(step_dir, source, full=verify == "checksum")
     if hit is not None:
@@ -69,11 +70,21 @@ def convert(step_dir: Path, source: dict[str, Any], verify: str = "size",
     shutil.rmtree(tmp, ignore_errors=True)
     started = time.time()
     workers = str(_workers())
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-           "--input_folder", str(step_dir), "--output_folder", str(tmp),
-           "--num_extract_workers", workers, "--num_merge_workers", workers,
-           # ZeRO-1/2 checkpoints lack the universal-info key the converter insists on
-           "--inject_missing_state"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(step_dir),
+        "--output_folder",
+        str(tmp),
+        "--num_extract_workers",
+        workers,
+        "--num_merge_workers",
+        workers,
+        # ZeRO-1/2 checkpoints lack the universal-info key the converter insists on
+        "--inject_missing_state",
+    ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
@@ -86,16 +97,19 @@ def convert(step_dir: Path, source: dict[str, Any], verify: str = "size",
         shutil.rmtree(tmp, ignore_errors=True)
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise ReshapeError(f"ds_to_universal on {step_dir} failed (exit {proc.returncode}): {tail}")
-    fields = {"kind": "universal", "step": source.get("step"),
-              "world_size": source.get("world_size"),
-              "source": {"path": step_dir.name, "step": source.get("step"),
-                         "time": source.get("time")}}
+    fields = {
+        "kind": "universal",
+        "step": source.get("step"),
+        "world_size": source.get("world_size"),
+        "source": {"path": step_dir.name, "step": source.get("step"), "time": source.get("time")},
+    }
     ckpt.seal(tmp, out, fields, verify)
     return Converted(out, time.time() - started, False)
 
 
-def for_world(resume: ckpt.Resume, rank: int, world: int, record: Callable[..., Any],
-              verify: str = "size") -> Path:
+def for_world(
+    resume: ckpt.Resume, rank: int, world: int, record: Callable[..., Any], verify: str = "size"
+) -> Path:
     """Collective: rank 0 converts (or reuses) the universal folder, everyone gets its path."""
     import torch.distributed as dist
 
@@ -109,15 +123,27 @@ def for_world(resume: ckpt.Resume, rank: int, world: int, record: Callable[..., 
             result[0] = f"{type(err).__name__}: {err}"
     dist.broadcast_object_list(result, src=0)
     if isinstance(result[0], str):
-        raise ReshapeError(f"cannot resume {resume.path} (world size "
-                           f"{resume.manifest.get('world_size')}) on {world} ranks: {result[0]}")
+        raise ReshapeError(
+            f"cannot resume {resume.path} (world size "
+            f"{resume.manifest.get('world_size')}) on {world} ranks: {result[0]}"
+        )
     path, seconds, was_cached = result[0]
-    record("checkpoint_converted", step=resume.manifest.get("step"), path=path, seconds=seconds,
-           cached=was_cached, from_world_size=resume.manifest.get("world_size"),
-           to_world_size=world)
+    record(
+        "checkpoint_converted",
+        step=resume.manifest.get("step"),
+        path=path,
+        seconds=seconds,
+        cached=was_cached,
+        from_world_size=resume.manifest.get("world_size"),
+        to_world_size=world,
+    )
     if rank == 0:
         how = "reused" if was_cached else f"converted in {seconds:.1f} s"
-        print(f"slurmtrain: resuming {resume.path.name} (written by "
-              f"{resume.manifest.get('world_size')} ranks) on {world} ranks through its universal "
-              f"checkpoint ({how}): {path}", file=sys.stderr, flush=True)
+        print(
+            f"slurmtrain: resuming {resume.path.name} (written by "
+            f"{resume.manifest.get('world_size')} ranks) on {world} ranks through its universal "
+            f"checkpoint ({how}): {path}",
+            file=sys.stderr,
+            flush=True,
+        )
     return Path(path)

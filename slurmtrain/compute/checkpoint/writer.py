@@ -219,5 +219,10 @@ class ShardWriter(TorchCheckpointEngine):
                 pass
 
     def report(self, rank: int) -> dict[str, Any]:
-        return {"rank": rank, "ok": self.error is None, "error": self.error, "files": self.files,
-                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
+        return {
+            "rank": rank,
+            "ok": self.error is None,
+            "error": self.error,
+            "files": self.files,
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }

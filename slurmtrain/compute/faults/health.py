@@ -83,8 +83,11 @@ def _matmul_check(device: torch.device) -> tuple[bool, str, float]:
             got = da @ db
         times.append(t.seconds)
     err = ((got.double().cpu() - reference).abs().max() / reference.abs().max()).item()
-    return err < MATMUL_TOL, f"matmul relative error {err:.2e} (limit {MATMUL_TOL:g})", \
-        statistics.median(times)
+    return (
+        err < MATMUL_TOL,
+        f"matmul relative error {err:.2e} (limit {MATMUL_TOL:g})",
+        statistics.median(times),
+    )
 
 
 def _allreduce(device: torch.device, world: int) -> tuple[float, float]:
@@ -110,8 +113,9 @@ def free_memory_gib(device: torch.device) -> tuple[float, float]:
     return free / 2**30, total / 2**30
 
 
-def check_rank(node: str, rank: int, device: torch.device, gpus_per_node: int,
-               injected_bad: bool) -> RankHealth:
+def check_rank(
+    node: str, rank: int, device: torch.device, gpus_per_node: int, injected_bad: bool
+) -> RankHealth:
     """This rank's checks. Every rank reaches the all-reduce, even a failing one (its peers would
     otherwise wait in it until the collective timeout)."""
     ok, reason, free = True, "", -1.0
@@ -124,8 +128,13 @@ def check_rank(node: str, rank: int, device: torch.device, gpus_per_node: int,
     if ok and device.type == "cuda":
         free, total = free_memory_gib(device)
         if free < MIN_FREE_FRACTION * total:
-            ok, reason = False, (f"only {free:.1f} of {total:.1f} GiB free before loading "
-                                 f"(another process holds GPU memory)")
+            ok, reason = (
+                False,
+                (
+                    f"only {free:.1f} of {total:.1f} GiB free before loading "
+                    f"(another process holds GPU memory)"
+                ),
+            )
     if injected_bad:
         ok, reason = False, "injected failure (SLURMTRAIN_INJECT bad_node)"
     allreduce, gbps = _allreduce(device, dist.get_world_size())
@@ -142,6 +151,12 @@ def gate(mine: RankHealth, world: int, slow_factor: float) -> list[dict[str, Any
         if not h.ok:
             bad.setdefault(h.node, {"node": h.node, "rank": h.rank, "reason": h.reason})
         elif median > 0 and h.matmul_s > slow_factor * median:
-            bad.setdefault(h.node, {"node": h.node, "rank": h.rank,
-                                    "reason": f"slow: matmul {h.matmul_s / median:.1f}x median"})
+            bad.setdefault(
+                h.node,
+                {
+                    "node": h.node,
+                    "rank": h.rank,
+                    "reason": f"slow: matmul {h.matmul_s / median:.1f}x median",
+                },
+            )
     return list(bad.values())

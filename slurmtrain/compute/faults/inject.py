@@ -26,8 +26,13 @@ def settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 
 class Injector:
-    def __init__(self, rank: int, env: Mapping[str, str] = os.environ,
-                 attempt: Optional[int] = None, name: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        env: Mapping[str, str] = os.environ,
+        attempt: Optional[int] = None,
+        name: Optional[str] = None,
+    ) -> None:
         self.rank = rank
         self.cfg = settings(env)
         only = self.cfg.get("attempts")

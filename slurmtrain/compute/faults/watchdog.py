@@ -17,10 +17,15 @@ from typing import Callable
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float, stacks: Path, on_hang: Callable[[str], None],
-                 exit_code: int) -> None:
-        self.timeout_s, self.stacks, self.on_hang, self.exit_code = (timeout_s, stacks, on_hang,
-                                                                     exit_code)
+    def __init__(
+        self, timeout_s: float, stacks: Path, on_hang: Callable[[str], None], exit_code: int
+    ) -> None:
+        self.timeout_s, self.stacks, self.on_hang, self.exit_code = (
+            timeout_s,
+            stacks,
+            on_hang,
+            exit_code,
+        )
         self.last = time.monotonic()
         self.what = "starting"
         self._stop = threading.Event()

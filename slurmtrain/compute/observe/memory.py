@@ -22,8 +22,9 @@ TOLERANCE = 0.25  # a measured peak above the plan by more than this gets a warn
 class MemoryCheck:
     """Start before the model is built; `after_step` on every rank; done at step `at`."""
 
-    def __init__(self, cfg: Any, device: torch.device, rank: int, world: int,
-                 record: Record) -> None:
+    def __init__(
+        self, cfg: Any, device: torch.device, rank: int, world: int, record: Record
+    ) -> None:
         self.cfg, self.device, self.rank, self.world, self.record = cfg, device, rank, world, record
         self.at = int(cfg.train.memory_check_step)
         self.profiler: Optional[torch.profiler.profile] = None
@@ -36,7 +37,8 @@ class MemoryCheck:
             torch.cuda.reset_peak_memory_stats(self.device)
             return
         self.profiler = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        )
         self.profiler.__enter__()
 
     def stop(self) -> None:
@@ -74,12 +76,24 @@ class MemoryCheck:
         # The caching allocator's figure excludes the CUDA context the plan adds on top.
         planned = plan.total - (plan.overhead if self.device.type == "cuda" else 0)
         ratio = measured / planned if planned else float("nan")
-        self.record("memory_checked", step=step, measured_bytes=measured, planned_bytes=planned,
-                    ratio=round(ratio, 4), planned_parts={
-                        "params": plan.params, "grads": plan.grads, "optimizer": plan.optimizer,
-                        "activations": plan.activations, "buffers": plan.buffers})
-        line = (f"slurmtrain: memory check at step {step}: measured peak {measured / 2**20:.1f} "
-                f"MiB/rank, planned {planned / 2**20:.1f} MiB (ratio {ratio:.2f})")
+        self.record(
+            "memory_checked",
+            step=step,
+            measured_bytes=measured,
+            planned_bytes=planned,
+            ratio=round(ratio, 4),
+            planned_parts={
+                "params": plan.params,
+                "grads": plan.grads,
+                "optimizer": plan.optimizer,
+                "activations": plan.activations,
+                "buffers": plan.buffers,
+            },
+        )
+        line = (
+            f"slurmtrain: memory check at step {step}: measured peak {measured / 2**20:.1f} "
+            f"MiB/rank, planned {planned / 2**20:.1f} MiB (ratio {ratio:.2f})"
+        )
         if ratio > 1 + TOLERANCE:
             line += "; the planner under-estimates this run: leave headroom when scaling it"
         print(line, file=sys.stderr, flush=True)
@@ -93,8 +107,11 @@ def cpu_peak(prof: Any) -> int:
     raw Kineto records: `prof.events()` folds allocations into the operators that made them.
     """
     cpu = torch.autograd.DeviceType.CPU
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]" and e.device_type() == cpu)
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == cpu
+    )
     current = peak = 0
     for _, nbytes in events:
         current += nbytes

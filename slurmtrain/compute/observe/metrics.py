@@ -25,12 +25,14 @@ def summary_line(step: int, max_steps: int, values: dict[str, Any]) -> str:
     mfu = values.get("mfu")
     tflops = values.get("tflops_per_gpu")
     eta = values.get("eta_s")
-    return (f"step {step}/{max_steps} loss {values.get('loss', float('nan')):.4f} "
-            f"lr {values.get('lr', 0):.2e} tok/s {values.get('tokens_per_s', 0):,.0f} "
-            f"step {values.get('step_time', 0):.3f}s "
-            f"TFLOPS/GPU {'-' if tflops is None else f'{tflops:.3g}'} "
-            f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'} "
-            f"ETA {'-' if eta is None else format_duration(eta, clock=True)}")
+    return (
+        f"step {step}/{max_steps} loss {values.get('loss', float('nan')):.4f} "
+        f"lr {values.get('lr', 0):.2e} tok/s {values.get('tokens_per_s', 0):,.0f} "
+        f"step {values.get('step_time', 0):.3f}s "
+        f"TFLOPS/GPU {'-' if tflops is None else f'{tflops:.3g}'} "
+        f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'} "
+        f"ETA {'-' if eta is None else format_duration(eta, clock=True)}"
+    )
 
 
 PER_RANK_TAGS = 64  # wider lists get key/min, key/median, key/max instead of one tag per rank
@@ -47,8 +49,13 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, (list, tuple)):
             items = [float(v) for v in value if _number(v)]
             if len(items) > PER_RANK_TAGS:
-                out.update({f"{key}/min": min(items), f"{key}/median": statistics.median(items),
-                            f"{key}/max": max(items)})
+                out.update(
+                    {
+                        f"{key}/min": min(items),
+                        f"{key}/median": statistics.median(items),
+                        f"{key}/max": max(items),
+                    }
+                )
             else:
                 out.update({f"{key}/rank{i}": v for i, v in enumerate(items)})
         elif _number(value):
@@ -57,8 +64,14 @@ def scalars(values: dict[str, Any]) -> dict[str, float]:
 
 
 class MetricsWriter:
-    def __init__(self, path: Path, enabled: bool, attempt: int, tensorboard_dir: Optional[Path],
-                 print_lines: bool) -> None:
+    def __init__(
+        self,
+        path: Path,
+        enabled: bool,
+        attempt: int,
+        tensorboard_dir: Optional[Path],
+        print_lines: bool,
+    ) -> None:
         self.path, self.enabled, self.attempt = path, enabled, attempt
         self.print_lines = print_lines
         self.tb: Any = None
@@ -78,8 +91,12 @@ class MetricsWriter:
         append_jsonl(self.path, row)
         if self.tb is not None:
             value = self._summary.Value
-            self.tb.add_summary(self._summary(value=[
-                value(tag=k, simple_value=v) for k, v in scalars(values).items()]), step)
+            self.tb.add_summary(
+                self._summary(
+                    value=[value(tag=k, simple_value=v) for k, v in scalars(values).items()]
+                ),
+                step,
+            )
         if self.print_lines:
             print(summary_line(step, max_steps, values), file=sys.stderr, flush=True)
 

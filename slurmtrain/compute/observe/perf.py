@@ -26,14 +26,14 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from slurmtrain.planning import flops
-from slurmtrain.common.schema import resolved_dtype
 from slurmtrain.common.rundir import append_jsonl
+from slurmtrain.common.schema import resolved_dtype
+from slurmtrain.planning import flops
 
 # DeepSpeed's timer names (deepspeed/utils/timer.py, runtime/zero/stage_1_and_2.py).
 FWD, BWD, BWD_REDUCE, STEP, ALLGATHER = "fwd", "bwd", "bwd_allreduce", "step", "optimizer_allgather"
@@ -58,8 +58,14 @@ class StepTimers:
         self.ms: dict[str, float] = defaultdict(float)
         self.group.log = self._collect
 
-    def _collect(self, names: Any, normalizer: float = 1.0, reset: bool = True,
-                 memory_breakdown: bool = False, ranks: Any = None) -> None:
+    def _collect(
+        self,
+        names: Any,
+        normalizer: float = 1.0,
+        reset: bool = True,
+        memory_breakdown: bool = False,
+        ranks: Any = None,
+    ) -> None:
         for name in names:
             timer = self.group.timers.get(name)
             if timer is None:
@@ -74,8 +80,12 @@ class StepTimers:
         ms, self.ms = self.ms, defaultdict(float)
         per = 1e-3 / max(steps, 1)
         comm = ms[BWD_REDUCE] + ms[ALLGATHER]
-        return (ms[FWD] * per, (ms[BWD] - ms[BWD_REDUCE]) * per,
-                (ms[STEP] - ms[ALLGATHER]) * per, comm * per)
+        return (
+            ms[FWD] * per,
+            (ms[BWD] - ms[BWD_REDUCE]) * per,
+            (ms[STEP] - ms[ALLGATHER]) * per,
+            comm * per,
+        )
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -109,8 +119,16 @@ def slow_ranks(own: list[float], forward: list[float], factor: float) -> list[tu
 
 def offer_bad_node(path: Path, node: str, factor: float, step: int) -> None:
     """Append a straggler to the bad-node ledger fault tolerance reads (nothing is excluded here)."""
-    append_jsonl(path, {"node": node, "reason": "straggler", "factor": round(factor, 3),
-                        "step": step, "time": time.time()})
+    append_jsonl(
+        path,
+        {
+            "node": node,
+            "reason": "straggler",
+            "factor": round(factor, 3),
+            "step": step,
+            "time": time.time(),
+        },
+    )
 
 
 def _mean(values: list[float]) -> float:
@@ -120,8 +138,17 @@ def _mean(values: list[float]) -> float:
 class Perf:
     """Per-rank clocks for one attempt and the interval report (one all_gather per log interval)."""
 
-    def __init__(self, engine: Any, cfg: Any, world: int, rank: int, device: torch.device,
-                 node: str, record: Callable[..., Any], run_path: Path) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        cfg: Any,
+        world: int,
+        rank: int,
+        device: torch.device,
+        node: str,
+        record: Callable[..., Any],
+        run_path: Path,
+    ) -> None:
         self.engine, self.world, self.rank, self.device = engine, world, rank, device
         self.record, self.run_path = record, run_path  # record: the ledger (writes on rank 0)
         self.hosts: list[Any] = [None] * world  # each rank's node, for straggler events
@@ -136,8 +163,12 @@ class Perf:
         self.dtype, self.peak_tflops = resolved_dtype(cfg), cfg.peak_tflops
         self.timers = StepTimers(engine)
         if not self.timers.enabled and rank == 0:
-            print("slurmtrain: train.timers=false: no forward/backward/optimizer/comm split and no "
-                  "straggler detection", file=sys.stderr, flush=True)
+            print(
+                "slurmtrain: train.timers=false: no forward/backward/optimizer/comm split and no "
+                "straggler detection",
+                file=sys.stderr,
+                flush=True,
+            )
         self.extra: dict[str, Any] = {}  # one-off fields for the next row (the measured FLOPs)
         self.steps = 0
         self.profiled = False  # this interval ran the FLOPs profiler (slow hooks on rank 0 only)
@@ -177,8 +208,11 @@ class Perf:
         own = (now - self.own_mark - self.waited - self.saving_s) / steps
         if self.timers.enabled:
             own -= comm
-        mine = torch.tensor([own, fwd, bwd, opt, comm, peak_memory_bytes(self.device)],
-                            dtype=torch.float64, device=self.device)
+        mine = torch.tensor(
+            [own, fwd, bwd, opt, comm, peak_memory_bytes(self.device)],
+            dtype=torch.float64,
+            device=self.device,
+        )
         rows = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(rows, mine)
         world = torch.stack(rows).cpu().tolist()
@@ -191,10 +225,16 @@ class Perf:
         column = [list(col) for col in zip(*world)]
         timed = self.timers.enabled
         fields: dict[str, Any] = {
-            "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / self.world,
+            "tokens_per_s": tps,
+            "tokens_per_s_per_gpu": tps / self.world,
             "tflops_per_gpu": flops.tflops_per_gpu(tps / self.world, self.flops_per_token),
-            "mfu": flops.mfu(tps / self.world, self.flops_per_token, device_name=self.device_name,
-                             dtype=self.dtype, peak_tflops=self.peak_tflops),
+            "mfu": flops.mfu(
+                tps / self.world,
+                self.flops_per_token,
+                device_name=self.device_name,
+                dtype=self.dtype,
+                peak_tflops=self.peak_tflops,
+            ),
             "step_time": train_s / steps,
             "time_forward": _mean(column[_FWD]) if timed else None,
             "time_backward": _mean(column[_BWD]) if timed else None,
@@ -216,9 +256,12 @@ class Perf:
         node = self.hosts[rank] if rank < len(self.hosts) else "?"
         self.record("straggler", rank=rank, node=node, factor=round(factor, 3), step=step)
         offer_bad_node(self.run_path / "bad_nodes.jsonl", node, factor, step)
-        print(f"slurmtrain: straggler: rank {rank} on {node} takes {factor:.2f}x the median "
-              f"compute time per step (step {step}; train.straggler_factor={self.factor:g})",
-              file=sys.stderr, flush=True)
+        print(
+            f"slurmtrain: straggler: rank {rank} on {node} takes {factor:.2f}x the median "
+            f"compute time per step (step {step}; train.straggler_factor={self.factor:g})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _flops_profiled(self, step: int) -> None:
         """DeepSpeed's profiler counted one micro batch's forward at this step; x3 for training."""
@@ -227,6 +270,12 @@ class Perf:
             return
         measured = 3.0 * fwd / self.micro_tokens
         path = self.run_path / "profile" / f"flops_step{step}.txt"
-        self.record("flops_profile", step=step, path=str(path), fwd_flops_per_micro_batch=fwd,
-                    flops_per_token_measured=measured, flops_per_token_model=self.flops_per_token)
+        self.record(
+            "flops_profile",
+            step=step,
+            path=str(path),
+            fwd_flops_per_micro_batch=fwd,
+            flops_per_token_measured=measured,
+            flops_per_token_model=self.flops_per_token,
+        )
         self.extra = {"flops_per_token_measured": measured}
