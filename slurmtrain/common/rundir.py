@@ -228,11 +228,29 @@ def locate(cfg: DictConfig) -> RunDir:
     return RunDir(root / f"{base.name}-r{replica}")
 
 
+def config_yaml(cfg: DictConfig) -> str:
+    """OmegaConf.to_yaml's text, written by libyaml's C emitter (~10x faster: a 64-point sweep
+    writes 64 configs); strings that would read back as numbers or booleans stay quoted."""
+    from omegaconf._utils import get_omega_conf_dumper
+
+    base = getattr(yaml, "CDumper", None)
+    if base is None:
+        return OmegaConf.to_yaml(cfg, resolve=True)
+
+    class Dumper(base):  # type: ignore[misc, valid-type]
+        pass
+
+    Dumper.add_representer(str, get_omega_conf_dumper().str_representer)
+    data = OmegaConf.to_container(cfg, resolve=True)
+    return yaml.dump(data, Dumper=Dumper, default_flow_style=False, allow_unicode=True,
+                     sort_keys=False)
+
+
 def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
     """Write the config files (first submission) and the directory skeleton."""
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
-    text = OmegaConf.to_yaml(cfg, resolve=True)
+    text = config_yaml(cfg)
     if run.config.exists() and run.config.read_text() != text:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
         stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -60,6 +60,18 @@ def job_name(cfg: DictConfig) -> str:
     return f"st-{cfg.name}"
 
 
+@functools.lru_cache(maxsize=1)
+def _template():
+    """Compiled once per process (a 64-point sweep renders it 65 times)."""
+    env = Environment(
+        loader=FileSystemLoader(str(files(TEMPLATES))),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env.get_template("job.sbatch.j2")
+
+
 def render_script(
     cfg: DictConfig,
     run_dir: str,
@@ -73,16 +85,10 @@ def render_script(
     SLURM_ARRAY_TASK_ID in `array_map` (a JSON list), and the script then appends its own output to
     that run's logs/ like a single job's. srun line, environment and supervisor are the same.
     """
-    env = Environment(
-        loader=FileSystemLoader(str(files(TEMPLATES))),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
     run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags.checked("runs_root", run_dir))
     logs = '"$RUN_DIR"/logs' if array_map else shlex.quote(f"{run_dir}/logs")
     srun = ["--unbuffered", "--open-mode=append", *flags.srun_args(cfg)]
-    return env.get_template("job.sbatch.j2").render(
+    return _template().render(
         run_dir=run_dir,
         array_map=array_map,
         container=cfg.cluster.container,

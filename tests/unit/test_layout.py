@@ -98,3 +98,21 @@ def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package():
     assert listed == on_disk, f"pyproject.toml packages differ from the tree: {listed ^ on_disk}"
     assert project["package-dir"]["slurmtrain.conf"] == "conf"
     assert project["package-dir"]["slurmtrain.sbatch_templates"] == "sbatch_templates"
+
+
+def test_config_yaml_is_omegaconf_text(tmp_path):
+    """The fast writer of config.yaml gives exactly OmegaConf's text (tricky strings too)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from slurmtrain.common import schema
+    from slurmtrain.common.rundir import config_yaml
+    from slurmtrain.login.prepare import resolve
+
+    schema.register()
+    overrides = ["cluster=slurm", f"runs_root={tmp_path}", "model=opt13b", "nodes=2-4",
+                 "+cluster.env.A='1e-3'", "+cluster.env.B='true'", "+cluster.env.C='x: y'",
+                 "+cluster.env.D='0755'", "+cluster.env.E='ünï'"]
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
+        cfg = resolve(compose("config", overrides=overrides))
+    assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)
