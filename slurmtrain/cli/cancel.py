@@ -13,34 +13,28 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common import ledger, slurm_cmd
-from slurmtrain.common.rundir import ACTIVE_SLURM_STATES, RunDir
+from slurmtrain.common.rundir import ACTIVE_SLURM_STATES, RunDir, runs_named
 from slurmtrain.common.slurm_text import SlurmError
 
 
 def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
     """A run directory by path, or by name under runs_root; SystemExit(2) with one line otherwise."""
-    path = Path(arg).expanduser()
-    if (path / "config.yaml").is_file():
-        return RunDir(path.resolve())
-    root = Path(runs_root or os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs")).expanduser()
-    found = sorted(p.parent for p in (root / arg).glob("*/config.yaml")) if "/" not in arg else []
+    found, root = runs_named(arg, runs_root)
     if len(found) == 1:
-        return RunDir(found[0].resolve())
+        return found[0]
     if found:
-        alive = [p for p in found if _active(RunDir(p))]
+        alive = [r for r in found if _active(r)]
         if len(alive) == 1:
-            return RunDir(alive[0].resolve())
+            return alive[0]
         _fail(
             f"run name {arg!r}: {len(found)} run directories under {root} "
-            f"({', '.join(p.name for p in found)}); pass the directory to cancel"
+            f"({', '.join(r.path.name for r in found)}); pass the directory to cancel"
         )
     _fail(
         f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under {root}; pass a "

@@ -242,8 +242,9 @@ def config_yaml(cfg: DictConfig) -> str:
 
     Dumper.add_representer(str, get_omega_conf_dumper().str_representer)
     data = OmegaConf.to_container(cfg, resolve=True)
-    return yaml.dump(data, Dumper=Dumper, default_flow_style=False, allow_unicode=True,
-                     sort_keys=False)
+    return yaml.dump(
+        data, Dumper=Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False
+    )
 
 
 def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
@@ -257,3 +258,15 @@ def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
     atomic_write(run.config, text)
     atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)
+
+
+def runs_named(arg: str, runs_root: Optional[str] = None) -> tuple[list[RunDir], Path]:
+    """What a command-line RUN argument names: a run directory (one), or every run directory of
+    that run name under runs_root (default $SLURMTRAIN_RUNS_ROOT, else ./runs); and that root."""
+    root = Path(runs_root or os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs")).expanduser()
+    path = Path(arg).expanduser()
+    if RunDir(path).config.is_file():
+        return [RunDir(path.resolve())], root
+    if "/" in arg:
+        return [], root
+    return [RunDir(p.parent.resolve()) for p in sorted((root / arg).glob("*/config.yaml"))], root

@@ -30,6 +30,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+from slurmtrain.common.rundir import RunDir, read_jsonl, runs_named
+
 EXPORT_META = "slurmtrain_export.json"
 # Largest |logit difference| accepted between the export and the training model on the check
 # batch: fp32 is the same arithmetic on the same weights; bf16 rounds every weight (8-bit mantissa),
@@ -55,17 +57,13 @@ def quiet() -> None:
 
 def find_run(arg: str) -> Path:
     """A run directory by path, or by run name under $SLURMTRAIN_RUNS_ROOT (default ./runs)."""
-    path = Path(arg).expanduser()
-    if (path / "config.yaml").is_file():
-        return path.resolve()
-    root = Path(os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs")).expanduser()
-    found = sorted(p.parent for p in (root / arg).glob("*/config.yaml")) if "/" not in arg else []
+    found, root = runs_named(arg)
     if len(found) == 1:
-        return found[0].resolve()
+        return found[0].path
     if len(found) > 1:
         raise ExportError(
             f"run name {arg!r} has {len(found)} run directories under {root}: "
-            f"{', '.join(str(p) for p in found)}; pass one of them"
+            f"{', '.join(str(r.path) for r in found)}; pass one of them"
         )
     raise ExportError(
         f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under "
@@ -77,7 +75,7 @@ def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any
     """`step_N/` (validated) or the newest checkpoint that validates, with its manifest."""
     from slurmtrain.compute.checkpoint import format as ckpt
 
-    root = run / "checkpoints"
+    root = RunDir(run).checkpoints
     if step is None:
         found = ckpt.find_resumable(root)
         for path, reason in found.skipped:
@@ -257,9 +255,8 @@ def verify(
 
 
 def _metrics(run: Path) -> list[dict[str, Any]]:
-    from slurmtrain.common.rundir import read_jsonl
 
-    return read_jsonl(run / "metrics.jsonl")
+    return read_jsonl(RunDir(run).metrics)
 
 
 def export(
@@ -284,7 +281,7 @@ def export(
     from slurmtrain.common.schema import load_run_config
     from slurmtrain.compute.model import opt_config
 
-    cfg = load_run_config(str(run / "config.yaml"))
+    cfg = load_run_config(str(RunDir(run).config))
     step = int(manifest["step"])
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -110,9 +110,17 @@ def test_config_yaml_is_omegaconf_text(tmp_path):
     from slurmtrain.login.prepare import resolve
 
     schema.register()
-    overrides = ["cluster=slurm", f"runs_root={tmp_path}", "model=opt13b", "nodes=2-4",
-                 "+cluster.env.A='1e-3'", "+cluster.env.B='true'", "+cluster.env.C='x: y'",
-                 "+cluster.env.D='0755'", "+cluster.env.E='ünï'"]
+    overrides = [
+        "cluster=slurm",
+        f"runs_root={tmp_path}",
+        "model=opt13b",
+        "nodes=2-4",
+        "+cluster.env.A='1e-3'",
+        "+cluster.env.B='true'",
+        "+cluster.env.C='x: y'",
+        "+cluster.env.D='0755'",
+        "+cluster.env.E='ünï'",
+    ]
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = resolve(compose("config", overrides=overrides))
     assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from slurmtrain.common.rundir import append_jsonl
+from slurmtrain.common.rundir import RunDir, append_jsonl
 from slurmtrain.common.schema import resolved_dtype
 from slurmtrain.planning import flops
 
@@ -255,7 +255,7 @@ class Perf:
     def _straggler(self, rank: int, factor: float, step: int) -> None:
         node = self.hosts[rank] if rank < len(self.hosts) else "?"
         self.record("straggler", rank=rank, node=node, factor=round(factor, 3), step=step)
-        offer_bad_node(self.run_path / "bad_nodes.jsonl", node, factor, step)
+        offer_bad_node(RunDir(self.run_path).bad_nodes, node, factor, step)
         print(
             f"slurmtrain: straggler: rank {rank} on {node} takes {factor:.2f}x the median "
             f"compute time per step (step {step}; train.straggler_factor={self.factor:g})",
@@ -269,7 +269,7 @@ class Perf:
         if not fwd:
             return
         measured = 3.0 * fwd / self.micro_tokens
-        path = self.run_path / "profile" / f"flops_step{step}.txt"
+        path = RunDir(self.run_path).profile / f"flops_step{step}.txt"
         self.record(
             "flops_profile",
             step=step,
