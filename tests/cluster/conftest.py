@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -41,9 +41,10 @@ def pytest_configure(config: pytest.Config) -> None:
 @dataclass(frozen=True)
 class ClusterInfo:
     nodes: list[str]
-    partitions: dict  # name -> slurmtrain.common.slurm_text.PartitionInfo
+    partitions: dict  # name -> PartitionInfo of the CPU nodes' partitions (debug, high)
     state_dir: Path
     harness: Path
+    gpu_partitions: dict = field(default_factory=dict)  # `gpu`: the GRES-declaring nodes n5-n6
 
     def slurmd_pid(self, node: str) -> int:
         return int((self.state_dir / "run" / f"slurmd-{node}.pid").read_text().split()[0])
@@ -101,7 +102,10 @@ def slurm_cluster() -> ClusterInfo:
         pytest.fail(f"tools/slurm_cluster.py start failed:\n{res.stdout}\n{res.stderr}")
     from slurmtrain.common.slurm_cmd import query_partitions
 
-    return ClusterInfo(info.nodes, query_partitions(), state_dir, HARNESS)
+    every = query_partitions()
+    cpu = {k: p for k, p in every.items() if set(p.node_names) <= set(info.nodes)}
+    gpu = {k: p for k, p in every.items() if k not in cpu}
+    return ClusterInfo(info.nodes, cpu, state_dir, HARNESS, gpu)
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ def _sbatch(stdout: str) -> dict[str, str]:
 
 
 def test_gpu_partition_plans_8_gpus_per_node_in_bf16_with_the_recipe(slurm_cluster, workdir):
-    gpu = slurm_cluster.partitions["gpu"]
+    gpu = slurm_cluster.gpu_partitions["gpu"]
     assert gpu.gpus_per_node == 8 and gpu.total_nodes == 2
     done = run_cli(
         ["model=opt13b", "nodes=2", "cluster=slurm", "cluster.partition=gpu", "dry_run=true"],
