@@ -72,13 +72,13 @@ def summary(
     valid = [m for m in metrics if isinstance(m.get("valid_loss"), (int, float))]
     return "\n".join(
         [
+            f"run       {run_dir}",
+            f"steps     last {max(steps, default=0)}, logged {len(steps)}, kept {g.steps_kept}, lost {g.steps_lost}",
             *(
                 [f"valid     loss {valid[-1]['valid_loss']:.4f} at step {valid[-1].get('step')}"]
                 if valid
                 else []
             ),
-            f"run       {run_dir}",
-            f"steps     last {max(steps, default=0)}, logged {len(steps)}, kept {g.steps_kept}, lost {g.steps_lost}",
             f"attempts  {g.attempts}   requeues {kinds['requeued']}   signals {kinds['signal']}   "
             f"checkpoints saved {kinds['checkpoint_saved']}",
             f"failures  {fail}",
