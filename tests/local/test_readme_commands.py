@@ -42,4 +42,7 @@ def test_readme_commands_run_as_written(tmp_path):
         outputs.append(done.stdout)
     assert "OPTForCausalLM" in outputs[-1]
     assert (tmp_path / "exports" / "licenses" / "config.json").is_file()
-    assert any("valid_loss" in out for out in outputs)  # status shows the held-out loss
+    status = outputs[[i for i, c in enumerate(readme_commands()) if "cli status" in c][0]]
+    assert "valid_loss" in status and "licenses" in status and "finished" in status
+    sample = outputs[[i for i, c in enumerate(readme_commands()) if "cli sample" in c][0]]
+    assert sample.startswith("The GNU General Public License") and len(sample.strip()) > 40
