@@ -166,8 +166,9 @@ class BlendSampler(Sampler):
     def counts(self, consumed: int) -> list[int]:
         """Samples drawn from each source among the first `consumed` samples."""
         whole, part = divmod(consumed, PERIOD)
-        partial = self.prefix[part] if part < PERIOD else self.per_period
-        return [int(whole * self.per_period[k] + partial[k]) for k in range(len(self.names))]
+        return [
+            int(whole * self.per_period[k] + self.prefix[part][k]) for k in range(len(self.names))
+        ]
 
     def sample(self, global_index: int) -> int:
         whole, part = divmod(global_index, PERIOD)

@@ -73,3 +73,16 @@ def test_a_blend_trains_and_every_checkpoint_records_samples_per_source(workdir)
         assert sum(per.values()) == consumed == 40 * e["step"]
         assert abs(per[str(a)] - 0.7 * consumed) <= 1 and abs(per[str(b)] - 0.3 * consumed) <= 1
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "valid_loss" in r] == [10, 20]
+
+
+def test_evaluation_does_not_change_training_so_it_is_not_in_the_fingerprint(workdir):
+    base = ["train.max_steps=12", "train.log_interval=1", "checkpoint.interval_steps=0"]
+    off = run_cli(base + ["train.eval_interval=0", "name=off"], cwd=workdir)
+    on = run_cli(base + ["train.eval_interval=3", "name=on"], cwd=workdir)
+    assert off.returncode == 0 and on.returncode == 0, off.stderr + on.stderr
+    runs = {p.parent.name: p for p in run_dirs(workdir / "runs")}
+    assert runs["off"].name == runs["on"].name  # same fingerprint
+    rows = {k: read_jsonl(p / "metrics.jsonl") for k, p in runs.items()}
+    assert [r["loss"] for r in rows["off"]] == [r["loss"] for r in rows["on"]]  # bitwise
+    assert [r["step"] for r in rows["on"] if "valid_loss" in r] == [3, 6, 9, 12]
+    assert not any("valid_loss" in r for r in rows["off"])
