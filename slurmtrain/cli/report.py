@@ -1,7 +1,7 @@
 """`python -m slurmtrain.cli.report RUN_DIR [--out PNG] [--live]`: a run over wall time in one PNG.
 
-Panels: loss, tokens/s, MFU (or TFLOP/s per GPU), goodput breakdown (cumulative share and a timeline
-strip), all with markers for attempts, requeues, failures (by class) and saved checkpoints. A short
+Panels: loss (train, and the held-out valid_loss as its own line), tokens/s, MFU (or TFLOP/s per
+GPU), goodput breakdown (cumulative share and a timeline strip), all with markers for attempts, requeues, failures (by class) and saved checkpoints. A short
 text summary goes to stdout. Login node: matplotlib with the Agg backend, no torch.
 """
 
@@ -69,10 +69,16 @@ def summary(
     steps = [m["step"] for m in metrics if isinstance(m.get("step"), int)]
     g = a.goodput
     fail = ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none"
+    valid = [m for m in metrics if isinstance(m.get("valid_loss"), (int, float))]
     return "\n".join(
         [
             f"run       {run_dir}",
             f"steps     last {max(steps, default=0)}, logged {len(steps)}, kept {g.steps_kept}, lost {g.steps_lost}",
+            *(
+                [f"valid     loss {valid[-1]['valid_loss']:.4f} at step {valid[-1].get('step')}"]
+                if valid
+                else []
+            ),
             f"attempts  {g.attempts}   requeues {kinds['requeued']}   signals {kinds['signal']}   "
             f"checkpoints saved {kinds['checkpoint_saved']}",
             f"failures  {fail}",
@@ -129,6 +135,18 @@ def _metric_panel(
             ha="center",
             va="center",
             color="#777777",
+        )
+    return bool(series)
+
+
+def _valid_line(ax, metrics, t0: float, unit: float) -> bool:
+    """The held-out loss (valid_loss) on the loss panel: its own line and points, per attempt."""
+    series = _series(metrics, "valid_loss", t0, unit)
+    for i, (_attempt, (xs, ys)) in enumerate(sorted(series.items())):
+        ax.plot(xs, ys, lw=1.2, color="#ff7f0e", marker="o", ms=3, label=None if i else "valid")
+    if series:
+        ax.text(
+            0.01, 0.92, "blue: train loss, orange: valid_loss", transform=ax.transAxes, fontsize=7
         )
     return bool(series)
 
@@ -217,6 +235,7 @@ def plot(
     )
     ax_loss, ax_tps, ax_mfu, ax_cum, ax_strip = axes
     _metric_panel(ax_loss, metrics, "loss", "loss", t0, unit, lost=a.lost_records)
+    _valid_line(ax_loss, metrics, t0, unit)
     _metric_panel(ax_tps, metrics, "tokens_per_s", "tokens/s", t0, unit)
     if any(isinstance(m.get("mfu"), (int, float)) for m in metrics):
         vals = [m["mfu"] for m in metrics if isinstance(m.get("mfu"), (int, float))]

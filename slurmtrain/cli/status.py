@@ -1,8 +1,9 @@
 """`python -m slurmtrain.cli status [PATH ...]`: every run under a runs root (or the given run dirs).
 
-One row per run: state, attempts, step, last checkpoint, job id, nodes, goodput; a stopped run shows
-its failure class and last error line; a smoke=true run held by its smoke test says so ("waiting:
-smoke test", or "blocked: smoke failed" with the smoke run's last error). Reads only run directories (and squeue for liveness).
+One row per run: state, attempts, step, last validation loss (a sweep's points side by side), last
+checkpoint, job id, nodes, goodput; a stopped run shows its failure class and last error line; a
+smoke=true run held by its smoke test says so ("waiting: smoke test", or "blocked: smoke failed"
+with the smoke run's last error). Reads only run directories (and squeue for liveness).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def summarize(run: RunDir) -> dict[str, Any]:
         "state": run.state(),
         "attempts": run.attempts(),
         "step": metrics[-1]["step"] if metrics else 0,
+        "valid_loss": next((m["valid_loss"] for m in reversed(metrics) if "valid_loss" in m), None),
         "checkpoint": latest.read_text().strip() if latest.exists() else None,
         "job_id": next((e["job_id"] for e in reversed(events) if e["event"] == "submitted"), None),
         "nodes": last.get("nodes") or [],
@@ -82,6 +84,7 @@ def render(rows: list[dict[str, Any]]) -> None:
         "state",
         "attempt",
         "step",
+        "valid_loss",
         "checkpoint",
         "job",
         "nodes",
@@ -98,6 +101,7 @@ def render(rows: list[dict[str, Any]]) -> None:
             r["state"],
             str(r["attempts"]),
             str(r["step"]),
+            "-" if r.get("valid_loss") is None else f"{r['valid_loss']:.4f}",
             r["checkpoint"] or "-",
             str(r["job_id"] or "-"),
             ",".join(r["nodes"]) or "-",

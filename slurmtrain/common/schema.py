@@ -48,14 +48,25 @@ class ModelConfig:
 
 
 @dataclass
+class DataSource:
+    path: str = MISSING  # a .bin written by tools/prepare_data.py
+    weight: float = 1.0  # share of the samples (weights are normalised)
+
+
+@dataclass
 class DataConfig:
-    kind: str = (
-        "synthetic"  # synthetic: stdlib text as bytes, on every machine | tokens: a .bin file
-    )
+    # synthetic: stdlib text as bytes, on every machine | tokens: a .bin file | blend: data.sources
+    kind: str = "synthetic"
     path: Optional[str] = None  # tokens: the .bin written by tools/prepare_data.py
+    sources: list[DataSource] = field(default_factory=list)  # blend: [{path: a.bin, weight: 0.7}]
     seq_len: int = 128
     max_corpus_bytes: int = 4_000_000  # synthetic: how much stdlib source to gather
     seed: int = 1234  # shuffling order of the samples
+    # Held-out data, never trained on: the last valid_fraction of each source's tokens (0: none;
+    # the data group files set 0.01), or a separate token file valid_path (the corpus trains whole).
+    valid_fraction: float = 0.0
+    valid_path: Optional[str] = None
+    valid_windows: int = 64  # the fixed validation windows, evenly spaced over the held-out tokens
 
 
 @dataclass
@@ -167,6 +178,8 @@ class TrainConfig:
     global_batch_tokens: Optional[float] = None
     grad_accumulation: int = 1  # only used to derive global_batch_size when it is None
     log_interval: int = 10
+    # Validation loss on the held-out windows every N steps and at the last step (0: off).
+    eval_interval: int = 50
     seed: int = 1234
     # DeepSpeed's wall_clock_breakdown timers: the forward/backward/optimizer/comm split of each
     # step, and what straggler detection needs (a rank's time minus its waits in collectives).
@@ -223,6 +236,7 @@ NON_RESULT_KEYS = (
     "faults",
     "smoke",
     "train.log_interval",
+    "train.eval_interval",
     "train.pause_at_step",
     "train.grad_accumulation",
     "train.timers",

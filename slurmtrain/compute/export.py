@@ -193,8 +193,8 @@ def check_batch(cfg: Any, step: int, limit: Optional[int]) -> Any:
 
     from slurmtrain.compute import data
 
-    tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
-    sampler = data.Sampler(len(tokens), cfg.data.seq_len, cfg.data.seed)
+    loaded = data.load(cfg.data)  # the training windows (held-out split, blends) and order
+    tokens, sampler = loaded.train, loaded.sampler
     gbs = int(cfg.train.global_batch_size)
     ids = [sampler.sample(step * gbs + i) for i in range(gbs if limit is None else min(gbs, limit))]
     return torch.from_numpy(data.batch(tokens, ids, cfg.data.seq_len))

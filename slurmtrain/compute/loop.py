@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from slurmtrain.compute import evaluate
 from slurmtrain.compute.data import Sampler, batch
 from slurmtrain.compute.faults.signals import NONE, SignalFlags
 from slurmtrain.compute.model import loss_fn
@@ -52,6 +53,7 @@ def train(
     accum: int,
     on_step: Optional[Callable[[int, float], None]] = None,
     stop_at: Optional[int] = None,
+    evaluator: Optional[evaluate.Evaluator] = None,
 ) -> Outcome:
     """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes).
     `accum`: micro steps per optimizer step (schema.grad_accumulation for this world size)."""
@@ -90,8 +92,10 @@ def train(
         if on_step is not None:  # fault injection; a slow rank's delay here is its own time, its
             on_step(state.step, step_time)  # peers' wait for it (next step) is DeepSpeed's comm
         perf.step_done(state.step)
+        valid, code = evaluate.maybe(evaluator, engine, state.step, flags, perf, stop_code)
+        stop_code = stop_code or code
 
-        if state.step % log_every == 0 or state.step == cfg.train.max_steps or stop_code:
+        if state.step % log_every == 0 or state.step == cfg.train.max_steps or stop_code or valid:
             # perf.interval is a collective (one all_gather): throughput, FLOPs, timers, memory.
             metrics.log(
                 state.step,
@@ -99,6 +103,7 @@ def train(
                 loss=loss_value,
                 lr=engine.get_lr()[0],
                 consumed_samples=state.step * gbs,
+                **valid,
                 **perf.interval(state.step, cfg.train.max_steps),
             )
 

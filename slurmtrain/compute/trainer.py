@@ -155,8 +155,8 @@ class Trainer:
             timeout_s=c.publish_timeout_minutes * 60,
         )
         self.checkpointer.attach(self.engine)
-        self.tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
-        self.sampler = data.Sampler(len(self.tokens), cfg.data.seq_len, cfg.data.seed)
+        self.data = data.load(cfg.data)  # training windows + sampler, held-out windows
+        self.tokens, self.sampler = self.data.train, self.data.sampler
         self.metrics = MetricsWriter(
             run.metrics,
             self.rank == 0,
@@ -193,10 +193,7 @@ class Trainer:
             "world_size": self.world,
             "consumed_samples": consumed,
             "zero_stage": self.cfg.deepspeed.stage,
-            "data_position": {
-                "consumed_samples": consumed,
-                "epoch": consumed // self.sampler.num_samples,
-            },
+            "data_position": self.sampler.position(consumed),  # blends: samples per source
         }
         self.checkpointer.save(self.engine, step, meta, rng_state())
 
@@ -208,6 +205,7 @@ class Trainer:
 
     def loop(self) -> Any:
         from slurmtrain.compute import loop
+        from slurmtrain.compute.evaluate import Evaluator
         from slurmtrain.compute.observe.perf import Perf
 
         cfg = self.cfg
@@ -240,6 +238,7 @@ class Trainer:
                 accum=grad_accumulation(cfg, self.world),
                 on_step=self.on_step,
                 stop_at=pause,
+                evaluator=Evaluator(self.data, cfg, self.rank, self.world, self.device),
             )
         except BaseException:
             self.checkpointer.abandon()  # an async save already copied may still publish

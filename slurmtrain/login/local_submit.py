@@ -63,6 +63,9 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         print(f"slurmtrain: local job {job.job_id} failed: {reason}")
         print(f"slurmtrain: worker logs: {run.logs}/{job.job_id}_*.err")
     done = any(r["event"] == "finished" for r in run.events())
+    if done:  # what to do with the model just trained
+        print(f"sample: python -m slurmtrain.cli sample {run.path} --prompt 'def '")
+        print(f"export: python -m slurmtrain.cli export {run.path} --out exports/{cfg.name}")
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
 
 

@@ -285,6 +285,7 @@ class Checkpointer:
             path=str(final),
             mode="async" if self.async_save else "sync",
             write_seconds=_slowest(reports),
+            data_position=job.meta.get("data_position"),  # blends: samples drawn per source
         )
         prune(self.root, self.keep_last, self.keep_every)
         return SaveOutcome(job.step, True)

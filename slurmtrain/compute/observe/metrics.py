@@ -21,7 +21,8 @@ from slurmtrain.planning.eta import format_duration
 
 def summary_line(step: int, max_steps: int, values: dict[str, Any]) -> str:
     """One line a Slurm user tails, e.g. `step 40/200 loss 4.1200 lr 1.00e-03 tok/s 21,000
-    step 0.049s TFLOPS/GPU 0.0123 MFU 41.2% ETA 0:00:08` (MFU - without a known peak: CPUs)."""
+    step 0.049s TFLOPS/GPU 0.0123 MFU 41.2% ETA 0:00:08` (MFU - without a known peak: CPUs), then
+    `valid_loss 4.3000` on the steps that evaluated the held-out set (valid_ppl: in the row)."""
     mfu = values.get("mfu")
     tflops = values.get("tflops_per_gpu")
     eta = values.get("eta_s")
@@ -32,6 +33,7 @@ def summary_line(step: int, max_steps: int, values: dict[str, Any]) -> str:
         f"TFLOPS/GPU {'-' if tflops is None else f'{tflops:.3g}'} "
         f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'} "
         f"ETA {'-' if eta is None else format_duration(eta, clock=True)}"
+        + (f" valid_loss {valid:.4f}" if (valid := values.get("valid_loss")) is not None else "")
     )
 
 

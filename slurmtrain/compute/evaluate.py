@@ -1,0 +1,112 @@
+"""Held-out evaluation: the validation loss on a fixed set of windows, every rank a strided share.
+
+Every `train.eval_interval` steps and at the last step the ranks evaluate `data.valid_ids` (the same
+windows whatever the world size or restart, compute/data.py): rank r takes ids[r::world], padded to
+the same length on every rank (a padding window counts 0), so every rank runs the same forwards —
+ZeRO-3 gathers parameters collectively in each forward. After every batch one all-reduce carries
+the loss sum, the token count and the signal flags: a stop signal during evaluation is honoured at
+the next batch, all ranks together, and the evaluation is dropped (no valid_loss for that step).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from slurmtrain.compute.data import Data, share
+from slurmtrain.compute.faults.signals import NONE, TERMINATE, TIME_LIMIT, SignalFlags
+
+
+class Evaluator:
+    def __init__(
+        self, data: Data, cfg: Any, rank: int, world: int, device: torch.device, on_batch=None
+    ) -> None:
+        self.data, self.rank, self.world, self.device = data, rank, world, device
+        self.interval = int(cfg.train.get("eval_interval", 0) or 0)
+        self.max_steps = int(cfg.train.max_steps)
+        self.micro = int(cfg.train.micro_batch_size)
+        self.seq = int(cfg.data.seq_len)
+        self.on_batch = on_batch  # tests: called after each batch's forward
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval > 0 and bool(self.data.valid_ids)
+
+    def due(self, step: int) -> bool:
+        return self.enabled and (step % self.interval == 0 or step == self.max_steps)
+
+    def plan(self) -> list[tuple[list[int], list[float]]]:
+        """This rank's batches: (window ids, weights); padded so every rank has the same shape."""
+        ids = self.data.valid_ids or []
+        mine = share(ids, self.rank, self.world)
+        length = math.ceil(len(ids) / self.world)
+        weights = [1.0] * len(mine) + [0.0] * (length - len(mine))
+        mine = mine + [ids[0]] * (length - len(mine))
+        return [
+            (mine[i : i + self.micro], weights[i : i + self.micro])
+            for i in range(0, length, self.micro)
+        ]
+
+    def run(self, engine: Any, flags: SignalFlags) -> tuple[dict[str, float], int]:
+        """({valid_loss, valid_ppl} or {} when a signal cut it short, the agreed stop code)."""
+        from slurmtrain.compute.data import batch
+
+        total = torch.zeros(2, dtype=torch.float64)
+        was_training = engine.training
+        engine.eval()
+        try:
+            with torch.no_grad():
+                for ids, weights in self.plan():
+                    window = torch.from_numpy(batch(self.data.valid, ids, self.seq)).to(self.device)
+                    per_window = window_losses(engine, window)
+                    w = torch.tensor(weights, dtype=torch.float64, device=per_window.device)
+                    if self.on_batch is not None:
+                        self.on_batch()
+                    shared = torch.tensor(
+                        [
+                            float((per_window.double() * w).sum().item()),
+                            float(w.sum().item()),
+                            float(flags.code == TIME_LIMIT),
+                            float(flags.code == TERMINATE),
+                        ],
+                        dtype=torch.float64,
+                        device=self.device,
+                    )
+                    dist.all_reduce(shared)
+                    loss_sum, count, usr2, term = shared.tolist()
+                    if term > 0 or usr2 > 0:
+                        return {}, TERMINATE if term > 0 else TIME_LIMIT
+                    total += torch.tensor([loss_sum, count], dtype=torch.float64)
+        finally:
+            if was_training:
+                engine.train()
+        loss = float(total[0] / max(float(total[1]), 1.0))
+        return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0))}, NONE
+
+
+def window_losses(model: Any, window: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy of each window (inputs window[:, :-1], labels window[:, 1:])."""
+    logits = model(input_ids=window[:, :-1]).logits.float()
+    flat = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), window[:, 1:].reshape(-1), reduction="none"
+    )
+    return flat.view(window.size(0), -1).mean(dim=1)
+
+
+def maybe(
+    evaluator: Optional[Evaluator],
+    engine: Any,
+    step: int,
+    flags: SignalFlags,
+    perf: Any,
+    stopping: int = NONE,
+) -> tuple[dict[str, float], int]:
+    """The loop's one call: evaluate when due (not when the ranks already agreed to stop); its
+    time is kept out of step time and tokens/s (Perf.saving: not training time)."""
+    if stopping or evaluator is None or not evaluator.due(step):
+        return {}, NONE
+    with perf.saving():
+        return evaluator.run(engine, flags)
