@@ -1,0 +1,482 @@
+"""Fault matrix: every fault on the real cluster, N trials each, one table of what happened.
+
+    python bench/fault_matrix.py [--trials 3] [--faults crash_loop,hang_one_rank] [--list]
+
+Needs the local Slurm cluster (tools/slurm_cluster.py start) and root for the ones that kill a
+slurmd, mount a tmpfs or restart slurmctld. Each trial is a short opt_tiny run (20-60 steps, 2 nodes
+x 1 CPU rank) submitted through `python -m slurmtrain` as a user would; the fault is produced the
+way tests/cluster produces it (SLURMTRAIN_INJECT, a high-priority hog, a killed slurmd, flipped
+bytes, a full tmpfs, `sbatch job.sbatch` by hand, `restart-ctld`, `scancel --batch`). Every figure
+comes from the run's ledger and metrics.jsonl:
+
+- recovered: the run ended as expected (finished, or stopped with the expected class)
+- steps lost (max): over attempt boundaries, steps trained by an attempt beyond the checkpoint the
+  next one loaded (what a restart recomputes)
+- duplicate trainers: trials where two jobs trained the run at once (metrics of one attempt written
+  after the next one's began, or two job ids writing the same attempt)
+- corrupt resumes: a `checkpoint_loaded` of a checkpoint never published (`.tmp`, a step with no
+  `checkpoint_saved`) or one the trial corrupted
+- class ok: the ledger holds the class/event the fault must be recorded as
+
+Faults whose handling is being built elsewhere carry the outcome they must have once merged
+(nan_loss: `rollback` then finished; all_checkpoints_corrupt: stopped `checkpoint_unreadable`;
+duplicate_submission: `duplicate_refused`); until then their row says no.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurmtrain.common.rundir import RunDir, read_jsonl  # noqa: E402
+
+HARNESS = ROOT / "tools" / "slurm_cluster.py"
+STATE_DIR = Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster"))
+SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+BASE = [
+    "cluster=slurm",
+    "cluster.cpu_tasks_per_node=1",
+    "nodes=2",
+    "train.log_interval=1",
+    "train.max_steps=30",
+    "checkpoint.interval_steps=10",
+    "faults.health_check=true",
+]
+
+
+@dataclass
+class Trial:
+    """One run of one fault: where it trains and what the fault did to it."""
+
+    workdir: Path
+    name: str
+    run: Optional[Path] = None
+    corrupted: set[str] = field(default_factory=set)
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def submit(self, args: list[str], inject: str = "") -> Path:
+        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env.pop("SLURMTRAIN_INJECT", None)
+        if inject:
+            env["SLURMTRAIN_INJECT"] = inject
+        done = subprocess.run(
+            [sys.executable, "-m", "slurmtrain", *BASE, f"name={self.name}", *args],
+            cwd=self.workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"submit failed: {done.stdout}{done.stderr}".strip()[-800:])
+        [self.run] = sorted(
+            p.parent for p in (self.workdir / "runs" / self.name).glob("*/config.yaml")
+        )
+        return self.run
+
+    def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
+        return RunDir(self.run).events(kind) if self.run else []
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.run / "metrics.jsonl") if self.run else []
+
+    def wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if check():
+                return
+            time.sleep(1)
+        raise TimeoutError(f"{what} not within {timeout:.0f} s")
+
+    def wait_step(self, step: int, timeout: float = 300) -> None:
+        self.wait(
+            lambda: max((r["step"] for r in self.metrics()), default=0) >= step,
+            timeout,
+            f"step {step}",
+        )
+
+    def wait_event(self, kind: str, timeout: float = 400) -> dict[str, Any]:
+        self.wait(lambda: bool(self.events(kind)), timeout, f"event {kind}")
+        return self.events(kind)[-1]
+
+    def wait_end(self, timeout: float = 600) -> str:
+        """finished | stopped | paused, once the run's last job has left the queue."""
+        self.wait(
+            lambda: bool(self.events("finished") or self.events("stopped")),
+            timeout,
+            "finished or stopped",
+        )
+        for job in {str(e.get("job_id")) for e in self.events("submitted")}:
+            self.wait(lambda j=job: not squeue_state(j), 120, f"job {job} to leave the queue")
+        return "finished" if self.events("finished") else "stopped"
+
+    def paused_at_20(self, args: list[str] = ()) -> None:
+        self.submit([*args, "train.pause_at_step=20"])
+        self.wait_event("paused")
+        job = str(self.events("submitted")[-1]["job_id"])
+        self.wait(lambda: not squeue_state(job), 120, f"job {job} to end")
+
+    def flip(self, step: int) -> None:
+        shard = self.run / "checkpoints" / f"step_{step}" / SHARD
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        self.corrupted.add(shard.parent.name)
+
+
+def squeue_state(job: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def sh(*args: str) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True).stdout.strip()
+
+
+def harness(*args: str) -> None:
+    subprocess.run(
+        [sys.executable, str(HARNESS), *args, "--state-dir", str(STATE_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+# --- the faults: each produces the fault on a trial and returns the run's expected end ---------
+
+
+def time_limit(t: Trial) -> tuple[str, str]:
+    t.submit(
+        [
+            "cluster.time=2",
+            "cluster.signal_lead_s=30",
+            "train.max_steps=130",
+            "checkpoint.interval_steps=20",
+        ],
+        inject="step_delay=0.8",
+    )
+    return "finished", "timed_out"
+
+
+def preemption(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.5")
+    t.wait_step(6)
+    sh(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "high",
+        "-N4",
+        "--exclusive",
+        "--output=/dev/null",
+        "--job-name=st-fm-hog",
+        "--wrap",
+        "sleep 3",
+    )
+    return "finished", "preempted"
+
+
+def node_failure(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.5")
+    t.wait_step(12)
+    started = t.events("started")[-1]
+    victim = started["hosts"][1]  # rank 1's node: the batch shell lives on rank 0's
+    pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    try:
+        os.kill(started["pids"][1], signal.SIGKILL)
+    except (ProcessLookupError, IndexError, KeyError):
+        pass
+
+    def back() -> None:
+        harness("start", "--nodes", "4")
+        sh("scontrol", "update", f"nodename={victim}", "state=resume")
+
+    t.cleanup.append(back)
+    return "finished", "node_failure"
+
+
+def sigkill_mid_save(t: Trial) -> tuple[str, str]:
+    t.submit([], inject="kill_during_save=20,attempts=1")
+    return "finished", "attempt_ended!=finished"
+
+
+def corrupt_newest_checkpoint(t: Trial) -> tuple[str, str]:
+    t.paused_at_20()
+    t.flip(20)
+    t.submit([])
+    return "finished", "checkpoint_skipped"
+
+
+def all_checkpoints_corrupt(t: Trial) -> tuple[str, str]:
+    t.paused_at_20()
+    t.flip(10)
+    t.flip(20)
+    t.submit([])
+    return "stopped", "checkpoint_unreadable"
+
+
+def run_dir_of(t: Trial, args: list[str]) -> Path:
+    """Where `python -m slurmtrain` will train these args: from the config its dry run prints."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from slurmtrain.common.rundir import fingerprint
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    dry = subprocess.run(
+        [sys.executable, "-m", "slurmtrain", *BASE, f"name={t.name}", *args, "dry_run=true"],
+        cwd=t.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    cfg = OmegaConf.create(yaml.safe_load(dry.stdout.split("\nplan:")[0]))
+    return Path(cfg.runs_root) / cfg.name / fingerprint(cfg)
+
+
+def disk_full_on_save(t: Trial) -> tuple[str, str]:
+    # A 4 MB tmpfs as the run's checkpoints/: one checkpoint fits, the next does not (ENOSPC).
+    ckpts = run_dir_of(t, ["train.max_steps=40"]) / "checkpoints"
+    ckpts.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tmpfs", str(ckpts)]).returncode:
+        raise RuntimeError("cannot mount a tmpfs (needs root)")
+    t.cleanup.append(lambda: subprocess.run(["umount", "-l", str(ckpts)]))
+    t.submit(["train.max_steps=40"])
+    t.wait_event("checkpoint_failed")
+    subprocess.run(["mount", "-o", "remount,size=64M", "tmpfs", str(ckpts)])  # space freed
+    return "finished", "checkpoint_failed"
+
+
+def hang_on_one_rank(t: Trial) -> tuple[str, str]:
+    t.submit(
+        ["faults.hang_timeout_s=15", "train.max_steps=20"],
+        inject="stall_at_step=8,stall_rank=1,attempts=1",
+    )
+    return "finished", "hang"
+
+
+def nan_loss(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="nan_at_step=15,attempts=1")
+    return "finished", "rollback"
+
+
+def bad_node(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=10"], inject="bad_rank=1,attempts=1")
+    return "finished", "bad_node"
+
+
+def crash_loop(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=20"], inject="crash_at_step=7")
+    return "stopped", "crash"
+
+
+def world_size_change(t: Trial) -> tuple[str, str]:
+    t.paused_at_20()
+    t.submit(["nodes=1"])
+    return "finished", "checkpoint_converted"
+
+
+def duplicate_submission(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.3")
+    t.wait_step(5)
+    sh("sbatch", "--parsable", str(t.run / "job.sbatch"))
+    return "finished", "duplicate_refused"
+
+
+def controller_restart(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=60", "checkpoint.interval_steps=5"], inject="step_delay=0.5")
+    t.wait_step(8)
+    harness("restart-ctld", "--down-s", "15")
+    return "finished", "none"
+
+
+def sigterm_batch_shell(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.5")
+    t.wait_step(8)
+    job = str(t.events("started")[-1]["job_id"])
+    sh("scancel", "--batch", "--signal=TERM", job)
+    return "finished", "none"
+
+
+FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
+    "time_limit": time_limit,
+    "preemption": preemption,
+    "node_failure": node_failure,
+    "sigkill_mid_save": sigkill_mid_save,
+    "corrupt_newest_checkpoint": corrupt_newest_checkpoint,
+    "all_checkpoints_corrupt": all_checkpoints_corrupt,
+    "disk_full_on_save": disk_full_on_save,
+    "hang_on_one_rank": hang_on_one_rank,
+    "nan_loss": nan_loss,
+    "bad_node": bad_node,
+    "crash_loop": crash_loop,
+    "world_size_change": world_size_change,
+    "duplicate_submission": duplicate_submission,
+    "controller_restart": controller_restart,
+    "sigterm_batch_shell": sigterm_batch_shell,
+}
+
+
+# --- figures from the ledger and metrics -----------------------------------------------------
+
+
+def steps_lost(t: Trial) -> int:
+    """Max over attempt boundaries of (last step attempt k trained) - (step attempt k+1 loaded)."""
+    by_attempt: dict[int, int] = {}
+    for r in t.metrics():
+        by_attempt[r["attempt"]] = max(by_attempt.get(r["attempt"], 0), r["step"])
+    loaded = {e["attempt"]: e["step"] for e in t.events("checkpoint_loaded")}
+    attempts = sorted(by_attempt)
+    lost = 0
+    for prev, nxt in zip(attempts, attempts[1:]):
+        if nxt in loaded or nxt in by_attempt:
+            lost = max(lost, by_attempt[prev] - loaded.get(nxt, 0))
+    return lost
+
+
+def duplicate_trainers(t: Trial) -> bool:
+    rows = t.metrics()
+    spans: dict[int, tuple[float, float]] = {}
+    for r in rows:
+        a, ts = r["attempt"], r["time"]
+        lo, hi = spans.get(a, (ts, ts))
+        spans[a] = (min(lo, ts), max(hi, ts))
+    ordered = sorted(spans.values())
+    if any(prev[1] > nxt[0] for prev, nxt in zip(ordered, ordered[1:])):
+        return True
+    seen: dict[tuple[int, int], int] = {}  # a step logged twice within one attempt: two trainers
+    for r in rows:
+        key = (r["attempt"], r["step"])
+        seen[key] = seen.get(key, 0) + 1
+    return any(n > 1 for n in seen.values())
+
+
+def corrupt_resumes(t: Trial) -> int:
+    saved = {e["step"] for e in t.events("checkpoint_saved")}
+    bad = 0
+    for e in t.events("checkpoint_loaded"):
+        path = str(e.get("path", ""))
+        name = Path(path).name.removesuffix("_universal")
+        if name.endswith(".tmp") or name in t.corrupted or e.get("step") not in saved:
+            bad += 1
+    return bad
+
+
+def class_recorded(t: Trial, want: str) -> bool:
+    ev = t.events()
+    if want == "none":  # nothing failed: one clean chain, no failure recorded
+        return not any(e["event"] in ("failed", "stopped") for e in ev)
+    if want == "attempt_ended!=finished":
+        ended = [e for e in ev if e["event"] == "attempt_ended" and e.get("attempt") == 1]
+        return bool(ended) and ended[0].get("class") not in ("finished", "cancelled")
+    classes = {e.get("class") for e in ev if e["event"] in ("attempt_ended", "stopped", "failed")}
+    return want in classes or any(e["event"] == want for e in ev)
+
+
+def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"fm-{fault}-"))
+    t = Trial(workdir, f"fm-{fault.replace('_', '-')}-{index}-{int(time.time()) % 100000}")
+    row: dict[str, Any] = {"fault": fault}
+    try:
+        outcome, want = FAULTS[fault](t)
+        end = t.wait_end()
+        row.update(
+            recovered=end == outcome and (outcome != "stopped" or class_recorded(t, want)),
+            lost=steps_lost(t),
+            dup=duplicate_trainers(t),
+            corrupt=corrupt_resumes(t),
+            class_ok=class_recorded(t, want),
+            end=end,
+        )
+    except Exception as err:  # noqa: BLE001  a trial that breaks is a row that says so
+        row.update(
+            recovered=False,
+            lost=None,
+            dup=None,
+            corrupt=None,
+            class_ok=False,
+            end=f"error: {err}"[:120],
+        )
+        subprocess.run(["scancel", "--name", f"st-{t.name}"], capture_output=True)
+    finally:
+        for fn in reversed(t.cleanup):
+            fn()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    row["run"] = str(t.run) if keep else ""
+    print(f"  {fault} #{index}: {row}", file=sys.stderr, flush=True)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = [
+        "fault",
+        "trials",
+        "recovered",
+        "steps lost (max)",
+        "duplicate trainers",
+        "corrupt resumes",
+        "class recorded correctly",
+    ]
+    lines = [head]
+    for fault in dict.fromkeys(r["fault"] for r in rows):
+        rs = [r for r in rows if r["fault"] == fault]
+        lost = [r["lost"] for r in rs if r["lost"] is not None]
+        lines.append(
+            [
+                fault,
+                str(len(rs)),
+                f"{sum(bool(r['recovered']) for r in rs)}/{len(rs)}",
+                str(max(lost)) if lost else "-",
+                str(sum(bool(r["dup"]) for r in rs)),
+                str(sum(r["corrupt"] or 0 for r in rs)),
+                f"{sum(bool(r['class_ok']) for r in rs)}/{len(rs)}",
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = [" | ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--faults", default=",".join(FAULTS), help="comma-separated subset")
+    p.add_argument("--keep", action="store_true", help="keep the trials' run directories")
+    p.add_argument("--list", action="store_true", help="list the faults and exit")
+    a = p.parse_args(argv)
+    if a.list:
+        print("\n".join(FAULTS))
+        return
+    chosen = [f.strip() for f in a.faults.split(",") if f.strip()]
+    unknown = [f for f in chosen if f not in FAULTS]
+    if unknown:
+        p.error(f"--faults: unknown {', '.join(unknown)}; one of {', '.join(FAULTS)}")
+    if a.trials < 1:
+        p.error("--trials: at least 1")
+    rows = [trial(f, i, a.keep) for f in chosen for i in range(1, a.trials + 1)]
+    print(table(rows))
+    details = [r for r in rows if r.get("end") not in ("finished", "stopped")]
+    for r in details:
+        print(f"{r['fault']}: {r['end']}")
+
+
+if __name__ == "__main__":
+    main()
