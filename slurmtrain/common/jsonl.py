@@ -147,11 +147,17 @@ def writer_name() -> str:
 
 def append_jsonl(path: Path, row: dict[str, Any], durable: bool = False) -> None:
     """Append one line with one write() (O_APPEND), all of it; `durable`: fsync the file, and the
-    directory too when this call created the file."""
+    directory too when this call created the file. For files with one writer at a time (metrics,
+    a process's own ledger file); a torn last line left by a dead writer is ended first."""
     data = (json.dumps(row, default=str) + "\n").encode()
     new = durable and not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # The previous writer died mid-line (metrics.jsonl of a killed attempt): end its torn
+            # line first, or this row would be glued to it and lost with it.
+            data = b"\n" + data
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

@@ -116,3 +116,11 @@ def test_a_forked_child_writes_its_own_file(tmp_path: Path) -> None:
     os.waitpid(pid, 0)
     assert len(run.ledger_files()) == 2
     assert [e["event"] for e in run.events()] == ["started", "failed"]
+
+
+def test_a_row_appended_after_a_dead_writers_torn_line_is_kept(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')  # attempt 1 killed mid-line
+    jsonl.append_jsonl(path, {"step": 2, "loss": 1.5})  # attempt 2 resumes
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2]
+    assert f"{path}:2" in capsys.readouterr().err  # the torn line, now inside: reported
