@@ -9,7 +9,8 @@ way tests/cluster produces it (SLURMTRAIN_INJECT, a high-priority hog, a killed 
 bytes, a full tmpfs, `sbatch job.sbatch` by hand, `restart-ctld`, `scancel --batch`). Every figure
 comes from the run's ledger and metrics.jsonl:
 
-- recovered: the run ended as expected (finished, or stopped with the expected class)
+- recovered: the run ended as expected (finished, or stopped with the expected class), with no
+  duplicate trainer and no corrupt resume
 - steps lost (max): over attempt boundaries, steps trained by an attempt beyond the checkpoint the
   next one loaded (what a restart recomputes)
 - duplicate trainers: trials where two jobs trained the run at once (metrics of one attempt written
@@ -350,17 +351,32 @@ def steps_lost(t: Trial) -> int:
     return lost
 
 
+OWN_EVENTS = {"checkpoint_saved", "checkpoint_loaded", "finished", "signal", "paused", "failed"}
+
+
 def duplicate_trainers(t: Trial) -> bool:
+    """Two jobs trained the run at once: an attempt started while an earlier one still trained
+    (its own rows: metrics and what its ranks recorded, not what a closer wrote about it later),
+    or one step logged twice within one attempt."""
+    ev = t.events()
+    spans: dict[int, list[float]] = {}
+    for e in ev:
+        if e["event"] == "started":
+            spans[e["attempt"]] = [e["time"], e["time"]]
+    jobs = {e["attempt"]: str(e.get("job_id")) for e in ev if e["event"] == "started"}
+    own = [
+        (e["attempt"], e["time"])
+        for e in ev
+        if e["event"] in OWN_EVENTS and str(e.get("job_id")) == jobs.get(e.get("attempt"))
+    ]
     rows = t.metrics()
-    spans: dict[int, tuple[float, float]] = {}
-    for r in rows:
-        a, ts = r["attempt"], r["time"]
-        lo, hi = spans.get(a, (ts, ts))
-        spans[a] = (min(lo, ts), max(hi, ts))
-    ordered = sorted(spans.values())
+    for a, ts in own + [(r["attempt"], r["time"]) for r in rows]:
+        if a in spans:
+            spans[a][1] = max(spans[a][1], ts)
+    ordered = [spans[a] for a in sorted(spans)]
     if any(prev[1] > nxt[0] for prev, nxt in zip(ordered, ordered[1:])):
         return True
-    seen: dict[tuple[int, int], int] = {}  # a step logged twice within one attempt: two trainers
+    seen: dict[tuple[int, int], int] = {}
     for r in rows:
         key = (r["attempt"], r["step"])
         seen[key] = seen.get(key, 0) + 1
@@ -396,12 +412,17 @@ def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
     try:
         outcome, want = FAULTS[fault](t)
         end = t.wait_end()
+        dup, corrupt, class_ok = duplicate_trainers(t), corrupt_resumes(t), class_recorded(t, want)
         row.update(
-            recovered=end == outcome and (outcome != "stopped" or class_recorded(t, want)),
+            # recovered: ended as it must (a stop only with its class), one trainer, no bad resume
+            recovered=end == outcome
+            and (outcome != "stopped" or class_ok)
+            and not dup
+            and corrupt == 0,
             lost=steps_lost(t),
-            dup=duplicate_trainers(t),
-            corrupt=corrupt_resumes(t),
-            class_ok=class_recorded(t, want),
+            dup=dup,
+            corrupt=corrupt,
+            class_ok=class_ok,
             end=end,
         )
     except Exception as err:  # noqa: BLE001  a trial that breaks is a row that says so
