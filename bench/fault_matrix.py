@@ -113,13 +113,24 @@ class Trial:
         self.wait(lambda: bool(self.events(kind)), timeout, f"event {kind}")
         return self.events(kind)[-1]
 
-    def wait_end(self, timeout: float = 600) -> str:
-        """finished | stopped | paused, once the run's last job has left the queue."""
-        self.wait(
-            lambda: bool(self.events("finished") or self.events("stopped")),
-            timeout,
-            "finished or stopped",
-        )
+    def wait_end(self, timeout: float = 600, idle_s: float = 90) -> str:
+        """finished | stopped once the run's last job has left the queue; `stuck` when no job of
+        the run has been queued for `idle_s` and the ledger has no end (nobody will restart it)."""
+        deadline, idle_since = time.time() + timeout, None
+        while time.time() < deadline:
+            if self.events("finished") or self.events("stopped"):
+                break
+            jobs = {str(e.get("job_id")) for e in self.events("submitted")}
+            jobs |= {str(e.get("new_job_id")) for e in self.events("requeued")}
+            if any(squeue_state(j) for j in jobs):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.time()
+            elif time.time() - idle_since > idle_s:
+                return "stuck"
+            time.sleep(2)
+        else:
+            raise TimeoutError(f"no finished or stopped within {timeout:.0f} s")
         for job in {str(e.get("job_id")) for e in self.events("submitted")}:
             self.wait(lambda j=job: not squeue_state(j), 120, f"job {job} to leave the queue")
         return "finished" if self.events("finished") else "stopped"
@@ -247,7 +258,9 @@ def run_dir_of(t: Trial, args: list[str]) -> Path:
         text=True,
         timeout=300,
     )
-    cfg = OmegaConf.create(yaml.safe_load(dry.stdout.split("\nplan:")[0]))
+    text = dry.stdout.split("\nplan:")[0]
+    lines = [ln for ln in text.splitlines() if not ln.startswith("slurmtrain:")]  # notes
+    cfg = OmegaConf.create(yaml.safe_load("\n".join(lines)))
     return Path(cfg.runs_root) / cfg.name / fingerprint(cfg)
 
 
