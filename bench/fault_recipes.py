@@ -278,8 +278,9 @@ def crash_loop(t: Trial) -> tuple[str, str]:
 
 
 def world_size_change(t: Trial) -> tuple[str, str]:
-    t.paused_at_20()
-    t.submit(["nodes=1"])
+    batch = ["train.global_batch_size=8", "train.micro_batch_size=4"]  # same run on 1 or 2 nodes
+    t.paused_at_20(batch)
+    t.submit([*batch, "nodes=1"])  # 2 ranks -> 1: universal conversion, grad accumulation 2
     return "finished", "checkpoint_converted"
 
 
