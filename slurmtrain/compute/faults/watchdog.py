@@ -44,9 +44,9 @@ def bounded(fn: Callable[[], None], seconds: float, what: str) -> bool:
     return False
 
 
-def say(text: str) -> None:
-    """Write to stderr without waiting: stderr is a pipe to slurmstepd, which may itself be stuck
-    writing the log to the stalled filesystem (then a full pipe blocks the writer)."""
+def say(text: str, wait_s: float = 0.5) -> None:
+    """Write to stderr, waiting at most `wait_s`: stderr is a pipe to slurmstepd, which may itself
+    be stuck writing the log to the stalled filesystem (then a full pipe blocks the writer)."""
 
     def write() -> None:
         try:
@@ -55,7 +55,9 @@ def say(text: str) -> None:
         except Exception:  # noqa: BLE001
             pass
 
-    threading.Thread(target=write, name="slurmtrain-watchdog-say", daemon=True).start()
+    thread = threading.Thread(target=write, name="slurmtrain-watchdog-say", daemon=True)
+    thread.start()
+    thread.join(wait_s)
 
 
 def stacks_text(header: str) -> str:
