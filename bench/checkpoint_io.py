@@ -101,7 +101,7 @@ def train(workdir: Path, model: str, mode: str, steps: int, every: int) -> Path:
     done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"slurmtrain failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    [run] = (workdir / f"io-{model}-{mode}").glob("*/ledger.jsonl")
+    [run] = (workdir / f"io-{model}-{mode}").glob("*/config.yaml")
     return run.parent
 
 
@@ -120,7 +120,10 @@ def rows(path: Path) -> list[dict]:
 
 
 def figures(run: Path) -> dict[str, Any]:
-    saves = [e for e in rows(run / "ledger.jsonl") if e["event"] == "checkpoint_saved"]
+    sys.path.insert(0, str(ROOT))
+    from slurmtrain.common.rundir import RunDir
+
+    saves = RunDir(run).events("checkpoint_saved")
     metrics = rows(run / "metrics.jsonl")
     windows = [(e["time"] - e["total_seconds"] + e["seconds"], e["time"]) for e in saves]
 

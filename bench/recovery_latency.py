@@ -27,6 +27,9 @@ def rows(path: Path) -> list[dict]:
 
 
 def measure(restart: str, workdir: Path) -> tuple[float, float]:
+    sys.path.insert(0, str(ROOT))
+    from slurmtrain.common.rundir import RunDir
+
     name = f"recovery-{restart}"
     env = dict(__import__("os").environ, SLURMTRAIN_INJECT="step_delay=0.8")
     subprocess.run(
@@ -52,7 +55,7 @@ def measure(restart: str, workdir: Path) -> tuple[float, float]:
     run = next((workdir / name).glob("*/config.yaml")).parent
     deadline = time.time() + 600
     while time.time() < deadline:
-        ledger, metrics = rows(run / "ledger.jsonl"), rows(run / "metrics.jsonl")
+        ledger, metrics = RunDir(run).events(), rows(run / "metrics.jsonl")
         signal = next((e for e in ledger if e["event"] == "signal"), None)
         after = [m for m in metrics if signal and m["attempt"] == signal["attempt"] + 1]
         started = [

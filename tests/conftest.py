@@ -48,6 +48,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def ledger_events(run: Path) -> list[dict[str, Any]]:
+    """A run's ledger as every reader sees it: all writers' files merged (RunDir.events)."""
+    from slurmtrain.common.rundir import RunDir
+
+    return RunDir(run).events()
+
+
 def run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/*/config.yaml"))
 

@@ -521,6 +521,24 @@ def cmd_stop(a: argparse.Namespace) -> None:
     print("slurm_cluster: stopped")
 
 
+def cmd_restart_ctld(a: argparse.Namespace) -> None:
+    """Stop only slurmctld (SIGTERM: it saves its state), wait --down-s, start it again: a
+    controller restart or failover as a running job meets it. Nodes and jobs are left alone."""
+    c = Cluster(a.state_dir, 0)
+    if not c.pid("slurmctld", "slurmctld"):
+        sys.exit(f"slurm_cluster: no slurmctld of ours running (state dir {c.dir})")
+    c.kill("slurmctld", "slurmctld")
+    time.sleep(a.down_s)
+    sh(["slurmctld"])
+    print(f"  slurmctld started again after {a.down_s:g} s down")
+    wait_for(
+        "slurmctld",
+        lambda: sh(["scontrol", "ping"], check=False).returncode == 0,
+        60,
+        c.log / "slurmctld.log",
+    )
+
+
 def cmd_status(a: argparse.Namespace) -> None:
     res = sh(["sinfo"], check=False)
     print((res.stdout or res.stderr).rstrip())
@@ -531,7 +549,7 @@ def cmd_status(a: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=["install", "start", "stop", "status"])
+    p.add_argument("command", choices=["install", "start", "stop", "status", "restart-ctld"])
     p.add_argument("--nodes", type=int, default=4, help="virtual nodes n1..nN (start)")
     p.add_argument(
         "--gpu-nodes",
@@ -543,6 +561,9 @@ def main(argv: list[str] | None = None) -> None:
         "--state-dir",
         type=Path,
         default=Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster")),
+    )
+    p.add_argument(
+        "--down-s", type=float, default=15, help="restart-ctld: seconds slurmctld stays down"
     )
     p.add_argument("--keep-jobs", action="store_true", help="stop: do not cancel queued jobs")
     p.add_argument(
@@ -556,8 +577,18 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= a.gpu_nodes <= 8:
         p.error(f"--gpu-nodes {a.gpu_nodes}: use 0..8")
     a.state_dir = a.state_dir.resolve()
-    cmd = {"install": cmd_install, "start": cmd_start, "stop": cmd_stop, "status": cmd_status}
-    if a.command in {"start", "stop"}:  # test sessions may call `start` at the same moment
+    cmd = {
+        "install": cmd_install,
+        "start": cmd_start,
+        "stop": cmd_stop,
+        "status": cmd_status,
+        "restart-ctld": cmd_restart_ctld,
+    }
+    if a.command in {
+        "start",
+        "stop",
+        "restart-ctld",
+    }:  # test sessions may call `start` at the same moment
         a.state_dir.parent.mkdir(parents=True, exist_ok=True)
         lock = open(a.state_dir.parent / f".{a.state_dir.name}.lock", "w")
         fcntl.flock(lock, fcntl.LOCK_EX)  # held until this process exits

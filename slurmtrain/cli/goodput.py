@@ -316,7 +316,7 @@ def _paint(claims: list[tuple[float, float, int]], start: float, end: float) -> 
 
 def analyze_run(run_dir: Path | str, now: Optional[float] = None) -> Analysis:
     rd = RunDir(Path(run_dir))
-    return analyze(read_jsonl(rd.ledger), read_jsonl(rd.metrics), now)
+    return analyze(rd.events(), read_jsonl(rd.metrics), now)
 
 
 def compute_goodput(run_dir: Path | str, now: Optional[float] = None) -> Goodput:

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from slurmtrain.common.rundir import RunDir, read_jsonl
+from slurmtrain.common.rundir import RunDir
 
 LOG_GLOBS = ("**/*.log", "**/*.out", "**/*.err")
 _SUBMITIT = re.compile(r"^(\d+(?:_\d+)?)_(\d+)_log\.(?:out|err)$")
@@ -205,7 +205,7 @@ class LogMerger:
         self.run_dir = Path(run_dir)
         self.files = [f for f in find_logs(self.run_dir) if rank is None or f.rank == rank]
         self.attempt = attempt
-        self.windows = attempt_windows(read_jsonl(RunDir(self.run_dir).ledger))
+        self.windows = attempt_windows(RunDir(self.run_dir).events())
         jobs = sorted(
             {f.job_id for f in self.files if f.job_id and f.attempt is None},
             key=lambda j: tuple(int(x) for x in j.split("_")),

@@ -280,16 +280,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     run = args.run_dir
     rd = RunDir(run)
-    if not rd.ledger.exists() and not rd.metrics.exists():
+    if not rd.ledger_files() and not rd.metrics.exists():
         print(
-            f"run_dir={run}: no ledger.jsonl or metrics.jsonl there; pass a run directory "
+            f"run_dir={run}: no ledger (ledger.d/) or metrics.jsonl there; pass a run directory "
             f"(<runs_root>/<name>/<fingerprint>)",
             file=sys.stderr,
         )
         return 2
     import time
 
-    ledger, metrics = read_jsonl(rd.ledger), read_jsonl(rd.metrics)
+    ledger, metrics = rd.events(), read_jsonl(rd.metrics)
     a = analyze(ledger, metrics, now=time.time() if args.live else None)
     print(summary(run, a, ledger, metrics))
     out = plot(run, args.out or run / "report.png", a, ledger, metrics)

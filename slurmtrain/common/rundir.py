@@ -1,7 +1,8 @@
 """The run directory: the single source of truth both worlds read and write.
 
 `<runs_root>/<name>/<fingerprint>/` holds the resolved config, the user's overrides, the batch script,
-provenance per attempt, `ledger.jsonl` (one event a line), metrics and checkpoints. The fingerprint
+provenance per attempt, the ledger (`ledger.d/`, one file per writing process, one event a line,
+merged by `RunDir.events()`; see common/jsonl.py), metrics and checkpoints. The fingerprint
 hashes the resolved config minus keys that do not change the result, so submitting the same experiment
 twice finds the first one instead of silently training it again.
 """
@@ -20,6 +21,15 @@ from typing import Any, Iterable, Optional
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: metrics, bad nodes
+    FATE_EVENTS,
+    LEDGER_DIR,
+    LEGACY_LEDGER,
+    append_jsonl,
+    append_own,
+    merge_jsonl,
+    read_jsonl,
+)
 from slurmtrain.common.schema import NON_RESULT_KEYS
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
@@ -57,34 +67,6 @@ def fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete JSON object line, streamed; a torn last line (a writer killed mid-append, or
-    one still writing) is skipped. The one reader of ledger, metrics and bad-node files."""
-    rows: list[dict[str, Any]] = []
-    try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    rows.append(row)
-    except FileNotFoundError:
-        pass
-    return rows
-
-
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """One write() of one line with O_APPEND: concurrent writers never interleave inside a line."""
-    data = (json.dumps(row, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, text: str, durable: bool = True) -> None:
     """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -106,7 +88,23 @@ class RunDir:
 
     @property
     def ledger(self) -> Path:
-        return self.path / "ledger.jsonl"
+        """The single-file ledger of run directories made before `ledger.d/` (still read, never
+        written). Read the ledger with `events()`, never this file alone."""
+        return self.path / LEGACY_LEDGER
+
+    @property
+    def ledger_dir(self) -> Path:
+        """The ledger: one JSON-lines file per writing process (common/jsonl.py says why)."""
+        return self.path / LEDGER_DIR
+
+    def ledger_files(self) -> list[Path]:
+        """Every file of the ledger: the old single file first (if any), then the writers' files."""
+        legacy = [self.ledger] if self.ledger.is_file() else []
+        try:
+            own = sorted(p for p in self.ledger_dir.iterdir() if p.name.endswith(".jsonl"))
+        except (FileNotFoundError, NotADirectoryError):
+            own = []
+        return legacy + own
 
     @property
     def metrics(self) -> Path:
@@ -150,7 +148,9 @@ class RunDir:
         return self.logs / f"{job_id}_{rank}.{stream}"
 
     def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
-        rows = read_jsonl(self.ledger)
+        """The ledger: every writer's events merged in time order (a corrupt line is reported on
+        stderr, once, naming its file and line; a torn last line of a live file is skipped)."""
+        rows = merge_jsonl(self.ledger_files())
         return [r for r in rows if kind is None or r.get("event") == kind]
 
     def record(
@@ -170,7 +170,8 @@ class RunDir:
             "nodes": list(nodes),
             **fields,
         }
-        append_jsonl(self.ledger, row)
+        # This process's own file (no other process ever writes it); fate-deciding events fsynced.
+        append_own(self.ledger_dir, row, durable=event in FATE_EVENTS)
         return row
 
     def attempts(self) -> int:

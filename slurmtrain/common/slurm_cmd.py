@@ -2,13 +2,27 @@
 
 Argument lists only, never a shell string. Login node, batch shell and compute nodes all use it
 (no torch import).
+
+Transient errors are retried: a controller that restarts, fails over or is overloaded answers
+"Unable to contact slurm controller", "Socket timed out on send/recv", "Connection refused" or
+nothing at all for seconds to minutes, and a run must not stop (or a supervisor fail to restart it)
+for that. `run` retries such errors with exponential backoff up to a total deadline
+(`SLURMTRAIN_SLURM_RETRY_S`, default 180 s); a definite answer ("Invalid job id", "Invalid
+partition", any error not known to be transient) is never retried. `sbatch` is never retried by
+`run`: a submission that timed out may have been queued, so `sbatch()` tags each submission with a
+unique `--comment` token and, before trying again, asks squeue whether a job with that token exists.
 """
 
 from __future__ import annotations
 
+import getpass
+import os
+import sys
+import time
+import uuid
 from typing import Iterable, Optional, Sequence, Union
 
-from slurmtrain.common.commands import run_cmd
+from slurmtrain.common.commands import Cmd, run_cmd
 from slurmtrain.common.slurm_text import (
     PartitionInfo,
     SlurmError,
@@ -17,13 +31,129 @@ from slurmtrain.common.slurm_text import (
     parse_partitions,
 )
 
+RETRY_ENV = "SLURMTRAIN_SLURM_RETRY_S"
+DEFAULT_RETRY_S = 180.0
+FIRST_DELAY_S, MAX_DELAY_S = 1.0, 30.0
+# Said by Slurm's clients when the controller cannot be reached (restart, failover, overload).
+TRANSIENT = (
+    "socket timed out",
+    "unable to contact slurm controller",
+    "slurm_load_jobs error: unable to contact",
+    "unable to contact",
+    "transport endpoint",
+    "connection refused",
+    "connection reset",
+    "zero bytes were transmitted or received",
+    "communication connection failure",
+    "resource temporarily unavailable",
+    "slurm temporarily unable to accept job",
+    "backup controller in standby mode",
+    "no answer within",  # our own timeout (rc 124)
+)
+# Definite answers: the controller was reached and said no. They win over any transient phrase.
+DEFINITE = (
+    "invalid job id",
+    "invalid partition",
+    "invalid account",
+    "invalid qos",
+    "invalid node name",
+    "invalid user",
+    "invalid job array",
+    "access/permission denied",
+    "requested node configuration is not available",
+    "unrecognized option",
+    "invalid option",
+)
 
-def run(args: Sequence[str], timeout: float = 60) -> str:
-    """Run a Slurm command; its stdout, or SlurmError with the line that says why."""
-    cmd = run_cmd(args, timeout)
-    if not cmd.ok:
-        raise SlurmError(f"{' '.join(args)}: {cmd.reason()}")
-    return cmd.out
+
+def transient(cmd: Cmd) -> bool:
+    """Whether a failed Slurm command may succeed if asked again (the controller was not reached)."""
+    if cmd.rc in (126, 127):  # cannot run the program at all
+        return False
+    text = f"{cmd.err}\n{cmd.out}".lower()
+    if any(d in text for d in DEFINITE):
+        return False
+    return cmd.rc == 124 or any(t in text for t in TRANSIENT)
+
+
+def retry_budget(retry_s: Optional[float] = None) -> float:
+    if retry_s is not None:
+        return max(0.0, float(retry_s))
+    try:
+        return max(0.0, float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S)))
+    except ValueError:
+        return DEFAULT_RETRY_S
+
+
+def _retrying(args: Sequence[str], cmd: Cmd, delay: float) -> None:
+    print(
+        f"slurmtrain: {' '.join(args[:3])}: {cmd.reason()}; transient, retrying in {delay:g} s",
+        file=sys.stderr,
+    )
+
+
+def run(args: Sequence[str], timeout: float = 60, retry_s: Optional[float] = None) -> str:
+    """Run a Slurm command; its stdout, or SlurmError with the line that says why. Transient errors
+    are retried with backoff for up to `retry_s` seconds in all (default: $SLURMTRAIN_SLURM_RETRY_S
+    or 180 s); a submitting `sbatch` is tried once (use `sbatch()` to retry it safely)."""
+    once = args[0] == "sbatch" and "--test-only" not in args
+    deadline = time.monotonic() + (0.0 if once else retry_budget(retry_s))
+    delay = FIRST_DELAY_S
+    while True:
+        cmd = run_cmd(args, timeout)
+        if cmd.ok:
+            return cmd.out
+        if not transient(cmd) or time.monotonic() + delay > deadline:
+            raise SlurmError(f"{' '.join(args)}: {cmd.reason()}")
+        _retrying(args, cmd, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, MAX_DELAY_S)
+
+
+def sbatch(
+    args: Sequence[str], script: str, timeout: float = 60, retry_s: Optional[float] = None
+) -> str:
+    """Submit `script` (with sbatch `args`); the job id. Transient errors are retried without ever
+    queueing a second copy: each try carries the same unique `--comment` token, and before trying
+    again squeue is asked (itself with retries) whether a job with that token is already queued;
+    when squeue cannot say before the deadline, SlurmError, never a blind second sbatch."""
+    token = f"slurmtrain-submit-{uuid.uuid4().hex[:16]}"
+    argv = ["sbatch", "--parsable", f"--comment={token}", *args, script]
+    deadline = time.monotonic() + retry_budget(retry_s)
+    delay = FIRST_DELAY_S
+    while True:
+        cmd = run_cmd(argv, timeout)
+        if cmd.ok:
+            return cmd.out.strip().split(";")[0]
+        if not transient(cmd):
+            raise SlurmError(f"sbatch {script}: {cmd.reason()}")
+        left = deadline - time.monotonic()
+        try:
+            queued = job_by_comment(token, retry_s=max(0.0, left))
+        except SlurmError as err:
+            raise SlurmError(
+                f"sbatch {script}: {cmd.reason()}; whether it was queued is unknown "
+                f"(squeue: {err}); not submitted again, to avoid a second job"
+            ) from err
+        if queued:
+            return queued
+        if time.monotonic() + delay > deadline:
+            raise SlurmError(f"sbatch {script}: {cmd.reason()} (gave up after retries)")
+        _retrying(argv, cmd, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, MAX_DELAY_S)
+
+
+def job_by_comment(token: str, retry_s: Optional[float] = None) -> Optional[str]:
+    """The id of this user's job whose comment is `token` (any state squeue still shows), or None."""
+    out = run(
+        ["squeue", "-h", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%k"], retry_s=retry_s
+    )
+    for line in out.splitlines():
+        job, _, comment = line.strip().partition("|")
+        if comment.strip() == token:
+            return job.strip()
+    return None
 
 
 def query_partitions() -> dict[str, PartitionInfo]:
@@ -66,7 +196,14 @@ def _time_set(value: str) -> bool:
 
 
 def requeue(job_id: str) -> None:
-    run(["scontrol", "requeue", str(job_id)])
+    """`scontrol requeue`; a retry after a lost answer may find the job already requeued (pending
+    again): that is the wanted outcome, not an error."""
+    try:
+        run(["scontrol", "requeue", str(job_id)])
+    except SlurmError:
+        if job_state(job_id) in {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}:
+            return
+        raise
 
 
 def start_now(job_id: str) -> None:

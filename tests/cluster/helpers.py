@@ -7,12 +7,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.conftest import read_jsonl
+from slurmtrain.common.rundir import RunDir
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    ledger = run / "ledger.jsonl"
-    return read_jsonl(ledger) if ledger.exists() else []
+    return RunDir(run).events()
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float = 1.0) -> None:
@@ -39,7 +38,7 @@ def wait_event(
         assert not bad, f"unexpected {bad[-1]['event']}: {bad[-1].get('error')}"
         return sum(e["event"] == event for e in rows) >= count
 
-    wait_until(check, timeout, f"{count} x {event!r} in {run}/ledger.jsonl")
+    wait_until(check, timeout, f"{count} x {event!r} in the ledger of {run}")
     return [e for e in events(run) if e["event"] == event]
 
 

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
+from slurmtrain.common.rundir import RunDir, read_jsonl
 from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone
-from tests.conftest import read_jsonl, run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slurm
 SHORT = [
@@ -65,10 +66,11 @@ def test_job_sbatch_resubmitted_by_hand_resumes_from_newest_checkpoint(slurm_clu
     # Continue the same run further by hand: raise max_steps in the recorded config is not allowed
     # (it would change the experiment), so instead drop the last checkpoint's "finished" marker by
     # resubmitting a copy of the run whose ledger stops before the end.
-    ledger = read_jsonl(run / "ledger.jsonl")
-    (run / "ledger.jsonl").write_text(
-        "".join(__import__("json").dumps(e) + "\n" for e in ledger if e["event"] != "finished")
-    )
+    for path in RunDir(run).ledger_files():  # every writer's file of the ledger
+        ledger = read_jsonl(path)
+        path.write_text(
+            "".join(__import__("json").dumps(e) + "\n" for e in ledger if e["event"] != "finished")
+        )
     import shutil
 
     shutil.rmtree(run / "checkpoints" / "step_40")
@@ -102,6 +104,7 @@ def test_requests_the_cluster_cannot_take_are_refused_before_queueing(
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and named in lines[0], lines
     assert not list((workdir / "runs").glob("refused/*/ledger.jsonl"))
+    assert not list((workdir / "runs").glob("refused/*/ledger.d/*"))
 
 
 def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_jsonl, run_cli, run_dirs
+from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -24,7 +24,7 @@ def losses_by_step(run: Path) -> dict[int, float]:
 
 
 def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == kind]
+    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 @pytest.fixture(scope="module")

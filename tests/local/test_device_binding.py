@@ -3,7 +3,7 @@ SLURMTRAIN_VISIBLE_DEVICES goes through the same compute.distributed.device_inde
 
 from __future__ import annotations
 
-from tests.conftest import read_jsonl, run_cli, run_dirs
+from tests.conftest import ledger_events, run_cli, run_dirs
 
 FAST = ["cluster=local", "train.max_steps=4", "train.log_interval=2", "checkpoint.interval_steps=0"]
 
@@ -12,7 +12,7 @@ def test_one_visible_device_and_local_id_1_trains(workdir):
     # Two local tasks (local ids 0 and 1), each seeing one device: both use device 0.
     done = run_cli(FAST + ["name=bound"], cwd=workdir, env={"SLURMTRAIN_VISIBLE_DEVICES": "3"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    events = read_jsonl(run_dirs(workdir / "runs")[0] / "ledger.jsonl")
+    events = ledger_events(run_dirs(workdir / "runs")[0])
     assert any(e["event"] == "finished" for e in events), events[-3:]
 
 
@@ -30,7 +30,7 @@ def test_a_binding_it_cannot_read_fails_with_the_lookup_error(workdir):
         env={"SLURMTRAIN_VISIBLE_DEVICES": "4,5"},
     )
     assert done.returncode != 0
-    events = read_jsonl(run_dirs(workdir / "runs")[0] / "ledger.jsonl")
+    events = ledger_events(run_dirs(workdir / "runs")[0])
     assert any("cannot tell which is its own" in str(e.get("error", "")) for e in events), events[
         -3:
     ]

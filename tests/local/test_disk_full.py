@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from slurmtrain.common import rundir as runs
 from slurmtrain.compute.checkpoint import format as ckpt
-from tests.conftest import read_jsonl, run_cli
+from tests.conftest import ledger_events, read_jsonl, run_cli
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
@@ -28,7 +28,7 @@ def losses_by_step(run: Path) -> dict[int, float]:
 
 
 def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == kind]
+    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def _run_dir(args: list[str], cwd: Path) -> Path:

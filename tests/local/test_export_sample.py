@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, read_jsonl, run_cli, run_dirs
+from tests.conftest import ROOT, ledger_events, run_cli, run_dirs
 
 FAST = [
     "train.max_steps=8",
@@ -123,7 +123,7 @@ def test_zero2_export_after_a_two_to_one_world_size_change(tmp_path):
     resumed = run_cli(args + ["cluster.cpu_tasks_per_node=1"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     [run] = run_dirs(tmp_path / "runs")
-    started = [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == "started"]
+    started = [e for e in ledger_events(run) if e["event"] == "started"]
     assert [e["world_size"] for e in started] == [2, 1]
     before = _export(run, tmp_path / "s4", "--step", "4")  # written by 2 ranks
     after = _export(run, tmp_path / "s8", "--step", "8")  # written by 1 rank after the change

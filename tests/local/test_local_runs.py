@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import PYTHON, read_jsonl, run_cli, run_dirs, slurmtrain_env
+from tests.conftest import PYTHON, ledger_events, read_jsonl, run_cli, run_dirs, slurmtrain_env
 
 FAST = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
@@ -22,7 +22,7 @@ def test_default_run_finishes_with_falling_loss_and_a_rerun_trains_nothing(workd
     done = run_cli(FAST, cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
-    events = [e["event"] for e in read_jsonl(run / "ledger.jsonl")]
+    events = [e["event"] for e in ledger_events(run)]
     assert events[0] == "submitted" and events[-1] == "finished"
     losses = losses_by_step(run)
     assert sorted(losses) == list(range(1, 41))
@@ -40,7 +40,7 @@ def test_default_run_finishes_with_falling_loss_and_a_rerun_trains_nothing(workd
     again = run_cli(FAST, cwd=workdir)
     assert again.returncode == 0
     assert "already finished" in again.stdout and str(run) in again.stdout
-    assert [e["event"] for e in read_jsonl(run / "ledger.jsonl")] == events
+    assert [e["event"] for e in ledger_events(run)] == events
 
 
 def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -69,17 +69,17 @@ def test_sigkill_mid_run_then_rerun_resumes_bitwise(workdir):
     )
     run = workdir / "runs" / "killed" / ref_run.name  # same config: same fingerprint
     _wait_for_step(run / "metrics.jsonl", 25, proc)
-    [started] = [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == "started"]
+    [started] = [e for e in ledger_events(run) if e["event"] == "started"]
     for pid in started["pids"]:
         os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=120)
     assert proc.returncode != 0
-    assert not any(e["event"] == "finished" for e in read_jsonl(run / "ledger.jsonl"))
+    assert not any(e["event"] == "finished" for e in ledger_events(run))
 
     resumed = run_cli(FAST + ["name=killed"], cwd=workdir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stdout
-    ledger = read_jsonl(run / "ledger.jsonl")
+    ledger = ledger_events(run)
     [loaded] = [e for e in ledger if e["event"] == "checkpoint_loaded"]
     assert loaded["attempt"] == 2 and loaded["step"] in (20, 30)
     assert ledger[-1]["event"] == "finished"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import read_jsonl, run_cli, run_dirs
+from tests.conftest import ledger_events, run_cli, run_dirs
 
 
 @pytest.mark.parametrize(
@@ -25,7 +25,7 @@ def test_measured_peak_of_a_tiny_cpu_run_is_within_25_percent_of_the_plan(overri
     done = run_cli(["train.max_steps=3", "train.memory_check_step=3", *overrides], cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
-    [check] = [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == "memory_checked"]
+    [check] = [e for e in ledger_events(run) if e["event"] == "memory_checked"]
     parts = check["planned_parts"]
     assert check["planned_bytes"] == sum(parts.values())  # CPU ranks: no CUDA context on top
     assert check["measured_bytes"] > 10**6  # a real figure, not an empty profile

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import read_jsonl, run_cli, run_dirs
+from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 FAST = ["train.max_steps=20", "train.log_interval=5", "checkpoint.interval_steps=0"]
 FIELDS = (
@@ -106,7 +106,7 @@ def test_mfu_is_a_number_when_peak_tflops_is_given(profiled_run):
 def test_flops_profiler_step_writes_its_file_and_records_the_measured_flops(profiled_run):
     text = (profiled_run / "profile" / "flops_step3.txt").read_text()
     assert "DeepSpeed Flops Profiler" in text and "Profile Summary at step 3" in text
-    ledger = read_jsonl(profiled_run / "ledger.jsonl")
+    ledger = ledger_events(profiled_run)
     [event] = [e for e in ledger if e["event"] == "flops_profile"]
     assert event["step"] == 3 and event["path"].endswith("profile/flops_step3.txt")
     # The profiler's count and the analytic model count agree within a factor (they differ by
@@ -119,7 +119,7 @@ def test_flops_profiler_step_writes_its_file_and_records_the_measured_flops(prof
 
 def test_a_slow_rank_is_flagged_as_straggler_and_offered_as_bad_node(tmp_path):
     run = _train(tmp_path, env={"SLURMTRAIN_INJECT": "slow_rank=1,slow_factor=4"})
-    ledger = read_jsonl(run / "ledger.jsonl")
+    ledger = ledger_events(run)
     [started] = [e for e in ledger if e["event"] == "started"]
     flagged = [e for e in ledger if e["event"] == "straggler"]
     assert flagged and {e["rank"] for e in flagged} == {1}

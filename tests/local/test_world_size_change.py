@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurmtrain.compute.checkpoint import format as ckpt
-from tests.conftest import read_jsonl, run_cli, run_dirs
+from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 BASE = [
     "train.max_steps=40",
@@ -27,7 +27,7 @@ def losses_by_step(run: Path) -> dict[int, float]:
 
 
 def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == kind]
+    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])

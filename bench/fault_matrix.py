@@ -1,0 +1,208 @@
+"""Fault matrix: every fault on the real cluster, N trials each, one table of what happened.
+
+    python bench/fault_matrix.py [--trials 3] [--faults crash_loop,hang_one_rank] [--list]
+
+Needs the local Slurm cluster (tools/slurm_cluster.py start) and root for the ones that kill a
+slurmd, mount a tmpfs or restart slurmctld. Each trial is a short opt_tiny run (20-60 steps, 2 nodes
+x 1 CPU rank) submitted through `python -m slurmtrain` as a user would; the fault is produced the
+way tests/cluster produces it (SLURMTRAIN_INJECT, a high-priority hog, a killed slurmd, flipped
+bytes, a full tmpfs, `sbatch job.sbatch` by hand, `restart-ctld`, `scancel --batch`). Every figure
+comes from the run's ledger and metrics.jsonl:
+
+- recovered: the run ended as expected (finished, or stopped with the expected class), with no
+  duplicate trainer and no corrupt resume
+- steps lost (max): over attempt boundaries, steps trained by an attempt beyond the checkpoint the
+  next one loaded (what a restart recomputes)
+- duplicate trainers: trials where two jobs trained the run at once (metrics of one attempt written
+  after the next one's began, or two job ids writing the same attempt)
+- corrupt resumes: a `checkpoint_loaded` of a checkpoint never published (`.tmp`, a step with no
+  `checkpoint_saved`) or one the trial corrupted
+- class ok: the ledger holds the class/event the fault must be recorded as
+
+Faults whose handling is being built elsewhere carry the outcome they must have once merged
+(nan_loss: `rollback` then finished; all_checkpoints_corrupt: stopped `checkpoint_unreadable`;
+duplicate_submission: `duplicate_refused`); until then their row says no.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fault_recipes import FAULTS, Trial  # noqa: E402
+
+# --- figures from the ledger and metrics -----------------------------------------------------
+
+
+def steps_lost(t: Trial) -> int:
+    """Max over attempt boundaries of (last step attempt k trained) - (step attempt k+1 loaded)."""
+    by_attempt: dict[int, int] = {}
+    for r in t.metrics():
+        by_attempt[r["attempt"]] = max(by_attempt.get(r["attempt"], 0), r["step"])
+    loaded = {e["attempt"]: e["step"] for e in t.events("checkpoint_loaded")}
+    attempts = sorted(by_attempt)
+    lost = 0
+    for prev, nxt in zip(attempts, attempts[1:]):
+        if nxt in loaded or nxt in by_attempt:
+            lost = max(lost, by_attempt[prev] - loaded.get(nxt, 0))
+    return lost
+
+
+OWN_EVENTS = {"checkpoint_saved", "checkpoint_loaded", "finished", "signal", "paused", "failed"}
+
+
+def duplicate_trainers(t: Trial) -> bool:
+    """Two jobs trained the run at once: an attempt started while an earlier one still trained
+    (its own rows: metrics and what its ranks recorded, not what a closer wrote about it later),
+    or one step logged twice within one attempt."""
+    ev = t.events()
+    spans: dict[int, list[float]] = {}
+    for e in ev:
+        if e["event"] == "started":
+            spans[e["attempt"]] = [e["time"], e["time"]]
+    jobs = {e["attempt"]: str(e.get("job_id")) for e in ev if e["event"] == "started"}
+    own = [
+        (e["attempt"], e["time"])
+        for e in ev
+        if e["event"] in OWN_EVENTS and str(e.get("job_id")) == jobs.get(e.get("attempt"))
+    ]
+    rows = t.metrics()
+    for a, ts in own + [(r["attempt"], r["time"]) for r in rows]:
+        if a in spans:
+            spans[a][1] = max(spans[a][1], ts)
+    ordered = [spans[a] for a in sorted(spans)]
+    if any(prev[1] > nxt[0] for prev, nxt in zip(ordered, ordered[1:])):
+        return True
+    seen: dict[tuple[int, int], int] = {}
+    for r in rows:
+        key = (r["attempt"], r["step"])
+        seen[key] = seen.get(key, 0) + 1
+    return any(n > 1 for n in seen.values())
+
+
+def corrupt_resumes(t: Trial) -> int:
+    saved = {e["step"] for e in t.events("checkpoint_saved")}
+    bad = 0
+    for e in t.events("checkpoint_loaded"):
+        path = str(e.get("path", ""))
+        name = Path(path).name.removesuffix("_universal")
+        if name.endswith(".tmp") or name in t.corrupted or e.get("step") not in saved:
+            bad += 1
+    return bad
+
+
+def class_recorded(t: Trial, want: str) -> bool:
+    ev = t.events()
+    if want == "none":  # nothing failed: one clean chain, no failure recorded
+        return not any(e["event"] in ("failed", "stopped") for e in ev)
+    if want == "attempt_ended!=finished":
+        ended = [e for e in ev if e["event"] == "attempt_ended" and e.get("attempt") == 1]
+        return bool(ended) and ended[0].get("class") not in ("finished", "cancelled")
+    classes = {e.get("class") for e in ev if e["event"] in ("attempt_ended", "stopped", "failed")}
+    return want in classes or any(e["event"] == want for e in ev)
+
+
+def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"fm-{fault}-"))
+    t = Trial(workdir, f"fm-{fault.replace('_', '-')}-{index}-{int(time.time()) % 100000}")
+    row: dict[str, Any] = {"fault": fault}
+    try:
+        outcome, want = FAULTS[fault](t)
+        end = t.wait_end()
+        dup, corrupt, class_ok = duplicate_trainers(t), corrupt_resumes(t), class_recorded(t, want)
+        row.update(
+            # recovered: ended as it must (a stop only with its class), one trainer, no bad resume
+            recovered=end == outcome
+            and (outcome != "stopped" or class_ok)
+            and not dup
+            and corrupt == 0,
+            lost=steps_lost(t),
+            dup=dup,
+            corrupt=corrupt,
+            class_ok=class_ok,
+            end=end,
+        )
+    except Exception as err:  # noqa: BLE001  a trial that breaks is a row that says so
+        row.update(
+            recovered=False,
+            lost=None,
+            dup=None,
+            corrupt=None,
+            class_ok=False,
+            end=f"error: {err}"[:120],
+        )
+        subprocess.run(["scancel", "--name", f"st-{t.name}"], capture_output=True)
+    finally:
+        for fn in reversed(t.cleanup):
+            fn()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    row["run"] = str(t.run) if keep else ""
+    print(f"  {fault} #{index}: {row}", file=sys.stderr, flush=True)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = [
+        "fault",
+        "trials",
+        "recovered",
+        "steps lost (max)",
+        "duplicate trainers",
+        "corrupt resumes",
+        "class recorded correctly",
+    ]
+    lines = [head]
+    for fault in dict.fromkeys(r["fault"] for r in rows):
+        rs = [r for r in rows if r["fault"] == fault]
+        lost = [r["lost"] for r in rs if r["lost"] is not None]
+        lines.append(
+            [
+                fault,
+                str(len(rs)),
+                f"{sum(bool(r['recovered']) for r in rs)}/{len(rs)}",
+                str(max(lost)) if lost else "-",
+                str(sum(bool(r["dup"]) for r in rs)),
+                str(sum(r["corrupt"] or 0 for r in rs)),
+                f"{sum(bool(r['class_ok']) for r in rs)}/{len(rs)}",
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = [" | ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
+    out.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--faults", default=",".join(FAULTS), help="comma-separated subset")
+    p.add_argument("--keep", action="store_true", help="keep the trials' run directories")
+    p.add_argument("--list", action="store_true", help="list the faults and exit")
+    a = p.parse_args(argv)
+    if a.list:
+        print("\n".join(FAULTS))
+        return
+    chosen = [f.strip() for f in a.faults.split(",") if f.strip()]
+    unknown = [f for f in chosen if f not in FAULTS]
+    if unknown:
+        p.error(f"--faults: unknown {', '.join(unknown)}; one of {', '.join(FAULTS)}")
+    if a.trials < 1:
+        p.error("--trials: at least 1")
+    rows = [trial(f, i, a.keep) for f in chosen for i in range(1, a.trials + 1)]
+    print(table(rows))
+    details = [r for r in rows if r.get("end") not in ("finished", "stopped")]
+    for r in details:
+        print(f"{r['fault']}: {r['end']}")
+
+
+if __name__ == "__main__":
+    main()

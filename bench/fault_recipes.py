@@ -1,0 +1,325 @@
+"""The faults of bench/fault_matrix.py: how each one is produced on the real cluster.
+
+Each recipe submits a short opt_tiny run through `python -m slurmtrain` (a `Trial`), produces its
+fault the way tests/cluster does, and returns (expected end, expected class or event).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurmtrain.common.rundir import RunDir, read_jsonl  # noqa: E402
+
+HARNESS = ROOT / "tools" / "slurm_cluster.py"
+STATE_DIR = Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster"))
+SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+BASE = [
+    "cluster=slurm",
+    "cluster.cpu_tasks_per_node=1",
+    "nodes=2",
+    "train.log_interval=1",
+    "train.max_steps=30",
+    "checkpoint.interval_steps=10",
+    "faults.health_check=true",
+]
+
+
+@dataclass
+class Trial:
+    """One run of one fault: where it trains and what the fault did to it."""
+
+    workdir: Path
+    name: str
+    run: Optional[Path] = None
+    corrupted: set[str] = field(default_factory=set)
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def submit(self, args: list[str], inject: str = "") -> Path:
+        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env.pop("SLURMTRAIN_INJECT", None)
+        if inject:
+            env["SLURMTRAIN_INJECT"] = inject
+        done = subprocess.run(
+            [sys.executable, "-m", "slurmtrain", *BASE, f"name={self.name}", *args],
+            cwd=self.workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"submit failed: {done.stdout}{done.stderr}".strip()[-800:])
+        [self.run] = sorted(
+            p.parent for p in (self.workdir / "runs" / self.name).glob("*/config.yaml")
+        )
+        return self.run
+
+    def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
+        return RunDir(self.run).events(kind) if self.run else []
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.run / "metrics.jsonl") if self.run else []
+
+    def wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if check():
+                return
+            time.sleep(1)
+        raise TimeoutError(f"{what} not within {timeout:.0f} s")
+
+    def wait_step(self, step: int, timeout: float = 300) -> None:
+        self.wait(
+            lambda: max((r["step"] for r in self.metrics()), default=0) >= step,
+            timeout,
+            f"step {step}",
+        )
+
+    def wait_event(self, kind: str, timeout: float = 400) -> dict[str, Any]:
+        self.wait(lambda: bool(self.events(kind)), timeout, f"event {kind}")
+        return self.events(kind)[-1]
+
+    def wait_end(self, timeout: float = 600, idle_s: float = 90) -> str:
+        """finished | stopped once the run's last job has left the queue; `stuck` when no job of
+        the run has been queued for `idle_s` and the ledger has no end (nobody will restart it)."""
+        deadline, idle_since = time.time() + timeout, None
+        while time.time() < deadline:
+            if self.events("finished") or self.events("stopped"):
+                break
+            jobs = {str(e.get("job_id")) for e in self.events("submitted")}
+            jobs |= {str(e.get("new_job_id")) for e in self.events("requeued")}
+            if any(squeue_state(j) for j in jobs):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.time()
+            elif time.time() - idle_since > idle_s:
+                return "stuck"
+            time.sleep(2)
+        else:
+            raise TimeoutError(f"no finished or stopped within {timeout:.0f} s")
+        for job in {str(e.get("job_id")) for e in self.events("submitted")}:
+            self.wait(lambda j=job: not squeue_state(j), 120, f"job {job} to leave the queue")
+        return "finished" if self.events("finished") else "stopped"
+
+    def paused_at_20(self, args: list[str] = ()) -> None:
+        self.submit([*args, "train.pause_at_step=20"])
+        self.wait_event("paused")
+        job = str(self.events("submitted")[-1]["job_id"])
+        self.wait(lambda: not squeue_state(job), 120, f"job {job} to end")
+
+    def flip(self, step: int) -> None:
+        shard = self.run / "checkpoints" / f"step_{step}" / SHARD
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        self.corrupted.add(shard.parent.name)
+
+
+def squeue_state(job: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def sh(*args: str) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True).stdout.strip()
+
+
+def harness(*args: str) -> None:
+    subprocess.run(
+        [sys.executable, str(HARNESS), *args, "--state-dir", str(STATE_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+# --- the faults: each produces the fault on a trial and returns the run's expected end ---------
+
+
+def time_limit(t: Trial) -> tuple[str, str]:
+    t.submit(
+        [
+            "cluster.time=2",
+            "cluster.signal_lead_s=30",
+            "train.max_steps=130",
+            "checkpoint.interval_steps=20",
+        ],
+        inject="step_delay=0.8",
+    )
+    return "finished", "timed_out"
+
+
+def preemption(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.5")
+    t.wait_step(6)
+    sh(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "high",
+        "-N4",
+        "--exclusive",
+        "--output=/dev/null",
+        "--job-name=st-fm-hog",
+        "--wrap",
+        "sleep 3",
+    )
+    return "finished", "preempted"
+
+
+def node_failure(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.5")
+    t.wait_step(12)
+    started = t.events("started")[-1]
+    victim = started["hosts"][1]  # rank 1's node: the batch shell lives on rank 0's
+    pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    try:
+        os.kill(started["pids"][1], signal.SIGKILL)
+    except (ProcessLookupError, IndexError, KeyError):
+        pass
+
+    def back() -> None:
+        harness("start", "--nodes", "4")
+        sh("scontrol", "update", f"nodename={victim}", "state=resume")
+
+    t.cleanup.append(back)
+    return "finished", "node_failure"
+
+
+def sigkill_mid_save(t: Trial) -> tuple[str, str]:
+    t.submit([], inject="kill_during_save=20,attempts=1")
+    return "finished", "attempt_ended!=finished"
+
+
+def corrupt_newest_checkpoint(t: Trial) -> tuple[str, str]:
+    t.paused_at_20()
+    t.flip(20)
+    t.submit([])
+    return "finished", "checkpoint_skipped"
+
+
+def all_checkpoints_corrupt(t: Trial) -> tuple[str, str]:
+    t.paused_at_20()
+    t.flip(10)
+    t.flip(20)
+    t.submit([])
+    return "stopped", "checkpoint_unreadable"
+
+
+def run_dir_of(t: Trial, args: list[str]) -> Path:
+    """Where `python -m slurmtrain` will train these args: from the config its dry run prints."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from slurmtrain.common.rundir import fingerprint
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    dry = subprocess.run(
+        [sys.executable, "-m", "slurmtrain", *BASE, f"name={t.name}", *args, "dry_run=true"],
+        cwd=t.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    text = dry.stdout.split("\nplan:")[0]
+    lines = [ln for ln in text.splitlines() if not ln.startswith("slurmtrain:")]  # notes
+    cfg = OmegaConf.create(yaml.safe_load("\n".join(lines)))
+    return Path(cfg.runs_root) / cfg.name / fingerprint(cfg)
+
+
+def disk_full_on_save(t: Trial) -> tuple[str, str]:
+    # A 4 MB tmpfs as the run's checkpoints/: one checkpoint fits, the next does not (ENOSPC).
+    ckpts = run_dir_of(t, ["train.max_steps=40"]) / "checkpoints"
+    ckpts.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tmpfs", str(ckpts)]).returncode:
+        raise RuntimeError("cannot mount a tmpfs (needs root)")
+    t.cleanup.append(lambda: subprocess.run(["umount", "-l", str(ckpts)]))
+    t.submit(["train.max_steps=40"])
+    t.wait_event("checkpoint_failed")
+    subprocess.run(["mount", "-o", "remount,size=64M", "tmpfs", str(ckpts)])  # space freed
+    return "finished", "checkpoint_failed"
+
+
+def hang_on_one_rank(t: Trial) -> tuple[str, str]:
+    t.submit(
+        ["faults.hang_timeout_s=15", "train.max_steps=20"],
+        inject="stall_at_step=8,stall_rank=1,attempts=1",
+    )
+    return "finished", "hang"
+
+
+def nan_loss(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="nan_at_step=15,attempts=1")
+    return "finished", "rollback"
+
+
+def bad_node(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=10"], inject="bad_rank=1,attempts=1")
+    return "finished", "bad_node"
+
+
+def crash_loop(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=20"], inject="crash_at_step=7")
+    return "stopped", "crash"
+
+
+def world_size_change(t: Trial) -> tuple[str, str]:
+    batch = ["train.global_batch_size=8", "train.micro_batch_size=4"]  # same run on 1 or 2 nodes
+    t.paused_at_20(batch)
+    t.submit([*batch, "nodes=1"])  # 2 ranks -> 1: universal conversion, grad accumulation 2
+    return "finished", "checkpoint_converted"
+
+
+def duplicate_submission(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.3")
+    t.wait_step(5)
+    sh("sbatch", "--parsable", str(t.run / "job.sbatch"))
+    return "finished", "duplicate_refused"
+
+
+def controller_restart(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=60", "checkpoint.interval_steps=5"], inject="step_delay=0.5")
+    t.wait_step(8)
+    harness("restart-ctld", "--down-s", "15")
+    return "finished", "none"
+
+
+def sigterm_batch_shell(t: Trial) -> tuple[str, str]:
+    t.submit(["train.max_steps=40"], inject="step_delay=0.5")
+    t.wait_step(8)
+    job = str(t.events("started")[-1]["job_id"])
+    sh("scancel", "--batch", "--signal=TERM", job)
+    return "finished", "none"
+
+
+FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
+    "time_limit": time_limit,
+    "preemption": preemption,
+    "node_failure": node_failure,
+    "sigkill_mid_save": sigkill_mid_save,
+    "corrupt_newest_checkpoint": corrupt_newest_checkpoint,
+    "all_checkpoints_corrupt": all_checkpoints_corrupt,
+    "disk_full_on_save": disk_full_on_save,
+    "hang_on_one_rank": hang_on_one_rank,
+    "nan_loss": nan_loss,
+    "bad_node": bad_node,
+    "crash_loop": crash_loop,
+    "world_size_change": world_size_change,
+    "duplicate_submission": duplicate_submission,
+    "controller_restart": controller_restart,
+    "sigterm_batch_shell": sigterm_batch_shell,
+}
