@@ -24,7 +24,7 @@ from typing import Any, Optional
 from slurmtrain.common import errors, slurm_cmd
 from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_text as slurm
-from slurmtrain.common.rundir import RunDir, read_jsonl
+from slurmtrain.common.rundir import RunDir, read_jsonl  # read_jsonl: bad_nodes.jsonl
 from slurmtrain.common.schema import load_run_config
 
 EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
@@ -87,7 +87,7 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     nodes = (
         slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
     )
-    events = read_jsonl(run.ledger)
+    events = run.events()
     attempt = _attempt(events, job_id)
     closing = [
         e["event"]
@@ -120,7 +120,7 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
             run.record("attempt_ended", **record, **{"class": "cancelled", "exit_code": rc})
             return 0
         run.record("attempt_ended", **record, **{"class": faults.PREEMPTED, "exit_code": rc})
-        if faults.over_budget(read_jsonl(run.ledger), cfg.faults) is not None:
+        if faults.over_budget(run.events(), cfg.faults) is not None:
             run.record(
                 "stopped",
                 **record,
@@ -141,7 +141,7 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
     )
     for node in lost:
         run.record("node_lost", **record, node=node)
-    events = read_jsonl(run.ledger)
+    events = run.events()
     stop = faults.over_budget(events, cfg.faults)
     if stop is not None or cls == faults.CONFIG_ERROR:
         error = faults.last_error(events, attempt) or f"exit code {rc}"
@@ -193,10 +193,9 @@ def restart(run: RunDir, job_id: str, bad: list[str], cfg: Any, cls: str) -> str
         if bad:
             slurm_cmd.exclude_nodes(job_id, bad)
         return job_id
-    args = ["sbatch", "--parsable"]
-    if bad:
-        args.append(f"--exclude={slurm.compress_hostlist(bad)}")
-    return slurm_cmd.run(args + [str(run.sbatch)]).strip().split(";")[0]
+    # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
+    args = [f"--exclude={slurm.compress_hostlist(bad)}"] if bad else []
+    return slurm_cmd.sbatch(args, str(run.sbatch))
 
 
 def bad_nodes(run: RunDir) -> list[str]:

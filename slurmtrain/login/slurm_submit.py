@@ -12,6 +12,7 @@ import json
 import shlex
 import sys
 import time
+import uuid
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -131,6 +132,7 @@ def executor(
     `target`: [run_dir]. `after`: a job id this one waits for (afterok); at submission only:
     job.sbatch never carries it, so a hand resubmission does not wait for a job long gone."""
     import submitit
+    from submitit.core.utils import JobPaths
     from submitit.slurm.slurm import SlurmJob
 
     options = flags.sbatch_options(cfg, job_name(cfg))
@@ -157,6 +159,19 @@ def executor(
             if count:
                 opts["array"] = f"0-{count - 1}%{min(count, parallelism or 256)}"
             return render_script(cfg, run_dir, opts, batch_log, array_map)
+
+        def _submit_command(self, command: str):
+            """submitit's own, with sbatch retried on transient errors and never twice queued
+            (common/slurm_cmd.sbatch: a unique --comment token checked before each retry)."""
+            uid = uuid.uuid4().hex
+            folder = JobPaths.get_first_id_independent_folder(self.folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f".submission_file_{uid}.sh"
+            path.write_text(self._make_submission_file_text(command, uid))
+            job_id = slurm_cmd.sbatch([], str(path))
+            job = SlurmJob(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
+            job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
+            return job
 
         def _internal_process_submissions(self, delayed):
             # Nothing to pickle: the script runs `python -m slurmtrain.compute.attempt RUN_DIR`.
