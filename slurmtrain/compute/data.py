@@ -1,8 +1,10 @@
 """Token sources and the deterministic sampler that resumes at exactly the next sample.
 
 Sample order depends only on (seed, epoch), and the global batch of step `s` is samples
-[s*G, (s+1)*G) of that order, laid out micro-step-major then rank — so the batch a step sees is the
-same whatever the world size, and resuming needs nothing but the number of consumed samples.
+[skip + s*G, skip + (s+1)*G) of that order, laid out micro-step-major then rank — so the batch a
+step sees is the same whatever the world size, and resuming needs nothing but the number of
+consumed samples and `skip`: the samples skipped after divergences (a checkpoint's
+`data_position.skipped_samples`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Sampler:
                 f"corpus of {n_tokens} tokens is shorter than one sequence ({seq_len})"
             )
         self.seed = seed
+        self.skip = 0  # samples skipped past diverged windows (rollbacks); in every checkpoint
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
 
     def order(self, epoch: int) -> np.ndarray:
@@ -68,7 +71,7 @@ class Sampler:
     def indices(
         self, step: int, micro_step: int, rank: int, micro_batch: int, world: int, global_batch: int
     ) -> list[int]:
-        first = step * global_batch + (micro_step * world + rank) * micro_batch
+        first = self.skip + step * global_batch + (micro_step * world + rank) * micro_batch
         return [self.sample(first + i) for i in range(micro_batch)]
 
 
