@@ -155,8 +155,8 @@ class FaultsConfig:
     max_diverged: int = 0  # attempts ended `diverged` before the run stops (0: the first)
     max_checkpoint_unreadable: int = 0  # attempts that found every published checkpoint bad
     max_rollback: int = 5  # in-process rollbacks over the whole run; one more stops it `diverged`
-    # Optimizer steps' worth of samples skipped past the checkpoint rolled back to: at least the
-    # window that diverged, and at most a tenth of train.max_steps beyond it (tiny runs).
+    # Optimizer steps' worth of samples skipped after the checkpoint rolled back to: this, capped
+    # at a tenth of train.max_steps (tiny runs), and never less than the window that diverged.
     skip_batches: int = 200
     spike_factor: float = 0.0  # > 1: a loss above factor x the running median rolls back (0: off)
     spike_window: int = 50  # steps in that running median (it needs 10 before it judges)

@@ -22,8 +22,8 @@ def flip(path: Path) -> None:
 
 def test_all_checkpoints_corrupt_stops_then_resume_none_trains_from_zero(workdir):
     paused = run_cli(BASE + ["train.pause_at_step=20"], cwd=workdir)
-    assert paused.returncode == 0, paused.stdout + paused.stderr
     [run] = run_dirs(workdir / "runs")
+    assert events(run, "paused"), paused.stdout + paused.stderr  # unfinished: the next one resumes
     assert [e["step"] for e in events(run, "checkpoint_saved")] == [10, 20]
     for step in (10, 20):
         flip(run / "checkpoints" / f"step_{step}" / "mp_rank_00_model_states.pt")
