@@ -220,13 +220,14 @@ class Trainer:
         import torch
         import torch.distributed as dist
 
-        flags = [
-            torch.isfinite(getattr(p, "ds_tensor", p)).all()
-            for p in self.engine.module.parameters()
-            if getattr(p, "ds_tensor", p).numel()
-        ]
-        bad = torch.stack(flags).logical_not().any().double() if flags else torch.zeros(())
-        bad = bad.to(self.device, torch.float64).reshape(1)
+        by_device: dict[Any, list[Any]] = {}  # offloaded partitions live on the host
+        for p in self.engine.module.parameters():
+            t = getattr(p, "ds_tensor", p)
+            if t.numel():
+                by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+        bad = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for flags in by_device.values():
+            bad += torch.stack(flags).logical_not().any().to(self.device, torch.float64)
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return bad.item() == 0
 
