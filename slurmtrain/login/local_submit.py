@@ -63,6 +63,9 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         print(f"slurmtrain: local job {job.job_id} failed: {reason}")
         print(f"slurmtrain: worker logs: {run.logs}/{job.job_id}_*.err")
     done = any(r["event"] == "finished" for r in run.events())
+    stopped = [e for e in run.events("stopped") if str(e.get("job_id")) == str(job.job_id)]
+    if stopped:  # diverged, checkpoint_unreadable, a budget: the attempt said why
+        print(f"slurmtrain: run stopped ({stopped[-1].get('class')}): {stopped[-1].get('error')}")
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
 
 

@@ -34,6 +34,7 @@ def test_all_checkpoints_corrupt_stops_then_resume_none_trains_from_zero(workdir
     assert stopped["class"] == "checkpoint_unreadable", refused.stdout + refused.stderr
     assert "step_20: " in stopped["error"] and "step_10: " in stopped["error"]
     assert "checksum mismatch" in stopped["error"] and "resume=none" in stopped["error"]
+    assert "run stopped (checkpoint_unreadable)" in refused.stdout
     assert len(read_jsonl(run / "metrics.jsonl")) == rows_before  # nothing trained
     assert not events(run, "checkpoint_loaded")
     assert (run / "checkpoints" / "step_20").is_dir()  # nothing deleted
