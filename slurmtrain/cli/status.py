@@ -1,8 +1,8 @@
 """`python -m slurmtrain.cli status [PATH ...]`: every run under a runs root (or the given run dirs).
 
 One row per run: state, attempts, step, last validation loss (a sweep's points side by side), last
-checkpoint, job id, nodes, goodput; a stopped run shows its failure class and last error line; a
-smoke=true run held by its smoke test says so ("waiting: smoke test", or "blocked: smoke failed"
+checkpoint, job id, nodes, goodput; a stopped run shows its failure class and last error line (`diverged`,
+`checkpoint_unreadable` among them) and a run that rolled back how often; a smoke=true run held by its smoke test says so ("waiting: smoke test", or "blocked: smoke failed"
 with the smoke run's last error). Reads only run directories (and squeue for liveness).
 """
 
@@ -52,7 +52,17 @@ def summarize(run: RunDir) -> dict[str, Any]:
         "error": None,
         "goodput": None,
         "last_event": last.get("event"),
+        "rollbacks": 0,
+        "last_rollback": None,
     }
+    rollbacks = [e for e in events if e["event"] == "rollback"]
+    if rollbacks:
+        r = rollbacks[-1]
+        row["rollbacks"] = len(rollbacks)
+        row["last_rollback"] = (
+            f"step {r.get('step')} (loss {r.get('loss')}) -> step {r.get('to_step')}, "
+            f"{r.get('skipped_samples')} samples skipped"
+        )
     stopped = [e for e in events if e["event"] in ("failed", "stopped")]
     if stopped:
         row["class"] = stopped[-1].get("class")
@@ -95,6 +105,9 @@ def render(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         gp = f"{r['goodput']:.0%}" if r["goodput"] is not None else "-"
         error = f"{r['class']}: {r['error']}" if r["class"] else ""
+        if r.get("last_rollback"):
+            error = f"{error}; " if error else ""
+            error += f"{r['rollbacks']} rollback(s), last: {r['last_rollback']}"
         table.add_row(
             r["name"],
             Path(r["run"]).name,

@@ -26,7 +26,19 @@ PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR = (
     "crash",
     "config_error",
 )
-FAILURE_CLASSES = (PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR)
+# Recorded by the attempt itself as `stopped` (never restarted): the loss kept diverging after
+# rollbacks (faults.max_rollback), or the run published checkpoints and none validates now.
+DIVERGED, CHECKPOINT_UNREADABLE = "diverged", "checkpoint_unreadable"
+FAILURE_CLASSES = (
+    PREEMPTED,
+    TIMED_OUT,
+    NODE_FAILURE,
+    HANG,
+    CRASH,
+    CONFIG_ERROR,
+    DIVERGED,
+    CHECKPOINT_UNREADABLE,
+)
 EXIT_CLASS = {
     EXIT_REQUEUE: TIMED_OUT,
     EXIT_BAD_NODE: NODE_FAILURE,
@@ -59,6 +71,38 @@ def over_budget(events: list[dict[str, Any]], faults_cfg: Any) -> Optional[str]:
     return None
 
 
+def rollbacks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The in-process rollbacks after divergence, over every attempt of the run."""
+    return [e for e in events if e["event"] == "rollback"]
+
+
+def resume_request(events: list[dict[str, Any]], resume: str) -> str:
+    """`resume` as the next attempt must apply it: none/step_N only once after the submission
+    that asked for it (its `resume_applied` event), else auto; the config keeps the key."""
+    if resume == "auto":
+        return "auto"
+    subs = [
+        i for i, e in enumerate(events) if e["event"] == "submitted" and not e.get("requeue_of")
+    ]
+    since = subs[-1] if subs else 0
+    if any(e["event"] == "resume_applied" for e in events[since:]):
+        return "auto"
+    return resume
+
+
+def published_since_reset(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`checkpoint_saved` events that still count: after the last `resume_applied` (which moved
+    the checkpoints it did not keep aside)."""
+    resets = [i for i, e in enumerate(events) if e["event"] == "resume_applied"]
+    start = resets[-1] + 1 if resets else 0
+    saved = [e for e in events[start:] if e["event"] == "checkpoint_saved"]
+    if resets:
+        kept = events[resets[-1]].get("kept_step")
+        if kept is not None:
+            saved.insert(0, {"event": "checkpoint_saved", "step": kept})
+    return saved
+
+
 def last_error(events: list[dict[str, Any]], attempt: Optional[int] = None) -> Optional[str]:
     """The last error line recorded by any rank (of one attempt, if given)."""
     rows = [
@@ -85,7 +129,9 @@ def unended_attempt(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
 
 def vanished_class(events: list[dict[str, Any]], attempt: int) -> str:
     """Why an attempt ended without telling anyone: SIGTERM first means preemption (Slurm requeued
-    the job itself); otherwise the job was requeued under us: a node failed."""
+    the job itself); otherwise the job was requeued under us: a node failed. The `signal` event is
+    recorded when the ranks agree to stop, before their save, so a save that outlasts GraceTime
+    (Slurm kills the job mid-save) still leaves it."""
     signals = [e for e in events if e["event"] == "signal" and e.get("attempt") == attempt]
     if any(e.get("signal") == "SIGTERM" for e in signals):
         return PREEMPTED

@@ -161,6 +161,16 @@ class FaultsConfig:
     restart: str = (
         "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
     )
+    # Divergence (non-finite loss or grad norm, or a loss spike): roll back in-process to the
+    # newest valid checkpoint and skip the data window that diverged (PaLM's practice).
+    max_diverged: int = 0  # attempts ended `diverged` before the run stops (0: the first)
+    max_checkpoint_unreadable: int = 0  # attempts that found every published checkpoint bad
+    max_rollback: int = 5  # in-process rollbacks over the whole run; one more stops it `diverged`
+    # Optimizer steps' worth of samples skipped after the checkpoint rolled back to: this, capped
+    # at a tenth of train.max_steps (tiny runs), and never less than the window that diverged.
+    skip_batches: int = 200
+    spike_factor: float = 0.0  # > 1: a loss above factor x the running median rolls back (0: off)
+    spike_window: int = 50  # steps in that running median (it needs 10 before it judges)
 
 
 @dataclass
@@ -218,6 +228,11 @@ class RootConfig:
     # cluster=slurm: first a small job (1 node, <= 2 layers, 20 steps, a save and a load in a new
     # job), then this one with --dependency=afterok on it (slurmtrain/login/smoke.py).
     smoke: bool = False
+    # Which checkpoint the next attempt loads. auto: the newest valid one (and a stop, class
+    # checkpoint_unreadable, when the run published checkpoints and none validates now);
+    # none: start from step 0 (the old checkpoints move to checkpoints/discarded/); step_N: that
+    # one (newer ones move aside). none/step_N apply once, to the first attempt after submission.
+    resume: str = "auto"
 
 
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
@@ -235,6 +250,7 @@ NON_RESULT_KEYS = (
     "cluster",
     "faults",
     "smoke",
+    "resume",
     "train.log_interval",
     "train.eval_interval",
     "train.pause_at_step",

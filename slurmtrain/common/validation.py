@@ -169,6 +169,16 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
     _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
+    if not re.fullmatch(r"auto|none|step_\d+", str(cfg.resume)):
+        raise ConfigError(
+            f"resume={cfg.resume!r}: must be auto (newest valid checkpoint), none (start from "
+            f"step 0) or step_N (that checkpoint); e.g. resume=step_1000"
+        )
+    if cfg.faults.spike_factor != 0 and cfg.faults.spike_factor <= 1:
+        raise ConfigError(
+            f"faults.spike_factor={cfg.faults.spike_factor}: must be 0 (off) or > 1 (times the "
+            f"running median loss); e.g. faults.spike_factor=3"
+        )
     _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
     ds = cfg.deepspeed
     check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)

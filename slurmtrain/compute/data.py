@@ -1,8 +1,10 @@
 """Token sources, the held-out split, blends, and the deterministic sampler that resumes exactly.
 
 Sample order depends only on (seed, epoch), and the global batch of step `s` is samples
-[s*G, (s+1)*G) of that order, laid out micro-step-major then rank — so the batch a step sees is the
-same whatever the world size, and resuming needs nothing but the number of consumed samples.
+[skip + s*G, skip + (s+1)*G) of that order, laid out micro-step-major then rank — so the batch a
+step sees is the same whatever the world size, and resuming needs nothing but the number of
+consumed samples and `skip`: the samples skipped after divergences (a checkpoint's
+`data_position.skipped_samples`).
 
 Held-out data: with `data.valid_fraction` the last fraction of every source's tokens is cut off
 before any window is formed, so no training window shares a token with a validation window; with
@@ -107,6 +109,7 @@ class Sampler:
                 f"corpus of {n_tokens} tokens is shorter than one sequence ({seq_len})"
             )
         self.seed = seed
+        self.skip = 0  # samples skipped past diverged windows (rollbacks); in every checkpoint
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
 
     def order(self, epoch: int) -> np.ndarray:
@@ -123,7 +126,7 @@ class Sampler:
     def indices(
         self, step: int, micro_step: int, rank: int, micro_batch: int, world: int, global_batch: int
     ) -> list[int]:
-        first = step * global_batch + (micro_step * world + rank) * micro_batch
+        first = self.skip + step * global_batch + (micro_step * world + rank) * micro_batch
         return [self.sample(first + i) for i in range(micro_batch)]
 
     def position(self, consumed: int) -> dict[str, Any]:
@@ -152,6 +155,7 @@ class BlendSampler(Sampler):
     ) -> None:
         self.seq_len, self.windows, self.names = seq_len, windows, names
         self.num_samples = len(windows)
+        self.skip = 0  # as Sampler: samples skipped past diverged windows
         for name, count in zip(names, windows.counts):
             if count < 1:
                 raise ValueError(f"data source {name}: shorter than one sequence ({seq_len})")

@@ -1,13 +1,16 @@
 """The training loop: read it top to bottom.
 
 One step = `grad_accumulation` micro steps of the deterministic sampler, then one all-reduce that
-carries the loss and every rank's stop/save flags, so all ranks decide together at the step boundary.
+carries the loss, every rank's stop/save flags and whether its loss or gradient norm is non-finite,
+so all ranks decide together at the step boundary: a diverged step (divergence.py) ends the loop
+before anything is logged or saved, and the Trainer rolls back.
 Every log interval one all_gather (observe/perf.py) adds throughput, FLOPs, the timer split, memory
 and stragglers to the metrics row.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -18,6 +21,7 @@ import torch.distributed as dist
 
 from slurmtrain.compute import evaluate
 from slurmtrain.compute.data import Sampler, batch
+from slurmtrain.compute.divergence import Divergence, Guard
 from slurmtrain.compute.faults.signals import NONE, SignalFlags
 from slurmtrain.compute.model import loss_fn
 from slurmtrain.compute.observe.metrics import MetricsWriter
@@ -35,6 +39,7 @@ class LoopState:
 class Outcome:
     step: int
     stop_code: int  # signals.NONE when max_steps was reached
+    diverged: Optional[Divergence] = None  # the Trainer rolls back (or stops `diverged`)
 
 
 def train(
@@ -48,15 +53,22 @@ def train(
     device: torch.device,
     metrics: MetricsWriter,
     flags: SignalFlags,
-    save: Callable[[int], None],
+    save: Callable[[int, float], Optional[str]],
     perf: Perf,
     accum: int,
     on_step: Optional[Callable[[int, float], None]] = None,
     stop_at: Optional[int] = None,
     evaluator: Optional[evaluate.Evaluator] = None,
+    guard: Optional[Guard] = None,
+    on_stop: Optional[Callable[[int, int], None]] = None,
+    poison: Optional[Callable[[int], bool]] = None,
 ) -> Outcome:
     """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes).
-    `accum`: micro steps per optimizer step (schema.grad_accumulation for this world size)."""
+    `accum`: micro steps per optimizer step (schema.grad_accumulation for this world size).
+    `save(step, loss)` returns why it refused (non-finite state: a divergence), else None;
+    `on_stop(step, code)` runs when the ranks agree to stop, before their save; `poison(step)`
+    (fault injection) makes that step's loss NaN."""
+    guard = guard or Guard()
     end = min(stop_at or cfg.train.max_steps, cfg.train.max_steps)
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
     every_steps = cfg.checkpoint.interval_steps
@@ -70,24 +82,31 @@ def train(
             ids = sampler.indices(state.step, m, rank, micro, world, gbs)
             window = torch.from_numpy(batch(tokens, ids, seq)).to(device)
             loss = loss_fn(engine, window)
+            if m == 0 and poison is not None and poison(state.step + 1):
+                loss = loss * float("nan")
             engine.backward(loss)
             engine.step()
             losses.append(loss.detach().float())
         state.step += 1
 
-        # One collective per step: [loss sum, signal code, time-based save due]. The loss .item()
-        # ends this rank's compute (on GPUs too); one .tolist() after, not one .item() per value.
+        # One collective per step: [loss sum, signal code, time-based save due, non-finite]. The
+        # loss .item() ends this rank's compute (on GPUs too); one .tolist() after.
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
+        local_loss = torch.stack(losses).mean().item()
+        bad = not (math.isfinite(local_loss) and _finite_norm(engine))
         shared = torch.tensor(
-            [torch.stack(losses).mean().item(), float(flags.code), float(due)],
+            [local_loss, float(flags.code), float(due), float(bad)],
             dtype=torch.float64,
             device=device,
         )
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
-            loss_sum, code_sum, due_sum = shared.tolist()
+            loss_sum, code_sum, due_sum, bad_sum = shared.tolist()
         loss_value = loss_sum / world
         stop_code = int(code_sum > 0) and _max_code(flags.code, device)
+        diverged = guard.judge(state.step, loss_value, bad_sum)
+        if diverged is not None:  # nothing of this step is logged or saved; the Trainer rolls back
+            return Outcome(state.step, NONE, diverged)
         step_time = time.perf_counter() - step_start
         if on_step is not None:  # fault injection; a slow rank's delay here is its own time, its
             on_step(state.step, step_time)  # peers' wait for it (next step) is DeepSpeed's comm
@@ -110,12 +129,24 @@ def train(
         finished = state.step >= end
         by_steps = every_steps > 0 and state.step % every_steps == 0
         if finished or stop_code or by_steps or due_sum > 0:
+            if stop_code and on_stop is not None:  # recorded before the save: it may outlast grace
+                on_stop(state.step, stop_code)
             with perf.saving():
-                save(state.step)
+                refused = save(state.step, loss_value)
+            if refused is not None:
+                return Outcome(state.step, NONE, Divergence(state.step, loss_value, refused))
             state.last_save_step, state.last_save_time = state.step, time.time()
         if stop_code:
             return Outcome(state.step, stop_code)
     return Outcome(state.step, NONE)
+
+
+def _finite_norm(engine: Any) -> bool:
+    """DeepSpeed's global gradient norm of the step just taken (None when it computed none)."""
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        return True
+    return math.isfinite(float(norm))
 
 
 def _max_code(local: int, device: torch.device) -> int:

@@ -1,4 +1,8 @@
-"""The Trainer: one attempt's training, read top to bottom: build, resume, loop, outcome, teardown.
+"""The Trainer: one attempt's training, read top to bottom: choose, build, resume, loop, outcome.
+
+choose: which checkpoint (or a stop, `checkpoint_unreadable`, before anything is built); loop: a
+diverged step rolls back in-process to the newest valid checkpoint, skipping the data window
+(or stops `diverged`).
 
 Each component is built from its own config section (checkpoint.*, train.*, data.*); the Trainer
 only wires them together. Every rank runs every method (they are collective where DeepSpeed is).
@@ -7,6 +11,7 @@ only wires them together. Every rank runs every method (they are collective wher
 from __future__ import annotations
 
 import gc
+import math
 import sys
 import time
 from typing import Any, Optional
@@ -15,41 +20,11 @@ from slurmtrain.common import errors
 from slurmtrain.common import ledger as faults
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import grad_accumulation
+from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
 from slurmtrain.compute.distributed import Placement
 from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
-
-
-def rng_state() -> dict[str, Any]:
-    """Every generator a step may draw from (dropout, sampling): saved with each checkpoint."""
-    import random
-
-    import numpy as np
-    import torch
-
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    if state:
-        random.setstate(state["python"])
-        np.random.set_state(state["numpy"])
-        torch.set_rng_state(state["torch"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["cuda"])
 
 
 def broadcast(obj: Any) -> Any:
@@ -85,9 +60,14 @@ class Trainer:
             else torch.device("cuda", where.local_rank)
         )
         self.start_step = 0
+        self.stop: Optional[tuple[str, str]] = None  # (class, error): stop the run, no restart
+        self.signalled = False
 
     def fit(self) -> int:
         """The whole attempt; returns the process exit code for the batch-shell supervisor."""
+        self.choose()
+        if self.stop is not None:  # nothing is built, nothing trained
+            return self.stopped()
         self.build()
         self.resume()
         outcome = self.loop()
@@ -95,30 +75,47 @@ class Trainer:
         self.teardown()
         return code
 
+    # ---- choose --------------------------------------------------------------------------------
+    def choose(self) -> None:
+        """Rank 0 picks the checkpoint (checkpoint/select.py); every rank learns the choice."""
+        from slurmtrain.compute.checkpoint import select
+
+        cfg, run = self.cfg, self.run
+        choice = None
+        if self.rank == 0:
+            full = cfg.checkpoint.verify == "checksum"
+            choice = select.choose(run.checkpoints, run.events(), str(cfg.resume), full)
+        choice = broadcast(choice)
+        self.found = choice.found
+        for path, reason in self.found.skipped:
+            self.attempt.record("checkpoint_skipped", path=path, reason=reason)
+            if self.rank == 0:
+                print(f"slurmtrain: skipping checkpoint {path}: {reason}", file=sys.stderr)
+        if choice.applied is not None:
+            self.attempt.record("resume_applied", **choice.applied)
+        if choice.stop is not None:
+            self.stop = (faults.CHECKPOINT_UNREADABLE, choice.stop)
+
+    def stopped(self) -> int:
+        """Stop the run (`stopped`, its class and error line): the supervisor does not restart it."""
+        cls, error = self.stop or (faults.CRASH, "?")
+        self.attempt.record("stopped", **{"class": cls, "error": error, "step": self.attempt.step})
+        if self.rank == 0:
+            print(f"slurmtrain: stopping the run ({cls}): {error}", file=sys.stderr)
+        return 0
+
     # ---- build ---------------------------------------------------------------------------------
     def build(self) -> None:
-        """Pick the checkpoint to resume, then the DeepSpeed engine, checkpointer and data."""
+        """The DeepSpeed engine (for the chosen checkpoint's world size), checkpointer and data."""
         import deepspeed
 
         from slurmtrain.common import ds_config
         from slurmtrain.compute import data, model
-        from slurmtrain.compute.checkpoint import format as ckpt
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
 
         cfg, run = self.cfg, self.run
-        found = (
-            ckpt.find_resumable(run.checkpoints, full=cfg.checkpoint.verify == "checksum")
-            if self.rank == 0
-            else None
-        )
-        self.found = broadcast(found)
-        for path, reason in self.found.skipped:
-            self.attempt.record("checkpoint_skipped", path=path, reason=reason)
-            if self.rank == 0:
-                print(f"slurmtrain: skipping checkpoint {path}: {reason}", file=sys.stderr)
-
         self.ds_config = ds_config.build(cfg, self.world, profile_dir=str(run.profile))
         self.load_dir, self.same_world = self.found.path, True
         if (
@@ -175,6 +172,7 @@ class Trainer:
             self.checkpointer.load(self.engine, self.load_dir, restore_rng=self.same_world)
         )
         self.start_step = int(self.found.manifest["step"])
+        self.sampler.skip = self._data_skip(self.found.manifest)
         self.watchdog.beat("checkpoint load")
         self.attempt.record(
             "checkpoint_loaded",
@@ -182,20 +180,67 @@ class Trainer:
             seconds=time.time() - t0,
             path=str(self.load_dir),
             world_size_changed=not self.same_world,
+            skipped_samples=self.sampler.skip,
         )
 
+    def _data_skip(self, manifest: dict[str, Any]) -> int:
+        """The sampler offset of a checkpoint (and of a rollback that returned to it)."""
+        from slurmtrain.compute.divergence import resumed_skip
+
+        own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
+        events = self.run.events() if self.rank == 0 else []
+        return int(broadcast(resumed_skip(own, int(manifest["step"]), faults.rollbacks(events))))
+
     # ---- loop ----------------------------------------------------------------------------------
-    def save(self, step: int) -> None:
-        """A collective save; the checkpointer records saved/failed events and prunes."""
+    def save(self, step: int, loss: float) -> Optional[str]:
+        """A collective save; the checkpointer records saved/failed events and prunes. Returns why
+        it refused instead (non-finite loss or parameters: the loop treats it as a divergence)."""
+        if not math.isfinite(loss):
+            return "non-finite loss at a save"
+        if not self._params_finite():
+            return "non-finite parameters at a save"
         gbs = self.cfg.train.global_batch_size
         consumed = step * gbs
         meta = {
             "world_size": self.world,
             "consumed_samples": consumed,
             "zero_stage": self.cfg.deepspeed.stage,
-            "data_position": self.sampler.position(consumed),  # blends: samples per source
+            "loss": loss,
+            # blends: samples per source; after rollbacks: the samples skipped past diverged windows
+            "data_position": {
+                **self.sampler.position(consumed),
+                "skipped_samples": self.sampler.skip,
+                "epoch": (self.sampler.skip + consumed) // self.sampler.num_samples,
+            },
         }
         self.checkpointer.save(self.engine, step, meta, rng_state())
+        return None
+
+    def _params_finite(self) -> bool:
+        """Every rank's parameters (its ZeRO-3 partition) are finite: one pass, one all-reduce."""
+        import torch
+        import torch.distributed as dist
+
+        by_device: dict[Any, list[Any]] = {}  # offloaded partitions live on the host
+        for p in self.engine.module.parameters():
+            t = getattr(p, "ds_tensor", p)
+            if t.numel():
+                by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+        bad = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for flags in by_device.values():
+            bad += torch.stack(flags).logical_not().any().to(self.device, torch.float64)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return bad.item() == 0
+
+    def on_stop(self, step: int, code: int) -> None:
+        """The ranks agreed to stop: recorded now, before the save (which may outlast GraceTime)."""
+        if self.signalled:
+            return
+        self.signalled = True
+        name = "SIGTERM" if code == signals.TERMINATE else "SIGUSR2"
+        self.attempt.record(
+            "signal", signal=name, step=step, received_at=self.flags.received_at, before_save=True
+        )
 
     def on_step(self, step: int, seconds: float) -> None:
         self.attempt.step = step
@@ -205,12 +250,13 @@ class Trainer:
 
     def loop(self) -> Any:
         from slurmtrain.compute import loop
+        from slurmtrain.compute.divergence import Guard
         from slurmtrain.compute.evaluate import Evaluator
         from slurmtrain.compute.observe.perf import Perf
 
         cfg = self.cfg
-        state = loop.LoopState(self.start_step, self.start_step, time.time())
         pause = cfg.train.pause_at_step if self.start_step < cfg.train.pause_at_step else None
+        guard = Guard(cfg.faults.spike_factor, cfg.faults.spike_window)
         try:
             tracker = Perf(
                 self.engine,
@@ -222,24 +268,32 @@ class Trainer:
                 self.attempt.record,
                 self.run.path,
             )
-            return loop.train(
-                self.engine,
-                cfg,
-                self.tokens,
-                self.sampler,
-                state,
-                self.world,
-                self.rank,
-                self.device,
-                self.metrics,
-                self.flags,
-                self.save,
-                tracker,
-                accum=grad_accumulation(cfg, self.world),
-                on_step=self.on_step,
-                stop_at=pause,
-                evaluator=Evaluator(self.data, cfg, self.rank, self.world, self.device),
-            )
+            evaluator = Evaluator(self.data, cfg, self.rank, self.world, self.device)
+            while True:
+                state = loop.LoopState(self.start_step, self.start_step, time.time())
+                outcome = loop.train(
+                    self.engine,
+                    cfg,
+                    self.tokens,
+                    self.sampler,
+                    state,
+                    self.world,
+                    self.rank,
+                    self.device,
+                    self.metrics,
+                    self.flags,
+                    self.save,
+                    tracker,
+                    accum=grad_accumulation(cfg, self.world),
+                    on_step=self.on_step,
+                    stop_at=pause,
+                    guard=guard,
+                    on_stop=self.on_stop,
+                    poison=self.injector.poison,
+                    evaluator=evaluator,
+                )
+                if outcome.diverged is None or not self.rollback(outcome.diverged):
+                    return outcome
         except BaseException:
             self.checkpointer.abandon()  # an async save already copied may still publish
             raise
@@ -247,10 +301,65 @@ class Trainer:
             self.memory.stop()
             self.metrics.close()
 
+    def rollback(self, d: Any) -> bool:
+        """Reload the newest valid checkpoint in this process and skip the data window that
+        diverged; False (and `self.stop`) when the run must stop `diverged` instead."""
+        from slurmtrain.compute import divergence
+        from slurmtrain.compute.checkpoint import format as ckpt
+
+        cfg = self.cfg
+        self.checkpointer.settle()  # an async save in flight is published (or failed) first
+        plan, found = None, None
+        if self.rank == 0:
+            found = ckpt.find_resumable(self.run.checkpoints, cfg.checkpoint.verify == "checksum")
+            manifest = found.manifest
+            step = int(manifest["step"]) if found.path is not None else None
+            if step is not None and int(manifest.get("world_size", self.world)) != self.world:
+                step = None  # written by another world size: its universal form is not loaded
+            own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
+            previous = faults.rollbacks(self.run.events())
+            plan = divergence.plan_rollback(
+                d, step, own, previous, cfg.faults, cfg.train.max_steps, cfg.train.global_batch_size
+            )
+        plan, found = broadcast((plan, found))
+        loss = divergence.finite_or_text(d.loss)
+        if plan.stop is not None:
+            self.stop = (faults.DIVERGED, plan.stop)
+            self.attempt.step = d.step
+            return False
+        t0 = time.time()
+        set_rng_state(self.checkpointer.load(self.engine, found.path))
+        self.start_step, self.sampler.skip = plan.to_step, plan.skip_samples
+        self.attempt.step = plan.to_step
+        self.watchdog.beat("rollback")
+        self.attempt.record(
+            "rollback",
+            step=d.step,
+            loss=loss,
+            reason=d.why,
+            to_step=plan.to_step,
+            path=str(found.path),
+            skipped_steps=plan.skip_steps,
+            skipped_samples=plan.skip_steps * cfg.train.global_batch_size,
+            data_skip=plan.skip_samples,
+            number=plan.number,
+            seconds=time.time() - t0,
+        )
+        if self.rank == 0:
+            print(
+                f"slurmtrain: loss {loss} at step {d.step} ({d.why}): rolled back to step "
+                f"{plan.to_step}, skipping {plan.skip_steps} steps of data "
+                f"(rollback {plan.number} of faults.max_rollback={cfg.faults.max_rollback})",
+                file=sys.stderr,
+            )
+        return True
+
     # ---- outcome -------------------------------------------------------------------------------
     def outcome(self, outcome: Any) -> int:
         """Record how the attempt ended; the exit code tells the supervisor what to do next."""
         self.checkpointer.settle()  # async: the last save is published (or failed) on every rank
+        if self.stop is not None:  # diverged past its rollbacks: stop, no restart
+            return self.stopped()
         final: Optional[Any] = self.checkpointer.last
         stopped = outcome.stop_code != signals.NONE
         if not stopped and final is not None and not final.ok and final.step == outcome.step:
@@ -272,12 +381,7 @@ class Trainer:
         if not stopped:
             self.attempt.record("finished", step=outcome.step)
             return 0
-        self.attempt.record(
-            "signal",
-            signal=self.flags.received,
-            step=outcome.step,
-            received_at=self.flags.received_at,
-        )
+        self.on_stop(outcome.step, outcome.stop_code)  # normally recorded before the save
         # The supervisor restarts a time-limited run, and asks Slurm whether a SIGTERM was a
         # preemption (restart) or a scancel (stop).
         return (

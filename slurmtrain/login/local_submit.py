@@ -66,6 +66,9 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
     if done:  # what to do with the model just trained
         print(f"sample: python -m slurmtrain.cli sample {run.path} --prompt 'def '")
         print(f"export: python -m slurmtrain.cli export {run.path} --out exports/{cfg.name}")
+    stopped = [e for e in run.events("stopped") if str(e.get("job_id")) == str(job.job_id)]
+    if stopped:  # diverged, checkpoint_unreadable, a budget: the attempt said why
+        print(f"slurmtrain: run stopped ({stopped[-1].get('class')}): {stopped[-1].get('error')}")
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
 
 

@@ -15,6 +15,8 @@ CASES = [
     (["no_such_key=1"], "no_such_key"),
     (["data=tokens", "data.path=/nonexistent/tokens.bin"], "data.path='/nonexistent/tokens.bin'"),
     (["train.max_steps=lots"], "train.max_steps='lots'"),
+    (["resume=latest"], "resume='latest'"),
+    (["faults.spike_factor=0.5"], "faults.spike_factor=0.5"),
 ]
 
 

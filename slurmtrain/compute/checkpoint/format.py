@@ -211,16 +211,24 @@ def find_resumable(root: Path, full: bool = True) -> Resume:
 
 
 def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
-    """Keep the newest `keep_last` checkpoints plus every `keep_every`-th step; drop leftovers.
+    """Keep the newest `keep_last` checkpoints that validate plus every `keep_every`-th step; drop
+    leftovers.
 
+    Only checkpoints that validate (manifest, files, sizes: no checksums, this runs after every
+    save) count towards `keep_last`, and the newest valid one is never removed: a damaged newer
+    directory can never push the last good one out. A damaged one is kept while it is newer than
+    the kept window (for a person to look at), removed once it is older.
     Only called while no save is in flight (rank 0, right after a publish), so every `.tmp`
     directory is an abandoned one.
     """
     pointed = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
-    removed, kept = [], set()
-    for i, directory in enumerate(step_dirs(root)):
+    removed, kept, valid = [], set(), 0
+    for directory in step_dirs(root):
         step = int(directory.name.split("_")[1])
-        if i < keep_last or directory.name == pointed or (keep_every and step % keep_every == 0):
+        ok = validate(directory, full=False) is None
+        window = valid < max(keep_last, 1)
+        valid += ok
+        if window or directory.name == pointed or (keep_every and step % keep_every == 0):
             kept.add(directory.name)
             continue
         shutil.rmtree(directory, ignore_errors=True)

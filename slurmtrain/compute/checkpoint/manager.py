@@ -115,9 +115,16 @@ class Checkpointer:
         engine._copy_recovery_script = guarded
 
     def save(self, engine: Any, step: int, meta: dict[str, Any], rng: dict[str, Any]) -> None:
-        """Save `step`; returns when it is published (sync) or copied to host memory (async)."""
+        """Save `step`; returns when it is published (sync) or copied to host memory (async).
+        Refuses a state whose loss is not finite: nothing non-finite is ever published."""
+        import math
+
         import torch
         import torch.distributed as dist
+
+        loss = meta.get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise ValueError(f"refusing to save {tag(step)}: its loss is {loss}")
 
         started = time.time()
         self.settle()

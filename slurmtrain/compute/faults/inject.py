@@ -5,7 +5,8 @@ code path: `step_delay=0.2` (seconds added to every step), `crash_at_step=N`, `s
 `stall_rank=R` (sleeps forever), `slow_rank=R` with `slow_factor=F`, `bad_node=NODE` (health gate),
 `kill_during_save=N` (every rank SIGKILLs itself right after writing its first shard of step N's
 save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard written: a slow disk),
-`bad_rank=R` (the node of rank R fails the health gate). `attempts=1` (or `1+2`) confines every
+`bad_rank=R` (the node of rank R fails the health gate), `nan_at_step=N` (step N's loss is NaN on
+rank `nan_rank`, default every rank: once per process, or every time with `nan_repeat=1`). `attempts=1` (or `1+2`) confines every
 injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke`
 confines them to runs whose name ends so (the smoke job of a smoke=true chain, not the big one:
 both inherit the submitting shell's environment).
@@ -34,6 +35,7 @@ class Injector:
         name: Optional[str] = None,
     ) -> None:
         self.rank = rank
+        self.poisoned: set[int] = set()
         self.cfg = settings(env)
         only = self.cfg.get("attempts")
         if only and attempt is not None and str(attempt) not in only.split("+"):
@@ -47,6 +49,18 @@ class Injector:
 
     def get(self, key: str) -> Optional[str]:
         return self.cfg.get(key)
+
+    def poison(self, step: int) -> bool:
+        """Whether this rank's loss of `step` is to be made NaN (a divergence on cue)."""
+        cfg = self.cfg
+        if cfg.get("nan_at_step") != str(step) or cfg.get("nan_rank", str(self.rank)) != str(
+            self.rank
+        ):
+            return False
+        if step in self.poisoned and cfg.get("nan_repeat") != "1":
+            return False
+        self.poisoned.add(step)
+        return True
 
     def after_step(self, step: int, step_seconds: float) -> None:
         cfg = self.cfg

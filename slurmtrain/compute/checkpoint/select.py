@@ -1,0 +1,94 @@
+"""Which checkpoint an attempt starts from, and when it must refuse to start at all.
+
+`resume=auto`: the newest checkpoint that validates. When the ledger shows published checkpoints
+and none validates now (flipped bytes, an unmounted or flaky filesystem), the attempt stops with
+class `checkpoint_unreadable`, naming each checkpoint and why, instead of training from step 0.
+`resume=none` (start from step 0) and `resume=step_N` (that checkpoint) are explicit and apply
+once, to the first attempt after the submission that asked: the checkpoints not kept move to
+`checkpoints/discarded/<time>/` (nothing is deleted) and `resume_applied` records it.
+Rank 0 only; pure file operations (no torch).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from slurmtrain.common import ledger
+from slurmtrain.compute.checkpoint.format import (
+    LATEST,
+    Resume,
+    find_resumable,
+    read_manifest,
+    step_dirs,
+    tag,
+    validate,
+)
+
+DISCARDED = "discarded"
+
+
+@dataclass
+class Choice:
+    found: Resume
+    stop: Optional[str] = None  # checkpoint_unreadable: the error line (each checkpoint and why)
+    applied: Optional[dict[str, Any]] = None  # the `resume_applied` event's fields
+
+
+def choose(root: Path, events: list[dict[str, Any]], resume: str, full: bool) -> Choice:
+    mode = ledger.resume_request(events, resume)
+    if mode == "none":
+        moved = discard(root, keep_upto=None)
+        return Choice(Resume(), applied={"resume": mode, "moved": moved, "kept_step": None})
+    if mode.startswith("step_"):
+        step = int(mode.removeprefix("step_"))
+        directory = root / tag(step)
+        reason = validate(directory, full) if directory.is_dir() else "no such checkpoint"
+        if reason is not None:
+            return Choice(Resume(), stop=f"resume={mode}: {directory}: {reason}")
+        moved = discard(root, keep_upto=step)
+        found = Resume(directory, read_manifest(directory))
+        return Choice(found, applied={"resume": mode, "moved": moved, "kept_step": step})
+    found = find_resumable(root, full)
+    published = ledger.published_since_reset(events)
+    if found.path is not None or not published:
+        return Choice(found)
+    named = "; ".join(f"{Path(p).name}: {why}" for p, why in found.skipped)
+    if not named:
+        newest = max(int(e.get("step", 0)) for e in published)
+        named = f"none of them is in {root} (newest published: {tag(newest)})"
+    return Choice(
+        found,
+        stop=f"{len(published)} checkpoint(s) published and none validates now: {named}. "
+        f"Fix the storage, or pass resume=none to start from step 0 "
+        f"(or resume=step_N for another checkpoint)",
+    )
+
+
+def discard(root: Path, keep_upto: Optional[int]) -> list[str]:
+    """Move the checkpoints newer than `keep_upto` (all when None) to discarded/<time>/."""
+    if not root.is_dir():
+        return []
+    doomed = [
+        d for d in step_dirs(root) if keep_upto is None or int(d.name.split("_")[1]) > keep_upto
+    ]
+    if not doomed:
+        return []
+    target = root / DISCARDED / time.strftime("%Y%m%d-%H%M%S")
+    target.mkdir(parents=True, exist_ok=True)
+    for d in doomed:
+        os.rename(d, target / d.name)
+        universal = root / f"{d.name}_universal"
+        if universal.is_dir():
+            os.rename(universal, target / universal.name)
+    latest = root / LATEST
+    if keep_upto is None:
+        latest.unlink(missing_ok=True)
+    else:
+        part = root / f".{LATEST}.tmp"
+        part.write_text(tag(keep_upto))
+        os.replace(part, latest)
+    return [d.name for d in doomed]

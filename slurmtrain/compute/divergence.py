@@ -1,0 +1,111 @@
+"""Divergence: judging each step's loss and gradient norm, and planning the rollback that follows.
+
+Every rank sees the same all-reduced loss and count of ranks with a non-finite loss or gradient
+norm, so every rank reaches the same verdict at the same step. A verdict means: the step is not
+kept (the rollback reloads the newest valid checkpoint: weights, optimizer, scheduler, RNG), the
+data window that diverged is skipped (PaLM's practice), and the run goes on in the same process.
+Pure arithmetic here (no torch): the Trainer does the collective reload.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MIN_HISTORY = 10  # losses the spike test needs before it judges
+
+
+@dataclass
+class Divergence:
+    step: int  # the optimizer step whose loss (or gradient norm, or saved state) was bad
+    loss: float
+    why: str
+
+
+class Guard:
+    """Non-finite loss or gradient norm on any rank, or a loss spike over the running median."""
+
+    def __init__(self, spike_factor: float = 0.0, window: int = 50) -> None:
+        self.factor = float(spike_factor)
+        self.recent: deque[float] = deque(maxlen=max(int(window), MIN_HISTORY))
+
+    def judge(self, step: int, loss: float, bad_ranks: float) -> Optional[Divergence]:
+        if bad_ranks > 0 or not math.isfinite(loss):
+            ranks = f" on {int(bad_ranks)} rank(s)" if bad_ranks > 0 else ""
+            return Divergence(step, loss, f"non-finite loss or gradient norm{ranks}")
+        if self.factor > 0 and len(self.recent) >= MIN_HISTORY:
+            median = statistics.median(self.recent)
+            if median > 0 and loss > self.factor * median:
+                return Divergence(
+                    step,
+                    loss,
+                    f"loss spike: {loss:.4g} > faults.spike_factor={self.factor:g} x running "
+                    f"median {median:.4g}",
+                )
+        self.recent.append(loss)
+        return None
+
+
+def finite_or_text(value: Optional[float]) -> Any:
+    """A value for the JSON ledger: NaN/inf as text (json would write invalid JSON)."""
+    if value is None:
+        return None
+    return value if math.isfinite(value) else str(value)
+
+
+@dataclass
+class Plan:
+    stop: Optional[str] = None  # why the run stops `diverged` instead of rolling back
+    to_step: int = 0
+    skip_steps: int = 0  # optimizer steps' worth of samples skipped
+    skip_samples: int = 0  # the sampler's offset after the rollback (cumulative)
+    number: int = 0  # this rollback's number over the whole run
+
+
+def plan_rollback(
+    d: Divergence,
+    checkpoint_step: Optional[int],
+    checkpoint_skip: int,
+    previous: list[dict[str, Any]],
+    faults_cfg: Any,
+    max_steps: int,
+    global_batch: int,
+) -> Plan:
+    """Where to roll back to and how much data to skip, or why the run must stop instead.
+
+    `checkpoint_skip`: the samples the checkpoint's own run had skipped (its data_position).
+    Skipped: at least the window that diverged (checkpoint step .. diverged step), and
+    faults.skip_batches steps' worth, bounded by a tenth of the run (tiny runs).
+    """
+    what = f"loss {d.loss:.4g} at step {d.step} ({d.why})"
+    if checkpoint_step is None:
+        return Plan(stop=f"{what}; no valid checkpoint to roll back to")
+    limit = int(faults_cfg.max_rollback)
+    if len(previous) >= limit:
+        return Plan(stop=f"{what}; {len(previous)} rollbacks already (faults.max_rollback={limit})")
+    if previous and previous[-1].get("to_step") == checkpoint_step:
+        last = previous[-1]
+        return Plan(
+            stop=f"{what}; diverged again after rolling back to step {checkpoint_step} and "
+            f"skipping {last.get('skipped_samples')} samples (rollback at step {last.get('step')})"
+        )
+    window = max(d.step - checkpoint_step, 1)
+    skip_steps = max(window, min(int(faults_cfg.skip_batches), max(max_steps // 10, 1)))
+    return Plan(
+        to_step=checkpoint_step,
+        skip_steps=skip_steps,
+        skip_samples=checkpoint_skip + skip_steps * global_batch,
+        number=len(previous) + 1,
+    )
+
+
+def resumed_skip(manifest_skip: int, step: int, previous: list[dict[str, Any]]) -> int:
+    """The sampler offset for a run resumed at `step`: the checkpoint's own, unless a rollback
+    returned to this very checkpoint (and skipped data) before the attempt ended: then that one."""
+    for e in reversed(previous):
+        if e.get("to_step") == step and e.get("data_skip") is not None:
+            return max(int(e["data_skip"]), manifest_skip)
+    return manifest_skip

@@ -1,0 +1,45 @@
+"""The stop signal is recorded when the ranks agree to stop, before their save (issue 11, build 5):
+a save that outlasts Slurm's GraceTime still leaves the record that classifies the attempt."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from tests.conftest import PYTHON, read_jsonl, slurmtrain_env
+
+FAST = ["train.max_steps=200", "train.log_interval=1", "checkpoint.interval_steps=100"]
+
+
+def test_signal_is_recorded_before_the_stop_save(workdir):
+    env = slurmtrain_env({"SLURMTRAIN_INJECT": "step_delay=0.1"})
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "slurmtrain", *FAST, "cluster=local"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 300
+    ledger = None
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        found = list((workdir / "runs").glob("*/*/metrics.jsonl"))
+        if found and any(r["step"] >= 5 for r in read_jsonl(found[0])):
+            ledger = found[0].parent / "ledger.jsonl"
+            break
+        time.sleep(0.1)
+    assert ledger is not None, "never reached step 5"
+    [started] = [e for e in read_jsonl(ledger) if e["event"] == "started"]
+    os.kill(started["pids"][1], signal.SIGUSR2)  # rank 1 only: the ranks agree on it
+    proc.communicate(timeout=300)
+    rows = read_jsonl(ledger)
+    names = [e["event"] for e in rows]
+    [sig] = [e for e in rows if e["event"] == "signal"]
+    assert sig["signal"] == "SIGUSR2" and sig["before_save"] is True
+    saved = [i for i, e in enumerate(rows) if e["event"] == "checkpoint_saved"]
+    assert saved and names.index("signal") < saved[-1]
+    assert rows[saved[-1]]["step"] == sig["step"]

@@ -1,0 +1,120 @@
+"""Divergence verdicts, rollback plans, checkpoint choice and pruning (issue 11, builds 1, 2, 5)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+from slurmtrain.common import ledger
+from slurmtrain.compute.checkpoint import select
+from slurmtrain.compute.checkpoint.format import prune, step_dirs
+from slurmtrain.compute.data import Sampler
+from slurmtrain.compute.divergence import Divergence, Guard, plan_rollback, resumed_skip
+
+FAULTS = SimpleNamespace(max_rollback=5, skip_batches=200)
+
+
+def test_guard_judges_non_finite_and_spikes():
+    g = Guard()
+    assert g.judge(1, 5.0, 0) is None
+    assert "non-finite" in g.judge(2, math.nan, 0).why
+    assert "2 rank" in g.judge(3, 4.0, 2).why  # finite mean, but a rank saw inf/NaN
+    spiky = Guard(spike_factor=3, window=20)
+    for s in range(10):
+        assert spiky.judge(s, 2.0 + 0.01 * s, 0) is None
+    assert spiky.judge(11, 5.0, 0) is None
+    assert "spike" in spiky.judge(12, 7.0, 0).why
+
+
+def test_plan_rollback_skips_at_least_the_window_bounded_for_tiny_runs():
+    d = Divergence(15, math.nan, "x")
+    plan = plan_rollback(d, 10, 0, [], FAULTS, max_steps=40, global_batch=8)
+    assert plan.stop is None and plan.to_step == 10 and plan.skip_steps == 5
+    assert plan.skip_samples == 40
+    big = plan_rollback(Divergence(1050, 9.9, "x"), 1000, 16, [], FAULTS, 100_000, 8)
+    assert big.skip_steps == 200 and big.skip_samples == 16 + 200 * 8
+    assert "no valid checkpoint" in plan_rollback(d, None, 0, [], FAULTS, 40, 8).stop
+    again = [{"event": "rollback", "step": 15, "to_step": 10, "skipped_samples": 40}]
+    assert "diverged again" in plan_rollback(d, 10, 40, again, FAULTS, 40, 8).stop
+    many = [{"event": "rollback", "to_step": s} for s in range(5)]
+    assert "max_rollback=5" in plan_rollback(d, 10, 0, many, FAULTS, 40, 8).stop
+
+
+def test_resumed_skip_follows_a_rollback_to_the_same_checkpoint():
+    rb = [{"event": "rollback", "to_step": 10, "data_skip": 40}]
+    assert resumed_skip(0, 10, rb) == 40 and resumed_skip(0, 20, rb) == 0
+
+
+def test_sampler_skip_moves_every_batch():
+    s = Sampler(10_000, 8, 1)
+    first = s.indices(3, 0, 0, 4, 2, 8)
+    s.skip = 8
+    assert s.indices(2, 0, 0, 4, 2, 8) == first
+
+
+def test_vanished_attempt_with_only_the_early_signal_is_preempted():
+    events = [
+        {"event": "started", "attempt": 1},
+        {"event": "signal", "attempt": 1, "signal": "SIGTERM", "before_save": True},
+    ]  # Slurm killed it mid-save: no checkpoint_saved, no attempt_ended
+    assert ledger.vanished_class(events, 1) == ledger.PREEMPTED
+    assert ledger.unended_attempt(events)["attempt"] == 1
+
+
+def test_new_classes_have_budgets():
+    from slurmtrain.common.schema import FaultsConfig
+
+    b = ledger.budgets(FaultsConfig())
+    assert b[ledger.DIVERGED] == 0 and b[ledger.CHECKPOINT_UNREADABLE] == 0
+
+
+def _ckpt(root: Path, step: int, good: bool = True) -> None:
+    d = root / f"step_{step}"
+    d.mkdir(parents=True)
+    (d / "a.pt").write_bytes(b"x" * 10)
+    files = {"a.pt": {"size": 10 if good else 11}}
+    (d / "manifest.json").write_text(json.dumps({"step": step, "files": files}))
+    (root / "latest").write_text(f"step_{step}")
+
+
+def test_choose_stops_when_published_checkpoints_all_fail(tmp_path):
+    root = tmp_path / "ck"
+    _ckpt(root, 10, good=False)
+    _ckpt(root, 20, good=False)
+    saved = [{"event": "checkpoint_saved", "step": s} for s in (10, 20)]
+    events = [{"event": "submitted"}, *saved]
+    c = select.choose(root, events, "auto", full=True)
+    assert c.found.path is None and "step_20: " in c.stop and "step_10: " in c.stop
+    assert select.choose(tmp_path / "empty", events, "auto", True).stop  # unmounted: all missing
+    assert select.choose(tmp_path / "empty", events[:1], "auto", True).stop is None  # a new run
+
+
+def test_resume_none_and_step_n_apply_once_and_move_checkpoints_aside(tmp_path):
+    root = tmp_path / "ck"
+    for s in (10, 20, 30):
+        _ckpt(root, s)
+    events = [{"event": "submitted"}]
+    c = select.choose(root, events, "step_20", full=True)
+    assert c.found.path == root / "step_20" and c.applied["moved"] == ["step_30"]
+    assert (root / "latest").read_text() == "step_20"
+    events.append({"event": "resume_applied", **c.applied})
+    assert ledger.resume_request(events, "step_20") == "auto"  # a restart resumes normally
+    assert ledger.published_since_reset(events) == [{"event": "checkpoint_saved", "step": 20}]
+    c = select.choose(root, [{"event": "submitted"}], "none", full=True)
+    assert c.found.path is None and sorted(c.applied["moved"]) == ["step_10", "step_20"]
+    assert step_dirs(root) == [] and not (root / "latest").exists()
+    bad = select.choose(root, [{"event": "submitted"}], "step_5", full=True)
+    assert "no such checkpoint" in bad.stop
+
+
+def test_prune_counts_only_valid_checkpoints_and_keeps_the_newest_valid(tmp_path):
+    root = tmp_path / "ck"
+    _ckpt(root, 10)
+    _ckpt(root, 20)
+    for s in (30, 40, 50):
+        _ckpt(root, s, good=False)
+    prune(root, keep_last=1)
+    names = [d.name for d in step_dirs(root)]
+    assert "step_20" in names and "step_10" not in names
