@@ -66,20 +66,23 @@ def train(
         losses = []
         for m in range(accum):
             ids = sampler.indices(state.step, m, rank, micro, world, gbs)
-            window = torch.from_numpy(batch(tokens, ids, seq)).to(device)
+            window = to_device(batch(tokens, ids, seq), device)
             loss = loss_fn(engine, window)
             engine.backward(loss)
             engine.step()
             losses.append(loss.detach().float())
         state.step += 1
 
-        # One collective per step: [loss sum, signal code, time-based save due]. The loss .item()
-        # ends this rank's compute (on GPUs too); one .tolist() after, not one .item() per value.
+        # One collective per step: [loss sum, signal code, time-based save due], built on the
+        # device without a host round trip; its one .tolist() is the step's only host sync.
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
-        shared = torch.tensor(
-            [torch.stack(losses).mean().item(), float(flags.code), float(due)],
-            dtype=torch.float64,
-            device=device,
+        # (torch.full: a fill kernel taking the value as an argument, no host-to-device copy.)
+        shared = torch.stack(
+            [torch.stack(losses).mean().to(torch.float64)]
+            + [
+                torch.full((), float(x), dtype=torch.float64, device=device)
+                for x in (flags.code, due)
+            ]
         )
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
@@ -111,6 +114,14 @@ def train(
         if stop_code:
             return Outcome(state.step, stop_code)
     return Outcome(state.step, NONE)
+
+
+def to_device(window: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch on the rank's device: on CUDA through pinned memory, copied without blocking."""
+    host = torch.from_numpy(window)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _max_code(local: int, device: torch.device) -> int:

@@ -136,7 +136,7 @@ class Trainer:
             self.same_world = False
         self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
         self.memory.start()
-        self.net = model.build(cfg, self.ds_config)
+        self.net = model.build(cfg, self.ds_config, self.device)
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.net, model_parameters=self.net.parameters(), config=self.ds_config
         )
