@@ -110,24 +110,30 @@ def _pretrained(
     from transformers import OPTForCausalLM
 
     path = cfg.model.pretrained_path
+    # This run's dropout, not the source's (from_pretrained applies these to its config).
+    kwargs = dict(
+        local_files_only=True,
+        dtype=dtype,
+        attn_implementation="sdpa",
+        dropout=cfg.model.dropout,
+        attention_dropout=cfg.model.dropout,
+        activation_dropout=0.0,
+        layerdrop=0.0,
+        use_cache=False,
+    )
     if cfg.deepspeed.stage == 3:
         from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
         keep = HfDeepSpeedConfig(ds_config)  # transformers holds a weak reference: keep it alive
         try:
-            model = OPTForCausalLM.from_pretrained(
-                path, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
-            )
+            model = OPTForCausalLM.from_pretrained(path, **kwargs)
         finally:
             from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
             unset_hf_deepspeed_config()
             del keep
         return model
-    model = OPTForCausalLM.from_pretrained(
-        path, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
-    )
-    return model.to(device)
+    return OPTForCausalLM.from_pretrained(path, **kwargs).to(device)
 
 
 def scaled_std(cfg: DictConfig) -> float:
