@@ -180,9 +180,15 @@ print({"local_id": local, "visible": count, "device": str(device), "computed": v
 """
 
 
-def binding(dry: bool) -> dict[str, Any]:
-    env = dict(os.environ, SLURM_LOCALID="1", LOCAL_RANK="1", SLURM_NTASKS_PER_NODE="2")
-    env["CUDA_VISIBLE_DEVICES" if not dry else "SLURMTRAIN_VISIBLE_DEVICES"] = "0"
+def binding() -> dict[str, Any]:
+    # The site bound one GPU to this task (the second of two on the node): it sees one device.
+    env = dict(
+        os.environ,
+        SLURM_LOCALID="1",
+        LOCAL_RANK="1",
+        SLURM_NTASKS_PER_NODE="2",
+        CUDA_VISIBLE_DEVICES="0",
+    )
     done = subprocess.run(
         [sys.executable, "-c", _BINDING], env=env, capture_output=True, text=True, timeout=300
     )
@@ -213,7 +219,7 @@ def main() -> int:
         for name, fn in (
             ("throughput", lambda: throughput(p, work)),
             ("resume", lambda: resume(p, work)),
-            ("binding", lambda: binding(args.dry)),
+            ("binding", binding),
         ):
             try:
                 report[name] = fn()

@@ -88,11 +88,11 @@ def test_the_sources_content_is_in_the_fingerprint(export, tmp_path):
 
 def test_a_source_of_another_shape_is_refused_in_one_line(export, tmp_path):
     done = run_cli(
-        [f"model.pretrained_path={export}", "model.hidden_size=64", "dry_run=true"], cwd=tmp_path
+        [f"model.pretrained_path={export}", "model.hidden_size=32", "dry_run=true"], cwd=tmp_path
     )
     assert done.returncode == 2, done.stdout + done.stderr
     line = done.stderr.strip().splitlines()[-1]
-    assert "model.hidden_size=64" in line and "hidden_size=" in line
+    assert "model.hidden_size=32" in line and "hidden_size=" in line
 
 
 def test_a_folder_without_weights_is_refused(tmp_path):
