@@ -46,16 +46,20 @@ DRY = {
 }
 
 
-def slurmtrain(args: list[str], work: Path, timeout: float = 600) -> Path:
-    """`python -m slurmtrain` on this machine; the run directory it trained."""
+def slurmtrain(args: list[str], work: Path, timeout: float = 600, pausing: bool = False) -> Path:
+    """`python -m slurmtrain` on this machine; the run directory it trained. `pausing`: the run
+    stops at train.pause_at_step (the login side exits non-zero: the run is not finished)."""
     name = next(a.split("=", 1)[1] for a in args if a.startswith("name="))
     cmd = [sys.executable, "-m", "slurmtrain", "cluster=local", f"runs_root={work}", *args]
     t0 = time.monotonic()
     done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    run = max(work.glob(f"{name}/*/config.yaml"), key=os.path.getmtime).parent
+    if done.returncode and not (pausing and events(run, "paused")):
+        raise RuntimeError(
+            f"{' '.join(args)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}"
+        )
     print(f"  ({' '.join(args[-4:])}: {time.monotonic() - t0:.0f} s)", file=sys.stderr)
-    return max(work.glob(f"{name}/*/config.yaml"), key=os.path.getmtime).parent
+    return run
 
 
 def rows(run: Path) -> list[dict[str, Any]]:
@@ -128,10 +132,9 @@ def resume(p: dict[str, Any], work: Path) -> dict[str, Any]:
         f"checkpoint.interval_steps={n}",
     ]
     whole = slurmtrain([*common, "new_run=true", "name=resume-whole"], work)
-    first = slurmtrain(
-        [*common, "new_run=true", f"train.pause_at_step={n}", "name=resume-cut"], work
-    )
-    again = slurmtrain([*common, f"train.pause_at_step={n}", "name=resume-cut"], work)
+    cut = [*common, f"train.pause_at_step={n}", "name=resume-cut"]
+    first = slurmtrain(cut, work, pausing=True)  # a fresh work dir: no new_run needed
+    again = slurmtrain(cut, work)  # the same command again: resumes the paused run
     assert again == first, (again, first)
     a = {r["step"]: r["loss"] for r in rows(whole)}
     b = {r["step"]: r["loss"] for r in rows(first)}  # both attempts append to one metrics.jsonl
