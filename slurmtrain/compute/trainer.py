@@ -79,10 +79,12 @@ class Trainer:
         self.cfg, self.run, self.where, self.attempt = cfg, run, where, attempt
         self.flags, self.injector, self.watchdog = flags, injector, watchdog
         self.rank, self.world = where.rank, where.world_size
+        # GPUs: the device attempt.py selected (compute.distributed.rank_device): with one GPU bound
+        # per task it is cuda:0 whatever the local rank.
         self.device = (
             torch.device("cpu")
             if cfg.gpus_per_node == 0
-            else torch.device("cuda", where.local_rank)
+            else torch.device("cuda", torch.cuda.current_device())
         )
         self.start_step = 0
 
