@@ -25,7 +25,7 @@ def main(run_dir: str, warmup: int) -> None:
     import torch.distributed as dist
 
     from slurmtrain.common import ds_config
-    from slurmtrain.compute import data, model
+    from slurmtrain.compute import data, loop, model
 
     if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -38,7 +38,7 @@ def main(run_dir: str, warmup: int) -> None:
     config = ds_config.build(cfg, world)
     config["wall_clock_breakdown"] = False  # bare: DeepSpeed's defaults, no timers or profiler
     config.pop("flops_profiler", None)
-    net = model.build(cfg, config)
+    net = model.build(cfg, config, device)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
     tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
     sampler = data.Sampler(len(tokens), cfg.data.seq_len, cfg.data.seed)
@@ -51,7 +51,7 @@ def main(run_dir: str, warmup: int) -> None:
             t_warm = time.perf_counter()
         for m in range(accum):
             ids = sampler.indices(step, m, rank, micro, world, gbs)
-            window = torch.from_numpy(data.batch(tokens, ids, seq)).to(device)
+            window = loop.to_device(data.batch(tokens, ids, seq), device)
             loss = model.loss_fn(engine, window)
             engine.backward(loss)
             engine.step()

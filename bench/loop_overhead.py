@@ -35,6 +35,7 @@ def ours(workdir: Path, steps: int, warmup: int, log_interval: int) -> tuple[flo
         f"train.max_steps={steps}",
         f"train.log_interval={log_interval}",
         "checkpoint.interval_steps=0",
+        "cluster=local",  # this machine (cluster=auto would submit to the test Slurm cluster)
         "new_run=true",
         f"runs_root={workdir}",
     ]

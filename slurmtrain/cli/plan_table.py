@@ -7,9 +7,7 @@ import argparse
 import sys
 from typing import Optional
 
-from slurmtrain.common.ds_config import (
-    BUCKET_ELEMENTS,  # the gradient bucket slurmtrain trains with
-)
+from slurmtrain.common.ds_config import bucket_elements  # the buckets slurmtrain trains with
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.planning.memory import OPT_SIZES, GiB, param_count, recommend
 
@@ -66,7 +64,8 @@ def rows(args: argparse.Namespace) -> list[list[str]]:
                 max_micro_batch=args.max_micro_batch,
                 cpu_mem_bytes_per_node=cpu,
                 attention=args.attention,
-                reduce_bucket=BUCKET_ELEMENTS,
+                reduce_bucket=bucket_elements(model.hidden_size),
+                overlap_comm=True,
             )
             if rec is None:
                 row.append("does not fit")

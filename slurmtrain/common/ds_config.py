@@ -37,9 +37,15 @@ def flops_profiler(train: DictConfig, profile_dir: Optional[str]) -> dict[str, A
     return section
 
 
-# 5e7 elements (DeepSpeed's default is 5e8): the gradient bucket is allocated whole, so this is
-# 100 MB instead of 1 GB of bf16 per GPU, with buckets still large enough to keep links busy.
-BUCKET_ELEMENTS = int(5e7)
+# Gradient buckets, in elements: one transformer layer's gradients (12 h^2) per bucket, so with
+# overlap_comm each layer's reduce runs behind the next layer's backward; at least 2e7 (small models:
+# fewer, larger messages), at most DeepSpeed's default 5e8 (the bucket is allocated whole, twice
+# with overlap_comm: opt13b 2 x 315M x 2 B = 1.3 GB). planning/ reads them from zero_section.
+BUCKET_MIN, BUCKET_MAX, BUCKET_LAYERS = int(2e7), int(5e8), 12
+
+
+def bucket_elements(hidden_size: int) -> int:
+    return int(min(BUCKET_MAX, max(BUCKET_MIN, BUCKET_LAYERS * hidden_size**2)))
 
 
 def zero_section(cfg: DictConfig) -> dict[str, Any]:
@@ -49,10 +55,11 @@ def zero_section(cfg: DictConfig) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": ds.stage}
     if ds.stage > 0:
         zero.update(
-            overlap_comm=False,
+            # Gradient reduction overlapped with backward (stage 3's default; 1-2 need it asked).
+            overlap_comm=True,
             contiguous_gradients=True,
-            reduce_bucket_size=BUCKET_ELEMENTS,
-            allgather_bucket_size=BUCKET_ELEMENTS,
+            reduce_bucket_size=bucket_elements(cfg.model.hidden_size),
+            allgather_bucket_size=bucket_elements(cfg.model.hidden_size),
         )
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.gpus_per_node > 0}
@@ -97,7 +104,8 @@ def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dic
             },
         },
         "steps_per_print": 10**9,
-        # Timers feed metrics (forward/backward/optimizer/comm); compute/observe/perf.py mutes their prints.
+        # DeepSpeed's timers synchronize the device several times per micro step: off unless asked
+        # (train.timers=true: the time split and straggler detection; perf.py mutes their prints).
         "wall_clock_breakdown": bool(train.timers),
         "checkpoint": {"tag_validation": "Fail"},
     }

@@ -45,6 +45,9 @@ class ModelConfig:
     scaled_init: bool = False
     activation_checkpointing: bool = False
     pretrained_path: Optional[str] = None  # a local Hugging Face directory; nothing is downloaded
+    # Filled in on the login node (login/prepare.py): the content checksum of pretrained_path, so
+    # the run's fingerprint changes when the weights do.
+    pretrained_checksum: Optional[str] = None
 
 
 @dataclass
@@ -193,7 +196,8 @@ class TrainConfig:
     seed: int = 1234
     # DeepSpeed's wall_clock_breakdown timers: the forward/backward/optimizer/comm split of each
     # step, and what straggler detection needs (a rank's time minus its waits in collectives).
-    timers: bool = True
+    # Off by default: they synchronize the device several times per micro step (profiling only).
+    timers: bool = False
     flops_profile_step: int = 0  # N > 0: DeepSpeed's FLOPs profiler on step N -> profile/ (0: off)
     # N > 0: peak tensor memory from model build to step N against the planner (ledger
     # memory_checked). GPUs: free (allocator stats); CPUs: PyTorch's profiler until step N.

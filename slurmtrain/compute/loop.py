@@ -80,7 +80,7 @@ def train(
         losses = []
         for m in range(accum):
             ids = sampler.indices(state.step, m, rank, micro, world, gbs)
-            window = torch.from_numpy(batch(tokens, ids, seq)).to(device)
+            window = to_device(batch(tokens, ids, seq), device)
             loss = loss_fn(engine, window)
             if m == 0 and poison is not None and poison(state.step + 1):
                 loss = loss * float("nan")
@@ -89,15 +89,18 @@ def train(
             losses.append(loss.detach().float())
         state.step += 1
 
-        # One collective per step: [loss sum, signal code, time-based save due, non-finite]. The
-        # loss .item() ends this rank's compute (on GPUs too); one .tolist() after.
+        # One collective per step: [loss sum, signal code, time-based save due, non-finite ranks],
+        # built on the device without a host round trip; its one .tolist() is the step's only
+        # host sync. (torch.full: a fill kernel taking the value as an argument, no copy.)
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
-        local_loss = torch.stack(losses).mean().item()
-        bad = not (math.isfinite(local_loss) and _finite_norm(engine))
-        shared = torch.tensor(
-            [local_loss, float(flags.code), float(due), float(bad)],
-            dtype=torch.float64,
-            device=device,
+        mean_loss = torch.stack(losses).mean().to(torch.float64)
+        shared = torch.stack(
+            [mean_loss]
+            + [
+                torch.full((), float(x), dtype=torch.float64, device=device)
+                for x in (flags.code, due)
+            ]
+            + [_nonfinite(mean_loss, engine, device)]
         )
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
@@ -141,12 +144,24 @@ def train(
     return Outcome(state.step, NONE)
 
 
-def _finite_norm(engine: Any) -> bool:
-    """DeepSpeed's global gradient norm of the step just taken (None when it computed none)."""
-    norm = engine.get_global_grad_norm()
-    if norm is None:
-        return True
-    return math.isfinite(float(norm))
+def _nonfinite(loss: torch.Tensor, engine: Any, device: torch.device) -> torch.Tensor:
+    """1.0 when this rank's loss or DeepSpeed's global gradient norm of the step is not finite
+    (a 0-d float64 on the device: read with the step's one all-reduce, no extra host sync)."""
+    bad = (~torch.isfinite(loss)).to(torch.float64)
+    norm = engine.get_global_grad_norm()  # None when it computed none; a float or a tensor
+    if isinstance(norm, torch.Tensor):
+        return bad + (~torch.isfinite(norm.detach().to(device, torch.float64))).to(torch.float64)
+    if norm is not None and not math.isfinite(float(norm)):
+        return bad + 1.0
+    return bad
+
+
+def to_device(window: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch on the rank's device: on CUDA through pinned memory, copied without blocking."""
+    host = torch.from_numpy(window)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _max_code(local: int, device: torch.device) -> int:

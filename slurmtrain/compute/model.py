@@ -4,6 +4,12 @@ Initialisation follows the config: weights ~ N(0, model.init_std) (transformers'
 model.scaled_init the residual branches' output projections (attention out_proj, fc2) get
 init_std / sqrt(2 * num_layers), as metaseq's --full-megatron-init trains OPT: each of the 2L
 residual additions then adds variance ~1/(2L), so the residual stream does not grow with depth.
+
+Where the weights live: ZeRO 0-2 build the model on the rank's device in the training dtype (never a
+whole fp32 copy on the host per rank); ZeRO-3 builds under `deepspeed.zero.Init` (a fresh model) or
+loads `model.pretrained_path` through transformers' DeepSpeed integration (`HfDeepSpeedConfig`
+alive during `from_pretrained`: transformers then partitions each tensor as it loads). Attention is
+pinned to PyTorch's SDPA. The loss never makes a full-vocabulary fp32 copy of 16-bit logits.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ def opt_config(cfg: DictConfig) -> Any:
         enable_bias=True,
         use_cache=False,
         init_std=m.init_std,
+        attn_implementation="sdpa",  # pinned: fused attention, the same kernel on every version
         # No padding id: we never pad, and zeroing its embedding row fails on ZeRO-3 partitions.
         pad_token_id=None,
         bos_token_id=1,
@@ -42,17 +49,31 @@ def opt_config(cfg: DictConfig) -> Any:
     )
 
 
-def build(cfg: DictConfig, ds_config: dict[str, Any]) -> torch.nn.Module:
-    """ZeRO-3 builds under `deepspeed.zero.Init` so no rank ever holds the whole model."""
-    import deepspeed
-    from transformers import OPTForCausalLM
+def train_dtype(ds_config: dict[str, Any]) -> torch.dtype:
+    """The dtype DeepSpeed trains the module in (bf16/fp16 sections of the DeepSpeed config)."""
+    if (ds_config.get("bf16") or {}).get("enabled"):
+        return torch.bfloat16
+    if (ds_config.get("fp16") or {}).get("enabled"):
+        return torch.float16
+    return torch.float32
 
+
+def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> torch.nn.Module:
+    """ZeRO-3: no rank ever holds the whole model. ZeRO 0-2: built on `device` in the training
+    dtype (CPU fp32 runs are bitwise what they were: same generator, same order)."""
     torch.manual_seed(cfg.train.seed)
-    with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=cfg.deepspeed.stage == 3):
-        if cfg.model.pretrained_path:
-            model = OPTForCausalLM.from_pretrained(cfg.model.pretrained_path, local_files_only=True)
-        else:
+    device = torch.device(device)
+    dtype = train_dtype(ds_config)
+    if cfg.model.pretrained_path:
+        model = _pretrained(cfg, ds_config, device, dtype)
+    elif cfg.deepspeed.stage == 3:
+        import deepspeed
+        from transformers import OPTForCausalLM
+
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = OPTForCausalLM(opt_config(cfg))
+    else:
+        model = _fresh(cfg, device, dtype)
     if not cfg.model.pretrained_path:
         scaled = scaled_std(cfg) if cfg.model.scaled_init else None
         if cfg.deepspeed.stage == 3:
@@ -64,6 +85,55 @@ def build(cfg: DictConfig, ds_config: dict[str, Any]) -> torch.nn.Module:
     if cfg.model.activation_checkpointing:
         model.gradient_checkpointing_enable()
     return model
+
+
+def _fresh(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """A new model allocated (and initialised) directly on `device` in `dtype`."""
+    from transformers import OPTForCausalLM
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            return OPTForCausalLM(opt_config(cfg))
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _pretrained(
+    cfg: DictConfig, ds_config: dict[str, Any], device: torch.device, dtype: torch.dtype
+) -> torch.nn.Module:
+    """`model.pretrained_path` (an export or any local OPT folder), in the training dtype.
+
+    ZeRO-3: `HfDeepSpeedConfig` makes `from_pretrained` build under zero.Init and load each tensor
+    into its partitions (a bare zero.Init around it would load into empty partitions)."""
+    from transformers import OPTForCausalLM
+
+    path = cfg.model.pretrained_path
+    # This run's dropout, not the source's (from_pretrained applies these to its config).
+    kwargs = dict(
+        local_files_only=True,
+        dtype=dtype,
+        attn_implementation="sdpa",
+        dropout=cfg.model.dropout,
+        attention_dropout=cfg.model.dropout,
+        activation_dropout=0.0,
+        layerdrop=0.0,
+        use_cache=False,
+    )
+    if cfg.deepspeed.stage == 3:
+        from transformers.integrations.deepspeed import HfDeepSpeedConfig
+
+        keep = HfDeepSpeedConfig(ds_config)  # transformers holds a weak reference: keep it alive
+        try:
+            model = OPTForCausalLM.from_pretrained(path, **kwargs)
+        finally:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+            del keep
+        return model
+    return OPTForCausalLM.from_pretrained(path, **kwargs).to(device)
 
 
 def scaled_std(cfg: DictConfig) -> float:
@@ -100,9 +170,29 @@ def _init_partitioned(model: torch.nn.Module, scaled: float | None = None) -> No
                     module.weight.normal_(0.0, scaled)
 
 
+# Tokens per chunk of the 16-bit loss: each chunk's fp32 log-softmax lives only inside its own
+# forward and is recomputed in backward, so the loss holds chunk x vocab fp32 values, not b*s x vocab.
+LOSS_CHUNK_TOKENS = 4096
+
+
 def loss_fn(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:]."""
+    """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:].
+
+    fp32 logits: one cross entropy (no copy). 16-bit logits: summed over token chunks, each upcast
+    to fp32 inside a checkpointed function (fp32 accumulation, one chunk of fp32 at a time)."""
     logits = model(input_ids=window[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), window[:, 1:].reshape(-1)
-    )
+    flat = logits.reshape(-1, logits.size(-1))
+    labels = window[:, 1:].reshape(-1)
+    if flat.dtype == torch.float32:
+        return torch.nn.functional.cross_entropy(flat, labels)
+    from torch.utils.checkpoint import checkpoint
+
+    total = flat.new_zeros((), dtype=torch.float32)
+    for i in range(0, flat.size(0), LOSS_CHUNK_TOKENS):
+        piece = slice(i, i + LOSS_CHUNK_TOKENS)
+        total = total + checkpoint(_ce_sum, flat[piece], labels[piece], use_reentrant=False)
+    return total / flat.size(0)
+
+
+def _ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")

@@ -54,10 +54,12 @@ class Trainer:
         self.cfg, self.run, self.where, self.attempt = cfg, run, where, attempt
         self.flags, self.injector, self.watchdog = flags, injector, watchdog
         self.rank, self.world = where.rank, where.world_size
+        # GPUs: the device attempt.py selected (compute.distributed.rank_device): with one GPU bound
+        # per task it is cuda:0 whatever the local rank.
         self.device = (
             torch.device("cpu")
             if cfg.gpus_per_node == 0
-            else torch.device("cuda", where.local_rank)
+            else torch.device("cuda", torch.cuda.current_device())
         )
         self.start_step = 0
         self.stop: Optional[tuple[str, str]] = None  # (class, error): stop the run, no restart
@@ -133,7 +135,7 @@ class Trainer:
             self.same_world = False
         self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
         self.memory.start()
-        self.net = model.build(cfg, self.ds_config)
+        self.net = model.build(cfg, self.ds_config, self.device)
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.net, model_parameters=self.net.parameters(), config=self.ds_config
         )

@@ -28,6 +28,16 @@ NCCL_DEFAULTS = {
     "PYTHONWARNINGS": "ignore::FutureWarning",
 }
 
+# GPU jobs only; cluster.env overrides any of them.
+GPU_DEFAULTS = {
+    # NCCL flight recorder: the last collectives of every rank, dumped when the watchdog times out,
+    # so a hang names the collective and the rank that never joined it.
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    # Growable segments: no fragmentation OOM when activation sizes change (eval, last batch).
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+
 Flag = Union[str, bool]
 
 
@@ -126,6 +136,8 @@ def job_env(cfg: DictConfig) -> dict[str, str]:
     env = dict(NCCL_DEFAULTS)
     if cfg.gpus_per_node == 0:
         env["DS_ACCELERATOR"] = "cpu"
+    else:
+        env.update(GPU_DEFAULTS)
     for key, value in dict(cfg.cluster.env).items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
             raise ConfigError(f"cluster.env.{key}: not a valid environment variable name")

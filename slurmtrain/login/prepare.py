@@ -13,8 +13,8 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common import pretrained, schema
 from slurmtrain.common import rundir as runs
-from slurmtrain.common import schema
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
 
@@ -36,6 +36,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
         OmegaConf.set_struct(cfg, True)
     cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
+    pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
     schema.validate(cfg, submitting=not cfg.dry_run)
     return cfg
 

@@ -33,7 +33,13 @@ def runs(slurm_cluster, tmp_path_factory):
     slow = _submit(
         workdir,
         SLOW,
-        ["train.log_interval=5", "train.max_steps=30", "checkpoint.interval_steps=0"],
+        # Straggler detection needs DeepSpeed's timers (off by default).
+        [
+            "train.log_interval=5",
+            "train.max_steps=30",
+            "checkpoint.interval_steps=0",
+            "train.timers=true",
+        ],
         inject="slow_rank=1,slow_factor=4",
     )
     # Same recipe as test_time_limit_saves_requeues_and_finishes_with_no_step_lost: Slurm sends

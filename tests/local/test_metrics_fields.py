@@ -9,7 +9,13 @@ import pytest
 
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
-FAST = ["train.max_steps=20", "train.log_interval=5", "checkpoint.interval_steps=0"]
+# train.timers=true: the forward/backward/optimizer/comm split (off by default).
+FAST = [
+    "train.max_steps=20",
+    "train.log_interval=5",
+    "checkpoint.interval_steps=0",
+    "train.timers=true",
+]
 FIELDS = (
     "step",
     "time",

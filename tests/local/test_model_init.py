@@ -14,7 +14,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def test_output_projections_are_scaled_by_one_over_sqrt_2L(monkeypatch):
-    from slurmtrain.compute.distributed import free_port
+    from slurmtrain.login.local_submit import free_port
 
     # One process of world size 1: DeepSpeed needs all five or it tries MPI discovery.
     for key, value in dict(

@@ -139,8 +139,9 @@ def test_summary_line_shows_tflops_mfu_and_eta():
 
 
 def test_timers_and_flops_profiler_reach_the_deepspeed_config(tmp_path):
-    plain = ds_config.build(_cfg(), 2)
-    assert plain["wall_clock_breakdown"] is True and "flops_profiler" not in plain
+    plain = ds_config.build(_cfg(), 2)  # timers off by default: they synchronize every micro step
+    assert plain["wall_clock_breakdown"] is False and "flops_profiler" not in plain
+    assert ds_config.build(_cfg("train.timers=true"), 2)["wall_clock_breakdown"] is True
     assert ds_config.build(_cfg("train.timers=false"), 2)["wall_clock_breakdown"] is False
     prof = ds_config.build(_cfg("train.flops_profile_step=7"), 2, profile_dir=str(tmp_path))
     section = prof["flops_profiler"]

@@ -63,6 +63,7 @@ def test_the_plan_uses_the_buckets_the_run_trains_with(workdir):
                 "model=opt1.3b",
                 "gpus_per_node=8",
                 "+deepspeed.extra.zero_optimization.reduce_bucket_size=2e8",
+                "+deepspeed.extra.zero_optimization.overlap_comm=false",
             ],
         )
     assert ds_config.zero_section(cfg)["reduce_bucket_size"] == 2e8  # what DeepSpeed gets
