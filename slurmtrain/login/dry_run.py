@@ -59,7 +59,7 @@ def show(cfg: DictConfig, out=None) -> int:
     out = out or sys.stdout
     from slurmtrain.login.placement import announce
 
-    announce(out)
+    announce()
     print(OmegaConf.to_yaml(cfg, resolve=True), file=out)
     report = planning.report(cfg)
     print(report.text, file=out)

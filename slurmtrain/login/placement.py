@@ -192,6 +192,7 @@ def resolve_auto(cfg: DictConfig) -> None:
 
 
 def announce(out=None) -> None:
-    """Print the pending "which and why" line (once), when the command goes ahead."""
+    """Print the pending "which and why" line (once), when the command goes ahead; on stderr, so
+    a dry run's stdout stays the config (YAML) and the plan."""
     while _pending:
-        print(_pending.pop(0), file=out or sys.stdout)
+        print(_pending.pop(0), file=out or sys.stderr)

@@ -77,6 +77,6 @@ def test_no_cluster_key_submits_to_slurm_when_it_answers(slurm_cluster, workdir)
         env=DETECT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "slurmtrain: auto: cluster=slurm (the Slurm controller answers)" in done.stdout
+    assert "slurmtrain: auto: cluster=slurm (the Slurm controller answers)" in done.stderr
     assert "submitted job" in done.stdout
     wait_event(only_run(workdir / "runs", "auto"), "finished", timeout=400)
