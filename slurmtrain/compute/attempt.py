@@ -172,26 +172,39 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     gathered: list[Any] = [None] * where.world_size
     dist.all_gather_object(gathered, (where.node, os.getpid()))
     nodes = sorted({node for node, _ in gathered})
-    with contextlib.ExitStack() as lock:
-        claim = _claim(run, where, lock) if where.rank == 0 else None
-        claim = broadcast(claim)
-        if claim is not None:  # another live job trains this run, or Slurm cannot say
-            dist.destroy_process_group()
-            return claim
-        attempt = Attempt(
-            run, where, nodes, broadcast(run.attempts() + 1 if where.rank == 0 else 0)
-        )
-        Injector(where.rank, attempt=attempt.number, name=str(cfg.name)).before_start()
-        if where.rank == 0:
-            _close_previous_attempt(run, attempt)
-        attempt.record(
-            "started",
-            world_size=where.world_size,
-            hosts=[n for n, _ in gathered],
-            pids=[p for _, p in gathered],
+    try:  # a start-up failure has no attempt number yet: its row names job id and restart count
+        with contextlib.ExitStack() as lock:
+            claim = _claim(run, where, lock) if where.rank == 0 else None
+            claim = broadcast(claim)
+            if claim is not None:  # another live job trains this run, or Slurm cannot say
+                dist.destroy_process_group()
+                return claim
+            attempt = Attempt(
+                run, where, nodes, broadcast(run.attempts() + 1 if where.rank == 0 else 0)
+            )
+            Injector(where.rank, attempt=attempt.number, name=str(cfg.name)).before_start()
+            if where.rank == 0:
+                _close_previous_attempt(run, attempt)
+            attempt.record(
+                "started",
+                world_size=where.world_size,
+                hosts=[n for n, _ in gathered],
+                pids=[p for _, p in gathered],
+                restart=_restart(),
+                executor="slurm" if owner.under_slurm() else "local",
+            )
+    except Exception as err:
+        run.record(
+            "failed",
+            job_id=where.job_id,
+            nodes=[where.node],
+            rank=where.rank,
+            node=where.node,
             restart=_restart(),
-            executor="slurm" if owner.under_slurm() else "local",
+            phase="start-up",
+            **{"class": faults.CRASH, "error": f"{type(err).__name__}: {err}"},
         )
+        raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
     if where.rank == 0:
         provenance.write(
