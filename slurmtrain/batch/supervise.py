@@ -172,6 +172,8 @@ def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = Fal
         # of a smoke chain) would start after a run that failed.
         return EXIT_STOPPED if "stopped" in closing else 0
     record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
+    if attempt is not None and any(e["event"] == "attempt_ended" for e in rows):
+        return 0  # closed already: by on_sigterm's early restart, or by `cli cancel`
     if faults.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart it
         run.record("attempt_ended", **record, **{"class": "cancelled", "exit_code": rc})
         return 0
@@ -279,7 +281,13 @@ def _no_nodes(run: RunDir, record: dict[str, Any], excl: exclusions.Exclusions, 
 
 
 def restart_job(
-    run: RunDir, job_id: str, bad: list[str], cfg: Any, cls: str, record: dict[str, Any]
+    run: RunDir,
+    job_id: str,
+    bad: list[str],
+    cfg: Any,
+    cls: str,
+    record: dict[str, Any],
+    after: Optional[str] = None,
 ) -> str:
     """Start the next attempt; returns its job id.
 
@@ -288,7 +296,7 @@ def restart_job(
     A new job is submitted held, recorded (`submitted`), then released: it cannot start before
     the ledger names it the run's owner. `resubmitting` is recorded first, so a supervisor killed
     mid-way leaves its intent (and at worst a held job nobody can start by accident)."""
-    if cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad:
+    if not after and (cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad):
         slurm_cmd.requeue(job_id)
         if bad:
             slurm_cmd.exclude_nodes(job_id, bad)
@@ -296,6 +304,8 @@ def restart_job(
     args = ["sbatch", "--parsable", "--hold"]
     if bad:
         args.append(f"--exclude={slurm.compress_hostlist(bad)}")
+    if after:  # starts only once this job has ended: never beside it
+        args.append(f"--dependency=afterany:{after}")
     run.record("resubmitting", **record, reason=cls, excluded=bad)
     new_id = slurm_cmd.run(args + [str(run.sbatch)]).strip().split(";")[0]
     run.record(
@@ -315,6 +325,50 @@ def restart_job(
     return new_id
 
 
+def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
+    """The batch shell's SIGTERM trap: at the time limit the ranks may still be saving when
+    KillWait's SIGKILL ends the whole job, batch shell included, so the restart is made now: the
+    attempt is closed `timed_out` and the next job is submitted to start after this one ends.
+    Any other SIGTERM (scancel, preemption) is left to the supervisor after srun."""
+    run = RunDir(Path(run_dir).resolve())
+    cfg = load_run_config(str(run.config))
+    job_id = env.get("SLURM_JOB_ID", "")
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    if not _past_time_limit(job_id):
+        return 0
+    events = read_jsonl(run.ledger)
+    attempt = faults.attempt_of(events, job_id, restart)
+    rows = _rows(events, job_id, restart, attempt)
+    if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
+        return 0
+    nodes = (
+        slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    )
+    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
+    run.record("attempt_ended", **record, **{"class": faults.TIMED_OUT, "at": "time limit"})
+    if faults.over_budget(read_jsonl(run.ledger), cfg.faults) is not None:
+        run.record("stopped", **record, **{"class": faults.TIMED_OUT, "error": "time-limit budget"})
+        return EXIT_STOPPED
+    excl = exclusions.plan(run, cfg)
+    try:
+        new_id = restart_job(run, job_id, excl.nodes, cfg, faults.TIMED_OUT, record, after=job_id)
+    except slurm.SlurmError as err:
+        return _no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
+    run.record(
+        "requeued",
+        **record,
+        reason=faults.TIMED_OUT,
+        excluded=excl.nodes,
+        new_job_id=new_id,
+        how="resubmit",
+        at="time limit",
+    )
+    print(
+        f"slurmtrain: time limit: job {job_id} -> {new_id} (after this job ends)", file=sys.stderr
+    )
+    return 0
+
+
 def bad_nodes(run: RunDir, hours: float = -1) -> list[str]:
     """Nodes failed within `hours` (-1: ever): the bad-node ledger; stragglers are advisory."""
     return sorted(exclusions.active(read_jsonl(run.bad_nodes), hours, time.time()))
@@ -332,7 +386,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument(
         "--terminated", action="store_true", help="the batch shell received SIGTERM"
     )
+    parser.add_argument(
+        "--sigterm", action="store_true", help="called from the SIGTERM trap (time limit)"
+    )
     args = parser.parse_args(argv)
+    if args.sigterm:
+        raise SystemExit(on_sigterm(args.run_dir, dict(os.environ)))
     raise SystemExit(supervise(args.run_dir, args.rc, dict(os.environ), args.terminated))
 
 

@@ -128,3 +128,32 @@ def test_sigterm_to_the_batch_shell_does_not_end_the_run(slurm_cluster, workdir)
     time.sleep(2)
     log = (run / "logs" / f"{sub['job_id']}.batch.out").read_text()
     assert "batch shell got SIGTERM" in log
+
+
+def test_a_time_limit_that_strikes_mid_save_still_restarts_the_run(slurm_cluster, workdir):
+    # The save (shard_delay) outlasts the signal lead: Slurm's time-limit SIGTERM and, KillWait
+    # (15 s) later, SIGKILL end ranks and batch shell mid-save. The batch shell's trap restarts.
+    run = submit(
+        workdir,
+        "overrun",
+        [
+            "cluster.time=2",
+            "cluster.signal_lead_s=30",
+            "train.max_steps=400",
+            "checkpoint.interval_steps=1000",
+            "faults.health_check=false",
+        ],
+        inject="step_delay=0.3,shard_delay=40,attempts=1",
+    )
+    try:
+        starts = wait_event(run, "started", count=2, timeout=400, fail_on=())
+        ev = events(run)
+        [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
+        assert end["class"] == "timed_out"
+        [sub] = [e for e in ev if e["event"] == "submitted" and e.get("requeue_of")]
+        assert starts[1]["job_id"] == sub["job_id"] != starts[0]["job_id"]
+        kinds = [e["event"] for e in ev]
+        assert kinds.index("resubmitting") < kinds.index("submitted", kinds.index("resubmitting"))
+        assert not any(e["event"] == "duplicate_refused" for e in ev)
+    finally:
+        subprocess.run(["scancel", "--name", "st-overrun"], capture_output=True)
