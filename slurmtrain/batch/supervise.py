@@ -87,18 +87,22 @@ def _preempted(job_id: str) -> bool:
 
 
 def _past_time_limit(job_id: str, margin_s: float = 5.0) -> bool:
-    """The job has reached its time limit (Slurm's SIGTERM was the time limit's)."""
+    """The job has reached its time limit (Slurm's SIGTERM was the time limit's, not a scancel's:
+    a cancelled job's EndTime is the cancel time, so StartTime + TimeLimit is compared)."""
     try:
         info = slurm_cmd.job_info(job_id)
     except slurm.SlurmError:
         return False
     if info.get("JobState") == "TIMEOUT":
         return True
-    try:
-        end = datetime.strptime(info.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S").timestamp()
-    except ValueError:
+    if info.get("JobState") not in ("RUNNING", "COMPLETING"):
         return False
-    return time.time() >= end - margin_s
+    try:
+        start = datetime.strptime(info.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S").timestamp()
+        limit = slurm.parse_time(info.get("TimeLimit", ""))
+    except (ValueError, slurm.SlurmError):
+        return False
+    return limit is not None and time.time() >= start + limit - margin_s
 
 
 def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:

@@ -155,5 +155,11 @@ def test_a_time_limit_that_strikes_mid_save_still_restarts_the_run(slurm_cluster
         kinds = [e["event"] for e in ev]
         assert kinds.index("resubmitting") < kinds.index("submitted", kinds.index("resubmitting"))
         assert not any(e["event"] == "duplicate_refused" for e in ev)
+        # a scancel's SIGTERM is not the time limit's: the trap must not restart a cancelled run
+        subprocess.run(["scancel", str(sub["job_id"])], check=True)
+        wait_job_gone(str(sub["job_id"]))
+        time.sleep(5)
+        subs = [e for e in events(run) if e["event"] == "submitted"]
+        assert subs[-1]["job_id"] == sub["job_id"], subs
     finally:
         subprocess.run(["scancel", "--name", "st-overrun"], capture_output=True)
