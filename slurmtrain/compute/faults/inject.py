@@ -5,10 +5,10 @@ code path: `step_delay=0.2` (seconds added to every step), `crash_at_step=N`, `s
 `stall_rank=R` (sleeps forever), `slow_rank=R` with `slow_factor=F`, `bad_node=NODE` (health gate),
 `kill_during_save=N` (every rank SIGKILLs itself right after writing its first shard of step N's
 save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard written: a slow disk),
-`bad_rank=R` (the node of rank R fails the health gate), `fail_before_start=1` (every rank raises
-after the rendezvous, before the attempt's `started` event: a start-up failure). `attempts=1` (or `1+2`) confines every
-injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke`
-confines them to runs whose name ends so (the smoke job of a smoke=true chain, not the big one:
+`bad_rank=R` (the node of rank R fails the health gate), `fail_before_start=1` (every rank
+raises after the rendezvous, before the attempt's `started` event: a start-up failure).
+`attempts=1` (or `1+2`) confines every injection to those attempts, so a drill can fail once and
+then recover. `name_suffix=-smoke` confines them to runs whose name ends so (the smoke job of a smoke=true chain, not the big one:
 both inherit the submitting shell's environment).
 """
 
