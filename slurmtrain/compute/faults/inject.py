@@ -8,8 +8,8 @@ save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard writte
 `bad_rank=R` (the node of rank R fails the health gate), `fail_before_start=1` (every rank
 raises after the rendezvous, before the attempt's `started` event: a start-up failure).
 `attempts=1` (or `1+2`) confines every injection to those attempts, so a drill can fail once and
-then recover. `name_suffix=-smoke` confines them to runs whose name ends so (the smoke job of a smoke=true chain, not the big one:
-both inherit the submitting shell's environment).
+then recover. `name_suffix=-smoke` confines them to runs whose name ends so (the smoke job of a
+smoke=true chain, not the big one: both inherit the submitting shell's environment).
 """
 
 from __future__ import annotations
