@@ -318,6 +318,7 @@ def restart_job(
         executor="slurm",
         fingerprint=run.path.name,
         requeue_of=job_id,
+        **({"after": after} if after else {}),
     )
     for delay in (0, 1, 3, 10):
         time.sleep(delay)

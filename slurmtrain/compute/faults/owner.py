@@ -33,7 +33,10 @@ def under_slurm(env: Mapping[str, str] = os.environ) -> bool:
 
 def check(run: RunDir, mine: set[str]) -> tuple[str, Optional[dict[str, Any]]]:
     """(FREE | DUPLICATE | UNKNOWN, the owner's ledger row). Call under run.locked()."""
-    own = ledger.owner(run.events())
+    # A job queued to start after this one (smoke chain: `after`; a time-limit restart) waits for
+    # it to end: it is the next owner, not a competitor.
+    rows = [e for e in run.events() if str(e.get("after") or "") not in mine]
+    own = ledger.owner(rows)
     if own is None or str(own.get("job_id")) in mine or own.get("executor") == "local":
         return FREE, own
     alive = slurm_job_alive(str(own["job_id"]))
