@@ -11,37 +11,67 @@ Next attempt, `faults.restart`:
   ran it within `cred_expire` (120 s by default) slurmd refuses it ("Job credential revoked") and the
   job ends FAILED; without lifting, the requeued job waits 121 s. A new job id has neither problem.
 - `requeue`: `scontrol requeue` (same job id, Slurm's own restart count), paying the site's delay.
+
+An attempt is (job id, SLURM_RESTART_COUNT): a start that died before `started` gets its own
+`attempt_ended` (class crash, `before_started`), never the previous start's outcome. Slurm's
+SIGTERM reaches the batch shell too (time limit, scancel, preemption): the script traps it and this
+process ignores it, so the restart still happens; a new job is submitted held, recorded, then
+released, so it never starts before the ledger knows it (compute/faults/owner.py checks that).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
+from slurmtrain.batch import exclusions
 from slurmtrain.common import errors, slurm_cmd
 from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_text as slurm
-from slurmtrain.common.rundir import RunDir, read_jsonl  # read_jsonl: bad_nodes.jsonl
+from slurmtrain.common.rundir import RunDir, append_jsonl, read_jsonl
 from slurmtrain.common.schema import load_run_config
 
 EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
+NO_NODES = "no_nodes"  # the stop class when no node set can run the job
 
 
-def _attempt(events: list[dict[str, Any]], job_id: str) -> Optional[int]:
-    started = [e for e in events if e["event"] == "started" and str(e.get("job_id")) == job_id]
-    return started[-1]["attempt"] if started else None
+@dataclass
+class Verdict:
+    """How an attempt ended: its class, the nodes named, and those to exclude (node -> reason)."""
+
+    cls: str
+    nodes: list[str] = field(default_factory=list)
+    exclude: dict[str, str] = field(default_factory=dict)
 
 
-def _effective_rc(rc: int, events: list[dict[str, Any]], attempt: Optional[int]) -> int:
+def _rows(
+    events: list[dict[str, Any]], job_id: str, restart: int, attempt: Optional[int]
+) -> list[dict[str, Any]]:
+    """This attempt's rows: by attempt number, or, for a start that never recorded `started`,
+    by job id and restart count."""
+    if attempt is not None:
+        return [e for e in events if e.get("attempt") == attempt]
+    return [
+        e
+        for e in events
+        if e.get("attempt") is None
+        and str(e.get("job_id")) == job_id
+        and faults.restart_count(e) == restart
+        and e["event"] in ("failed", "signal")
+    ]
+
+
+def _effective_rc(rc: int, rows: list[dict[str, Any]]) -> int:
     """What the attempt meant to exit with. After a collective stop every rank exits with the same
     code, but srun --kill-on-bad-exit may kill the slower ranks first, so srun's own code can be
     a signal's; the ledger's `signal` event says what really happened."""
-    signals = [
-        e.get("signal") for e in events if e["event"] == "signal" and e.get("attempt") == attempt
-    ]
+    signals = [e.get("signal") for e in rows if e["event"] == "signal"]
     if "SIGTERM" in signals:
         return errors.EXIT_TERMINATED
     if "SIGUSR2" in signals:
@@ -56,63 +86,106 @@ def _preempted(job_id: str) -> bool:
         return False
 
 
+def _past_time_limit(job_id: str, margin_s: float = 5.0) -> bool:
+    """The job has reached its time limit (Slurm's SIGTERM was the time limit's, not a scancel's:
+    a cancelled job's EndTime is the cancel time, so StartTime + TimeLimit is compared)."""
+    try:
+        info = slurm_cmd.job_info(job_id)
+    except slurm.SlurmError:
+        return False
+    if info.get("JobState") == "TIMEOUT":
+        return True
+    if info.get("JobState") not in ("RUNNING", "COMPLETING"):
+        return False
+    try:
+        start = datetime.strptime(info.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S").timestamp()
+        limit = slurm.parse_time(info.get("TimeLimit", ""))
+    except (ValueError, slurm.SlurmError):
+        return False
+    return limit is not None and time.time() >= start + limit - margin_s
+
+
+def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:
+    return sorted({n for n in (faults.row_node(e, events) for e in rows) if n})
+
+
 def classify(
-    rc: int, events: list[dict[str, Any]], attempt: Optional[int], nodes: list[str], wait_s: float
-) -> tuple[str, list[str]]:
-    """(failure class, nodes that failed) for a job step that exited with `rc` != 0."""
-    if rc in faults.EXIT_CLASS:
-        return faults.EXIT_CLASS[rc], []
-    failed = [e for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
+    rc: int,
+    failed: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    nodes: list[str],
+    wait_s: float,
+    started: bool = True,
+) -> Verdict:
+    """The verdict on a job step that exited with `rc` != 0, from its ranks' `failed` rows.
+
+    A real error outranks hang rows and peers' communication errors: an OOM is `oom` (node and
+    step named, not excluded); a local CUDA/NCCL/ECC error is a node failure of the node that
+    recorded it (excluded); a hang before `started` is attributed to the stuck ranks' nodes."""
+    if rc in faults.EXIT_CLASS and rc != errors.EXIT_HANG:
+        return Verdict(faults.EXIT_CLASS[rc])
+    real = faults.real_errors(failed)
+    oom = [e for e in real if faults.is_oom(e)]
+    if oom:
+        return Verdict(faults.OOM, _nodes_of(oom, events))
+    device = [e for e in real if faults.is_device_error(e)]
+    if device:
+        named = _nodes_of(device, events)
+        why = str(device[0].get("error", "")).strip().splitlines()[-1:] or ["device error"]
+        return Verdict(
+            faults.NODE_FAILURE, named, {n: f"device error: {why[0][:200]}" for n in named}
+        )
+    if real:
+        return Verdict(real[0].get("class") or faults.CRASH)
     hung = [e for e in failed if e.get("class") == faults.HANG]
-    if hung:
-        return faults.HANG, []
-    if not failed or faults.is_peer_error(failed):
-        # Nobody raised a real error: a peer or node died. Give Slurm time to notice.
-        deadline = time.time() + wait_s
-        while True:
-            down = slurm_cmd.down_nodes(nodes)
-            if down or time.time() >= deadline:
-                break
-            time.sleep(2)
-        if down:
-            return faults.NODE_FAILURE, down
+    if hung or rc == errors.EXIT_HANG:
+        if started:
+            return Verdict(faults.HANG)
+        named = _nodes_of(hung, events)
+        return Verdict(faults.HANG, named, {n: "hang before started" for n in named})
+    # Nobody raised a real error: a peer or node died. Give Slurm time to notice.
+    deadline = time.time() + (wait_s if nodes else 0)
+    while True:
+        down = slurm_cmd.down_nodes(nodes)
+        if down or time.time() >= deadline:
+            break
+        time.sleep(2)
+    if down:
+        return Verdict(faults.NODE_FAILURE, down)
     classes = [e.get("class") for e in failed if e.get("class")]
-    return (classes[0] if classes else faults.CRASH), []
+    return Verdict(classes[0] if classes else faults.CRASH)
 
 
-def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
+def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = False) -> int:
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
     job_id = env.get("SLURM_JOB_ID", "")
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     nodes = (
         slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
     )
+    if rc == errors.EXIT_DUPLICATE:  # another live job owns the run: leave it alone
+        print(f"slurmtrain: job {job_id} did not train {run.path}: another job holds it")
+        return 0
     events = run.events()
-    attempt = _attempt(events, job_id)
-    closing = [
-        e["event"]
-        for e in events
-        if e["event"] in ("finished", "stopped") and e.get("attempt") == attempt
-    ]
-    if closing:
+    attempt = faults.attempt_of(events, job_id, restart)
+    rows = _rows(events, job_id, restart, attempt)
+    closing = [e["event"] for e in rows if e["event"] in ("finished", "stopped")]
+    if attempt is not None and closing:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
         # of a smoke chain) would start after a run that failed.
         return EXIT_STOPPED if "stopped" in closing else 0
-    if faults.cancelled_since(
-        events, job_id, attempt
-    ):  # `cli cancel`: never restart what a user stopped
-        run.record(
-            "attempt_ended",
-            job_id=job_id,
-            attempt=attempt,
-            nodes=nodes,
-            **{"class": "cancelled", "exit_code": rc},
-        )
+    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
+    if attempt is not None and any(e["event"] == "attempt_ended" for e in rows):
+        return 0  # closed already: by on_sigterm's early restart, or by `cli cancel`
+    if faults.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart it
+        run.record("attempt_ended", **record, **{"class": "cancelled", "exit_code": rc})
         return 0
-    rc = _effective_rc(rc, events, attempt)
+    rc = _effective_rc(rc, rows)
     if rc == 0:
         return 0
-    record = dict(job_id=job_id, attempt=attempt, nodes=nodes)
+    if terminated and rc != errors.EXIT_TERMINATED and _past_time_limit(job_id):
+        rc = errors.EXIT_REQUEUE  # the time limit struck mid-save: still a time-limit restart
     if rc == errors.EXIT_TERMINATED:
         # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited
         # first, so it requeues itself (same job id: no second copy can appear). A scancel is final.
@@ -130,88 +203,199 @@ def supervise(run_dir: str, rc: int, env: dict[str, str]) -> int:
         slurm_cmd.requeue(job_id)
         run.record("requeued", **record, reason=faults.PREEMPTED, new_job_id=job_id, how="requeue")
         return 0
-    cls, lost = classify(rc, events, attempt, nodes, float(cfg.faults.node_check_s))
-    steps = [
-        e.get("step") for e in events if e["event"] == "failed" and e.get("attempt") == attempt
-    ]
+    failed = [e for e in rows if e["event"] == "failed"]
+    verdict = classify(
+        rc, failed, events, nodes, float(cfg.faults.node_check_s), started=attempt is not None
+    )
+    cls = verdict.cls
+    steps = [e.get("step") for e in failed]
+    extra: dict[str, Any] = {"before_started": True} if attempt is None else {}
+    if verdict.nodes and cls != faults.NODE_FAILURE:
+        extra["failed_nodes"] = verdict.nodes
     run.record(
         "attempt_ended",
         **record,
         **{"class": cls, "exit_code": rc, "step": next((s for s in steps if s is not None), None)},
+        **extra,
     )
+    lost = verdict.nodes if cls == faults.NODE_FAILURE else []
     for node in lost:
         run.record("node_lost", **record, node=node)
+    for node, reason in verdict.exclude.items():
+        append_jsonl(
+            run.bad_nodes,
+            {
+                "node": node,
+                "reason": reason,
+                "time": time.time(),
+                "attempt": attempt,
+                "job_id": job_id,
+            },
+        )
     events = run.events()
     stop = faults.over_budget(events, cfg.faults)
     if stop is not None or cls == faults.CONFIG_ERROR:
-        error = faults.last_error(events, attempt) or f"exit code {rc}"
+        error = _last_error(events, rows) or f"exit code {rc}"
         run.record("stopped", **record, **{"class": stop or cls, "error": error})
         print(
             f"slurmtrain: stopping the run: {stop or cls} budget exhausted; last error: {error}",
             file=sys.stderr,
         )
         return rc
-    bad = bad_nodes(run)
+    excl = exclusions.plan(run, cfg)
+    if excl.problem:
+        return _no_nodes(run, record, excl, excl.problem)
     try:
-        new_id = restart(run, job_id, bad, cfg, cls)
+        new_id = restart_job(run, job_id, excl.nodes, cfg, cls, record)
     except slurm.SlurmError as err:
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
-        return rc
+        return _no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
     run.record(
         "requeued",
         **record,
         reason=cls,
-        excluded=bad,
+        excluded=excl.nodes,
+        exclusions_dropped=excl.dropped,
         new_job_id=new_id,
         how="requeue" if new_id == job_id else "resubmit",
     )
-    if new_id != job_id:
-        run.record(
-            "submitted",
-            job_id=new_id,
-            executor="slurm",
-            fingerprint=run.path.name,
-            requeue_of=job_id,
-        )
     print(
         f"slurmtrain: restart of job {job_id} -> {new_id} ({cls}); excluded: "
-        f"{','.join(bad) or 'none'}",
+        f"{excl.describe() or 'none'}",
         file=sys.stderr,
     )
     return 0
 
 
-def restart(run: RunDir, job_id: str, bad: list[str], cfg: Any, cls: str) -> str:
+def _last_error(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Optional[str]:
+    errs = [e for e in rows if e["event"] == "failed" and e.get("error")]
+    if errs:
+        return str(errs[-1]["error"]).strip().splitlines()[-1]
+    return faults.last_error(events, rows[0].get("attempt") if rows else None)
+
+
+def _no_nodes(run: RunDir, record: dict[str, Any], excl: exclusions.Exclusions, why: str) -> int:
+    """The run cannot go on: say why, with every exclusion, in `stopped` (status shows it)."""
+    error = f"{why}; excluded: {excl.describe() or 'none'}"
+    if excl.dropped:
+        error += f"; not excluded (the job needs them): {', '.join(excl.dropped)}"
+    run.record("stopped", **record, **{"class": NO_NODES, "error": error})
+    print(f"slurmtrain: stopping the run: {error}", file=sys.stderr)
+    return EXIT_STOPPED
+
+
+def restart_job(
+    run: RunDir,
+    job_id: str,
+    bad: list[str],
+    cfg: Any,
+    cls: str,
+    record: dict[str, Any],
+    after: Optional[str] = None,
+) -> str:
     """Start the next attempt; returns its job id.
 
     After a node failure Slurm may requeue this very job itself once the node is declared down;
-    `scontrol requeue` of the same id makes a second copy impossible, so it is used there."""
-    if cfg.cluster.exclude:  # a command-line --exclude replaces the script's: keep the user's too
-        bad = sorted(set(bad) | set(slurm.expand_hostlist(cfg.cluster.exclude)))
-    if cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad:
+    `scontrol requeue` of the same id makes a second copy impossible, so it is used there.
+    A new job is submitted held, recorded (`submitted`), then released: it cannot start before
+    the ledger names it the run's owner. `resubmitting` is recorded first, so a supervisor killed
+    mid-way leaves its intent (and at worst a held job nobody can start by accident)."""
+    if not after and (cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad):
         slurm_cmd.requeue(job_id)
         if bad:
             slurm_cmd.exclude_nodes(job_id, bad)
         return job_id
+    args = ["--hold"]  # released once the ledger knows it: it cannot start unrecorded
+    if bad:
+        args.append(f"--exclude={slurm.compress_hostlist(bad)}")
+    if after:  # starts only once this job has ended: never beside it
+        args.append(f"--dependency=afterany:{after}")
+    run.record("resubmitting", **record, reason=cls, excluded=bad)
     # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
-    args = [f"--exclude={slurm.compress_hostlist(bad)}"] if bad else []
-    return slurm_cmd.sbatch(args, str(run.sbatch))
+    new_id = slurm_cmd.sbatch(args, str(run.sbatch))
+    run.record(
+        "submitted",
+        job_id=new_id,
+        executor="slurm",
+        fingerprint=run.path.name,
+        requeue_of=job_id,
+        **({"after": after} if after else {}),
+    )
+    try:
+        slurm_cmd.run(["scontrol", "release", new_id])  # retried on transient errors
+    except slurm.SlurmError as err:
+        print(f"slurmtrain: scontrol release {new_id}: {err}", file=sys.stderr)
+    return new_id
 
 
-def bad_nodes(run: RunDir) -> list[str]:
-    """Nodes the health gate failed (the bad-node ledger); stragglers are only advisory."""
-    rows = read_jsonl(run.bad_nodes)
-    return sorted({r["node"] for r in rows if r.get("reason") != "straggler" and r.get("node")})
+def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
+    """The batch shell's SIGTERM trap: at the time limit the ranks may still be saving when
+    KillWait's SIGKILL ends the whole job, batch shell included, so the restart is made now: the
+    attempt is closed `timed_out` and the next job is submitted to start after this one ends.
+    Any other SIGTERM (scancel, preemption) is left to the supervisor after srun."""
+    run = RunDir(Path(run_dir).resolve())
+    cfg = load_run_config(str(run.config))
+    job_id = env.get("SLURM_JOB_ID", "")
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    if not _past_time_limit(job_id):
+        return 0
+    events = run.events()
+    attempt = faults.attempt_of(events, job_id, restart)
+    rows = _rows(events, job_id, restart, attempt)
+    if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
+        return 0
+    nodes = (
+        slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    )
+    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
+    run.record("attempt_ended", **record, **{"class": faults.TIMED_OUT, "at": "time limit"})
+    if faults.over_budget(run.events(), cfg.faults) is not None:
+        run.record("stopped", **record, **{"class": faults.TIMED_OUT, "error": "time-limit budget"})
+        return EXIT_STOPPED
+    excl = exclusions.plan(run, cfg)
+    try:
+        new_id = restart_job(run, job_id, excl.nodes, cfg, faults.TIMED_OUT, record, after=job_id)
+    except slurm.SlurmError as err:
+        return _no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
+    run.record(
+        "requeued",
+        **record,
+        reason=faults.TIMED_OUT,
+        excluded=excl.nodes,
+        new_job_id=new_id,
+        how="resubmit",
+        at="time limit",
+    )
+    print(
+        f"slurmtrain: time limit: job {job_id} -> {new_id} (after this job ends)", file=sys.stderr
+    )
+    return 0
+
+
+def bad_nodes(run: RunDir, hours: float = -1) -> list[str]:
+    """Nodes failed within `hours` (-1: ever): the bad-node ledger; stragglers are advisory."""
+    return sorted(exclusions.active(read_jsonl(run.bad_nodes), hours, time.time()))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     import argparse
 
+    # Slurm's SIGTERM reaches the batch step's every process: finish the restart first (the
+    # batch script traps it too); SIGKILL after KillWait still ends us.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="python -m slurmtrain.batch.supervise")
     parser.add_argument("run_dir")
     parser.add_argument("--rc", type=int, required=True, help="exit code of the srun step")
+    parser.add_argument(
+        "--terminated", action="store_true", help="the batch shell received SIGTERM"
+    )
+    parser.add_argument(
+        "--sigterm", action="store_true", help="called from the SIGTERM trap (time limit)"
+    )
     args = parser.parse_args(argv)
-    raise SystemExit(supervise(args.run_dir, args.rc, dict(os.environ)))
+    if args.sigterm:
+        raise SystemExit(on_sigterm(args.run_dir, dict(os.environ)))
+    raise SystemExit(supervise(args.run_dir, args.rc, dict(os.environ), args.terminated))
 
 
 if __name__ == "__main__":

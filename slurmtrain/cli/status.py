@@ -30,6 +30,15 @@ def find_runs(paths: list[Path]) -> list[RunDir]:
     return found
 
 
+def _state(run: RunDir) -> str:
+    from slurmtrain.common.rundir import StateUnknown
+
+    try:
+        return run.state()
+    except StateUnknown as err:  # Slurm cannot say whether the job lives: say so, do not guess
+        return f"unknown: {err}"
+
+
 def summarize(run: RunDir) -> dict[str, Any]:
     """The status row of one run (plain values: also what tests and --json read)."""
     from slurmtrain.cli.goodput import compute_goodput
@@ -41,7 +50,7 @@ def summarize(run: RunDir) -> dict[str, Any]:
     row: dict[str, Any] = {
         "run": str(run.path),
         "name": run.path.parent.name,
-        "state": run.state(),
+        "state": _state(run),
         "attempts": run.attempts(),
         "step": metrics[-1]["step"] if metrics else 0,
         "valid_loss": next((m["valid_loss"] for m in reversed(metrics) if "valid_loss" in m), None),

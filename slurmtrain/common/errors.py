@@ -16,3 +16,4 @@ EXIT_REQUEUE = 3  # time limit: everything saved, requeue me
 EXIT_BAD_NODE = 4  # the health gate failed a node: exclude it and requeue
 EXIT_HANG = 5  # the watchdog saw no progress: stacks dumped, requeue
 EXIT_TERMINATED = 6  # SIGTERM, saved: preempted (restart) or cancelled (stop); Slurm tells which
+EXIT_DUPLICATE = 7  # another live job owns the run: this one exits untouched; never restart it

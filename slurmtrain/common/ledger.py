@@ -8,6 +8,7 @@ starts. Budgets count those events across the whole run.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any, Optional
 
@@ -29,6 +30,7 @@ PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR = (
 # Recorded by the attempt itself as `stopped` (never restarted): the loss kept diverging after
 # rollbacks (faults.max_rollback), or the run published checkpoints and none validates now.
 DIVERGED, CHECKPOINT_UNREADABLE = "diverged", "checkpoint_unreadable"
+OOM = "oom"  # its own budget (faults.max_oom): a memory plan that does not fit will not heal
 FAILURE_CLASSES = (
     PREEMPTED,
     TIMED_OUT,
@@ -36,6 +38,7 @@ FAILURE_CLASSES = (
     HANG,
     CRASH,
     CONFIG_ERROR,
+    OOM,
     DIVERGED,
     CHECKPOINT_UNREADABLE,
 )
@@ -129,15 +132,20 @@ def unended_attempt(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
 
 def vanished_class(events: list[dict[str, Any]], attempt: int) -> str:
     """Why an attempt ended without telling anyone: SIGTERM first means preemption (Slurm requeued
-    the job itself); otherwise the job was requeued under us: a node failed. The `signal` event is
-    recorded when the ranks agree to stop, before their save, so a save that outlasts GraceTime
-    (Slurm kills the job mid-save) still leaves it."""
+    the job itself); a real error is its own class; otherwise the job was requeued under us: a
+    node failed. The `signal` event is recorded when the ranks agree to stop, before their save, so
+    a save that outlasts GraceTime (Slurm kills the job mid-save) still leaves it."""
     signals = [e for e in events if e["event"] == "signal" and e.get("attempt") == attempt]
     if any(e.get("signal") == "SIGTERM" for e in signals):
         return PREEMPTED
     errors = [e for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
-    if errors and not is_peer_error(errors):
-        return errors[0].get("class") or CRASH
+    real = real_errors(errors)
+    if real:
+        if any(is_oom(e) for e in real):
+            return OOM
+        if any(is_device_error(e) for e in real):
+            return NODE_FAILURE
+        return real[0].get("class") or CRASH
     return NODE_FAILURE
 
 
@@ -153,13 +161,83 @@ PEER_ERRORS = (
     "peer",
     "ProcessGroup",
 )
+# Errors of this process's own device or memory: the cause is here, not at a peer.
+OOM_ERRORS = re.compile(
+    r"OutOfMemoryError|CUDA out of memory|DefaultCPUAllocator: can't allocate|out of memory",
+    re.IGNORECASE,
+)
+DEVICE_ERRORS = re.compile(
+    r"unhandled cuda error|\bECC\b|\bXid\b|illegal memory access|uncorrectable|"
+    r"CUDA error: (?!out of memory)",
+    re.IGNORECASE,
+)
+
+
+def _text(row: dict[str, Any]) -> str:
+    return str(row.get("error", ""))
+
+
+def is_oom(row: dict[str, Any]) -> bool:
+    return bool(OOM_ERRORS.search(_text(row)))
+
+
+def is_device_error(row: dict[str, Any]) -> bool:
+    """A local CUDA/NCCL/ECC failure: the node that recorded it is sick (exclude it)."""
+    return not is_oom(row) and bool(DEVICE_ERRORS.search(_text(row)))
+
+
+def _is_peer(row: dict[str, Any]) -> bool:
+    return (
+        not is_oom(row) and not is_device_error(row) and any(k in _text(row) for k in PEER_ERRORS)
+    )
 
 
 def is_peer_error(failed: list[dict[str, Any]]) -> bool:
-    """Every recorded error is a communication error: the cause is elsewhere (a dead peer/node)."""
-    return bool(failed) and all(
-        any(k in str(e.get("error", "")) for k in PEER_ERRORS) for e in failed
-    )
+    """Every recorded error is a communication error: the cause is elsewhere (a dead peer/node).
+    A local device error ("NCCL ... unhandled cuda error", ECC, Xid) or an OOM is not one."""
+    return bool(failed) and all(_is_peer(e) for e in failed)
+
+
+def real_errors(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows that name a cause of their own: not a hang, not a peer's communication error."""
+    return [e for e in failed if e.get("class") != HANG and not _is_peer(e)]
+
+
+def row_node(row: dict[str, Any], events: list[dict[str, Any]]) -> Optional[str]:
+    """The node a rank's row came from: its `node` field, else the rank's host in `started`."""
+    if row.get("node"):
+        return str(row["node"])
+    rank = row.get("rank")
+    for e in reversed(events):
+        if e["event"] == "started" and e.get("attempt") == row.get("attempt"):
+            hosts = e.get("hosts") or []
+            if isinstance(rank, int) and 0 <= rank < len(hosts):
+                return str(hosts[rank])
+    return None
+
+
+def restart_count(row: dict[str, Any]) -> int:
+    """Slurm's restart count of the attempt a row belongs to (0 for rows written before it was)."""
+    try:
+        return int(row.get("restart") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def attempt_of(events: list[dict[str, Any]], job_id: str, restart: Optional[int]) -> Optional[int]:
+    """The attempt number of job `job_id` at Slurm restart `restart`: its `started` event. None when
+    that start never got as far as `started` (it failed in rendezvous, say): an earlier start of
+    the same job id is another attempt, whose outcome is not this one's."""
+    rows = [e for e in events if e["event"] == "started" and str(e.get("job_id")) == job_id]
+    if restart is not None:
+        rows = [e for e in rows if restart_count(e) == restart]
+    return rows[-1]["attempt"] if rows else None
+
+
+def owner(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The job that holds the run: the newest `submitted` or `started` event."""
+    rows = [e for e in events if e["event"] in ("submitted", "started") and e.get("job_id")]
+    return rows[-1] if rows else None
 
 
 def cancelled_since(events: list[dict[str, Any]], job_id: str, attempt: Optional[int]) -> bool:
@@ -172,5 +250,10 @@ def cancelled_since(events: list[dict[str, Any]], job_id: str, attempt: Optional
         and str(e.get("job_id")) == job_id
         and (attempt is None or e["event"] == "submitted" or e.get("attempt") == attempt)
     ]
-    since = max((float(e.get("time", 0)) for e in marks), default=0.0)
+    if not marks:  # a hand-submitted job that never started: only a cancel naming it counts
+        return any(
+            e["event"] == "cancelled" and job_id in [str(j) for j in e.get("job_ids") or []]
+            for e in events
+        )
+    since = max(float(e.get("time", 0)) for e in marks)
     return any(e["event"] == "cancelled" and float(e.get("time", 0)) >= since for e in events)

@@ -9,6 +9,8 @@ twice finds the first one instead of silently training it again.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -16,11 +18,12 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: metrics, bad nodes
     FATE_EVENTS,
     LEDGER_DIR,
@@ -132,6 +135,12 @@ class RunDir:
         return self.path / "bad_nodes.jsonl"
 
     @property
+    def lock(self) -> Path:
+        """flock(2)ed around check-and-submit (login), resubmission (supervisor) and the compute
+        side's owner check, so two of them never both decide the run is free."""
+        return self.path / ".owner.lock"
+
+    @property
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
 
@@ -174,11 +183,35 @@ class RunDir:
         append_own(self.ledger_dir, row, durable=event in FATE_EVENTS)
         return row
 
+    @contextlib.contextmanager
+    def locked(self, timeout: float = 60.0) -> Iterator[None]:
+        """Hold the run's exclusive lock (`lock`): check-and-submit, resubmit, claim a start.
+        Raises RunLocked after `timeout` s (a local run's shell holds it while it trains)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.lock, "a") as f:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise RunLocked(
+                            f"another slurmtrain process holds {self.lock} (submitting or "
+                            f"training this run locally); nothing submitted"
+                        ) from None
+                    time.sleep(0.2)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
     def attempts(self) -> int:
         return len(self.events("started"))
 
     def state(self) -> str:
-        """finished | running | stopped | new, from the ledger (and liveness of a local job)."""
+        """finished | running | stopped | new, from the ledger and the owner job's liveness.
+        Raises StateUnknown (fail closed) when Slurm cannot say whether the owner job lives."""
         rows = self.events()
         if not rows:
             return NEW
@@ -189,24 +222,81 @@ class RunDir:
         return STOPPED
 
 
-def job_alive(rows: list[dict[str, Any]]) -> bool:
-    """Whether the newest submission is still queued or running (Slurm) or its process lives (local)."""
-    subs = [r for r in rows if r["event"] == "submitted"]
-    if not subs:
-        return False
-    last = subs[-1]
-    if last.get("executor") == "local":
-        pid = last.get("pid")
-        if last.get("host") != socket.gethostname() or not pid:
-            return False
-        try:
-            os.kill(int(pid), 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return pid_start(int(pid)) == last.get("pid_start")
-    from slurmtrain.common import slurm_cmd
+class RunLocked(ConfigError):
+    """Another process holds the run's lock for longer than we wait."""
 
-    return slurm_cmd.job_state(str(last.get("job_id"))) in ACTIVE_SLURM_STATES
+
+class StateUnknown(ConfigError):
+    """Slurm could not be asked whether the run's job is alive: refuse rather than guess."""
+
+
+def job_alive(rows: list[dict[str, Any]]) -> bool:
+    """Whether the run's owner (its newest submission or start) is still queued or running (Slurm)
+    or its process lives (local). Raises StateUnknown when neither squeue nor sacct answers."""
+    from slurmtrain.common.ledger import owner
+
+    last = owner(rows)
+    if last is None:
+        return False
+    if _executor(rows, last) == "local":
+        return _local_alive(rows, last)
+    alive = slurm_job_alive(str(last.get("job_id")))
+    if alive is None:
+        raise StateUnknown(
+            f"cannot tell whether job {last.get('job_id')}, which holds this run, is still queued "
+            f"or running: neither squeue nor sacct answered; nothing submitted (try again when "
+            f"Slurm answers)"
+        )
+    return alive
+
+
+def _executor(rows: list[dict[str, Any]], last: dict[str, Any]) -> str:
+    if last.get("executor"):
+        return str(last["executor"])
+    subs = [r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")]
+    if subs and subs[-1].get("executor"):
+        return str(subs[-1]["executor"])
+    return "slurm" if str(last.get("job_id")).replace("_", "").isdigit() else "local"
+
+
+def _local_alive(rows: list[dict[str, Any]], last: dict[str, Any]) -> bool:
+    if last["event"] != "submitted":  # a local start: its submission carries the pid
+        subs = [
+            r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")
+        ]
+        if not subs:
+            return False
+        last = subs[-1]
+    pid = last.get("pid")
+    if last.get("host") != socket.gethostname() or not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return pid_start(int(pid)) == last.get("pid_start")
+
+
+def slurm_job_alive(job_id: str) -> Optional[bool]:
+    """True while Slurm will still run the job (queued, running, requeued), False once it ended
+    or Slurm has forgotten it, None when neither squeue nor sacct can be asked (fail closed)."""
+    from slurmtrain.common import slurm_cmd
+    from slurmtrain.common.slurm_text import SlurmError
+
+    try:
+        out = slurm_cmd.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).split()
+        return bool(out) and out[0] in ACTIVE_SLURM_STATES  # empty: not in the queue any more
+    except SlurmError as err:
+        # "Invalid job id specified": the controller has forgotten the job; it cannot run again
+        squeue_knows = "invalid job id" in str(err).lower()
+    try:
+        lines = slurm_cmd.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    except SlurmError:
+        return False if squeue_knows else None
+    states = [ln.split()[0] for ln in lines.splitlines() if ln.strip()]
+    if states:
+        return states[-1] in ACTIVE_SLURM_STATES
+    return False if squeue_knows else None
 
 
 def pid_start(pid: int) -> Optional[str]:

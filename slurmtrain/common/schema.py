@@ -155,12 +155,16 @@ class FaultsConfig:
     max_hang: int = 5
     max_crash: int = 3
     max_config_error: int = 0
+    max_oom: int = 3  # out of memory (GPU or host): the node and step are named in the ledger
     crash_loop: int = 2  # this many crashes in a row at the same step: stop, it will not heal
     hang_timeout_s: float = 600.0  # no step progress for this long: dump stacks, exit, requeue
     collective_timeout_s: float = 1800.0  # NCCL/gloo timeout; keep above hang_timeout_s
     health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
     health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate
-    node_check_s: float = 45.0  # after peer errors: how long to wait for Slurm to mark a node down
+    # After peer errors: how long to wait for Slurm to mark a node down. Slurm needs SlurmdTimeout
+    # (300 s by default) to notice a dead node: 330 = that + margin (the test cluster uses 10 s).
+    node_check_s: float = 330.0
+    exclude_hours: float = 24.0  # a node excluded for a failure is tried again after this long
     restart: str = (
         "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
     )

@@ -7,6 +7,7 @@ batch-shell supervisor. `python -m slurmtrain.compute.attempt RUN_DIR` is what t
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -22,7 +23,7 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.compute.distributed import Placement, export, placement, rank_device
-from slurmtrain.compute.faults import signals
+from slurmtrain.compute.faults import owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.compute.trainer import Trainer, broadcast
@@ -53,6 +54,7 @@ class Attempt:
     def record_any(self, event: str, **fields: Any) -> None:
         """Any rank: failures are recorded by the rank that saw them."""
         fields.setdefault("rank", self.where.rank)
+        fields.setdefault("node", self.where.node)
         self.run.record(
             event, job_id=self.where.job_id, attempt=self.number, nodes=self.nodes, **fields
         )
@@ -103,6 +105,44 @@ def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector
     return False
 
 
+def _claim(run: RunDir, where: Placement, lock: contextlib.ExitStack) -> Optional[int]:
+    """Rank 0: take the run (its lock stays held until `started` is recorded), or the exit code
+    of a job that must not train it (compute/faults/owner.py)."""
+    if not owner.under_slurm():
+        return None  # local runs: the login shell's lock and pid check keep them single
+    mine = owner.my_job_ids()
+    try:
+        lock.enter_context(run.locked(timeout=300))
+        verdict, own = owner.check(run, mine)
+    except errors.ConfigError as err:  # the lock stayed busy (RunLocked)
+        verdict, own = owner.UNKNOWN, {"job_id": None, "why": str(err)}
+    if verdict == owner.FREE:
+        return None
+    row = dict(job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node)
+    other = (own or {}).get("job_id")
+    if verdict == owner.DUPLICATE:
+        run.record("duplicate_refused", **row, owner=other, restart=_restart())
+        print(
+            f"slurmtrain: job {where.job_id} refuses to train {run.path}: job {other} holds it "
+            f"and Slurm reports it alive; this job exits without touching the run",
+            file=sys.stderr,
+        )
+        return errors.EXIT_DUPLICATE
+    why = (own or {}).get("why") or f"neither squeue nor sacct says whether job {other} is alive"
+    run.record(
+        "failed",
+        **row,
+        restart=_restart(),
+        **{"class": faults.CRASH, "error": f"cannot claim the run: {why}"},
+    )
+    print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
+    return 1
+
+
+def _restart() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
 def run(run_dir: str, master_port: Optional[int] = None) -> int:
     """Train this run until it finishes or is told to stop; returns the process exit code."""
     run = RunDir(Path(run_dir).resolve())
@@ -132,15 +172,39 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     gathered: list[Any] = [None] * where.world_size
     dist.all_gather_object(gathered, (where.node, os.getpid()))
     nodes = sorted({node for node, _ in gathered})
-    attempt = Attempt(run, where, nodes, broadcast(run.attempts() + 1 if where.rank == 0 else 0))
-    if where.rank == 0:
-        _close_previous_attempt(run, attempt)
-    attempt.record(
-        "started",
-        world_size=where.world_size,
-        hosts=[n for n, _ in gathered],
-        pids=[p for _, p in gathered],
-    )
+    try:  # a start-up failure has no attempt number yet: its row names job id and restart count
+        with contextlib.ExitStack() as lock:
+            claim = _claim(run, where, lock) if where.rank == 0 else None
+            claim = broadcast(claim)
+            if claim is not None:  # another live job trains this run, or Slurm cannot say
+                dist.destroy_process_group()
+                return claim
+            attempt = Attempt(
+                run, where, nodes, broadcast(run.attempts() + 1 if where.rank == 0 else 0)
+            )
+            Injector(where.rank, attempt=attempt.number, name=str(cfg.name)).before_start()
+            if where.rank == 0:
+                _close_previous_attempt(run, attempt)
+            attempt.record(
+                "started",
+                world_size=where.world_size,
+                hosts=[n for n, _ in gathered],
+                pids=[p for _, p in gathered],
+                restart=_restart(),
+                executor="slurm" if owner.under_slurm() else "local",
+            )
+    except Exception as err:
+        run.record(
+            "failed",
+            job_id=where.job_id,
+            nodes=[where.node],
+            rank=where.rank,
+            node=where.node,
+            restart=_restart(),
+            phase="start-up",
+            **{"class": faults.CRASH, "error": f"{type(err).__name__}: {err}"},
+        )
+        raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
     if where.rank == 0:
         provenance.write(

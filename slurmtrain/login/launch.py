@@ -7,6 +7,7 @@ first when smoke=true). `python -m slurmtrain` calls `launch_one`; the Hydra lau
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Sequence
 
 from omegaconf import DictConfig
@@ -32,8 +33,16 @@ def launch(points: Sequence[Point], copy: bool = False) -> int:
         raise ConfigError(
             "smoke=true: not for sweeps (-m); smoke one point first, then sweep with smoke=false"
         )
+    # The runs' locks are held from the state check until `submitted` is recorded (check()).
+    with ExitStack() as locks:
+        return _submit_checked(points, single, locks)
+
+
+def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
     todo = [
-        (p, o) for p, o in ((check(cfg, quiet=not single), o) for cfg, o in points) if p is not None
+        (p, o)
+        for p, o in ((check(cfg, quiet=not single, locks=locks), o) for cfg, o in points)
+        if p is not None
     ]
     if not todo:
         if not single:

@@ -8,6 +8,7 @@ together for a single run, a sweep and the smoke chain.
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,8 +42,15 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     return cfg
 
 
-def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
-    """Plan and locate; None (with the reason printed) when there is nothing to submit."""
+def check(
+    cfg: DictConfig, quiet: bool = False, locks: Optional[ExitStack] = None
+) -> Optional[Prepared]:
+    """Plan and locate; None (with the reason printed) when there is nothing to submit.
+
+    `locks`: the run's exclusive lock is taken into it before the state check; the caller holds
+    it until the `submitted` event is recorded, so two shells submitting the same config at once
+    queue one job. The state check fails closed: when Slurm cannot say whether the run's job is
+    alive, StateUnknown (a ConfigError: one line, exit 2) refuses instead of resubmitting."""
     report = planning.report(cfg, measured_tps=None)
     report.enforce(cfg)  # before printing: a refusal is one line
     if cfg.cluster.kind == "slurm":
@@ -53,6 +61,8 @@ def check(cfg: DictConfig, quiet: bool = False) -> Optional[Prepared]:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
     run = runs.locate(cfg)
+    if locks is not None:
+        locks.enter_context(run.locked())
     warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))
     if warning:
         print(f"slurmtrain: {warning}")

@@ -94,7 +94,13 @@ def test_preemption_saves_within_grace_and_the_run_finishes(slurm_cluster, workd
 
 
 def test_node_failure_requeues_resumes_and_names_the_lost_node(slurm_cluster, workdir):
-    run = submit(workdir, "nodefail", ["nodes=2", "train.max_steps=40"], inject="step_delay=0.5")
+    # node_check_s: this cluster's SlurmdTimeout is 10 s (the default, 330, is for production's 300)
+    run = submit(
+        workdir,
+        "nodefail",
+        ["nodes=2", "train.max_steps=40", "faults.node_check_s=45"],
+        inject="step_delay=0.5",
+    )
     wait_until(
         lambda: (
             (run / "metrics.jsonl").exists()

@@ -35,6 +35,7 @@ def _fields(text: str) -> dict[str, object]:
     )
     sbatch = [line for line in lines if line.startswith("#SBATCH")]
     after = lines[lines.index(srun) + 1 :]
+    srun = srun.removesuffix(" &")  # started in the background: the batch shell traps SIGTERM
     return {"srun": shlex.split(srun), "env": exports, "sbatch": sbatch, "after_srun": after}
 
 

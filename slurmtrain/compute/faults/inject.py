@@ -6,10 +6,12 @@ code path: `step_delay=0.2` (seconds added to every step), `crash_at_step=N`, `s
 `kill_during_save=N` (every rank SIGKILLs itself right after writing its first shard of step N's
 save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard written: a slow disk),
 `bad_rank=R` (the node of rank R fails the health gate), `nan_at_step=N` (step N's loss is NaN on
-rank `nan_rank`, default every rank: once per process, or every time with `nan_repeat=1`). `attempts=1` (or `1+2`) confines every
-injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke`
-confines them to runs whose name ends so (the smoke job of a smoke=true chain, not the big one:
-both inherit the submitting shell's environment).
+rank `nan_rank`, default every rank: once per process, or every time with `nan_repeat=1`),
+`fail_before_start=1` (every rank raises after the rendezvous, before the attempt's `started`
+event: a start-up failure). `attempts=1` (or `1+2`) confines every injection to those attempts,
+so a drill can fail once and then recover. `name_suffix=-smoke` confines them to runs whose name
+ends so (the smoke job of a smoke=true chain, not the big one: both inherit the submitting
+shell's environment).
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ class Injector:
             return False
         self.poisoned.add(step)
         return True
+
+    def before_start(self) -> None:
+        if self.cfg.get("fail_before_start"):
+            raise RuntimeError("injected failure before the attempt started")
 
     def after_step(self, step: int, step_seconds: float) -> None:
         cfg = self.cfg

@@ -1,0 +1,203 @@
+"""Classification (issue 11, Build 7), attempts by (job id, restart count) (Build 5), exclusions
+that expire and fit the partition (Build 8), and the login side's fail-closed state (Build 3).
+
+Ledger rows as the ranks and the supervisor write them; no Slurm behaviour is faked: where Slurm
+would be asked, the test either leaves nothing to ask or makes Slurm's commands unreachable.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from slurmtrain.batch import exclusions, supervise
+from slurmtrain.common import ledger
+from slurmtrain.common import schema as config
+from slurmtrain.common.rundir import RunDir, StateUnknown, create, locate
+from slurmtrain.login.prepare import resolve
+
+config.register()
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+PEER = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+NCCL_LOCAL = "torch.distributed.DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)"
+STARTED = {"event": "started", "job_id": "7", "attempt": 1, "hosts": ["n1", "n2"], "restart": 0}
+
+
+def _failed(rank, cls, error, attempt=1, step=12):
+    return {
+        "event": "failed",
+        "job_id": "7",
+        "attempt": attempt,
+        "rank": rank,
+        "class": cls,
+        "error": error,
+        "step": step,
+    }
+
+
+def test_a_real_error_outranks_hang_rows_and_oom_is_its_own_class_with_node_and_step():
+    rows = [_failed(0, "hang", "no progress for 600 s after step 12"), _failed(1, "crash", OOM)]
+    verdict = supervise.classify(1, rows, [STARTED, *rows], ["n1", "n2"], wait_s=0)
+    assert verdict.cls == "oom" and verdict.nodes == ["n2"] and not verdict.exclude
+    verdict = supervise.classify(5, rows, [STARTED, *rows], ["n1", "n2"], wait_s=0)  # EXIT_HANG
+    assert verdict.cls == "oom"
+    cpu = _failed(0, "crash", "RuntimeError: DefaultCPUAllocator: can't allocate memory")
+    assert supervise.classify(1, [cpu], [STARTED, cpu], [], 0).cls == "oom"
+    assert ledger.vanished_class([STARTED, *rows], 1) == "oom"
+    assert ledger.budgets(config.FaultsConfig())["oom"] == 3
+
+
+def test_a_local_cuda_error_names_and_excludes_its_node_instead_of_counting_as_a_peer_error():
+    local = _failed(1, "crash", NCCL_LOCAL)
+    peer = _failed(0, "crash", PEER)
+    assert not ledger.is_peer_error([local, peer]) and ledger.is_peer_error([peer])
+    verdict = supervise.classify(1, [peer, local], [STARTED, peer, local], ["n1", "n2"], 0)
+    assert verdict.cls == "node_failure" and verdict.nodes == ["n2"]
+    assert "unhandled cuda error" in verdict.exclude["n2"]
+    for text in (
+        "CUDA error: an illegal memory access was encountered",
+        "Xid 79: GPU fell off",
+        "uncorrectable ECC error encountered",
+    ):
+        row = {**local, "error": text, "node": "n1"}
+        assert supervise.classify(1, [row], [STARTED, row], [], 0).exclude == {"n1": ANY_REASON}
+
+
+class _Any:
+    def __eq__(self, other):
+        return isinstance(other, str) and other.startswith("device error")
+
+
+ANY_REASON = _Any()
+
+
+def test_a_hang_before_started_is_attributed_to_the_stuck_ranks_node():
+    hung = {
+        **_failed(1, "hang", "no progress for 600 s after start-up", attempt=None),
+        "node": "n2",
+    }
+    verdict = supervise.classify(5, [hung], [hung], ["n1", "n2"], 0, started=False)
+    assert verdict.cls == "hang" and verdict.exclude == {"n2": "hang before started"}
+    assert supervise.classify(5, [{**hung, "attempt": 1}], [STARTED], [], 0).exclude == {}
+
+
+def test_node_check_default_covers_a_production_slurmd_timeout():
+    assert config.FaultsConfig().node_check_s >= 300 + 30
+
+
+def _cfg(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=["cluster=slurm", f"runs_root={tmp_path}", *overrides])
+    return resolve(cfg)
+
+
+def _run_with(tmp_path, rows, *overrides):
+    cfg = _cfg(tmp_path, "name=sup", *overrides)
+    run = locate(cfg)
+    create(run, cfg, [])
+    for row in rows:
+        run.record(**row)
+    return run
+
+
+def _ended(run):
+    return [e for e in run.events() if e["event"] == "attempt_ended"]
+
+
+def test_a_start_that_dies_before_started_does_not_inherit_the_previous_outcome(tmp_path):
+    # Attempt 1 of job 7 was stopped by its time-limit signal and requeued (same job id); the
+    # requeued start (SLURM_RESTART_COUNT=1) fails in rendezvous, before `started`.
+    rows = [
+        {**STARTED},
+        {"event": "signal", "job_id": "7", "attempt": 1, "signal": "SIGUSR2", "step": 5},
+        {"event": "attempt_ended", "job_id": "7", "attempt": 1, "class": "timed_out"},
+        {"event": "requeued", "job_id": "7", "attempt": 1, "new_job_id": "7", "how": "requeue"},
+    ]
+    run = _run_with(tmp_path, rows, "faults.max_crash=0", "faults.node_check_s=0")
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    assert supervise.supervise(str(run.path), 1, env) != 0
+    [first, second] = _ended(run)
+    assert second["class"] == "crash" and second["before_started"] and second["attempt"] is None
+    assert second["restart"] == 1
+    assert run.events("stopped")[-1]["class"] == "crash"
+
+
+def test_a_start_after_a_preemption_that_dies_before_started_is_not_recorded_cancelled(tmp_path):
+    rows = [
+        {**STARTED},
+        {"event": "signal", "job_id": "7", "attempt": 1, "signal": "SIGTERM", "step": 5},
+    ]
+    run = _run_with(tmp_path, rows, "faults.max_crash=0", "faults.node_check_s=0")
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    supervise.supervise(str(run.path), 1, env)
+    assert [e["class"] for e in _ended(run)] == ["crash"]
+    assert ledger.attempt_of(run.events(), "7", 0) == 1
+    assert ledger.attempt_of(run.events(), "7", 1) is None
+
+
+def test_a_refused_duplicate_is_neither_restarted_nor_recorded_stopped(tmp_path):
+    run = _run_with(tmp_path, [{**STARTED}])
+    before = run.events()
+    assert supervise.supervise(str(run.path), 7, {"SLURM_JOB_ID": "8"}) == 0
+    assert run.events() == before
+
+
+def test_exclusions_expire_after_exclude_hours():
+    now = time.time()
+    rows = [
+        {"node": "n1", "reason": "device error", "time": now - 25 * 3600},
+        {"node": "n2", "reason": "health", "time": now - 3600},
+        {"node": "n3", "reason": "straggler", "time": now},
+    ]
+    assert sorted(exclusions.active(rows, 24, now)) == ["n2"]
+    assert sorted(exclusions.active(rows, -1, now)) == ["n1", "n2"]
+
+
+def test_exclusions_never_leave_the_partition_too_few_nodes_newest_kept():
+    now = time.time()
+    failed = {f"n{i}": {"node": f"n{i}", "reason": "health", "time": now - i} for i in (1, 2, 3)}
+    part = ["n1", "n2", "n3", "n4"]
+    got = exclusions.fit(failed, [], part, needed=2)
+    assert got.nodes == ["n1", "n2"] and got.dropped == ["n3"] and got.problem is None
+    assert exclusions.fit(failed, [], part, needed=4).nodes == []
+    user = exclusions.fit(failed, ["n1", "n2", "n3"], part, needed=2)
+    assert user.problem and "no node set can run the job" in user.problem
+
+
+def test_when_no_node_set_can_run_the_job_the_run_stops_saying_so(tmp_path):
+    rows = [{**STARTED}, _failed(1, "crash", NCCL_LOCAL)]
+    run = _run_with(
+        tmp_path, rows, "nodes=2", "cluster.exclude='n[1-3]'", "cluster.partition=debug"
+    )
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
+    try:
+        code = supervise.supervise(str(run.path), 1, env)
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"needs the test cluster's partitions: {err}")
+    [stop] = run.events("stopped")
+    if "no node set" not in stop["error"]:
+        pytest.skip("the test cluster's partitions are not reachable")
+    assert code != 0 and stop["class"] == "no_nodes"
+    assert "n1 (cluster.exclude)" in stop["error"] and "n2 (device error" in stop["error"]
+
+
+def test_the_state_fails_closed_when_slurm_cannot_be_asked(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.record("submitted", job_id="123", executor="slurm")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
+    with pytest.raises(StateUnknown, match="neither squeue nor sacct answered"):
+        run.state()
+
+
+def test_the_owner_is_the_newest_submission_or_start():
+    rows = [
+        {"event": "submitted", "job_id": "5"},
+        {"event": "started", "job_id": "5", "attempt": 1},
+        {"event": "started", "job_id": "9", "attempt": 2},
+        {"event": "duplicate_refused", "job_id": "11"},
+    ]
+    assert ledger.owner(rows)["job_id"] == "9"
