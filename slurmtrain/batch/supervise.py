@@ -70,12 +70,14 @@ def _rows(
 def _effective_rc(rc: int, rows: list[dict[str, Any]]) -> int:
     """What the attempt meant to exit with. After a collective stop every rank exits with the same
     code, but srun --kill-on-bad-exit may kill the slower ranks first, so srun's own code can be
-    a signal's; the ledger's `signal` event says what really happened."""
+    a signal's; the ledger's `signal` and `bad_node` events say what really happened."""
     signals = [e.get("signal") for e in rows if e["event"] == "signal"]
     if "SIGTERM" in signals:
         return errors.EXIT_TERMINATED
     if "SIGUSR2" in signals:
         return errors.EXIT_REQUEUE
+    if rc and any(e["event"] == "bad_node" for e in rows):
+        return errors.EXIT_BAD_NODE  # the health gate failed a node: no wait for Slurm to see it
     return rc
 
 

@@ -201,3 +201,15 @@ def test_the_owner_is_the_newest_submission_or_start():
         {"event": "duplicate_refused", "job_id": "11"},
     ]
     assert ledger.owner(rows)["job_id"] == "9"
+
+
+def test_a_health_gate_failure_is_a_node_failure_whatever_srun_returned():
+    """kill-on-bad-exit may end the healthy ranks by signal first (srun then says 143): the
+    attempt's `bad_node` rows decide, so the supervisor does not wait for Slurm to mark a node."""
+    from slurmtrain.batch import supervise
+    from slurmtrain.common import errors
+
+    rows = [{"event": "started", "attempt": 1}, {"event": "bad_node", "node": "n2", "attempt": 1}]
+    assert supervise._effective_rc(143, rows) == errors.EXIT_BAD_NODE
+    assert supervise._effective_rc(0, rows) == 0
+    assert supervise._effective_rc(143, rows[:1]) == 143
