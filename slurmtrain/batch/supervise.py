@@ -111,6 +111,18 @@ def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[
     return sorted({n for n in (faults.row_node(e, events) for e in rows) if n})
 
 
+def node_check_s(cfg: Any) -> float:
+    """How long to wait for Slurm to mark a dead node down: faults.node_check_s, or (0) this
+    cluster's SlurmdTimeout + 30 s."""
+    if cfg.faults.node_check_s > 0:
+        return float(cfg.faults.node_check_s)
+    try:
+        timeout = slurm.slurmd_timeout_s(slurm_cmd.run(["scontrol", "show", "config"]))
+    except slurm.SlurmError:
+        timeout = None
+    return float((timeout if timeout is not None else 300) + 30)
+
+
 def classify(
     rc: int,
     failed: list[dict[str, Any]],
@@ -206,9 +218,7 @@ def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = Fal
         run.record("requeued", **record, reason=faults.PREEMPTED, new_job_id=job_id, how="requeue")
         return 0
     failed = [e for e in rows if e["event"] == "failed"]
-    verdict = classify(
-        rc, failed, events, nodes, float(cfg.faults.node_check_s), started=attempt is not None
-    )
+    verdict = classify(rc, failed, events, nodes, node_check_s(cfg), started=attempt is not None)
     cls = verdict.cls
     steps = [e.get("step") for e in failed]
     extra: dict[str, Any] = {"before_started": True} if attempt is None else {}

@@ -161,9 +161,10 @@ class FaultsConfig:
     collective_timeout_s: float = 1800.0  # NCCL/gloo timeout; keep above hang_timeout_s
     health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
     health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate
-    # After peer errors: how long to wait for Slurm to mark a node down. Slurm needs SlurmdTimeout
-    # (300 s by default) to notice a dead node: 330 = that + margin (the test cluster uses 10 s).
-    node_check_s: float = 330.0
+    # After peer errors: how long to wait for Slurm to mark a node down. 0: this cluster's own
+    # SlurmdTimeout (scontrol show config; 300 s by default) + 30 s, as Slurm needs that long to
+    # notice a dead node; 330 when it cannot be read.
+    node_check_s: float = 0.0
     exclude_hours: float = 24.0  # a node excluded for a failure is tried again after this long
     restart: str = (
         "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)

@@ -365,3 +365,9 @@ def validate_request(
             f"has {part.gpus_per_node}; set {k['gpus_per_node']}<={part.gpus_per_node}"
         )
     return errors
+
+
+def slurmd_timeout_s(show_config: str) -> Optional[int]:
+    """SlurmdTimeout from `scontrol show config` (`SlurmdTimeout = 300 sec`), None if absent."""
+    m = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", show_config, re.M)
+    return int(m.group(1)) if m else None

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from slurmtrain.batch import exclusions, supervise
 from slurmtrain.common import ledger
@@ -84,8 +85,15 @@ def test_a_hang_before_started_is_attributed_to_the_stuck_ranks_node():
     assert supervise.classify(5, [{**hung, "attempt": 1}], [STARTED], [], 0).exclude == {}
 
 
-def test_node_check_default_covers_a_production_slurmd_timeout():
-    assert config.FaultsConfig().node_check_s >= 300 + 30
+def test_node_check_default_follows_the_clusters_slurmd_timeout():
+    from slurmtrain.batch import supervise
+    from slurmtrain.common.slurm_text import slurmd_timeout_s
+
+    assert config.FaultsConfig().node_check_s == 0  # 0: SlurmdTimeout + 30 s of this cluster
+    text = "SlurmctldTimeout        = 120 sec\nSlurmdTimeout           = 300 sec\n"
+    assert slurmd_timeout_s(text) == 300 and slurmd_timeout_s("") is None
+    cfg = OmegaConf.create({"faults": {"node_check_s": 45.0}})
+    assert supervise.node_check_s(cfg) == 45.0
 
 
 def _cfg(tmp_path, *overrides):
