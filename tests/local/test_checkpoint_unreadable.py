@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import read_jsonl, run_cli, run_dirs
+from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
 
 def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == kind]
+    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def flip(path: Path) -> None:

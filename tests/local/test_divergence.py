@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import PYTHON, read_jsonl, run_cli, run_dirs, slurmtrain_env
+from tests.conftest import PYTHON, ledger_events, read_jsonl, run_cli, run_dirs, slurmtrain_env
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
 
 def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == kind]
+    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def manifests(run: Path) -> dict[str, dict]:

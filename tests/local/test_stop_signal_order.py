@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from tests.conftest import PYTHON, read_jsonl, slurmtrain_env
+from tests.conftest import PYTHON, ledger_events, read_jsonl, slurmtrain_env
 
 FAST = ["train.max_steps=200", "train.log_interval=1", "checkpoint.interval_steps=100"]
 
@@ -29,14 +29,14 @@ def test_signal_is_recorded_before_the_stop_save(workdir):
         assert proc.poll() is None, proc.communicate()
         found = list((workdir / "runs").glob("*/*/metrics.jsonl"))
         if found and any(r["step"] >= 5 for r in read_jsonl(found[0])):
-            ledger = found[0].parent / "ledger.jsonl"
+            ledger = found[0].parent
             break
         time.sleep(0.1)
     assert ledger is not None, "never reached step 5"
-    [started] = [e for e in read_jsonl(ledger) if e["event"] == "started"]
+    [started] = [e for e in ledger_events(ledger) if e["event"] == "started"]
     os.kill(started["pids"][1], signal.SIGUSR2)  # rank 1 only: the ranks agree on it
     proc.communicate(timeout=300)
-    rows = read_jsonl(ledger)
+    rows = ledger_events(ledger)
     names = [e["event"] for e in rows]
     [sig] = [e for e in rows if e["event"] == "signal"]
     assert sig["signal"] == "SIGUSR2" and sig["before_save"] is True

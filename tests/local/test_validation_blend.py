@@ -10,7 +10,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from tests.conftest import ROOT, read_jsonl, run_cli, run_dirs
+from tests.conftest import ROOT, ledger_events, read_jsonl, run_cli, run_dirs
 
 
 def test_valid_loss_falls_in_the_demo_run_and_shows_in_metrics_tensorboard_and_status(workdir):
@@ -65,7 +65,7 @@ def test_a_blend_trains_and_every_checkpoint_records_samples_per_source(workdir)
     done = run_cli(args, cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
-    saved = [e for e in read_jsonl(run / "ledger.jsonl") if e["event"] == "checkpoint_saved"]
+    saved = [e for e in ledger_events(run) if e["event"] == "checkpoint_saved"]
     assert [e["step"] for e in saved] == [10, 20]
     for e in saved:
         per = e["data_position"]["per_source"]
