@@ -284,19 +284,9 @@ def slurm_job_alive(job_id: str) -> Optional[bool]:
     from slurmtrain.common.slurm_text import SlurmError
 
     try:
-        out = slurm_cmd.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).split()
-        return bool(out) and out[0] in ACTIVE_SLURM_STATES  # empty: not in the queue any more
-    except SlurmError as err:
-        # "Invalid job id specified": the controller has forgotten the job; it cannot run again
-        squeue_knows = "invalid job id" in str(err).lower()
-    try:
-        lines = slurm_cmd.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+        return slurm_cmd.job_state(job_id, strict=True) in ACTIVE_SLURM_STATES
     except SlurmError:
-        return False if squeue_knows else None
-    states = [ln.split()[0] for ln in lines.splitlines() if ln.strip()]
-    if states:
-        return states[-1] in ACTIVE_SLURM_STATES
-    return False if squeue_knows else None
+        return None
 
 
 def pid_start(pid: int) -> Optional[str]:

@@ -165,17 +165,23 @@ def job_info(job_id: str) -> dict[str, str]:
     return parse_kv(run(["scontrol", "show", "job", "-o", str(job_id)]).splitlines()[0])
 
 
-def job_state(job_id: str) -> Optional[str]:
-    """RUNNING, PENDING, COMPLETED, ...: from squeue while Slurm holds the job, else sacct."""
+def job_state(job_id: str, strict: bool = False) -> Optional[str]:
+    """RUNNING, PENDING, COMPLETED, ...: from squeue while Slurm holds the job, else sacct; None
+    when neither knows it. `strict`: SlurmError instead of None when neither could be asked (for
+    callers that must fail closed, e.g. "is another job training this run?")."""
+    answered = False  # squeue said the job is not in the queue (empty, or "Invalid job id")
     try:
         out = run(["squeue", "-h", "-j", str(job_id), "-o", "%T"]).split()
         if out:
             return out[0]
-    except SlurmError:
-        pass  # "Invalid job id": the controller has forgotten it; accounting still knows
+        answered = True
+    except SlurmError as err:  # "Invalid job id": the controller has forgotten it; sacct knows
+        answered = "invalid job id" in str(err).lower()
     try:
         lines = run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"]).split("\n")
     except SlurmError:
+        if strict and not answered:
+            raise
         return None
     states = [ln.split()[0] for ln in lines if ln.strip()]  # "CANCELLED by 0" -> CANCELLED
     return states[-1] if states else None
