@@ -63,6 +63,10 @@ def test_job_sbatch_resubmitted_by_hand_resumes_from_newest_checkpoint(slurm_clu
     _submit(["nodes=2", "name=byhand", "train.max_steps=40"], workdir)
     run = only_run(workdir / "runs", "byhand")
     wait_event(run, "finished", timeout=400)
+    # The first job's batch shell is still running its supervisor after `finished`: editing the
+    # ledger under it would make it read an unfinished run. A hand resubmission comes after the job.
+    [first] = [e for e in events(run) if e["event"] == "submitted"]
+    wait_job_gone(first["job_id"])
     # Continue the same run further by hand: raise max_steps in the recorded config is not allowed
     # (it would change the experiment), so instead drop the last checkpoint's "finished" marker by
     # resubmitting a copy of the run whose ledger stops before the end.
