@@ -26,19 +26,18 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.batch import exclusions
+from slurmtrain.batch import exclusions, in_allocation, next_job
 from slurmtrain.common import errors, slurm_cmd
 from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_text as slurm
-from slurmtrain.common.rundir import RunDir, append_jsonl, read_jsonl
+from slurmtrain.common.rundir import RunDir, append_jsonl
+from slurmtrain.common.schema import in_allocation as in_allocation_ok
 from slurmtrain.common.schema import load_run_config
 
-EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
-NO_NODES = "no_nodes"  # the stop class when no node set can run the job
+EXIT_STOPPED = next_job.EXIT_STOPPED
 
 
 @dataclass
@@ -48,23 +47,6 @@ class Verdict:
     cls: str
     nodes: list[str] = field(default_factory=list)
     exclude: dict[str, str] = field(default_factory=dict)
-
-
-def _rows(
-    events: list[dict[str, Any]], job_id: str, restart: int, attempt: Optional[int]
-) -> list[dict[str, Any]]:
-    """This attempt's rows: by attempt number, or, for a start that never recorded `started`,
-    by job id and restart count."""
-    if attempt is not None:
-        return [e for e in events if e.get("attempt") == attempt]
-    return [
-        e
-        for e in events
-        if e.get("attempt") is None
-        and str(e.get("job_id")) == job_id
-        and faults.restart_count(e) == restart
-        and e["event"] in ("failed", "signal")
-    ]
 
 
 def _effective_rc(rc: int, rows: list[dict[str, Any]]) -> int:
@@ -79,32 +61,6 @@ def _effective_rc(rc: int, rows: list[dict[str, Any]]) -> int:
     if rc and any(e["event"] == "bad_node" for e in rows):
         return errors.EXIT_BAD_NODE  # the health gate failed a node: no wait for Slurm to see it
     return rc
-
-
-def _preempted(job_id: str) -> bool:
-    try:
-        return slurm_cmd.is_preempted(job_id)
-    except slurm.SlurmError:
-        return False
-
-
-def _past_time_limit(job_id: str, margin_s: float = 5.0) -> bool:
-    """The job has reached its time limit (Slurm's SIGTERM was the time limit's, not a scancel's:
-    a cancelled job's EndTime is the cancel time, so StartTime + TimeLimit is compared)."""
-    try:
-        info = slurm_cmd.job_info(job_id)
-    except slurm.SlurmError:
-        return False
-    if info.get("JobState") == "TIMEOUT":
-        return True
-    if info.get("JobState") not in ("RUNNING", "COMPLETING"):
-        return False
-    try:
-        start = datetime.strptime(info.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S").timestamp()
-        limit = slurm.parse_time(info.get("TimeLimit", ""))
-    except (ValueError, slurm.SlurmError):
-        return False
-    return limit is not None and time.time() >= start + limit - margin_s
 
 
 def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:
@@ -130,6 +86,7 @@ def classify(
     nodes: list[str],
     wait_s: float,
     started: bool = True,
+    probe: bool = False,
 ) -> Verdict:
     """The verdict on a job step that exited with `rc` != 0, from its ranks' `failed` rows.
 
@@ -157,7 +114,11 @@ def classify(
             return Verdict(faults.HANG)
         named = _nodes_of(hung, events)
         return Verdict(faults.HANG, named, {n: "hang before started" for n in named})
-    # Nobody raised a real error: a peer or node died. Give Slurm time to notice.
+    # Nobody raised a real error: a peer or node died. Ask its slurmd (`probe`), or give Slurm
+    # time to notice.
+    dead = slurm_cmd.unreachable_nodes(nodes) if probe else []
+    if dead:  # excluded like a bad node: the next job must not land on it before Slurm sees it
+        return Verdict(faults.NODE_FAILURE, dead, {n: "slurmd unreachable" for n in dead})
     deadline = time.time() + (wait_s if nodes else 0)
     while True:
         down = slurm_cmd.down_nodes(nodes)
@@ -170,11 +131,21 @@ def classify(
     return Verdict(classes[0] if classes else faults.CRASH)
 
 
-def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = False) -> int:
+def supervise(
+    run_dir: str,
+    rc: int,
+    env: dict[str, str],
+    terminated: bool = False,
+    relaunch_file: Optional[str] = None,
+) -> int:
+    """Decide what the step's exit means and start the next attempt. Returns the batch script's
+    exit code; EXIT_RELAUNCH (with the nodes in `relaunch_file`) runs the next attempt in this
+    allocation."""
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
     job_id = env.get("SLURM_JOB_ID", "")
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
     nodes = (
         slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
     )
@@ -182,14 +153,14 @@ def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = Fal
         print(f"slurmtrain: job {job_id} did not train {run.path}: another job holds it")
         return 0
     events = run.events()
-    attempt = faults.attempt_of(events, job_id, restart)
-    rows = _rows(events, job_id, restart, attempt)
+    attempt = faults.attempt_of(events, job_id, restart, relaunch)
+    rows = faults.attempt_rows(events, job_id, restart, attempt, relaunch)
     closing = [e["event"] for e in rows if e["event"] in ("finished", "stopped")]
     if attempt is not None and closing:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
         # of a smoke chain) would start after a run that failed.
         return EXIT_STOPPED if "stopped" in closing else 0
-    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
+    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart, relaunch=relaunch)
     if attempt is not None and any(e["event"] == "attempt_ended" for e in rows):
         return 0  # closed already: by on_sigterm's early restart, or by `cli cancel`
     if faults.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart it
@@ -198,12 +169,12 @@ def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = Fal
     rc = _effective_rc(rc, rows)
     if rc == 0:
         return 0
-    if terminated and rc != errors.EXIT_TERMINATED and _past_time_limit(job_id):
+    if terminated and rc != errors.EXIT_TERMINATED and next_job.past_time_limit(job_id):
         rc = errors.EXIT_REQUEUE  # the time limit struck mid-save: still a time-limit restart
     if rc == errors.EXIT_TERMINATED:
         # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited
         # first, so it requeues itself (same job id: no second copy can appear). A scancel is final.
-        if not _preempted(job_id):
+        if not next_job.preempted(job_id):
             run.record("attempt_ended", **record, **{"class": "cancelled", "exit_code": rc})
             return 0
         run.record("attempt_ended", **record, **{"class": faults.PREEMPTED, "exit_code": rc})
@@ -218,7 +189,11 @@ def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = Fal
         run.record("requeued", **record, reason=faults.PREEMPTED, new_job_id=job_id, how="requeue")
         return 0
     failed = [e for e in rows if e["event"] == "failed"]
-    verdict = classify(rc, failed, events, nodes, node_check_s(cfg), started=attempt is not None)
+    # In-allocation: a dead node is found by probing its slurmd now, not by waiting for Slurm.
+    inside = relaunch_file is not None and in_allocation_ok(cfg) and not terminated
+    hosts = in_allocation.step_hosts(events, attempt) or nodes
+    wait = 0.0 if inside else node_check_s(cfg)
+    verdict = classify(rc, failed, events, hosts, wait, started=attempt is not None, probe=inside)
     cls = verdict.cls
     steps = [e.get("step") for e in failed]
     extra: dict[str, Any] = {"before_started": True} if attempt is None else {}
@@ -255,13 +230,42 @@ def supervise(run_dir: str, rc: int, env: dict[str, str], terminated: bool = Fal
         )
         return rc
     excl = exclusions.plan(run, cfg)
+    if inside:
+        step = in_allocation.plan(
+            cfg,
+            cls,
+            in_allocation.allocation_nodes(job_id, env),
+            hosts,
+            failed=sorted(set(lost) | set(verdict.exclude)),
+            excluded=excl.nodes,
+            optional=in_allocation.suspects(cls, verdict.nodes, rows, events),
+        )
+        if step is not None:
+            assert relaunch_file is not None
+            step.write(relaunch_file)
+            run.record(
+                "restarted_in_allocation",
+                **record,
+                reason=cls,
+                left_out=step.failed,
+                swapped_in=step.swapped_in,
+                step_nodes=step.nodes,
+                spares_left=step.spares_left,
+            )
+            print(
+                f"slurmtrain: {cls}: next attempt inside job {job_id} on "
+                f"{slurm.compress_hostlist(step.nodes)} (left out: "
+                f"{', '.join(step.failed) or 'none'}; spares left: {step.spares_left})",
+                file=sys.stderr,
+            )
+            return errors.EXIT_RELAUNCH
     if excl.problem:
-        return _no_nodes(run, record, excl, excl.problem)
+        return next_job.stop_no_nodes(run, record, excl, excl.problem)
     try:
-        new_id = restart_job(run, job_id, excl.nodes, cfg, cls, record)
+        new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, record)
     except slurm.SlurmError as err:
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
-        return _no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
+        return next_job.stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
     run.record(
         "requeued",
         **record,
@@ -286,109 +290,6 @@ def _last_error(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Opt
     return faults.last_error(events, rows[0].get("attempt") if rows else None)
 
 
-def _no_nodes(run: RunDir, record: dict[str, Any], excl: exclusions.Exclusions, why: str) -> int:
-    """The run cannot go on: say why, with every exclusion, in `stopped` (status shows it)."""
-    error = f"{why}; excluded: {excl.describe() or 'none'}"
-    if excl.dropped:
-        error += f"; not excluded (the job needs them): {', '.join(excl.dropped)}"
-    run.record("stopped", **record, **{"class": NO_NODES, "error": error})
-    print(f"slurmtrain: stopping the run: {error}", file=sys.stderr)
-    return EXIT_STOPPED
-
-
-def restart_job(
-    run: RunDir,
-    job_id: str,
-    bad: list[str],
-    cfg: Any,
-    cls: str,
-    record: dict[str, Any],
-    after: Optional[str] = None,
-) -> str:
-    """Start the next attempt; returns its job id.
-
-    After a node failure Slurm may requeue this very job itself once the node is declared down;
-    `scontrol requeue` of the same id makes a second copy impossible, so it is used there.
-    A new job is submitted held, recorded (`submitted`), then released: it cannot start before
-    the ledger names it the run's owner. `resubmitting` is recorded first, so a supervisor killed
-    mid-way leaves its intent (and at worst a held job nobody can start by accident)."""
-    if not after and (cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad):
-        slurm_cmd.requeue(job_id)
-        if bad:
-            slurm_cmd.exclude_nodes(job_id, bad)
-        return job_id
-    args = ["--hold"]  # released once the ledger knows it: it cannot start unrecorded
-    if bad:
-        args.append(f"--exclude={slurm.compress_hostlist(bad)}")
-    if after:  # starts only once this job has ended: never beside it
-        args.append(f"--dependency=afterany:{after}")
-    run.record("resubmitting", **record, reason=cls, excluded=bad)
-    # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
-    new_id = slurm_cmd.sbatch(args, str(run.sbatch))
-    run.record(
-        "submitted",
-        job_id=new_id,
-        executor="slurm",
-        fingerprint=run.path.name,
-        requeue_of=job_id,
-        **({"after": after} if after else {}),
-    )
-    try:
-        slurm_cmd.run(["scontrol", "release", new_id])  # retried on transient errors
-    except slurm.SlurmError as err:
-        print(f"slurmtrain: scontrol release {new_id}: {err}", file=sys.stderr)
-    return new_id
-
-
-def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
-    """The batch shell's SIGTERM trap: at the time limit the ranks may still be saving when
-    KillWait's SIGKILL ends the whole job, batch shell included, so the restart is made now: the
-    attempt is closed `timed_out` and the next job is submitted to start after this one ends.
-    Any other SIGTERM (scancel, preemption) is left to the supervisor after srun."""
-    run = RunDir(Path(run_dir).resolve())
-    cfg = load_run_config(str(run.config))
-    job_id = env.get("SLURM_JOB_ID", "")
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    if not _past_time_limit(job_id):
-        return 0
-    events = run.events()
-    attempt = faults.attempt_of(events, job_id, restart)
-    rows = _rows(events, job_id, restart, attempt)
-    if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
-        return 0
-    nodes = (
-        slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
-    )
-    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
-    run.record("attempt_ended", **record, **{"class": faults.TIMED_OUT, "at": "time limit"})
-    if faults.over_budget(run.events(), cfg.faults) is not None:
-        run.record("stopped", **record, **{"class": faults.TIMED_OUT, "error": "time-limit budget"})
-        return EXIT_STOPPED
-    excl = exclusions.plan(run, cfg)
-    try:
-        new_id = restart_job(run, job_id, excl.nodes, cfg, faults.TIMED_OUT, record, after=job_id)
-    except slurm.SlurmError as err:
-        return _no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
-    run.record(
-        "requeued",
-        **record,
-        reason=faults.TIMED_OUT,
-        excluded=excl.nodes,
-        new_job_id=new_id,
-        how="resubmit",
-        at="time limit",
-    )
-    print(
-        f"slurmtrain: time limit: job {job_id} -> {new_id} (after this job ends)", file=sys.stderr
-    )
-    return 0
-
-
-def bad_nodes(run: RunDir, hours: float = -1) -> list[str]:
-    """Nodes failed within `hours` (-1: ever): the bad-node ledger; stragglers are advisory."""
-    return sorted(exclusions.active(read_jsonl(run.bad_nodes), hours, time.time()))
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     import argparse
 
@@ -404,10 +305,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument(
         "--sigterm", action="store_true", help="called from the SIGTERM trap (time limit)"
     )
+    parser.add_argument(
+        "--relaunch-file",
+        help="where to name the next in-allocation attempt's nodes (batch script with spares)",
+    )
     args = parser.parse_args(argv)
     if args.sigterm:
-        raise SystemExit(on_sigterm(args.run_dir, dict(os.environ)))
-    raise SystemExit(supervise(args.run_dir, args.rc, dict(os.environ), args.terminated))
+        raise SystemExit(next_job.on_sigterm(args.run_dir, dict(os.environ)))
+    raise SystemExit(
+        supervise(args.run_dir, args.rc, dict(os.environ), args.terminated, args.relaunch_file)
+    )
 
 
 if __name__ == "__main__":

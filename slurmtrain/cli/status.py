@@ -72,6 +72,7 @@ def summarize(run: RunDir) -> dict[str, Any]:
             f"step {r.get('step')} (loss {r.get('loss')}) -> step {r.get('to_step')}, "
             f"{r.get('skipped_samples')} samples skipped"
         )
+    row["spares"] = spares(run, events)
     stopped = [e for e in events if e["event"] in ("failed", "stopped")]
     if stopped:
         row["class"] = stopped[-1].get("class")
@@ -92,6 +93,27 @@ def summarize(run: RunDir) -> dict[str, Any]:
     return row
 
 
+def spares(run: RunDir, events: list[dict[str, Any]]) -> Optional[dict[str, int]]:
+    """faults.spare_nodes of the run: idle now, used (swapped in for a failed node), lost (left
+    out of the step) by the newest job's in-allocation restarts; None when the run holds none."""
+    import yaml
+
+    try:
+        held = int((yaml.safe_load(run.config.read_text()) or {})["faults"]["spare_nodes"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+    if held <= 0:
+        return None
+    job = next((e.get("job_id") for e in reversed(events) if e["event"] == "started"), None)
+    swaps = [
+        e for e in events if e["event"] == "restarted_in_allocation" and e.get("job_id") == job
+    ]
+    used = sum(len(e.get("swapped_in") or []) for e in swaps)
+    lost = sum(len(e.get("left_out") or []) for e in swaps)
+    idle = int(swaps[-1].get("spares_left", 0)) if swaps else held
+    return {"held": held, "idle": idle, "used": used, "lost": lost}
+
+
 def render(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -107,6 +129,7 @@ def render(rows: list[dict[str, Any]]) -> None:
         "checkpoint",
         "job",
         "nodes",
+        "spares",
         "goodput",
         "last error",
     ):
@@ -127,6 +150,9 @@ def render(rows: list[dict[str, Any]]) -> None:
             r["checkpoint"] or "-",
             str(r["job_id"] or "-"),
             ",".join(r["nodes"]) or "-",
+            "-"
+            if not r.get("spares")
+            else "idle {idle}, used {used}, lost {lost}".format(**r["spares"]),
             gp,
             error,
         )

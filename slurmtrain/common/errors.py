@@ -17,3 +17,4 @@ EXIT_BAD_NODE = 4  # the health gate failed a node: exclude it and requeue
 EXIT_HANG = 5  # the watchdog saw no progress: stacks dumped, requeue
 EXIT_TERMINATED = 6  # SIGTERM, saved: preempted (restart) or cancelled (stop); Slurm tells which
 EXIT_DUPLICATE = 7  # another live job owns the run: this one exits untouched; never restart it
+EXIT_RELAUNCH = 8  # supervisor -> batch shell: start the next attempt in this allocation

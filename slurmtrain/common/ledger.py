@@ -224,14 +224,47 @@ def restart_count(row: dict[str, Any]) -> int:
         return 0
 
 
-def attempt_of(events: list[dict[str, Any]], job_id: str, restart: Optional[int]) -> Optional[int]:
-    """The attempt number of job `job_id` at Slurm restart `restart`: its `started` event. None when
-    that start never got as far as `started` (it failed in rendezvous, say): an earlier start of
-    the same job id is another attempt, whose outcome is not this one's."""
+def relaunch_count(row: dict[str, Any]) -> int:
+    """In-allocation restarts of its job before the attempt a row belongs to (0 when none)."""
+    try:
+        return int(row.get("relaunch") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def attempt_of(
+    events: list[dict[str, Any]], job_id: str, restart: Optional[int], relaunch: int = 0
+) -> Optional[int]:
+    """The attempt number of job `job_id` at Slurm restart `restart` (and in-allocation relaunch
+    `relaunch`): its `started` event. None when that start never got as far as `started` (it
+    failed in rendezvous, say): an earlier start of the same job id is another attempt, whose
+    outcome is not this one's."""
     rows = [e for e in events if e["event"] == "started" and str(e.get("job_id")) == job_id]
     if restart is not None:
-        rows = [e for e in rows if restart_count(e) == restart]
+        rows = [e for e in rows if restart_count(e) == restart and relaunch_count(e) == relaunch]
     return rows[-1]["attempt"] if rows else None
+
+
+def attempt_rows(
+    events: list[dict[str, Any]],
+    job_id: str,
+    restart: int,
+    attempt: Optional[int],
+    relaunch: int = 0,
+) -> list[dict[str, Any]]:
+    """One attempt's rows: by attempt number, or, for a start that never recorded `started`, by
+    job id, Slurm restart count and in-allocation relaunch."""
+    if attempt is not None:
+        return [e for e in events if e.get("attempt") == attempt]
+    return [
+        e
+        for e in events
+        if e.get("attempt") is None
+        and str(e.get("job_id")) == job_id
+        and restart_count(e) == restart
+        and relaunch_count(e) == relaunch
+        and e["event"] in ("failed", "signal")
+    ]
 
 
 def owner(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:

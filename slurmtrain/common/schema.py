@@ -166,6 +166,10 @@ class FaultsConfig:
     # notice a dead node; 330 when it cannot be read.
     node_check_s: float = 0.0
     exclude_hours: float = 24.0  # a node excluded for a failure is tried again after this long
+    # Hot spares (Slurm): the job holds nodes + spare_nodes with --no-kill and trains on `nodes`;
+    # after a node failure, hang, crash or bad node the next attempt starts inside the allocation
+    # on healthy nodes (a spare replacing the failed one), without a trip through the queue.
+    spare_nodes: int = 0
     restart: str = (
         "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
     )
@@ -306,6 +310,13 @@ def node_range(nodes: Any) -> tuple[int, int]:
 
 def tasks_per_node(cfg: DictConfig) -> int:
     return cfg.gpus_per_node if cfg.gpus_per_node > 0 else cfg.cluster.cpu_tasks_per_node
+
+
+def in_allocation(cfg: Any) -> bool:
+    """Restarts may happen inside the job's allocation: it holds spares, or `nodes` is a range
+    (a failed node's survivors can still run it, smaller, through the universal checkpoint)."""
+    low, high = node_range(cfg.nodes)
+    return cfg.cluster.kind == "slurm" and (int(cfg.faults.spare_nodes) > 0 or low < high)
 
 
 def world_size(cfg: DictConfig, nodes: Optional[int] = None) -> int:

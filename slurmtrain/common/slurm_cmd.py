@@ -223,6 +223,31 @@ def exclude_nodes(job_id: str, nodes: Union[str, Iterable[str]]) -> None:
     run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={hostlist}"])
 
 
+def unreachable_nodes(nodes: list[str], timeout_s: float = 3.0) -> list[str]:
+    """Nodes whose slurmd does not accept a connection now: a dead node is seen at once, not
+    after SlurmdTimeout (when Slurm itself marks it down). Empty when Slurm cannot be asked."""
+    import socket
+
+    if not nodes:
+        return []
+    try:
+        out = run(["scontrol", "show", "node", "-o", compress_hostlist(nodes)])
+    except SlurmError:
+        return []
+    dead = []
+    for line in out.splitlines():
+        info = parse_kv(line)
+        name, addr = info.get("NodeName"), info.get("NodeAddr") or info.get("NodeHostName")
+        if not name or not addr:
+            continue
+        port = int(info["Port"]) if info.get("Port", "").isdigit() else 6818
+        try:
+            socket.create_connection((addr, port), timeout=timeout_s).close()
+        except OSError:
+            dead.append(name)
+    return sorted(dead)
+
+
 def down_nodes(nodes: list[str]) -> list[str]:
     """Nodes of this job that Slurm sees as down or not responding."""
     if not nodes:

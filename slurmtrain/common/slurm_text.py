@@ -179,10 +179,12 @@ def tasks_per_node(value: str) -> list[int]:
     return out
 
 
-def master_port(job_id: str) -> int:
-    """A port every task of a job derives alike, spread over 10000..32767 by job id."""
+def master_port(job_id: str, step_id: int = 0) -> int:
+    """A port every task of a job step derives alike, spread over 10000..32767 by job id; each
+    step of one job (an in-allocation restart is a new srun step) gets another port, so a new
+    rendezvous never meets the previous step's socket."""
     key = int(job_id) if str(job_id).isdigit() else zlib.crc32(str(job_id).encode())
-    return PORT_BASE + key % PORT_SPAN
+    return PORT_BASE + (key + 7919 * step_id) % PORT_SPAN
 
 
 def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -200,7 +202,8 @@ def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
 
     nodelist = need("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     hosts = expand_hostlist(nodelist)
-    port = master_port(need("SLURM_JOB_ID", "SLURM_JOBID"))
+    step = env.get("SLURM_STEP_ID", "0")
+    port = master_port(need("SLURM_JOB_ID", "SLURM_JOBID"), int(step) if step.isdigit() else 0)
     out = {
         "MASTER_ADDR": hosts[0],
         "MASTER_PORT": str(port),

@@ -174,6 +174,17 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"resume={cfg.resume!r}: must be auto (newest valid checkpoint), none (start from "
             f"step 0) or step_N (that checkpoint); e.g. resume=step_1000"
         )
+    spares = cfg.faults.spare_nodes
+    if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+        raise ConfigError(
+            f"faults.spare_nodes={spares!r}: must be a whole number >= 0 (nodes held beside "
+            f"`nodes` for in-allocation restarts); e.g. faults.spare_nodes=1"
+        )
+    if submitting and spares and cfg.cluster.kind != "slurm":
+        raise ConfigError(
+            f"faults.spare_nodes={spares}: spares are extra Slurm nodes of the job; use "
+            f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or faults.spare_nodes=0"
+        )
     if cfg.faults.spike_factor != 0 and cfg.faults.spike_factor <= 1:
         raise ConfigError(
             f"faults.spike_factor={cfg.faults.spike_factor}: must be 0 (off) or > 1 (times the "

@@ -121,7 +121,9 @@ def _claim(run: RunDir, where: Placement, lock: contextlib.ExitStack) -> Optiona
     row = dict(job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node)
     other = (own or {}).get("job_id")
     if verdict == owner.DUPLICATE:
-        run.record("duplicate_refused", **row, owner=other, restart=_restart())
+        run.record(
+            "duplicate_refused", **row, owner=other, restart=_restart(), relaunch=_relaunch()
+        )
         print(
             f"slurmtrain: job {where.job_id} refuses to train {run.path}: job {other} holds it "
             f"and Slurm reports it alive; this job exits without touching the run",
@@ -133,6 +135,7 @@ def _claim(run: RunDir, where: Placement, lock: contextlib.ExitStack) -> Optiona
         "failed",
         **row,
         restart=_restart(),
+        relaunch=_relaunch(),
         **{"class": faults.CRASH, "error": f"cannot claim the run: {why}"},
     )
     print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
@@ -141,6 +144,11 @@ def _claim(run: RunDir, where: Placement, lock: contextlib.ExitStack) -> Optiona
 
 def _restart() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def _relaunch() -> int:
+    """In-allocation restarts before this one in the same job (the batch script counts them)."""
+    return int(os.environ.get("SLURMTRAIN_RELAUNCH") or 0)
 
 
 def run(run_dir: str, master_port: Optional[int] = None) -> int:
@@ -191,6 +199,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
                 hosts=[n for n, _ in gathered],
                 pids=[p for _, p in gathered],
                 restart=_restart(),
+                relaunch=_relaunch(),
                 executor="slurm" if owner.under_slurm() else "local",
             )
     except Exception as err:
@@ -201,6 +210,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
             rank=where.rank,
             node=where.node,
             restart=_restart(),
+            relaunch=_relaunch(),
             phase="start-up",
             **{"class": faults.CRASH, "error": f"{type(err).__name__}: {err}"},
         )

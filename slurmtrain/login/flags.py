@@ -16,7 +16,7 @@ from typing import Any, Union
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import node_range, tasks_per_node
+from slurmtrain.common.schema import in_allocation, node_range, tasks_per_node
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -56,6 +56,8 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
     """Long sbatch options (no leading dashes) -> value, or True for a bare flag."""
     c = cfg.cluster
     low, high = node_range(cfg.nodes)
+    spares = int(cfg.faults.spare_nodes)
+    low, high = low + spares, high + spares  # spares idle beside the training nodes
     opts: dict[str, Flag] = {
         "job-name": checked("name", job_name),
         "nodes": f"{low}-{high}" if high != low else str(low),
@@ -67,6 +69,8 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         "requeue": True,
         "open-mode": "append",
     }
+    if in_allocation(cfg):
+        opts["no-kill"] = True  # a node's death shrinks the allocation instead of ending the job
     if cfg.gpus_per_node > 0:
         opts["gpus-per-node"] = str(cfg.gpus_per_node)
     for key in ("partition", "account", "qos", "mem", "constraint", "exclude"):

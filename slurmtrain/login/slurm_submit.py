@@ -22,9 +22,9 @@ from omegaconf import DictConfig
 
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common import slurm_text as slurm
-from slurmtrain.common.errors import EXIT_REQUEUE, ConfigError
+from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import node_range
+from slurmtrain.common.schema import in_allocation, node_range, tasks_per_node
 from slurmtrain.login import flags
 from slurmtrain.login.submit import Submission
 
@@ -45,13 +45,17 @@ def check_cluster(cfg: DictConfig) -> None:
             f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
             f"or use cluster=local"
         ) from None
+    spares = int(cfg.faults.spare_nodes)
     errors = slurm.validate_request(
         cfg.cluster.partition,
-        node_range(cfg.nodes)[1],
+        node_range(cfg.nodes)[1] + spares,
         cfg.cluster.time,
         cfg.gpus_per_node,
         partitions,
-        keys={"nodes": "nodes", "gpus_per_node": "gpus_per_node"},
+        keys={
+            "nodes": "nodes+faults.spare_nodes" if spares else "nodes",
+            "gpus_per_node": "gpus_per_node",
+        },
     )
     if errors:
         raise ConfigError(errors[0])
@@ -102,6 +106,12 @@ def render_script(
         python=flags.quote_all(flags.python_command(cfg)),
         run_arg=run_arg,
         exit_requeue=EXIT_REQUEUE,
+        exit_relaunch=EXIT_RELAUNCH,
+        in_allocation=in_allocation(cfg),
+        spare_nodes=int(cfg.faults.spare_nodes),
+        nodes=cfg.nodes,
+        nodes_max=node_range(cfg.nodes)[1],
+        tasks_per_node=tasks_per_node(cfg),
     )
 
 

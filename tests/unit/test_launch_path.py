@@ -28,7 +28,7 @@ def _cfg(tmp_path, *overrides):
 
 def _fields(text: str) -> dict[str, object]:
     """The parts of a batch script that decide how the job runs."""
-    lines = text.splitlines()
+    lines = [line.strip() for line in text.splitlines()]
     srun = next(line for line in lines if line.startswith("srun "))
     exports = dict(
         line[len("export ") :].split("=", 1) for line in lines if line.startswith("export ")

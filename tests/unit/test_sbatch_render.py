@@ -34,7 +34,7 @@ def _sbatch_flags(text: str) -> dict[str, str]:
 
 
 def _srun_line(text: str) -> str:
-    line = next(line for line in text.splitlines() if line.startswith("srun "))
+    line = next(line.strip() for line in text.splitlines() if line.strip().startswith("srun "))
     return line.removesuffix(" &")  # in the background: the batch shell traps SIGTERM
 
 

@@ -1,0 +1,151 @@
+"""Starting a run's next attempt through Slurm: requeue or resubmit, and the time-limit restart.
+
+Why apart from the supervisor: these are the only places a run's job changes (a new job id, or
+the same one requeued), so the intent-then-confirmation protocol lives in one file: `resubmitting`
+is recorded first, the new job is submitted held, recorded as `submitted`, then released.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+from slurmtrain.batch import exclusions
+from slurmtrain.common import ledger as faults
+from slurmtrain.common import slurm_cmd
+from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import load_run_config
+
+EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
+NO_NODES = "no_nodes"  # the stop class when no node set can run the job
+
+
+def preempted(job_id: str) -> bool:
+    try:
+        return slurm_cmd.is_preempted(job_id)
+    except slurm.SlurmError:
+        return False
+
+
+def past_time_limit(job_id: str, margin_s: float = 5.0) -> bool:
+    """The job has reached its time limit (Slurm's SIGTERM was the time limit's, not a scancel's:
+    a cancelled job's EndTime is the cancel time, so StartTime + TimeLimit is compared)."""
+    try:
+        info = slurm_cmd.job_info(job_id)
+    except slurm.SlurmError:
+        return False
+    if info.get("JobState") == "TIMEOUT":
+        return True
+    if info.get("JobState") not in ("RUNNING", "COMPLETING"):
+        return False
+    try:
+        start = datetime.strptime(info.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S").timestamp()
+        limit = slurm.parse_time(info.get("TimeLimit", ""))
+    except (ValueError, slurm.SlurmError):
+        return False
+    return limit is not None and time.time() >= start + limit - margin_s
+
+
+def stop_no_nodes(
+    run: RunDir, record: dict[str, Any], excl: exclusions.Exclusions, why: str
+) -> int:
+    """The run cannot go on: say why, with every exclusion, in `stopped` (status shows it)."""
+    error = f"{why}; excluded: {excl.describe() or 'none'}"
+    if excl.dropped:
+        error += f"; not excluded (the job needs them): {', '.join(excl.dropped)}"
+    run.record("stopped", **record, **{"class": NO_NODES, "error": error})
+    print(f"slurmtrain: stopping the run: {error}", file=sys.stderr)
+    return EXIT_STOPPED
+
+
+def restart_job(
+    run: RunDir,
+    job_id: str,
+    bad: list[str],
+    cfg: Any,
+    cls: str,
+    record: dict[str, Any],
+    after: Optional[str] = None,
+) -> str:
+    """Start the next attempt; returns its job id.
+
+    After a node failure Slurm may requeue this very job itself once the node is declared down;
+    `scontrol requeue` of the same id makes a second copy impossible, so it is used there.
+    A new job is submitted held, recorded (`submitted`), then released: it cannot start before
+    the ledger names it the run's owner. `resubmitting` is recorded first, so a supervisor killed
+    mid-way leaves its intent (and at worst a held job nobody can start by accident)."""
+    if not after and (cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad):
+        slurm_cmd.requeue(job_id)
+        if bad:
+            slurm_cmd.exclude_nodes(job_id, bad)
+        return job_id
+    args = ["--hold"]  # released once the ledger knows it: it cannot start unrecorded
+    if bad:
+        args.append(f"--exclude={slurm.compress_hostlist(bad)}")
+    if after:  # starts only once this job has ended: never beside it
+        args.append(f"--dependency=afterany:{after}")
+    run.record("resubmitting", **record, reason=cls, excluded=bad)
+    # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
+    new_id = slurm_cmd.sbatch(args, str(run.sbatch))
+    run.record(
+        "submitted",
+        job_id=new_id,
+        executor="slurm",
+        fingerprint=run.path.name,
+        requeue_of=job_id,
+        **({"after": after} if after else {}),
+    )
+    try:
+        slurm_cmd.run(["scontrol", "release", new_id])  # retried on transient errors
+    except slurm.SlurmError as err:
+        print(f"slurmtrain: scontrol release {new_id}: {err}", file=sys.stderr)
+    return new_id
+
+
+def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
+    """The batch shell's SIGTERM trap: at the time limit the ranks may still be saving when
+    KillWait's SIGKILL ends the whole job, batch shell included, so the restart is made now: the
+    attempt is closed `timed_out` and the next job is submitted to start after this one ends.
+    Any other SIGTERM (scancel, preemption) is left to the supervisor after srun."""
+    run = RunDir(Path(run_dir).resolve())
+    cfg = load_run_config(str(run.config))
+    job_id = env.get("SLURM_JOB_ID", "")
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    if not past_time_limit(job_id):
+        return 0
+    events = run.events()
+    attempt = faults.attempt_of(events, job_id, restart, int(env.get("SLURMTRAIN_RELAUNCH") or 0))
+    relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+    rows = faults.attempt_rows(events, job_id, restart, attempt, relaunch)
+    if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
+        return 0
+    nodes = (
+        slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+    )
+    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
+    run.record("attempt_ended", **record, **{"class": faults.TIMED_OUT, "at": "time limit"})
+    if faults.over_budget(run.events(), cfg.faults) is not None:
+        run.record("stopped", **record, **{"class": faults.TIMED_OUT, "error": "time-limit budget"})
+        return EXIT_STOPPED
+    excl = exclusions.plan(run, cfg)
+    try:
+        new_id = restart_job(run, job_id, excl.nodes, cfg, faults.TIMED_OUT, record, after=job_id)
+    except slurm.SlurmError as err:
+        return stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
+    run.record(
+        "requeued",
+        **record,
+        reason=faults.TIMED_OUT,
+        excluded=excl.nodes,
+        new_job_id=new_id,
+        how="resubmit",
+        at="time limit",
+    )
+    print(
+        f"slurmtrain: time limit: job {job_id} -> {new_id} (after this job ends)", file=sys.stderr
+    )
+    return 0

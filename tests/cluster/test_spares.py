@@ -1,0 +1,135 @@
+"""Hot spares: after a failure the next attempt starts inside the same allocation, on healthy nodes.
+
+The job holds nodes + faults.spare_nodes with --no-kill; a node's death (its slurmd and its rank
+killed) or a hang restarts the run in the same job id, with a spare in the failed node's place and
+the same world size, without a trip through Slurm's queue. A `nodes` range with no spare shrinks in
+place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.cluster.helpers import events, only_run, wait_event, wait_until
+from tests.conftest import read_jsonl, run_cli
+
+pytestmark = pytest.mark.slurm
+BASE = [
+    "cluster=slurm",
+    "train.log_interval=1",
+    "train.max_steps=30",
+    "checkpoint.interval_steps=5",
+    "faults.health_check=false",
+]
+
+
+def submit(workdir, name, args, inject=""):
+    env = {"SLURMTRAIN_INJECT": inject} if inject else None
+    done = run_cli(BASE + [f"name={name}"] + args, cwd=workdir, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return only_run(workdir / "runs", name)
+
+
+def wait_step(run, step):
+    wait_until(
+        lambda: (
+            (run / "metrics.jsonl").exists()
+            and max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) >= step
+        ),
+        300,
+        f"step {step}",
+    )
+
+
+def kill_node(slurm_cluster, started, index):
+    victim = started["hosts"][index]
+    os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)
+    os.kill(started["pids"][index], signal.SIGKILL)
+    return victim
+
+
+def bring_back(slurm_cluster, node):
+    slurm_cluster.start()
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+
+
+def one_job(ev):
+    submitted = [e for e in ev if e["event"] == "submitted"]
+    started = [e for e in ev if e["event"] == "started"]
+    assert len(submitted) == 1 and {e["job_id"] for e in started} == {submitted[0]["job_id"]}
+    return started
+
+
+def test_node_failure_with_a_spare_restarts_inside_the_job(slurm_cluster, workdir):
+    run = submit(
+        workdir,
+        "spare",
+        ["nodes=2", "faults.spare_nodes=1", "train.max_steps=40"],
+        inject="step_delay=0.5",
+    )
+    wait_step(run, 12)
+    first = [e for e in events(run) if e["event"] == "started"][0]
+    victim = kill_node(slurm_cluster, first, 1)  # rank 1's node: the batch shell is on rank 0's
+    try:
+        wait_event(run, "finished", timeout=300, fail_on=())
+    finally:
+        bring_back(slurm_cluster, victim)
+    ev = events(run)
+    started = one_job(ev)
+    assert len(started) == 2 and started[1]["world_size"] == started[0]["world_size"] == 2
+    assert victim not in started[1]["hosts"]
+    [moved] = [e for e in ev if e["event"] == "restarted_in_allocation"]
+    assert moved["left_out"] == [victim] and moved["reason"] == "node_failure"
+    assert len(moved["swapped_in"]) == 1 and moved["swapped_in"][0] in started[1]["hosts"]
+    [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
+    assert end["class"] == "node_failure"
+    loaded = [e for e in ev if e["event"] == "checkpoint_loaded"][-1]
+    by_attempt: dict[int, list[int]] = {}
+    for row in read_jsonl(run / "metrics.jsonl"):
+        by_attempt.setdefault(row["attempt"], []).append(row["step"])
+    assert max(by_attempt[1]) - loaded["step"] <= 5  # at most one checkpoint interval lost
+    assert not any(e["event"] == "requeued" for e in ev)
+    status = run_cli(["status", "--json", str(run)], cwd=workdir, module="slurmtrain.cli")
+    assert '"spares": {"held": 1, "idle": 0, "used": 1, "lost": 1}' in status.stdout
+
+
+def test_hang_with_a_spare_restarts_inside_the_job(slurm_cluster, workdir):
+    run = submit(
+        workdir,
+        "sparehang",
+        ["nodes=2", "faults.spare_nodes=1", "faults.hang_timeout_s=15", "train.max_steps=20"],
+        inject="stall_at_step=8,stall_rank=1,attempts=1",
+    )
+    wait_event(run, "finished", timeout=400, fail_on=())
+    ev = events(run)
+    started = one_job(ev)
+    assert len(started) == 2 and started[1]["world_size"] == started[0]["world_size"]
+    [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
+    assert end["class"] == "hang"
+    assert [e["reason"] for e in ev if e["event"] == "restarted_in_allocation"] == ["hang"]
+
+
+def test_a_range_with_no_spare_shrinks_in_place(slurm_cluster, workdir):
+    run = submit(
+        workdir,
+        "shrinkinplace",
+        ["nodes=2-3", "train.max_steps=40", "cluster.exclude=n4"],
+        inject="step_delay=0.5",
+    )
+    wait_step(run, 12)
+    first = [e for e in events(run) if e["event"] == "started"][0]
+    assert first["world_size"] == 3
+    victim = kill_node(slurm_cluster, first, 2)
+    try:
+        wait_event(run, "finished", timeout=300, fail_on=())
+    finally:
+        bring_back(slurm_cluster, victim)
+    ev = events(run)
+    started = one_job(ev)
+    assert started[-1]["world_size"] == 2 and victim not in started[-1]["hosts"]
+    [moved] = [e for e in ev if e["event"] == "restarted_in_allocation"]
+    assert moved["left_out"] == [victim] and moved["swapped_in"] == []
