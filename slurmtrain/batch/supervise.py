@@ -218,6 +218,7 @@ def supervise(
                 "attempt": attempt,
                 "job_id": job_id,
             },
+            durable=True,
         )
     events = run.events()
     stop = faults.over_budget(events, cfg.faults)

@@ -131,7 +131,8 @@ class RunDir:
 
     @property
     def bad_nodes(self) -> Path:
-        """Nodes the health gate (or straggler detection) flagged, one JSON row each."""
+        """Nodes the health gate (or straggler detection) flagged, one JSON row each. One writer
+        at a time: rank 0 while the step runs, then the batch shell's supervisor after it."""
         return self.path / "bad_nodes.jsonl"
 
     @property
