@@ -69,6 +69,12 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         "requeue": True,
         "open-mode": "append",
     }
+    if high != low:
+        # A range with --ntasks-per-node gets its smaller end (Slurm derives ntasks from it, at
+        # submission); --mincpus reserves each node's cores instead, and every srun step names
+        # its own node and task counts (job.sbatch.j2).
+        del opts["ntasks-per-node"]
+        opts["mincpus"] = str(tasks_per_node(cfg) * cpus_per_task(cfg))
     if in_allocation(cfg):
         opts["no-kill"] = True  # a node's death shrinks the allocation instead of ending the job
     if cfg.gpus_per_node > 0:

@@ -109,6 +109,7 @@ def test_two_node_run_resumes_on_one_node_with_the_same_global_batch(reference, 
             "sbatch",
             "--parsable",
             "-N3",
+            "--exclusive",  # nodes are shared otherwise: the range would still find two
             "--job-name=st-hog",
             "--output=/dev/null",
             "--wrap",

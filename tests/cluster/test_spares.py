@@ -106,18 +106,36 @@ def test_hang_with_a_spare_restarts_inside_the_job(slurm_cluster, workdir):
     )
     wait_event(run, "finished", timeout=400, fail_on=())
     ev = events(run)
-    started = one_job(ev)
-    assert len(started) == 2 and started[1]["world_size"] == started[0]["world_size"]
+    started = one_job(ev)  # every attempt in the one job (a loaded machine may hang twice)
+    assert len(started) >= 2 and {e["world_size"] for e in started} == {2}
     [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
     assert end["class"] == "hang"
-    assert [e["reason"] for e in ev if e["event"] == "restarted_in_allocation"] == ["hang"]
+    moved = [e for e in ev if e["event"] == "restarted_in_allocation"]
+    assert len(moved) == len(started) - 1 and {e["reason"] for e in moved} == {"hang"}
+
+
+def idle_nodes(names):
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-n", ",".join(names), "-t", "idle", "-o", "%N"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return set(out)
 
 
 def test_a_range_with_no_spare_shrinks_in_place(slurm_cluster, workdir):
+    # Slurm gives a range as many nodes as are free at once: wait for the three to be idle.
+    wait_until(lambda: idle_nodes(["n1", "n2", "n3"]) == {"n1", "n2", "n3"}, 120, "3 idle nodes")
     run = submit(
         workdir,
         "shrinkinplace",
-        ["nodes=2-3", "train.max_steps=40", "cluster.exclude=n4"],
+        [
+            "nodes=2-3",
+            "train.micro_batch_size=2",
+            "train.global_batch_size=12",
+            "train.max_steps=40",
+            "cluster.exclude=n4",
+        ],
         inject="step_delay=0.5",
     )
     wait_step(run, 12)

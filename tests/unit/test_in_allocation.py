@@ -102,3 +102,16 @@ def test_the_batch_script_with_spares_holds_them_and_loops_inside_the_allocation
     assert check.returncode == 0, check.stderr
     plain = slurm_submit.render_sbatch(_cfg(tmp_path, "nodes=2"), locate(cfg))
     assert "--no-kill" not in plain and "#SBATCH --nodes=2" in plain
+
+
+def test_a_node_range_is_not_pinned_to_its_smaller_end(tmp_path):
+    # With --ntasks-per-node Slurm derives ntasks from the range's smaller end at submission and
+    # never gives more nodes (seen on this cluster: -N2-3 --ntasks-per-node=1 got 2 of 3 idle).
+    from slurmtrain.common.rundir import locate
+    from slurmtrain.login import slurm_submit
+    from tests.unit.test_launch_path import _cfg
+
+    cfg = _cfg(tmp_path, "nodes=2-3", "train.micro_batch_size=1", "train.global_batch_size=6")
+    script = slurm_submit.render_sbatch(cfg, locate(cfg))
+    assert "#SBATCH --nodes=2-3" in script and "#SBATCH --mincpus=" in script
+    assert "#SBATCH --ntasks-per-node" not in script and "--ntasks-per-node=1 " in script
