@@ -9,8 +9,9 @@ through the queue waits behind it). Variants:
 - spare: faults.spare_nodes=1 (the job holds 3 nodes with --no-kill; the next attempt starts inside
   the allocation with the spare in the dead node's place);
 - queue: no spare (the supervisor resubmits or requeues; the new job waits for nodes).
-Prints per variant: detection (kill -> attempt_ended), failure -> first resumed step, steps lost,
-job ids used. Goal: spare <= detection + 10 s, and never a wait on the queue.
+Prints per variant: detection (kill -> attempt_ended), failure -> next attempt started (srun up,
+ranks met), failure -> first resumed step (also model build and checkpoint load), steps lost, job
+ids used. Goal: spare <= detection + 10 s, and never a wait on the queue.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def one(variant: str, workdir: Path, index: int) -> dict[str, Any]:
             sh("scancel", busy)
     ended = [e for e in t.events("attempt_ended") if e.get("attempt") == started["attempt"]]
     first_next = [m for m in t.metrics() if m["attempt"] > started["attempt"]]
+    next_start = [e for e in t.events("started") if e["attempt"] > started["attempt"]]
     loaded = [e for e in t.events("checkpoint_loaded") if e["attempt"] > started["attempt"]]
     last_before = max(m["step"] for m in t.metrics() if m["attempt"] == started["attempt"])
     jobs = sorted({str(e["job_id"]) for e in t.events("started")})
@@ -82,6 +84,7 @@ def one(variant: str, workdir: Path, index: int) -> dict[str, Any]:
         "variant": variant,
         "end": end,
         "detect_s": ended[0]["time"] - killed_at if ended else float("nan"),
+        "start_s": next_start[0]["time"] - killed_at if next_start else float("nan"),
         "resume_s": first_next[0]["time"] - killed_at if first_next else float("nan"),
         "lost": last_before - loaded[0]["step"] if loaded else None,
         "jobs": jobs,
@@ -107,7 +110,8 @@ def main() -> None:
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['variant']:8} {r['end']:9} {r['detect_s']:9.1f} {r['resume_s']:22.1f} "
+            f"{r['variant']:8} {r['end']:9} {r['detect_s']:9.1f} {r['start_s']:22.1f} "
+            f"{r['resume_s']:22.1f} "
             f"{str(r['lost']):>5}  {','.join(r['jobs'])}"
             + ("  (in allocation)" if r["moved"] else "")
         )
