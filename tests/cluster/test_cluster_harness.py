@@ -76,6 +76,13 @@ def jobs():
         subprocess.run(["scancel", *ids], capture_output=True)
 
 
+SLURM_FACTS = pytest.mark.skipif(
+    os.environ.get("SLURMTRAIN_TEST_SLURM_FACTS") != "1",
+    reason="a Slurm fact DESIGN.md records, checked once per harness change (slow: SlurmdTimeout, "
+    "requeue delays); set SLURMTRAIN_TEST_SLURM_FACTS=1",
+)
+
+
 def test_all_four_nodes_answer(slurm_cluster):
     states = {n: node_state(n) for n in slurm_cluster.nodes}
     assert slurm_cluster.nodes == ["n1", "n2", "n3", "n4"]
@@ -228,6 +235,7 @@ def test_preempted_job_that_exits_in_its_grace_time_must_requeue_itself(
     assert info["Restarts"] == "1" and info["Reason"] == "BeginTime"
 
 
+@SLURM_FACTS
 def test_requeued_job_waits_until_start_now(slurm_cluster, jobs, tmp_path):
     starts = tmp_path / "starts"
     job = sbatch(
@@ -260,6 +268,7 @@ def test_exclude_nodes_keeps_a_pending_job_off_them(slurm_cluster, jobs):
     assert wait_until("the job to run", lambda: running_on(job)) in {"n3", "n4"}
 
 
+@SLURM_FACTS
 def test_killed_slurmd_downs_its_node_and_requeues_its_job(slurm_cluster, jobs):
     node = "n3"
     job = sbatch("-w", node, "--requeue", "-t", "10", "--wrap", "sleep 600")
