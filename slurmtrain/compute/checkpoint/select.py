@@ -20,6 +20,7 @@ from typing import Any, Optional
 from slurmtrain.common import ledger
 from slurmtrain.compute.checkpoint.format import (
     LATEST,
+    Check,
     Resume,
     find_resumable,
     read_manifest,
@@ -38,7 +39,14 @@ class Choice:
     applied: Optional[dict[str, Any]] = None  # the `resume_applied` event's fields
 
 
-def choose(root: Path, events: list[dict[str, Any]], resume: str, full: bool) -> Choice:
+def choose(
+    root: Path,
+    events: list[dict[str, Any]],
+    resume: str,
+    full: bool,
+    check: Optional[Check] = None,
+) -> Choice:
+    """`check`: the collective checksum of a candidate (format.find_resumable), else `full`."""
     mode = ledger.resume_request(events, resume)
     if mode == "none":
         moved = discard(root, keep_upto=None)
@@ -46,13 +54,17 @@ def choose(root: Path, events: list[dict[str, Any]], resume: str, full: bool) ->
     if mode.startswith("step_"):
         step = int(mode.removeprefix("step_"))
         directory = root / tag(step)
-        reason = validate(directory, full) if directory.is_dir() else "no such checkpoint"
+        reason = validate(directory, full and check is None) if directory.is_dir() else None
+        if not directory.is_dir():
+            reason = "no such checkpoint"
+        elif reason is None and check is not None:
+            reason = check(directory)
         if reason is not None:
             return Choice(Resume(), stop=f"resume={mode}: {directory}: {reason}")
         moved = discard(root, keep_upto=step)
         found = Resume(directory, read_manifest(directory))
         return Choice(found, applied={"resume": mode, "moved": moved, "kept_step": step})
-    found = find_resumable(root, full)
+    found = find_resumable(root, full, check)
     published = ledger.published_since_reset(events)
     if found.path is not None or not published:
         return Choice(found)
