@@ -161,9 +161,11 @@ class FaultsConfig:
     # Every other phase has its own deadline (planning/deadlines.py); a heartbeat restarts it.
     startup_timeout_s: float = 1800.0  # rendezvous, health gate, model build (plus its bytes)
     io_floor_s: float = 300.0  # checkpoint verify/convert/load/save: at least this, plus ...
-    io_safety: float = 4.0  # ... this many times the bytes over the rate below
-    io_write_mb_per_s: float = 100.0  # planned per-rank rates until the run measured its own
-    io_read_mb_per_s: float = 200.0
+    io_safety: float = 3.0  # ... this many times the job's bytes over the rate below
+    # The checkpoint filesystem's rates for the whole job (all ranks at once), until the run has
+    # measured its own (ledger: checkpoint_saved, checkpoint_verified, checkpoint_loaded).
+    io_write_mb_per_s: float = 1000.0
+    io_read_mb_per_s: float = 2000.0
     collective_timeout_s: float = 1800.0  # NCCL/gloo timeout; keep above hang_timeout_s
     health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
     health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate

@@ -39,8 +39,8 @@ def _phase_deadlines(faults: Any) -> None:
         ("hang_timeout_s", 600),
         ("startup_timeout_s", 1800),
         ("io_floor_s", 300),
-        ("io_write_mb_per_s", 100),
-        ("io_read_mb_per_s", 200),
+        ("io_write_mb_per_s", 1000),
+        ("io_read_mb_per_s", 2000),
     ):
         value = getattr(faults, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -50,7 +50,7 @@ def _phase_deadlines(faults: Any) -> None:
     if isinstance(faults.io_safety, bool) or not faults.io_safety >= 1:
         raise ConfigError(
             f"faults.io_safety={faults.io_safety!r}: must be >= 1 (times the expected IO time); "
-            f"e.g. faults.io_safety=4"
+            f"e.g. faults.io_safety=3"
         )
 
 

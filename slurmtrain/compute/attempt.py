@@ -1,8 +1,9 @@
 """The compute-node entrypoint: one attempt of a run, started by srun (or locally), one process per GPU.
 
 read the run directory -> watchdog (phase deadlines from here on) -> distributed set-up -> record
-the attempt (closing a vanished previous one) -> budgets -> health gate -> Trainer (compute/trainer.py) -> exit code for the
-batch-shell supervisor. `python -m slurmtrain.compute.attempt RUN_DIR` is what the batch script runs.
+the attempt (closing a vanished previous one) -> budgets -> health gate -> Trainer
+(compute/trainer.py) -> exit code for the batch-shell supervisor.
+`python -m slurmtrain.compute.attempt RUN_DIR` is what the batch script runs.
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ class Trainer:
             "checkpoint_loaded",
             step=self.start_step,
             seconds=time.time() - t0,
-            rank_bytes=self.checkpointer.loaded_bytes,
+            rank_bytes=self.checkpointer.loaded_bytes,  # the measured read rate's bytes
+            world_size=self.world,
             path=str(self.load_dir),
             world_size_changed=not self.same_world,
             skipped_samples=self.sampler.skip,

@@ -1,12 +1,13 @@
-"""Phase deadlines of an attempt: how long each phase may go without a heartbeat before it is a hang.
+"""Phase deadlines of an attempt: how long each phase may go without a heartbeat (else: a hang).
 
 A single hang window cannot fit both a training step (seconds) and a 66B start-up (rank 0 reading
 ~0.9 TB, ZeRO-3 building, a save of ~15 min). Each phase gets its own deadline:
 
 - `step`, `eval`: `faults.hang_timeout_s` (no step progress for this long);
-- start-up phases without bulk IO (rendezvous, health gate, model build): `faults.startup_timeout_s`;
-- IO phases (verify, convert, load, save): `faults.io_floor_s + bytes / rate * faults.io_safety`,
-  with the bytes this rank reads or writes and the per-rank rate this run measured in its ledger
+- start-up phases without bulk IO (rendezvous, health gate, build): `faults.startup_timeout_s`;
+- IO phases (verify, convert, load, save): `faults.io_floor_s + bytes / rate * faults.io_safety`.
+  The ranks share one filesystem, so the rate is the job's: all ranks move their bytes at once
+  (a rank's bytes x world size over the job's rate), as this run measured it in its ledger
   (`checkpoint_saved`, `checkpoint_verified`, `checkpoint_loaded`), else the planned
   `faults.io_write_mb_per_s` / `faults.io_read_mb_per_s`.
 
@@ -34,26 +35,28 @@ LOAD = "startup:load"
 
 
 def _rates(events: Iterable[dict[str, Any]], kinds: tuple[str, ...], last: int) -> list[float]:
-    """Per-rank bytes per second of the newest `last` events of `kinds` that carry both figures."""
+    """The job's bytes per second (all ranks) of the newest `last` events of `kinds`: their
+    `bytes` (all ranks), else the busiest rank's `rank_bytes` x `world_size`, over their seconds
+    (until published, for async saves)."""
     found = []
     for e in events:
         if e.get("event") not in kinds or e.get("ok") is False:
             continue
         seconds = float(e.get("total_seconds") or e.get("seconds") or 0)
-        per_rank = e.get("rank_bytes") or float(e.get("bytes") or 0) / int(e.get("world_size") or 1)
-        if per_rank and seconds > 0:
-            found.append(float(per_rank) / seconds)
+        nbytes = e.get("bytes") or float(e.get("rank_bytes") or 0) * int(e.get("world_size") or 1)
+        if nbytes and seconds > 0:
+            found.append(float(nbytes) / seconds)
     return found[-last:]
 
 
 def measured_write_bps(events: Iterable[dict[str, Any]], last: int = 5) -> Optional[float]:
-    """The slowest per-rank write rate of the run's last saves (None before its first save)."""
+    """The slowest write rate of the run's last saves (None before its first save)."""
     rates = _rates(events, ("checkpoint_saved",), last)
     return min(rates) if rates else None
 
 
 def measured_read_bps(events: Iterable[dict[str, Any]], last: int = 5) -> Optional[float]:
-    """The median per-rank read rate of the run's last verifications and loads (None: never)."""
+    """The median read rate of the run's last verifications and loads (None: never measured)."""
     rates = _rates(events, ("checkpoint_verified", "checkpoint_loaded"), last)
     return statistics.median(rates) if rates else None
 
@@ -66,29 +69,31 @@ class Deadlines:
     startup_s: float
     io_floor_s: float
     io_safety: float
-    write_bps: float  # per rank
-    read_bps: float  # per rank
+    write_bps: float  # the job's: every rank writing at once
+    read_bps: float  # the job's: every rank reading at once
+    world: int = 1
     write_measured: bool = False
     read_measured: bool = False
 
     def io(self, nbytes: float, bps: float) -> float:
+        """`nbytes` moved by the whole job at `bps`."""
         return self.io_floor_s + max(0.0, float(nbytes)) / bps * self.io_safety
 
-    def save_s(self, nbytes: float) -> float:
-        """A save writing `nbytes` on this rank."""
-        return self.io(nbytes, self.write_bps)
+    def save_s(self, rank_bytes: float) -> float:
+        """A save writing `rank_bytes` on the busiest rank (every rank writing at once)."""
+        return self.io(rank_bytes * self.world, self.write_bps)
 
-    def read_s(self, nbytes: float) -> float:
-        """A verification or load reading `nbytes` on this rank."""
-        return self.io(nbytes, self.read_bps)
+    def read_s(self, rank_bytes: float) -> float:
+        """A verification or load reading `rank_bytes` on each rank (every rank reading)."""
+        return self.io(rank_bytes * self.world, self.read_bps)
 
     def convert_s(self, nbytes: float) -> float:
-        """ds_to_universal: reads the whole checkpoint and writes it again (one node)."""
+        """ds_to_universal: one node reads the whole checkpoint (`nbytes`) and writes it again."""
         return self.io(nbytes, self.read_bps) + self.io(nbytes, self.write_bps)
 
-    def build_s(self, nbytes: float) -> float:
-        """Building the model (and its optimizer) of `nbytes` of state on this rank."""
-        return self.startup_s + max(0.0, float(nbytes)) / self.read_bps * self.io_safety
+    def build_s(self, rank_bytes: float) -> float:
+        """Building the model and optimizer: `rank_bytes` of state on each rank."""
+        return self.startup_s + self.read_s(rank_bytes) - self.io_floor_s
 
     def fixed(self, phase: str) -> float:
         """The deadline of a phase that has no byte count."""
@@ -101,6 +106,7 @@ class Deadlines:
             "startup_s": self.startup_s,
             "io_floor_s": self.io_floor_s,
             "io_safety": self.io_safety,
+            "world_size": self.world,
             "write_mb_per_s": round(self.write_bps / MB, 1),
             "read_mb_per_s": round(self.read_bps / MB, 1),
             "write_rate": "measured" if self.write_measured else "planned",
@@ -108,8 +114,9 @@ class Deadlines:
         }
 
 
-def from_config(faults: Any, events: Iterable[dict[str, Any]] = ()) -> Deadlines:
-    """The deadlines of an attempt: `faults.*` keys, rates measured by this run when it has any."""
+def from_config(faults: Any, events: Iterable[dict[str, Any]] = (), world: int = 1) -> Deadlines:
+    """The deadlines of an attempt on `world` ranks: `faults.*` keys, and the rates this run
+    measured when it has any."""
     events = list(events)
     write, read = measured_write_bps(events), measured_read_bps(events)
     return Deadlines(
@@ -119,6 +126,7 @@ def from_config(faults: Any, events: Iterable[dict[str, Any]] = ()) -> Deadlines
         io_safety=float(faults.io_safety),
         write_bps=write or float(faults.io_write_mb_per_s) * MB,
         read_bps=read or float(faults.io_read_mb_per_s) * MB,
+        world=max(1, int(world)),
         write_measured=write is not None,
         read_measured=read is not None,
     )

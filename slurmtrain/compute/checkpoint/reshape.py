@@ -3,9 +3,9 @@
 A ZeRO checkpoint is sharded by data-parallel rank, so W ranks' files do not load on W' ranks.
 `deepspeed.checkpoint.ds_to_universal` rewrites it per parameter (`zero/<name>/fp32.pt, exp_avg.pt,
 ...`), which loads on any world size with `"checkpoint": {"load_universal": true}`. The conversion
-runs on rank 0 as a subprocess (its own worker pool and memory) on every core of the node, into `step_N_universal.tmp/`, and
-is sealed with our manifest like any checkpoint, so a converted folder is reused on the next start
-only when it is complete and was made from the same save of step N.
+runs on rank 0 as a subprocess (its own worker pool and memory) on every core of the node, into
+`step_N_universal.tmp/`, and is sealed with our manifest like any checkpoint, so a converted folder
+is reused on the next start only when it is complete and was made from the same save of step N.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ class `checkpoint_unreadable`, naming each checkpoint and why, instead of traini
 `resume=none` (start from step 0) and `resume=step_N` (that checkpoint) are explicit and apply
 once, to the first attempt after the submission that asked: the checkpoints not kept move to
 `checkpoints/discarded/<time>/` (nothing is deleted) and `resume_applied` records it.
-Rank 0 only; pure file operations (no torch).
+Rank 0 only; pure file operations (no torch). With checksums, `check` is the ranks' collective
+checksum of a candidate (checkpoint/verify.py): each rank reads only its own files.
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ def choose(
     if mode.startswith("step_"):
         step = int(mode.removeprefix("step_"))
         directory = root / tag(step)
-        reason = validate(directory, full and check is None) if directory.is_dir() else None
         if not directory.is_dir():
-            reason = "no such checkpoint"
-        elif reason is None and check is not None:
-            reason = check(directory)
+            reason: Optional[str] = "no such checkpoint"
+        else:
+            reason = validate(directory, full and check is None)
+            if reason is None and check is not None:
+                reason = check(directory)  # every rank checksums its own files
         if reason is not None:
             return Choice(Resume(), stop=f"resume={mode}: {directory}: {reason}")
         moved = discard(root, keep_upto=step)

@@ -81,6 +81,7 @@ class ParallelVerify:
             reason=agreed,
             world_size=self.world,
             files=sum(v[3] for v in verdicts),
+            bytes=sum(v[1] for v in verdicts),
             rank_bytes=max(v[1] for v in verdicts),
             seconds=max(v[2] for v in verdicts),
         )
@@ -95,7 +96,7 @@ def choose(
     from slurmtrain.compute.checkpoint import select
 
     events = run.events() if rank == 0 else []
-    limits = _broadcast(phases.from_config(cfg.faults, events) if rank == 0 else None)
+    limits = _broadcast(phases.from_config(cfg.faults, events, world) if rank == 0 else None)
     record("deadlines", **limits.summary())
     watchdog.phase(phases.VERIFY, limits.startup_s)
     checks = ParallelVerify(rank, world, watchdog, limits, record)
