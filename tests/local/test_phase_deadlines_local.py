@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from tests.conftest import ledger_events, run_cli, run_dirs
@@ -51,3 +52,30 @@ def test_a_rank_stalled_in_a_save_is_killed_after_the_save_deadline_not_the_step
     dumps = sorted((run / "hangs").glob("attempt1.rank*.txt"))
     assert dumps and all(d.read_text().startswith("no progress for") for d in dumps)
     assert not (run / "checkpoints" / "step_10").exists()  # nothing half-written is published
+
+
+def test_a_rank_stuck_in_the_rendezvous_is_a_hang_of_that_phase(tmp_path):
+    """Rank 0 of 2 started alone: the rendezvous never completes. The start-up watchdog ends it
+    after `faults.startup_timeout_s` (the collective timeout is 1800 s), with a row that names
+    the phase, job id and restart count (no attempt number yet) and its stacks in hangs/."""
+    dry = run_cli(["faults.startup_timeout_s=5", "dry_run=true"], cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(dry.stdout.split("\nplan:")[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(port), "JOB_ID": "77"}
+    done = run_cli(
+        [str(run)], cwd=tmp_path, env=env, module="slurmtrain.compute.attempt", timeout=300
+    )
+    assert done.returncode == 5, done.stderr[-3000:]  # EXIT_HANG
+    [row] = _hangs(run)
+    assert (
+        row["phase"] == "startup:rendezvous"
+        and "(phase startup:rendezvous, deadline 5 s)" in row["error"]
+    )
+    assert row["job_id"] == "77" and row["restart"] == 0 and row.get("attempt") is None
+    [dump] = (run / "hangs").glob("startup.job77.restart0.rank0.txt")
+    assert dump.read_text().startswith("no progress for")
