@@ -146,16 +146,23 @@ def _restart() -> int:
 
 
 def _startup_hang(run: RunDir, where: Placement, watchdog: Watchdog, why: str) -> None:
-    """A hang before the attempt has a number: its row names job id and restart count."""
+    """A hang before the attempt has a number: its row names job id and restart count. A rank
+    stuck in the rendezvous is waiting for the ranks that never joined: its row names its host,
+    not a `node` for the supervisor to blame (every healthy rank would write one)."""
+    waiting = watchdog.current == phases.RENDEZVOUS
     run.record(
         "failed",
         job_id=where.job_id,
         nodes=[where.node],
         rank=where.rank,
-        node=where.node,
+        node=None if waiting else where.node,
+        host=where.node,
         restart=_restart(),
         phase=watchdog.current,
-        **{"class": faults.HANG, "error": why},
+        **{
+            "class": faults.HANG,
+            "error": why + (" (waiting for ranks to join)" if waiting else ""),
+        },
     )
 
 

@@ -77,5 +77,7 @@ def test_a_rank_stuck_in_the_rendezvous_is_a_hang_of_that_phase(tmp_path):
         and "(phase startup:rendezvous, deadline 5 s)" in row["error"]
     )
     assert row["job_id"] == "77" and row["restart"] == 0 and row.get("attempt") is None
+    # it waited for a rank that never joined: its own node is not the one to blame
+    assert row["node"] is None and row["host"] and "waiting for ranks to join" in row["error"]
     [dump] = (run / "hangs").glob("startup.job77.restart0.rank0.txt")
     assert dump.read_text().startswith("no progress for")

@@ -253,3 +253,17 @@ def test_ds_to_universal_runs_on_every_core_of_the_node_and_the_task_keeps_its_o
     assert cmd[cmd.index("--num_extract_workers") + 1] == workers
     assert cmd[cmd.index("--num_merge_workers") + 1] == workers
     assert result["after"] == {0} and "stopped here" in result["error"]
+
+
+def test_a_rendezvous_hang_blames_no_waiting_node_but_a_later_start_up_hang_names_its_own():
+    """Rows as compute/attempt.py writes them before `started` (the supervisor's classify)."""
+    from slurmtrain.batch.supervise import classify
+
+    waiting = {"event": "failed", "class": "hang", "node": None, "host": "n1", "rank": 0}
+    verdict = classify(
+        5, [waiting, {**waiting, "rank": 1, "host": "n2"}], [], ["n1", "n2"], 0, False
+    )
+    assert verdict.cls == "hang" and not verdict.nodes and not verdict.exclude
+    stuck = {"event": "failed", "class": "hang", "node": "n2", "rank": 1}
+    verdict = classify(5, [stuck], [], ["n1", "n2"], 0, False)
+    assert verdict.cls == "hang" and verdict.nodes == ["n2"]
