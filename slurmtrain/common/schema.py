@@ -158,6 +158,14 @@ class FaultsConfig:
     max_oom: int = 3  # out of memory (GPU or host): the node and step are named in the ledger
     crash_loop: int = 2  # this many crashes in a row at the same step: stop, it will not heal
     hang_timeout_s: float = 600.0  # no step progress for this long: dump stacks, exit, requeue
+    # Every other phase has its own deadline (planning/deadlines.py); a heartbeat restarts it.
+    startup_timeout_s: float = 1800.0  # rendezvous, health gate, model build (plus its bytes)
+    io_floor_s: float = 300.0  # checkpoint verify/convert/load/save: at least this, plus ...
+    io_safety: float = 3.0  # ... this many times the job's bytes over the rate below
+    # The checkpoint filesystem's rates for the whole job (all ranks at once), until the run has
+    # measured its own (ledger: checkpoint_saved, checkpoint_verified, checkpoint_loaded).
+    io_write_mb_per_s: float = 1000.0
+    io_read_mb_per_s: float = 2000.0
     collective_timeout_s: float = 1800.0  # NCCL/gloo timeout; keep above hang_timeout_s
     health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
     health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate

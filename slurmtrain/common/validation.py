@@ -33,6 +33,27 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r}: unknown; choose one of {', '.join(choices)}")
 
 
+def _phase_deadlines(faults: Any) -> None:
+    """The watchdog's phase deadlines (planning/deadlines.py): positive numbers, safety >= 1."""
+    for key, example in (
+        ("hang_timeout_s", 600),
+        ("startup_timeout_s", 1800),
+        ("io_floor_s", 300),
+        ("io_write_mb_per_s", 1000),
+        ("io_read_mb_per_s", 2000),
+    ):
+        value = getattr(faults, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(
+                f"faults.{key}={value!r}: must be a positive number; e.g. faults.{key}={example}"
+            )
+    if isinstance(faults.io_safety, bool) or not faults.io_safety >= 1:
+        raise ConfigError(
+            f"faults.io_safety={faults.io_safety!r}: must be >= 1 (times the expected IO time); "
+            f"e.g. faults.io_safety=3"
+        )
+
+
 DEFAULT_MAX_STEPS = 200  # the tiny demo's length when neither max_steps nor tokens is given
 DEFAULT_WARMUP_STEPS = 10
 
@@ -190,6 +211,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"faults.spike_factor={cfg.faults.spike_factor}: must be 0 (off) or > 1 (times the "
             f"running median loss); e.g. faults.spike_factor=3"
         )
+    _phase_deadlines(cfg.faults)
     _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
     ds = cfg.deepspeed
     check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)

@@ -1,8 +1,9 @@
 """The compute-node entrypoint: one attempt of a run, started by srun (or locally), one process per GPU.
 
-read the run directory -> distributed set-up -> record the attempt (closing a vanished previous
-one) -> budgets -> watchdog and health gate -> Trainer (compute/trainer.py) -> exit code for the
-batch-shell supervisor. `python -m slurmtrain.compute.attempt RUN_DIR` is what the batch script runs.
+read the run directory -> watchdog (phase deadlines from here on) -> distributed set-up -> record
+the attempt (closing a vanished previous one) -> budgets -> health gate -> Trainer
+(compute/trainer.py) -> exit code for the batch-shell supervisor.
+`python -m slurmtrain.compute.attempt RUN_DIR` is what the batch script runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from slurmtrain.compute.faults import owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.compute.trainer import Trainer, broadcast
+from slurmtrain.planning import deadlines as phases
 
 
 def _quiet_environment(cpu: bool) -> None:
@@ -151,17 +153,59 @@ def _relaunch() -> int:
     return int(os.environ.get("SLURMTRAIN_RELAUNCH") or 0)
 
 
+def _startup_hang(run: RunDir, where: Placement, watchdog: Watchdog, why: str) -> None:
+    """A hang before the attempt has a number: its row names job id and restart count. A rank
+    stuck in the rendezvous is waiting for the ranks that never joined: its row names its host,
+    not a `node` for the supervisor to blame (every healthy rank would write one)."""
+    waiting = watchdog.current == phases.RENDEZVOUS
+    run.record(
+        "failed",
+        job_id=where.job_id,
+        nodes=[where.node],
+        rank=where.rank,
+        node=None if waiting else where.node,
+        host=where.node,
+        restart=_restart(),
+        relaunch=_relaunch(),
+        phase=watchdog.current,
+        **{
+            "class": faults.HANG,
+            "error": why + (" (waiting for ranks to join)" if waiting else ""),
+        },
+    )
+
+
 def run(run_dir: str, master_port: Optional[int] = None) -> int:
     """Train this run until it finishes or is told to stop; returns the process exit code."""
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
-    cpu = cfg.gpus_per_node == 0
-    _quiet_environment(cpu)
+    _quiet_environment(cfg.gpus_per_node == 0)
     flags = signals.SignalFlags().install()
-    started = time.time()
     where = placement(os.environ, default_port=master_port or 29500)
     export(where)
+    # The watchdog runs from the first collective on, each phase with its own deadline
+    # (planning/deadlines.py): start-up phases here and in the Trainer, then steps and saves.
+    dump = run.hang_dump(0, where.rank).with_name(
+        f"startup.job{where.job_id}.restart{_restart()}"
+        + (f".relaunch{_relaunch()}" if _relaunch() else "")
+        + f".rank{where.rank}.txt"
+    )
+    watchdog = Watchdog(
+        cfg.faults.startup_timeout_s,
+        dump,
+        lambda why: _startup_hang(run, where, watchdog, why),
+        errors.EXIT_HANG,
+        phase=phases.RENDEZVOUS,
+    ).start()
+    try:
+        return _run(run, cfg, where, flags, watchdog)
+    finally:
+        watchdog.stop()
 
+
+def _run(run: RunDir, cfg: Any, where: Placement, flags: Any, watchdog: Watchdog) -> int:
+    cpu = cfg.gpus_per_node == 0
+    started = time.time()
     import deepspeed
     import torch
     import torch.distributed as dist
@@ -234,16 +278,14 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         dist.destroy_process_group()
         return 0
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name))
-    watchdog = Watchdog(
-        cfg.faults.hang_timeout_s,
-        run.hang_dump(attempt.number, where.rank),
-        lambda why: attempt.record_any("failed", **{"class": faults.HANG, "error": why}),
-        errors.EXIT_HANG,
-    ).start()
+    watchdog.stacks = run.hang_dump(attempt.number, where.rank)
+    watchdog.on_hang = lambda why: attempt.record_any(
+        "failed", **{"class": faults.HANG, "error": why, "phase": watchdog.current}
+    )
     try:
+        watchdog.phase(phases.HEALTH, cfg.faults.startup_timeout_s)
         if cfg.faults.health_check and not _healthy(cfg, run, where, attempt, injector):
             return errors.EXIT_BAD_NODE
-        watchdog.beat("health gate")
         code = Trainer(cfg, run, where, attempt, flags, injector, watchdog).fit()
     except Exception as err:  # the failing rank records its error and class, then re-raises
         attempt.record_any(

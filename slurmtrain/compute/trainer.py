@@ -72,6 +72,7 @@ class Trainer:
             return self.stopped()
         self.build()
         self.resume()
+        self.watchdog.phase("step", self.deadlines.step_s, "start-up")
         outcome = self.loop()
         code = self.outcome(outcome)
         self.teardown()
@@ -79,15 +80,13 @@ class Trainer:
 
     # ---- choose --------------------------------------------------------------------------------
     def choose(self) -> None:
-        """Rank 0 picks the checkpoint (checkpoint/select.py); every rank learns the choice."""
-        from slurmtrain.compute.checkpoint import select
+        """Rank 0 picks the checkpoint (checkpoint/select.py); with checksums every rank verifies
+        its own files of each candidate (checkpoint/verify.py); every rank learns the choice."""
+        from slurmtrain.compute.checkpoint import verify
 
-        cfg, run = self.cfg, self.run
-        choice = None
-        if self.rank == 0:
-            full = cfg.checkpoint.verify == "checksum"
-            choice = select.choose(run.checkpoints, run.events(), str(cfg.resume), full)
-        choice = broadcast(choice)
+        choice, self.deadlines = verify.choose(
+            self.cfg, self.run, self.rank, self.world, self.watchdog, self.attempt.record
+        )
         self.found = choice.found
         for path, reason in self.found.skipped:
             self.attempt.record("checkpoint_skipped", path=path, reason=reason)
@@ -116,8 +115,9 @@ class Trainer:
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
+        from slurmtrain.planning import deadlines as phases
 
-        cfg, run = self.cfg, self.run
+        cfg, run, limits = self.cfg, self.run, self.deadlines
         self.ds_config = ds_config.build(cfg, self.world, profile_dir=str(run.profile))
         self.load_dir, self.same_world = self.found.path, True
         if (
@@ -128,11 +128,16 @@ class Trainer:
             # cached); the global batch is fixed, grad accumulation adjusted; RNG is per rank.
             from slurmtrain.compute.checkpoint import reshape
 
+            self.watchdog.phase(
+                phases.CONVERT, limits.convert_s(phases.listed(self.found.manifest))
+            )
             self.load_dir = reshape.for_world(
                 self.found, self.rank, self.world, self.attempt.record, cfg.checkpoint.verify
             )
             self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
             self.same_world = False
+        state_bytes = phases.planned_state_bytes(cfg, self.world)
+        self.watchdog.phase(phases.BUILD, limits.build_s(state_bytes))
         self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
         self.memory.start()
         self.net = model.build(cfg, self.ds_config, self.device)
@@ -152,6 +157,9 @@ class Trainer:
             record=self.attempt.record,
             hook=self.injector.after_shard,
             timeout_s=c.publish_timeout_minutes * 60,
+            watchdog=self.watchdog,
+            deadlines=limits,
+            planned_bytes=state_bytes,
         )
         self.checkpointer.attach(self.engine)
         self.data = data.load(cfg.data)  # training windows + sampler, held-out windows
@@ -180,6 +188,8 @@ class Trainer:
             "checkpoint_loaded",
             step=self.start_step,
             seconds=time.time() - t0,
+            rank_bytes=self.checkpointer.loaded_bytes,  # the measured read rate's bytes
+            world_size=self.world,
             path=str(self.load_dir),
             world_size_changed=not self.same_world,
             skipped_samples=self.sampler.skip,

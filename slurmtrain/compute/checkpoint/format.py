@@ -22,12 +22,15 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 MARKER = re.compile(r"^\.(done|failed)_rank(\d+)\.json$")
+# A file one rank wrote and reads back: its ZeRO partition (zero_pp_rank_R_...) or RNG state
+OWNER = re.compile(r"zero_pp_rank_(\d+)_|rng_rank(\d+)\.")
+Progress = Callable[[int], None]  # bytes so far: a heartbeat for long reads
 
 
 def tag(step: int) -> str:
@@ -62,14 +65,17 @@ class Crc32:
         return f"{self.value:08x}"
 
 
-def _digest(path: Path, kind: str = CHECKSUM) -> str:
+def _digest(path: Path, kind: str = CHECKSUM, progress: Optional[Progress] = None) -> str:
+    """The file's checksum; `progress(bytes read)` after each 16 MB (a heartbeat)."""
     with open(path, "rb") as f:
-        if kind == "sha256":
-            return hashlib.file_digest(f, "sha256").hexdigest()
-        crc = Crc32()
+        crc, sha = Crc32(), hashlib.sha256()
+        done = 0
         while chunk := f.read(16 << 20):
-            crc.update(chunk)
-        return crc.hexdigest()
+            (sha if kind == "sha256" else crc).update(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done)
+        return sha.hexdigest() if kind == "sha256" else crc.hexdigest()
 
 
 def _files(directory: Path) -> list[Path]:
@@ -167,15 +173,90 @@ def validate(directory: Path, full: bool = True) -> Optional[str]:
     if not listed:
         return "manifest lists no files"
     for name, entry in listed.items():
-        path = directory / name
-        if not path.is_file():
-            return f"missing file {name}"
-        size = path.stat().st_size
-        if size != entry["size"]:
-            return f"{name}: {size} bytes, manifest says {entry['size']}"
-        kind = next((k for k in (CHECKSUM, "sha256") if k in entry), None)
-        if full and kind is not None and _digest(path, kind) != entry[kind]:
-            return f"{name}: checksum mismatch (corrupt)"
+        reason = _check_file(directory, name, entry, full)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _check_file(
+    directory: Path,
+    name: str,
+    entry: dict[str, Any],
+    full: bool,
+    progress: Optional[Progress] = None,
+) -> Optional[str]:
+    path = directory / name
+    if not path.is_file():
+        return f"missing file {name}"
+    size = path.stat().st_size
+    if size != entry["size"]:
+        return f"{name}: {size} bytes, manifest says {entry['size']}"
+    kind = next((k for k in (CHECKSUM, "sha256") if k in entry), None)
+    if full and kind is not None and _digest(path, kind, progress) != entry[kind]:
+        return f"{name}: checksum mismatch (corrupt)"
+    return None
+
+
+def files_for_rank(files: dict[str, dict[str, Any]], rank: int, world: int) -> list[str]:
+    """The manifest's files rank `rank` of `world` checksums: the ones it wrote (its ZeRO
+    partition, its RNG state) and a share of the rest (shared files, and those of ranks that are
+    no longer there), balanced by size. Every rank computes the same split; together they cover
+    every file once."""
+    load = [0] * world
+    owner: dict[str, int] = {}
+    rest = []
+    for name, entry in files.items():
+        m = OWNER.search(name)
+        r = int(m[1] or m[2]) if m else -1
+        if 0 <= r < world:
+            owner[name] = r
+            load[r] += int(entry.get("size", 0))
+        else:
+            rest.append(name)
+    for name in sorted(rest, key=lambda n: (-int(files[n].get("size", 0)), n)):
+        r = min(range(world), key=lambda i: (load[i], i))
+        owner[name] = r
+        load[r] += int(files[name].get("size", 0))
+    return sorted(n for n, r in owner.items() if r == rank)
+
+
+def read_bytes(files: dict[str, dict[str, Any]], rank: int, world: int) -> int:
+    """What rank `rank` reads of a checkpoint when loading it: its own partition and RNG state
+    and every shared file (a universal checkpoint's are all shared)."""
+    total = 0
+    for name, entry in files.items():
+        m = OWNER.search(name)
+        if m is None or int(m[1] or m[2]) == rank:
+            total += int(entry.get("size", 0))
+    return total
+
+
+def verify_files(
+    directory: Path, names: list[str], progress: Optional[Progress] = None
+) -> Optional[str]:
+    """Checksum `names` (a rank's share, `files_for_rank`) against the manifest; None if they
+    match, else the first reason. `progress(bytes so far)` beats during the reads."""
+    try:
+        listed = read_manifest(directory).get("files") or {}
+    except (OSError, json.JSONDecodeError) as err:
+        return f"unreadable manifest: {err}"
+    done = 0
+
+    def beat(n: int) -> None:
+        if progress is not None:
+            progress(done + n)
+
+    for name in names:
+        if name not in listed:
+            return f"{name}: not in the manifest"
+        try:
+            reason = _check_file(directory, name, listed[name], True, beat)
+        except OSError as err:
+            return f"{name}: {type(err).__name__}: {err}"
+        if reason is not None:
+            return reason
+        done += int(listed[name]["size"])
     return None
 
 
@@ -196,13 +277,20 @@ class Resume:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
 
 
-def find_resumable(root: Path, full: bool = True) -> Resume:
-    """The newest checkpoint that validates; every one skipped on the way is reported with why."""
+Check = Callable[[Path], Optional[str]]  # a further check of a candidate (the ranks' checksums)
+
+
+def find_resumable(root: Path, full: bool = True, check: Optional[Check] = None) -> Resume:
+    """The newest checkpoint that validates; every one skipped on the way is reported with why.
+    With `check`, a candidate whose manifest and sizes match is passed to it (the ranks checksum
+    their own files in parallel) instead of being checksummed here."""
     result = Resume()
     if not root.is_dir():
         return result
     for directory in step_dirs(root):
-        reason = validate(directory, full)
+        reason = validate(directory, full and check is None)
+        if reason is None and check is not None:
+            reason = check(directory)
         if reason is None:
             result.path, result.manifest = directory, read_manifest(directory)
             return result

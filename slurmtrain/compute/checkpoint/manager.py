@@ -21,14 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from slurmtrain.compute.checkpoint.beats import Beats
 from slurmtrain.compute.checkpoint.format import (
     LATEST,
     dir_bytes,
     prune,
     publish,
+    read_bytes,
+    read_manifest,
     tag,
     write_synced,
 )
+from slurmtrain.planning import deadlines as phases
 
 Record = Callable[..., Any]
 
@@ -74,8 +78,16 @@ class Checkpointer:
         record: Optional[Record] = None,
         hook: Optional[Callable[[int, str], None]] = None,
         timeout_s: float = 1800.0,
+        watchdog: Any = None,
+        deadlines: Optional[phases.Deadlines] = None,
+        planned_bytes: int = 0,
     ) -> None:
+        """`watchdog` and `deadlines`: saves and loads run in their own watchdog phase, with a
+        deadline scaled from the bytes (`planned_bytes` per rank until a save measured them),
+        and the shard writer and loader beat it."""
         self.root, self.rank, self.world, self.verify = root, rank, world, verify
+        self.beats, self.save_bytes = Beats(watchdog, deadlines), planned_bytes
+        self.loaded_bytes = 0
         self.async_save, self.keep_last, self.keep_every = async_save, keep_last, keep_every
         self.stop_on_error, self.hook, self.timeout_s = stop_on_error, hook, timeout_s
         self.record: Record = record or (lambda *a, **k: None)
@@ -95,7 +107,12 @@ class Checkpointer:
 
         current = engine.checkpoint_engine
         if type(current) is TorchCheckpointEngine:
-            self.writer = ShardWriter(current.zipfile_serialization, self.verify, self.hook)
+            self.writer = ShardWriter(
+                current.zipfile_serialization,
+                self.verify,
+                self.beats.hook(self.hook),
+                **self.beats.writer_kwargs(ShardWriter),
+            )
             engine.checkpoint_engine = self.writer
         else:
             if self.rank == 0:
@@ -119,12 +136,15 @@ class Checkpointer:
         Refuses a state whose loss is not finite: nothing non-finite is ever published."""
         import math
 
-        import torch
-        import torch.distributed as dist
-
         loss = meta.get("loss")
         if loss is not None and not math.isfinite(float(loss)):
             raise ValueError(f"refusing to save {tag(step)}: its loss is {loss}")
+        with self.beats.phase(phases.SAVE, lambda d: d.save_s(self.save_bytes)):
+            self._save(engine, step, meta, rng)
+
+    def _save(self, engine: Any, step: int, meta: dict[str, Any], rng: dict[str, Any]) -> None:
+        import torch
+        import torch.distributed as dist
 
         started = time.time()
         self.settle()
@@ -156,14 +176,22 @@ class Checkpointer:
             return
         reports: list[Any] = [None] * self.world
         dist.all_gather_object(reports, self._report())
+        self._measured(reports)
         outcome = self._conclude(job, reports) if self.rank == 0 else None
         self._agree(outcome)
+
+    def _measured(self, reports: list[dict[str, Any]]) -> None:
+        """The next save's deadline counts the bytes the busiest rank wrote in this one."""
+        written = max(_rank_bytes(r) for r in reports)
+        if written:
+            self.save_bytes = written
 
     def settle(self) -> Optional[SaveOutcome]:
         """Wait for the in-flight async save; every rank learns its outcome (collective)."""
         if self._thread is None:
             return None
-        self._thread.join()
+        with self.beats.phase(phases.SAVE, lambda d: d.save_s(self.save_bytes)):
+            self._thread.join()
         self._thread = None
         outcome, self._outcome = self._outcome, None
         return self._agree(outcome)
@@ -178,7 +206,14 @@ class Checkpointer:
         """Load a checkpoint (or its universal conversion); the per-rank RNG state when asked."""
         import torch
 
-        path, _client = engine.load_checkpoint(str(directory.parent), tag=directory.name)
+        try:
+            self.loaded_bytes = read_bytes(read_manifest(directory)["files"], self.rank, self.world)
+        except (OSError, ValueError, KeyError):
+            self.loaded_bytes = self.save_bytes
+        name = self.beats.load_phase()
+        with self.beats.phase(name, lambda d: d.read_s(self.loaded_bytes)):
+            with self.beats.loading(engine, name):
+                path, _ = engine.load_checkpoint(str(directory.parent), tag=directory.name)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load {directory}")
         rng_file = directory / f"rng_rank{self.rank}.pt"
@@ -227,6 +262,7 @@ class Checkpointer:
             return
         try:
             reports = [report, *self._collect(tmp)]
+            self._measured(reports)
             self._outcome = self._conclude(job, reports)
         except Exception as err:  # noqa: BLE001
             self._outcome = SaveOutcome(job.step, False, f"{type(err).__name__}: {err}")
@@ -291,11 +327,17 @@ class Checkpointer:
             bytes=dir_bytes(final),
             path=str(final),
             mode="async" if self.async_save else "sync",
+            world_size=self.world,
+            rank_bytes=max(_rank_bytes(r) for r in reports),  # the measured write rate's bytes
             write_seconds=_slowest(reports),
             data_position=job.meta.get("data_position"),  # blends: samples drawn per source
         )
         prune(self.root, self.keep_last, self.keep_every)
         return SaveOutcome(job.step, True)
+
+
+def _rank_bytes(report: dict[str, Any]) -> int:
+    return sum(int(f.get("size", 0)) for f in (report.get("files") or {}).values())
 
 
 def _slowest(reports: list[dict[str, Any]]) -> dict[str, float]:

@@ -3,13 +3,14 @@
 A ZeRO checkpoint is sharded by data-parallel rank, so W ranks' files do not load on W' ranks.
 `deepspeed.checkpoint.ds_to_universal` rewrites it per parameter (`zero/<name>/fp32.pt, exp_avg.pt,
 ...`), which loads on any world size with `"checkpoint": {"load_universal": true}`. The conversion
-runs on rank 0 as a subprocess (its own worker pool and memory), into `step_N_universal.tmp/`, and
-is sealed with our manifest like any checkpoint, so a converted folder is reused on the next start
-only when it is complete and was made from the same save of step N.
+runs on rank 0 as a subprocess (its own worker pool and memory) on every core of the node, into
+`step_N_universal.tmp/`, and is sealed with our manifest like any checkpoint, so a converted folder
+is reused on the next start only when it is complete and was made from the same save of step N.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from slurmtrain.compute.checkpoint import format as ckpt
 
@@ -50,12 +51,24 @@ def cached(step_dir: Path, source: dict[str, Any], full: bool = False) -> Option
     return out
 
 
-def _workers() -> int:
+@contextlib.contextmanager
+def node_cores() -> Iterator[int]:
+    """This thread's CPU affinity widened to every core of the node for the block (the converter's
+    subprocess inherits it), then restored; yields how many cores it got. srun binds a task to its
+    1-2 cores (`--cpu-bind=cores`), while the node's other ranks sit idle in a broadcast waiting for
+    the conversion; the kernel keeps the result within the job's cgroup (its allocated cores)."""
+    if not hasattr(os, "sched_setaffinity"):  # not Linux
+        yield os.cpu_count() or 1
+        return
+    before = os.sched_getaffinity(0)
     try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus))
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:
+        pass  # refused: the task's own cores
+    try:
+        yield len(os.sched_getaffinity(0))
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def convert(
@@ -69,7 +82,30 @@ def convert(
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     started = time.time()
-    workers = str(_workers())
+    with node_cores() as cores:
+        proc = _run(step_dir, tmp, cores, timeout_s)
+    # It points `latest_universal` at the folder it wrote (our .tmp name); we pass tags ourselves.
+    (step_dir.parent / "latest_universal").unlink(missing_ok=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise ReshapeError(f"ds_to_universal on {step_dir} failed (exit {proc.returncode}): {tail}")
+    fields = {
+        "kind": "universal",
+        "step": source.get("step"),
+        "world_size": source.get("world_size"),
+        "source": {"path": step_dir.name, "step": source.get("step"), "time": source.get("time")},
+        "cores": cores,
+    }
+    ckpt.seal(tmp, out, fields, verify)
+    return Converted(out, time.time() - started, False)
+
+
+def _run(
+    step_dir: Path, tmp: Path, cores: int, timeout_s: Optional[float]
+) -> subprocess.CompletedProcess:
+    """ds_to_universal in a subprocess, one extract and one merge worker per core."""
+    workers = str(max(1, cores))
     cmd = [
         sys.executable,
         "-m",
@@ -87,24 +123,10 @@ def convert(
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
     except subprocess.TimeoutExpired as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ReshapeError(f"ds_to_universal on {step_dir} took over {timeout_s} s") from err
-    # It points `latest_universal` at the folder it wrote (our .tmp name); we pass tags ourselves.
-    (step_dir.parent / "latest_universal").unlink(missing_ok=True)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise ReshapeError(f"ds_to_universal on {step_dir} failed (exit {proc.returncode}): {tail}")
-    fields = {
-        "kind": "universal",
-        "step": source.get("step"),
-        "world_size": source.get("world_size"),
-        "source": {"path": step_dir.name, "step": source.get("step"), "time": source.get("time")},
-    }
-    ckpt.seal(tmp, out, fields, verify)
-    return Converted(out, time.time() - started, False)
 
 
 def for_world(

@@ -6,7 +6,8 @@ class `checkpoint_unreadable`, naming each checkpoint and why, instead of traini
 `resume=none` (start from step 0) and `resume=step_N` (that checkpoint) are explicit and apply
 once, to the first attempt after the submission that asked: the checkpoints not kept move to
 `checkpoints/discarded/<time>/` (nothing is deleted) and `resume_applied` records it.
-Rank 0 only; pure file operations (no torch).
+Rank 0 only; pure file operations (no torch). With checksums, `check` is the ranks' collective
+checksum of a candidate (checkpoint/verify.py): each rank reads only its own files.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Optional
 from slurmtrain.common import ledger
 from slurmtrain.compute.checkpoint.format import (
     LATEST,
+    Check,
     Resume,
     find_resumable,
     read_manifest,
@@ -38,7 +40,14 @@ class Choice:
     applied: Optional[dict[str, Any]] = None  # the `resume_applied` event's fields
 
 
-def choose(root: Path, events: list[dict[str, Any]], resume: str, full: bool) -> Choice:
+def choose(
+    root: Path,
+    events: list[dict[str, Any]],
+    resume: str,
+    full: bool,
+    check: Optional[Check] = None,
+) -> Choice:
+    """`check`: the collective checksum of a candidate (format.find_resumable), else `full`."""
     mode = ledger.resume_request(events, resume)
     if mode == "none":
         moved = discard(root, keep_upto=None)
@@ -46,13 +55,18 @@ def choose(root: Path, events: list[dict[str, Any]], resume: str, full: bool) ->
     if mode.startswith("step_"):
         step = int(mode.removeprefix("step_"))
         directory = root / tag(step)
-        reason = validate(directory, full) if directory.is_dir() else "no such checkpoint"
+        if not directory.is_dir():
+            reason: Optional[str] = "no such checkpoint"
+        else:
+            reason = validate(directory, full and check is None)
+            if reason is None and check is not None:
+                reason = check(directory)  # every rank checksums its own files
         if reason is not None:
             return Choice(Resume(), stop=f"resume={mode}: {directory}: {reason}")
         moved = discard(root, keep_upto=step)
         found = Resume(directory, read_manifest(directory))
         return Choice(found, applied={"resume": mode, "moved": moved, "kept_step": step})
-    found = find_resumable(root, full)
+    found = find_resumable(root, full, check)
     published = ledger.published_since_reset(events)
     if found.path is not None or not published:
         return Choice(found)

@@ -1,9 +1,11 @@
 """Hang watchdog: a thread per rank that ends a job which stopped making progress.
 
 A rank stuck in a collective (a peer died, a deadlock, a stalled filesystem) makes no error of its
-own and burns the allocation until the time limit. Past `hang_timeout_s` without a beat, every
-thread's stack goes to `<run>/hangs/attempt{A}.rank{R}.txt`, the hang is recorded, and the process
-exits with EXIT_HANG so the supervisor restarts the run (class: hang).
+own and burns the allocation until the time limit. Each phase of an attempt (start-up's rendezvous,
+health gate, verification, build, load; steps; saves) has its own deadline, scaled from the bytes
+it moves (planning/deadlines.py); past it without a beat, every thread's stack goes to
+`<run>/hangs/attempt{A}.rank{R}.txt`, the hang is recorded naming the phase, and the process exits
+with EXIT_HANG so the supervisor restarts the run (class: hang).
 
 The exit never waits on the filesystem: a hang is often the filesystem itself (an NFS server that
 stopped answering), and a watchdog that blocks in `open()` or `write()` would hang with the rank it
@@ -13,13 +15,14 @@ one that has not finished by then is abandoned, and `os._exit` follows regardles
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Optional
 
 WRITE_S = 10.0  # each filesystem write of the exit path (stacks, record) gets at most this
 
@@ -75,6 +78,14 @@ def stacks_text(header: str) -> str:
 
 
 class Watchdog:
+    """Fires when the current phase goes `deadline_s` without a beat.
+
+    `phase(name, deadline_s)` starts a phase (start-up steps, `step`, `save`, `eval`: see
+    planning/deadlines.py) with its own deadline; `beat(what)` within it starts the deadline over;
+    `during(name, deadline_s)` is a phase that gives the previous one back when it ends. A hang
+    report names the phase, its deadline and the last beat.
+    """
+
     def __init__(
         self,
         timeout_s: float,
@@ -82,34 +93,85 @@ class Watchdog:
         on_hang: Callable[[str], None],
         exit_code: int,
         write_s: float = WRITE_S,
+        phase: str = "starting",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.timeout_s, self.stacks, self.on_hang, self.exit_code = (
-            timeout_s,
-            stacks,
-            on_hang,
-            exit_code,
-        )
-        self.write_s = write_s
-        self.last = time.monotonic()
+        self.stacks, self.on_hang, self.exit_code = stacks, on_hang, exit_code
+        self.write_s, self.clock = write_s, clock
+        self.current, self.deadline_s = phase, float(timeout_s)
+        self.last = clock()
         self.what = "starting"
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="slurmtrain-watchdog", daemon=True)
+
+    @property
+    def timeout_s(self) -> float:  # the current phase's deadline (the name of old)
+        return self.deadline_s
 
     def start(self) -> "Watchdog":
         self._thread.start()
         return self
 
-    def beat(self, what: str) -> None:
-        self.last, self.what = time.monotonic(), what
+    def phase(self, name: str, deadline_s: float, what: Optional[str] = None) -> None:
+        """Enter phase `name`: a new deadline, counted from now."""
+        with self._lock:
+            self.current, self.deadline_s = name, float(deadline_s)
+            self.last, self.what = self.clock(), what or name
+
+    @contextlib.contextmanager
+    def during(self, name: str, deadline_s: float, what: Optional[str] = None) -> Iterator[None]:
+        """Phase `name` for the `with` block; the phase before it resumes afterwards (its deadline
+        counted from then)."""
+        with self._lock:
+            before = (self.current, self.deadline_s, self.what)
+        self.phase(name, deadline_s, what)
+        try:
+            yield
+        finally:
+            self.phase(*before)
+
+    def beat(self, what: Optional[str] = None) -> None:
+        """Progress within the current phase: its deadline starts over."""
+        with self._lock:
+            self.last = self.clock()
+            if what is not None:
+                self.what = what
+
+    def progress(self, phase: str, what: str) -> Callable[[int], None]:
+        """A heartbeat for long IO (`fn(bytes so far)`), from any thread: it extends only `phase`,
+        so a background writer never keeps a stalled step alive."""
+
+        def beat(done: int) -> None:
+            with self._lock:
+                if self.current == phase:
+                    self.last, self.what = self.clock(), f"{what} ({done:,} bytes)"
+
+        return beat
 
     def stop(self) -> None:
         self._stop.set()
 
+    def overdue(self) -> Optional[str]:
+        """Why the watchdog must fire now, or None."""
+        with self._lock:
+            idle, current, deadline, what = (
+                self.clock() - self.last,
+                self.current,
+                self.deadline_s,
+                self.what,
+            )
+        if idle < deadline:
+            return None
+        return (
+            f"no progress for {idle:.0f} s after {what} (phase {current}, deadline {deadline:g} s)"
+        )
+
     def _watch(self) -> None:
-        while not self._stop.wait(min(5.0, self.timeout_s / 4)):
-            idle = time.monotonic() - self.last
-            if idle >= self.timeout_s:
-                self.fire(f"no progress for {idle:.0f} s after {self.what}")
+        while not self._stop.wait(max(0.05, min(5.0, self.deadline_s / 4))):
+            why = self.overdue()
+            if why is not None and not self._stop.is_set():
+                self.fire(why)
 
     def fire(self, why: str) -> None:
         """Dump stacks and record the hang, each within `write_s`, then exit: always."""

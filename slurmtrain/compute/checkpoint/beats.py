@@ -1,0 +1,88 @@
+"""Checkpoint IO under the watchdog: saves and loads in their own phase, writer and loader beating.
+
+A save or a load of a large model is long IO with no training step in it: it runs in the phase
+`save` (or `startup:load`, or `load` in a rollback) whose deadline scales with the bytes this rank
+moves (planning/deadlines.py), and the shard writer (per chunk or per shard) and DeepSpeed's
+reads (per file) beat it. Without a watchdog everything here is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from typing import Any, Callable, Iterator, Optional
+
+from slurmtrain.planning import deadlines as phases
+
+Hook = Callable[[int, str], None]
+
+
+class Beats:
+    def __init__(self, watchdog: Any, deadlines: Optional[phases.Deadlines]) -> None:
+        self.watchdog, self.deadlines = watchdog, deadlines
+        self.on = watchdog is not None and deadlines is not None
+
+    def writer_kwargs(self, engine_class: type) -> dict[str, Any]:
+        """`progress=` for the shard writer's engine: a heartbeat per chunk written, when its
+        constructor takes one (checked on its signature, so either version of writer.py works)."""
+        if not self.on or "progress" not in inspect.signature(engine_class).parameters:
+            return {}
+        return {"progress": self.watchdog.progress(phases.SAVE, "writing shards")}
+
+    def hook(self, hook: Optional[Hook]) -> Optional[Hook]:
+        """The writer's per-shard hook, beating the save phase before `hook` (any writer)."""
+        if not self.on:
+            return hook
+        beat = self.watchdog.progress(phases.SAVE, "writing shards")
+
+        def after_shard(step: int, name: str) -> None:
+            beat(0)
+            if hook is not None:
+                hook(step, name)
+
+        return after_shard
+
+    @contextlib.contextmanager
+    def phase(self, name: str, seconds: Callable[[phases.Deadlines], float]) -> Iterator[None]:
+        """The watchdog's phase `name` for the block; the phase before it resumes afterwards."""
+        if not self.on:
+            yield
+            return
+        with self.watchdog.during(name, seconds(self.deadlines)):
+            yield
+
+    def load_phase(self) -> str:
+        """`startup:load` while starting, `load` in a rollback."""
+        if self.on and not str(self.watchdog.current).startswith("startup"):
+            return "load"
+        return phases.LOAD
+
+    @contextlib.contextmanager
+    def loading(self, engine: Any, phase: str) -> Iterator[None]:
+        """DeepSpeed reads every file through `engine.checkpoint_engine.load`: beat per file."""
+        ce = engine.checkpoint_engine
+        if not self.on or not hasattr(ce, "load"):
+            yield
+            return
+        beat, read = self.watchdog.progress(phase, "loading"), ce.load
+
+        def load(path: str, *args: Any, **kwargs: Any) -> Any:
+            beat(0)
+            try:
+                return read(path, *args, **kwargs)
+            finally:
+                beat(_size(path))
+
+        ce.load = load
+        try:
+            yield
+        finally:
+            del ce.load  # the class's method again
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,113 @@
+"""Parallel checkpoint verification: every rank checksums its own files, and the ranks agree.
+
+At 66B rank 0 alone would read ~0.9 TB before training. Instead rank 0 walks the candidates
+(select.choose: manifest and sizes, cheap) and hands each one that passes to `check`, which every
+rank runs together: rank R checksums the files it wrote and will read (`format.files_for_rank`:
+its ZeRO partition and RNG state, plus a size-balanced share of the shared files), beating the
+watchdog as it reads, and all ranks gather the verdicts, so each learns the same answer (the first
+bad file named). Rank 0 records `checkpoint_verified` (bytes and seconds of the slowest rank: the
+measured read rate of later deadlines).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.planning import deadlines as phases
+
+
+def _broadcast(obj: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class ParallelVerify:
+    """Rank 0 calls `check(directory)` from select.choose (as often as it has candidates) and
+    `done()` once; every other rank calls `serve()`, which answers until `done()`."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        watchdog: Any,
+        deadlines: phases.Deadlines,
+        record: Callable[..., Any],
+    ) -> None:
+        self.rank, self.world, self.watchdog = rank, world, watchdog
+        self.deadlines, self.record = deadlines, record
+
+    def check(self, directory: Path) -> Optional[str]:
+        _broadcast(str(directory))
+        return self._verify(directory)
+
+    def done(self) -> None:
+        _broadcast(None)
+
+    def serve(self) -> None:
+        while (directory := _broadcast(None)) is not None:
+            self._verify(Path(directory))
+
+    def _verify(self, directory: Path) -> Optional[str]:
+        import torch.distributed as dist
+
+        t0 = time.time()
+        try:
+            listed = ckpt.read_manifest(directory).get("files") or {}
+        except (OSError, ValueError) as err:
+            listed, mine, reason = {}, [], f"unreadable manifest: {err}"
+        else:
+            mine = ckpt.files_for_rank(listed, self.rank, self.world)
+            reason = None
+        nbytes = sum(int(listed[n].get("size", 0)) for n in mine)
+        if reason is None:
+            what = f"verifying {directory.name}"
+            with self.watchdog.during(phases.VERIFY, self.deadlines.read_s(nbytes), what):
+                beat = self.watchdog.progress(phases.VERIFY, what)
+                reason = ckpt.verify_files(directory, mine, beat)
+        verdicts: list[Any] = [None] * self.world
+        dist.all_gather_object(verdicts, (reason, nbytes, time.time() - t0, len(mine)))
+        bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
+        agreed = f"{bad[0][1]} (rank {bad[0][0]})" if bad else None
+        self.record(
+            "checkpoint_verified",
+            path=str(directory),
+            ok=agreed is None,
+            reason=agreed,
+            world_size=self.world,
+            files=sum(v[3] for v in verdicts),
+            bytes=sum(v[1] for v in verdicts),
+            rank_bytes=max(v[1] for v in verdicts),
+            seconds=max(v[2] for v in verdicts),
+        )
+        return agreed
+
+
+def choose(
+    cfg: Any, run: Any, rank: int, world: int, watchdog: Any, record: Callable[..., Any]
+) -> tuple[Any, phases.Deadlines]:
+    """Collective: this attempt's phase deadlines (rank 0 reads the ledger's measured rates) and
+    the checkpoint to start from (select.choose on rank 0, the checksums on every rank)."""
+    from slurmtrain.compute.checkpoint import select
+
+    events = run.events() if rank == 0 else []
+    limits = _broadcast(phases.from_config(cfg.faults, events, world) if rank == 0 else None)
+    record("deadlines", **limits.summary())
+    watchdog.phase(phases.VERIFY, limits.startup_s)
+    checks = ParallelVerify(rank, world, watchdog, limits, record)
+    full = cfg.checkpoint.verify == "checksum"
+    choice = None
+    if rank == 0:
+        try:
+            check = checks.check if full else None
+            choice = select.choose(run.checkpoints, events, str(cfg.resume), full, check)
+        finally:
+            checks.done()  # the other ranks stop serving (also when rank 0 failed)
+    else:
+        checks.serve()
+    return _broadcast(choice), limits
