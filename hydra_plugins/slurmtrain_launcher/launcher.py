@@ -32,7 +32,10 @@ class SlurmtrainLauncher(Launcher):
     def __init__(self, **_: Any) -> None:
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
-        self._cache: dict[tuple[str, ...], DictConfig] = {}
+        self._cache: dict[tuple[str, ...], bytes] = {}  # composed base per structural overrides
+        self._parsed: dict[str, Any] = {}
+        self._groups: Optional[set[str]] = None
+        self._parser: Any = None
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -51,37 +54,54 @@ class SlurmtrainLauncher(Launcher):
 
     def _compose(self, overrides: list[str]) -> DictConfig:
         """Hydra composes each point in ~80 ms; points differing only in plain values (the usual
-        sweep: lr, seed, batch) reuse one composition per choice of config groups instead."""
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from hydra.core.override_parser.types import OverrideType, ValueType
+        sweep: lr, seed, batch) reuse one composition per choice of config groups instead: a clone
+        of it (a pickle round trip: typed nodes and flags kept, ~4x cheaper than DictConfig.copy)
+        with the point's values set through OmegaConf (so typed keys still check and convert them)."""
+        import pickle
+
         from omegaconf import OmegaConf
 
-        from slurmtrain.common.schema import conf_dir
-
         assert self.config is not None and self.hydra_context is not None
-        groups = {p.name for p in Path(conf_dir()).iterdir() if p.is_dir()}
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        plain = [
-            o
-            for o in parsed
-            if o.type == OverrideType.CHANGE
-            and o.package is None
-            and o.value_type == ValueType.ELEMENT
-            and o.key_or_group not in groups
-            and not o.key_or_group.startswith("hydra")
-        ]
+        parsed = [self._parse(line) for line in overrides]
+        plain = [o for o in parsed if self._is_plain(o)]
         structural = tuple(str(o.input_line) for o in parsed if o not in plain)
-        base = self._cache.get(structural)
-        if base is None:
+        blob = self._cache.get(structural)
+        if blob is None:
             base = self.hydra_context.config_loader.load_sweep_config(self.config, list(structural))
             OmegaConf.set_struct(base, False)
             base.pop("hydra", None)  # big, unused by us, and every copy would pay for it
             OmegaConf.set_struct(base, True)
-            self._cache[structural] = base
-        cfg = base.copy()
+            blob = self._cache[structural] = pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)
+        cfg = pickle.loads(blob)
         for o in plain:
             OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
         return cfg
+
+    def _parse(self, line: str) -> Any:
+        """One parsed override per distinct text: a sweep's points share all but a few."""
+        if line not in self._parsed:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            if self._parser is None:
+                self._parser = OverridesParser.create()
+            [self._parsed[line]] = self._parser.parse_overrides([line])
+        return self._parsed[line]
+
+    def _is_plain(self, o: Any) -> bool:
+        """A plain value for a config key (not a config group, a package, a deletion, hydra.*)."""
+        from hydra.core.override_parser.types import OverrideType, ValueType
+
+        from slurmtrain.common.schema import conf_dir
+
+        if self._groups is None:
+            self._groups = {p.name for p in Path(conf_dir()).iterdir() if p.is_dir()}
+        return (
+            o.type == OverrideType.CHANGE
+            and o.package is None
+            and o.value_type == ValueType.ELEMENT
+            and o.key_or_group not in self._groups
+            and not o.key_or_group.startswith("hydra")
+        )
 
 
 def _done(overrides: Sequence[str], value: int) -> JobReturn:

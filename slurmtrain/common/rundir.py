@@ -169,6 +169,7 @@ class RunDir:
         job_id: Optional[str] = None,
         attempt: Optional[int] = None,
         nodes: Iterable[str] = (),
+        durable: Optional[bool] = None,
         **fields: Any,
     ) -> dict[str, Any]:
         row = {
@@ -179,8 +180,10 @@ class RunDir:
             "nodes": list(nodes),
             **fields,
         }
-        # This process's own file (no other process ever writes it); fate-deciding events fsynced.
-        append_own(self.ledger_dir, row, durable=event in FATE_EVENTS)
+        # This process's own file (no other process ever writes it); fate-deciding events fsynced
+        # (durable=False: the caller syncs many at once, as a sweep does its `submitted` events).
+        durable = event in FATE_EVENTS if durable is None else durable
+        append_own(self.ledger_dir, row, durable=durable)
         return row
 
     @contextlib.contextmanager
@@ -328,8 +331,9 @@ def config_yaml(cfg: DictConfig) -> str:
     )
 
 
-def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
-    """Write the config files (first submission) and the directory skeleton."""
+def create(run: RunDir, cfg: DictConfig, overrides: list[str], durable: bool = True) -> None:
+    """Write the config files (first submission) and the directory skeleton (durable=False: the
+    caller syncs many at once, as a sweep does)."""
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
     text = config_yaml(cfg)
@@ -337,7 +341,7 @@ def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
         stamp = time.strftime("%Y%m%d-%H%M%S")
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
-    atomic_write(run.config, text)
+    atomic_write(run.config, text, durable=durable)
     atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)
 
 

@@ -55,9 +55,10 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
         from slurmtrain.login import smoke
 
         return smoke.submit_chain(*todo[0])
+    array = not single and todo[0][0].cfg.cluster.kind == "slurm"
     for prepared, overrides in todo:
-        record(prepared, overrides)
-    if not single and todo[0][0].cfg.cluster.kind == "slurm":
+        record(prepared, overrides, durable=not array)  # an array syncs all points at once
+    if array:
         return _submit_array(todo, len(points))
     from slurmtrain.login.submit import submit
 

@@ -7,9 +7,11 @@ together for a single run, a sweep and the smoke chain.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -81,12 +83,39 @@ def check(
     return Prepared(cfg, run, resumed=state == runs.STOPPED)
 
 
-def record(p: Prepared, overrides: list[str]) -> None:
+def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
+    """Write the run's config, overrides and provenance. `durable=False` (a sweep): nothing is
+    fsynced here; the caller makes every point's files durable at once with `persist`."""
     from slurmtrain.common import provenance
 
-    runs.create(p.run, p.cfg, overrides)
+    runs.create(p.run, p.cfg, overrides, durable=durable)
+    if not durable:  # created now, so `submitted` does not fsync its parent once per point
+        p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(
         p.run.provenance,
         f"submit_{len(p.run.events('submitted')) + 1}",
         extra={"overrides": overrides},
     )
+
+
+def persist(*paths: Path) -> None:
+    """Make everything written so far on the filesystems of `paths` durable, one call each instead
+    of an fsync per file (a 64-point sweep writes some 200 files): syncfs(2) where the C library
+    has it, else sync(2)."""
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError):
+        syncfs = None
+    done: set[int] = set()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            device = os.fstat(fd).st_dev
+            if device in done:
+                continue
+            done.add(device)
+            if syncfs is None or syncfs(fd) != 0:
+                os.sync()
+                return
+        finally:
+            os.close(fd)

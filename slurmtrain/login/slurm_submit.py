@@ -226,7 +226,13 @@ def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: 
 
 
 def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> list[Submission]:
-    """One `sbatch --array` for every sweep point (they must share their Slurm flags)."""
+    """One `sbatch --array` for every sweep point (they must share their Slurm flags).
+
+    The points' files (config, job.sbatch, this map) are made durable together before sbatch,
+    their `submitted` events together after it (login/prepare.persist: one syncfs, not an fsync a
+    file), so a crash cannot lose what was queued."""
+    from slurmtrain.login.prepare import persist
+
     if not items:
         return []
     first = items[0][0]
@@ -245,10 +251,19 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     ex = executor(
         first, folder, [], parallelism=first.cluster.array_parallelism, array_map=str(mapping)
     )
+    roots = {folder, *(run.path for _, run in items)}
+    persist(*roots)
     with ex.batch():
         jobs = [ex.submit(_no_task) for _ in items]
     out = []
     for job, (_, run) in zip(jobs, items):
-        run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name)
+        run.record(
+            "submitted",
+            job_id=job.job_id,
+            executor="slurm",
+            fingerprint=run.path.name,
+            durable=False,
+        )
         out.append(Submission(job.job_id, "slurm"))
+    persist(*roots)
     return out
