@@ -32,14 +32,15 @@ TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ 
 
 
 @functools.lru_cache(maxsize=1)
-def _partitions() -> dict:
-    return slurm_cmd.query_partitions()  # once per process: a sweep checks every point
+def partitions() -> dict:
+    """The cluster's partitions, asked once per process: a sweep checks every point."""
+    return slurm_cmd.query_partitions()
 
 
 def check_cluster(cfg: DictConfig) -> None:
     """Refuse, before anything is queued, what this cluster's partitions cannot run."""
     try:
-        partitions = _partitions()
+        known = partitions()
     except slurm.SlurmError as err:
         raise ConfigError(
             f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
@@ -50,7 +51,7 @@ def check_cluster(cfg: DictConfig) -> None:
         node_range(cfg.nodes)[1],
         cfg.cluster.time,
         cfg.gpus_per_node,
-        partitions,
+        known,
         keys={"nodes": "nodes", "gpus_per_node": "gpus_per_node"},
     )
     if errors:
@@ -105,13 +106,14 @@ def render_script(
     )
 
 
-def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
-    """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array)."""
+def render_sbatch(cfg: DictConfig, run: RunDir, options: Optional[dict] = None) -> str:
+    """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array).
+    `options`: flags.sbatch_options(cfg, job_name(cfg)) when the caller has them already."""
     logs = flags.checked("runs_root", str(run.logs))
     return render_script(
         cfg,
         str(run.path),
-        flags.sbatch_options(cfg, job_name(cfg)),
+        options if options is not None else flags.sbatch_options(cfg, job_name(cfg)),
         batch_log=f"{logs}/%j.batch.out",
     )
 
@@ -237,13 +239,18 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
         return []
     first = items[0][0]
     base = flags.sbatch_options(first, job_name(first))
-    for cfg, run in items:
-        if flags.sbatch_options(cfg, job_name(first)) != base:
+    scripts = []
+    for cfg, run in items:  # every point was checked against the cluster (prepare.check)
+        options = flags.sbatch_options(cfg, job_name(first))  # the array's name is the first's
+        if options != base:
             raise ConfigError(
                 f"sweep point {run.path.name}: its Slurm flags differ from the first "
                 f"point's; sweep cluster.*/nodes in separate submissions"
             )
-        prepare(cfg, run)
+        own = options if job_name(cfg) == job_name(first) else None  # job.sbatch: its own name
+        scripts.append((run.sbatch, render_sbatch(cfg, run, own)))
+    for path, text in scripts:  # nothing written unless every point could be rendered
+        path.write_text(text)
     # Array tasks share one script: the supervisor finds its run by SLURM_ARRAY_TASK_ID in this map.
     folder.mkdir(parents=True, exist_ok=True)
     mapping = folder / f"sweep-{int(time.time() * 1000)}.json"
