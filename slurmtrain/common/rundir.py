@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -314,21 +315,45 @@ def locate(cfg: DictConfig) -> RunDir:
 
 def config_yaml(cfg: DictConfig) -> str:
     """OmegaConf.to_yaml's text, written by libyaml's C emitter (~10x faster: a 64-point sweep
-    writes 64 configs); strings that would read back as numbers or booleans stay quoted."""
+    writes 64 configs); strings that would read back as numbers or booleans stay quoted. Each
+    top-level section is written once per distinct value: a sweep's points share most of them."""
+    dumper = _yaml_dumper()
+    if dumper is None:
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    style = dict(Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
+    if not data:
+        return yaml.dump(data, **style)
+    out = []
+    for key, value in data.items():
+        memo = repr((key, value))  # exact: the plain container of str/int/float/bool/None/enums
+        text = _SECTIONS.get(memo)
+        if text is None:
+            text = yaml.dump({key: value}, **style)
+            if len(_SECTIONS) >= 4096:
+                _SECTIONS.clear()
+            _SECTIONS[memo] = text
+        out.append(text)
+    return "".join(out)
+
+
+_SECTIONS: dict[str, str] = {}  # config_yaml's texts of top-level sections, by value
+
+
+@functools.lru_cache(maxsize=1)
+def _yaml_dumper() -> Optional[type]:
     from omegaconf._utils import get_omega_conf_dumper
 
     base = getattr(yaml, "CDumper", None)
     if base is None:
-        return OmegaConf.to_yaml(cfg, resolve=True)
+        return None
 
     class Dumper(base):  # type: ignore[misc, valid-type]
         pass
 
     Dumper.add_representer(str, get_omega_conf_dumper().str_representer)
-    data = OmegaConf.to_container(cfg, resolve=True)
-    return yaml.dump(
-        data, Dumper=Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False
-    )
+    return Dumper
 
 
 def create(run: RunDir, cfg: DictConfig, overrides: list[str], durable: bool = True) -> None:

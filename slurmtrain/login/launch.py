@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.login.prepare import check, record, resolve
+from slurmtrain.login.prepare import check, in_parallel, record, resolve
 
 Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
 
@@ -97,10 +97,11 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
 
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
-    for prepared, overrides in todo:
-        record(prepared, overrides, durable=not array)  # an array syncs all points at once
-    if array:
+    if array:  # files written side by side, synced at once (slurm_submit.submit_array)
+        in_parallel(lambda point: record(point[0], point[1], durable=False), todo)
         return _submit_array(todo, len(points))
+    for prepared, overrides in todo:
+        record(prepared, overrides)
     from slurmtrain.login.submit import submit
 
     code = 0

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterable, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +21,8 @@ from slurmtrain.common import pretrained, schema
 from slurmtrain.common import rundir as runs
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -96,6 +99,20 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
         f"submit_{len(p.run.events('submitted')) + 1}",
         extra={"overrides": overrides},
     )
+
+
+def in_parallel(job: Callable[[T], object], items: Iterable[T]) -> None:
+    """`job` on every item, on a few threads: a sweep's points each create a handful of files,
+    and on a busy shared filesystem each creation can wait milliseconds; the waits overlap.
+    The first failure is raised (after the others finished)."""
+    items = list(items)
+    if len(items) < 2:
+        for item in items:
+            job(item)
+        return
+    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+        for future in [pool.submit(job, item) for item in items]:
+            future.result()
 
 
 def persist(*paths: Path) -> None:

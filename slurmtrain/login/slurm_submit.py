@@ -233,7 +233,7 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     The points' files (config, job.sbatch, this map) are made durable together before sbatch,
     their `submitted` events together after it (login/prepare.persist: one syncfs, not an fsync a
     file), so a crash cannot lose what was queued."""
-    from slurmtrain.login.prepare import persist
+    from slurmtrain.login.prepare import in_parallel, persist
 
     if not items:
         return []
@@ -249,8 +249,8 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
             )
         own = options if job_name(cfg) == job_name(first) else None  # job.sbatch: its own name
         scripts.append((run.sbatch, render_sbatch(cfg, run, own)))
-    for path, text in scripts:  # nothing written unless every point could be rendered
-        path.write_text(text)
+    # Nothing written unless every point could be rendered; then written side by side.
+    in_parallel(lambda script: script[0].write_text(script[1]), scripts)
     # Array tasks share one script: the supervisor finds its run by SLURM_ARRAY_TASK_ID in this map.
     folder.mkdir(parents=True, exist_ok=True)
     mapping = folder / f"sweep-{int(time.time() * 1000)}.json"
@@ -262,15 +262,15 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     persist(*roots)
     with ex.batch():
         jobs = [ex.submit(_no_task) for _ in items]
-    out = []
-    for job, (_, run) in zip(jobs, items):
-        run.record(
+    in_parallel(
+        lambda done: done[1].record(
             "submitted",
-            job_id=job.job_id,
+            job_id=done[0].job_id,
             executor="slurm",
-            fingerprint=run.path.name,
+            fingerprint=done[1].path.name,
             durable=False,
-        )
-        out.append(Submission(job.job_id, "slurm"))
+        ),
+        [(job, run) for job, (_, run) in zip(jobs, items)],
+    )
     persist(*roots)
-    return out
+    return [Submission(job.job_id, "slurm") for job in jobs]

@@ -68,3 +68,35 @@ def test_pip_freeze_is_what_importlib_metadata_says():
         f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
     }
     assert provenance.packages() == sorted(expected, key=str.lower)
+
+
+def test_config_yaml_is_the_whole_config_written_at_once(tmp_path):
+    """config_yaml writes each top-level section once per distinct value (a sweep's points share
+    most); the text is still exactly libyaml's dump of the whole config, and reads back as it."""
+    from omegaconf import OmegaConf
+    from omegaconf._utils import get_omega_conf_dumper
+
+    from slurmtrain.common.rundir import config_yaml
+
+    class Dumper(yaml.CDumper):
+        pass
+
+    Dumper.add_representer(str, get_omega_conf_dumper().str_representer)
+    sweeps = [
+        ["optim.lr=1e-4"],
+        ["optim.lr=2e-4"],
+        ["optim.lr=1e-4"],
+        ["data=blend"],
+        ["name='1e3'"],
+    ]
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
+        for overrides in sweeps:
+            cfg = compose(
+                "config", overrides=["cluster=local", f"runs_root={tmp_path}", *overrides]
+            )
+            data = OmegaConf.to_container(cfg, resolve=True)
+            whole = yaml.dump(
+                data, Dumper=Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False
+            )
+            assert config_yaml(cfg) == whole
+            assert yaml.safe_load(config_yaml(cfg)) == data
