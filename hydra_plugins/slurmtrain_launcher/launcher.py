@@ -7,6 +7,8 @@ submits the rest as a single `sbatch --array` (cluster=slurm) or runs them one a
 (cluster=local).
 """
 
+import atexit
+import functools
 import gc
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,7 @@ class SlurmtrainLauncher(Launcher):
         from slurmtrain.login import launch
 
         assert self.config is not None and self.hydra_context is not None
+        _skip_final_collection()
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -149,6 +152,14 @@ class SlurmtrainLauncher(Launcher):
             and o.key_or_group not in self._groups
             and not o.key_or_group.startswith("hydra")
         )
+
+
+@functools.lru_cache(maxsize=1)
+def _skip_final_collection() -> None:
+    """At exit, before the interpreter's last cyclic collection walks every object still alive
+    (all the points' configs: ~0.4 s after a 64-point sweep), move them out of its reach: they are
+    freed with the process. Nothing changes before exit, so a long-lived caller leaks nothing."""
+    atexit.register(gc.freeze)
 
 
 def _done(overrides: Sequence[str], value: int) -> JobReturn:
