@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.login.prepare import check, in_parallel, record, resolve
+from slurmtrain.login.prepare import check, record, resolve
 
 Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
 
@@ -34,13 +34,12 @@ def warm_up(kind: str) -> Callable[[], None]:
     from slurmtrain.common import provenance
 
     cwd = os.getcwd()
-    jobs: list[Callable[[], object]] = [lambda: provenance.git_state(cwd), provenance.packages]
+    jobs: list[Callable[[], object]] = [lambda: (provenance.git_state(cwd), provenance.packages())]
     if kind in ("slurm", "auto"):
         from slurmtrain.login import placement, slurm_submit
 
-        jobs.append(placement.probe_slurm)  # cluster=auto, gpus_per_node=auto
-        if kind == "slurm":
-            jobs.append(slurm_submit.partitions)
+        probe = placement.probe_slurm  # cluster=auto, gpus_per_node=auto
+        jobs.append(lambda: (probe(), slurm_submit.partitions() if kind == "slurm" else None))
     threads = [threading.Thread(target=_quietly, args=(job,), daemon=True) for job in jobs]
     for thread in threads:
         thread.start()
@@ -97,11 +96,10 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
 
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
-    if array:  # files written side by side, synced at once (slurm_submit.submit_array)
-        in_parallel(lambda point: record(point[0], point[1], durable=False), todo)
-        return _submit_array(todo, len(points))
     for prepared, overrides in todo:
-        record(prepared, overrides)
+        record(prepared, overrides, durable=not array)  # an array syncs all points at once
+    if array:
+        return _submit_array(todo, len(points))
     from slurmtrain.login.submit import submit
 
     code = 0

@@ -102,9 +102,10 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
 
 
 def in_parallel(job: Callable[[T], object], items: Iterable[T]) -> None:
-    """`job` on every item, on a few threads: a sweep's points each create a handful of files,
-    and on a busy shared filesystem each creation can wait milliseconds; the waits overlap.
-    The first failure is raised (after the others finished)."""
+    """`job` (file writes, little Python) on every item, on a few threads: on a busy or network
+    filesystem each file creation can wait milliseconds, and a sweep creates one per point for
+    each of job.sbatch and the `submitted` event; the waits overlap. The first failure is raised
+    (after the others finished)."""
     items = list(items)
     if len(items) < 2:
         for item in items:
