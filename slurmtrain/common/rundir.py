@@ -10,6 +10,7 @@ twice finds the first one instead of silently training it again.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import functools
 import hashlib
@@ -53,9 +54,10 @@ ACTIVE_SLURM_STATES = {
 }
 
 
-def result_view(cfg: DictConfig) -> dict[str, Any]:
-    """The config as a plain dict without the keys that do not change what is computed."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+def result_view(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The config as a plain dict without the keys that do not change what is computed.
+    `data`: OmegaConf.to_container(cfg, resolve=True) when the caller has it (copied here)."""
+    data = OmegaConf.to_container(cfg, resolve=True) if data is None else copy.deepcopy(data)
     assert isinstance(data, dict)
     for key in NON_RESULT_KEYS:
         parent, _, leaf = key.rpartition(".")
@@ -66,8 +68,8 @@ def result_view(cfg: DictConfig) -> dict[str, Any]:
     return data
 
 
-def fingerprint(cfg: DictConfig) -> str:
-    canonical = json.dumps(result_view(cfg), sort_keys=True, separators=(",", ":"))
+def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
+    canonical = json.dumps(result_view(cfg, data), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -301,10 +303,10 @@ def pid_start(pid: int) -> Optional[str]:
         return None
 
 
-def locate(cfg: DictConfig) -> RunDir:
+def locate(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> RunDir:
     """The run directory this config trains in; `new_run=true` picks the next free replica."""
     root = Path(cfg.runs_root).expanduser().resolve() / cfg.name
-    base = root / fingerprint(cfg)
+    base = root / fingerprint(cfg, data)
     if not cfg.new_run:
         return RunDir(base)
     replica = 2
@@ -313,14 +315,15 @@ def locate(cfg: DictConfig) -> RunDir:
     return RunDir(root / f"{base.name}-r{replica}")
 
 
-def config_yaml(cfg: DictConfig) -> str:
+def config_yaml(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
     """OmegaConf.to_yaml's text, written by libyaml's C emitter (~10x faster: a 64-point sweep
     writes 64 configs); strings that would read back as numbers or booleans stay quoted. Each
     top-level section is written once per distinct value: a sweep's points share most of them."""
     dumper = _yaml_dumper()
     if dumper is None:
         return OmegaConf.to_yaml(cfg, resolve=True)
-    data = OmegaConf.to_container(cfg, resolve=True)
+    if data is None:
+        data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     style = dict(Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
     if not data:
@@ -356,12 +359,18 @@ def _yaml_dumper() -> Optional[type]:
     return Dumper
 
 
-def create(run: RunDir, cfg: DictConfig, overrides: list[str], durable: bool = True) -> None:
+def create(
+    run: RunDir,
+    cfg: DictConfig,
+    overrides: list[str],
+    durable: bool = True,
+    data: Optional[dict[str, Any]] = None,
+) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
-    caller syncs many at once, as a sweep does)."""
+    caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
-    text = config_yaml(cfg)
+    text = config_yaml(cfg, data)
     if run.config.exists() and run.config.read_text() != text:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
         stamp = time.strftime("%Y%m%d-%H%M%S")

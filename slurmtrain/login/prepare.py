@@ -30,6 +30,7 @@ class Prepared:
     cfg: DictConfig
     run: runs.RunDir
     resumed: bool
+    data: Optional[dict] = None  # cfg as fingerprinted (resolved container): what record writes
 
 
 def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
@@ -65,7 +66,9 @@ def check(
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
-    run = runs.locate(cfg)
+    data = OmegaConf.to_container(cfg, resolve=True)  # fingerprinted, then written (record)
+    assert isinstance(data, dict)
+    run = runs.locate(cfg, data)
     if locks is not None:
         locks.enter_context(run.locked())
     warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))
@@ -83,7 +86,7 @@ def check(
         return None
     if state == runs.STOPPED:
         print(f"slurmtrain: resuming unfinished run {run.path}")
-    return Prepared(cfg, run, resumed=state == runs.STOPPED)
+    return Prepared(cfg, run, resumed=state == runs.STOPPED, data=data)
 
 
 def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
@@ -91,7 +94,7 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
     fsynced here; the caller makes every point's files durable at once with `persist`."""
     from slurmtrain.common import provenance
 
-    runs.create(p.run, p.cfg, overrides, durable=durable)
+    runs.create(p.run, p.cfg, overrides, durable=durable, data=p.data)
     if not durable:  # created now, so `submitted` does not fsync its parent once per point
         p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(

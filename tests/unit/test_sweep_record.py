@@ -13,9 +13,10 @@ from importlib import metadata
 
 import yaml
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from slurmtrain.common import provenance, schema
-from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.rundir import RunDir, fingerprint
 from slurmtrain.login import prepare
 
 schema.register()
@@ -44,7 +45,11 @@ def test_points_are_recorded_without_an_fsync_each_then_synced_once(tmp_path, mo
     prepare.persist(*(p.run.path for p in points), tmp_path)
     assert len({p.run.path for p in points}) == 4
     for i, p in enumerate(points):
-        assert yaml.safe_load(p.run.config.read_text())["train"]["seed"] == i
+        written = yaml.safe_load(p.run.config.read_text())
+        assert (
+            written == OmegaConf.to_container(p.cfg, resolve=True) and written["train"]["seed"] == i
+        )
+        assert p.run.path.name == fingerprint(p.cfg)  # what was fingerprinted is what was written
         assert yaml.safe_load((p.run.path / "overrides.yaml").read_text()) == [f"train.seed={i}"]
         assert (p.run.provenance / "submit_1.json").is_file()
         [sub] = RunDir(p.run.path).events("submitted")
@@ -73,7 +78,6 @@ def test_pip_freeze_is_what_importlib_metadata_says():
 def test_config_yaml_is_the_whole_config_written_at_once(tmp_path):
     """config_yaml writes each top-level section once per distinct value (a sweep's points share
     most); the text is still exactly libyaml's dump of the whole config, and reads back as it."""
-    from omegaconf import OmegaConf
     from omegaconf._utils import get_omega_conf_dumper
 
     from slurmtrain.common.rundir import config_yaml
