@@ -79,9 +79,10 @@ class SlurmtrainLauncher(Launcher):
 
     def _compose(self, overrides: list[str]) -> DictConfig:
         """Hydra composes each point in ~80 ms; points differing only in plain values (the usual
-        sweep: lr, seed, batch) reuse one composition per choice of config groups instead: a clone
-        of it (a pickle round trip: typed nodes and flags kept, ~4x cheaper than DictConfig.copy)
-        with the point's values set through OmegaConf (so typed keys still check and convert them)."""
+        sweep: lr, seed, batch) reuse one composition per choice of config groups instead (the
+        command line's, which Hydra has composed already, or one composed here): a clone of it (a
+        pickle round trip: typed nodes and flags kept, ~4x cheaper than DictConfig.copy) with the
+        point's values set through OmegaConf (so typed keys still check and convert them)."""
         import pickle
 
         assert self.config is not None and self.hydra_context is not None
@@ -90,9 +91,8 @@ class SlurmtrainLauncher(Launcher):
         structural = tuple(str(o.input_line) for o in parsed if o not in plain)
         blob = self._cache.get(structural)
         if blob is None:
-            if structural == self._command_line():  # Hydra composed exactly this base already
-                base = pickle.loads(pickle.dumps(self.config, protocol=pickle.HIGHEST_PROTOCOL))
-            else:
+            base = self._clone_command_line() if structural == self._command_line() else None
+            if base is None:
                 loader = self.hydra_context.config_loader
                 base = loader.load_sweep_config(self.config, list(structural))
             OmegaConf.set_struct(base, False)
@@ -126,6 +126,15 @@ class SlurmtrainLauncher(Launcher):
             except Exception:  # noqa: BLE001  unexpected shape: compose every point instead
                 self._cli = (None,)
         return self._cli[0]
+
+    def _clone_command_line(self) -> Optional[DictConfig]:
+        """A copy of Hydra's composition of the command line (None: Hydra composes instead)."""
+        import pickle
+
+        try:
+            return pickle.loads(pickle.dumps(self.config, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception:  # noqa: BLE001  e.g. an unpicklable value: let Hydra compose it
+            return None
 
     def _parse(self, line: str) -> Any:
         """One parsed override per distinct text: a sweep's points share all but a few."""
