@@ -26,20 +26,22 @@ def launch_one(cfg: DictConfig, overrides: list[str]) -> int:
 
 def warm_up(kind: str) -> Callable[[], None]:
     """Start asking, in the background, what every point will need and this process caches: Git's
-    state and the installed packages (provenance), Slurm's partitions (cluster=slurm/auto). A sweep
-    composes its points meanwhile. Returns the wait; a failure there is left to the flow to meet
-    and report, where it would have happened anyway."""
+    state, the installed packages and the platform (`uname -p`) for provenance, Slurm's partitions
+    (cluster=slurm/auto). A sweep composes its points meanwhile. Returns the wait; a failure
+    there is left to the flow to meet and report, where it would have happened anyway."""
     import os
 
     from slurmtrain.common import provenance
 
     cwd = os.getcwd()
-    jobs: list[Callable[[], object]] = [lambda: (provenance.git_state(cwd), provenance.packages())]
+    jobs: list[Callable[[], object]] = [
+        lambda: (provenance.git_state(cwd), provenance.packages(), provenance.versions())
+    ]
     if kind in ("slurm", "auto"):
         from slurmtrain.login import placement, slurm_submit
 
-        probe = placement.probe_slurm  # cluster=auto, gpus_per_node=auto
-        jobs.append(lambda: (probe(), slurm_submit.partitions() if kind == "slurm" else None))
+        # cluster=slurm: partitions() reads the probe's (cluster=auto, gpus_per_node=auto)
+        jobs.append(slurm_submit.partitions if kind == "slurm" else placement.probe_slurm)
     threads = [threading.Thread(target=_quietly, args=(job,), daemon=True) for job in jobs]
     for thread in threads:
         thread.start()

@@ -33,8 +33,12 @@ TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ 
 
 @functools.lru_cache(maxsize=1)
 def partitions() -> dict:
-    """The cluster's partitions, asked once per process: a sweep checks every point."""
-    return slurm_cmd.query_partitions()
+    """The cluster's partitions, asked once per process (a sweep checks every point): those the
+    cluster=auto probe read already, else Slurm's answer now."""
+    from slurmtrain.login import placement
+
+    known = placement.probe_slurm().partitions
+    return known if known is not None else slurm_cmd.query_partitions()
 
 
 def check_cluster(cfg: DictConfig) -> None:
