@@ -234,9 +234,9 @@ def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: 
 def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> list[Submission]:
     """One `sbatch --array` for every sweep point (they must share their Slurm flags).
 
-    The points' files (config, job.sbatch, this map) are made durable together before sbatch,
-    their `submitted` events together after it (login/prepare.persist: one syncfs, not an fsync a
-    file), so a crash cannot lose what was queued."""
+    The points' configs and the array's map are made durable together before sbatch, their
+    `submitted` events together after it (login/prepare.persist: the fsyncs run side by side
+    instead of one after the other), so a crash cannot lose what was queued."""
     from slurmtrain.login.prepare import in_parallel, persist
 
     if not items:
@@ -262,8 +262,9 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     ex = executor(
         first, folder, [], parallelism=first.cluster.array_parallelism, array_map=str(mapping)
     )
-    roots = {folder, *(run.path for _, run in items)}
-    persist(*roots)
+    # What a single run fsyncs one file at a time, here all at once: configs and their entries,
+    # and the map the array's tasks read.
+    persist([folder, mapping, *(p for _, run in items for p in (run.config, run.path))])
     with ex.batch():
         jobs = [ex.submit(_no_task) for _ in items]
     in_parallel(
@@ -276,5 +277,5 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
         ),
         [(job, run) for job, (_, run) in zip(jobs, items)],
     )
-    persist(*roots)
+    persist(p for _, run in items for p in (run.ledger_dir, *run.ledger_files()))
     return [Submission(job.job_id, "slurm") for job in jobs]

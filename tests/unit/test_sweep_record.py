@@ -1,9 +1,10 @@
-"""A sweep records every point as a single run does, with one sync for all of them.
+"""A sweep records every point as a single run does, and makes them durable together.
 
 Each point still gets its config.yaml, overrides and provenance in its own run directory, and its
-`submitted` event in its ledger; what changes is durability: instead of an fsync per file (some
-200 for 64 points) the files are written and then made durable together (prepare.persist), before
-sbatch and again after the `submitted` events.
+`submitted` event in its ledger; what changes is when the fsyncs happen: not one after the other
+while each point is written (some 250 for 64 points), but all together once every point is
+written (prepare.persist: side by side, sharing the filesystem's journal commits), before sbatch
+and again after the `submitted` events.
 """
 
 from __future__ import annotations
@@ -33,16 +34,19 @@ def _points(tmp_path, n):
     return [prepare.check(prepare.resolve(cfg), quiet=True) for cfg in cfgs]
 
 
-def test_points_are_recorded_without_an_fsync_each_then_synced_once(tmp_path, monkeypatch):
+def test_points_are_recorded_without_an_fsync_each_then_fsynced_together(tmp_path, monkeypatch):
     points = _points(tmp_path, 4)
     fsyncs = []
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real(fd)))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (fsyncs.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))
+    )
     for i, p in enumerate(points):
         prepare.record(p, [f"train.seed={i}"], durable=False)
         p.run.record("submitted", job_id=f"7_{i}", executor="slurm", durable=False)
     assert fsyncs == []
-    prepare.persist(*(p.run.path for p in points), tmp_path)
+    prepare.persist(p for point in points for p in (point.run.config, point.run.path))
+    assert sorted(fsyncs) == sorted(str(p) for pt in points for p in (pt.run.config, pt.run.path))
     assert len({p.run.path for p in points}) == 4
     for i, p in enumerate(points):
         written = yaml.safe_load(p.run.config.read_text())
