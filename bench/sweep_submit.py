@@ -4,7 +4,13 @@
 
 Needs the local cluster (tools/slurm_cluster.py start). Jobs are submitted held (`--hold`), so
 nothing runs; both are cancelled afterwards. Hydra's launcher blocks until its jobs end, so its
-figure is the time until squeue shows all its jobs (polled every 0.1 s), then it is stopped.
+figure is the time until squeue shows all its jobs (polled every 0.1 s), then it is stopped;
+slurmtrain's is the time until its command has returned (and squeue shows all its jobs).
+
+Rounds are interleaved and alternate which side goes first (a shared machine's load and warm
+caches favour neither); medians are printed. The CPU seconds each command used (with the
+sbatch/git/scontrol it ran; not the bench's own squeue polls) are printed too: on a busy shared
+machine they vary less than wall time.
 """
 
 from __future__ import annotations
@@ -33,9 +39,15 @@ def sweep(points: int) -> str:
     return "optim.lr=" + ",".join(f"{1e-4 * (i + 1):.6g}" for i in range(points))
 
 
-def ours(points: int, workdir: Path) -> float:
+def _cpu(pid: int) -> tuple[int, float]:
+    """Reap a child: its exit status and the CPU seconds it and its reaped children used."""
+    _, status, usage = os.wait4(pid, 0)
+    return status, usage.ru_utime + usage.ru_stime
+
+
+def ours(points: int, workdir: Path) -> tuple[float, float]:
     t0 = time.perf_counter()
-    subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -48,15 +60,19 @@ def ours(points: int, workdir: Path) -> float:
             sweep(points),
         ],
         cwd=ROOT,
-        check=True,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
+    err = proc.stderr.read() if proc.stderr else b""
+    status, cpu = _cpu(proc.pid)
     elapsed = time.perf_counter() - t0
+    if status:
+        raise RuntimeError(f"slurmtrain's sweep failed ({status}): {err.decode()[-2000:]}")
     assert queued("st-benchours") == points, queued("st-benchours")
-    return elapsed
+    return elapsed, cpu
 
 
-def hydras(points: int, workdir: Path) -> float:
+def hydras(points: int, workdir: Path) -> tuple[float, float]:
     cmd = [
         sys.executable,
         "-m",
@@ -80,8 +96,8 @@ def hydras(points: int, workdir: Path) -> float:
         time.sleep(0.1)
     elapsed = time.perf_counter() - t0
     os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait()
-    return elapsed
+    _, cpu = _cpu(proc.pid)
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -89,19 +105,27 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians printed")
     args = parser.parse_args()
-    ours_s, theirs_s = [], []
-    for _ in range(args.rounds):  # interleaved: a busy machine slows both alike
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                ours_s.append(ours(args.points, Path(tmp)))
-                theirs_s.append(hydras(args.points, Path(tmp)))
-            finally:
-                subprocess.run(["scancel", "-n", "st-benchours"])
-                subprocess.run(["scancel", "-n", "benchhydra"])
+    ours_s, theirs_s, ours_cpu, theirs_cpu = [], [], [], []
+    for i in range(args.rounds):  # interleaved: a busy machine slows both alike
+        sides = [("ours", ours), ("theirs", hydras)]
+        for name, run in sides if i % 2 == 0 else sides[::-1]:  # who goes first alternates
+            with tempfile.TemporaryDirectory() as tmp:
+                try:
+                    wall, cpu = run(args.points, Path(tmp))
+                finally:
+                    subprocess.run(["scancel", "-n", "st-benchours"])
+                    subprocess.run(["scancel", "-n", "benchhydra"])
+            (ours_s if name == "ours" else theirs_s).append(wall)
+            (ours_cpu if name == "ours" else theirs_cpu).append(cpu)
     t_ours, t_hydra = statistics.median(ours_s), statistics.median(theirs_s)
+    c_ours, c_hydra = statistics.median(ours_cpu), statistics.median(theirs_cpu)
     print(
         f"rounds: slurmtrain {' '.join(f'{t:.2f}' for t in ours_s)} s | Hydra submitit launcher "
         f"{' '.join(f'{t:.2f}' for t in theirs_s)} s"
+    )
+    print(
+        f"CPU seconds (median): slurmtrain {c_ours:.2f} | Hydra submitit launcher {c_hydra:.2f} "
+        f"| ratio {c_hydra / c_ours:.2f}"
     )
     print(
         f"{args.points}-point sweep, time until all queued (median of {args.rounds}): slurmtrain "

@@ -7,6 +7,9 @@ submits the rest as a single `sbatch --array` (cluster=slurm) or runs them one a
 (cluster=local).
 """
 
+import atexit
+import functools
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -15,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 @dataclass
@@ -32,7 +35,11 @@ class SlurmtrainLauncher(Launcher):
     def __init__(self, **_: Any) -> None:
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
-        self._cache: dict[tuple[str, ...], DictConfig] = {}
+        self._cache: dict[tuple[str, ...], bytes] = {}  # composed base per structural overrides
+        self._parsed: dict[str, Any] = {}
+        self._groups: Optional[set[str]] = None
+        self._parser: Any = None
+        self._cli: Optional[tuple[Optional[tuple[str, ...]]]] = None  # see _command_line
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -42,46 +49,126 @@ class SlurmtrainLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        """The same flow as a single run (slurmtrain.login.launch), for every point at once."""
+        """The same flow as a single run (slurmtrain.login.launch), for every point at once.
+
+        Git, the installed packages and Slurm are asked in the background while the points are
+        composed (launch.warm_up), and Python's cyclic garbage collector is paused meanwhile: every
+        point's config stays alive until the sweep is queued, so its passes would find nothing to
+        free and only re-walk all of them, again and again (~10% of a 64-point sweep)."""
         from slurmtrain.login import launch
 
         assert self.config is not None and self.hydra_context is not None
-        code = launch.launch([(self._compose(list(o)), list(o)) for o in job_overrides])
+        _skip_final_collection()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            ready = launch.warm_up(self._kind())
+            points = [(self._compose(list(o)), list(o)) for o in job_overrides]
+            code = launch.launch(points, ready=ready)
+        finally:
+            if collecting:
+                gc.enable()
         return [_done(o, code) for o in job_overrides]
+
+    def _kind(self) -> str:
+        """cluster.kind as the sweep's command line set it (a point may still change it)."""
+        try:
+            return str(OmegaConf.select(self.config, "cluster.kind", default=""))
+        except Exception:  # noqa: BLE001  an unresolvable value: each point reports it
+            return ""
 
     def _compose(self, overrides: list[str]) -> DictConfig:
         """Hydra composes each point in ~80 ms; points differing only in plain values (the usual
-        sweep: lr, seed, batch) reuse one composition per choice of config groups instead."""
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from hydra.core.override_parser.types import OverrideType, ValueType
-        from omegaconf import OmegaConf
-
-        from slurmtrain.common.schema import conf_dir
+        sweep: lr, seed, batch) reuse one composition per choice of config groups instead (the
+        command line's, which Hydra has composed already, or one composed here): a clone of it (a
+        pickle round trip: typed nodes and flags kept, ~4x cheaper than DictConfig.copy) with the
+        point's values set through OmegaConf (so typed keys still check and convert them)."""
+        import pickle
 
         assert self.config is not None and self.hydra_context is not None
-        groups = {p.name for p in Path(conf_dir()).iterdir() if p.is_dir()}
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        plain = [
-            o
-            for o in parsed
-            if o.type == OverrideType.CHANGE
-            and o.package is None
-            and o.value_type == ValueType.ELEMENT
-            and o.key_or_group not in groups
-            and not o.key_or_group.startswith("hydra")
-        ]
+        parsed = [self._parse(line) for line in overrides]
+        plain = [o for o in parsed if self._is_plain(o)]
         structural = tuple(str(o.input_line) for o in parsed if o not in plain)
-        base = self._cache.get(structural)
-        if base is None:
-            base = self.hydra_context.config_loader.load_sweep_config(self.config, list(structural))
+        blob = self._cache.get(structural)
+        if blob is None:
+            base = self._clone_command_line() if structural == self._command_line() else None
+            if base is None:
+                loader = self.hydra_context.config_loader
+                base = loader.load_sweep_config(self.config, list(structural))
             OmegaConf.set_struct(base, False)
             base.pop("hydra", None)  # big, unused by us, and every copy would pay for it
             OmegaConf.set_struct(base, True)
-            self._cache[structural] = base
-        cfg = base.copy()
+            blob = self._cache[structural] = pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)
+        cfg = pickle.loads(blob)
         for o in plain:
             OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
         return cfg
+
+    def _command_line(self) -> Optional[tuple[str, ...]]:
+        """The command line's own structural overrides, as the sweeper writes them into each
+        point, when setup's config (Hydra's composition of the command line, sweeps left out) is
+        what Hydra would compose for such a point: no config group left to the sweep (`???`).
+        None otherwise: every point is then composed by Hydra."""
+        if self._cli is None:
+            self._cli = (None,)
+            try:
+                assert self.config is not None
+                choices = OmegaConf.to_container(self.config.hydra.runtime.choices)
+                if isinstance(choices, dict) and "???" not in choices.values():
+                    parsed = [self._parse(line) for line in self.config.hydra.overrides.task]
+                    self._cli = (
+                        tuple(
+                            f"{o.get_key_element()}={o.get_value_element_as_str()}"
+                            for o in parsed
+                            if not o.is_sweep_override() and not self._is_plain(o)
+                        ),
+                    )
+            except Exception:  # noqa: BLE001  unexpected shape: compose every point instead
+                self._cli = (None,)
+        return self._cli[0]
+
+    def _clone_command_line(self) -> Optional[DictConfig]:
+        """A copy of Hydra's composition of the command line (None: Hydra composes instead)."""
+        import pickle
+
+        try:
+            return pickle.loads(pickle.dumps(self.config, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception:  # noqa: BLE001  e.g. an unpicklable value: let Hydra compose it
+            return None
+
+    def _parse(self, line: str) -> Any:
+        """One parsed override per distinct text: a sweep's points share all but a few."""
+        if line not in self._parsed:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            if self._parser is None:
+                self._parser = OverridesParser.create()
+            [self._parsed[line]] = self._parser.parse_overrides([line])
+        return self._parsed[line]
+
+    def _is_plain(self, o: Any) -> bool:
+        """A plain value for a config key (not a config group, a package, a deletion, hydra.*)."""
+        from hydra.core.override_parser.types import OverrideType, ValueType
+
+        from slurmtrain.common.schema import conf_dir
+
+        if self._groups is None:
+            self._groups = {p.name for p in Path(conf_dir()).iterdir() if p.is_dir()}
+        return (
+            o.type == OverrideType.CHANGE
+            and o.package is None
+            and o.value_type == ValueType.ELEMENT
+            and o.key_or_group not in self._groups
+            and not o.key_or_group.startswith("hydra")
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _skip_final_collection() -> None:
+    """At exit, before the interpreter's last cyclic collection walks every object still alive
+    (all the points' configs: ~0.4 s after a 64-point sweep), move them out of its reach: they are
+    freed with the process. Nothing changes before exit, so a long-lived caller leaks nothing."""
+    atexit.register(gc.freeze)
 
 
 def _done(overrides: Sequence[str], value: int) -> JobReturn:

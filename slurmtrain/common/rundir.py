@@ -10,7 +10,9 @@ twice finds the first one instead of silently training it again.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -52,9 +54,10 @@ ACTIVE_SLURM_STATES = {
 }
 
 
-def result_view(cfg: DictConfig) -> dict[str, Any]:
-    """The config as a plain dict without the keys that do not change what is computed."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+def result_view(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The config as a plain dict without the keys that do not change what is computed.
+    `data`: OmegaConf.to_container(cfg, resolve=True) when the caller has it (copied here)."""
+    data = OmegaConf.to_container(cfg, resolve=True) if data is None else copy.deepcopy(data)
     assert isinstance(data, dict)
     for key in NON_RESULT_KEYS:
         parent, _, leaf = key.rpartition(".")
@@ -65,8 +68,8 @@ def result_view(cfg: DictConfig) -> dict[str, Any]:
     return data
 
 
-def fingerprint(cfg: DictConfig) -> str:
-    canonical = json.dumps(result_view(cfg), sort_keys=True, separators=(",", ":"))
+def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
+    canonical = json.dumps(result_view(cfg, data), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -170,6 +173,7 @@ class RunDir:
         job_id: Optional[str] = None,
         attempt: Optional[int] = None,
         nodes: Iterable[str] = (),
+        durable: Optional[bool] = None,
         **fields: Any,
     ) -> dict[str, Any]:
         row = {
@@ -180,8 +184,10 @@ class RunDir:
             "nodes": list(nodes),
             **fields,
         }
-        # This process's own file (no other process ever writes it); fate-deciding events fsynced.
-        append_own(self.ledger_dir, row, durable=event in FATE_EVENTS)
+        # This process's own file (no other process ever writes it); fate-deciding events fsynced
+        # (durable=False: the caller syncs many at once, as a sweep does its `submitted` events).
+        durable = event in FATE_EVENTS if durable is None else durable
+        append_own(self.ledger_dir, row, durable=durable)
         return row
 
     @contextlib.contextmanager
@@ -298,10 +304,10 @@ def pid_start(pid: int) -> Optional[str]:
         return None
 
 
-def locate(cfg: DictConfig) -> RunDir:
+def locate(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> RunDir:
     """The run directory this config trains in; `new_run=true` picks the next free replica."""
     root = Path(cfg.runs_root).expanduser().resolve() / cfg.name
-    base = root / fingerprint(cfg)
+    base = root / fingerprint(cfg, data)
     if not cfg.new_run:
         return RunDir(base)
     replica = 2
@@ -310,35 +316,67 @@ def locate(cfg: DictConfig) -> RunDir:
     return RunDir(root / f"{base.name}-r{replica}")
 
 
-def config_yaml(cfg: DictConfig) -> str:
+def config_yaml(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
     """OmegaConf.to_yaml's text, written by libyaml's C emitter (~10x faster: a 64-point sweep
-    writes 64 configs); strings that would read back as numbers or booleans stay quoted."""
+    writes 64 configs); strings that would read back as numbers or booleans stay quoted. Each
+    top-level section is written once per distinct value: a sweep's points share most of them."""
+    dumper = _yaml_dumper()
+    if dumper is None:
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    if data is None:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    style = dict(Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
+    if not data:
+        return yaml.dump(data, **style)
+    out = []
+    for key, value in data.items():
+        memo = repr((key, value))  # exact: the plain container of str/int/float/bool/None/enums
+        text = _SECTIONS.get(memo)
+        if text is None:
+            text = yaml.dump({key: value}, **style)
+            if len(_SECTIONS) >= 4096:
+                _SECTIONS.clear()
+            _SECTIONS[memo] = text
+        out.append(text)
+    return "".join(out)
+
+
+_SECTIONS: dict[str, str] = {}  # config_yaml's texts of top-level sections, by value
+
+
+@functools.lru_cache(maxsize=1)
+def _yaml_dumper() -> Optional[type]:
     from omegaconf._utils import get_omega_conf_dumper
 
     base = getattr(yaml, "CDumper", None)
     if base is None:
-        return OmegaConf.to_yaml(cfg, resolve=True)
+        return None
 
     class Dumper(base):  # type: ignore[misc, valid-type]
         pass
 
     Dumper.add_representer(str, get_omega_conf_dumper().str_representer)
-    data = OmegaConf.to_container(cfg, resolve=True)
-    return yaml.dump(
-        data, Dumper=Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False
-    )
+    return Dumper
 
 
-def create(run: RunDir, cfg: DictConfig, overrides: list[str]) -> None:
-    """Write the config files (first submission) and the directory skeleton."""
+def create(
+    run: RunDir,
+    cfg: DictConfig,
+    overrides: list[str],
+    durable: bool = True,
+    data: Optional[dict[str, Any]] = None,
+) -> None:
+    """Write the config files (first submission) and the directory skeleton (durable=False: the
+    caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
-    text = config_yaml(cfg)
+    text = config_yaml(cfg, data)
     if run.config.exists() and run.config.read_text() != text:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
         stamp = time.strftime("%Y%m%d-%H%M%S")
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
-    atomic_write(run.config, text)
+    atomic_write(run.config, text, durable=durable)
     atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)
 
 

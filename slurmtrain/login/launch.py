@@ -7,8 +7,9 @@ first when smoke=true). `python -m slurmtrain` calls `launch_one`; the Hydra lau
 
 from __future__ import annotations
 
+import threading
 from contextlib import ExitStack
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -23,8 +24,49 @@ def launch_one(cfg: DictConfig, overrides: list[str]) -> int:
     return launch([(cfg, overrides)], copy=True)
 
 
-def launch(points: Sequence[Point], copy: bool = False) -> int:
-    """Every point validated and planned before anything is queued: one bad point, nothing submitted."""
+def warm_up(kind: str) -> Callable[[], None]:
+    """Start asking, in the background, what every point will need and this process caches: Git's
+    state, the installed packages and the platform (`uname -p`) for provenance, Slurm's partitions
+    (cluster=slurm/auto). A sweep composes its points meanwhile. Returns the wait; a failure
+    there is left to the flow to meet and report, where it would have happened anyway."""
+    import os
+
+    from slurmtrain.common import provenance
+
+    cwd = os.getcwd()
+    jobs: list[Callable[[], object]] = [
+        lambda: (provenance.git_state(cwd), provenance.packages(), provenance.versions())
+    ]
+    if kind in ("slurm", "auto"):
+        from slurmtrain.login import placement, slurm_submit
+
+        # cluster=slurm: partitions() reads the probe's (cluster=auto, gpus_per_node=auto)
+        jobs.append(slurm_submit.partitions if kind == "slurm" else placement.probe_slurm)
+    threads = [threading.Thread(target=_quietly, args=(job,), daemon=True) for job in jobs]
+    for thread in threads:
+        thread.start()
+
+    def wait() -> None:
+        for thread in threads:
+            thread.join()
+
+    return wait
+
+
+def _quietly(job: Callable[[], object]) -> None:
+    try:
+        job()
+    except Exception:  # noqa: BLE001  asked again (and reported) by the flow itself
+        pass
+
+
+def launch(
+    points: Sequence[Point], copy: bool = False, ready: Optional[Callable[[], None]] = None
+) -> int:
+    """Every point validated and planned before anything is queued: one bad point, nothing submitted.
+    `ready`: wait for warm_up's answers (before anything uses them)."""
+    if ready is not None:
+        ready()
     points = [(resolve(cfg, copy=copy), list(o)) for cfg, o in points]
     single = len(points) == 1
     if any(cfg.dry_run for cfg, _ in points):
@@ -55,9 +97,10 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
         from slurmtrain.login import smoke
 
         return smoke.submit_chain(*todo[0])
+    array = not single and todo[0][0].cfg.cluster.kind == "slurm"
     for prepared, overrides in todo:
-        record(prepared, overrides)
-    if not single and todo[0][0].cfg.cluster.kind == "slurm":
+        record(prepared, overrides, durable=not array)  # an array syncs all points at once
+    if array:
         return _submit_array(todo, len(points))
     from slurmtrain.login.submit import submit
 

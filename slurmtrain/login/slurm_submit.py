@@ -32,14 +32,19 @@ TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ 
 
 
 @functools.lru_cache(maxsize=1)
-def _partitions() -> dict:
-    return slurm_cmd.query_partitions()  # once per process: a sweep checks every point
+def partitions() -> dict:
+    """The cluster's partitions, asked once per process (a sweep checks every point): those the
+    cluster=auto probe read already, else Slurm's answer now."""
+    from slurmtrain.login import placement
+
+    known = placement.probe_slurm().partitions
+    return known if known is not None else slurm_cmd.query_partitions()
 
 
 def check_cluster(cfg: DictConfig) -> None:
     """Refuse, before anything is queued, what this cluster's partitions cannot run."""
     try:
-        partitions = _partitions()
+        known = partitions()
     except slurm.SlurmError as err:
         raise ConfigError(
             f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
@@ -51,7 +56,7 @@ def check_cluster(cfg: DictConfig) -> None:
         node_range(cfg.nodes)[1] + spares,
         cfg.cluster.time,
         cfg.gpus_per_node,
-        partitions,
+        known,
         keys={
             "nodes": "nodes+faults.spare_nodes" if spares else "nodes",
             "gpus_per_node": "gpus_per_node",
@@ -115,13 +120,14 @@ def render_script(
     )
 
 
-def render_sbatch(cfg: DictConfig, run: RunDir) -> str:
-    """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array)."""
+def render_sbatch(cfg: DictConfig, run: RunDir, options: Optional[dict] = None) -> str:
+    """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array).
+    `options`: flags.sbatch_options(cfg, job_name(cfg)) when the caller has them already."""
     logs = flags.checked("runs_root", str(run.logs))
     return render_script(
         cfg,
         str(run.path),
-        flags.sbatch_options(cfg, job_name(cfg)),
+        options if options is not None else flags.sbatch_options(cfg, job_name(cfg)),
         batch_log=f"{logs}/%j.batch.out",
     )
 
@@ -236,18 +242,29 @@ def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: 
 
 
 def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> list[Submission]:
-    """One `sbatch --array` for every sweep point (they must share their Slurm flags)."""
+    """One `sbatch --array` for every sweep point (they must share their Slurm flags).
+
+    The points' configs and the array's map are made durable together before sbatch, their
+    `submitted` events together after it (login/prepare.persist: the fsyncs run side by side
+    instead of one after the other), so a crash cannot lose what was queued."""
+    from slurmtrain.login.prepare import in_parallel, persist
+
     if not items:
         return []
     first = items[0][0]
     base = flags.sbatch_options(first, job_name(first))
-    for cfg, run in items:
-        if flags.sbatch_options(cfg, job_name(first)) != base:
+    scripts = []
+    for cfg, run in items:  # every point was checked against the cluster (prepare.check)
+        options = flags.sbatch_options(cfg, job_name(first))  # the array's name is the first's
+        if options != base:
             raise ConfigError(
                 f"sweep point {run.path.name}: its Slurm flags differ from the first "
                 f"point's; sweep cluster.*/nodes in separate submissions"
             )
-        prepare(cfg, run)
+        own = options if job_name(cfg) == job_name(first) else None  # job.sbatch: its own name
+        scripts.append((run.sbatch, render_sbatch(cfg, run, own)))
+    # Nothing written unless every point could be rendered; then written side by side.
+    in_parallel(lambda script: script[0].write_text(script[1]), scripts)
     # Array tasks share one script: the supervisor finds its run by SLURM_ARRAY_TASK_ID in this map.
     folder.mkdir(parents=True, exist_ok=True)
     mapping = folder / f"sweep-{int(time.time() * 1000)}.json"
@@ -255,10 +272,20 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     ex = executor(
         first, folder, [], parallelism=first.cluster.array_parallelism, array_map=str(mapping)
     )
+    # What a single run fsyncs one file at a time, here all at once: configs and their entries,
+    # and the map the array's tasks read.
+    persist([folder, mapping, *(p for _, run in items for p in (run.config, run.path))])
     with ex.batch():
         jobs = [ex.submit(_no_task) for _ in items]
-    out = []
-    for job, (_, run) in zip(jobs, items):
-        run.record("submitted", job_id=job.job_id, executor="slurm", fingerprint=run.path.name)
-        out.append(Submission(job.job_id, "slurm"))
-    return out
+    in_parallel(
+        lambda done: done[1].record(
+            "submitted",
+            job_id=done[0].job_id,
+            executor="slurm",
+            fingerprint=done[1].path.name,
+            durable=False,
+        ),
+        [(job, run) for job, (_, run) in zip(jobs, items)],
+    )
+    persist(p for _, run in items for p in (run.ledger_dir, *run.ledger_files()))
+    return [Submission(job.job_id, "slurm") for job in jobs]
