@@ -2,7 +2,14 @@
 
 Started once per rank (RANK/WORLD_SIZE/... set) by bench/loop_overhead.py (CPU, gloo) and
 bench/gpu_throughput.py (one GPU, NCCL): `python bench/bare_deepspeed_loop.py RUN_DIR WARMUP`.
-Prints, on rank 0, one JSON line with the tokens/s between step WARMUP and the last step.
+Prints, on rank 0, one JSON line with the tokens/s between step WARMUP and the last step, and the
+settings it trained with (the caller checks they are slurmtrain's).
+
+Same as slurmtrain's run in RUN_DIR: the DeepSpeed config dict (ds_config.build, timers included:
+`train.timers` decides for both), micro batch, grad accumulation (schema.grad_accumulation), the
+training windows and sampler (data.load: the held-out split cut off as ours does), the loss and the
+batch copy (loop.to_device). The loop itself is what a DeepSpeed user writes: forward, backward,
+step, and one all_reduce of the loss per step for logging.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ def main(run_dir: str, warmup: int) -> None:
     import torch.distributed as dist
 
     from slurmtrain.common import ds_config
+    from slurmtrain.common.schema import grad_accumulation
     from slurmtrain.compute import data, loop, model
 
     if gpu:
@@ -35,15 +43,17 @@ def main(run_dir: str, warmup: int) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     rank, world = dist.get_rank(), dist.get_world_size()
-    config = ds_config.build(cfg, world)
-    config["wall_clock_breakdown"] = False  # bare: DeepSpeed's defaults, no timers or profiler
-    config.pop("flops_profiler", None)
+    config = ds_config.build(cfg, world)  # exactly slurmtrain's (timers: train.timers, both sides)
     net = model.build(cfg, config, device)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
-    tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
-    sampler = data.Sampler(len(tokens), cfg.data.seq_len, cfg.data.seed)
+    if (
+        engine.wall_clock_breakdown()
+    ):  # DeepSpeed would print the timers every step; ours mutes them
+        engine.timers.log = lambda *a, **k: None
+    loaded = data.load(cfg.data)  # the training windows and sampler slurmtrain trains on
+    tokens, sampler = loaded.train, loaded.sampler
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
-    accum = gbs // (micro * world)
+    accum = grad_accumulation(cfg, world)
     t_warm = 0.0
     for step in range(cfg.train.max_steps):
         if step == warmup:
@@ -61,7 +71,19 @@ def main(run_dir: str, warmup: int) -> None:
     elapsed = time.perf_counter() - t_warm
     if rank == 0:
         steps = cfg.train.max_steps - warmup
-        out = {"tokens_per_s": steps * gbs * seq / elapsed, "seconds_timed": elapsed}
+        out = {
+            "tokens_per_s": steps * gbs * seq / elapsed,
+            "seconds_timed": elapsed,
+            "settings": {
+                "micro_batch": micro,
+                "grad_accumulation": accum,
+                "global_batch": gbs,
+                "seq_len": seq,
+                "world": world,
+                "wall_clock_breakdown": bool(config.get("wall_clock_breakdown")),
+                "zero_stage": config["zero_optimization"]["stage"],
+            },
+        }
         if gpu:
             out["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
         print(json.dumps(out), flush=True)

@@ -1,10 +1,18 @@
 """slurmtrain's training loop vs a bare DeepSpeed loop: tokens/s, side by side, in one run.
 
-    python bench/loop_overhead.py [--steps 150] [--warmup 30] [--rounds 2] [--log-interval 10]
+    python bench/loop_overhead.py [--steps 150] [--warmup 30] [--rounds 3] [--log-interval 10]
+                                  [--eval-interval 0]
 
-Same tiny OPT, DeepSpeed config, data and 2 CPU processes. Ours is the real entrypoint launched by
-`python -m slurmtrain` (checkpoints only at the end, which falls outside the timed window); its rate
-is taken from metrics.jsonl timestamps between the same steps the bare loop times.
+Same tiny OPT, DeepSpeed config (timers included), micro batch, grad accumulation, training
+windows and 2 CPU processes. Ours is the real entrypoint launched by `python -m slurmtrain`
+(metrics.jsonl + TensorBoard every log interval, divergence check, stop-signal agreement,
+watchdog, straggler/perf tracking; checkpoints only at the end, which falls outside the timed
+window); its rate is taken from metrics.jsonl timestamps between the same steps the bare loop
+times (warm-up excluded on both sides). The held-out evaluation is off in ours by default
+(`--eval-interval 0`): like a checkpoint it is work the bare loop does not do (forwards over the
+validation windows), not loop overhead; `--eval-interval 50` (the default config's) puts it back in
+the timed window. Rounds alternate which side runs first, so a drifting load on a shared machine
+does not always favour the same side; the median of the per-round ratios is the figure.
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def ours(workdir: Path, steps: int, warmup: int, log_interval: int) -> tuple[float, Path, float]:
+def ours(
+    workdir: Path, steps: int, warmup: int, log_interval: int, eval_interval: int
+) -> tuple[float, Path, float]:
     if warmup % log_interval or steps % log_interval:
         raise SystemExit(
             f"--warmup {warmup} and --steps {steps}: must be multiples of "
@@ -34,6 +44,7 @@ def ours(workdir: Path, steps: int, warmup: int, log_interval: int) -> tuple[flo
         "slurmtrain",
         f"train.max_steps={steps}",
         f"train.log_interval={log_interval}",
+        f"train.eval_interval={eval_interval}",
         "checkpoint.interval_steps=0",
         "cluster=local",  # this machine (cluster=auto would submit to the test Slurm cluster)
         "new_run=true",
@@ -96,7 +107,7 @@ def _tokens_per_step(run: Path) -> int:
     return cfg["train"]["global_batch_size"] * cfg["data"]["seq_len"]
 
 
-def bare(run: Path, warmup: int, port: int) -> float:
+def bare(run: Path, warmup: int, port: int) -> tuple[float, dict]:
     procs = []
     for rank in range(2):
         env = dict(
@@ -125,33 +136,74 @@ def bare(run: Path, warmup: int, port: int) -> float:
             )
         )
     out = [p.communicate()[0] for p in procs]
-    line = [x for x in out[0].splitlines() if x.startswith("{")][-1]
-    return json.loads(line)["tokens_per_s"]
+    lines = [x for x in out[0].splitlines() if x.startswith("{")]
+    if any(p.returncode for p in procs) or not lines:
+        raise SystemExit(f"bare DeepSpeed loop failed ({[p.returncode for p in procs]})")
+    result = json.loads(lines[-1])
+    return result["tokens_per_s"], result["settings"]
+
+
+def same_settings(run: Path, bare_settings: dict) -> None:
+    """The bare loop trained with slurmtrain's micro batch, accumulation, batch and timers."""
+    from slurmtrain.common import ds_config
+    from slurmtrain.common.schema import grad_accumulation, load_run_config
+
+    cfg = load_run_config(str(run / "config.yaml"))
+    world = bare_settings["world"]
+    config = ds_config.build(cfg, world)
+    ours_settings = {
+        "micro_batch": cfg.train.micro_batch_size,
+        "grad_accumulation": grad_accumulation(cfg, world),
+        "global_batch": cfg.train.global_batch_size,
+        "seq_len": cfg.data.seq_len,
+        "world": world,
+        "wall_clock_breakdown": bool(config.get("wall_clock_breakdown")),
+        "zero_stage": config["zero_optimization"]["stage"],
+    }
+    if ours_settings != bare_settings:
+        raise SystemExit(f"unfair comparison: slurmtrain {ours_settings} vs bare {bare_settings}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--log-interval", type=int, default=10, help="train.log_interval of ours")
+    parser.add_argument(
+        "--eval-interval", type=int, default=0, help="train.eval_interval of ours (0: off)"
+    )
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
     ratios = []
+    run = None
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            ours_tps, run, login_share = ours(Path(tmp), args.steps, args.warmup, args.log_interval)
-            bare_tps = bare(run, args.warmup, 29700 + i)
+            # Odd rounds run slurmtrain first, even rounds the bare loop (which needs a run
+            # directory's config: the first round's, the same every round).
+            first_ours = i % 2 == 0 or run is None
+            if not first_ours:
+                bare_tps, settings = bare(run, args.warmup, 29700 + i)
+            ours_tps, run, login_share = ours(
+                Path(tmp), args.steps, args.warmup, args.log_interval, args.eval_interval
+            )
+            if first_ours:
+                bare_tps, settings = bare(run, args.warmup, 29700 + i)
+            same_settings(run, settings)
             ratios.append(ours_tps / bare_tps)
             print(
-                f"round {i + 1}: slurmtrain {ours_tps:,.0f} tok/s | bare DeepSpeed "
-                f"{bare_tps:,.0f} tok/s | ratio {ours_tps / bare_tps:.3f} | login side + "
-                f"controller {100 * login_share:.1f}% of a core",
+                f"round {i + 1} ({'slurmtrain' if first_ours else 'bare'} first): slurmtrain "
+                f"{ours_tps:,.0f} tok/s | bare DeepSpeed {bare_tps:,.0f} tok/s | ratio "
+                f"{ours_tps / bare_tps:.3f} | login side + controller {100 * login_share:.1f}% "
+                f"of a core",
                 flush=True,
             )
     print(
         f"median ratio slurmtrain / bare DeepSpeed: {statistics.median(ratios):.3f} "
         f"({args.rounds} rounds, {args.steps} steps, {args.warmup} warm-up, log interval "
-        f"{args.log_interval}, 2 CPU processes)"
+        f"{args.log_interval}, eval interval {args.eval_interval}, 2 CPU processes; "
+        f"micro batch {settings['micro_batch']} x accumulation {settings['grad_accumulation']}, "
+        f"timers {'on' if settings['wall_clock_breakdown'] else 'off'} on both sides)"
     )
 
 
