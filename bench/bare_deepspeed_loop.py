@@ -46,19 +46,22 @@ def main(run_dir: str, warmup: int) -> None:
     config = ds_config.build(cfg, world)  # exactly slurmtrain's (timers: train.timers, both sides)
     net = model.build(cfg, config, device)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
-    if (
-        engine.wall_clock_breakdown()
-    ):  # DeepSpeed would print the timers every step; ours mutes them
+    if engine.wall_clock_breakdown():  # DeepSpeed would print them every step; ours mutes them
         engine.timers.log = lambda *a, **k: None
     loaded = data.load(cfg.data)  # the training windows and sampler slurmtrain trains on
     tokens, sampler = loaded.train, loaded.sampler
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
     accum = grad_accumulation(cfg, world)
     t_warm = 0.0
+    # CPU: the time after every log_interval steps, as slurmtrain's metrics rows are stamped (GPU:
+    # not taken, it would need a synchronize the bare loop does not otherwise do).
+    every, marks = cfg.train.log_interval, []
     for step in range(cfg.train.max_steps):
         if step == warmup:
             sync()
             t_warm = time.perf_counter()
+        if not gpu and step >= warmup and (step - warmup) % every == 0:
+            marks.append(time.perf_counter())
         for m in range(accum):
             ids = sampler.indices(step, m, rank, micro, world, gbs)
             window = loop.to_device(data.batch(tokens, ids, seq), device)
@@ -69,11 +72,14 @@ def main(run_dir: str, warmup: int) -> None:
         dist.all_reduce(loss_t)
     sync()
     elapsed = time.perf_counter() - t_warm
+    marks.append(time.perf_counter())
     if rank == 0:
         steps = cfg.train.max_steps - warmup
         out = {
             "tokens_per_s": steps * gbs * seq / elapsed,
             "seconds_timed": elapsed,
+            # seconds of each log interval of the timed steps (CPU runs)
+            "intervals_s": [b - a for a, b in zip(marks, marks[1:])] if not gpu else [],
             "settings": {
                 "micro_batch": micro,
                 "grad_accumulation": accum,

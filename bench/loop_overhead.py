@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def ours(
     workdir: Path, steps: int, warmup: int, log_interval: int, eval_interval: int
-) -> tuple[float, Path, float]:
+) -> tuple[float, list[float], Path, float]:
     if warmup % log_interval or steps % log_interval:
         raise SystemExit(
             f"--warmup {warmup} and --steps {steps}: must be multiples of "
@@ -61,7 +61,9 @@ def ours(
     # metrics row k is written after step k; steps warmup+1..steps run between rows warmup and steps.
     seconds = rows[steps]["time"] - rows[warmup]["time"]
     cfg_tokens = _tokens_per_step(run)
-    return (steps - warmup) * cfg_tokens / seconds, run, login_share
+    marks = [rows[s]["time"] for s in range(warmup, steps + 1, log_interval)]
+    intervals = [b - a for a, b in zip(marks, marks[1:])]
+    return (steps - warmup) * cfg_tokens / seconds, intervals, run, login_share
 
 
 def _last_step(workdir: Path) -> int:
@@ -107,7 +109,7 @@ def _tokens_per_step(run: Path) -> int:
     return cfg["train"]["global_batch_size"] * cfg["data"]["seq_len"]
 
 
-def bare(run: Path, warmup: int, port: int) -> tuple[float, dict]:
+def bare(run: Path, warmup: int, port: int) -> tuple[float, list[float], dict]:
     procs = []
     for rank in range(2):
         env = dict(
@@ -140,7 +142,7 @@ def bare(run: Path, warmup: int, port: int) -> tuple[float, dict]:
     if any(p.returncode for p in procs) or not lines:
         raise SystemExit(f"bare DeepSpeed loop failed ({[p.returncode for p in procs]})")
     result = json.loads(lines[-1])
-    return result["tokens_per_s"], result["settings"]
+    return result["tokens_per_s"], result["intervals_s"], result["settings"]
 
 
 def same_settings(run: Path, bare_settings: dict) -> None:
@@ -175,7 +177,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    ratios = []
+    ratios, robust = [], []
     run = None
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
@@ -183,21 +185,28 @@ def main() -> None:
             # directory's config: the first round's, the same every round).
             first_ours = i % 2 == 0 or run is None
             if not first_ours:
-                bare_tps, settings = bare(run, args.warmup, 29700 + i)
-            ours_tps, run, login_share = ours(
+                bare_tps, bare_iv, settings = bare(run, args.warmup, 29700 + i)
+            ours_tps, ours_iv, run, login_share = ours(
                 Path(tmp), args.steps, args.warmup, args.log_interval, args.eval_interval
             )
             if first_ours:
-                bare_tps, settings = bare(run, args.warmup, 29700 + i)
+                bare_tps, bare_iv, settings = bare(run, args.warmup, 29700 + i)
             same_settings(run, settings)
             ratios.append(ours_tps / bare_tps)
+            # The median log interval of each side: a burst of load from another process slows
+            # a few intervals, not the median; the whole-window ratio above takes every second.
+            robust.append(statistics.median(bare_iv) / statistics.median(ours_iv))
             print(
                 f"round {i + 1} ({'slurmtrain' if first_ours else 'bare'} first): slurmtrain "
                 f"{ours_tps:,.0f} tok/s | bare DeepSpeed {bare_tps:,.0f} tok/s | ratio "
-                f"{ours_tps / bare_tps:.3f} | login side + controller {100 * login_share:.1f}% "
-                f"of a core",
+                f"{ours_tps / bare_tps:.3f} | median-interval ratio {robust[-1]:.3f} | login "
+                f"side + controller {100 * login_share:.1f}% of a core",
                 flush=True,
             )
+    print(
+        f"median median-interval ratio: {statistics.median(robust):.3f} (each side's median "
+        f"time per {args.log_interval} steps; less moved by other processes' bursts)"
+    )
     print(
         f"median ratio slurmtrain / bare DeepSpeed: {statistics.median(ratios):.3f} "
         f"({args.rounds} rounds, {args.steps} steps, {args.warmup} warm-up, log interval "
