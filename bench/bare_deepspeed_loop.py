@@ -3,7 +3,9 @@
 Started once per rank (RANK/WORLD_SIZE/... set) by bench/loop_overhead.py (CPU, gloo) and
 bench/gpu_throughput.py (one GPU, NCCL): `python bench/bare_deepspeed_loop.py RUN_DIR WARMUP`.
 Prints, on rank 0, one JSON line with the tokens/s between step WARMUP and the last step, and the
-settings it trained with (the caller checks they are slurmtrain's).
+settings it trained with (the caller checks they are slurmtrain's). With a third argument UNTIL
+it trains until that file exists and reports the wall time after each step (bench/loop_overhead.py
+--concurrent times it over the very seconds slurmtrain's timed steps ran).
 
 Same as slurmtrain's run in RUN_DIR: the DeepSpeed config dict (ds_config.build, timers included:
 `train.timers` decides for both), micro batch, grad accumulation (schema.grad_accumulation), the
@@ -20,7 +22,7 @@ import sys
 import time
 
 
-def main(run_dir: str, warmup: int) -> None:
+def main(run_dir: str, warmup: int, until: str = "") -> None:
     from slurmtrain.common.schema import load_run_config
 
     cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
@@ -56,7 +58,12 @@ def main(run_dir: str, warmup: int) -> None:
     # CPU: the time after every log_interval steps, as slurmtrain's metrics rows are stamped (GPU:
     # not taken, it would need a synchronize the bare loop does not otherwise do).
     every, marks = cfg.train.log_interval, []
-    for step in range(cfg.train.max_steps):
+    # `until`: run alongside slurmtrain (bench/loop_overhead.py --concurrent) until that file
+    # exists; the loss all-reduce then also carries rank 0's "stop" so every rank stops at the
+    # same step, and rank 0 stamps the wall time after every step.
+    stamps: list[float] = []
+    total = 10**9 if until else cfg.train.max_steps
+    for step in range(total):
         if step == warmup:
             sync()
             t_warm = time.perf_counter()
@@ -68,16 +75,25 @@ def main(run_dir: str, warmup: int) -> None:
             loss = model.loss_fn(engine, window)
             engine.backward(loss)
             engine.step()
-        loss_t = loss.detach().reshape(1)
+        if not until:
+            loss_t = loss.detach().reshape(1)
+            dist.all_reduce(loss_t)
+            continue
+        stop = float(rank == 0 and os.path.exists(until))
+        loss_t = torch.stack([loss.detach().float(), torch.tensor(stop, device=device)])
         dist.all_reduce(loss_t)
+        stamps.append(time.time())
+        if loss_t[1].item() > 0:
+            break
     sync()
     elapsed = time.perf_counter() - t_warm
     marks.append(time.perf_counter())
     if rank == 0:
-        steps = cfg.train.max_steps - warmup
+        steps = (len(stamps) if until else cfg.train.max_steps) - warmup
         out = {
             "tokens_per_s": steps * gbs * seq / elapsed,
             "seconds_timed": elapsed,
+            "step_end_times": stamps,  # --concurrent: time.time() after each step
             # seconds of each log interval of the timed steps (CPU runs)
             "intervals_s": [b - a for a, b in zip(marks, marks[1:])] if not gpu else [],
             "settings": {
@@ -98,4 +114,4 @@ def main(run_dir: str, warmup: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")
