@@ -2,7 +2,16 @@
 
 Started once per rank (RANK/WORLD_SIZE/... set) by bench/loop_overhead.py (CPU, gloo) and
 bench/gpu_throughput.py (one GPU, NCCL): `python bench/bare_deepspeed_loop.py RUN_DIR WARMUP`.
-Prints, on rank 0, one JSON line with the tokens/s between step WARMUP and the last step.
+Prints, on rank 0, one JSON line with the tokens/s between step WARMUP and the last step, and the
+settings it trained with (the caller checks they are slurmtrain's). With a third argument UNTIL
+it trains until that file exists and reports the wall time after each step (bench/loop_overhead.py
+--concurrent times it over the very seconds slurmtrain's timed steps ran).
+
+Same as slurmtrain's run in RUN_DIR: the DeepSpeed config dict (ds_config.build, timers included:
+`train.timers` decides for both), micro batch, grad accumulation (schema.grad_accumulation), the
+training windows and sampler (data.load: the held-out split cut off as ours does), the loss and the
+batch copy (loop.to_device). The loop itself is what a DeepSpeed user writes: forward, backward,
+step, and one all_reduce of the loss per step for logging.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import sys
 import time
 
 
-def main(run_dir: str, warmup: int) -> None:
+def main(run_dir: str, warmup: int, until: str = "") -> None:
     from slurmtrain.common.schema import load_run_config
 
     cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
@@ -25,6 +34,7 @@ def main(run_dir: str, warmup: int) -> None:
     import torch.distributed as dist
 
     from slurmtrain.common import ds_config
+    from slurmtrain.common.schema import grad_accumulation
     from slurmtrain.compute import data, loop, model
 
     if gpu:
@@ -35,33 +45,67 @@ def main(run_dir: str, warmup: int) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     rank, world = dist.get_rank(), dist.get_world_size()
-    config = ds_config.build(cfg, world)
-    config["wall_clock_breakdown"] = False  # bare: DeepSpeed's defaults, no timers or profiler
-    config.pop("flops_profiler", None)
+    config = ds_config.build(cfg, world)  # exactly slurmtrain's (timers: train.timers, both sides)
     net = model.build(cfg, config, device)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
-    tokens = data.load_tokens(cfg.data.kind, cfg.data.path, cfg.data.max_corpus_bytes)
-    sampler = data.Sampler(len(tokens), cfg.data.seq_len, cfg.data.seed)
+    if engine.wall_clock_breakdown():  # DeepSpeed would print them every step; ours mutes them
+        engine.timers.log = lambda *a, **k: None
+    loaded = data.load(cfg.data)  # the training windows and sampler slurmtrain trains on
+    tokens, sampler = loaded.train, loaded.sampler
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
-    accum = gbs // (micro * world)
+    accum = grad_accumulation(cfg, world)
     t_warm = 0.0
-    for step in range(cfg.train.max_steps):
+    # CPU: the time after every log_interval steps, as slurmtrain's metrics rows are stamped (GPU:
+    # not taken, it would need a synchronize the bare loop does not otherwise do).
+    every, marks = cfg.train.log_interval, []
+    # `until`: run alongside slurmtrain (bench/loop_overhead.py --concurrent) until that file
+    # exists; the loss all-reduce then also carries rank 0's "stop" so every rank stops at the
+    # same step, and rank 0 stamps the wall time after every step.
+    stamps: list[float] = []
+    total = 10**9 if until else cfg.train.max_steps
+    for step in range(total):
         if step == warmup:
             sync()
             t_warm = time.perf_counter()
+        if not gpu and step >= warmup and (step - warmup) % every == 0:
+            marks.append(time.perf_counter())
         for m in range(accum):
             ids = sampler.indices(step, m, rank, micro, world, gbs)
             window = loop.to_device(data.batch(tokens, ids, seq), device)
             loss = model.loss_fn(engine, window)
             engine.backward(loss)
             engine.step()
-        loss_t = loss.detach().reshape(1)
+        if not until:
+            loss_t = loss.detach().reshape(1)
+            dist.all_reduce(loss_t)
+            continue
+        stop = float(rank == 0 and os.path.exists(until))
+        loss_t = torch.stack([loss.detach().float(), torch.tensor(stop, device=device)])
         dist.all_reduce(loss_t)
+        stamps.append(time.time())
+        if loss_t[1].item() > 0:
+            break
     sync()
     elapsed = time.perf_counter() - t_warm
+    marks.append(time.perf_counter())
     if rank == 0:
-        steps = cfg.train.max_steps - warmup
-        out = {"tokens_per_s": steps * gbs * seq / elapsed, "seconds_timed": elapsed}
+        steps = (len(stamps) if until else cfg.train.max_steps) - warmup
+        out = {
+            "tokens_per_s": steps * gbs * seq / elapsed,
+            "seconds_timed": elapsed,
+            "step_end_times": stamps,  # --concurrent: time.time() after each step
+            # seconds of each log interval of the timed steps (CPU runs)
+            "intervals_s": [b - a for a, b in zip(marks, marks[1:])] if not gpu else [],
+            "settings": {
+                "micro_batch": micro,
+                "grad_accumulation": accum,
+                "global_batch": gbs,
+                "seq_len": seq,
+                "world": world,
+                "wall_clock_breakdown": bool(config.get("wall_clock_breakdown")),
+                "zero_stage": config["zero_optimization"]["stage"],
+            },
+        }
         if gpu:
             out["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
         print(json.dumps(out), flush=True)
@@ -70,4 +114,4 @@ def main(run_dir: str, warmup: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")

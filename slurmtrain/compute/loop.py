@@ -69,7 +69,9 @@ def train(
     `on_stop(step, code)` runs when the ranks agree to stop, before their save; `poison(step)`
     (fault injection) makes that step's loss NaN."""
     guard = guard or Guard()
-    end = min(stop_at or cfg.train.max_steps, cfg.train.max_steps)
+    # Config values read once: an OmegaConf attribute costs ~10-80 us, a step of the tiny model ~40 ms.
+    max_steps = int(cfg.train.max_steps)
+    end = min(stop_at or max_steps, max_steps)
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
     every_steps = cfg.checkpoint.interval_steps
     every_seconds = cfg.checkpoint.interval_minutes * 60
@@ -91,17 +93,9 @@ def train(
 
         # One collective per step: [loss sum, signal code, time-based save due, non-finite ranks],
         # built on the device without a host round trip; its one .tolist() is the step's only
-        # host sync. (torch.full: a fill kernel taking the value as an argument, no copy.)
+        # host sync.
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
-        mean_loss = torch.stack(losses).mean().to(torch.float64)
-        shared = torch.stack(
-            [mean_loss]
-            + [
-                torch.full((), float(x), dtype=torch.float64, device=device)
-                for x in (flags.code, due)
-            ]
-            + [_nonfinite(mean_loss, engine, device)]
-        )
+        shared = _shared(losses, flags.code, due, engine, device)
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
             loss_sum, code_sum, due_sum, bad_sum = shared.tolist()
@@ -117,16 +111,16 @@ def train(
         valid, code = evaluate.maybe(evaluator, engine, state.step, flags, perf, stop_code)
         stop_code = stop_code or code
 
-        if state.step % log_every == 0 or state.step == cfg.train.max_steps or stop_code or valid:
+        if state.step % log_every == 0 or state.step == max_steps or stop_code or valid:
             # perf.interval is a collective (one all_gather): throughput, FLOPs, timers, memory.
             metrics.log(
                 state.step,
-                cfg.train.max_steps,
+                max_steps,
                 loss=loss_value,
                 lr=engine.get_lr()[0],
                 consumed_samples=state.step * gbs,
                 **valid,
-                **perf.interval(state.step, cfg.train.max_steps),
+                **perf.interval(state.step, max_steps),
             )
 
         finished = state.step >= end
@@ -144,16 +138,25 @@ def train(
     return Outcome(state.step, NONE)
 
 
-def _nonfinite(loss: torch.Tensor, engine: Any, device: torch.device) -> torch.Tensor:
-    """1.0 when this rank's loss or DeepSpeed's global gradient norm of the step is not finite
-    (a 0-d float64 on the device: read with the step's one all-reduce, no extra host sync)."""
-    bad = (~torch.isfinite(loss)).to(torch.float64)
+def _shared(
+    losses: list[torch.Tensor], code: int, due: bool, engine: Any, device: torch.device
+) -> torch.Tensor:
+    """This rank's part of the step's all-reduce, a float64 vector on the device: [mean loss,
+    signal code, time-based save due, 1.0 when its loss or DeepSpeed's global gradient norm of
+    the step is not finite]. Built without a host round trip (torch.full: a fill kernel taking the
+    value as an argument, no copy), so reading the all-reduced vector is the step's only host
+    sync."""
+    loss = (losses[0] if len(losses) == 1 else torch.stack(losses).mean()).reshape(1)
+    loss = loss.to(torch.float64)
+    checked = loss
     norm = engine.get_global_grad_norm()  # None when it computed none; a float or a tensor
     if isinstance(norm, torch.Tensor):
-        return bad + (~torch.isfinite(norm.detach().to(device, torch.float64))).to(torch.float64)
-    if norm is not None and not math.isfinite(float(norm)):
-        return bad + 1.0
-    return bad
+        checked = torch.cat([loss, norm.detach().reshape(1).to(device, torch.float64)])
+    bad = (~torch.isfinite(checked)).any().reshape(1).to(torch.float64)
+    if norm is not None and not isinstance(norm, torch.Tensor) and not math.isfinite(float(norm)):
+        bad = torch.ones_like(bad)
+    code_due = [torch.full((1,), float(x), dtype=torch.float64, device=device) for x in (code, due)]
+    return torch.cat([loss, *code_due, bad])
 
 
 def to_device(window: np.ndarray, device: torch.device) -> torch.Tensor:
