@@ -65,6 +65,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
     from slurmtrain.common import ds_config
     from slurmtrain.common import schema as config
+    from slurmtrain.common.schema import grad_accumulation
     from slurmtrain.compute import data, loop, model
     from slurmtrain.compute.faults.signals import SignalFlags
     from slurmtrain.compute.observe.metrics import MetricsWriter
@@ -149,8 +150,9 @@ def rank_main(args: argparse.Namespace) -> None:
             torch.device("cpu"),
             metrics,
             SignalFlags(),
-            lambda step: None,
+            lambda step, loss: None,
             tracker,
+            accum=grad_accumulation(cfg, world),
         )
         steps[timers] = state.step
 
