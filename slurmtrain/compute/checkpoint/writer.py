@@ -7,7 +7,10 @@ DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. Thi
   ranks agree on the outcome afterwards;
 - in deferred (async) mode only copies the state into host memory (a reused buffer pool, pinned on
   GPUs, views and shared storages preserved like `torch.save` does) and writes it later, from a
-  background thread, with `flush()`.
+  background thread, with `flush()`. Once the run's optimizer has been seen stepping through
+  torch's optimizer step hooks, even the copy leaves the loop: `save` only lays out the buffers,
+  the background thread copies, and the next optimizer step (the first write to any saved tensor)
+  waits for the copy in a global step pre-hook, or does it itself if the thread has not started.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import errno
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from slurmtrain.compute.checkpoint.format import CHECKSUM, Crc32
 
@@ -43,9 +48,26 @@ class HostPool:
         self.used = 0
         self.storages: dict[tuple[str, int], torch.UntypedStorage] = {}
         self.cuda = False
+        self.lazy = False  # copy later, in `run` (from the writer's thread or the step hook)
+        self.tasks: list[tuple[torch.UntypedStorage, torch.UntypedStorage, bool]] = []
+        self.lock = threading.Lock()
 
-    def begin(self) -> None:
-        self.used, self.storages = 0, {}
+    def begin(self, lazy: bool = False) -> None:
+        self.run()  # a copy still pending (a save given up) never outlives its save
+        self.used, self.storages, self.lazy = 0, {}, lazy
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.tasks)
+
+    def run(self) -> None:
+        """Do the copies `tensor` deferred (lazy mode); whoever comes second waits for the first."""
+        with self.lock:
+            tasks, self.tasks = self.tasks, []
+            for host, source, gpu in tasks:
+                host.copy_(source, non_blocking=gpu)
+            if tasks:
+                self.sync()
 
     def _buffer(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
         i = self.used
@@ -69,7 +91,10 @@ class HostPool:
             gpu = t.device.type != "cpu"
             self.cuda |= t.device.type == "cuda"
             host = self._buffer(source.nbytes(), pinned=gpu and torch.cuda.is_available())
-            host.copy_(source, non_blocking=gpu)
+            if self.lazy:
+                self.tasks.append((host, source, gpu))
+            else:
+                host.copy_(source, non_blocking=gpu)
             self.storages[key] = host
         out = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
         if isinstance(t, torch.nn.Parameter):
@@ -197,6 +222,20 @@ def _torch_save(state: Any, sink: _RawFile, zipfile_serialization: bool) -> None
         torch.save(state, sink)
 
 
+_WRITERS: "weakref.WeakSet[ShardWriter]" = weakref.WeakSet()
+_HOOK: list[Any] = []  # the global optimizer step pre-hook's handle, registered once
+
+
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Every optimizer step of the process: no saved tensor changes before its copy is taken."""
+    for writer in list(_WRITERS):
+        writer.steps_seen += 1
+        if writer.pool.pending:
+            started = time.perf_counter()
+            writer.pool.run()
+            writer.seconds["step_wait"] += time.perf_counter() - started
+
+
 class ShardWriter(TorchCheckpointEngine):
     """One rank's writer for one save at a time: `begin`, DeepSpeed's saves, `flush`, `report`."""
 
@@ -211,7 +250,11 @@ class ShardWriter(TorchCheckpointEngine):
         self.zipfile_serialization = zipfile_serialization
         self.verify, self.hook, self.progress = verify, hook, progress
         self.pool = HostPool()
+        self.steps_seen = 0  # optimizer steps the global pre-hook saw: it guards lazy copies
         self.begin(0, "", deferred=False)
+        _WRITERS.add(self)
+        if not _HOOK:
+            _HOOK.append(register_optimizer_step_pre_hook(_before_optimizer_step))
 
     def begin(self, step: int, directory: str, deferred: bool) -> None:
         self.step, self.directory, self.deferred = step, directory, deferred
@@ -219,8 +262,9 @@ class ShardWriter(TorchCheckpointEngine):
         self.files: dict[str, dict[str, Any]] = {}
         self.error: Optional[str] = None
         self.written = 0  # bytes this rank wrote in this save (what `progress` is told)
-        self.seconds = {"serialize": 0.0, "hash": 0.0, "fsync": 0.0}  # where this rank's write went
-        self.pool.begin()
+        # where this rank's save went; step_wait: the loop's next optimizer step waited for the copy
+        self.seconds = {"serialize": 0.0, "hash": 0.0, "fsync": 0.0, "copy": 0.0, "step_wait": 0.0}
+        self.pool.begin(lazy=deferred and self.steps_seen > 0)
 
     def _fail(self, err: BaseException, path: str) -> None:
         if self.error is None:
@@ -248,9 +292,25 @@ class ShardWriter(TorchCheckpointEngine):
         else:
             self._write(state_dict, path)
 
+    def load(self, path: str, map_location: Any = None) -> Any:
+        """DeepSpeed's loads: the whole file is handed to the kernel's read-ahead first, so the
+        disk streams it while torch.load allocates and unpickles (the file is torch.load's own)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):
+            pass  # torch.load reports a missing file; no fadvise: it only reads a little later
+        return torch.load(path, map_location=map_location, weights_only=False)
+
     def host_copy_done(self) -> None:
-        """Called on the main thread when DeepSpeed is done: device-to-host copies complete."""
-        self.pool.sync()
+        """Called on the main thread when DeepSpeed is done: device-to-host copies complete
+        (lazy mode: they have not started; the writer's thread or the next optimizer step runs them)."""
+        if not self.pool.lazy:
+            self.pool.sync()
 
     def _write(self, state: Any, path: str) -> None:
         sink: Optional[_RawFile] = None
@@ -284,6 +344,9 @@ class ShardWriter(TorchCheckpointEngine):
 
     def flush(self) -> None:
         """Write what `save` deferred (background thread); host buffers stay for the next save."""
+        started = time.perf_counter()
+        self.pool.run()
+        self.seconds["copy"] += time.perf_counter() - started
         pending, self.pending = self.pending, []
         for state, path in pending:
             if self.error is None:
