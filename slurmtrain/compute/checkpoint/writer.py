@@ -31,7 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from slurmtrain.compute.checkpoint.format import CHECKSUM, Crc32
 
 Hook = Callable[[int, str], None]  # (step, file name) after each shard is on disk
-Progress = Callable[[int], None]  # bytes of the current shard written so far, per chunk
+Progress = Callable[[int], None]  # bytes this rank wrote in the current save so far, per chunk
 _ATOMS = (str, bytes, int, float, bool, complex, type(None))
 
 
@@ -157,9 +157,10 @@ class _RawFile:
     """What torch.save writes into: its records arrive whole (tensor storages without a copy) and
     go to the file descriptor in 64 MiB `os.write` calls, hashed on the same buffers (no re-read).
 
-    Each full window is handed to the disk at once (sync_file_range WRITE) and the one before it
-    waited for, so the disk writes while the next bytes are hashed and copied: the final fsync only
-    waits for the last window, where `dd conv=fsync` waits for all of them. Keeps the OSError.
+    Each full window is handed to the disk at once (sync_file_range WRITE) and the one two windows
+    back waited for (a few windows dirty at most), so the disk writes while the next bytes are
+    copied and hashed: the final fsync waits for the last windows only, where `dd conv=fsync`
+    waits for all of them. Keeps the OSError.
     """
 
     def __init__(self, fd: int, hashing: bool, progress: Optional[Progress] = None) -> None:
