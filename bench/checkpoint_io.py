@@ -1,22 +1,22 @@
-"""Checkpoint write speed vs `dd` on the same disk, and how long saves block the loop, sync vs async.
+"""Checkpoint save and load speed against `dd` on the same disk, and the async saves' loop stall.
 
     python bench/checkpoint_io.py [--dir DIR] [--models opt_tiny,opt125m] [--steps 12] [--every 4]
+        [--dd-rounds 2]
 
-Each model trains twice through the real `python -m slurmtrain` (2 local CPU ranks), once with
-synchronous saves and once with `checkpoint.async_save=true`; the figures come from the run's own
-ledger (`checkpoint_saved`: bytes, seconds = time the loop was blocked, total_seconds = until
-published) and metrics (step_time of the steps that ran while a background save was writing).
-`dd if=/dev/zero bs=1M count=N conv=fsync` writes as many bytes as one checkpoint to the same
-directory: the ceiling a checkpoint write could reach there, measured as a save writes (one dd per
-rank at once, new files, earlier ones kept, after a pause; see `dd_mb_s`) and, for reference, into
-pages just freed by a deleted file. Last, the newest sync checkpoint of
-each model is converted to DeepSpeed's universal format (what a world-size change costs at start).
+Each model trains through the real `python -m slurmtrain` (cluster=local, 2 CPU ranks): once with
+synchronous saves (it pauses at the last step: `train.pause_at_step`), once with
+`checkpoint.async_save=true`, then the paused sync run is started again, which loads its newest
+checkpoint (its files evicted from the page cache first: a cold load, as after a node swap). Figures
+come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time the loop was blocked;
+total_seconds = until published) and `checkpoint_loaded` (seconds). The dd reference writes the
+same bytes the way a save does (one `dd conv=fsync` per rank at once, new files, after a pause: see
+`dd_mb_s`), `--dd-rounds` times before and after each training run (interleaved with them); the
+ratio uses the median. Last, the sync checkpoint is converted to DeepSpeed's universal format.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,44 +27,32 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+BATCH = ["train.global_batch_size=8", "train.micro_batch_size=4"]  # recipes use 0.5M tokens a step
 MODEL_ARGS = {"opt125m": ["data.seq_len=128"]}
 
 
 PAUSE_S = 5.0  # longer than virtio-balloon's free page reporting delay (2 s)
 
 
-def dd_mb_s(
-    directory: Path, megabytes: int, streams: int = 2, repeat: int = 3
-) -> tuple[float, float]:
-    """dd's MB/s under a checkpoint's conditions (median of `repeat`), and into just-freed pages.
+def dd_mb_s(directory: Path, megabytes: int, streams: int = 2) -> float:
+    """dd's MB/s under a checkpoint's conditions: one round.
 
-    Like a checkpoint: one dd per rank at once (`streams`, the bytes split evenly), into new files
-    while the earlier ones stay (keep_last), after a pause. The pause matters on this VM: its
-    balloon driver hands free pages back to the host ~2 s after they are freed, and writing into
-    such a page costs a host fault (measured here: 2.4 GB/s into pages freed just before, 740 MB/s
-    six seconds later). A save after minutes of training writes into such pages.
-    "reused": one dd at once, each file deleted just before the next: the optimistic ceiling.
+    Like a checkpoint: one dd per rank at once (`streams`, the bytes split evenly), into new files,
+    after a pause, with conv=fsync (our writer fsyncs every shard). The pause matters on this VM:
+    its balloon driver hands free pages back to the host ~2 s after they are freed, and writing
+    into such a page costs a host fault (measured here: 2.4 GB/s into pages freed just before,
+    740 MB/s six seconds later). A save after minutes of training writes into such pages.
     """
-    written: list[Path] = []
-    fair = []
-    for i in range(repeat):
-        time.sleep(PAUSE_S)
-        targets = [directory / f"dd{i}_{k}.bin" for k in range(streams)]
-        started = time.perf_counter()
-        procs = [_dd(target, max(1, megabytes // streams)) for target in targets]
-        for proc in procs:
-            _check(proc)
-        fair.append(megabytes / (time.perf_counter() - started))
-        written += targets
-    for target in written:
+    time.sleep(PAUSE_S)
+    targets = [directory / f"dd_{k}.bin" for k in range(streams)]
+    started = time.perf_counter()
+    procs = [_dd(target, max(1, megabytes // streams)) for target in targets]
+    for proc in procs:
+        _check(proc)
+    seconds = time.perf_counter() - started
+    for target in targets:
         target.unlink(missing_ok=True)
-    reused = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        _check(_dd(written[0], megabytes))
-        reused.append(megabytes / (time.perf_counter() - started))
-        written[0].unlink(missing_ok=True)
-    return statistics.median(fair), statistics.median(reused)
+    return megabytes / seconds
 
 
 def _dd(target: Path, megabytes: int) -> subprocess.Popen:
@@ -83,26 +71,67 @@ def _check(proc: subprocess.Popen) -> None:
 
 
 def train(workdir: Path, model: str, mode: str, steps: int, every: int) -> Path:
+    """mode: sync (pauses at `steps`), async, or load (the paused sync run, started again)."""
     args = [
         sys.executable,
         "-m",
         "slurmtrain",
+        "cluster=local",
         f"model={model}",
-        f"train.max_steps={steps}",
+        f"train.max_steps={steps + 1}",
+        f"train.pause_at_step={steps}",
         "train.log_interval=1",
         f"checkpoint.interval_steps={every}",
         "checkpoint.keep_last=2",
         f"checkpoint.async_save={'true' if mode == 'async' else 'false'}",
-        f"name=io-{model}-{mode}",
+        f"name=io-{model}-{'async' if mode == 'async' else 'sync'}",
         f"runs_root={workdir}",
+        *BATCH,
         *MODEL_ARGS.get(model, []),
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True)
-    if done.returncode:
+    [run] = (workdir / f"io-{model}-{'async' if mode == 'async' else 'sync'}").glob("*/config.yaml")
+    paused = mode != "load" and _events(run.parent, "paused")  # a paused run exits 1
+    if done.returncode and not paused:
         raise SystemExit(f"slurmtrain failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    [run] = (workdir / f"io-{model}-{mode}").glob("*/config.yaml")
     return run.parent
+
+
+def _events(run: Path, kind: str) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(ROOT))
+    from slurmtrain.common.rundir import RunDir
+
+    return RunDir(run).events(kind)
+
+
+def evict(directory: Path) -> None:
+    """Drop this checkpoint's pages from the page cache (they are clean: fsynced by the save)."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def newest(run: Path) -> Path:
+    sys.path.insert(0, str(ROOT))
+    from slurmtrain.compute.checkpoint import format as ckpt
+
+    found = ckpt.find_resumable(run / "checkpoints", full=False)
+    assert found.path is not None, f"no checkpoint in {run}"
+    return found.path
+
+
+def load_figures(run: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from slurmtrain.common.rundir import RunDir
+
+    loaded = max(RunDir(run).events("checkpoint_loaded"), key=lambda e: e["seconds"])
+    size = sum(p.stat().st_size for p in Path(loaded["path"]).rglob("*") if p.is_file())
+    return {"seconds": loaded["seconds"], "mb": size / 1e6}
 
 
 def universal_seconds(run: Path) -> float:
@@ -115,42 +144,28 @@ def universal_seconds(run: Path) -> float:
     return reshape.convert(found.path, found.manifest).seconds
 
 
-def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def figures(run: Path) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from slurmtrain.common.rundir import RunDir
 
     saves = RunDir(run).events("checkpoint_saved")
-    metrics = rows(run / "metrics.jsonl")
-    windows = [(e["time"] - e["total_seconds"] + e["seconds"], e["time"]) for e in saves]
-
-    def overlaps(m: dict) -> bool:  # the step ran (partly) while a save was still being written
-        return any(m["time"] - m["step_time"] < b and m["time"] > a for a, b in windows)
-
-    during = [m["step_time"] for m in metrics[1:] if overlaps(m)]
-    outside = [m["step_time"] for m in metrics[1:] if not overlaps(m)]
-    mb = statistics.mean(e["bytes"] for e in saves) / 1e6
+    mb = statistics.median(e["bytes"] for e in saves) / 1e6
     parts = {
-        k: round(statistics.mean(e.get("write_seconds", {}).get(k, 0.0) for e in saves), 2)
-        for k in ("serialize", "hash", "fsync")
+        k: round(statistics.median(e.get("write_seconds", {}).get(k, 0.0) for e in saves), 2)
+        for k in ("serialize", "hash", "fsync", "copy", "step_wait")
     }
+    later = saves[1:] or saves  # the first async save allocates the host pool (page faults)
+
+    def stall(e: dict[str, Any]) -> float:  # + the next optimizer step's wait for the host copy
+        return e["seconds"] + e.get("write_seconds", {}).get("step_wait", 0.0)
+
     return {
         "saves": len(saves),
         "mb": mb,
-        "blocked": statistics.mean(e["seconds"] for e in saves),
-        "blocked_max": max(e["seconds"] for e in saves),
-        # the first save allocates the async host pool (page faults); later ones reuse it
-        "blocked_later": statistics.mean(e["seconds"] for e in saves[1:])
-        if saves[1:]
-        else float("nan"),
-        "waited": statistics.mean(e.get("wait_seconds", 0.0) for e in saves),
-        "total": statistics.mean(e["total_seconds"] for e in saves),
-        "write_mb_s": mb / statistics.mean(e["total_seconds"] for e in saves),
-        "step": statistics.median(outside) if outside else float("nan"),
-        "step_during": statistics.median(during) if during else float("nan"),
+        "blocked": statistics.median(stall(e) for e in saves),
+        "blocked_later": statistics.median(stall(e) for e in later),
+        "blocked_max": max(stall(e) for e in saves),
+        "total": statistics.median(e["total_seconds"] for e in saves),
         "parts": parts,
     }
 
@@ -167,59 +182,61 @@ def main() -> None:
     parser.add_argument("--models", default="opt_tiny,opt125m")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--every", type=int, default=4, help="checkpoint.interval_steps")
+    parser.add_argument("--dd-rounds", type=int, default=2, help="dd runs at each of 4 points")
     opts = parser.parse_args()
     base = opts.dir or Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
+    out = []
     with tempfile.TemporaryDirectory(dir=base, prefix="ckpt-io-") as tmp:
         workdir = Path(tmp)
-        results, universal = {}, {}
         for model in opts.models.split(","):
-            for mode in ("sync", "async"):
-                run = train(workdir, model, mode, opts.steps, opts.every)
-                results[model, mode] = figures(run)
-                if mode == "sync":
-                    universal[model] = universal_seconds(run)
+            sync_run = train(workdir, model, "sync", opts.steps, opts.every)
+            sync = figures(sync_run)
+            size, dd = max(1, round(sync["mb"])), []
+            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]
+            async_ = figures(train(workdir, model, "async", opts.steps, opts.every))
+            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]
+            evict(newest(sync_run))
+            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]
+            load = load_figures(train(workdir, model, "load", opts.steps, opts.every))
+            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]
+            out.append((model, sync, async_, load, dd, universal_seconds(sync_run)))
+    print(
+        f"checkpoint I/O on {base} (cluster=local, 2 CPU ranks, fp32, ZeRO-2; medians over the "
+        f"saves of {opts.steps} steps, one every {opts.every}; dd: median of "
+        f"{4 * opts.dd_rounds} runs interleaved with the training runs)"
+    )
+    head = (
+        f"{'model':8} {'bytes':>13} {'sync save s':>11} {'MB/s':>7} {'dd MB/s':>8} "
+        f"{'ratio':>6} {'async stall s':>13} {'stall/sync':>10} {'load s':>7} {'load MB/s':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for model, sync, async_, load, dd, _ in out:
+        mb_s, ref = sync["mb"] / sync["total"], statistics.median(dd)
         print(
-            f"checkpoint I/O on {workdir.parent} (2 CPU ranks, fp32, ZeRO-2; "
-            f"means over the saves of {opts.steps} steps, one every {opts.every})"
+            f"{model:8} {round(sync['mb'] * 1e6):>13,} {sync['total']:>11.3f} {mb_s:>7.1f} "
+            f"{ref:>8.1f} {mb_s / ref:>6.2f} {async_['blocked_later']:>13.3f} "
+            f"{async_['blocked_later'] / sync['total']:>10.3f} {load['seconds']:>7.3f} "
+            f"{load['mb'] / load['seconds']:>9.1f}"
         )
-        head = (
-            f"{'model':9} {'mode':5} {'saves':>5} {'MB/save':>8} {'blocked s':>10} "
-            f"{'max s':>7} {'waited s':>9} {'total s':>8} {'write MB/s':>10} "
-            f"{'dd':>7} {'ratio':>6} {'dd reuse':>8} {'step s':>7} {'step s*':>8}"
-        )
-        print(head)
-        print("-" * len(head))
-        for (model, mode), f in results.items():
-            dd_new, dd_reused = dd_mb_s(workdir, max(1, round(f["mb"])))
-            print(
-                f"{model:9} {mode:5} {f['saves']:>5} {f['mb']:>8.1f} {f['blocked']:>10.3f} "
-                f"{f['blocked_max']:>7.3f} {f['waited']:>9.3f} {f['total']:>8.3f} "
-                f"{f['write_mb_s']:>10.1f} {dd_new:>7.1f} {f['write_mb_s'] / dd_new:>6.2f} "
-                f"{dd_reused:>8.1f} {f['step']:>7.3f} {f['step_during']:>8.3f}"
-            )
-            print(f"{'':15} slowest rank's write: {f['parts']}")
-        for model in dict.fromkeys(m for m, _ in results):
-            sync, later = results[model, "sync"], results[model, "async"]
-            print(
-                f"{model}: async blocked / sync blocked = {later['blocked'] / sync['blocked']:.3f} "
-                f"(all saves), {later['blocked_later'] / sync['blocked_later']:.3f} (after the "
-                f"first, which allocates the host pool)"
-            )
-        for model, seconds in universal.items():
-            print(
-                f"{model}: universal conversion of one checkpoint (ds_to_universal, "
-                f"--inject_missing_state): {seconds:.1f} s"
-            )
+    print()
+    for model, sync, async_, load, dd, universal in out:
         print(
-            "blocked s: the loop waited (sync: the whole save; async: host copy + waiting for "
-            "the previous save);\nwaited s: part of it spent waiting for the previous save; "
-            "total s: until published;\nwrite MB/s: checkpoint bytes / total s; dd: as many bytes "
-            "with conv=fsync, one dd per rank at once, into new files after a 5 s pause (as a "
-            "save writes); ratio: write / dd;\ndd reuse: one dd, each file deleted just before "
-            "the next (pages reused: optimistic);\nstep s: median step time; step s*: median step time of "
-            "steps that ran while a save was being written (async only)"
+            f"{model}: dd runs MB/s {[round(x) for x in dd]}; sync saves {sync['saves']}, slowest "
+            f"rank's write {sync['parts']}; async stall all saves {async_['blocked']:.3f} s "
+            f"(first allocates the host pool; max {async_['blocked_max']:.3f} s), until published "
+            f"{async_['total']:.3f} s; loaded {load['mb']:.0f} MB (cold); universal conversion "
+            f"{universal:.1f} s"
         )
+    print(
+        "sync save s: median time a synchronous save blocked the loop (= until published); MB/s: "
+        "bytes / that;\ndd MB/s: as many bytes with conv=fsync, one dd per rank at once, new files, "
+        "after a 5 s pause; ratio: MB/s / dd;\nasync stall s: median time an async save blocked the "
+        "loop (waiting for the previous save, laying out the host copy) + the next optimizer step's "
+        "wait for the copy (write_seconds.step_wait), saves after the first;\nload s: the "
+        "resumed run's checkpoint_loaded (its files evicted from the page cache before)"
+    )
 
 
 if __name__ == "__main__":

@@ -98,3 +98,99 @@ def test_measured_save_seconds_is_the_median_of_recent_saves() -> None:
     rows = [{"event": "checkpoint_saved", "seconds": s} for s in (100, 10, 20, 30, 40, 50)]
     assert ci.measured_save_seconds(rows) == 30
     assert ci.measured_save_seconds([{"event": "started"}]) is None
+
+
+# ---- hot spares (issue 14 item 7) ----------------------------------------------------------------
+
+
+def _sim():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import goodput_sim
+
+    return goodput_sim
+
+
+class Script:
+    """Scripted draws: failure gaps, spare-or-not, queue waits, repair times, in order."""
+
+    def __init__(self, gaps, waits, spare=(), repairs=()):
+        self.gaps, self.waits, self.spare, self.repairs = [*gaps], [*waits], [*spare], [*repairs]
+
+    def gap(self, rate):
+        return self.gaps.pop(0) if self.gaps else math.inf
+
+    def is_spare(self, spares, nodes):
+        return self.spare.pop(0) if self.spare else False
+
+    def queue_wait(self):
+        return self.waits.pop(0)
+
+    def repair(self, mean):
+        return self.repairs.pop(0)
+
+
+def _model(spares, **kw):
+    g = _sim()
+    base = dict(nodes=10, spares=spares, wall=1000.0, rate=1e-3, interval=90.0, save=10.0)
+    base.update(detect=5.0, restart_in=20.0, restart_out=50.0)
+    return g.SpareModel(**{**base, **kw})
+
+
+def _parts(t):
+    return t.useful + t.saving + t.lost + t.detecting + t.restarting + t.queued
+
+
+def test_spares_no_failure_queue_then_start_up_then_segments():
+    t = _sim().trial(_model(0, wall=1100.0), Script([], [100.0]))
+    assert (t.queued, t.restarting, t.useful, t.saving, t.lost) == (100, 50, 810, 90, 50)
+    assert _parts(t) == pytest.approx(1100)
+
+
+def test_spares_a_failure_with_a_spare_restarts_inside_the_allocation():
+    t = _sim().trial(_model(1), Script([280.0], [0.0]))
+    # 0-50 start-up, 2 segments, failure at 280 loses 30 s; detect 5, restart 20, 6 segments
+    assert (t.useful, t.saving, t.lost, t.detecting, t.restarting) == (720, 80, 125, 5, 70)
+    assert (t.failures, t.in_alloc, t.requeues, t.queued) == (1, 1, 0, 0)
+    assert t.spare_node_s == pytest.approx(285)  # held until it replaced the node
+    assert _parts(t) == pytest.approx(1000)
+    assert t.paid_goodput == pytest.approx(720 * 10 / (10 * 1000 + 285))
+
+
+def test_spares_without_a_spare_the_job_goes_back_through_the_queue():
+    t = _sim().trial(_model(0), Script([280.0], [0.0, 100.0]))
+    assert (t.useful, t.saving, t.lost, t.queued, t.restarting) == (630, 70, 95, 100, 100)
+    assert (t.failures, t.in_alloc, t.requeues) == (1, 0, 1)
+    assert _parts(t) == pytest.approx(1000) and t.paid_goodput == t.goodput
+
+
+def test_spares_a_failed_spare_costs_no_work_and_a_repaired_node_rejoins():
+    g = _sim()
+    t = g.trial(_model(1), Script([280.0], [0.0], spare=[True]))
+    assert (t.failures, t.spare_failures, t.lost) == (0, 1, 50)  # only the tail: 950 = 9 x 100 + 50
+    assert t.spare_node_s == pytest.approx(280)
+    t = g.trial(_model(1, repair=1.0), Script([280.0, 400.0, 305.0], [0.0], repairs=[100, 100]))
+    # failure at 280 uses the spare; the lost node is back at 380 and covers the failure at 685
+    assert (t.failures, t.in_alloc, t.requeues, t.queued) == (2, 2, 0, 0)
+    assert t.spare_node_s == pytest.approx(280 + 5 + 305 + 5 + 215)  # held, detection included
+    assert _parts(t) == pytest.approx(1000)
+
+
+def test_queue_wait_lognormal_hits_its_median_and_p90():
+    g = _sim()
+    rng = __import__("random").Random(3)
+    waits = sorted(g.QueueWait(600.0, 3600.0).draw(rng) for _ in range(20_000))
+    assert waits[10_000] == pytest.approx(600, rel=0.05)
+    assert waits[18_000] == pytest.approx(3600, rel=0.07)
+
+
+def test_spares_cli_rows_and_determinism():
+    cmd = [sys.executable, str(ROOT / "tools" / "goodput_sim.py"), "--nodes", "512", "--days", "60"]
+    cmd += ["--spares", "0,1,2,4", "--trials", "10", "--seed", "7"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert out == subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("K "))
+    assert [line.split()[0] for line in lines[start + 2 : start + 6]] == ["0", "1", "2", "4"]
+    assert "best K = " in out and "per paid GPU-hour" in out
+    bad = subprocess.run([*cmd[:-4], "--spares", "a"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--spares 'a'" in bad.stderr

@@ -343,7 +343,8 @@ def _rank_bytes(report: dict[str, Any]) -> int:
 def _slowest(reports: list[dict[str, Any]]) -> dict[str, float]:
     """The slowest rank's serialize/hash/fsync seconds: where a save's time went."""
     parts = [r.get("seconds") or {} for r in reports]
-    return {key: max(p.get(key, 0.0) for p in parts) for key in ("serialize", "hash", "fsync")}
+    keys = dict.fromkeys(["serialize", "hash", "fsync", *(k for p in parts for k in p)])
+    return {key: max(p.get(key, 0.0) for p in parts) for key in keys}
 
 
 def _marker(tmp: Path, rank: int, kind: str) -> Path:

@@ -7,22 +7,31 @@ DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. Thi
   ranks agree on the outcome afterwards;
 - in deferred (async) mode only copies the state into host memory (a reused buffer pool, pinned on
   GPUs, views and shared storages preserved like `torch.save` does) and writes it later, from a
-  background thread, with `flush()`.
+  background thread, with `flush()`. Once the run's optimizer has been seen stepping through
+  torch's optimizer step hooks, even the copy leaves the loop: `save` only lays out the buffers,
+  the background thread copies, and the next optimizer step (the first write to any saved tensor)
+  waits for the copy in a global step pre-hook, or does it itself if the thread has not started.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
+import errno
 import os
+import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from slurmtrain.compute.checkpoint.format import CHECKSUM, Crc32
 
 Hook = Callable[[int, str], None]  # (step, file name) after each shard is on disk
+Progress = Callable[[int], None]  # bytes this rank wrote in the current save so far, per chunk
 _ATOMS = (str, bytes, int, float, bool, complex, type(None))
 
 
@@ -39,9 +48,26 @@ class HostPool:
         self.used = 0
         self.storages: dict[tuple[str, int], torch.UntypedStorage] = {}
         self.cuda = False
+        self.lazy = False  # copy later, in `run` (from the writer's thread or the step hook)
+        self.tasks: list[tuple[torch.UntypedStorage, torch.UntypedStorage, bool]] = []
+        self.lock = threading.Lock()
 
-    def begin(self) -> None:
-        self.used, self.storages = 0, {}
+    def begin(self, lazy: bool = False) -> None:
+        self.run()  # a copy still pending (a save given up) never outlives its save
+        self.used, self.storages, self.lazy = 0, {}, lazy
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.tasks)
+
+    def run(self) -> None:
+        """Do the copies `tensor` deferred (lazy mode); whoever comes second waits for the first."""
+        with self.lock:
+            tasks, self.tasks = self.tasks, []
+            for host, source, gpu in tasks:
+                host.copy_(source, non_blocking=gpu)
+            if tasks:
+                self.sync()
 
     def _buffer(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
         i = self.used
@@ -65,7 +91,10 @@ class HostPool:
             gpu = t.device.type != "cpu"
             self.cuda |= t.device.type == "cuda"
             host = self._buffer(source.nbytes(), pinned=gpu and torch.cuda.is_available())
-            host.copy_(source, non_blocking=gpu)
+            if self.lazy:
+                self.tasks.append((host, source, gpu))
+            else:
+                host.copy_(source, non_blocking=gpu)
             self.storages[key] = host
         out = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
         if isinstance(t, torch.nn.Parameter):
@@ -105,47 +134,138 @@ def free_bytes(path: str) -> Optional[int]:
         return None
 
 
-class _HashingFile:
-    """What torch.save writes into: hashes on the way (no re-read) and keeps the OSError."""
+_WINDOW = 64 << 20  # bytes per write call and per writeback window
+_SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4
+_SAVE_CONFIG = threading.Lock()  # torch's serialization config is process-wide
 
-    def __init__(self, f: Any, hashing: bool) -> None:
-        self.f, self.error = f, None
+
+def _sync_file_range() -> Optional[Callable[..., int]]:
+    """Linux's sync_file_range(2), or None (then writeback starts at fsync, like dd's)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return call
+
+
+_SYNC_RANGE = _sync_file_range()
+
+
+class _RawFile:
+    """What torch.save writes into: its records arrive whole (tensor storages without a copy) and
+    go to the file descriptor in 64 MiB `os.write` calls, hashed on the same buffers (no re-read).
+
+    Each full window is handed to the disk at once (sync_file_range WRITE) and the one two windows
+    back waited for (a few windows dirty at most), so the disk writes while the next bytes are
+    copied and hashed: the final fsync waits for the last windows only, where `dd conv=fsync`
+    waits for all of them. Keeps the OSError.
+    """
+
+    def __init__(self, fd: int, hashing: bool, progress: Optional[Progress] = None) -> None:
+        self.fd, self.error, self.progress = fd, None, progress
         self.checksum = Crc32() if hashing else None
         self.hash_seconds = 0.0
+        self.offset = self.kicked = 0
+        self.windows: list[tuple[int, int]] = []  # handed to the disk, not yet waited for
+        self.writeback = _SYNC_RANGE
 
     def write(self, data: Any) -> int:
-        try:
-            n = self.f.write(data)
-        except OSError as err:
-            self.error = err
-            raise
-        if self.checksum is not None:
-            started = time.perf_counter()
-            self.checksum.update(data)
-            self.hash_seconds += time.perf_counter() - started
-        return n
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                n = os.write(self.fd, view[done : done + _WINDOW])
+                if n == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as err:
+                self.error = err
+                raise
+            if self.checksum is not None:
+                started = time.perf_counter()
+                self.checksum.update(view[done : done + n])
+                self.hash_seconds += time.perf_counter() - started
+            done += n
+            self.offset += n
+            if self.offset - self.kicked >= _WINDOW:
+                self._kick()
+            if self.progress is not None:
+                self.progress(self.offset)
+        return done
+
+    def _kick(self) -> None:
+        if self.writeback is None:
+            return
+        window = (self.kicked, self.offset - self.kicked)
+        self.kicked = self.offset
+        if self.writeback(self.fd, *window, _SYNC_WRITE) != 0:
+            self.writeback = None  # not supported here (e.g. some network filesystems)
+            return
+        self.windows.append(window)
+        if len(self.windows) > 2:
+            start, length = self.windows.pop(0)
+            wait = _SYNC_WAIT_BEFORE | _SYNC_WRITE | _SYNC_WAIT_AFTER
+            self.writeback(self.fd, start, length, wait)
 
     def flush(self) -> None:
-        self.f.flush()
+        pass
+
+
+def _torch_save(state: Any, sink: _RawFile, zipfile_serialization: bool) -> None:
+    """torch.save without the zip records' own CRC-32 (a second pass over every byte, in miniz):
+    the manifest's checksum covers the whole file. The file stays a plain torch.load file."""
+    config = getattr(getattr(torch.utils, "serialization", None), "config", None)
+    if config is None or not zipfile_serialization:
+        torch.save(state, sink, _use_new_zipfile_serialization=zipfile_serialization)
+        return
+    with _SAVE_CONFIG, config.patch({"save.compute_crc32": False}):
+        torch.save(state, sink)
+
+
+_WRITERS: "weakref.WeakSet[ShardWriter]" = weakref.WeakSet()
+_HOOK: list[Any] = []  # the global optimizer step pre-hook's handle, registered once
+
+
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Every optimizer step of the process: no saved tensor changes before its copy is taken."""
+    for writer in list(_WRITERS):
+        writer.steps_seen += 1
+        if writer.pool.pending:
+            started = time.perf_counter()
+            writer.pool.run()
+            writer.seconds["step_wait"] += time.perf_counter() - started
 
 
 class ShardWriter(TorchCheckpointEngine):
     """One rank's writer for one save at a time: `begin`, DeepSpeed's saves, `flush`, `report`."""
 
-    def __init__(self, zipfile_serialization: bool, verify: str, hook: Optional[Hook] = None):
+    def __init__(
+        self,
+        zipfile_serialization: bool,
+        verify: str,
+        hook: Optional[Hook] = None,
+        progress: Optional[Progress] = None,
+    ):
         super().__init__(None)
         self.zipfile_serialization = zipfile_serialization
-        self.verify, self.hook = verify, hook
+        self.verify, self.hook, self.progress = verify, hook, progress
         self.pool = HostPool()
+        self.steps_seen = 0  # optimizer steps the global pre-hook saw: it guards lazy copies
         self.begin(0, "", deferred=False)
+        _WRITERS.add(self)
+        if not _HOOK:
+            _HOOK.append(register_optimizer_step_pre_hook(_before_optimizer_step))
 
     def begin(self, step: int, directory: str, deferred: bool) -> None:
         self.step, self.directory, self.deferred = step, directory, deferred
         self.pending: list[tuple[Any, str]] = []
         self.files: dict[str, dict[str, Any]] = {}
         self.error: Optional[str] = None
-        self.seconds = {"serialize": 0.0, "hash": 0.0, "fsync": 0.0}  # where this rank's write went
-        self.pool.begin()
+        self.written = 0  # bytes this rank wrote in this save (what `progress` is told)
+        # where this rank's save went; step_wait: the loop's next optimizer step waited for the copy
+        self.seconds = {"serialize": 0.0, "hash": 0.0, "fsync": 0.0, "copy": 0.0, "step_wait": 0.0}
+        self.pool.begin(lazy=deferred and self.steps_seen > 0)
 
     def _fail(self, err: BaseException, path: str) -> None:
         if self.error is None:
@@ -173,23 +293,43 @@ class ShardWriter(TorchCheckpointEngine):
         else:
             self._write(state_dict, path)
 
+    def load(self, path: str, map_location: Any = None) -> Any:
+        """DeepSpeed's loads: the whole file is handed to the kernel's read-ahead first, so the
+        disk streams it while torch.load allocates and unpickles (the file is torch.load's own)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):
+            pass  # torch.load reports a missing file; no fadvise: it only reads a little later
+        return torch.load(path, map_location=map_location, weights_only=False)
+
     def host_copy_done(self) -> None:
-        """Called on the main thread when DeepSpeed is done: device-to-host copies complete."""
-        self.pool.sync()
+        """Called on the main thread when DeepSpeed is done: device-to-host copies complete
+        (lazy mode: they have not started; the writer's thread or the next optimizer step runs them)."""
+        if not self.pool.lazy:
+            self.pool.sync()
 
     def _write(self, state: Any, path: str) -> None:
-        sink: Optional[_HashingFile] = None
+        sink: Optional[_RawFile] = None
+        before = self.written
+        progress = None if self.progress is None else lambda n: self.progress(before + n)
         try:
-            with open(path, "wb") as f:
-                sink = _HashingFile(f, self.verify == "checksum")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                sink = _RawFile(fd, self.verify == "checksum", progress)
                 started = time.perf_counter()
-                torch.save(state, sink, _use_new_zipfile_serialization=self.zipfile_serialization)
-                f.flush()
+                _torch_save(state, sink, self.zipfile_serialization)
                 written = time.perf_counter()
-                os.fsync(f.fileno())
+                os.fsync(fd)
                 self.seconds["fsync"] += time.perf_counter() - written
                 self.seconds["serialize"] += written - started - sink.hash_seconds
                 self.seconds["hash"] += sink.hash_seconds
+            finally:
+                os.close(fd)
             entry: dict[str, Any] = {"size": os.path.getsize(path)}
             if sink.checksum is not None:
                 entry[CHECKSUM] = sink.checksum.hexdigest()
@@ -198,12 +338,16 @@ class ShardWriter(TorchCheckpointEngine):
             self._fail(sink.error if sink is not None and sink.error else err, path)
             self.discard(path)
             return
+        self.written = before + entry["size"]
         self.files[os.path.relpath(path, self.directory)] = entry
         if self.hook is not None:
             self.hook(self.step, os.path.basename(path))
 
     def flush(self) -> None:
         """Write what `save` deferred (background thread); host buffers stay for the next save."""
+        started = time.perf_counter()
+        self.pool.run()
+        self.seconds["copy"] += time.perf_counter() - started
         pending, self.pending = self.pending, []
         for state, path in pending:
             if self.error is None:
