@@ -81,9 +81,12 @@ def duplicate_trainers(t: Trial) -> bool:
     ordered = [spans[a] for a in sorted(spans)]
     if any(prev[1] > nxt[0] for prev, nxt in zip(ordered, ordered[1:])):
         return True
-    seen: dict[tuple[int, int], int] = {}
+    # An in-process rollback retrains the steps after the checkpoint it went back to, in the same
+    # attempt: a step counts twice only within one stretch between rollbacks.
+    rollbacks = sorted(e["time"] for e in ev if e["event"] == "rollback")
+    seen: dict[tuple[int, int, int], int] = {}
     for r in rows:
-        key = (r["attempt"], r["step"])
+        key = (r["attempt"], sum(t <= r["time"] for t in rollbacks), r["step"])
         seen[key] = seen.get(key, 0) + 1
     return any(n > 1 for n in seen.values())
 
