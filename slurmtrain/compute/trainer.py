@@ -317,13 +317,15 @@ class Trainer:
         """Reload the newest valid checkpoint in this process and skip the data window that
         diverged; False (and `self.stop`) when the run must stop `diverged` instead."""
         from slurmtrain.compute import divergence
-        from slurmtrain.compute.checkpoint import format as ckpt
+        from slurmtrain.compute.checkpoint import verify
 
         cfg = self.cfg
         self.checkpointer.settle()  # an async save in flight is published (or failed) first
-        plan, found = None, None
+        found = verify.newest_valid(
+            cfg, self.run, self.rank, self.world, self.watchdog, self.deadlines, self.attempt.record
+        )
+        plan = None
         if self.rank == 0:
-            found = ckpt.find_resumable(self.run.checkpoints, cfg.checkpoint.verify == "checksum")
             manifest = found.manifest
             step = int(manifest["step"]) if found.path is not None else None
             if step is not None and int(manifest.get("world_size", self.world)) != self.world:
@@ -333,7 +335,7 @@ class Trainer:
             plan = divergence.plan_rollback(
                 d, step, own, previous, cfg.faults, cfg.train.max_steps, cfg.train.global_batch_size
             )
-        plan, found = broadcast((plan, found))
+        plan = broadcast(plan)
         loss = divergence.finite_or_text(d.loss)
         if plan.stop is not None:
             self.stop = (faults.DIVERGED, plan.stop)

@@ -111,3 +111,27 @@ def choose(
     else:
         checks.serve()
     return _broadcast(choice), limits
+
+
+def newest_valid(
+    cfg: Any,
+    run: Any,
+    rank: int,
+    world: int,
+    watchdog: Any,
+    deadlines: phases.Deadlines,
+    record: Callable[..., Any],
+) -> Any:
+    """Collective: the newest checkpoint that validates (a rollback's target), its files checked
+    by every rank in parallel as at start-up, never rank 0 alone under the step's deadline."""
+    checks = ParallelVerify(rank, world, watchdog, deadlines, record)
+    full = cfg.checkpoint.verify == "checksum"
+    found = None
+    if rank == 0:
+        try:
+            found = ckpt.find_resumable(run.checkpoints, full, checks.check if full else None)
+        finally:
+            checks.done()
+    else:
+        checks.serve()
+    return _broadcast(found)
