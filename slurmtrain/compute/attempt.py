@@ -288,15 +288,14 @@ def _run(run: RunDir, cfg: Any, where: Placement, flags: Any, watchdog: Watchdog
             return errors.EXIT_BAD_NODE
         code = Trainer(cfg, run, where, attempt, flags, injector, watchdog).fit()
     except Exception as err:  # the failing rank records its error and class, then re-raises
+        error, trace = f"{type(err).__name__}: {err}", traceback.format_exc()
         attempt.record_any(
             "failed",
-            **{
-                "class": faults.CRASH,
-                "error": f"{type(err).__name__}: {err}",
-                "step": attempt.step,
-            },
-            traceback=traceback.format_exc()[-4000:],
+            **{"class": faults.CRASH, "error": error, "step": attempt.step},
+            traceback=trace[-4000:],
         )
+        if faults.is_peer_error([{"error": error}]):
+            watchdog.dump_after_peer_failure(f"peer failure: {error}\n{trace}\n")
         raise
     finally:
         watchdog.stop()

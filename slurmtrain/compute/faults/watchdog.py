@@ -183,6 +183,13 @@ class Watchdog:
         finally:
             os._exit(self.exit_code)
 
+    def dump_after_peer_failure(self, header: str) -> None:
+        """A peer died or hung first and this rank's collective failed: leave this rank's stacks
+        beside the hung one's (where it waited), unless its own watchdog already wrote them."""
+        if not self.stacks.exists():
+            text = stacks_text(header)
+            bounded(lambda: self._dump(text), self.write_s, "stack dump")
+
     def _dump(self, text: str) -> None:
         self.stacks.parent.mkdir(parents=True, exist_ok=True)
         with open(self.stacks, "w") as f:
