@@ -104,7 +104,8 @@ def main() -> None:
                 print(rows[-1], file=sys.stderr, flush=True)
     print(f"node failure at step 12 of a 2-node run; free nodes taken for {BLOCK_S} s at the kill")
     head = (
-        f"{'variant':8} {'end':9} {'detect s':>9} {'failure->first step s':>22} {'lost':>5}  jobs"
+        f"{'variant':8} {'end':9} {'detect s':>9} {'failure->next start s':>22} "
+        f"{'failure->first step s':>22} {'lost':>5}  jobs"
     )
     print(head)
     print("-" * len(head))
