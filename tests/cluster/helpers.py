@@ -60,3 +60,25 @@ def only_run(root: Path, name: str) -> Path:
 
 def cancel_all_of(name: str) -> None:
     subprocess.run(["scancel", "--name", f"st-{name}"], capture_output=True)
+
+
+def submit_run(
+    base: list[str], workdir: Path, name: str, args: list[str], inject: str = ""
+) -> Path:
+    """`python -m slurmtrain` with `base + args` (and a SLURMTRAIN_INJECT fault); the run dir."""
+    from tests.conftest import run_cli
+
+    env = {"SLURMTRAIN_INJECT": inject} if inject else None
+    done = run_cli(base + [f"name={name}"] + args, cwd=workdir, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return only_run(workdir / "runs", name)
+
+
+def steps_by_attempt(run: Path) -> dict[int, list[int]]:
+    """metrics.jsonl's steps, per attempt."""
+    from tests.conftest import read_jsonl
+
+    out: dict[int, list[int]] = {}
+    for row in read_jsonl(run / "metrics.jsonl"):
+        out.setdefault(row["attempt"], []).append(row["step"])
+    return out

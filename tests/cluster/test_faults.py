@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.cluster.helpers import events, only_run, wait_event, wait_until
+from tests.cluster.helpers import events, steps_by_attempt, submit_run, wait_event, wait_until
 from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
@@ -28,17 +28,7 @@ BASE = [
 
 
 def submit(workdir, name, args, inject=""):
-    env = {"SLURMTRAIN_INJECT": inject} if inject else None
-    done = run_cli(BASE + [f"name={name}"] + args, cwd=workdir, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return only_run(workdir / "runs", name)
-
-
-def steps_by_attempt(run):
-    out: dict[int, list[int]] = {}
-    for row in read_jsonl(run / "metrics.jsonl"):
-        out.setdefault(row["attempt"], []).append(row["step"])
-    return out
+    return submit_run(BASE, workdir, name, args, inject)
 
 
 def kinds(run):

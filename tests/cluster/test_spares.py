@@ -8,13 +8,14 @@ place.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 
 import pytest
 
-from tests.cluster.helpers import events, only_run, wait_event, wait_until
+from tests.cluster.helpers import events, steps_by_attempt, submit_run, wait_event, wait_until
 from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
@@ -28,10 +29,7 @@ BASE = [
 
 
 def submit(workdir, name, args, inject=""):
-    env = {"SLURMTRAIN_INJECT": inject} if inject else None
-    done = run_cli(BASE + [f"name={name}"] + args, cwd=workdir, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return only_run(workdir / "runs", name)
+    return submit_run(BASE, workdir, name, args, inject)
 
 
 def wait_step(run, step):
@@ -45,16 +43,19 @@ def wait_step(run, step):
     )
 
 
-def kill_node(slurm_cluster, started, index):
+@contextlib.contextmanager
+def node_killed(slurm_cluster, started, index):
+    """Kill the node of rank `index` (its slurmd and its rank); bring it back on the way out."""
     victim = started["hosts"][index]
     os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)
     os.kill(started["pids"][index], signal.SIGKILL)
-    return victim
-
-
-def bring_back(slurm_cluster, node):
-    slurm_cluster.start()
-    subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+    try:
+        yield victim
+    finally:
+        slurm_cluster.start()
+        subprocess.run(
+            ["scontrol", "update", f"nodename={victim}", "state=resume"], capture_output=True
+        )
 
 
 def one_job(ev):
@@ -73,11 +74,8 @@ def test_node_failure_with_a_spare_restarts_inside_the_job(slurm_cluster, workdi
     )
     wait_step(run, 12)
     first = [e for e in events(run) if e["event"] == "started"][0]
-    victim = kill_node(slurm_cluster, first, 1)  # rank 1's node: the batch shell is on rank 0's
-    try:
+    with node_killed(slurm_cluster, first, 1) as victim:  # the batch shell is on rank 0's node
         wait_event(run, "finished", timeout=300, fail_on=())
-    finally:
-        bring_back(slurm_cluster, victim)
     ev = events(run)
     started = one_job(ev)
     assert len(started) == 2 and started[1]["world_size"] == started[0]["world_size"] == 2
@@ -88,10 +86,9 @@ def test_node_failure_with_a_spare_restarts_inside_the_job(slurm_cluster, workdi
     [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
     assert end["class"] == "node_failure"
     loaded = [e for e in ev if e["event"] == "checkpoint_loaded"][-1]
-    by_attempt: dict[int, list[int]] = {}
-    for row in read_jsonl(run / "metrics.jsonl"):
-        by_attempt.setdefault(row["attempt"], []).append(row["step"])
-    assert max(by_attempt[1]) - loaded["step"] <= 5  # at most one checkpoint interval lost
+    assert (
+        max(steps_by_attempt(run)[1]) - loaded["step"] <= 5
+    )  # at most one checkpoint interval lost
     assert not any(e["event"] == "requeued" for e in ev)
     status = run_cli(["status", "--json", str(run)], cwd=workdir, module="slurmtrain.cli")
     assert '"spares": {"held": 1, "idle": 0, "used": 1, "lost": 1}' in status.stdout
@@ -141,11 +138,8 @@ def test_a_range_with_no_spare_shrinks_in_place(slurm_cluster, workdir):
     wait_step(run, 12)
     first = [e for e in events(run) if e["event"] == "started"][0]
     assert first["world_size"] == 3
-    victim = kill_node(slurm_cluster, first, 2)
-    try:
+    with node_killed(slurm_cluster, first, 2) as victim:
         wait_event(run, "finished", timeout=300, fail_on=())
-    finally:
-        bring_back(slurm_cluster, victim)
     ev = events(run)
     started = one_job(ev)
     assert started[-1]["world_size"] == 2 and victim not in started[-1]["hosts"]
