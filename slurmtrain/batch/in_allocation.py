@@ -22,7 +22,7 @@ from typing import Any, Optional
 from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common import slurm_text as slurm
-from slurmtrain.common.schema import in_allocation, node_range
+from slurmtrain.common.schema import node_range, restarts_in_allocation
 
 # Classes a fresh srun on other nodes can cure. Time limit and preemption end the allocation; an
 # OOM, divergence, unreadable checkpoints or a config error would fail again on any nodes.
@@ -87,7 +87,7 @@ def plan(
 
     `failed`: nodes that must go (dead, bad); `excluded`: the run's active exclusions;
     `optional`: suspects swapped out only while enough other nodes remain."""
-    if cls not in RELAUNCH_CLASSES or not in_allocation(cfg):
+    if cls not in RELAUNCH_CLASSES or not restarts_in_allocation(cfg):
         return None
     low, high = node_range(cfg.nodes)
     out = set(failed) | set(excluded)

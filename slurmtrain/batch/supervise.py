@@ -34,8 +34,7 @@ from slurmtrain.common import errors, slurm_cmd
 from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_text as slurm
 from slurmtrain.common.rundir import RunDir, append_jsonl
-from slurmtrain.common.schema import in_allocation as in_allocation_ok
-from slurmtrain.common.schema import load_run_config
+from slurmtrain.common.schema import load_run_config, restarts_in_allocation
 
 EXIT_STOPPED = next_job.EXIT_STOPPED
 
@@ -190,7 +189,7 @@ def supervise(
         return 0
     failed = [e for e in rows if e["event"] == "failed"]
     # In-allocation: a dead node is found by probing its slurmd now, not by waiting for Slurm.
-    inside = relaunch_file is not None and in_allocation_ok(cfg) and not terminated
+    inside = relaunch_file is not None and restarts_in_allocation(cfg) and not terminated
     hosts = in_allocation.step_hosts(events, attempt) or nodes
     wait = 0.0 if inside else node_check_s(cfg)
     verdict = classify(rc, failed, events, hosts, wait, started=attempt is not None, probe=inside)

@@ -320,7 +320,7 @@ def tasks_per_node(cfg: DictConfig) -> int:
     return cfg.gpus_per_node if cfg.gpus_per_node > 0 else cfg.cluster.cpu_tasks_per_node
 
 
-def in_allocation(cfg: Any) -> bool:
+def restarts_in_allocation(cfg: Any) -> bool:
     """Restarts may happen inside the job's allocation: it holds spares, or `nodes` is a range
     (a failed node's survivors can still run it, smaller, through the universal checkpoint)."""
     low, high = node_range(cfg.nodes)

@@ -16,7 +16,7 @@ from typing import Any, Union
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import in_allocation, node_range, tasks_per_node
+from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -61,7 +61,14 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
     opts: dict[str, Flag] = {
         "job-name": checked("name", job_name),
         "nodes": f"{low}-{high}" if high != low else str(low),
-        "ntasks-per-node": str(tasks_per_node(cfg)),
+        # A range with --ntasks-per-node gets its smaller end (Slurm derives ntasks from it, at
+        # submission); --mincpus reserves each node's cores instead, and every srun step names
+        # its own node and task counts (job.sbatch.j2).
+        **(
+            {"ntasks-per-node": str(tasks_per_node(cfg))}
+            if high == low
+            else {"mincpus": str(tasks_per_node(cfg) * cpus_per_task(cfg))}
+        ),
         "cpus-per-task": str(cpus_per_task(cfg)),
         "time": checked("cluster.time", c.time),
         # USR2, not USR1: NCCL catches USR1. Sent to every task `lead` seconds before the limit.
@@ -69,13 +76,7 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         "requeue": True,
         "open-mode": "append",
     }
-    if high != low:
-        # A range with --ntasks-per-node gets its smaller end (Slurm derives ntasks from it, at
-        # submission); --mincpus reserves each node's cores instead, and every srun step names
-        # its own node and task counts (job.sbatch.j2).
-        del opts["ntasks-per-node"]
-        opts["mincpus"] = str(tasks_per_node(cfg) * cpus_per_task(cfg))
-    if in_allocation(cfg):
+    if restarts_in_allocation(cfg):
         opts["no-kill"] = True  # a node's death shrinks the allocation instead of ending the job
     if cfg.gpus_per_node > 0:
         opts["gpus-per-node"] = str(cfg.gpus_per_node)

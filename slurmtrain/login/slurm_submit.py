@@ -24,7 +24,7 @@ from slurmtrain.common import slurm_cmd
 from slurmtrain.common import slurm_text as slurm
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import in_allocation, node_range, tasks_per_node
+from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.login import flags
 from slurmtrain.login.submit import Submission
 
@@ -112,7 +112,7 @@ def render_script(
         run_arg=run_arg,
         exit_requeue=EXIT_REQUEUE,
         exit_relaunch=EXIT_RELAUNCH,
-        in_allocation=in_allocation(cfg),
+        in_allocation=restarts_in_allocation(cfg),
         spare_nodes=int(cfg.faults.spare_nodes),
         nodes=cfg.nodes,
         nodes_max=node_range(cfg.nodes)[1],
