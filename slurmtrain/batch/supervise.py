@@ -35,6 +35,7 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_text as slurm
 from slurmtrain.common.rundir import RunDir, append_jsonl
 from slurmtrain.common.schema import load_run_config, restarts_in_allocation
+from slurmtrain.planning import deadlines as phases
 
 EXIT_STOPPED = next_job.EXIT_STOPPED
 
@@ -66,6 +67,14 @@ def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[
     return sorted({n for n in (faults.row_node(e, events) for e in rows) if n})
 
 
+def never_joined(hung: list[dict[str, Any]]) -> list[str]:
+    """The step's nodes from which no rank reported waiting in the rendezvous: their ranks never
+    arrived (a node that hangs in start-up, or died before its ranks could write a row)."""
+    waiting = [e for e in hung if e.get("phase") == phases.RENDEZVOUS and e.get("step_nodes")]
+    step_nodes = {str(n) for e in waiting for n in e["step_nodes"]}
+    return sorted(step_nodes - {str(e.get("host")) for e in waiting})
+
+
 def node_check_s(cfg: Any) -> float:
     """How long to wait for Slurm to mark a dead node down: faults.node_check_s, or (0) this
     cluster's SlurmdTimeout + 30 s."""
@@ -91,7 +100,8 @@ def classify(
 
     A real error outranks hang rows and peers' communication errors: an OOM is `oom` (node and
     step named, not excluded); a local CUDA/NCCL/ECC error is a node failure of the node that
-    recorded it (excluded); a hang before `started` is attributed to the stuck ranks' nodes."""
+    recorded it (excluded); a hang before `started` is attributed to the stuck ranks' nodes, and
+    a rendezvous that timed out to the step's nodes none of whose ranks joined it."""
     if rc in faults.EXIT_CLASS and rc != errors.EXIT_HANG:
         return Verdict(faults.EXIT_CLASS[rc])
     real = faults.real_errors(failed)
@@ -112,7 +122,12 @@ def classify(
         if started:
             return Verdict(faults.HANG)
         named = _nodes_of(hung, events)
-        return Verdict(faults.HANG, named, {n: "hang before started" for n in named})
+        if named:
+            return Verdict(faults.HANG, named, {n: "hang before started" for n in named})
+        absent = never_joined(hung)
+        return Verdict(
+            faults.HANG, absent, {n: "its ranks never joined the rendezvous" for n in absent}
+        )
     # Nobody raised a real error: a peer or node died. Ask its slurmd (`probe`), or give Slurm
     # time to notice.
     dead = slurm_cmd.unreachable_nodes(nodes) if probe else []

@@ -23,11 +23,12 @@ from slurmtrain.common import errors, provenance
 from slurmtrain.common import ledger as faults
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
-from slurmtrain.compute.distributed import Placement, export, placement, rank_device
+from slurmtrain.common.slurm_text import expand_hostlist
+from slurmtrain.compute.distributed import Placement, broadcast, export, placement, rank_device
 from slurmtrain.compute.faults import owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
-from slurmtrain.compute.trainer import Trainer, broadcast
+from slurmtrain.compute.trainer import Trainer
 from slurmtrain.planning import deadlines as phases
 
 
@@ -155,9 +156,11 @@ def _relaunch() -> int:
 
 def _startup_hang(run: RunDir, where: Placement, watchdog: Watchdog, why: str) -> None:
     """A hang before the attempt has a number: its row names job id and restart count. A rank
-    stuck in the rendezvous is waiting for the ranks that never joined: its row names its host,
-    not a `node` for the supervisor to blame (every healthy rank would write one)."""
+    stuck in the rendezvous is waiting for the ranks that never joined: its row names its host and
+    the step's nodes, not a `node` to blame (every healthy rank writes one); the supervisor blames
+    the step's nodes that wrote none."""
     waiting = watchdog.current == phases.RENDEZVOUS
+    step_nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     run.record(
         "failed",
         job_id=where.job_id,
@@ -168,6 +171,7 @@ def _startup_hang(run: RunDir, where: Placement, watchdog: Watchdog, why: str) -
         restart=_restart(),
         relaunch=_relaunch(),
         phase=watchdog.current,
+        step_nodes=expand_hostlist(step_nodes) if waiting and step_nodes else None,
         **{
             "class": faults.HANG,
             "error": why + (" (waiting for ranks to join)" if waiting else ""),

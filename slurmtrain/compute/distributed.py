@@ -146,3 +146,12 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
             f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r})"
         )
     return torch.device("cuda", device_index(env, visible, local_rank))
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's (picklable) object on every rank."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -6,10 +6,13 @@ the same length on every rank (a padding window counts 0), so every rank runs th
 ZeRO-3 gathers parameters collectively in each forward. After every batch one all-reduce carries
 the loss sum, the token count and the signal flags: a stop signal during evaluation is honoured at
 the next batch, all ranks together, and the evaluation is dropped (no valid_loss for that step).
+Evaluation is its own watchdog phase (`eval`) and every batch is a heartbeat: a validation pass
+longer than the step deadline (a big held-out set at 66B) is progress, not a hang.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Optional
 
@@ -18,13 +21,23 @@ import torch.distributed as dist
 
 from slurmtrain.compute.data import Data, share
 from slurmtrain.compute.faults.signals import NONE, TERMINATE, TIME_LIMIT, SignalFlags
+from slurmtrain.planning import deadlines as phases
 
 
 class Evaluator:
     def __init__(
-        self, data: Data, cfg: Any, rank: int, world: int, device: torch.device, on_batch=None
+        self,
+        data: Data,
+        cfg: Any,
+        rank: int,
+        world: int,
+        device: torch.device,
+        on_batch=None,
+        watchdog: Any = None,
+        deadline_s: float = 0.0,
     ) -> None:
         self.data, self.rank, self.world, self.device = data, rank, world, device
+        self.watchdog, self.deadline_s = watchdog, deadline_s  # the `eval` phase (trainer's)
         self.interval = int(cfg.train.get("eval_interval", 0) or 0)
         self.max_steps = int(cfg.train.max_steps)
         self.micro = int(cfg.train.micro_batch_size)
@@ -57,12 +70,20 @@ class Evaluator:
         total = torch.zeros(2, dtype=torch.float64)
         was_training = engine.training
         engine.eval()
+        batches = self.plan()
+        phase = (
+            self.watchdog.during(phases.EVAL, self.deadline_s, "eval")
+            if self.watchdog is not None
+            else contextlib.nullcontext()
+        )
         try:
-            with torch.no_grad():
-                for ids, weights in self.plan():
+            with torch.no_grad(), phase:
+                for n, (ids, weights) in enumerate(batches, 1):
                     window = torch.from_numpy(batch(self.data.valid, ids, self.seq)).to(self.device)
                     per_window = window_losses(engine, window)
                     w = torch.tensor(weights, dtype=torch.float64, device=per_window.device)
+                    if self.watchdog is not None:
+                        self.watchdog.beat(f"eval batch {n}/{len(batches)}")
                     if self.on_batch is not None:
                         self.on_batch()
                     shared = torch.tensor(

@@ -196,3 +196,20 @@ def loss_fn(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
 
 def _ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+
+
+def params_finite(module: Any, device: Any) -> bool:
+    """Every rank's parameters (its ZeRO-3 partition) are finite: one pass, one all-reduce (a
+    save refuses non-finite weights: nothing non-finite is ever published)."""
+    import torch.distributed as dist
+
+    by_device: dict[Any, list[Any]] = {}  # offloaded partitions live on the host
+    for p in module.parameters():
+        t = getattr(p, "ds_tensor", p)
+        if t.numel():
+            by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+    bad = torch.zeros(1, dtype=torch.float64, device=device)
+    for flags in by_device.values():
+        bad += torch.stack(flags).logical_not().any().to(device, torch.float64)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bad.item() == 0

@@ -21,19 +21,11 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import grad_accumulation
 from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
-from slurmtrain.compute.distributed import Placement
+from slurmtrain.compute.distributed import Placement, broadcast
 from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
-
-
-def broadcast(obj: Any) -> Any:
-    """Rank 0's object on every rank."""
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+from slurmtrain.planning import deadlines as phases
 
 
 class Trainer:
@@ -115,7 +107,6 @@ class Trainer:
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
-        from slurmtrain.planning import deadlines as phases
 
         cfg, run, limits = self.cfg, self.run, self.deadlines
         self.ds_config = ds_config.build(cfg, self.world, profile_dir=str(run.profile))
@@ -209,7 +200,9 @@ class Trainer:
         it refused instead (non-finite loss or parameters: the loop treats it as a divergence)."""
         if not math.isfinite(loss):
             return "non-finite loss at a save"
-        if not self._params_finite():
+        from slurmtrain.compute.model import params_finite
+
+        if not params_finite(self.engine.module, self.device):
             return "non-finite parameters at a save"
         gbs = self.cfg.train.global_batch_size
         consumed = step * gbs
@@ -227,22 +220,6 @@ class Trainer:
         }
         self.checkpointer.save(self.engine, step, meta, rng_state())
         return None
-
-    def _params_finite(self) -> bool:
-        """Every rank's parameters (its ZeRO-3 partition) are finite: one pass, one all-reduce."""
-        import torch
-        import torch.distributed as dist
-
-        by_device: dict[Any, list[Any]] = {}  # offloaded partitions live on the host
-        for p in self.engine.module.parameters():
-            t = getattr(p, "ds_tensor", p)
-            if t.numel():
-                by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
-        bad = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for flags in by_device.values():
-            bad += torch.stack(flags).logical_not().any().to(self.device, torch.float64)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        return bad.item() == 0
 
     def on_stop(self, step: int, code: int) -> None:
         """The ranks agreed to stop: recorded now, before the save (which may outlast GraceTime)."""
@@ -280,7 +257,15 @@ class Trainer:
                 self.attempt.record,
                 self.run.path,
             )
-            evaluator = Evaluator(self.data, cfg, self.rank, self.world, self.device)
+            evaluator = Evaluator(
+                self.data,
+                cfg,
+                self.rank,
+                self.world,
+                self.device,
+                watchdog=self.watchdog,
+                deadline_s=self.deadlines.fixed(phases.EVAL),
+            )
             while True:
                 state = loop.LoopState(self.start_step, self.start_step, time.time())
                 outcome = loop.train(

@@ -85,6 +85,27 @@ def test_a_hang_before_started_is_attributed_to_the_stuck_ranks_node():
     assert supervise.classify(5, [{**hung, "attempt": 1}], [STARTED], [], 0).exclude == {}
 
 
+def test_a_rendezvous_that_timed_out_blames_the_step_nodes_whose_ranks_never_joined():
+    # Ranks 0-1 (n1) and 4-5 (n3) waited in the rendezvous; n2's ranks never arrived.
+    step = ["n1", "n2", "n3"]
+    hung = [
+        {
+            **_failed(r, "hang", "no progress (waiting for ranks to join)", attempt=None),
+            "node": None,
+            "host": host,
+            "phase": "startup:rendezvous",
+            "step_nodes": step,
+        }
+        for r, host in ((0, "n1"), (1, "n1"), (4, "n3"), (5, "n3"))
+    ]
+    verdict = supervise.classify(5, hung, hung, step, 0, started=False)
+    assert verdict.cls == "hang" and verdict.nodes == ["n2"]
+    assert verdict.exclude == {"n2": "its ranks never joined the rendezvous"}
+    # every node's ranks arrived (a stall elsewhere): nobody is blamed
+    everyone = hung + [{**hung[0], "rank": 2, "host": "n2"}]
+    assert supervise.classify(5, everyone, everyone, step, 0, started=False).exclude == {}
+
+
 def test_node_check_default_follows_the_clusters_slurmd_timeout():
     from slurmtrain.batch import supervise
     from slurmtrain.common.slurm_text import slurmd_timeout_s

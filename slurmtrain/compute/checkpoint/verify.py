@@ -16,15 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.compute.distributed import broadcast
 from slurmtrain.planning import deadlines as phases
-
-
-def _broadcast(obj: Any) -> Any:
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class ParallelVerify:
@@ -43,14 +36,14 @@ class ParallelVerify:
         self.deadlines, self.record = deadlines, record
 
     def check(self, directory: Path) -> Optional[str]:
-        _broadcast(str(directory))
+        broadcast(str(directory))
         return self._verify(directory)
 
     def done(self) -> None:
-        _broadcast(None)
+        broadcast(None)
 
     def serve(self) -> None:
-        while (directory := _broadcast(None)) is not None:
+        while (directory := broadcast(None)) is not None:
             self._verify(Path(directory))
 
     def _verify(self, directory: Path) -> Optional[str]:
@@ -96,7 +89,7 @@ def choose(
     from slurmtrain.compute.checkpoint import select
 
     events = run.events() if rank == 0 else []
-    limits = _broadcast(phases.from_config(cfg.faults, events, world) if rank == 0 else None)
+    limits = broadcast(phases.from_config(cfg.faults, events, world) if rank == 0 else None)
     record("deadlines", **limits.summary())
     watchdog.phase(phases.VERIFY, limits.startup_s)
     checks = ParallelVerify(rank, world, watchdog, limits, record)
@@ -110,7 +103,7 @@ def choose(
             checks.done()  # the other ranks stop serving (also when rank 0 failed)
     else:
         checks.serve()
-    return _broadcast(choice), limits
+    return broadcast(choice), limits
 
 
 def newest_valid(
@@ -134,4 +127,4 @@ def newest_valid(
             checks.done()
     else:
         checks.serve()
-    return _broadcast(found)
+    return broadcast(found)
