@@ -24,20 +24,31 @@ if [ "$#" -gt 0 ]; then  # a chosen subset: one pytest
     pytest_rc $?
     exit $?
 fi
-# The whole suite. The pure unit tests (CPU only, ~1.5 min) run beside the cluster and local
-# tests, whose time is mostly Slurm's and the training jobs' waits; their output follows.
-unit_log=$(mktemp)
-.venv/bin/python -m pytest -q -p no:cacheprovider tests/unit >"$unit_log" 2>&1 &
-unit_pid=$!
-.venv/bin/python -m pytest -q --durations=25 tests/local tests/cluster
+# The whole suite, in two streams. tests/cluster, one test at a time (they share the cluster: a
+# killed node or a restarted controller is every job's), in the foreground. Beside it, the pure
+# unit tests and then tests/local: cluster=local runs, no Slurm, rendezvous ports from the kernel's
+# ephemeral range while Slurm jobs take theirs below it. The cluster tests' time is mostly Slurm's
+# and the jobs' waits (injected step delays, time limits, node timeouts), so the two streams share
+# the 2 cores without slowing each other much; their outputs follow, one after the other.
+side_log=$(mktemp)
+side() {
+    local unit_rc local_rc
+    .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit
+    unit_rc=$?
+    .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests/local
+    local_rc=$?
+    pytest_rc "$unit_rc" && pytest_rc "$local_rc"
+}
+side >"$side_log" 2>&1 &
+side_pid=$!
+.venv/bin/python -m pytest -q --durations=25 tests/cluster
 pytest_rc $?
-rest=$?
-wait "$unit_pid"
-pytest_rc $?
-unit=$?
-echo "---- tests/unit ----"
-cat "$unit_log"
-if [ "$rest" -ne 0 ] || [ "$unit" -ne 0 ]; then
+cluster=$?
+wait "$side_pid"
+side_rc=$?
+echo "---- tests/unit, then tests/local ----"
+cat "$side_log"
+if [ "$cluster" -ne 0 ] || [ "$side_rc" -ne 0 ]; then
     exit 1
 fi
 exit 0

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +52,37 @@ def wait_job_gone(job_id: str, timeout: float = 120) -> None:
         return out == ""
 
     wait_until(gone, timeout, f"job {job_id} to leave the queue")
+
+
+def time_limit_soon(run: Path, lead_s: int = 30, margin_s: int = 5) -> int:
+    """Once the run trains, shorten its job's time limit as an admin would (`scontrol update
+    TimeLimit=`) to the fewest whole minutes that still leave more than the signal lead. Slurm
+    then sends the lead's signal at its next time-limit check (every ~30 s) instead of minutes into
+    the job: the same path as `--time`, without the wait. Returns the new limit in minutes."""
+    wait_until(
+        lambda: (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size > 0,
+        300,
+        "training to start",
+    )
+    [job_id] = [str(e["job_id"]) for e in events(run) if e["event"] == "started"][-1:]
+    info = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True
+    ).stdout
+    fields = dict(f.split("=", 1) for f in info.split() if "=" in f)
+    start = datetime.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S").timestamp()
+    minutes = max(1, math.ceil((time.time() - start + lead_s + margin_s) / 60))
+    set_time_limit(job_id, minutes)
+    return minutes
+
+
+def set_time_limit(job_id: str, minutes: int) -> None:
+    """`scontrol update JobId= TimeLimit=` (root may lengthen it too: a requeued job keeps the
+    limit time_limit_soon cut, and its next attempt should run to the end)."""
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"],
+        capture_output=True,
+        check=True,
+    )
 
 
 def only_run(root: Path, name: str) -> Path:

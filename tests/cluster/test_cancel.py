@@ -46,8 +46,9 @@ def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluste
     assert "checkpoints kept" in cancelled.stdout
     assert not _queued("cancelme")  # cancel waits until the jobs have left the queue
 
-    # Nothing restarts it: no new job, attempt or requeue in the next 30 s.
-    time.sleep(30)
+    # Nothing restarts it: no new job, attempt or requeue in the next 10 s (the batch shell, where
+    # a restart would come from, has left the queue: a requeued job would be in it again).
+    time.sleep(10)
     rows = events(run)
     at = next(i for i, e in enumerate(rows) if e["event"] == "cancelled")
     after = [e["event"] for e in rows[at + 1 :]]

@@ -14,7 +14,15 @@ import time
 
 import pytest
 
-from tests.cluster.helpers import events, steps_by_attempt, submit_run, wait_event, wait_until
+from tests.cluster.helpers import (
+    events,
+    set_time_limit,
+    steps_by_attempt,
+    submit_run,
+    time_limit_soon,
+    wait_event,
+    wait_until,
+)
 from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
@@ -36,15 +44,18 @@ def kinds(run):
 
 
 def test_time_limit_saves_requeues_and_finishes_with_no_step_lost(slurm_cluster, workdir):
-    # Slurm checks signal deadlines about every 30 s: with --time=2 and USR2@30 the signal comes
-    # 60-90 s into each attempt, and 130 steps of >= 0.8 s (> 100 s) need a second attempt
-    # (100 steps once finished in 88 s, just as the signal came).
+    # Slurm checks time limits about every 30 s. Once the run trains, its limit is cut to 1 min:
+    # USR2@30 comes 30-60 s into the job, before 100 steps of >= 0.5 s (+ start-up) are done. The
+    # requeued job (same id) keeps the cut limit; it is lengthened so that attempt runs to the end.
     run = submit(
         workdir,
         "timelimit",
-        ["nodes=2", "cluster.time=2", "cluster.signal_lead_s=30", "train.max_steps=130"],
-        inject="step_delay=0.8",
+        ["nodes=2", "cluster.time=3", "cluster.signal_lead_s=30", "train.max_steps=100"],
+        inject="step_delay=0.5",
     )
+    assert time_limit_soon(run) == 1
+    [requeued] = wait_event(run, "requeued", timeout=300)
+    set_time_limit(str(requeued["new_job_id"]), 3)
     wait_event(run, "finished", timeout=400)
     ev = events(run)
     [sig, *_] = [e for e in ev if e["event"] == "signal"]
@@ -56,7 +67,7 @@ def test_time_limit_saves_requeues_and_finishes_with_no_step_lost(slurm_cluster,
     attempts = steps_by_attempt(run)
     assert len(attempts) >= 2
     flat = [s for a in sorted(attempts) for s in attempts[a]]
-    assert flat == list(range(1, 131))  # 0 steps lost, none computed twice
+    assert flat == list(range(1, 101))  # 0 steps lost, none computed twice
 
 
 def test_preemption_saves_within_grace_and_the_run_finishes(slurm_cluster, workdir):

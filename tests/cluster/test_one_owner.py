@@ -15,7 +15,14 @@ import time
 
 import pytest
 
-from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone, wait_until
+from tests.cluster.helpers import (
+    events,
+    only_run,
+    time_limit_soon,
+    wait_event,
+    wait_job_gone,
+    wait_until,
+)
 from tests.conftest import read_jsonl, run_cli, slurmtrain_env
 
 pytestmark = pytest.mark.slurm
@@ -133,11 +140,12 @@ def test_sigterm_to_the_batch_shell_does_not_end_the_run(slurm_cluster, workdir)
 def test_a_time_limit_that_strikes_mid_save_still_restarts_the_run(slurm_cluster, workdir):
     # The save (shard_delay) outlasts the signal lead: Slurm's time-limit SIGTERM and, KillWait
     # (15 s) later, SIGKILL end ranks and batch shell mid-save. The batch shell's trap restarts.
+    # The first job's limit is cut to 1 min once it trains (the resubmitted job gets --time=3).
     run = submit(
         workdir,
         "overrun",
         [
-            "cluster.time=2",
+            "cluster.time=3",
             "cluster.signal_lead_s=30",
             "train.max_steps=400",
             "checkpoint.interval_steps=1000",
@@ -146,6 +154,7 @@ def test_a_time_limit_that_strikes_mid_save_still_restarts_the_run(slurm_cluster
         inject="step_delay=0.3,shard_delay=40,attempts=1",
     )
     try:
+        assert time_limit_soon(run) == 1
         starts = wait_event(run, "started", count=2, timeout=400, fail_on=())
         ev = events(run)
         [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
