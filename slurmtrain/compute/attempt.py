@@ -25,7 +25,7 @@ from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
 from slurmtrain.compute.distributed import Placement, broadcast, export, placement, rank_device
-from slurmtrain.compute.faults import owner, signals
+from slurmtrain.compute.faults import inject, owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.compute.trainer import Trainer
@@ -201,6 +201,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         errors.EXIT_HANG,
         phase=phases.RENDEZVOUS,
     ).start()
+    inject.wedge_before_rendezvous(where.rank, run.path)
     try:
         return _run(run, cfg, where, flags, watchdog)
     finally:

@@ -153,6 +153,31 @@ def test_stalled_rank_trips_the_watchdog_then_the_run_finishes(slurm_cluster, wo
     assert min(e["time"] for e in hang) - step_time < 15 + 30
 
 
+def test_a_node_whose_ranks_never_join_the_rendezvous_is_named_excluded_and_the_run_finishes(
+    slurm_cluster, workdir
+):
+    # Rank 1 stops (SIGSTOP, watchdog and all) before the rendezvous: it writes nothing. Rank 0
+    # waits out the start-up deadline; the supervisor blames the node no rank reported from.
+    run = submit(
+        workdir,
+        "absent",
+        ["nodes=2", "faults.startup_timeout_s=30", "train.max_steps=10"],
+        inject="absent_rank=1",
+    )
+    wait_event(run, "finished", timeout=400, fail_on=())
+    ev = events(run)
+    waited = [e for e in ev if e["event"] == "failed" and e.get("attempt") is None]
+    assert waited and all(e["phase"] == "startup:rendezvous" and e["rank"] == 0 for e in waited)
+    absent = sorted(set(waited[0]["step_nodes"]) - {waited[0]["host"]})
+    assert len(absent) == 1
+    [ended] = [e for e in ev if e["event"] == "attempt_ended" and e.get("before_started")]
+    assert ended["class"] == "hang" and ended["failed_nodes"] == absent
+    bad = [r for r in read_jsonl(run / "bad_nodes.jsonl") if "never joined" in r["reason"]]
+    assert [r["node"] for r in bad] == absent
+    [started] = [e for e in ev if e["event"] == "started"]
+    assert absent[0] not in started["hosts"]
+
+
 def test_injected_bad_node_is_excluded_on_the_next_attempt(slurm_cluster, workdir):
     run = submit(
         workdir, "badnode", ["nodes=2", "train.max_steps=10"], inject="bad_rank=1,attempts=1"

@@ -8,7 +8,8 @@ save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard writte
 `bad_rank=R` (the node of rank R fails the health gate), `nan_at_step=N` (step N's loss is NaN on
 rank `nan_rank`, default every rank: once per process, or every time with `nan_repeat=1`),
 `fail_before_start=1` (every rank raises after the rendezvous, before the attempt's `started`
-event: a start-up failure). `attempts=1` (or `1+2`) confines every injection to those attempts,
+event: a start-up failure), `absent_rank=R` (rank R stops itself, SIGSTOP, before the rendezvous,
+once per run: a node wedged in start-up, whose ranks never join and write nothing). `attempts=1` (or `1+2`) confines every injection to those attempts,
 so a drill can fail once and then recover. `name_suffix=-smoke` confines them to runs whose name
 ends so (the smoke job of a smoke=true chain, not the big one: both inherit the submitting
 shell's environment).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Mapping, Optional
 
 
@@ -91,3 +93,16 @@ class Injector:
             time.sleep(float(cfg["shard_delay"]))
         if cfg.get("kill_during_save") == str(step):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wedge_before_rendezvous(rank: int, run_dir: Path, env: Mapping[str, str] = os.environ) -> None:
+    """`absent_rank=R`: rank R stops (SIGSTOP: its watchdog too) before the rendezvous, the first
+    time only (a marker in the run directory): the attempt number is not known yet, and the
+    restart, on other nodes, must get through."""
+    if settings(env).get("absent_rank") != str(rank):
+        return
+    try:
+        os.close(os.open(run_dir / "inject.absent_rank.done", os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGSTOP)
