@@ -68,11 +68,21 @@ def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[
 
 
 def never_joined(hung: list[dict[str, Any]]) -> list[str]:
-    """The step's nodes from which no rank reported waiting in the rendezvous: their ranks never
-    arrived (a node that hangs in start-up, or died before its ranks could write a row)."""
+    """The step's nodes none of whose ranks had joined the rendezvous when the first rank gave up
+    waiting: a node wedged in start-up or dead. Its ranks may write rows later (Slurm's SIGCONT and
+    SIGTERM at the kill wake a stopped one), so a row counts only if it joined in time. When no
+    rank joined in time, the cause is not one node's (a shared filesystem, say): none is named."""
     waiting = [e for e in hung if e.get("phase") == phases.RENDEZVOUS and e.get("step_nodes")]
+    if not waiting:
+        return []
+    gave_up = min(float(e.get("time") or 0) for e in waiting)
+    joined = {
+        str(e.get("host"))
+        for e in waiting
+        if e.get("arrived_at") is not None and float(e["arrived_at"]) <= gave_up
+    }
     step_nodes = {str(n) for e in waiting for n in e["step_nodes"]}
-    return sorted(step_nodes - {str(e.get("host")) for e in waiting})
+    return sorted(step_nodes - joined) if joined else []
 
 
 def node_check_s(cfg: Any) -> float:

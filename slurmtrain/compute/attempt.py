@@ -154,13 +154,17 @@ def _relaunch() -> int:
     return int(os.environ.get("SLURMTRAIN_RELAUNCH") or 0)
 
 
-def _startup_hang(run: RunDir, where: Placement, watchdog: Watchdog, why: str) -> None:
+def _startup_hang(
+    run: RunDir, where: Placement, watchdog: Watchdog, why: str, arrived_at: Optional[float]
+) -> None:
     """A hang before the attempt has a number: its row names job id and restart count. A rank
-    stuck in the rendezvous is waiting for the ranks that never joined: its row names its host and
-    the step's nodes, not a `node` to blame (every healthy rank writes one); the supervisor blames
-    the step's nodes that wrote none."""
+    stuck in the rendezvous is waiting for the ranks that never joined: its row names its host,
+    the step's nodes and when it joined (`arrived_at`, None: it never got there), not a `node` to
+    blame (every healthy rank writes one); the supervisor blames the step's nodes none of whose
+    ranks had joined when the first rank gave up (batch/supervise.py never_joined)."""
     waiting = watchdog.current == phases.RENDEZVOUS
     step_nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    late = " (waiting for ranks to join)" if arrived_at is not None else " (before joining)"
     run.record(
         "failed",
         job_id=where.job_id,
@@ -172,10 +176,8 @@ def _startup_hang(run: RunDir, where: Placement, watchdog: Watchdog, why: str) -
         relaunch=_relaunch(),
         phase=watchdog.current,
         step_nodes=expand_hostlist(step_nodes) if waiting and step_nodes else None,
-        **{
-            "class": faults.HANG,
-            "error": why + (" (waiting for ranks to join)" if waiting else ""),
-        },
+        arrived_at=arrived_at if waiting else None,
+        **{"class": faults.HANG, "error": why + (late if waiting else "")},
     )
 
 
@@ -194,21 +196,29 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         + (f".relaunch{_relaunch()}" if _relaunch() else "")
         + f".rank{where.rank}.txt"
     )
+    arrival: dict[str, float] = {}  # when this rank joined the rendezvous (wall clock)
     watchdog = Watchdog(
         cfg.faults.startup_timeout_s,
         dump,
-        lambda why: _startup_hang(run, where, watchdog, why),
+        lambda why: _startup_hang(run, where, watchdog, why, arrival.get("at")),
         errors.EXIT_HANG,
         phase=phases.RENDEZVOUS,
     ).start()
     inject.wedge_before_rendezvous(where.rank, run.path)
     try:
-        return _run(run, cfg, where, flags, watchdog)
+        return _run(run, cfg, where, flags, watchdog, arrival)
     finally:
         watchdog.stop()
 
 
-def _run(run: RunDir, cfg: Any, where: Placement, flags: Any, watchdog: Watchdog) -> int:
+def _run(
+    run: RunDir,
+    cfg: Any,
+    where: Placement,
+    flags: Any,
+    watchdog: Watchdog,
+    arrival: dict[str, float],
+) -> int:
     cpu = cfg.gpus_per_node == 0
     started = time.time()
     import deepspeed
@@ -220,6 +230,9 @@ def _run(run: RunDir, cfg: Any, where: Placement, flags: Any, watchdog: Watchdog
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     else:
         torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
+    # The rendezvous deadline counts from here (imports done); the row of a hang says when.
+    arrival["at"] = time.time()
+    watchdog.phase(phases.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
     deepspeed.init_distributed(
         dist_backend="gloo" if cpu else "nccl",
         verbose=False,

@@ -86,24 +86,35 @@ def test_a_hang_before_started_is_attributed_to_the_stuck_ranks_node():
 
 
 def test_a_rendezvous_that_timed_out_blames_the_step_nodes_whose_ranks_never_joined():
-    # Ranks 0-1 (n1) and 4-5 (n3) waited in the rendezvous; n2's ranks never arrived.
+    # Ranks 0-1 (n1) and 4-5 (n3) joined at t=70 and gave up at t=100; n2's ranks never arrived.
     step = ["n1", "n2", "n3"]
-    hung = [
-        {
-            **_failed(r, "hang", "no progress (waiting for ranks to join)", attempt=None),
+
+    def waited(rank, host, arrived_at=70.0, time=100.0):
+        return {
+            **_failed(rank, "hang", "no progress (waiting for ranks to join)", attempt=None),
             "node": None,
             "host": host,
             "phase": "startup:rendezvous",
             "step_nodes": step,
+            "arrived_at": arrived_at,
+            "time": time,
         }
-        for r, host in ((0, "n1"), (1, "n1"), (4, "n3"), (5, "n3"))
-    ]
+
+    hung = [waited(0, "n1"), waited(1, "n1"), waited(4, "n3"), waited(5, "n3", time=101.0)]
     verdict = supervise.classify(5, hung, hung, step, 0, started=False)
     assert verdict.cls == "hang" and verdict.nodes == ["n2"]
     assert verdict.exclude == {"n2": "its ranks never joined the rendezvous"}
-    # every node's ranks arrived (a stall elsewhere): nobody is blamed
-    everyone = hung + [{**hung[0], "rank": 2, "host": "n2"}]
+    # n2's rank woke when the step was killed (Slurm sends SIGCONT with SIGTERM) and joined late,
+    # or never joined at all and wrote its row anyway: n2 is still the one to blame
+    for late in (waited(2, "n2", arrived_at=104.0, time=106.0), waited(2, "n2", arrived_at=None)):
+        verdict = supervise.classify(5, hung + [late], hung + [late], step, 0, started=False)
+        assert verdict.nodes == ["n2"], late
+    # every node's ranks joined in time (a stall elsewhere), or none did (a shared cause):
+    # nobody is blamed
+    everyone = hung + [waited(2, "n2")]
     assert supervise.classify(5, everyone, everyone, step, 0, started=False).exclude == {}
+    nobody = [waited(r, h, arrived_at=None) for r, h in ((0, "n1"), (2, "n2"), (4, "n3"))]
+    assert supervise.classify(5, nobody, nobody, step, 0, started=False).exclude == {}
 
 
 def test_node_check_default_follows_the_clusters_slurmd_timeout():
