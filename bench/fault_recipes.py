@@ -272,6 +272,12 @@ def bad_node(t: Trial) -> tuple[str, str]:
     return "finished", "bad_node"
 
 
+def node_never_joins(t: Trial) -> tuple[str, str]:
+    # rank 1 wedges before the rendezvous (SIGSTOP), once: its node is named and excluded
+    t.submit(["faults.startup_timeout_s=30", "train.max_steps=10"], inject="absent_rank=1")
+    return "finished", "hang"
+
+
 def crash_loop(t: Trial) -> tuple[str, str]:
     t.submit(["train.max_steps=20"], inject="crash_at_step=7")
     return "stopped", "crash"
@@ -317,6 +323,7 @@ FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "hang_on_one_rank": hang_on_one_rank,
     "nan_loss": nan_loss,
     "bad_node": bad_node,
+    "node_never_joins": node_never_joins,
     "crash_loop": crash_loop,
     "world_size_change": world_size_change,
     "duplicate_submission": duplicate_submission,
