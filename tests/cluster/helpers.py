@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
+from slurmtrain.common import slurm_cmd
 from slurmtrain.common.rundir import RunDir
 
 
@@ -65,11 +66,8 @@ def time_limit_soon(run: Path, lead_s: int = 30, margin_s: int = 5) -> int:
         "training to start",
     )
     [job_id] = [str(e["job_id"]) for e in events(run) if e["event"] == "started"][-1:]
-    info = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True
-    ).stdout
-    fields = dict(f.split("=", 1) for f in info.split() if "=" in f)
-    start = datetime.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S").timestamp()
+    start_time = slurm_cmd.job_info(job_id)["StartTime"]
+    start = datetime.strptime(start_time, "%Y-%m-%dT%H:%M:%S").timestamp()
     minutes = max(1, math.ceil((time.time() - start + lead_s + margin_s) / 60))
     set_time_limit(job_id, minutes)
     return minutes
@@ -78,11 +76,7 @@ def time_limit_soon(run: Path, lead_s: int = 30, margin_s: int = 5) -> int:
 def set_time_limit(job_id: str, minutes: int) -> None:
     """`scontrol update JobId= TimeLimit=` (root may lengthen it too: a requeued job keeps the
     limit time_limit_soon cut, and its next attempt should run to the end)."""
-    subprocess.run(
-        ["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"],
-        capture_output=True,
-        check=True,
-    )
+    slurm_cmd.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"])
 
 
 def only_run(root: Path, name: str) -> Path:

@@ -9,8 +9,8 @@ save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard writte
 rank `nan_rank`, default every rank: once per process, or every time with `nan_repeat=1`),
 `fail_before_start=1` (every rank raises after the rendezvous, before the attempt's `started`
 event: a start-up failure), `absent_rank=R` (rank R stops itself, SIGSTOP, before the rendezvous,
-once per run: a node wedged in start-up, whose ranks never join and write nothing). `attempts=1` (or `1+2`) confines every injection to those attempts,
-so a drill can fail once and then recover. `name_suffix=-smoke` confines them to runs whose name
+once per run: a node wedged in start-up, whose ranks never join). `attempts=1` (or `1+2`) confines
+every injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke` confines them to runs whose name
 ends so (the smoke job of a smoke=true chain, not the big one: both inherit the submitting
 shell's environment).
 """
