@@ -51,9 +51,13 @@ def node_state(node: str) -> str:
 
 
 def requeued(job_id: str) -> dict:
-    """The job's record once Slurm has requeued it and it waits to run again, else {}."""
+    """The job's record once Slurm has requeued it and says why it waits, else {}.
+
+    Right after the requeue the reason reads "None" until the scheduler's next pass assesses it.
+    """
     info = slurm_cmd.job_info(job_id)
-    return info if info["Restarts"] != "0" and info["JobState"] == "PENDING" else {}
+    assessed = info["Reason"] != "None"
+    return info if info["Restarts"] != "0" and info["JobState"] == "PENDING" and assessed else {}
 
 
 def first_attempt_state(job_id: str) -> str:
