@@ -145,7 +145,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"(completing); `squeue -j {','.join(left)}`",
             file=sys.stderr,
         )
-    latest = run.checkpoints / "latest"
+    latest = run.latest
     if latest.is_file():
         print(
             f"slurmtrain cancel: checkpoints kept (latest {latest.read_text().strip()}); "

@@ -23,7 +23,7 @@ STOP_EVENTS = ("failed", "stopped", "signal", "requeued", "node_lost")
 def find_runs(paths: list[Path]) -> list[RunDir]:
     found: list[RunDir] = []
     for path in paths:
-        if (path / "config.yaml").is_file():
+        if RunDir(path).config.is_file():
             found.append(RunDir(path.resolve()))
             continue
         found += [RunDir(p.parent.resolve()) for p in sorted(path.glob("*/*/config.yaml"))]
@@ -45,7 +45,7 @@ def summarize(run: RunDir) -> dict[str, Any]:
 
     events = run.events()
     metrics = read_jsonl(run.metrics)
-    latest = run.checkpoints / "latest"
+    latest = run.latest
     last = events[-1] if events else {}
     row: dict[str, Any] = {
         "run": str(run.path),

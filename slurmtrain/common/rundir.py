@@ -39,19 +39,10 @@ from slurmtrain.common.schema import NON_RESULT_KEYS
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
 # squeue/sacct states of a job that will still run (or is running): resubmitting would duplicate it.
-ACTIVE_SLURM_STATES = {
-    "PENDING",
-    "RUNNING",
-    "CONFIGURING",
-    "COMPLETING",
-    "REQUEUED",
-    "REQUEUE_FED",
-    "REQUEUE_HOLD",
-    "RESIZING",
-    "SUSPENDED",
-    "STAGE_OUT",
-    "SIGNALING",
-}
+ACTIVE_SLURM_STATES = set(
+    "PENDING RUNNING CONFIGURING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
+    "SUSPENDED STAGE_OUT SIGNALING".split()
+)
 
 
 def result_view(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -119,6 +110,15 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def latest(self) -> Path:
+        """The checkpoint pointer: the newest published step's tag (checkpoint/format.py writes it)."""
+        return self.checkpoints / "latest"
+
+    def injected(self, fault: str) -> Path:
+        """Marks a fault injection that fires once per run (created O_EXCL by the first rank)."""
+        return self.path / f"inject.{fault}.done"
 
     @property
     def logs(self) -> Path:

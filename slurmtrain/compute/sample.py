@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.compute.export import ExportError, find_run, quiet
 
 BYTE_VOCAB = 256
@@ -47,7 +48,7 @@ class HFCodec:
 
 
 def _is_export(path: Path) -> bool:
-    return (path / "config.json").is_file() and not (path / "config.yaml").is_file()
+    return (path / "config.json").is_file() and not RunDir(path).config.is_file()
 
 
 def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
@@ -67,7 +68,7 @@ def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
     from slurmtrain.compute.model import opt_config
 
     run = find_run(arg)
-    cfg = load_run_config(str(run / "config.yaml"))
+    cfg = load_run_config(str(RunDir(run).config))
     ckpt_dir, manifest = export.pick_checkpoint(run, step)
     model = OPTForCausalLM(opt_config(cfg))
     state = {k: export.materialize(v) for k, v in export.lazy_state_dict(ckpt_dir).items()}

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
+from slurmtrain.common.rundir import RunDir
+
 
 def settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     text = env.get("SLURMTRAIN_INJECT", "").strip()
@@ -102,7 +104,7 @@ def wedge_before_rendezvous(rank: int, run_dir: Path, env: Mapping[str, str] = o
     if settings(env).get("absent_rank") != str(rank):
         return
     try:
-        os.close(os.open(run_dir / "inject.absent_rank.done", os.O_CREAT | os.O_EXCL, 0o644))
+        os.close(os.open(RunDir(run_dir).injected("absent_rank"), os.O_CREAT | os.O_EXCL, 0o644))
     except FileExistsError:
         return
     os.kill(os.getpid(), signal.SIGSTOP)
