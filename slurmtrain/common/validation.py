@@ -8,6 +8,7 @@ the ZeRO and sequence checks it shares).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import Any, Optional
@@ -30,28 +31,72 @@ def _positive(key: str, value: Any) -> None:
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{key}={value!r}: unknown; choose one of {', '.join(choices)}")
-
-
-def _phase_deadlines(faults: Any) -> None:
-    """The watchdog's phase deadlines (planning/deadlines.py): positive numbers, safety >= 1."""
-    for key, example in (
-        ("hang_timeout_s", 600),
-        ("startup_timeout_s", 1800),
-        ("io_floor_s", 300),
-        ("io_write_mb_per_s", 1000),
-        ("io_read_mb_per_s", 2000),
-    ):
-        value = getattr(faults, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError(
-                f"faults.{key}={value!r}: must be a positive number; e.g. faults.{key}={example}"
-            )
-    if isinstance(faults.io_safety, bool) or not faults.io_safety >= 1:
         raise ConfigError(
-            f"faults.io_safety={faults.io_safety!r}: must be >= 1 (times the expected IO time); "
-            f"e.g. faults.io_safety=3"
+            f"{key}={value!r}: unknown; choose one of {', '.join(choices)}; e.g. {key}={choices[0]}"
         )
+
+
+# key, lowest value, whether that lowest value itself is allowed, what 0/-1 mean, an example.
+# Hydra's types have already made each an int or a float; these are the ranges that make sense.
+_RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
+    ("optim.lr", 0, False, "", "3e-4"),
+    ("optim.eps", 0, False, "", "1e-8"),
+    ("optim.weight_decay", 0, True, "", "0.1"),
+    ("optim.grad_clip", 0, True, " (0: no clipping)", "1.0"),
+    ("data.max_corpus_bytes", 1, True, "", "4000000"),
+    ("checkpoint.interval_steps", 0, True, " (0: never by steps)", "25"),
+    ("checkpoint.interval_minutes", 0, True, " (0: never by time)", "30"),
+    ("checkpoint.keep_every", 0, True, " (0: none kept forever)", "1000"),
+    ("checkpoint.publish_timeout_minutes", 0, False, "", "30"),
+    ("cluster.signal_lead_s", 1, True, " (seconds of warning before the time limit)", "120"),
+    ("cluster.array_parallelism", 1, True, " (sweep points running at once)", "16"),
+    ("cluster.gpu_mem_gb", 0, False, "", "80"),
+    ("faults.crash_loop", 0, True, " (0: off)", "2"),
+    ("faults.node_check_s", 0, True, " (0: this cluster's SlurmdTimeout + 30 s)", "330"),
+    ("faults.collective_timeout_s", 0, False, "", "1800"),
+    ("faults.health_slow_factor", 1, False, " (times the median node's time)", "5"),
+    ("faults.skip_batches", 0, True, "", "200"),
+    ("faults.spike_window", 1, True, "", "50"),
+    ("faults.hang_timeout_s", 0, False, "", "600"),
+    ("faults.startup_timeout_s", 0, False, "", "1800"),
+    ("faults.io_floor_s", 0, False, "", "300"),
+    ("faults.io_write_mb_per_s", 0, False, "", "1000"),
+    ("faults.io_read_mb_per_s", 0, False, "", "2000"),
+    ("faults.io_safety", 1, True, " (times the expected IO time)", "3"),
+)
+
+
+def _in_range(key: str, value: Any, low: float, inclusive: bool, means: str, example: str) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and math.isfinite(value) and (value >= low if inclusive else value > low):
+        return
+    rule = f"{'>=' if inclusive else '>'} {low}"
+    raise ConfigError(f"{key}={value!r}: must be a number {rule}{means}; e.g. {key}={example}")
+
+
+def _ranges(cfg: DictConfig) -> None:
+    """Numbers in their ranges: the table above, the failure budgets, betas, exclusion hours."""
+    for key, low, inclusive, means, example in _RANGES:
+        _in_range(key, OmegaConf.select(cfg, key), low, inclusive, means, example)
+    for key in (k for k in cfg.faults if k.startswith("max_")):
+        _in_range(f"faults.{key}", cfg.faults[key], -1, True, " (-1: unlimited)", "3")
+    for key, example in (("optim.beta1", 0.9), ("optim.beta2", 0.95)):
+        value = OmegaConf.select(cfg, key)
+        if not (isinstance(value, (int, float)) and 0 <= value < 1):
+            raise ConfigError(f"{key}={value!r}: must be >= 0 and < 1; e.g. {key}={example}")
+    hours = cfg.faults.exclude_hours
+    if not (math.isfinite(hours) and (hours >= 0 or hours == -1)):
+        raise ConfigError(
+            f"faults.exclude_hours={hours!r}: must be >= 0 (hours a failed node stays excluded) "
+            f"or -1 (never expires); e.g. faults.exclude_hours=24"
+        )
+    for key in ("cluster.mem", "cluster.mem_per_gpu"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not re.fullmatch(r"[0-9]+[KMGTkmgt]?", str(value)):
+            raise ConfigError(
+                f"{key}={value!r}: not a Slurm memory size; use a whole number with an optional "
+                f"K, M, G or T suffix (megabytes without one); e.g. {key}=64G"
+            )
 
 
 DEFAULT_MAX_STEPS = 200  # the tiny demo's length when neither max_steps nor tokens is given
@@ -148,6 +193,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"name={cfg.name!r}: a run name is a directory and a job name; use "
             f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)"
         )
+    _ranges(cfg)
     resolve_batch(cfg)
     for key in (
         "train.max_steps",
@@ -190,6 +236,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
     _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
+    _choice("optim.name", cfg.optim.name, ("adamw",))
     if not re.fullmatch(r"auto|none|step_\d+", str(cfg.resume)):
         raise ConfigError(
             f"resume={cfg.resume!r}: must be auto (newest valid checkpoint), none (start from "
@@ -211,7 +258,6 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"faults.spike_factor={cfg.faults.spike_factor}: must be 0 (off) or > 1 (times the "
             f"running median loss); e.g. faults.spike_factor=3"
         )
-    _phase_deadlines(cfg.faults)
     _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
     ds = cfg.deepspeed
     check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)

@@ -84,7 +84,7 @@ def plan_rollback(
     if checkpoint_step is None:
         return Plan(stop=f"{what}; no valid checkpoint to roll back to")
     limit = int(faults_cfg.max_rollback)
-    if len(previous) >= limit:
+    if 0 <= limit <= len(previous):  # -1: unlimited
         return Plan(stop=f"{what}; {len(previous)} rollbacks already (faults.max_rollback={limit})")
     if previous and previous[-1].get("to_step") == checkpoint_step:
         last = previous[-1]
