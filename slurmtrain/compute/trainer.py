@@ -122,8 +122,9 @@ class Trainer:
             self.watchdog.phase(
                 phases.CONVERT, limits.convert_s(phases.listed(self.found.manifest))
             )
+            beat = self.watchdog.progress(phases.CONVERT, "converting to universal")
             self.load_dir = reshape.for_world(
-                self.found, self.rank, self.world, self.attempt.record, cfg.checkpoint.verify
+                self.found, self.rank, self.world, self.attempt.record, cfg.checkpoint.verify, beat
             )
             self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
             self.same_world = False

@@ -6,6 +6,7 @@ A ZeRO checkpoint is sharded by data-parallel rank, so W ranks' files do not loa
 runs on rank 0 as a subprocess (its own worker pool and memory) on every core of the node, into
 `step_N_universal.tmp/`, and is sealed with our manifest like any checkpoint, so a converted folder
 is reused on the next start only when it is complete and was made from the same save of step N.
+While it runs, every rank beats its watchdog each time the output folder has grown (`growing`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,10 @@ class Converted:
 
 def universal_dir(step_dir: Path) -> Path:
     return step_dir.with_name(step_dir.name + SUFFIX)
+
+
+def _tmp(out: Path) -> Path:
+    return out.with_name(out.name + ".tmp")
 
 
 def cached(step_dir: Path, source: dict[str, Any], full: bool = False) -> Optional[Path]:
@@ -79,7 +85,7 @@ def convert(
     if hit is not None:
         return Converted(hit, 0.0, True)
     out = universal_dir(step_dir)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = _tmp(out)
     shutil.rmtree(tmp, ignore_errors=True)
     started = time.time()
     with node_cores() as cores:
@@ -129,21 +135,65 @@ def _run(
         raise ReshapeError(f"ds_to_universal on {step_dir} took over {timeout_s} s") from err
 
 
+@contextlib.contextmanager
+def growing(folder: Path, beat: Callable[[int], None], every_s: float = 10.0) -> Iterator[None]:
+    """`beat(bytes)` whenever `folder` has more bytes than at the last look: the converter writes
+    file after file, so a conversion longer than its planned deadline is progress, not a hang.
+    Every rank watches (the folder is on the shared checkpoint filesystem), as only rank 0 converts
+    and the others wait in a broadcast under their own watchdogs."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        seen = 0
+        while not stop.wait(every_s):
+            size = _bytes(folder)
+            if size > seen:
+                seen = size
+                beat(size)
+
+    thread = threading.Thread(target=watch, name="convert-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _bytes(folder: Path) -> int:
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(parent, name)).st_size
+            except OSError:  # renamed or removed between the listing and the stat
+                pass
+    return total
+
+
 def for_world(
-    resume: ckpt.Resume, rank: int, world: int, record: Callable[..., Any], verify: str = "size"
+    resume: ckpt.Resume,
+    rank: int,
+    world: int,
+    record: Callable[..., Any],
+    verify: str = "size",
+    beat: Optional[Callable[[int], None]] = None,
 ) -> Path:
-    """Collective: rank 0 converts (or reuses) the universal folder, everyone gets its path."""
+    """Collective: rank 0 converts (or reuses) the universal folder, everyone gets its path.
+    `beat`: the watchdog's heartbeat for the conversion phase (see `growing`)."""
     import torch.distributed as dist
 
     assert resume.path is not None
     result: list[Any] = [None]
-    if rank == 0:
-        try:
-            done = convert(resume.path, resume.manifest, verify)
-            result[0] = (str(done.path), done.seconds, done.cached)
-        except (ReshapeError, OSError) as err:
-            result[0] = f"{type(err).__name__}: {err}"
-    dist.broadcast_object_list(result, src=0)
+    tmp = _tmp(universal_dir(resume.path))
+    with growing(tmp, beat) if beat is not None else contextlib.nullcontext():
+        if rank == 0:
+            try:
+                done = convert(resume.path, resume.manifest, verify)
+                result[0] = (str(done.path), done.seconds, done.cached)
+            except (ReshapeError, OSError) as err:
+                result[0] = f"{type(err).__name__}: {err}"
+        dist.broadcast_object_list(result, src=0)
     if isinstance(result[0], str):
         raise ReshapeError(
             f"cannot resume {resume.path} (world size "

@@ -1,0 +1,69 @@
+"""The universal conversion beats every rank's watchdog while its output grows (checkpoint/reshape.py
+`growing`): a conversion longer than its planned deadline is progress; a stalled one still fires."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from slurmtrain.compute.checkpoint.reshape import growing
+from slurmtrain.compute.faults.watchdog import Watchdog
+from slurmtrain.planning import deadlines as phases
+
+
+def _writer(folder: Path, files: int, every_s: float) -> threading.Thread:
+    """Writes `files` files of 1 KiB into `folder/zero/<n>/`, one every `every_s`, as the
+    converter writes one parameter's states after another."""
+
+    def write() -> None:
+        for n in range(files):
+            (folder / "zero" / str(n)).mkdir(parents=True)
+            (folder / "zero" / str(n) / "fp32.pt").write_bytes(b"\0" * 1024)
+            time.sleep(every_s)
+
+    return threading.Thread(target=write, daemon=True)
+
+
+def _converting(tmp_path: Path, deadline_s: float) -> Watchdog:
+    watchdog = Watchdog(deadline_s, tmp_path / "hang.txt", lambda why: None, 99)
+    watchdog.phase(phases.CONVERT, deadline_s, "converting")
+    return watchdog
+
+
+def test_a_conversion_that_keeps_writing_outlives_its_deadline(tmp_path):
+    folder = tmp_path / "step_40_universal.tmp"
+    watchdog = _converting(tmp_path, deadline_s=0.8)
+    writer = _writer(folder, files=12, every_s=0.2)  # 2.4 s of writing: 3x the deadline
+    overdue = []
+    with growing(folder, watchdog.progress(phases.CONVERT, "converting"), every_s=0.1):
+        writer.start()
+        while writer.is_alive():
+            overdue.append(watchdog.overdue())
+            time.sleep(0.05)
+    assert overdue and set(overdue) == {None}
+    assert "12,288 bytes" in watchdog.what
+
+
+def test_a_conversion_that_stops_writing_still_trips_the_watchdog(tmp_path):
+    folder = tmp_path / "step_40_universal.tmp"
+    watchdog = _converting(tmp_path, deadline_s=0.8)
+    writer = _writer(folder, files=2, every_s=0.1)
+    with growing(folder, watchdog.progress(phases.CONVERT, "converting"), every_s=0.1):
+        writer.start()
+        writer.join()
+        time.sleep(1.5)  # nothing more written: no beat
+        why = watchdog.overdue()
+    assert why is not None and f"phase {phases.CONVERT}" in why
+
+
+def test_growth_beats_only_the_conversion_phase(tmp_path):
+    """A rank that has left the conversion (its load started) is not kept alive by the folder."""
+    folder = tmp_path / "step_40_universal.tmp"
+    watchdog = _converting(tmp_path, deadline_s=0.8)
+    watchdog.phase(phases.BUILD, 0.8, "building")
+    writer = _writer(folder, files=10, every_s=0.2)
+    with growing(folder, watchdog.progress(phases.CONVERT, "converting"), every_s=0.1):
+        writer.start()
+        writer.join()
+    assert watchdog.overdue() is not None and watchdog.what == "building"
