@@ -3,8 +3,10 @@
 Rows come from the bad-node ledger (`bad_nodes.jsonl`: the health gate, local device errors, ranks
 stuck before `started`). An exclusion expires after `faults.exclude_hours`; stragglers are only
 advisory. The newest exclusions are kept, and only as many as leave the partition enough nodes for
-the request (`nodes`): the oldest are dropped first. When even the user's own `cluster.exclude`
-leaves too few nodes, no node set can run the job and the run stops, saying so.
+the request (`nodes`): the oldest are dropped first, so a node that failed once is tried again.
+A node that failed again after that retry (in two jobs within `exclude_hours`) is never dropped:
+when those nodes, or the user's own `cluster.exclude`, leave too few nodes, no node set can run
+the job and the run stops, saying so, instead of taking turns on broken nodes.
 """
 
 from __future__ import annotations
@@ -31,17 +33,21 @@ class Exclusions:
 
 
 def active(rows: list[dict[str, Any]], hours: float, now: float) -> dict[str, dict[str, Any]]:
-    """node -> its newest failure row, for failures newer than `hours` (stragglers left out)."""
+    """node -> its newest failure row, for failures newer than `hours` (stragglers left out),
+    with `jobs`: how many jobs (job id, attempt) it failed in within that window."""
     newest: dict[str, dict[str, Any]] = {}
+    jobs: dict[str, set[tuple[str, str]]] = {}
     for row in rows:
         if row.get("reason") == "straggler" or not row.get("node"):
             continue
         when = float(row.get("time") or 0)
         if hours >= 0 and when < now - hours * 3600:
             continue
-        if row["node"] not in newest or when >= float(newest[row["node"]].get("time") or 0):
-            newest[row["node"]] = row
-    return newest
+        node = row["node"]
+        jobs.setdefault(node, set()).add((str(row.get("job_id")), str(row.get("attempt"))))
+        if node not in newest or when >= float(newest[node].get("time") or 0):
+            newest[node] = row
+    return {node: {**row, "jobs": len(jobs[node])} for node, row in newest.items()}
 
 
 def fit(
@@ -50,26 +56,30 @@ def fit(
     partition_nodes: Optional[list[str]],
     needed: int,
 ) -> Exclusions:
-    """Keep the newest failed nodes while the partition still holds `needed` nodes."""
+    """Keep the newest failed nodes while the partition still holds `needed` nodes; nodes that
+    failed again after a retry (`jobs` >= 2) are always kept."""
     reasons = {n: str(r.get("reason") or "failed") for n, r in failed.items()}
     order = sorted(failed, key=lambda n: float(failed[n].get("time") or 0), reverse=True)
     if partition_nodes is None:  # the partition is unknown: trust the rows
         return Exclusions(sorted(set(order) | set(user)), [], reasons)
     members = set(partition_nodes)
-    left = members - set(user)
+    again = [n for n in order if n in members and int(failed[n].get("jobs") or 1) >= 2]
+    left = members - set(user) - set(again)
     if len(left) < needed:
+        why = [f"cluster.exclude={slurm.compress_hostlist(user)}"] if user else []
+        if again:
+            why.append(f"{', '.join(sorted(again))} failed again after a retry")
         return Exclusions(
-            sorted(set(user)),
-            order,
+            sorted(set(user) | set(again)),
+            [n for n in order if n not in again],
             reasons,
             problem=(
                 f"no node set can run the job: nodes={needed} but the partition has "
-                f"{len(members)} nodes and cluster.exclude={slurm.compress_hostlist(user)} leaves "
-                f"{len(left)}"
+                f"{len(members)} nodes and {' and '.join(why)}: {len(left)} left"
             ),
         )
-    kept, dropped = [], []
-    for node in order:
+    kept, dropped = list(again), []
+    for node in (n for n in order if n not in again):
         if node in left and len(left) - 1 >= needed:
             left.discard(node)
             kept.append(node)

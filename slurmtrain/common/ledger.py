@@ -168,7 +168,8 @@ OOM_ERRORS = re.compile(
 )
 DEVICE_ERRORS = re.compile(
     r"unhandled cuda error|\bECC\b|\bXid\b|illegal memory access|uncorrectable|"
-    r"CUDA error: (?!out of memory)",
+    r"CUDA error: (?!out of memory)|sees no CUDA device|no CUDA GPUs are available|"
+    r"CUDA driver initialization failed",
     re.IGNORECASE,
 )
 

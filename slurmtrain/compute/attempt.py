@@ -225,24 +225,26 @@ def _run(
     import torch
     import torch.distributed as dist
 
-    if cpu:
-        # DeepSpeed's shared-memory all-reduce JIT-compiles for ~50 s on first use; gloo is enough.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    else:
-        torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
-    # The rendezvous deadline counts from here (imports done); the row of a hang says when.
-    arrival["at"] = time.time()
-    watchdog.phase(phases.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
-    deepspeed.init_distributed(
-        dist_backend="gloo" if cpu else "nccl",
-        verbose=False,
-        timeout=timedelta(seconds=cfg.faults.collective_timeout_s),
-    )
-    rendezvous_s = time.time() - started
-    gathered: list[Any] = [None] * where.world_size
-    dist.all_gather_object(gathered, (where.node, os.getpid()))
-    nodes = sorted({node for node, _ in gathered})
-    try:  # a start-up failure has no attempt number yet: its row names job id and restart count
+    # Every start-up failure (device, rendezvous, claim) is recorded: no attempt number yet, so
+    # its row names the job id and restart count, and the node.
+    try:
+        if cpu:
+            # DeepSpeed's shared-memory all-reduce JIT-compiles for ~50 s on first use; gloo is enough.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        else:
+            torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
+        # The rendezvous deadline counts from here (imports done); the row of a hang says when.
+        arrival["at"] = time.time()
+        watchdog.phase(phases.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
+        deepspeed.init_distributed(
+            dist_backend="gloo" if cpu else "nccl",
+            verbose=False,
+            timeout=timedelta(seconds=cfg.faults.collective_timeout_s),
+        )
+        rendezvous_s = time.time() - started
+        gathered: list[Any] = [None] * where.world_size
+        dist.all_gather_object(gathered, (where.node, os.getpid()))
+        nodes = sorted({node for node, _ in gathered})
         with contextlib.ExitStack() as lock:
             claim = _claim(run, where, lock) if where.rank == 0 else None
             claim = broadcast(claim)

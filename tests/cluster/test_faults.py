@@ -205,3 +205,27 @@ def test_crash_loop_stops_and_status_shows_the_class_and_error(slurm_cluster, wo
     assert [e["class"] for e in ended] == ["crash", "crash"]
     time.sleep(3)
     assert sum(e["event"] == "started" for e in events(run)) == 2  # not restarted again
+
+
+def test_nodes_whose_gpus_are_invisible_are_excluded_and_the_run_stops_when_none_is_left(
+    slurm_cluster, workdir
+):
+    """The gpu partition's nodes advertise 8 GPUs their tasks cannot see (a driver gone, a GPU off
+    the bus). Each failure names and excludes its node; each node gets one retry; then the run
+    stops `no_nodes` saying why, instead of taking turns on the two broken nodes."""
+    run = submit(workdir, "nogpus", ["cluster.partition=gpu", "gpus_per_node=8"])
+    [stop] = wait_event(run, "stopped", timeout=300, fail_on=())
+    ev = events(run)
+    ended = [e for e in ev if e["event"] == "attempt_ended"]
+    assert [e["class"] for e in ended] == ["node_failure"] * 4
+    assert sorted(n for e in ended for n in e["nodes"]) == ["n5", "n5", "n6", "n6"]
+    failed = [e for e in ev if e["event"] == "failed"]
+    assert failed and all("sees no CUDA device" in e["error"] for e in failed)
+    assert stop["class"] == "no_nodes" and "n5, n6 failed again after a retry" in stop["error"]
+    assert {r["node"] for r in read_jsonl(run / "bad_nodes.jsonl")} == {"n5", "n6"}
+    assert not any(e["event"] == "started" for e in ev)  # nothing trained
+    status = run_cli(["status", "--json", str(run)], cwd=workdir, module="slurmtrain.cli")
+    row = json.loads(status.stdout.splitlines()[0])
+    assert row["state"] == "stopped: no_nodes" and "sees no CUDA device" in row["error"]
+    time.sleep(3)
+    assert not subprocess.run(["squeue", "-h", "-n", "st-nogpus"], capture_output=True).stdout

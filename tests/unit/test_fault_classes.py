@@ -62,6 +62,8 @@ def test_a_local_cuda_error_names_and_excludes_its_node_instead_of_counting_as_a
         "CUDA error: an illegal memory access was encountered",
         "Xid 79: GPU fell off",
         "uncorrectable ECC error encountered",
+        "DeviceError: gpus_per_node=8 but this task sees no CUDA device (CUDA_VISIBLE_DEVICES='0')",
+        "RuntimeError: No CUDA GPUs are available",
     ):
         row = {**local, "error": text, "node": "n1"}
         assert supervise.classify(1, [row], [STARTED, row], [], 0).exclude == {"n1": ANY_REASON}
@@ -205,6 +207,31 @@ def test_exclusions_never_leave_the_partition_too_few_nodes_newest_kept():
     assert exclusions.fit(failed, [], part, needed=4).nodes == []
     user = exclusions.fit(failed, ["n1", "n2", "n3"], part, needed=2)
     assert user.problem and "no node set can run the job" in user.problem
+
+
+def test_a_node_that_fails_again_after_its_retry_stays_excluded_and_turns_end_in_a_stop():
+    """Two broken nodes, one needed: each is retried once, then no node set can run the job
+    (before, the oldest exclusion was always dropped and the run took turns on them)."""
+    now, part = time.time(), ["n5", "n6"]
+    rows = []
+
+    def next_fit():
+        return exclusions.fit(exclusions.active(rows, 24, now + 10), [], part, needed=1)
+
+    for job, node in (("1505", "n6"), ("1506", "n5"), ("1507", "n6"), ("1508", "n5")):
+        rows.append({"node": node, "reason": "device error", "time": now, "job_id": job})
+        now += 1
+        got = next_fit()
+        if job == "1505":
+            assert got.nodes == ["n6"] and got.problem is None
+        elif job == "1506":  # n5 newest, n6 (once) is tried again
+            assert got.nodes == ["n5"] and got.dropped == ["n6"] and got.problem is None
+        elif job == "1507":  # n6 failed again after its retry: it stays out; n5 gets its retry
+            assert got.nodes == ["n6"] and got.dropped == ["n5"] and got.problem is None
+    assert got.problem and "n5, n6 failed again after a retry" in got.problem
+    assert got.nodes == ["n5", "n6"]
+    one_job = [{"node": "n5", "reason": "health", "time": now, "job_id": "9"}] * 2
+    assert exclusions.active(one_job, 24, now)["n5"]["jobs"] == 1  # two rows, one job
 
 
 def test_when_no_node_set_can_run_the_job_the_run_stops_saying_so(tmp_path):
