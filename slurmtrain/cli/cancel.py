@@ -91,22 +91,8 @@ def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], 
             break
         time.sleep(poll_s)
     if not active:
-        close_attempt(run, cancelled)
+        ledger.close_cancelled(run, cancelled, "cancel")
     return cancelled, active
-
-
-def close_attempt(run: RunDir, cancelled: list[str]) -> None:
-    """scancel kills the batch shell too, usually before its supervisor runs: close the attempt
-    here as `cancelled` (otherwise the next start would count it as a vanished preemption)."""
-    prev = ledger.unended_attempt(run.events())
-    if prev is not None and str(prev.get("job_id")) in cancelled:
-        run.record(
-            "attempt_ended",
-            job_id=prev.get("job_id"),
-            attempt=prev["attempt"],
-            nodes=prev.get("nodes", []),
-            **{"class": "cancelled", "closed_by": "cancel"},
-        )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -291,3 +291,18 @@ def cancelled_since(events: list[dict[str, Any]], job_id: str, attempt: Optional
         )
     since = max(float(e.get("time", 0)) for e in marks)
     return any(e["event"] == "cancelled" and float(e.get("time", 0)) >= since for e in events)
+
+
+def close_cancelled(run: Any, job_ids: list[str], closed_by: str) -> None:
+    """Close the open attempt of one of `job_ids` as `cancelled`: the user stopped it (scancel
+    kills the batch shell before its supervisor runs; Ctrl-C on a local run). Left open, the next
+    start would count it as a vanished preemption. `run`: a RunDir."""
+    prev = unended_attempt(run.events())
+    if prev is not None and str(prev.get("job_id")) in job_ids:
+        run.record(
+            "attempt_ended",
+            job_id=prev.get("job_id"),
+            attempt=prev["attempt"],
+            nodes=prev.get("nodes", []),
+            **{"class": "cancelled", "closed_by": closed_by},
+        )

@@ -227,7 +227,8 @@ class Trainer:
         if self.signalled:
             return
         self.signalled = True
-        name = "SIGTERM" if code == signals.TERMINATE else "SIGUSR2"
+        name = "SIGINT" if self.flags.received == "SIGINT" else "SIGTERM"  # INT: Ctrl-C
+        name = "SIGUSR2" if code == signals.TIME_LIMIT else name
         self.attempt.record(
             "signal", signal=name, step=step, received_at=self.flags.received_at, before_save=True
         )

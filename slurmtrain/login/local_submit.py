@@ -1,22 +1,28 @@
 """Local backend: submitit's LocalExecutor starts one worker per task on this machine and we wait.
 
 The workers write metrics.jsonl; this side turns it into a rich progress bar, so the same
-entrypoint runs here and on Slurm.
+entrypoint runs here and on Slurm. Ctrl-C stops the run the way a preemption does: the workers
+agree on a step, save it and exit; a second Ctrl-C kills them (the newest complete checkpoint
+stays). submitit's controller would SIGKILL its tasks a second after a Ctrl-C of its own, so it
+is started deaf to SIGINT and only relays our SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import submitit
 from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from slurmtrain.common import ledger
 from slurmtrain.common.rundir import RunDir, pid_start
 from slurmtrain.common.schema import tasks_per_node
 from slurmtrain.login.submit import Submission, TrainTask
@@ -40,7 +46,8 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         timeout_min=24 * 60,
         nodes=1,
     )
-    job = executor.submit(TrainTask(str(run.path), free_port()))
+    with _sigint_ignored():  # inherited by the controller; the workers install their own handler
+        job = executor.submit(TrainTask(str(run.path), free_port()))
     pid = int(job.job_id)
     run.record(
         "submitted",
@@ -52,7 +59,9 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         nodes=[socket.gethostname()],
     )
     print(f"slurmtrain: started local job {job.job_id} in {run.path}")
-    _follow(run, job, cfg.train.max_steps)
+    interrupted = _follow(run, job, cfg.train.max_steps)
+    if interrupted:
+        return _stopped_by_user(run, job.job_id)
     try:
         job.results()
         code = 0
@@ -90,8 +99,44 @@ def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
     return offset + len(done), rows
 
 
-def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> None:
-    """Progress bar fed by metrics.jsonl until the job's processes exit.
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
+    """First Ctrl-C: SIGTERM through the controller (the workers save, then exit). Second: SIGKILL
+    the workers and the controller."""
+    if presses == 1:
+        print("\nslurmtrain: Ctrl-C: saving a checkpoint, then stopping (Ctrl-C again: kill now)")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(job.job_id), signal.SIGTERM)  # the controller forwards it to every task
+        return
+    started = [e for e in run.events("started") if str(e.get("job_id")) == str(job.job_id)]
+    pids = started[-1].get("pids", []) if started else []
+    print("\nslurmtrain: Ctrl-C again: killing the workers now")
+    for pid in [*pids, int(job.job_id)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
+    """The attempt is closed `cancelled` (the user's stop, not a failure); the next start resumes."""
+    ledger.close_cancelled(run, [str(job_id)], "ctrl-c")
+    saved = [e for e in run.events("checkpoint_saved")]
+    where = f"checkpoint step_{saved[-1]['step']}" if saved else "no checkpoint yet"
+    print(
+        f"slurmtrain: stopped by Ctrl-C ({where}); run the same command again to resume: {run.path}"
+    )
+    return Submission(job_id, "local", finished=False, exit_code=130)
+
+
+def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> bool:
+    """Progress bar fed by metrics.jsonl until the job's processes exit; True after a Ctrl-C.
 
     This process shares the machine with the workers: it reads only the new lines and redraws
     twice a second (no 10 Hz refresh thread), so following a long run costs next to nothing.
@@ -106,19 +151,23 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> None:
     )
     with Progress(*columns, transient=False, auto_refresh=False) as bar:
         task = bar.add_task("train", total=max_steps, loss="-", tps="-")
-        offset = 0
+        offset, presses = 0, 0
         while True:
-            exited = job.done()  # checked before the read, so the last rows are always shown
-            offset, rows = _new_rows(run.metrics, offset)
-            if rows:
-                last = rows[-1]
-                bar.update(
-                    task,
-                    completed=last["step"],
-                    loss=f"{last['loss']:.4f}",
-                    tps=f"{last['tokens_per_s']:,.0f}",
-                )
-            bar.refresh()
-            if exited:
-                break
-            time.sleep(0.5)
+            try:
+                exited = job.done()  # checked before the read, so the last rows are always shown
+                offset, rows = _new_rows(run.metrics, offset)
+                if rows:
+                    last = rows[-1]
+                    bar.update(
+                        task,
+                        completed=last["step"],
+                        loss=f"{last['loss']:.4f}",
+                        tps=f"{last['tokens_per_s']:,.0f}",
+                    )
+                bar.refresh()
+                if exited:
+                    return presses > 0
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                presses += 1
+                _stop(run, job, presses)

@@ -2,7 +2,7 @@
 
 Why: saving from inside a handler (what submitit's `checkpoint()` does, on rank 0 only) cannot write
 sharded ZeRO state. USR2 is Slurm's time-limit warning (--signal=USR2@lead); TERM is preemption or
-scancel.
+scancel; INT (Ctrl-C on a local run) stops like TERM: save, then exit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ NONE, TIME_LIMIT, TERMINATE = 0, 1, 2
 
 
 class SignalFlags:
-    """USR2 (Slurm's time-limit warning, --signal=USR2@lead) and TERM (preemption, scancel)."""
+    """USR2 (Slurm's time-limit warning, --signal=USR2@lead), TERM (preemption, scancel) and INT
+    (Ctrl-C)."""
 
     def __init__(self) -> None:
         self.code = NONE
@@ -26,6 +27,7 @@ class SignalFlags:
     def install(self) -> "SignalFlags":
         signal.signal(signal.SIGUSR2, self._handler)
         signal.signal(signal.SIGTERM, self._handler)
+        signal.signal(signal.SIGINT, self._handler)
         return self
 
     def _handler(self, signum: int, _frame: Optional[FrameType]) -> None:
