@@ -278,6 +278,13 @@ def node_never_joins(t: Trial) -> tuple[str, str]:
     return "finished", "hang"
 
 
+def gpus_invisible(t: Trial) -> tuple[str, str]:
+    # the gpu partition's nodes advertise 8 GPUs their tasks cannot see: each node is named and
+    # excluded, retried once, then the run stops no_nodes instead of taking turns on them
+    t.submit(["cluster.partition=gpu", "gpus_per_node=8"])
+    return "stopped", "no_nodes"
+
+
 def crash_loop(t: Trial) -> tuple[str, str]:
     t.submit(["train.max_steps=20"], inject="crash_at_step=7")
     return "stopped", "crash"
@@ -324,6 +331,7 @@ FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "nan_loss": nan_loss,
     "bad_node": bad_node,
     "node_never_joins": node_never_joins,
+    "gpus_invisible": gpus_invisible,
     "crash_loop": crash_loop,
     "world_size_change": world_size_change,
     "duplicate_submission": duplicate_submission,
