@@ -34,9 +34,9 @@ class Exclusions:
 
 def active(rows: list[dict[str, Any]], hours: float, now: float) -> dict[str, dict[str, Any]]:
     """node -> its newest failure row, for failures newer than `hours` (stragglers left out),
-    with `jobs`: how many jobs (job id, attempt) it failed in within that window."""
+    with `jobs`: how many attempts (job id, restart, relaunch, attempt) it failed in then."""
     newest: dict[str, dict[str, Any]] = {}
-    jobs: dict[str, set[tuple[str, str]]] = {}
+    jobs: dict[str, set[tuple[str, ...]]] = {}
     for row in rows:
         if row.get("reason") == "straggler" or not row.get("node"):
             continue
@@ -44,7 +44,8 @@ def active(rows: list[dict[str, Any]], hours: float, now: float) -> dict[str, di
         if hours >= 0 and when < now - hours * 3600:
             continue
         node = row["node"]
-        jobs.setdefault(node, set()).add((str(row.get("job_id")), str(row.get("attempt"))))
+        which = tuple(str(row.get(k)) for k in ("job_id", "restart", "relaunch", "attempt"))
+        jobs.setdefault(node, set()).add(which)
         if node not in newest or when >= float(newest[node].get("time") or 0):
             newest[node] = row
     return {node: {**row, "jobs": len(jobs[node])} for node, row in newest.items()}

@@ -241,6 +241,8 @@ def supervise(
                 "time": time.time(),
                 "attempt": attempt,
                 "job_id": job_id,
+                "restart": restart,  # a requeued job keeps its id: this tells its attempts apart
+                "relaunch": relaunch,
             },
             durable=True,
         )

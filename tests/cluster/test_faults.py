@@ -210,15 +210,17 @@ def test_crash_loop_stops_and_status_shows_the_class_and_error(slurm_cluster, wo
 def test_nodes_whose_gpus_are_invisible_are_excluded_and_the_run_stops_when_none_is_left(
     slurm_cluster, workdir
 ):
-    """The gpu partition's nodes advertise 8 GPUs their tasks cannot see (a driver gone, a GPU off
-    the bus). Each failure names and excludes its node; each node gets one retry; then the run
-    stops `no_nodes` saying why, instead of taking turns on the two broken nodes."""
-    run = submit(workdir, "nogpus", ["cluster.partition=gpu", "gpus_per_node=8"])
+    """The gpu partition's 2 nodes advertise 8 GPUs their tasks cannot see (a driver gone, a GPU
+    off the bus). A 2-node run: each failure names both nodes; the job needs both, so they get one
+    retry (Slurm requeues the same job id); failing again, they stay excluded and the run stops
+    `no_nodes` saying why, instead of requeueing until the node-failure budget (20) runs out."""
+    run = submit(workdir, "nogpus", ["nodes=2", "cluster.partition=gpu", "gpus_per_node=8"])
     [stop] = wait_event(run, "stopped", timeout=300, fail_on=())
     ev = events(run)
     ended = [e for e in ev if e["event"] == "attempt_ended"]
-    assert [e["class"] for e in ended] == ["node_failure"] * 4
-    assert sorted(n for e in ended for n in e["nodes"]) == ["n5", "n5", "n6", "n6"]
+    assert [e["class"] for e in ended] == ["node_failure"] * 2
+    assert [sorted(e["nodes"]) for e in ended] == [["n5", "n6"]] * 2
+    assert [e["restart"] for e in ended] == [0, 1] and ended[0]["job_id"] == ended[1]["job_id"]
     failed = [e for e in ev if e["event"] == "failed"]
     assert failed and all("sees no CUDA device" in e["error"] for e in failed)
     assert stop["class"] == "no_nodes" and "n5, n6 failed again after a retry" in stop["error"]

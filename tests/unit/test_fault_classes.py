@@ -231,7 +231,9 @@ def test_a_node_that_fails_again_after_its_retry_stays_excluded_and_turns_end_in
     assert got.problem and "n5, n6 failed again after a retry" in got.problem
     assert got.nodes == ["n5", "n6"]
     one_job = [{"node": "n5", "reason": "health", "time": now, "job_id": "9"}] * 2
-    assert exclusions.active(one_job, 24, now)["n5"]["jobs"] == 1  # two rows, one job
+    assert exclusions.active(one_job, 24, now)["n5"]["jobs"] == 1  # two rows, one attempt
+    requeued = [{**one_job[0], "restart": r} for r in (0, 1)]  # the same job id, requeued
+    assert exclusions.active(requeued, 24, now)["n5"]["jobs"] == 2
 
 
 def test_when_no_node_set_can_run_the_job_the_run_stops_saying_so(tmp_path):
