@@ -138,6 +138,8 @@ def vanished_class(events: list[dict[str, Any]], attempt: int) -> str:
     signals = [e for e in events if e["event"] == "signal" and e.get("attempt") == attempt]
     if any(e.get("signal") == "SIGTERM" for e in signals):
         return PREEMPTED
+    if any(e.get("signal") == "SIGINT" for e in signals):
+        return "cancelled"  # Ctrl-C, and the command that would have closed it was killed
     errors = [e for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
     real = real_errors(errors)
     if real:

@@ -63,6 +63,14 @@ def test_vanished_attempt_with_only_the_early_signal_is_preempted():
     assert ledger.unended_attempt(events)["attempt"] == 1
 
 
+def test_vanished_attempt_stopped_by_ctrl_c_is_cancelled_not_a_node_failure():
+    events = [
+        {"event": "started", "attempt": 1},
+        {"event": "signal", "attempt": 1, "signal": "SIGINT", "before_save": True},
+    ]  # a local run's Ctrl-C, then its command was killed before closing the attempt
+    assert ledger.vanished_class(events, 1) == "cancelled"
+
+
 def test_new_classes_have_budgets():
     from slurmtrain.common.schema import FaultsConfig
 
