@@ -188,7 +188,7 @@ def supervise(
     if attempt is not None and any(e["event"] == "attempt_ended" for e in rows):
         return 0  # closed already: by on_sigterm's early restart, or by `cli cancel`
     if faults.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart it
-        run.record("attempt_ended", **record, **{"class": "cancelled", "exit_code": rc})
+        run.record("attempt_ended", **record, **{"class": faults.CANCELLED, "exit_code": rc})
         return 0
     rc = _effective_rc(rc, rows)
     if rc == 0:
@@ -199,7 +199,7 @@ def supervise(
         # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited
         # first, so it requeues itself (same job id: no second copy can appear). A scancel is final.
         if not next_job.preempted(job_id):
-            run.record("attempt_ended", **record, **{"class": "cancelled", "exit_code": rc})
+            run.record("attempt_ended", **record, **{"class": faults.CANCELLED, "exit_code": rc})
             return 0
         run.record("attempt_ended", **record, **{"class": faults.PREEMPTED, "exit_code": rc})
         if faults.over_budget(run.events(), cfg.faults) is not None:

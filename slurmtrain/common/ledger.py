@@ -31,6 +31,7 @@ PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR = (
 # rollbacks (faults.max_rollback), or the run published checkpoints and none validates now.
 DIVERGED, CHECKPOINT_UNREADABLE = "diverged", "checkpoint_unreadable"
 OOM = "oom"  # its own budget (faults.max_oom): a memory plan that does not fit will not heal
+CANCELLED = "cancelled"  # the user stopped it (scancel, cli cancel, Ctrl-C): no budget, no restart
 FAILURE_CLASSES = (
     PREEMPTED,
     TIMED_OUT,
@@ -139,7 +140,7 @@ def vanished_class(events: list[dict[str, Any]], attempt: int) -> str:
     if any(e.get("signal") == "SIGTERM" for e in signals):
         return PREEMPTED
     if any(e.get("signal") == "SIGINT" for e in signals):
-        return "cancelled"  # Ctrl-C, and the command that would have closed it was killed
+        return CANCELLED  # Ctrl-C, and the command that would have closed it was killed
     errors = [e for e in events if e["event"] == "failed" and e.get("attempt") == attempt]
     real = real_errors(errors)
     if real:
@@ -306,5 +307,5 @@ def close_cancelled(run: Any, job_ids: list[str], closed_by: str) -> None:
             job_id=prev.get("job_id"),
             attempt=prev["attempt"],
             nodes=prev.get("nodes", []),
-            **{"class": "cancelled", "closed_by": closed_by},
+            **{"class": CANCELLED, "closed_by": closed_by},
         )

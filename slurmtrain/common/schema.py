@@ -173,9 +173,8 @@ class FaultsConfig:
     # SlurmdTimeout (scontrol show config; 300 s by default) + 30 s, as Slurm needs that long to
     # notice a dead node; 330 when it cannot be read.
     node_check_s: float = 0.0
-    exclude_hours: float = (
-        24.0  # a node excluded for a failure is tried again after this (-1: never)
-    )
+    # A node excluded for a failure is tried again after this many hours (-1: never).
+    exclude_hours: float = 24.0
     # Hot spares (Slurm): the job holds nodes + spare_nodes with --no-kill and trains on `nodes`;
     # after a node failure, hang, crash or bad node the next attempt starts inside the allocation
     # on healthy nodes (a spare replacing the failed one), without a trip through the queue.
@@ -187,9 +186,8 @@ class FaultsConfig:
     # newest valid checkpoint and skip the data window that diverged (PaLM's practice).
     max_diverged: int = 0  # attempts ended `diverged` before the run stops (0: the first)
     max_checkpoint_unreadable: int = 0  # attempts that found every published checkpoint bad
-    max_rollback: int = (
-        5  # in-process rollbacks over the run; one more stops it `diverged` (-1: no cap)
-    )
+    # In-process rollbacks over the whole run; one more stops it `diverged` (-1: no cap).
+    max_rollback: int = 5
     # Optimizer steps' worth of samples skipped after the checkpoint rolled back to: this, capped
     # at a tenth of train.max_steps (tiny runs), and never less than the window that diverged.
     skip_batches: int = 200

@@ -127,7 +127,7 @@ def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
 def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
     """The attempt is closed `cancelled` (the user's stop, not a failure); the next start resumes."""
     ledger.close_cancelled(run, [str(job_id)], "ctrl-c")
-    saved = [e for e in run.events("checkpoint_saved")]
+    saved = run.events("checkpoint_saved")
     where = f"checkpoint step_{saved[-1]['step']}" if saved else "no checkpoint yet"
     print(
         f"slurmtrain: stopped by Ctrl-C ({where}); run the same command again to resume: {run.path}"

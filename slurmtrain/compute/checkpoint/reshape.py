@@ -137,8 +137,9 @@ def _run(
 
 @contextlib.contextmanager
 def growing(folder: Path, beat: Callable[[int], None], every_s: float = 10.0) -> Iterator[None]:
-    """`beat(bytes)` whenever `folder` has more bytes than at the last look: the converter writes
-    file after file, so a conversion longer than its planned deadline is progress, not a hang.
+    """`beat(bytes)` whenever `folder` holds other bytes than at the last look: the converter
+    writes file after file (and deletes its extraction fragments before merging), so a conversion
+    longer than its planned deadline is progress, not a hang; a folder that stays the same is.
     Every rank watches (the folder is on the shared checkpoint filesystem), as only rank 0 converts
     and the others wait in a broadcast under their own watchdogs."""
     stop = threading.Event()
@@ -146,8 +147,11 @@ def growing(folder: Path, beat: Callable[[int], None], every_s: float = 10.0) ->
     def watch() -> None:
         seen = 0
         while not stop.wait(every_s):
-            size = _bytes(folder)
-            if size > seen:
+            try:
+                size = ckpt.dir_bytes(folder)
+            except OSError:  # a file renamed or removed between the listing and its stat
+                continue
+            if size != seen:
                 seen = size
                 beat(size)
 
@@ -158,17 +162,6 @@ def growing(folder: Path, beat: Callable[[int], None], every_s: float = 10.0) ->
     finally:
         stop.set()
         thread.join()
-
-
-def _bytes(folder: Path) -> int:
-    total = 0
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.stat(os.path.join(parent, name)).st_size
-            except OSError:  # renamed or removed between the listing and the stat
-                pass
-    return total
 
 
 def for_world(
