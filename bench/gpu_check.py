@@ -1,16 +1,22 @@
-"""One GPU, one sitting: throughput, MFU and memory vs plan, a bitwise resume check, a binding check.
+"""One GPU, one sitting (under 8 minutes of an H200): what a 64-node run's numbers rest on.
 
-    python bench/gpu_check.py            # a 1-GPU machine (bench/gpu_check.sh installs what is missing)
-    python bench/gpu_check.py --dry      # the same steps on this machine's CPU with opt_tiny
+    python bench/gpu_check.py --out FILE.jsonl          # a CUDA GPU (bench/gpu_check.sh sets it up)
+    python bench/gpu_check.py --cpu --out FILE.jsonl    # the same script on this machine's CPU
 
-For opt125m and opt1.3b, bf16, seq 2048, ZeRO-2 and ZeRO-3, the real entrypoint (`python -m
-slurmtrain cluster=local gpus_per_node=1 ...`, synthetic data) trains WARMUP + STEPS steps; printed:
-tokens/s per GPU, TFLOP/s, MFU (metrics.jsonl, last interval: steady state), peak memory measured
-vs planned (the `memory_checked` ledger event of train.memory_check_step). Resume: one run of 2N
-steps against one paused at N and resumed: losses of steps N+1..2N compared bitwise (and steps 1..N,
-which tells kernel nondeterminism from a resume bug). Binding: a task that sees one GPU with local id
-1 gets device 0 from compute.distributed.device_index and computes on it, where `cuda:1` fails.
-Writes everything as JSON to --out too. Exit 0 when every check ran, 1 when one failed.
+Each measurement is one JSON line, printed and appended to --out (fsynced) the moment it is made, so
+a run cut short by its time limit still leaves everything it measured:
+- `gemm`: achievable bf16 matmul TFLOP/s (the MFU denominator's reality check);
+- `throughput`: opt1.3b and opt2.7b (seq 2048, ZeRO-2, bf16) tokens/s, TFLOP/s and MFU of the real
+  entrypoint beside a bare HF + DeepSpeed loop on the same shapes and batches (bench/gpu_throughput.py);
+- `slice13b`: 4 layers with opt13b's shapes: the in-layer MFU ceiling of the headline model;
+- `checkpoint_io`: save GB/s (its `checkpoint_saved`) and load GB/s with the page cache dropped;
+- `bf16_vs_fp32`: losses of 20 steps, dropout off, both precisions;
+- `resume`: a run paused and resumed against an uninterrupted one, judged against the run-to-run
+  noise of two uninterrupted runs (flash attention's backward is not bitwise deterministic);
+- `binding`: a task bound to one GPU (local id 1, CUDA_VISIBLE_DEVICES of one device) goes through
+  slurmtrain's placement and DeepSpeed's own init_distributed/set_device and computes.
+Every run passes `checkpoint.final_save=false` or saves once: the disk (64 GB) stays free.
+Exit 0 when every check ran and passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -23,219 +29,320 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU = {
-    "models": {"opt125m": 16, "opt1.3b": 8},  # model -> micro batch (H200: fits with headroom)
-    "stages": (2, 3),
-    "base": ["gpus_per_node=1", "data=synthetic", "data.seq_len=2048", "deepspeed.dtype=bf16"],
+sys.path.insert(0, str(ROOT / "bench"))
+
+GPU: dict[str, Any] = {
+    "gemm": (8192, "bfloat16"),
+    "throughput": {"opt1.3b": 8, "opt2.7b": 4},  # model -> micro batch at seq 2048
+    "slice": ("opt13b", 2, 4),  # model, micro batch, layers
+    "base": ["gpus_per_node=1", "data=synthetic", "deepspeed=zero2", "deepspeed.dtype=bf16"],
+    "seq": 2048,
+    "small": ("opt125m", 8),  # checkpoint, precision and resume runs
     "warmup": 10,
     "steps": 20,
-    "log": 10,
-    "resume": ("opt125m", 8, 5),  # model, micro batch, N
 }
-DRY = {
-    "models": {"opt_tiny": 4},
-    "stages": (2, 3),
-    "base": ["gpus_per_node=0", "cluster.cpu_tasks_per_node=1", "data.seq_len=128"],
-    "warmup": 4,
+CPU: dict[str, Any] = {
+    "gemm": (512, "float32"),
+    "throughput": {"opt_tiny": 4},
+    "slice": ("opt_tiny", 4, 1),
+    "base": [
+        "gpus_per_node=0",
+        "cluster.cpu_tasks_per_node=1",
+        "data=synthetic",
+        "deepspeed=zero2",
+    ],
+    "seq": 128,
+    "small": ("opt_tiny", 4),
+    "warmup": 3,
     "steps": 4,
-    "log": 4,
-    "resume": ("opt_tiny", 4, 3),
 }
 
 
-def slurmtrain(args: list[str], work: Path, timeout: float = 600, pausing: bool = False) -> Path:
-    """`python -m slurmtrain` on this machine; the run directory it trained. `pausing`: the run
-    stops at train.pause_at_step (the login side exits non-zero: the run is not finished)."""
+class Out:
+    """JSON lines on stdout and in a file, each written through to disk as it is measured."""
+
+    def __init__(self, path: Optional[str]) -> None:
+        self.path = Path(path) if path else None
+        self.failed: list[str] = []
+
+    def emit(self, check: str, **fields: Any) -> dict[str, Any]:
+        row = {"check": check, "time": round(time.time(), 1), **fields}
+        line = json.dumps(row, default=str)
+        print(line, flush=True)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        if fields.get("ok") is False:
+            self.failed.append(check)
+        return row
+
+
+def slurmtrain(args: list[str], work: Path, timeout: float = 420, pausing: bool = False) -> Path:
+    """`python -m slurmtrain cluster=local ...` on this machine: the run directory it trained."""
     name = next(a.split("=", 1)[1] for a in args if a.startswith("name="))
     cmd = [sys.executable, "-m", "slurmtrain", "cluster=local", f"runs_root={work}", *args]
-    t0 = time.monotonic()
     done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
-    run = max(work.glob(f"{name}/*/config.yaml"), key=os.path.getmtime).parent
-    if done.returncode and not (pausing and events(run, "paused")):
-        raise RuntimeError(
-            f"{' '.join(args)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}"
-        )
-    print(f"  ({' '.join(args[-4:])}: {time.monotonic() - t0:.0f} s)", file=sys.stderr)
+    found = sorted(work.glob(f"{name}/*/config.yaml"), key=os.path.getmtime)
+    run = found[-1].parent if found else None
+    if run is None or (done.returncode and not (pausing and events(run, "paused"))):
+        raise RuntimeError(f"{' '.join(args)}: exit {done.returncode}: {done.stderr[-2000:]}")
     return run
 
 
-def rows(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-
-
 def events(run: Path, kind: str) -> list[dict[str, Any]]:
-    lines = (run / "ledger.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e.get("event") == kind]
+    from slurmtrain.common.rundir import RunDir
+
+    return RunDir(run).events(kind)
 
 
-def throughput(p: dict[str, Any], work: Path) -> list[dict[str, Any]]:
-    out = []
-    total = p["warmup"] + p["steps"]
-    for model, micro in p["models"].items():
-        for stage in p["stages"]:
-            run = slurmtrain(
-                [
-                    *p["base"],
-                    f"model={model}",
-                    f"deepspeed=zero{stage}",
-                    f"train.micro_batch_size={micro}",
-                    f"train.global_batch_size={micro}",
-                    f"train.max_steps={total}",
-                    f"train.log_interval={p['log']}",
-                    f"train.memory_check_step={p['warmup']}",
-                    "checkpoint.interval_steps=0",
-                    "new_run=true",
-                    f"name=tp-{model.replace('.', '_')}-z{stage}",
-                ],
-                work,
-            )
-            last = rows(run)[-1]
-            [mem] = events(run, "memory_checked") or [{}]
-            out.append(
-                {
-                    "model": model,
-                    "zero": stage,
-                    "micro": micro,
-                    "tokens_per_s_per_gpu": last.get("tokens_per_s_per_gpu"),
-                    "tflops_per_gpu": last.get("tflops_per_gpu"),
-                    "mfu": last.get("mfu"),
-                    "peak_measured_gib": (mem.get("measured_bytes") or 0) / 2**30,
-                    "peak_planned_gib": (mem.get("planned_bytes") or 0) / 2**30,
-                    "memory_ratio": mem.get("ratio"),
-                }
-            )
-            r = out[-1]
-            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-            print(
-                f"{model:<8} ZeRO-{stage} micro {micro:>2} | {r['tokens_per_s_per_gpu']:>10,.0f} "
-                f"tok/s/GPU | {r['tflops_per_gpu']:>7.1f} TFLOP/s | MFU {mfu:>6} | peak "
-                f"{r['peak_measured_gib']:.2f} GiB measured / {r['peak_planned_gib']:.2f} planned "
-                f"(ratio {r['memory_ratio']})",
-                flush=True,
-            )
-    return out
+def losses(run: Path) -> dict[int, float]:
+    from slurmtrain.common.rundir import read_jsonl
+
+    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
 
 
-def resume(p: dict[str, Any], work: Path) -> dict[str, Any]:
-    model, micro, n = p["resume"]
-    common = [
+def gemm(p: dict[str, Any], out: Out) -> None:
+    import torch
+
+    n, dtype_name = p["gemm"]
+    dtype = getattr(torch, dtype_name)
+    device = "cuda" if p is GPU else "cpu"
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    reps, t0 = 20, time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync()
+    seconds = time.perf_counter() - t0
+    out.emit("gemm", n=n, dtype=dtype_name, tflops=2 * n**3 * reps / seconds / 1e12, ok=True)
+
+
+def run_args(p: dict[str, Any], model: str, micro: int, steps: int, name: str) -> list[str]:
+    return [
         *p["base"],
         f"model={model}",
-        "deepspeed=zero2",
+        f"data.seq_len={p['seq']}",
         f"train.micro_batch_size={micro}",
         f"train.global_batch_size={micro}",
-        f"train.max_steps={2 * n}",
+        f"train.max_steps={steps}",
         "train.log_interval=1",
-        f"checkpoint.interval_steps={n}",
+        "model.dropout=0",
+        "checkpoint.interval_steps=0",
+        "checkpoint.final_save=false",
+        f"name={name}",
     ]
-    whole = slurmtrain([*common, "new_run=true", "name=resume-whole"], work)
-    cut = [*common, f"train.pause_at_step={n}", "name=resume-cut"]
-    first = slurmtrain(cut, work, pausing=True)  # a fresh work dir: no new_run needed
-    again = slurmtrain(cut, work)  # the same command again: resumes the paused run
-    assert again == first, (again, first)
-    a = {r["step"]: r["loss"] for r in rows(whole)}
-    b = {r["step"]: r["loss"] for r in rows(first)}  # both attempts append to one metrics.jsonl
-    before = [a[s] == b[s] for s in range(1, n + 1)]
-    after = [a[s] == b[s] for s in range(n + 1, 2 * n + 1)]
-    diff = max(abs(a[s] - b[s]) for s in range(1, 2 * n + 1))
-    loaded = events(first, "checkpoint_loaded")
-    result = {
-        "steps_1_to_n_bitwise": all(before),
-        "resumed_steps_bitwise": all(after),
-        "max_abs_loss_diff": diff,
-        "resumed_from": loaded[0]["step"] if loaded else None,
-        "ok": all(after) and bool(loaded),
+
+
+def rate(run: Path, first: int, last: int, micro: int, seq: int) -> dict[str, Any]:
+    from slurmtrain.common.rundir import read_jsonl
+
+    rows = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl") if "step" in r}
+    tps = (last - first) * micro * seq / (rows[last]["time"] - rows[first]["time"])
+    return {
+        "tokens_per_s": tps,
+        "mfu": rows[last].get("mfu"),
+        "tflops": rows[last].get("tflops_per_gpu"),
     }
-    print(
-        f"resume {model} ZeRO-2: paused at {n}, resumed from step {result['resumed_from']}; "
-        f"steps {n + 1}-{2 * n} bitwise equal to an uninterrupted run: "
-        f"{result['resumed_steps_bitwise']} (steps 1-{n}: {result['steps_1_to_n_bitwise']}; "
-        f"max |diff| {diff:.2e})",
-        flush=True,
+
+
+def throughput(p: dict[str, Any], out: Out, work: Path) -> None:
+    from gpu_throughput import run_bare
+
+    total = p["warmup"] + p["steps"]
+    for model, micro in p["throughput"].items():
+        name = f"tp-{model.replace('.', '_')}"
+        run = slurmtrain(run_args(p, model, micro, total, name), work)
+        ours = rate(run, p["warmup"], total, micro, p["seq"])
+        bare = run_bare(run, p["warmup"], time.monotonic() + 400, model)
+        ratio = ours["tokens_per_s"] / bare["tokens_per_s"] if bare.get("tokens_per_s") else None
+        out.emit(
+            "throughput",
+            model=model,
+            micro=micro,
+            seq=p["seq"],
+            ours=ours,
+            bare=bare,
+            ours_over_bare=ratio,
+            ok=True,
+        )
+
+
+def slice13b(p: dict[str, Any], out: Out, work: Path) -> None:
+    model, micro, layers = p["slice"]
+    total = p["warmup"] + p["steps"]
+    args = [*run_args(p, model, micro, total, "slice"), f"model.num_layers={layers}"]
+    run = slurmtrain(args, work)
+    out.emit(
+        "slice13b",
+        model=model,
+        layers=layers,
+        **rate(run, p["warmup"], total, micro, p["seq"]),
+        ok=True,
     )
-    return result
+
+
+def drop_cache(folder: Path) -> None:
+    """Evict a folder's files from the page cache (posix_fadvise: works without root too)."""
+    for f in folder.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def resume_and_io(p: dict[str, Any], out: Out, work: Path) -> None:
+    model, micro = p["small"]
+    n = p["steps"] // 2 or 1
+    base = run_args(p, model, micro, 2 * n, "x")[:-1]
+    whole = [losses(slurmtrain([*base, f"name=whole{i}"], work)) for i in (1, 2)]
+    cut = [*base, "checkpoint.final_save=true", f"train.pause_at_step={n}", "name=cut"]
+    run = slurmtrain(cut, work, pausing=True)
+    [saved] = events(run, "checkpoint_saved")[-1:] or [{}]
+    drop_cache(run / "checkpoints")
+    slurmtrain(cut, work)
+    [loaded] = events(run, "checkpoint_loaded")[-1:] or [{}]
+    save_gbs = (saved.get("bytes") or 0) / max(saved.get("seconds") or 1e-9, 1e-9) / 1e9
+    load_bytes = float(loaded.get("rank_bytes") or 0) * int(loaded.get("world_size") or 1)
+    load_gbs = load_bytes / max(float(loaded.get("seconds") or 1e-9), 1e-9) / 1e9
+    out.emit(
+        "checkpoint_io",
+        bytes=saved.get("bytes"),
+        save_gb_s=save_gbs,
+        load_gb_s=load_gbs,
+        ok=bool(saved) and bool(loaded),
+    )
+    resumed = losses(run)
+    steps = range(n + 1, 2 * n + 1)
+    noise = max(abs(whole[0][s] - whole[1][s]) for s in steps)
+    diff = max(abs(whole[0][s] - resumed[s]) for s in steps)
+    # Equal within what two identical runs differ by (x2, plus float64 round-off of logged losses).
+    ok = diff <= 2 * noise + 1e-6 and loaded.get("step") == n
+    out.emit(
+        "resume",
+        paused_at=n,
+        resumed_from=loaded.get("step"),
+        max_abs_diff=diff,
+        run_to_run_noise=noise,
+        ok=ok,
+    )
+
+
+def precision(p: dict[str, Any], out: Out, work: Path) -> None:
+    model, micro = p["small"]
+    steps = 20 if p is GPU else 6
+    base = run_args(p, model, micro, steps, "x")[:-1]
+    bf16 = losses(slurmtrain([*base, "deepspeed.dtype=bf16", "name=bf16"], work))
+    fp32 = losses(slurmtrain([*base, "deepspeed.dtype=fp32", "name=fp32"], work))
+    rel = max(abs(bf16[s] - fp32[s]) / abs(fp32[s]) for s in fp32)
+    out.emit(
+        "bf16_vs_fp32",
+        steps=steps,
+        final_bf16=bf16[steps],
+        final_fp32=fp32[steps],
+        max_rel_diff=rel,
+        ok=rel < 0.05,
+    )
 
 
 _BINDING = r"""
-import os, torch
-from slurmtrain.compute.distributed import device_index
-local = int(os.environ["SLURM_LOCALID"])
+import json, os, sys
+from slurmtrain.compute.distributed import export, placement, rank_device
+where = placement(os.environ)
+export(where)  # what DeepSpeed reads: LOCAL_RANK must name the device this task sees
+import deepspeed, torch
+from deepspeed.accelerator import get_accelerator
 gpu = torch.cuda.is_available()
-count = torch.cuda.device_count() if gpu else 1
-index = device_index(os.environ, count, local)
-device = torch.device("cuda", index) if gpu else torch.device("cpu")
-if gpu:
-    torch.cuda.set_device(device)
-x = torch.randn(256, 256, device=device)
-value = float((x @ x).sum())
-naive = "n/a (CPU)"
-if gpu:
-    try:
-        torch.zeros(1, device=torch.device("cuda", local))
-        naive = "worked"
-    except Exception as e:
-        naive = type(e).__name__ + ": " + str(e).splitlines()[0]
-print({"local_id": local, "visible": count, "device": str(device), "computed": value == value,
-       "cuda_local_id": naive})
+if not gpu:  # as compute/attempt.py: the CPU shm comm op would JIT-build for ~25 s
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo")
+acc = get_accelerator()
+acc.set_device(int(os.environ["LOCAL_RANK"]))
+device = rank_device(1 if gpu else 0, os.environ, where.local_rank)
+x = torch.randn(256, 256, device=acc.current_device_name() if gpu else "cpu")
+print(json.dumps({"slurm_localid": os.environ["SLURM_LOCALID"],
+                  "local_rank": os.environ["LOCAL_RANK"], "device": str(device),
+                  "accelerator_device": acc.current_device_name(),
+                  "computed": bool(torch.isfinite((x @ x).sum()))}))
 """
 
 
-def binding() -> dict[str, Any]:
-    # The site bound one GPU to this task (the second of two on the node): it sees one device.
+def binding(p: dict[str, Any], out: Out, work: Path) -> None:
+    from slurmtrain.login.local_submit import free_port
+
+    # srun gave this task (local id 1 of 2 on the node) one GPU: it sees exactly one device.
     env = dict(
         os.environ,
+        SLURM_PROCID="0",
+        SLURM_NTASKS="1",
         SLURM_LOCALID="1",
-        LOCAL_RANK="1",
         SLURM_NTASKS_PER_NODE="2",
+        SLURM_JOB_ID="1",
+        SLURM_NODELIST="localhost",
+        SLURM_STEP_NODELIST="localhost",
+        SLURMD_NODENAME="localhost",
+        MASTER_PORT=str(free_port()),
         CUDA_VISIBLE_DEVICES="0",
     )
+    if p is CPU:
+        env["SLURMTRAIN_VISIBLE_DEVICES"] = "0"
     done = subprocess.run(
-        [sys.executable, "-c", _BINDING], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _BINDING],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    line = (done.stdout.strip().splitlines() or [done.stderr[-500:]])[-1]
-    ok = done.returncode == 0 and "'computed': True" in line
-    print(f"binding: one visible GPU, local id 1: {line} -> {'ok' if ok else 'FAILED'}", flush=True)
-    return {"ok": ok, "output": line}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    seen = json.loads(lines[-1]) if lines else {"error": done.stderr[-1500:]}
+    ok = done.returncode == 0 and seen.get("local_rank") == "0" and seen.get("computed") is True
+    out.emit("binding", **seen, ok=ok)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--dry", action="store_true", help="CPU, opt_tiny: the same steps")
-    parser.add_argument("--out", default=None, help="JSON results (default: print only)")
+    parser.add_argument("--cpu", action="store_true", help="this machine's CPU, opt_tiny shapes")
+    parser.add_argument("--out", default=None, help="append the JSON lines here too")
+    parser.add_argument("--only", default="", help="comma-separated checks (default: all)")
     args = parser.parse_args()
-    p = DRY if args.dry else GPU
-    if not args.dry:
+    p = CPU if args.cpu else GPU
+    out = Out(args.out)
+    if not args.cpu:
         import torch
 
         if not torch.cuda.is_available():
-            print("bench/gpu_check.py: no CUDA GPU visible; use --dry on a CPU", file=sys.stderr)
+            print("bench/gpu_check.py: no CUDA GPU visible; use --cpu here", file=sys.stderr)
             return 2
-        print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+        out.emit("device", name=torch.cuda.get_device_name(0), torch=torch.__version__)
+    checks: dict[str, Callable[..., None]] = {
+        "binding": lambda w: binding(p, out, w),
+        "gemm": lambda w: gemm(p, out),
+        "throughput": lambda w: throughput(p, out, w),
+        "slice13b": lambda w: slice13b(p, out, w),
+        "resume": lambda w: resume_and_io(p, out, w),
+        "precision": lambda w: precision(p, out, w),
+    }
+    chosen = [c for c in args.only.split(",") if c] or list(checks)
     t0 = time.monotonic()
-    report: dict[str, Any] = {"dry": args.dry}
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="gpu_check.") as tmp:
-        work = Path(tmp)
-        for name, fn in (
-            ("throughput", lambda: throughput(p, work)),
-            ("resume", lambda: resume(p, work)),
-            ("binding", binding),
-        ):
+    for name in chosen:
+        with tempfile.TemporaryDirectory(prefix=f"gpu_check.{name}.") as tmp:
             try:
-                report[name] = fn()
-            except Exception as e:  # one check failing still prints the others
-                failed = True
-                report[name] = {"error": str(e)[-3000:]}
-                print(f"{name}: FAILED: {str(e)[-3000:]}", flush=True)
-    failed = failed or not report["resume"].get("ok") or not report["binding"].get("ok")
-    report["seconds"] = time.monotonic() - t0
-    print(f"gpu_check: {'FAILED' if failed else 'ok'} in {report['seconds']:.0f} s", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
-    return 1 if failed else 0
+                checks[name](Path(tmp))
+            except Exception as e:  # one check failing still runs the others
+                out.emit(name, error=f"{type(e).__name__}: {str(e)[-2000:]}", ok=False)
+    out.emit("done", seconds=round(time.monotonic() - t0, 1), failed=out.failed, ok=not out.failed)
+    return 1 if out.failed else 0
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ class CheckpointConfig:
     async_save: bool = False
     on_save_error: str = "continue"  # a failed save (disk full...): continue (retry next) | stop
     publish_timeout_minutes: float = 30.0  # async: rank 0 gives up on a rank's files after this
+    final_save: bool = True  # false: no save at max_steps (benchmarks; the run is not resumable)
 
 
 @dataclass

@@ -123,7 +123,7 @@ def train(
                 **perf.interval(state.step, max_steps),
             )
 
-        finished = state.step >= end
+        finished = state.step >= end and (state.step < max_steps or cfg.checkpoint.final_save)
         by_steps = every_steps > 0 and state.step % every_steps == 0
         if finished or stop_code or by_steps or due_sum > 0:
             if stop_code and on_stop is not None:  # recorded before the save: it may outlast grace
