@@ -17,8 +17,8 @@ PY=${PYTHON:-python3}
 RESULTS="${OUT:-/tmp}/gpu_check.jsonl"
 # What the GPU image lacks (its package list: /work/.library/device/KINDS.md), with their own
 # dependencies that it lacks too; pinned to what this project's CI uses.
-WHEELS=(hydra-core==1.3.2 omegaconf==2.3.0 submitit==1.5.3 hjson==3.1.0 pydantic==2.12.5
-  pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2)
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 submitit==1.5.4 hjson==3.1.0 pydantic==2.14.4
+  pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
 SDIST=(deepspeed==0.19.8 antlr4-python3-runtime==4.9.3)
 
 case "${1:-}" in
