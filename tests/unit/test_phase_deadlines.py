@@ -84,15 +84,20 @@ def test_a_rank_s_bytes_alone_still_give_minutes_on_the_compute_side():
     first save; the attempt's node count comes from its `started` row."""
     cfg = SimpleNamespace(
         model=SimpleNamespace(
-            num_layers=40, hidden_size=5120, num_heads=40, ffn_dim=20480, vocab_size=50272,
-            max_positions=2048, word_embed_proj_dim=None,
+            num_layers=40,
+            hidden_size=5120,
+            num_heads=40,
+            ffn_dim=20480,
+            vocab_size=50272,
+            max_positions=2048,
+            word_embed_proj_dim=None,
         ),
         deepspeed=SimpleNamespace(stage=2, dtype="bf16"),
         gpus_per_node=8,
     )
     started = {"event": "started", "world_size": 512, "nodes": [f"g{i}" for i in range(64)]}
     d = phases.from_config(FaultsConfig(), [started], world=512)
-    assert d.nodes == 64 and d.summary()["nodes"] == 64
+    assert d.nodes == 64 and d.summary()["node_count"] == 64
     rank = phases.planned_state_bytes(cfg, 512)
     assert rank == pytest.approx(12 * OPT13B / 512 + 2 * OPT13B, rel=1e-3)  # bf16 module
     assert d.save_s(rank) < 30 * 60 and d.read_s(rank) < 30 * 60
@@ -104,15 +109,36 @@ def test_measured_rates_replace_the_planned_ones():
     its `rank_bytes` over its seconds time the next save of the busiest rank."""
     two = ["n1", "n2"]
     events = [
-        {"event": "checkpoint_saved", "bytes": 400 * MB, "rank_bytes": 200 * MB,
-         "total_seconds": 2.0, "nodes": two},
-        {"event": "checkpoint_saved", "bytes": 400 * MB, "rank_bytes": 200 * MB,
-         "total_seconds": 4.0, "nodes": two},  # the slowest
-        {"event": "checkpoint_verified", "ok": True, "bytes": 900 * MB, "rank_bytes": 450 * MB,
-         "seconds": 1.0, "nodes": two},
+        {
+            "event": "checkpoint_saved",
+            "bytes": 400 * MB,
+            "rank_bytes": 200 * MB,
+            "total_seconds": 2.0,
+            "nodes": two,
+        },
+        {
+            "event": "checkpoint_saved",
+            "bytes": 400 * MB,
+            "rank_bytes": 200 * MB,
+            "total_seconds": 4.0,
+            "nodes": two,
+        },  # the slowest
+        {
+            "event": "checkpoint_verified",
+            "ok": True,
+            "bytes": 900 * MB,
+            "rank_bytes": 450 * MB,
+            "seconds": 1.0,
+            "nodes": two,
+        },
         {"event": "checkpoint_verified", "ok": False, "bytes": 900 * MB, "seconds": 0.01},
-        {"event": "checkpoint_loaded", "rank_bytes": 150 * MB, "world_size": 2, "seconds": 1.0,
-         "nodes": two},
+        {
+            "event": "checkpoint_loaded",
+            "rank_bytes": 150 * MB,
+            "world_size": 2,
+            "seconds": 1.0,
+            "nodes": two,
+        },
     ]
     d = phases.from_config(FaultsConfig(), events, world=2, nodes=2)
     assert d.write_measured and d.write_bps == 50 * MB  # 400 MB / 4 s / 2 nodes

@@ -88,7 +88,7 @@ def test_the_headline_interval_is_young_daly_in_minutes_with_its_cost(tmp_path):
 
     cfg = _headline(tmp_path)
     plan = policy.checkpoints(cfg, 64)
-    mtbf = 64 * cfg.faults.node_mtbf_h * 3600
+    mtbf = cfg.faults.node_mtbf_h * 3600 / 64  # any of 64 nodes failing stops the job
     assert plan.mtbf_s == pytest.approx(mtbf)
     assert plan.interval_s == pytest.approx(
         ckpt_interval.young_daly_interval(plan.save_s, mtbf), rel=1e-6
