@@ -11,9 +11,12 @@ universal conversion, a save of minutes). Each phase gets its own deadline:
   together from the shared filesystem), so the job's rate is that x nodes. All ranks move their own
   bytes at once: the phase takes max(total bytes / (rate x nodes), busiest node's bytes / rate).
   Under ZeRO-1/2 a save's total is the sum of the ranks' shards plus rank 0's module file once
-  (`layout`), not the busiest rank x world. Once the run measured a phase (ledger rows
+  (`layout`), not the busiest rank x world. Once the run measured its IO (ledger rows
   `checkpoint_saved`, `checkpoint_verified`, `checkpoint_loaded`: `bytes` = all ranks',
-  `rank_bytes` = the busiest rank's), the busiest rank's measured rate times the next one.
+  `rank_bytes` = the busiest rank's), the measured rates replace the planned ones: a save is
+  timed by its busiest rank's measured rate (the next save has the same layout); reads keep the
+  per-node model (a verification's layout, one rank checking the module file, is not a load's,
+  every rank reading it, so the busiest rank's rate of one would misjudge the other).
 
 A heartbeat within a phase (a shard writer's chunk, a loader's file) starts its deadline over.
 Pure arithmetic: no torch, no filesystem.
@@ -118,13 +121,10 @@ def measured_read_bps(events: Iterable[dict[str, Any]], last: int = 5) -> Option
     return statistics.median(r for r, _ in rates) if rates else None
 
 
-def _rank_bps(
-    events: list[dict[str, Any]], kinds: tuple[str, ...], slowest: bool
-) -> Optional[float]:
-    rates = [r for _, r in _rates(events, kinds, 5) if r]
-    if not rates:
-        return None
-    return min(rates) if slowest else statistics.median(rates)
+def _slowest_rank_bps(events: list[dict[str, Any]]) -> Optional[float]:
+    """The slowest busiest-rank write rate of the run's last saves (None: never measured)."""
+    rates = [r for _, r in _rates(events, WRITES, 5) if r]
+    return min(rates) if rates else None
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,7 @@ class Deadlines:
     write_measured: bool = False
     read_measured: bool = False
     nodes: int = 1
-    write_rank_bps: Optional[float] = None  # measured: the busiest rank's bytes per second
-    read_rank_bps: Optional[float] = None
+    write_rank_bps: Optional[float] = None  # measured: a save's busiest rank's bytes per second
 
     @property
     def per_node(self) -> int:
@@ -151,9 +150,8 @@ class Deadlines:
     def seconds(self, nbytes: Bytes, write: bool) -> float:
         """Expected seconds of an IO phase moving `nbytes` (a Moved, or a rank's bytes)."""
         moved = _moved(nbytes, self.world, self.per_node)
-        rank_bps = self.write_rank_bps if write else self.read_rank_bps
-        if rank_bps:  # as long as the measured phase took for the busiest rank's bytes
-            return moved.rank / rank_bps
+        if write and self.write_rank_bps:  # as long as the last saves took for these bytes
+            return moved.rank / self.write_rank_bps
         bps = self.write_bps if write else self.read_bps
         return max(moved.total / (bps * max(1, self.nodes)), moved.node / bps)
 
@@ -229,8 +227,7 @@ def from_config(
         write_measured=write is not None,
         read_measured=read is not None,
         nodes=max(1, min(world, int(nodes) if nodes else _attempt_nodes(events, world))),
-        write_rank_bps=_rank_bps(events, WRITES, slowest=True),
-        read_rank_bps=_rank_bps(events, READS, slowest=False),
+        write_rank_bps=_slowest_rank_bps(events),
     )
 
 

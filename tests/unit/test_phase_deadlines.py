@@ -145,6 +145,9 @@ def test_measured_rates_replace_the_planned_ones():
     assert d.read_measured and d.read_bps == pytest.approx(300 * MB)  # median; failed one ignored
     assert d.summary()["write_rate"] == "measured"
     assert d.save_s(200 * MB) == pytest.approx(300 + 4.0 * 3)  # as long as the slowest save
+    # reads keep the per-node model: a verification (one rank checks the module file) does not
+    # time a load (every rank reads it)
+    assert d.read_s(150 * MB) == pytest.approx(300 + 150 / 300 * 3)
 
 
 # ---- the watchdog's phases (a fake clock) -------------------------------------------------------
