@@ -241,16 +241,30 @@ def weight_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
-def planned_state_bytes(cfg: Any, world: int) -> int:
-    """`checkpoint_bytes_per_rank` of a run's config (its model shape, ZeRO stage and dtype)."""
+def config_layout(cfg: Any, world: int, nodes: int) -> Layout:
+    """`layout` of a run's config (model shape, ZeRO stage, dtype) on `world` ranks, `nodes` nodes."""
     from slurmtrain.planning.shapes import param_count
 
-    dtype = str(getattr(cfg.deepspeed, "dtype", "auto"))
+    gpus = cfg.gpus_per_node if isinstance(cfg.gpus_per_node, int) else 0
+    dtype = str(cfg.deepspeed.dtype)
     if dtype == "auto":
-        dtype = "bf16" if int(getattr(cfg, "gpus_per_node", 0) or 0) > 0 else "fp32"
-    return checkpoint_bytes_per_rank(
-        param_count(cfg.model), world, int(cfg.deepspeed.stage), weight_bytes(dtype)
+        dtype = "bf16" if gpus > 0 else "fp32"
+    world = max(1, int(world))
+    per_node = math.ceil(world / max(1, min(int(nodes), world)))
+    return layout(
+        param_count(cfg.model), world, per_node, int(cfg.deepspeed.stage), weight_bytes(dtype)
     )
+
+
+def planned_save(cfg: Any, world: int, nodes: int) -> Moved:
+    """What a save of this run moves on `nodes` nodes: the trainer's deadline before its first
+    save (`Deadlines.save_s` takes it as is)."""
+    return config_layout(cfg, world, nodes).save
+
+
+def planned_state_bytes(cfg: Any, world: int) -> int:
+    """`checkpoint_bytes_per_rank` of a run's config (its model shape, ZeRO stage and dtype)."""
+    return int(config_layout(cfg, world, 1).save.rank)
 
 
 def checkpoint_bytes_per_rank(params: int, world: int, zero_stage: int, weights: int = 4) -> int:

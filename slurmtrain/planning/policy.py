@@ -23,7 +23,6 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo, format_time
 from slurmtrain.planning import ckpt_interval, flops
 from slurmtrain.planning import deadlines as phases
-from slurmtrain.planning.shapes import param_count
 
 AUTO = "auto"
 CPU_INTERVAL_STEPS = 25  # demos and tests on CPU ranks: the interval they always had
@@ -85,14 +84,7 @@ def _per_node(cfg: Any) -> int:
 
 def checkpoint_layout(cfg: Any, nodes: int) -> phases.Layout:
     """The bytes each IO phase of this run's checkpoint moves on `nodes` nodes."""
-    per_node = _per_node(cfg)
-    return phases.layout(
-        param_count(cfg.model),
-        nodes * per_node,
-        per_node,
-        int(cfg.deepspeed.stage),
-        phases.weight_bytes(_dtype(cfg)),
-    )
+    return phases.config_layout(cfg, nodes * _per_node(cfg), nodes)
 
 
 def attempt_deadlines(cfg: Any, nodes: int, events: Iterable[dict] = ()) -> phases.Deadlines:

@@ -102,6 +102,10 @@ def test_a_rank_s_bytes_alone_still_give_minutes_on_the_compute_side():
     assert rank == pytest.approx(12 * OPT13B / 512 + 2 * OPT13B, rel=1e-3)  # bf16 module
     assert d.save_s(rank) < 30 * 60 and d.read_s(rank) < 30 * 60
     assert phases.from_config(FaultsConfig(), [], world=512).save_s(rank) > d.save_s(rank)
+    # given what the whole save moves (planned_save), the trainer's deadline is the plan's
+    whole = phases.planned_save(cfg, 512, 64)
+    lay = phases.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
+    assert whole == lay.save and d.save_s(whole) < 10 * 60
 
 
 def test_measured_rates_replace_the_planned_ones():

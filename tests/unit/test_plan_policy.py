@@ -109,6 +109,14 @@ def test_the_headline_interval_is_young_daly_in_minutes_with_its_cost(tmp_path):
     assert "2861 saves" not in text
 
 
+def test_the_node_mtbf_default_is_llama3_s_published_rate():
+    from slurmtrain.common.schema import FaultsConfig
+    from slurmtrain.planning import ckpt_interval
+
+    rate = ckpt_interval.LLAMA3_FAILURES_PER_NODE_DAY  # 419 in 54 days on 2,048 nodes
+    assert FaultsConfig().node_mtbf_h == pytest.approx(24 / rate, rel=1e-3)
+
+
 def test_async_saves_are_on_by_default_on_gpus_and_off_on_cpus(tmp_path):
     assert _headline(tmp_path).checkpoint.async_save is True
     assert "async" in planning.report(_headline(tmp_path)).text
