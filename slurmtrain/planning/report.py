@@ -187,6 +187,7 @@ def eta_line(
         else None,
         restart_overhead_s=plan.restart_s,
         save_s=plan.blocking_s,
+        signal_save_s=plan.save_s,  # the time-limit save is synchronous
         signal_lead_s=cfg.cluster.signal_lead_s,
         save_every_steps=int(c.interval_steps),
         save_every_s=float(c.interval_minutes) * 60,
