@@ -44,7 +44,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("optim.weight_decay", 0, True, "", "0.1"),
     ("optim.grad_clip", 0, True, " (0: no clipping)", "1.0"),
     ("data.max_corpus_bytes", 1, True, "", "4000000"),
-    ("checkpoint.interval_steps", 0, True, " (0: never by steps)", "25"),
+    ("checkpoint.interval_steps", 0, True, " (0: never by steps; auto: planned)", "25"),
     ("checkpoint.interval_minutes", 0, True, " (0: never by time)", "30"),
     ("checkpoint.keep_every", 0, True, " (0: none kept forever)", "1000"),
     ("checkpoint.publish_timeout_minutes", 0, False, "", "30"),
@@ -63,7 +63,9 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("faults.io_write_mb_per_s", 0, False, "", "1000"),
     ("faults.io_read_mb_per_s", 0, False, "", "2000"),
     ("faults.io_safety", 1, True, " (times the expected IO time)", "3"),
+    ("faults.node_mtbf_h", 0, False, " (hours between failures of one node)", "6334"),
 )
+_AUTO_KEYS = ("checkpoint.interval_steps",)  # "auto" until planned (planning/policy.py)
 
 
 def _in_range(key: str, value: Any, low: float, inclusive: bool, means: str, example: str) -> None:
@@ -77,7 +79,9 @@ def _in_range(key: str, value: Any, low: float, inclusive: bool, means: str, exa
 def _ranges(cfg: DictConfig) -> None:
     """Numbers in their ranges: the table above, the failure budgets, betas, exclusion hours."""
     for key, low, inclusive, means, example in _RANGES:
-        _in_range(key, OmegaConf.select(cfg, key), low, inclusive, means, example)
+        value = OmegaConf.select(cfg, key)
+        if not (key in _AUTO_KEYS and value == "auto"):
+            _in_range(key, value, low, inclusive, means, example)
     for key in (k for k in cfg.faults if k.startswith("max_")):
         _in_range(f"faults.{key}", cfg.faults[key], -1, True, " (-1: unlimited)", "3")
     for key, example in (("optim.beta1", 0.9), ("optim.beta2", 0.95)):
@@ -195,6 +199,10 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
         )
     _ranges(cfg)
     resolve_batch(cfg)
+    from slurmtrain.planning import policy  # planned defaults: cluster.time, checkpoint policy
+
+    policy.resolve_time(cfg, None, "not read from Slurm")  # placement.py had no partition
+    policy.resolve_checkpoint(cfg)
     for key in (
         "train.max_steps",
         "train.micro_batch_size",

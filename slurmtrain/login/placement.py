@@ -6,7 +6,8 @@ answers (sbatch on PATH and the controller responds within seconds); otherwise t
 per node come from the chosen partition's GRES/TRES on Slurm, from `nvidia-smi -L` locally (never a
 torch import: the login path stays around a second), else 0 (CPU ranks). One line says which and
 why. Slurm's per-task resources left unset (cpus per task, memory per GPU) default from the same
-partition, so the batch script asks for them explicitly.
+partition, so the batch script asks for them explicitly, and `cluster.time=auto` becomes its
+MaxTime (capped at `cluster.time_cap`; the cap when the partition is unknown, said so).
 
 `SLURMTRAIN_AUTO=off` turns detection off: auto means this machine and CPU ranks, the embedded
 default before detection existed (tests and tools/demo.sh use it on machines that run Slurm).
@@ -27,6 +28,7 @@ from slurmtrain.common import slurm_cmd
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError
+from slurmtrain.planning import policy
 
 ENV = "SLURMTRAIN_AUTO"
 PROBE_TIMEOUT_S = 5.0
@@ -150,15 +152,22 @@ def resolve_auto(cfg: DictConfig) -> None:
         cfg.cluster.cpu_tasks_per_node = (
             SLURM_CPU_TASKS if cfg.cluster.kind == "slurm" else LOCAL_CPU_TASKS
         )
-    part = None
+    part, unknown = None, "cluster.kind=local: no time limit applies"
     if cfg.cluster.kind == "slurm" and (
         cfg.gpus_per_node == "auto"
         or cfg.cluster.cpus_per_task is None
         or cfg.cluster.mem_per_gpu is None
+        or cfg.cluster.time == policy.AUTO
     ):
         probe = probe_slurm()
+        unknown = probe.why
         if probe.partitions is not None:
             part = chosen_partition(cfg.cluster.partition, probe.partitions)
+            unknown = f"Slurm lists no partition {cfg.cluster.partition or '(default)'}"
+    if cfg.cluster.time == policy.AUTO:  # the partition's MaxTime, capped (planning/policy.py)
+        note = policy.resolve_time(cfg, part, unknown)
+        if cfg.cluster.kind == "slurm":
+            said.append(f"cluster.time={cfg.cluster.time} ({note})")
     if cfg.gpus_per_node == "auto":
         if os.environ.get(ENV, "").lower() == "off":
             cfg.gpus_per_node, why = 0, f"{ENV}=off"

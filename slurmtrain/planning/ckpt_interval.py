@@ -4,8 +4,9 @@ Model (Daly 2006): work is cut into segments of `interval` seconds of compute fo
 save of `save` seconds. Failures of the whole job arrive as a Poisson process of mean `mtbf` seconds
 (any node failing stops the job) at every moment, also during saves and restarts. After a failure the
 job pays `restart` seconds (requeue, start-up, load; itself interruptible) and recomputes the
-segment. Used by tools/goodput_sim.py (choose checkpoint.interval_minutes from it) and, for the
-measured save time, by the plan's signal-lead check (planning/report.py).
+segment. Used by planning/policy.py (the default interval on GPUs and its cost in the plan),
+tools/goodput_sim.py (compare intervals) and, for the measured save time, by the plan's
+signal-lead check (planning/report.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Optional, Sequence
 from slurmtrain.common.errors import ConfigError
 
 # Llama 3 (Dubey et al. 2024, sec. 3.3.4): 419 unexpected interruptions in 54 days of pre-training
-# on 16,384 H100s = 2,048 nodes of 8 GPUs.
+# on 16,384 H100s = 2,048 nodes of 8 GPUs (faults.node_mtbf_h's default: 24 h / this).
 LLAMA3_FAILURES_PER_NODE_DAY = 419 / (54 * 2048)
 DAY = 86400.0
 

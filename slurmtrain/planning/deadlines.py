@@ -1,15 +1,22 @@
 """Phase deadlines of an attempt: how long each phase may go without a heartbeat (else: a hang).
 
-A single hang window cannot fit both a training step (seconds) and a 66B start-up (rank 0 reading
-~0.9 TB, ZeRO-3 building, a save of ~15 min). Each phase gets its own deadline:
+A single hang window cannot fit both a training step (seconds) and a 66B start-up (a load, a
+universal conversion, a save of minutes). Each phase gets its own deadline:
 
 - `step`, `eval`: `faults.hang_timeout_s` (no step progress for this long);
-- start-up phases without bulk IO (rendezvous, health gate, build): `faults.startup_timeout_s`;
-- IO phases (verify, convert, load, save): `faults.io_floor_s + bytes / rate * faults.io_safety`.
-  The ranks share one filesystem, so the rate is the job's: all ranks move their bytes at once
-  (a rank's bytes x world size over the job's rate), as this run measured it in its ledger
-  (`checkpoint_saved`, `checkpoint_verified`, `checkpoint_loaded`), else the planned
-  `faults.io_write_mb_per_s` / `faults.io_read_mb_per_s`.
+- start-up phases without bulk IO (rendezvous, health gate, model build): `faults.startup_timeout_s`;
+- IO phases (verify, convert, load, save): `faults.io_floor_s + seconds * faults.io_safety`, where
+  `seconds` is the bytes the phase really moves at the job's aggregate rate. The planned rates
+  `faults.io_write_mb_per_s` / `faults.io_read_mb_per_s` are per node (what one node's ranks get
+  together from the shared filesystem), so the job's rate is that x nodes. All ranks move their own
+  bytes at once: the phase takes max(total bytes / (rate x nodes), busiest node's bytes / rate).
+  Under ZeRO-1/2 a save's total is the sum of the ranks' shards plus rank 0's module file once
+  (`layout`), not the busiest rank x world. Once the run measured its IO (ledger rows
+  `checkpoint_saved`, `checkpoint_verified`, `checkpoint_loaded`: `bytes` = all ranks',
+  `rank_bytes` = the busiest rank's), the measured rates replace the planned ones: a save is
+  timed by its busiest rank's measured rate (the next save has the same layout); reads keep the
+  per-node model (a verification's layout, one rank checking the module file, is not a load's,
+  every rank reading it, so the busiest rank's rate of one would misjudge the other).
 
 A heartbeat within a phase (a shard writer's chunk, a loader's file) starts its deadline over.
 Pure arithmetic: no torch, no filesystem.
@@ -17,9 +24,10 @@ Pure arithmetic: no torch, no filesystem.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
 
 MB = 1_000_000
 
@@ -33,32 +41,90 @@ CONVERT = "startup:convert"
 BUILD = "startup:build"
 LOAD = "startup:load"
 
+WRITES = ("checkpoint_saved",)
+READS = ("checkpoint_verified", "checkpoint_loaded")
 
-def _rates(events: Iterable[dict[str, Any]], kinds: tuple[str, ...], last: int) -> list[float]:
-    """The job's bytes per second (all ranks) of the newest `last` events of `kinds`: their
-    `bytes` (all ranks), else the busiest rank's `rank_bytes` x `world_size`, over their seconds
-    (until published, for async saves)."""
+
+@dataclass(frozen=True)
+class Moved:
+    """The bytes one IO phase moves: on its busiest rank, its busiest node, and in all."""
+
+    rank: float
+    node: float
+    total: float
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What each IO phase of a checkpoint moves (`layout`)."""
+
+    save: Moved
+    verify: Moved
+    load: Moved
+    convert: Moved
+
+
+def layout(params: int, world: int, per_node: int, zero_stage: int, weight_bytes: int) -> Layout:
+    """A checkpoint's bytes per phase. Every rank holds its partition of the fp32 master weights
+    and two Adam moments (12 bytes a parameter over the ranks); below ZeRO-3 rank 0 also writes
+    the module's weights (`weight_bytes` a parameter) once, and every rank reads that file at
+    load (DeepSpeed loads it on each rank); under ZeRO-3 the weights are partitioned too."""
+    world, per_node = max(1, int(world)), max(1, min(int(per_node), int(world)))
+    shard = 12 * params / world + (weight_bytes * params / world if zero_stage >= 3 else 0)
+    module = weight_bytes * params if zero_stage < 3 else 0
+    written = Moved(shard + module, per_node * shard + module, world * shard + module)
+    read = Moved(shard + module, per_node * (shard + module), world * (shard + module))
+    # verify: each rank checksums its share of the files (the module file is one rank's share)
+    return Layout(written, written, read, written)
+
+
+Bytes = Union[float, Moved]
+
+
+def _moved(nbytes: Bytes, world: int, per_node: int) -> Moved:
+    """A rank's byte count alone (the compute side's calls): its node's ranks move as much."""
+    if isinstance(nbytes, Moved):
+        return nbytes
+    b = max(0.0, float(nbytes))
+    return Moved(b, b * per_node, b * world)
+
+
+def _nodes(e: dict[str, Any]) -> int:
+    return max(1, len(e.get("nodes") or ()) or 1)
+
+
+def _rates(events: Iterable[dict[str, Any]], kinds: tuple[str, ...], last: int) -> list[tuple]:
+    """(per-node rate, busiest rank's rate or None) of the newest `last` events of `kinds`: their
+    `bytes` (all ranks; else the busiest rank's `rank_bytes` x `world_size`) over their nodes and
+    seconds (until published, for async saves)."""
     found = []
     for e in events:
         if e.get("event") not in kinds or e.get("ok") is False:
             continue
         seconds = float(e.get("total_seconds") or e.get("seconds") or 0)
-        nbytes = e.get("bytes") or float(e.get("rank_bytes") or 0) * int(e.get("world_size") or 1)
+        rank = float(e.get("rank_bytes") or 0)
+        nbytes = float(e.get("bytes") or rank * int(e.get("world_size") or 1))
         if nbytes and seconds > 0:
-            found.append(float(nbytes) / seconds)
+            found.append((nbytes / seconds / _nodes(e), rank / seconds if rank else None))
     return found[-last:]
 
 
 def measured_write_bps(events: Iterable[dict[str, Any]], last: int = 5) -> Optional[float]:
-    """The slowest write rate of the run's last saves (None before its first save)."""
-    rates = _rates(events, ("checkpoint_saved",), last)
-    return min(rates) if rates else None
+    """The slowest per-node write rate of the run's last saves (None before its first save)."""
+    rates = _rates(events, WRITES, last)
+    return min(r for r, _ in rates) if rates else None
 
 
 def measured_read_bps(events: Iterable[dict[str, Any]], last: int = 5) -> Optional[float]:
-    """The median read rate of the run's last verifications and loads (None: never measured)."""
-    rates = _rates(events, ("checkpoint_verified", "checkpoint_loaded"), last)
-    return statistics.median(rates) if rates else None
+    """The median per-node read rate of the run's last verifications and loads (None: never)."""
+    rates = _rates(events, READS, last)
+    return statistics.median(r for r, _ in rates) if rates else None
+
+
+def _slowest_rank_bps(events: list[dict[str, Any]]) -> Optional[float]:
+    """The slowest busiest-rank write rate of the run's last saves (None: never measured)."""
+    rates = [r for _, r in _rates(events, WRITES, 5) if r]
+    return min(rates) if rates else None
 
 
 @dataclass(frozen=True)
@@ -69,31 +135,46 @@ class Deadlines:
     startup_s: float
     io_floor_s: float
     io_safety: float
-    write_bps: float  # the job's: every rank writing at once
-    read_bps: float  # the job's: every rank reading at once
+    write_bps: float  # per node (the job's is this x nodes)
+    read_bps: float  # per node
     world: int = 1
     write_measured: bool = False
     read_measured: bool = False
+    nodes: int = 1
+    write_rank_bps: Optional[float] = None  # measured: a save's busiest rank's bytes per second
+
+    @property
+    def per_node(self) -> int:
+        return max(1, math.ceil(self.world / max(1, self.nodes)))
+
+    def seconds(self, nbytes: Bytes, write: bool) -> float:
+        """Expected seconds of an IO phase moving `nbytes` (a Moved, or a rank's bytes)."""
+        moved = _moved(nbytes, self.world, self.per_node)
+        if write and self.write_rank_bps:  # as long as the last saves took for these bytes
+            return moved.rank / self.write_rank_bps
+        bps = self.write_bps if write else self.read_bps
+        return max(moved.total / (bps * max(1, self.nodes)), moved.node / bps)
 
     def io(self, nbytes: float, bps: float) -> float:
-        """`nbytes` moved by the whole job at `bps`."""
+        """`nbytes` moved through one node at `bps`."""
         return self.io_floor_s + max(0.0, float(nbytes)) / bps * self.io_safety
 
-    def save_s(self, rank_bytes: float) -> float:
-        """A save writing `rank_bytes` on the busiest rank (every rank writing at once)."""
-        return self.io(rank_bytes * self.world, self.write_bps)
+    def save_s(self, nbytes: Bytes) -> float:
+        """A save: every rank writing its share at once (`nbytes`: a Moved, or the busiest rank's
+        bytes, its node's ranks taken to write as much)."""
+        return self.io_floor_s + self.seconds(nbytes, True) * self.io_safety
 
-    def read_s(self, rank_bytes: float) -> float:
-        """A verification or load reading `rank_bytes` on each rank (every rank reading)."""
-        return self.io(rank_bytes * self.world, self.read_bps)
+    def read_s(self, nbytes: Bytes) -> float:
+        """A verification or load: every rank reading its share at once."""
+        return self.io_floor_s + self.seconds(nbytes, False) * self.io_safety
 
     def convert_s(self, nbytes: float) -> float:
         """ds_to_universal: one node reads the whole checkpoint (`nbytes`) and writes it again."""
         return self.io(nbytes, self.read_bps) + self.io(nbytes, self.write_bps)
 
-    def build_s(self, rank_bytes: float) -> float:
-        """Building the model and optimizer: `rank_bytes` of state on each rank."""
-        return self.startup_s + self.read_s(rank_bytes) - self.io_floor_s
+    def build_s(self, rank_bytes: float = 0.0) -> float:
+        """Building the model and optimizer: memory, no bulk IO (the load is its own phase)."""
+        return self.startup_s
 
     def fixed(self, phase: str) -> float:
         """The deadline of a phase that has no byte count."""
@@ -107,18 +188,34 @@ class Deadlines:
             "io_floor_s": self.io_floor_s,
             "io_safety": self.io_safety,
             "world_size": self.world,
-            "write_mb_per_s": round(self.write_bps / MB, 1),
+            "node_count": self.nodes,  # not `nodes`: every ledger row has that list
+            "write_mb_per_s": round(self.write_bps / MB, 1),  # per node
             "read_mb_per_s": round(self.read_bps / MB, 1),
             "write_rate": "measured" if self.write_measured else "planned",
             "read_rate": "measured" if self.read_measured else "planned",
         }
 
 
-def from_config(faults: Any, events: Iterable[dict[str, Any]] = (), world: int = 1) -> Deadlines:
-    """The deadlines of an attempt on `world` ranks: `faults.*` keys, and the rates this run
-    measured when it has any."""
+def _attempt_nodes(events: list[dict[str, Any]], world: int) -> int:
+    """The nodes of this attempt: its `started` row (the newest of this world size); 1 when
+    unknown, which overestimates a node's bytes (a longer deadline, never a false hang)."""
+    for e in reversed(events):
+        if e.get("event") == "started" and int(e.get("world_size") or 0) == world:
+            return _nodes(e)
+    return 1
+
+
+def from_config(
+    faults: Any,
+    events: Iterable[dict[str, Any]] = (),
+    world: int = 1,
+    nodes: Optional[int] = None,
+) -> Deadlines:
+    """The deadlines of an attempt on `world` ranks over `nodes` nodes (None: from the ledger's
+    `started` row): `faults.*` keys, and the rates this run measured when it has any."""
     events = list(events)
     write, read = measured_write_bps(events), measured_read_bps(events)
+    world = max(1, int(world))
     return Deadlines(
         step_s=float(faults.hang_timeout_s),
         startup_s=float(faults.startup_timeout_s),
@@ -126,9 +223,11 @@ def from_config(faults: Any, events: Iterable[dict[str, Any]] = (), world: int =
         io_safety=float(faults.io_safety),
         write_bps=write or float(faults.io_write_mb_per_s) * MB,
         read_bps=read or float(faults.io_read_mb_per_s) * MB,
-        world=max(1, int(world)),
+        world=world,
         write_measured=write is not None,
         read_measured=read is not None,
+        nodes=max(1, min(world, int(nodes) if nodes else _attempt_nodes(events, world))),
+        write_rank_bps=_slowest_rank_bps(events),
     )
 
 
@@ -137,17 +236,39 @@ def listed(manifest: dict[str, Any]) -> int:
     return sum(int(f.get("size", 0)) for f in (manifest.get("files") or {}).values())
 
 
-def planned_state_bytes(cfg: Any, world: int) -> int:
-    """`checkpoint_bytes_per_rank` of a run's config (its model shape and ZeRO stage)."""
+def weight_bytes(dtype: str) -> int:
+    """Bytes a parameter of the module's weights takes in a checkpoint (its training dtype)."""
+    return 4 if dtype == "fp32" else 2
+
+
+def config_layout(cfg: Any, world: int, nodes: int) -> Layout:
+    """`layout` of a run's config (model shape, ZeRO stage, dtype) on `world` ranks, `nodes` nodes."""
     from slurmtrain.planning.shapes import param_count
 
-    return checkpoint_bytes_per_rank(param_count(cfg.model), world, int(cfg.deepspeed.stage))
+    gpus = cfg.gpus_per_node if isinstance(cfg.gpus_per_node, int) else 0
+    dtype = str(cfg.deepspeed.dtype)
+    if dtype == "auto":
+        dtype = "bf16" if gpus > 0 else "fp32"
+    world = max(1, int(world))
+    per_node = math.ceil(world / max(1, min(int(nodes), world)))
+    return layout(
+        param_count(cfg.model), world, per_node, int(cfg.deepspeed.stage), weight_bytes(dtype)
+    )
 
 
-def checkpoint_bytes_per_rank(params: int, world: int, zero_stage: int) -> int:
+def planned_save(cfg: Any, world: int, nodes: int) -> Moved:
+    """What a save of this run moves on `nodes` nodes: the trainer's deadline before its first
+    save (`Deadlines.save_s` takes it as is)."""
+    return config_layout(cfg, world, nodes).save
+
+
+def planned_state_bytes(cfg: Any, world: int) -> int:
+    """`checkpoint_bytes_per_rank` of a run's config (its model shape, ZeRO stage and dtype)."""
+    return int(config_layout(cfg, world, 1).save.rank)
+
+
+def checkpoint_bytes_per_rank(params: int, world: int, zero_stage: int, weights: int = 4) -> int:
     """The most one rank writes in a save (or reads in a load) before the run measured one: the
     fp32 master weights and two Adam moments partitioned over the ranks (12 bytes a parameter),
-    plus the module's weights (4 bytes a parameter at most), whole on one rank below ZeRO-3."""
-    world = max(1, int(world))
-    weights = 4 * params if zero_stage < 3 else 4 * params / world
-    return int(12 * params / world + weights)
+    plus the module's weights (`weights` bytes a parameter), whole on one rank below ZeRO-3."""
+    return int(layout(params, world, 1, zero_stage, weights).save.rank)

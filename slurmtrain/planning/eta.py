@@ -64,6 +64,7 @@ def estimate_eta(
     save_every_s: float = 0.0,
     signal_lead_s: float = 0.0,
     save_final: bool = True,
+    signal_save_s: Optional[float] = None,
 ) -> Eta:
     """Time from `current_step` to `max_steps` at `tokens_per_s` (whole job).
 
@@ -71,13 +72,16 @@ def estimate_eta(
     stops training `max(signal_lead_s, save_s)` before its limit to save (the USR2 protocol); the
     attempts needed are the compute plus periodic saves divided by what is left of each
     allocation. Time- and step-based save intervals combine as "whichever comes first".
+    `signal_save_s`: the save a time-limit signal forces (synchronous; default `save_s`, which
+    for async saves is only what the loop waits for).
     """
     if tokens_per_s <= 0 or tokens_per_step <= 0:
         raise ConfigError(
             f"tokens_per_s={tokens_per_s}, tokens_per_step={tokens_per_step}: "
             f"throughput and batch must be positive to estimate an ETA"
         )
-    if min(restart_overhead_s, save_s, save_every_s, signal_lead_s, save_every_steps) < 0:
+    forced_s = save_s if signal_save_s is None else signal_save_s
+    if min(restart_overhead_s, save_s, save_every_s, signal_lead_s, save_every_steps, forced_s) < 0:
         raise ConfigError("ETA inputs: overheads and save intervals must be >= 0")
     remaining = max(0, max_steps - current_step)
     step_time = tokens_per_step / tokens_per_s
@@ -93,15 +97,15 @@ def estimate_eta(
     elif time_limit_s is None:
         attempts = 1
     else:
-        usable = time_limit_s - restart_overhead_s - max(signal_lead_s, save_s)
+        usable = time_limit_s - restart_overhead_s - max(signal_lead_s, forced_s)
         if usable <= 0:
             raise ConfigError(
                 f"cluster.time={time_limit_s:.0f}s: leaves no training time after restart "
                 f"overhead ({restart_overhead_s:.0f}s) and the final save "
-                f"({max(signal_lead_s, save_s):.0f}s); raise cluster.time"
+                f"({max(signal_lead_s, forced_s):.0f}s); raise cluster.time"
             )
         attempts = max(1, math.ceil(work / usable))
-    forced = max(0, attempts - 1) * save_s  # the save each requeue signal triggers
+    forced = max(0, attempts - 1) * forced_s  # the save each requeue signal triggers
     restarts = attempts * restart_overhead_s
     return Eta(
         current_step=current_step,

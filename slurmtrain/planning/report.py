@@ -1,6 +1,8 @@
 """What the login node shows before submitting: world size, batch math, memory fit, ETA.
 
-Glue between the config and the pure planners (plan.py, flops.py, eta.py). `enforce` refuses a plan
+Glue between the config and the pure planners (memory.py, flops.py, eta.py, policy.py,
+deadlines.py): on GPUs it also shows the checkpoint interval and its cost, the phase deadlines
+in minutes and the time limit with its source. `enforce` refuses a plan
 that does not fit the GPUs (exit 2, one line with the numbers and the setting that would fit) unless
 `force=true`.
 """
@@ -15,7 +17,8 @@ from omegaconf import DictConfig
 from slurmtrain.common import ds_config
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import grad_accumulation, node_range, resolved_dtype, tasks_per_node
-from slurmtrain.planning import ckpt_interval, eta, flops
+from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import eta, policy
 from slurmtrain.planning import memory as plan
 
 
@@ -97,16 +100,83 @@ def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
     out.lines.append(out.misfit)
 
 
-def eta_line(cfg: DictConfig, world: int, measured_tps: Optional[float]) -> Optional[str]:
-    fpt = flops.flops_per_token(cfg.model, cfg.data.seq_len)
+def _min(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def deadline_line(cfg: DictConfig, nodes: int) -> str:
+    """The phase deadlines an attempt on `nodes` nodes starts with (planning/deadlines.py)."""
+    d = policy.attempt_deadlines(cfg, nodes)
+    lay = policy.checkpoint_layout(cfg, nodes)
+    parts = {
+        "save": d.save_s(lay.save),
+        "verify": d.read_s(lay.verify),
+        "load": d.read_s(lay.load),
+        "build": d.build_s(),
+        "convert": d.convert_s(lay.convert.total),
+        "step": d.fixed(phases.STEP),
+    }
+    return (
+        "plan: deadlines (no heartbeat for): "
+        + ", ".join(f"{name} {_min(s)}" for name, s in parts.items())
+        + f" (faults.io_floor_s + {d.io_safety:g} x bytes / ({d.write_bps / 1e9:g} GB/s write, "
+        f"{d.read_bps / 1e9:g} GB/s read per node x {d.nodes} nodes))"
+    )
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes < 1e10 else f"{nbytes / 1e9:.0f} GB"
+
+
+def checkpoint_line(cfg: DictConfig, nodes: int, plan: policy.CheckpointPlan) -> str:
+    """The interval (Young/Daly's, or the one set by hand beside it) and what it costs."""
+    c, lay = cfg.checkpoint, plan.layout
+    world = nodes * tasks_per_node(cfg)
+    others = (lay.save.total - lay.save.rank) / max(1, world - 1)
+    young, chosen = round(plan.interval_s / 60), plan.chosen_s(cfg)
+    hand = [f"checkpoint.interval_steps={c.interval_steps}"] if c.interval_steps else []
+    if c.interval_minutes and (hand or c.interval_minutes != young):  # not policy.py's own
+        hand.append(f"checkpoint.interval_minutes={c.interval_minutes:g}")
+    when = f"every {chosen / 60:.0f} min" if chosen else "no periodic saves"
+    head = f"{when} ({', '.join(hand + [f'Young/Daly {young} min'])})"
+    line = (
+        f"plan: checkpoints {head}: sqrt(2 x {plan.save_how} save {plan.save_s:.0f} s x job "
+        f"MTBF {plan.mtbf_s / 3600:.1f} h = faults.node_mtbf_h={cfg.faults.node_mtbf_h:g} / "
+        f"{nodes} nodes); "
+        + (
+            f"async (the loop waits ~{plan.blocking_s:.0f} s a save)"
+            if c.async_save
+            else f"sync (the loop waits {plan.blocking_s:.0f} s a save)"
+        )
+        + f"; a save {_gb(lay.save.total)} in all: {_gb(lay.save.rank)} on its busiest rank"
+        + (f", {_gb(others)} on each other" if others < lay.save.rank * 0.99 else " and on each")
+    )
+    if chosen:
+        o = plan.cost(chosen)
+        line += (
+            f"; cost {100 * (1 - o.goodput):.1f}% of wall time = saves {100 * o.saving:.1f}% + "
+            f"lost work {100 * o.lost:.1f}% + restarts {100 * o.restarting:.1f}% "
+            f"({plan.restart_s / 60:.1f} min each, queue waits aside)"
+        )
+    return line
+
+
+def time_line(cfg: DictConfig) -> str:
+    return (
+        f"plan: time limit cluster.time={cfg.cluster.time} per attempt "
+        f"({cfg.cluster.time_from or 'set by hand'})"
+    )
+
+
+def eta_line(
+    cfg: DictConfig, world: int, measured_tps: Optional[float], plan: policy.CheckpointPlan
+) -> Optional[str]:
     tps, source = measured_tps, "measured"
     if tps is None:
-        peak = cfg.peak_tflops or flops.detect_peak(cfg.cluster.gpu_type, resolved_dtype(cfg))
-        if cfg.gpus_per_node == 0 and not cfg.peak_tflops:
+        tps, source = policy.planned_tokens_per_s(cfg, world)
+        if tps is None:
             return None  # no honest guess for CPUs
-        if not peak:
-            return None
-        tps, source = world * peak * 1e12 * cfg.mfu_guess / fpt, f"{cfg.mfu_guess:.0%} MFU guess"
+    c = cfg.checkpoint
     est = eta.estimate_eta(
         current_step=0,
         max_steps=cfg.train.max_steps,
@@ -115,26 +185,22 @@ def eta_line(cfg: DictConfig, world: int, measured_tps: Optional[float]) -> Opti
         time_limit_s=eta.slurm_time_seconds(cfg.cluster.time)
         if cfg.cluster.kind == "slurm"
         else None,
+        restart_overhead_s=plan.restart_s,
+        save_s=plan.blocking_s,
+        signal_save_s=plan.save_s,  # the time-limit save is synchronous
         signal_lead_s=cfg.cluster.signal_lead_s,
-        save_every_steps=cfg.checkpoint.interval_steps,
+        save_every_steps=int(c.interval_steps),
+        save_every_s=float(c.interval_minutes) * 60,
     )
     return f"plan: {eta.format_eta(est)} (at {tps:,.0f} tok/s, {source})"
 
 
-# Before the first save: bytes of a checkpoint (weights + fp32 master + Adam moments, all ranks)
-# over an assumed shared-filesystem write rate, plus fixed costs (fsync, manifest, rename).
-ASSUMED_WRITE_BYTES_PER_S = 1e9
-SAVE_FIXED_S = 5.0
-
-
 def save_seconds(cfg: DictConfig, saves: list[dict]) -> tuple[float, str]:
-    """The time a full save takes for this run: measured (ledger) or estimated from its size."""
-    measured = ckpt_interval.measured_save_seconds(saves, worst=True, key="total_seconds")
-    if measured is not None:
-        return measured, "measured"
-    n = plan.param_count(cfg.model)
-    weight = 4 if resolved_dtype(cfg) == "fp32" else 2
-    return n * (weight + 12) / ASSUMED_WRITE_BYTES_PER_S + SAVE_FIXED_S, "estimated"
+    """The time a full (synchronous) save takes for this run: measured (ledger) or planned from
+    the bytes it moves over the aggregate write rate (planning/policy.py)."""
+    low, _ = node_range(cfg.nodes)
+    plan = policy.checkpoints(cfg, low, saves)
+    return plan.save_s, "measured" if plan.save_how == "measured" else "estimated"
 
 
 def lead_warning(cfg: DictConfig, saves: list[dict]) -> Optional[str]:
@@ -175,7 +241,13 @@ def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
     else:
         mine = memory_plan(cfg, low)
         out.lines.append(f"plan: memory/rank {mine.total / 2**20:.1f} MiB of tensors (CPU ranks)")
-    line = eta_line(cfg, low * per_node, measured_tps)
+    checkpoints = policy.checkpoints(cfg, high)  # the most nodes fail most: as policy.py plans
+    if cfg.gpus_per_node > 0:
+        out.lines.append(checkpoint_line(cfg, high, checkpoints))
+        out.lines.append(deadline_line(cfg, low))
+    if cfg.cluster.kind == "slurm":
+        out.lines.append(time_line(cfg))
+    line = eta_line(cfg, low * per_node, measured_tps, checkpoints)
     if line:
         out.lines.append(line)
     return out

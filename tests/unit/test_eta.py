@@ -37,6 +37,13 @@ def test_attempts_split_the_work_by_what_each_allocation_leaves():
     assert eta.total_s == pytest.approx(10_600 + 3 * 60 + 4 * 300)
 
 
+def test_async_saves_block_briefly_but_the_time_limit_save_is_synchronous():
+    eta = estimate_eta(**{**BASE, "save_s": 5.0}, time_limit_s=3600, signal_save_s=200.0)
+    # usable per attempt: 3600 - 300 restart - 200 (the signal's save outlasts the lead) = 3100
+    assert eta.attempts == 4  # ceil((10,000 + 10 x 5) / 3100)
+    assert eta.checkpoint_s == pytest.approx(10 * 5 + 3 * 200)
+
+
 def test_resuming_counts_only_what_is_left():
     eta = estimate_eta(**{**BASE, "current_step": 950}, time_limit_s=3600)
     assert eta.remaining_steps == 50 and eta.saves == 1 and eta.attempts == 1

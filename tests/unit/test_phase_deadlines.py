@@ -35,35 +35,123 @@ def _watchdog(clock: Clock, step_s: float = 10.0) -> Watchdog:
 # ---- arithmetic -------------------------------------------------------------------------------
 
 
-def test_io_deadlines_scale_with_the_job_s_bytes_over_the_planned_rates_before_any_measurement():
-    d = phases.from_config(FaultsConfig(), [], world=4)
+OPT13B = 12_853_473_280  # planning.shapes.param_count of conf/model/opt13b.yaml
+
+
+def test_io_deadlines_come_from_the_bytes_a_phase_moves_at_the_per_node_rate_times_nodes():
+    """opt13b, ZeRO-2, bf16 on 64 x 8: a save is the sum of the ranks' shards (12 bytes a
+    parameter over 512 ranks) plus rank 0's module file (2 bytes a parameter) written at once at
+    1 GB/s per node x 64 nodes, the busiest node (rank 0's) bounding it: seconds, not hours."""
+    d = phases.from_config(FaultsConfig(), [], world=512, nodes=64)
     assert not d.write_measured and not d.read_measured
-    assert d.write_bps == 1000 * MB and d.read_bps == 2000 * MB  # the whole job's
-    # floor + a rank's bytes x world size / the job's rate x safety
-    assert d.save_s(0) == 300
-    assert d.save_s(250 * MB) == pytest.approx(300 + 1 * 3)
-    assert d.read_s(1000 * MB) == pytest.approx(300 + 2 * 3)
-    assert d.fixed("step") == 600 and d.fixed(phases.HEALTH) == 1800
-    # 66B on 512 ranks under ZeRO-3: ~2 GB a rank, ~1 TB for the job, a save planned at ~15 min
-    per_rank = phases.checkpoint_bytes_per_rank(66_000_000_000, 512, 3)
-    assert 1.5e9 < per_rank < 2.2e9
-    big = phases.from_config(FaultsConfig(), [], world=512)
-    assert big.save_s(per_rank) > 900 > 600  # past a step's hang window: its own deadline
+    assert d.write_bps == 1000 * MB and d.read_bps == 2000 * MB  # per node
+    assert d.save_s(0) == 300 and d.fixed("step") == 600 and d.fixed(phases.HEALTH) == 1800
+    lay = phases.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
+    assert lay.save.total == pytest.approx(14 * OPT13B, rel=1e-6)  # the sum, not max x world
+    assert lay.save.rank == pytest.approx(12 * OPT13B / 512 + 2 * OPT13B, rel=1e-6)
+    assert lay.save.node == pytest.approx(8 * 12 * OPT13B / 512 + 2 * OPT13B, rel=1e-6)
+    # each rank reads its own shard and (today) the module file: 8 copies a node
+    assert lay.load.node == pytest.approx(8 * lay.load.rank, rel=1e-6)
+    save = d.seconds(lay.save, write=True)
+    assert 20 < save < 40  # the busiest node: ~28 GB at 1 GB/s
+    assert d.save_s(lay.save) == pytest.approx(300 + 3 * save)
+    assert d.save_s(lay.save) < 10 * 60 and d.read_s(lay.load) < 20 * 60
+    assert d.build_s(lay.save.rank) == d.startup_s  # building moves no bulk IO
+    assert d.convert_s(lay.save.total) < 60 * 60  # one node reads and writes it all
+    # ten times the nodes: the same busiest node, the same deadline (O(1) in the world size)
+    big = phases.from_config(FaultsConfig(), [], world=5120, nodes=640)
+    wide = phases.layout(OPT13B, world=5120, per_node=8, zero_stage=2, weight_bytes=2)
+    assert big.save_s(wide.save) <= d.save_s(lay.save)
+
+
+def test_a_save_stuck_for_three_times_its_planned_time_is_caught():
+    d = phases.from_config(FaultsConfig(io_floor_s=10.0), [], world=512, nodes=64)
+    lay = phases.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
+    planned = d.seconds(lay.save, write=True)
+    deadline = d.save_s(lay.save)
+    assert deadline == pytest.approx(10 + 3 * planned)  # faults.io_safety=3
+    clock = Clock()
+    dog = _watchdog(clock)
+    dog.phase(phases.SAVE, deadline, "saving step_3000")
+    clock.now += 3 * planned  # slow, still within its allowance
+    assert dog.overdue() is None
+    clock.now += 10 + 1  # no beat for 3x its planned time plus the floor: a hang
+    assert "phase save" in dog.overdue()
+
+
+def test_a_rank_s_bytes_alone_still_give_minutes_on_the_compute_side():
+    """The trainer passes the busiest rank's planned bytes (planned_state_bytes) before the
+    first save; the attempt's node count comes from its `started` row."""
+    cfg = SimpleNamespace(
+        model=SimpleNamespace(
+            num_layers=40,
+            hidden_size=5120,
+            num_heads=40,
+            ffn_dim=20480,
+            vocab_size=50272,
+            max_positions=2048,
+            word_embed_proj_dim=None,
+        ),
+        deepspeed=SimpleNamespace(stage=2, dtype="bf16"),
+        gpus_per_node=8,
+    )
+    started = {"event": "started", "world_size": 512, "nodes": [f"g{i}" for i in range(64)]}
+    d = phases.from_config(FaultsConfig(), [started], world=512)
+    assert d.nodes == 64 and d.summary()["node_count"] == 64
+    rank = phases.planned_state_bytes(cfg, 512)
+    assert rank == pytest.approx(12 * OPT13B / 512 + 2 * OPT13B, rel=1e-3)  # bf16 module
+    assert d.save_s(rank) < 30 * 60 and d.read_s(rank) < 30 * 60
+    assert phases.from_config(FaultsConfig(), [], world=512).save_s(rank) > d.save_s(rank)
+    # given what the whole save moves (planned_save), the trainer's deadline is the plan's
+    whole = phases.planned_save(cfg, 512, 64)
+    lay = phases.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
+    assert whole == lay.save and d.save_s(whole) < 10 * 60
 
 
 def test_measured_rates_replace_the_planned_ones():
+    """A measured save: the ledger's `bytes` are all ranks' (a per-node rate over its nodes);
+    its `rank_bytes` over its seconds time the next save of the busiest rank."""
+    two = ["n1", "n2"]
     events = [
-        {"event": "checkpoint_saved", "bytes": 400 * MB, "total_seconds": 2.0},
-        {"event": "checkpoint_saved", "bytes": 400 * MB, "total_seconds": 4.0},  # the slowest
-        {"event": "checkpoint_saved", "rank_bytes": 500 * MB, "world_size": 2, "seconds": 1.0},
-        {"event": "checkpoint_verified", "ok": True, "bytes": 900 * MB, "seconds": 1.0},
+        {
+            "event": "checkpoint_saved",
+            "bytes": 400 * MB,
+            "rank_bytes": 200 * MB,
+            "total_seconds": 2.0,
+            "nodes": two,
+        },
+        {
+            "event": "checkpoint_saved",
+            "bytes": 400 * MB,
+            "rank_bytes": 200 * MB,
+            "total_seconds": 4.0,
+            "nodes": two,
+        },  # the slowest
+        {
+            "event": "checkpoint_verified",
+            "ok": True,
+            "bytes": 900 * MB,
+            "rank_bytes": 450 * MB,
+            "seconds": 1.0,
+            "nodes": two,
+        },
         {"event": "checkpoint_verified", "ok": False, "bytes": 900 * MB, "seconds": 0.01},
-        {"event": "checkpoint_loaded", "rank_bytes": 150 * MB, "world_size": 2, "seconds": 1.0},
+        {
+            "event": "checkpoint_loaded",
+            "rank_bytes": 150 * MB,
+            "world_size": 2,
+            "seconds": 1.0,
+            "nodes": two,
+        },
     ]
-    d = phases.from_config(FaultsConfig(), events, world=2)
-    assert d.write_measured and d.write_bps == 100 * MB  # the slowest of the last saves
-    assert d.read_measured and d.read_bps == pytest.approx(600 * MB)  # median; failed one ignored
+    d = phases.from_config(FaultsConfig(), events, world=2, nodes=2)
+    assert d.write_measured and d.write_bps == 50 * MB  # 400 MB / 4 s / 2 nodes
+    assert d.read_measured and d.read_bps == pytest.approx(300 * MB)  # median; failed one ignored
     assert d.summary()["write_rate"] == "measured"
+    assert d.save_s(200 * MB) == pytest.approx(300 + 4.0 * 3)  # as long as the slowest save
+    # reads keep the per-node model: a verification (one rank checks the module file) does not
+    # time a load (every rank reads it)
+    assert d.read_s(150 * MB) == pytest.approx(300 + 150 / 300 * 3)
 
 
 # ---- the watchdog's phases (a fake clock) -------------------------------------------------------
