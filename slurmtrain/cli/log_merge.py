@@ -305,14 +305,8 @@ class LogMerger:
                     continue
                 key = (attempt or 0, ts_eff, idx, lineno)
                 make = lambda: Traceback(attempt, f.rank, key, f.path, lineno)  # noqa: B023,E731
-                out.append(
-                    (
-                        key,
-                        LogLine(
-                            attempt, f.rank, ts, text, f.path, lineno, tracker.feed(text, make)
-                        ),
-                    )
-                )
+                in_tb = tracker.feed(text, make)
+                out.append((key, LogLine(attempt, f.rank, ts, text, f.path, lineno, in_tb)))
         tracker.close()
         return out
 
