@@ -164,3 +164,35 @@ RuntimeError: resume failed"""
     flags = [ln.in_traceback for ln in m]
     assert len(m.tracebacks) == 1 and m.tracebacks[0].text.endswith("RuntimeError: resume failed")
     assert flags[0] is False and flags[-1] is False and flags[1] is True
+
+
+def test_only_the_files_asked_for_are_opened(tmp_path: Path, monkeypatch) -> None:
+    run, opened, real_open = make_logs(tmp_path / "run"), [], open
+
+    def spy(path, *args, **kwargs):
+        opened.append(Path(path).name)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy)
+    assert {ln.attempt for ln in LogMerger(run, attempt=2)} == {2}
+    assert sorted(n for n in opened if n.endswith(".log")) == [
+        "attempt2.rank0.log",
+        "attempt2.rank1.log",
+    ]
+    opened.clear()
+    assert {ln.rank for ln in LogMerger(run, rank=0, attempt=1)} == {0}
+    assert [n for n in opened if n.endswith(".log")] == ["attempt1.rank0.log"]
+
+
+def test_a_big_run_shows_its_newest_attempt_unless_asked(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    for a in (1, 2):
+        for r in range(logs.BIG_RUN // 2 + 1):
+            write(run / "logs" / f"attempt{a}.rank{r}.log", f"2024-05-01 10:00:0{a} a{a} r{r}\n")
+    m = LogMerger(run)
+    assert {ln.attempt for ln in m} == {2} and len(m.files) == logs.BIG_RUN // 2 + 1
+    assert m.note is not None and "--attempt" in m.note and "--all" in m.note
+    assert {ln.attempt for ln in LogMerger(run, all_attempts=True)} == {1, 2}
+    assert logs.main([str(run), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "[a1 r0] " in out and "[a2 r32] " in out and "Showing attempt" not in out
