@@ -155,3 +155,21 @@ def broadcast(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def host_leads(host: Optional[str] = None) -> list[int]:
+    """Collective: for every rank, the lowest rank on its host (one all_gather of host names).
+    Ranks of one host share its kernel (an O_APPEND write is whole for all of them) and its
+    /dev/shm, so one of them can speak or watch for all: shared-filesystem costs grow with the
+    number of hosts, not of ranks."""
+    import torch.distributed as dist
+
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, host or socket.gethostname())
+    return leads_of(names)
+
+
+def leads_of(hosts: list[str]) -> list[int]:
+    """`hosts[r]`: rank r's host -> for every rank, the lowest rank on the same host."""
+    first: dict[str, int] = {}
+    return [first.setdefault(h, r) for r, h in enumerate(hosts)]

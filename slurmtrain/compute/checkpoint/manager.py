@@ -4,15 +4,14 @@ A disk error on any rank fails that save only: the ranks agree on the outcome, r
 `.tmp` directory and records `checkpoint_failed`; earlier checkpoints and `latest` are untouched,
 and the next save retries (or every rank raises SaveFailed with `checkpoint.on_save_error=stop`).
 With `async_save` the loop blocks only while the state is copied to host memory; a background
-thread per rank writes it, then drops a `.done_rank{r}.json` marker (its file list) into the `.tmp`
-directory, and rank 0's thread publishes once every rank's marker is there. Background threads run
-no collectives (gloo is not safe for that); outcomes are agreed on the main thread at the next save.
+thread per rank writes it, then appends its report (its file list) to its host's marker in the
+`.tmp` directory (one per host, checkpoint/markers.py), and rank 0's thread publishes once every
+rank's line is there. Background threads run no collectives (gloo is not safe for that); outcomes
+are agreed on the main thread at the next save.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import sys
 import threading
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from slurmtrain.compute.checkpoint import markers
 from slurmtrain.compute.checkpoint.beats import Beats
 from slurmtrain.compute.checkpoint.format import (
     LATEST,
@@ -30,7 +30,6 @@ from slurmtrain.compute.checkpoint.format import (
     read_bytes,
     read_manifest,
     tag,
-    write_synced,
 )
 from slurmtrain.planning import deadlines as phases
 
@@ -95,6 +94,7 @@ class Checkpointer:
         self.last: Optional[SaveOutcome] = None  # the newest outcome every rank agreed on
         self._thread: Optional[threading.Thread] = None
         self._outcome: Optional[SaveOutcome] = None  # rank 0: result of the in-flight save
+        self.leads: Optional[list[int]] = None  # every rank's host's lowest rank (async markers)
         root.mkdir(parents=True, exist_ok=True)
 
     def attach(self, engine: Any) -> None:
@@ -156,6 +156,10 @@ class Checkpointer:
                 stale.unlink(missing_ok=True)
         dist.barrier()
         deferred = self.async_save
+        if deferred and self.leads is None:  # once: which host marker each rank appends to
+            from slurmtrain.compute.distributed import host_leads
+
+            self.leads = host_leads()
         rng_path = str(tmp / f"rng_rank{self.rank}.pt")
         if self.writer is not None:
             self.writer.begin(step, str(tmp), deferred)
@@ -258,7 +262,7 @@ class Checkpointer:
         if self.rank != 0:
             if not report["ok"]:
                 self.writer.discard()  # room for the marker that says why, on a full disk
-            _write_marker(tmp, report)
+            markers.write(tmp, report, self.leads[self.rank] if self.leads else None)
             return
         try:
             reports = [report, *self._collect(tmp)]
@@ -268,26 +272,9 @@ class Checkpointer:
             self._outcome = SaveOutcome(job.step, False, f"{type(err).__name__}: {err}")
 
     def _collect(self, tmp: Path) -> list[dict[str, Any]]:
-        """Rank 0's thread: every other rank's marker, or a failure when one never comes."""
-        deadline, pause = time.time() + self.timeout_s, 0.01
-        waiting, got = set(range(1, self.world)), {}
-        while waiting and time.time() < deadline:
-            for r in sorted(waiting):
-                report = _read_marker(tmp, r)
-                if report is not None:
-                    got[r] = report
-                    waiting.discard(r)
-            if waiting:
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
-        for r in waiting:
-            got[r] = {
-                "rank": r,
-                "ok": False,
-                "files": {},
-                "error": f"no marker after {self.timeout_s:.0f} s (rank died or hung?)",
-            }
-        return [got[r] for r in sorted(got)]
+        """Rank 0's thread: every other rank's report, or a failure when one never comes."""
+        leads = self.leads or list(range(self.world))  # not gathered: a marker per rank
+        return markers.collect(tmp, leads, self.timeout_s)
 
     def _conclude(self, job: _Save, reports: list[dict[str, Any]]) -> SaveOutcome:
         """Rank 0: publish when every rank wrote its files, else clean up and say why."""
@@ -347,48 +334,4 @@ def _slowest(reports: list[dict[str, Any]]) -> dict[str, float]:
     return {key: max(p.get(key, 0.0) for p in parts) for key in keys}
 
 
-def _marker(tmp: Path, rank: int, kind: str) -> Path:
-    return tmp / f".{kind}_rank{rank}.json"
-
-
-def _write_marker(tmp: Path, report: dict[str, Any]) -> None:
-    """Atomically (temp + rename), so rank 0 never reads half a marker."""
-    kind = "done" if report["ok"] else "failed"
-    path = _marker(tmp, report["rank"], kind)
-    part = path.with_name(path.name + ".part")
-    try:
-        write_synced(part, json.dumps(report))
-        os.replace(part, path)
-        return
-    except OSError as err:  # the disk is full: a done marker is a failure; say so in a name
-        if report["ok"]:
-            report = {**report, "ok": False, "error": f"writing marker: {err}"}
-    for path in (_marker(tmp, report["rank"], "failed"), _fallback_marker(tmp, report["rank"])):
-        try:
-            path.touch()
-            return
-        except OSError:
-            continue  # at worst rank 0 times out on this rank; nothing half-written is published
-
-
-def _fallback_marker(tmp: Path, rank: int) -> Path:
-    """Next to `step_N.tmp/`, for a rank that could not write into it (pruned later)."""
-    return tmp.parent / f".{tmp.name}.failed_rank{rank}"
-
-
-def _read_marker(tmp: Path, rank: int) -> Optional[dict[str, Any]]:
-    for kind in ("done", "failed"):
-        path = _marker(tmp, rank, kind)
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                return {"rank": rank, "ok": False, "files": {}, "error": "failed (see its log)"}
-    if _fallback_marker(tmp, rank).exists():
-        return {
-            "rank": rank,
-            "ok": False,
-            "files": {},
-            "error": "could not write into the directory",
-        }
-    return None
+_write_marker, _read_marker = markers.write, markers.read  # the names tests and tools know

@@ -6,16 +6,27 @@ A ZeRO checkpoint is sharded by data-parallel rank, so W ranks' files do not loa
 runs on rank 0 as a subprocess (its own worker pool and memory) on every core of the node, into
 `step_N_universal.tmp/`, and is sealed with our manifest like any checkpoint, so a converted folder
 is reused on the next start only when it is complete and was made from the same save of step N.
-While it runs, every rank beats its watchdog each time the output folder has grown (`growing`).
+
+While it runs, every rank beats its watchdog each time the output folder has grown (`growing`),
+so a conversion longer than planned is progress and a stalled one is a hang. Only rank 0 looks at
+the folder (one walk per poll, the only one in the job) and notes what it saw in one small file
+beside it; one rank per host (the lowest, found by one all_gather of host names) reads that note
+and copies it into a file in the host's /dev/shm, which the host's other ranks read. A poll thus
+costs the shared filesystem one walk plus one read per host, O(hosts) whatever the ranks per host,
+where every rank walking the folder cost O(ranks x entries). A note is "<seq> <bytes>": any new
+look that saw other bytes is a new note, so no change is lost between two reads. If rank 0 or a
+host's reader dies, the beats behind it stop and the watchdogs fire, as they should.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -135,25 +146,83 @@ def _run(
         raise ReshapeError(f"ds_to_universal on {step_dir} took over {timeout_s} s") from err
 
 
+WALK, RELAY, FOLLOW = "walk", "relay", "follow"  # rank 0, one rank per other host, the rest
+
+
+def shared_note(folder: Path) -> Path:
+    """Rank 0's note of the folder's growth, beside it on the shared filesystem."""
+    return folder.with_name(f".{folder.name}.progress")
+
+
+def local_note(folder: Path) -> Path:
+    """The host's copy of the note, in memory (/dev/shm): reading it costs no shared-FS call."""
+    shm = Path("/dev/shm")
+    where = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    key = hashlib.sha1(str(folder.absolute()).encode()).hexdigest()[:16]
+    return where / f"slurmtrain-convert-{key}.progress"
+
+
+def _put(note: Path, text: str) -> None:
+    """Whole or not at all (temp + rename); a note that cannot be written is a missed beat."""
+    part = note.with_name(f"{note.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        part.write_text(text)
+        os.replace(part, note)
+    except OSError:
+        part.unlink(missing_ok=True)
+
+
+def _bytes(note: str) -> int:
+    tail = note.split()[-1] if note.split() else ""
+    return int(tail) if tail.isdigit() else 0
+
+
+def _get(note: Path) -> Optional[str]:
+    try:
+        return note.read_text()
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
-def growing(folder: Path, beat: Callable[[int], None], every_s: float = 10.0) -> Iterator[None]:
+def growing(
+    folder: Path,
+    beat: Callable[[int], None],
+    every_s: float = 10.0,
+    role: str = WALK,
+    note: Optional[Path] = None,
+) -> Iterator[None]:
     """`beat(bytes)` whenever `folder` holds other bytes than at the last look: the converter
     writes file after file (and deletes its extraction fragments before merging), so a conversion
     longer than its planned deadline is progress, not a hang; a folder that stays the same is.
-    Every rank watches (the folder is on the shared checkpoint filesystem), as only rank 0 converts
-    and the others wait in a broadcast under their own watchdogs."""
+    `role`: WALK (rank 0) walks the folder and writes the notes; RELAY (the lowest rank of each
+    other host) reads the shared note into its host's note; FOLLOW reads its host's note.
+    `note`: the host's note (default `local_note`; tests give each simulated host its own)."""
     stop = threading.Event()
+    shared, local = shared_note(folder), note or local_note(folder)
+    source = {WALK: None, RELAY: shared, FOLLOW: local}[role]
 
     def watch() -> None:
-        seen = 0
+        seq, seen = 0, 0 if role == WALK else None  # WALK: bytes; the others: the note's text
         while not stop.wait(every_s):
-            try:
-                size = ckpt.dir_bytes(folder)
-            except OSError:  # a file renamed or removed between the listing and its stat
-                continue
-            if size != seen:
-                seen = size
-                beat(size)
+            if role == WALK:
+                try:
+                    size = ckpt.dir_bytes(folder)
+                except OSError:  # a file renamed or removed between the listing and its stat
+                    continue
+                if size == seen:
+                    continue
+                seen, seq = size, seq + 1
+                note = f"{seq} {size}"
+                _put(shared, note)
+            else:
+                text = _get(source)
+                if text is None or text == seen:
+                    continue
+                note = seen = text
+            if role != FOLLOW:
+                _put(local, note)
+            beat(_bytes(note))
 
     thread = threading.Thread(target=watch, name="convert-beat", daemon=True)
     thread.start()
@@ -162,6 +231,8 @@ def growing(folder: Path, beat: Callable[[int], None], every_s: float = 10.0) ->
     finally:
         stop.set()
         thread.join()
+        for mine in {WALK: (shared, local), RELAY: (local,), FOLLOW: ()}[role]:
+            mine.unlink(missing_ok=True)
 
 
 def for_world(
@@ -176,10 +247,13 @@ def for_world(
     `beat`: the watchdog's heartbeat for the conversion phase (see `growing`)."""
     import torch.distributed as dist
 
+    from slurmtrain.compute.distributed import host_leads
+
     assert resume.path is not None
     result: list[Any] = [None]
     tmp = _tmp(universal_dir(resume.path))
-    with growing(tmp, beat) if beat is not None else contextlib.nullcontext():
+    role = WALK if rank == 0 else RELAY if host_leads()[rank] == rank else FOLLOW
+    with growing(tmp, beat, role=role) if beat is not None else contextlib.nullcontext():
         if rank == 0:
             try:
                 done = convert(resume.path, resume.manifest, verify)
