@@ -234,3 +234,68 @@ def test_a_hosts_ranks_appending_at_once_never_spoil_each_others_lines(tmp_path)
         t.join()
     lines = markers.lines(markers.marker(tmp, 0))
     assert len(lines) == 160 and all(line["files"] == files for line in lines)
+
+
+# ---- the collective around the conversion ---------------------------------------------------------
+class _Group:
+    """A process group of threads: each collective checks every rank called the same one."""
+
+    def __init__(self, hosts: list[str]) -> None:
+        self.hosts, self.me = hosts, threading.local()
+        self.sync, self.slots = threading.Barrier(len(hosts), timeout=30), [None] * len(hosts)
+
+    def _meet(self, op: str, obj: Any) -> list[Any]:
+        self.slots[self.me.rank] = (op, obj)
+        self.sync.wait()
+        seen = list(self.slots)
+        self.sync.wait()
+        assert {s[0] for s in seen} == {op}, f"ranks called different collectives: {seen}"
+        return [s[1] for s in seen]
+
+    def all_gather_object(self, out: list[Any], obj: Any) -> None:
+        out[:] = self._meet("all_gather_object", obj)
+
+    def broadcast_object_list(self, box: list[Any], src: int = 0) -> None:
+        box[:] = [self._meet("broadcast_object_list", box[0])[src]]
+
+    def get_world_size(self) -> int:
+        return len(self.hosts)
+
+
+def test_every_rank_takes_part_in_the_conversions_collectives_and_one_walks(tmp_path, monkeypatch):
+    dist = pytest.importorskip("torch.distributed")
+    from slurmtrain.compute import distributed
+    from slurmtrain.compute.checkpoint import format as fmt
+
+    group = _Group(["a", "a", "b", "b"])
+    for name in ("all_gather_object", "broadcast_object_list", "get_world_size"):
+        monkeypatch.setattr(dist, name, getattr(group, name))
+    monkeypatch.setattr(distributed.socket, "gethostname", lambda: group.hosts[group.me.rank])
+    step = tmp_path / "step_20"
+    step.mkdir()
+
+    def convert(path: Path, source: Any, verify: str) -> reshape.Converted:
+        return reshape.Converted(reshape.universal_dir(path), 1.0, False)
+
+    roles: dict[int, str] = {}
+    real = reshape.growing
+
+    def growing(folder: Path, beat: Any, every_s: float = 10.0, role: str = "walk", **kw: Any):
+        roles[group.me.rank] = role
+        return real(folder, beat, every_s, role, **kw)
+
+    monkeypatch.setattr(reshape, "convert", convert)
+    monkeypatch.setattr(reshape, "growing", growing)
+    found, paths = fmt.Resume(step, {"world_size": 1, "step": 20}), {}
+
+    def rank(r: int) -> None:
+        group.me.rank = r
+        paths[r] = reshape.for_world(found, r, 4, lambda *a, **k: None, beat=lambda n: None)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(paths.values()) == {tmp_path / "step_20_universal"} and len(paths) == 4
+    assert roles == {0: "walk", 1: "follow", 2: "relay", 3: "follow"}

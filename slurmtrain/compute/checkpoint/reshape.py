@@ -163,13 +163,18 @@ def local_note(folder: Path) -> Path:
 
 
 def _put(note: Path, text: str) -> None:
-    """Whole or not at all (temp + rename); a note that cannot be written is a missed beat."""
-    part = note.with_name(f"{note.name}.{os.getpid()}.{threading.get_ident()}")
+    """Overwritten in place, always the same length: a reader sees the old note, the new one or a
+    mix of both (a beat, and only while the folder is growing), never an empty file; no rename,
+    so an NFS client's cached lookup of the name never hides a new note. A note that cannot be
+    written is a missed beat."""
     try:
-        part.write_text(text)
-        os.replace(part, note)
+        fd = os.open(note, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, text.encode(), 0)
+        finally:
+            os.close(fd)
     except OSError:
-        part.unlink(missing_ok=True)
+        pass
 
 
 def _bytes(note: str) -> int:
@@ -213,11 +218,11 @@ def growing(
                 if size == seen:
                     continue
                 seen, seq = size, seq + 1
-                note = f"{seq} {size}"
+                note = f"{seq:020d} {size:020d}\n"
                 _put(shared, note)
             else:
                 text = _get(source)
-                if text is None or text == seen:
+                if not text or text == seen:
                     continue
                 note = seen = text
             if role != FOLLOW:
@@ -252,7 +257,8 @@ def for_world(
     assert resume.path is not None
     result: list[Any] = [None]
     tmp = _tmp(universal_dir(resume.path))
-    role = WALK if rank == 0 else RELAY if host_leads()[rank] == rank else FOLLOW
+    leads = host_leads()  # collective: every rank calls it
+    role = WALK if rank == 0 else RELAY if leads[rank] == rank else FOLLOW
     with growing(tmp, beat, role=role) if beat is not None else contextlib.nullcontext():
         if rank == 0:
             try:
