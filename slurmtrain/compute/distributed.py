@@ -2,6 +2,11 @@
 
 DeepSpeed needs RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT all set, or it falls back
 to MPI discovery; we always set the five ourselves.
+
+LOCAL_RANK is exported as this task's DEVICE INDEX (device_index below), not Slurm's local id:
+DeepSpeed uses it as a CUDA ordinal (init_process_group(device_id=cuda:LOCAL_RANK), the engine's
+set_device(LOCAL_RANK), ZeRO-3's local device), so where the site binds one GPU per task the
+local id 3 would be "invalid device ordinal". Placement.local_rank keeps Slurm's local id.
 """
 
 from __future__ import annotations
@@ -59,14 +64,50 @@ def placement(env: Mapping[str, str], default_port: int = 29500) -> Placement:
     )
 
 
-def export(p: Placement) -> None:
+def export(p: Placement, env: Optional[Mapping[str, str]] = None) -> None:
+    """The five variables DeepSpeed reads, LOCAL_RANK being this task's device index as far as
+    the environment tells it (before torch is imported); rank_device() corrects it once the
+    runtime has counted the devices. A binding the environment cannot resolve keeps the local id
+    here: rank_device() raises, inside the start-up the ledger records."""
+    env = os.environ if env is None else env
     os.environ.update(
         RANK=str(p.rank),
-        LOCAL_RANK=str(p.local_rank),
+        LOCAL_RANK=str(_env_device(env, p.local_rank)),
         WORLD_SIZE=str(p.world_size),
         MASTER_ADDR=p.master_addr,
         MASTER_PORT=str(p.master_port),
     )
+    tasks = _local_world(env)
+    if tasks:  # torchrun's name for it; device_index reads it too
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(tasks))
+
+
+def _local_world(env: Mapping[str, str]) -> int:
+    """Tasks on this node (0: unknown): torchrun's, submitit's, else this node's step share."""
+    for key in ("LOCAL_WORLD_SIZE", "SUBMITIT_LOCAL_NTASKS"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    if "SLURM_PROCID" in env:
+        from slurmtrain.common.slurm_text import tasks_per_node
+
+        node, per = env.get("SLURM_NODEID", ""), env.get("SLURM_STEP_TASKS_PER_NODE", "")
+        counts = tasks_per_node(per) if per else []
+        if node.isdigit() and int(node) < len(counts):
+            return counts[int(node)]
+    head = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    return int(head) if head.isdigit() else 0
+
+
+def _env_device(env: Mapping[str, str], local_rank: int) -> int:
+    """device_index from the environment alone: the listed devices (the CPU stand-in's on CPU
+    test runs), or the local id when nothing lists them or the list cannot be resolved."""
+    listed = env.get(CPU_STAND_IN, env.get("CUDA_VISIBLE_DEVICES"))
+    if listed is None or not _ids(listed):
+        return local_rank
+    try:
+        return device_index({**env, "CUDA_VISIBLE_DEVICES": listed}, 0, local_rank)
+    except DeviceError:
+        return local_rank
 
 
 # ---- which device is this rank's ----------------------------------------------------------------
@@ -83,6 +124,13 @@ def _ids(value: Optional[str]) -> Optional[list[str]]:
 def device_index(env: Mapping[str, str], visible_count: int, local_rank: int) -> int:
     """This rank's device index among the devices the task can see (pure: tested without GPUs).
 
+    The rule, in order (count = the devices the task sees, tasks = the tasks on this node):
+    1. count == 1 -> 0 (one GPU bound to the task);
+    2. count >= tasks (or tasks unknown) and count > local_rank -> local_rank (nothing bound);
+    3. else this rank's physical GPU (the local_rank-th of SLURM_STEP_GPUS / SLURM_JOB_GPUS)
+       at its position in CUDA_VISIBLE_DEVICES (a subset bound per task, e.g. --gpu-bind=closest);
+    4. else refuse: no guess (local_rank mod count could put two ranks on one GPU).
+
     Why not simply `local_rank`: sites bind GPUs to tasks (`--gpus-per-task=1`, `--gpu-bind`,
     cgroup ConstrainDevices), and then every task sees its own GPU as device 0 and `cuda:1` is an
     "invalid device ordinal". The cases:
@@ -96,12 +144,7 @@ def device_index(env: Mapping[str, str], visible_count: int, local_rank: int) ->
     """
     visible = _ids(env.get("CUDA_VISIBLE_DEVICES"))
     count = len(visible) if visible is not None else visible_count
-    local_world = int(
-        env.get("LOCAL_WORLD_SIZE")
-        or env.get("SUBMITIT_LOCAL_NTASKS")
-        or env.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0]
-        or 0
-    )
+    local_world = _local_world(env)
     if count == 1:
         return 0
     if count > local_rank and (local_world == 0 or count >= local_world):
@@ -123,10 +166,11 @@ CPU_STAND_IN = "SLURMTRAIN_VISIBLE_DEVICES"
 
 
 def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> Any:
-    """The torch device of this rank. GPU ranks: cuda:device_index(...). CPU ranks: the CPU; when
-    SLURMTRAIN_VISIBLE_DEVICES is set (a list like CUDA_VISIBLE_DEVICES, which submitit's local
-    executor blanks on CPU runs) they first run the same device_index lookup against it, so tests
-    exercise on CPUs the code a GPU job takes (and fail as it would)."""
+    """The torch device of this rank. GPU ranks: cuda:device_index(...), and os.environ's
+    LOCAL_RANK is set to that index (what DeepSpeed will set_device and pass as device_id).
+    CPU ranks: the CPU; when SLURMTRAIN_VISIBLE_DEVICES is set (a list like CUDA_VISIBLE_DEVICES,
+    which submitit's local executor blanks on CPU runs) they first run the same device_index
+    lookup against it, so tests exercise on CPUs the code a GPU job takes (and fail as it would)."""
     import torch
 
     if gpus_per_node == 0:
@@ -138,6 +182,7 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
                 f"({CPU_STAND_IN}; CPU rank)",
                 flush=True,
             )
+            os.environ["LOCAL_RANK"] = str(index)
         return torch.device("cpu")
     visible = torch.cuda.device_count()
     if visible < 1:
@@ -145,7 +190,9 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
             f"gpus_per_node={gpus_per_node} but this task sees no CUDA device "
             f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r})"
         )
-    return torch.device("cuda", device_index(env, visible, local_rank))
+    index = device_index(env, visible, local_rank)
+    os.environ["LOCAL_RANK"] = str(index)
+    return torch.device("cuda", index)
 
 
 def broadcast(obj: Any) -> Any:
