@@ -16,6 +16,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from slurmtrain.planning import deadlines as phases
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -193,6 +195,98 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
     index = device_index(env, visible, local_rank)
     os.environ["LOCAL_RANK"] = str(index)
     return torch.device("cuda", index)
+
+
+# ---- collective timeout and flight recorder -------------------------------------------------------
+# The rule: the watchdog (compute/faults/watchdog.py) must always fire before a collective times
+# out, because its exit writes what a hang needs (every rank's stacks, the hang record, the
+# collectives' flight recorder) and an NCCL timeout aborts the process without them. So:
+# - phases with a fixed deadline (start-up: startup_timeout_s; steps, eval: hang_timeout_s): the
+#   collective timeout is the longest of them plus a margin (collective_timeout_s below), or
+#   faults.collective_timeout_s when that is larger;
+# - phases whose deadline restarts on every heartbeat (save, verify, convert, load: one rank
+#   writes or converts for as long as it beats while the others wait in a barrier or broadcast)
+#   have no fixed bound, so for them the timeout is lifted to LIFTED_S (follow_phase): the
+#   watchdog's beats are the only clock, and a 2-hour conversion never races NCCL.
+MARGIN_S, MARGIN_FRACTION = 120.0, 0.1
+LIFTED_S = 7 * 24 * 3600.0
+BEATING_PHASES = (phases.SAVE, phases.VERIFY, phases.CONVERT, phases.LOAD)
+_timeouts: dict[str, float] = {}  # "base": set at init; "now": the process group's current one
+
+
+def collective_timeout_s(faults: Any) -> float:
+    """The process group's timeout (init_process_group): see the rule above."""
+    fixed = max(float(faults.startup_timeout_s), float(faults.hang_timeout_s))
+    rule = fixed + max(MARGIN_S, MARGIN_FRACTION * fixed)
+    _timeouts["base"] = _timeouts["now"] = max(rule, float(faults.collective_timeout_s))
+    return _timeouts["base"]
+
+
+def collective_timeout(faults: Any) -> Any:
+    """collective_timeout_s as the timedelta init_process_group takes."""
+    from datetime import timedelta
+
+    return timedelta(seconds=collective_timeout_s(faults))
+
+
+def follow_phase(name: str, deadline_s: float) -> None:
+    """Fit the default process group's timeout to the phase being entered (the watchdog calls it
+    from phase()): lifted for beating phases, the base one otherwise, and never below the
+    phase's own deadline plus the margin. A no-op before init, on a change-less call, or where
+    torch cannot set it."""
+    base = _timeouts.get("base")
+    if base is None:
+        return
+    want = LIFTED_S if name in BEATING_PHASES else base
+    want = max(want, float(deadline_s) + max(MARGIN_S, MARGIN_FRACTION * float(deadline_s)))
+    if want == _timeouts.get("now"):
+        return
+    try:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        if not dist.is_initialized():
+            return
+        _set_pg_timeout(timedelta(seconds=want))
+        _timeouts["now"] = want
+    except Exception:  # noqa: BLE001  a torch without it keeps the base timeout
+        return
+
+
+TRACE_ENV = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+
+
+def trace_prefix(env: Mapping[str, str]) -> Optional[str]:
+    """Where this attempt's flight recorder files go (torch appends the rank): set by the batch
+    script to RUN_DIR/logs/nccl_trace.<job>.<restart>.<relaunch>.rank_ (None: not set)."""
+    return next((env[k] for k in TRACE_ENV if env.get(k)), None)
+
+
+def dump_collectives(rank: Optional[int] = None) -> Optional[str]:
+    """Write this rank's flight recorder (its last collectives, the one it waits in) where NCCL's
+    own timeout dump would go; the watchdog calls it before it exits on a hang, since it fires
+    before the collective timeout (see the rule). Returns the path, or None when there is no
+    recorder (TORCH_NCCL_TRACE_BUFFER_SIZE unset) or no prefix."""
+    prefix = trace_prefix(os.environ)
+    if prefix is None:
+        return None
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
+    if dump is None:
+        return None
+    data = dump()
+    if not data:
+        return None
+    path = f"{prefix}{os.environ.get('RANK', '0') if rank is None else rank}"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def broadcast(obj: Any) -> Any:

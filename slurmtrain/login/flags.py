@@ -39,8 +39,9 @@ NCCL_DEFAULTS = {
 
 # GPU jobs only; cluster.env overrides any of them.
 GPU_DEFAULTS = {
-    # NCCL flight recorder: the last collectives of every rank, dumped when the watchdog times out,
-    # so a hang names the collective and the rank that never joined it.
+    # NCCL flight recorder: the last collectives of every rank, dumped by our watchdog when a phase
+    # hangs (compute/distributed.dump_collectives) or by NCCL's on its timeout, into RUN_DIR/logs
+    # (job.sbatch.j2), so a hang names the collective and the rank that never joined it.
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     # Growable segments: no fragmentation OOM when activation sizes change (eval, last batch).
@@ -180,7 +181,7 @@ def per_task_text(cfg: DictConfig) -> str:
     else:
         mem = "the site's default (no --mem)"
     bind = "" if str(c.cpu_bind) == "none" else f", cores bound {DISTRIBUTION}"
-    return f"{cpus} CPUs (--cpus-per-task), memory {mem}{bind}"
+    return f"{cpus} CPUs (--cpus-per-task); memory: {mem}{bind}"
 
 
 def srun_args(cfg: DictConfig) -> list[str]:
@@ -215,6 +216,15 @@ def srun_args(cfg: DictConfig) -> list[str]:
             f"--container-mounts={cfg.runs_root}:{cfg.runs_root}",
         ]
     return args
+
+
+def flight_recorder(cfg: DictConfig) -> bool:
+    """Whether the batch script points the flight recorder's dumps at RUN_DIR/logs: GPU jobs
+    (the recorder is on), unless cluster.env names the file itself."""
+    env = dict(cfg.cluster.env)
+    return cfg.gpus_per_node > 0 and not any(
+        k in env for k in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+    )
 
 
 def job_env(cfg: DictConfig) -> dict[str, str]:

@@ -139,6 +139,7 @@ def render_script(
         nodes_max=node_range(cfg.nodes)[1],
         tasks_per_node=tasks_per_node(cfg),
         per_task=flags.per_task_text(cfg),
+        trace=flags.flight_recorder(cfg),
     )
 
 
