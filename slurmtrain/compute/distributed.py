@@ -80,22 +80,26 @@ def export(p: Placement, env: Optional[Mapping[str, str]] = None) -> None:
         MASTER_PORT=str(p.master_port),
     )
     tasks = _local_world(env)
-    if tasks:  # torchrun's name for it; device_index reads it too
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(tasks))
+    if tasks:  # torchrun's name for it
+        os.environ["LOCAL_WORLD_SIZE"] = str(tasks)
 
 
 def _local_world(env: Mapping[str, str]) -> int:
-    """Tasks on this node (0: unknown): torchrun's, submitit's, else this node's step share."""
-    for key in ("LOCAL_WORLD_SIZE", "SUBMITIT_LOCAL_NTASKS"):
-        if env.get(key, "").isdigit():
-            return int(env[key])
-    if "SLURM_PROCID" in env:
+    """Tasks on this node (0: unknown): under srun this node's share of the step (an inherited
+    LOCAL_WORLD_SIZE from the submitting shell must not win), else torchrun's or submitit's."""
+    if "SLURM_PROCID" in env and "SUBMITIT_LOCAL_JOB_ID" not in env:
         from slurmtrain.common.slurm_text import tasks_per_node
 
         node, per = env.get("SLURM_NODEID", ""), env.get("SLURM_STEP_TASKS_PER_NODE", "")
         counts = tasks_per_node(per) if per else []
         if node.isdigit() and int(node) < len(counts):
             return counts[int(node)]
+        head = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        if head.isdigit():
+            return int(head)
+    for key in ("LOCAL_WORLD_SIZE", "SUBMITIT_LOCAL_NTASKS"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
     head = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
     return int(head) if head.isdigit() else 0
 

@@ -63,13 +63,13 @@ class FakeCuda:
 
 
 def _task(monkeypatch, visible: Optional[str], count: int, localid: str = "3") -> FakeCuda:
-    for key in CLEARED:
-        monkeypatch.delenv(key, raising=False)
+    for key in CLEARED:  # set then removed: monkeypatch restores (or removes) it afterwards
+        monkeypatch.setenv(key, "x")
+        monkeypatch.delenv(key)
     for key, value in {**JOB, "SLURM_LOCALID": localid}.items():
         monkeypatch.setenv(key, value)
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    monkeypatch.setenv("LOCAL_RANK", "x")  # restored after the test (export overwrites it)
     fake = FakeCuda(count)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: fake.count)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -157,6 +157,7 @@ def test_export_alone_agrees_with_the_binding_before_torch_is_imported(monkeypat
     # attempt.py exports before it imports torch (and before any device call): LOCAL_RANK must
     # already name the task's device, which is what init_distributed reads first.
     _task(monkeypatch, "5", 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # inherited from the submitting shell: not ours
     distributed.export(distributed.placement(os.environ))
     assert os.environ["LOCAL_RANK"] == "0"
     assert os.environ["RANK"] == "11" and os.environ["LOCAL_WORLD_SIZE"] == "8"
