@@ -181,7 +181,7 @@ def per_task_text(cfg: DictConfig) -> str:
     else:
         mem = "the site's default (no --mem)"
     bind = "" if str(c.cpu_bind) == "none" else f", cores bound {DISTRIBUTION}"
-    return f"{cpus} CPUs (--cpus-per-task); memory: {mem}{bind}"
+    return f"{cpus} CPU{'s' if cpus != 1 else ''} (--cpus-per-task); memory: {mem}{bind}"
 
 
 def srun_args(cfg: DictConfig) -> list[str]:
