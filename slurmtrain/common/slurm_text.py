@@ -250,10 +250,31 @@ class PartitionInfo:
     total_cpus: int
     gpus: int  # gres/gpu over the whole partition
     tres: dict[str, str] = field(default_factory=dict)
+    max_mem_per_node_mb: Optional[int] = None  # MaxMemPerNode; None = UNLIMITED
 
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.total_nodes if self.total_nodes else 0
+
+    @property
+    def cpus_per_node(self) -> int:
+        """The partition's CPUs over its nodes (0: unknown)."""
+        return self.total_cpus // self.total_nodes if self.total_nodes else 0
+
+    @property
+    def mem_per_node_mb(self) -> Optional[int]:
+        """The partition's TRES memory over its nodes, in MiB (None: not reported)."""
+        mem = mem_mb(self.tres.get("mem", ""))
+        return mem // self.total_nodes if mem and self.total_nodes else None
+
+
+def mem_mb(value: str) -> Optional[int]:
+    """Slurm memory `16000M` / `64000G` / `2T` / `512` (MiB) -> MiB; None when not a size."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", value.strip())
+    if not m:
+        return None
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[m[2]]
+    return int(float(m[1]) * scale)
 
 
 def _int_or_none(value: str) -> Optional[int]:
@@ -293,6 +314,7 @@ def parse_partitions(text: str) -> dict[str, PartitionInfo]:
             total_cpus=int(kv.get("TotalCPUs", 0)),
             gpus=_gpus(tres),
             tres=tres,
+            max_mem_per_node_mb=_int_or_none(kv.get("MaxMemPerNode", "UNLIMITED")),
         )
     return out
 

@@ -24,7 +24,14 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
-from slurmtrain.compute.distributed import Placement, broadcast, export, placement, rank_device
+from slurmtrain.compute.distributed import (
+    Placement,
+    broadcast,
+    collective_timeout_s,
+    export,
+    placement,
+    rank_device,
+)
 from slurmtrain.compute.faults import inject, owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
@@ -239,7 +246,7 @@ def _run(
         deepspeed.init_distributed(
             dist_backend="gloo" if cpu else "nccl",
             verbose=False,
-            timeout=timedelta(seconds=cfg.faults.collective_timeout_s),
+            timeout=timedelta(seconds=collective_timeout_s(cfg.faults)),  # the rule: distributed.py
         )
         rendezvous_s = time.time() - started
         gathered: list[Any] = [None] * where.world_size

@@ -11,16 +11,25 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
+from slurmtrain.common.slurm_text import PartitionInfo
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
 SRUN_FIXED = ["--kill-on-bad-exit=1", "--wait=60"]
+# Tasks block-wise over nodes (rank r on node r // tasks: what placement assumes) and each task's
+# cores block-wise within the node: consecutive cores on one socket, near its GPU's NUMA node.
+# srun's default (block:cyclic) deals a task's cores round-robin over the sockets, so with
+# --cpu-bind=cores half of every rank's cores (and its loader's memory) sit on the far socket.
+DISTRIBUTION = "block:block"
+# CPU ranks train opt125m-sized models at most: anything bigger on a partition without GPUs is
+# a plan that fell to CPU by accident (cluster=auto on a default CPU partition), not a run.
+CPU_PLAN_MAX_PARAMS = 130_000_000
 NCCL_DEFAULTS = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective raises instead of hanging
     "NCCL_DEBUG": "WARN",
@@ -30,8 +39,9 @@ NCCL_DEFAULTS = {
 
 # GPU jobs only; cluster.env overrides any of them.
 GPU_DEFAULTS = {
-    # NCCL flight recorder: the last collectives of every rank, dumped when the watchdog times out,
-    # so a hang names the collective and the rank that never joined it.
+    # NCCL flight recorder: the last collectives of every rank, dumped by our watchdog when a phase
+    # hangs (compute/distributed.dump_collectives) or by NCCL's on its timeout, into RUN_DIR/logs
+    # (job.sbatch.j2), so a hang names the collective and the rank that never joined it.
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     # Growable segments: no fragmentation OOM when activation sizes change (eval, last batch).
@@ -113,17 +123,82 @@ def cpus_per_task(cfg: DictConfig) -> int:
     return value
 
 
+def task_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
+    """Per-task resources left unset, from the partition the job lands in (mutates cfg).
+
+    GPU ranks: --cpus-per-task = the node's cores over max(tasks per node, the node's GPUs): a
+    whole-node job gets every core, a job on part of a node its GPUs' share (never the cores the
+    node's other GPUs need). Memory for a job that takes whole GPU nodes: --mem=0, all of each
+    node's memory, which is what an exclusive GPU node expects and what Slurm can always grant
+    (node memory over GPUs x GPUs can exceed what a node may allocate: MemSpecLimit, smaller nodes
+    in the partition); where the partition caps MaxMemPerNode, or the job shares the node,
+    --mem-per-gpu = the node's (capped) memory over its GPUs. CPU ranks keep one core and the
+    site's memory default: CPU jobs share small nodes (tests), and CPU plans are tiny models."""
+    gpus = part.gpus_per_node
+    if cfg.cluster.cpus_per_task is None:
+        tasks = tasks_per_node(cfg) if cfg.gpus_per_node > 0 else 0
+        share = max(tasks, gpus)
+        cores = part.cpus_per_node
+        cfg.cluster.cpus_per_task = max(1, cores // share) if tasks and cores else 1
+    if cfg.gpus_per_node <= 0 or cfg.cluster.mem or cfg.cluster.mem_per_gpu is not None:
+        return
+    whole = gpus > 0 and cfg.gpus_per_node >= gpus
+    if whole and part.max_mem_per_node_mb is None:
+        cfg.cluster.mem = "0"
+        return
+    mem = part.mem_per_node_mb
+    if part.max_mem_per_node_mb is not None:
+        mem = min(mem or part.max_mem_per_node_mb, part.max_mem_per_node_mb)
+    if mem and gpus:
+        cfg.cluster.mem_per_gpu = f"{mem // gpus}M"
+
+
+def cpu_plan_refusal(
+    cfg: DictConfig, part: PartitionInfo, params: int, insisted: bool
+) -> Optional[str]:
+    """The one line refusing a model bigger than opt125m planned on CPU ranks on a partition
+    without GPUs (None: fine). `insisted`: the user passed gpus_per_node=0 themselves."""
+    if cfg.gpus_per_node > 0 or part.gpus > 0 or insisted or params <= CPU_PLAN_MAX_PARAMS:
+        return None
+    return (
+        f"cluster.partition={part.name}: partition {part.name!r} has no GPUs, so "
+        f"{cfg.model.name} ({params / 1e9:.2f}B parameters) would train on CPU ranks in fp32; "
+        f"set cluster.partition=<a GPU partition>, or gpus_per_node=0 to insist"
+    )
+
+
+def per_task_text(cfg: DictConfig) -> str:
+    """What each task is given, for the batch script's header (shown by the dry run)."""
+    cpus = cpus_per_task(cfg)
+    c = cfg.cluster
+    if c.mem:
+        mem = "all of each node's memory (--mem=0)" if str(c.mem) == "0" else f"--mem={c.mem}"
+        if str(c.mem) != "0" and cfg.gpus_per_node > 0:
+            mem += " per node"
+        mem += f" shared by its {tasks_per_node(cfg)} tasks"
+    elif cfg.gpus_per_node > 0 and c.mem_per_gpu:
+        mem = f"{c.mem_per_gpu} (--mem-per-gpu, one GPU per task)"
+    else:
+        mem = "the site's default (no --mem)"
+    bind = "" if str(c.cpu_bind) == "none" else f", cores bound {DISTRIBUTION}"
+    return f"{cpus} CPU{'s' if cpus != 1 else ''} (--cpus-per-task); memory: {mem}{bind}"
+
+
 def srun_args(cfg: DictConfig) -> list[str]:
     """Arguments for srun (argument list: each is quoted when rendered into a script).
 
     --cpus-per-task is repeated here: srun in Slurm 22.05-23.02 does not inherit it from the batch
     allocation (SLURM_CPUS_PER_TASK), so without it every rank is bound to one core. --cpu-bind
-    keeps each rank's data loader and Python threads on its own cores."""
+    keeps each rank's data loader and Python threads on its own cores, --distribution=block:block
+    keeps them on one socket (DISTRIBUTION); a --distribution/-m in cluster.srun_extra wins."""
     args = [f"--cpus-per-task={cpus_per_task(cfg)}"]
     bind = str(cfg.cluster.cpu_bind)
+    extra = [str(a) for a in cfg.cluster.srun_extra]
     if bind != "none":
         args.append(f"--cpu-bind={checked('cluster.cpu_bind', bind)}")
-    args += list(SRUN_FIXED) + [str(a) for a in cfg.cluster.srun_extra]
+        if not any(a.startswith(("--distribution", "-m")) for a in extra):
+            args.append(f"--distribution={DISTRIBUTION}")
+    args += list(SRUN_FIXED) + extra
     for arg in args:
         if "\n" in arg or "\r" in arg:
             raise ConfigError(
@@ -141,6 +216,15 @@ def srun_args(cfg: DictConfig) -> list[str]:
             f"--container-mounts={cfg.runs_root}:{cfg.runs_root}",
         ]
     return args
+
+
+def flight_recorder(cfg: DictConfig) -> bool:
+    """Whether the batch script points the flight recorder's dumps at RUN_DIR/logs: GPU jobs
+    (the recorder is on), unless cluster.env names the file itself."""
+    env = dict(cfg.cluster.env)
+    return cfg.gpus_per_node > 0 and not any(
+        k in env for k in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+    )
 
 
 def job_env(cfg: DictConfig) -> dict[str, str]:

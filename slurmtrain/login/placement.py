@@ -123,20 +123,11 @@ def node_resources(part: PartitionInfo) -> tuple[int, Optional[int], int]:
 
 
 def slurm_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
-    """Per-task resources left unset, from the partition: cores per GPU (srun gets them too) and
-    memory per GPU (the node's memory over its GPUs). CPU ranks keep one core and the site's
-    memory default: CPU jobs share nodes on small clusters, and they ask for no GPUs to divide by."""
-    cpus, mem, gpus = node_resources(part)
-    if cfg.cluster.cpus_per_task is None:
-        cfg.cluster.cpus_per_task = max(1, cpus // gpus) if cfg.gpus_per_node > 0 and gpus else 1
-    if (
-        cfg.gpus_per_node > 0
-        and not cfg.cluster.mem
-        and cfg.cluster.mem_per_gpu is None
-        and mem
-        and gpus
-    ):
-        cfg.cluster.mem_per_gpu = f"{mem // gpus}M"
+    """Per-task resources left unset, from the partition: login/flags.task_defaults (cores per
+    task, --mem=0 or memory per GPU)."""
+    from slurmtrain.login.flags import task_defaults
+
+    task_defaults(cfg, part)
 
 
 def resolve_auto(cfg: DictConfig) -> None:

@@ -64,6 +64,27 @@ def check_cluster(cfg: DictConfig) -> None:
     )
     if errors:
         raise ConfigError(errors[0])
+    from slurmtrain.login.placement import chosen_partition
+
+    part = chosen_partition(cfg.cluster.partition, known)
+    if part is not None:
+        from slurmtrain.planning.shapes import param_count
+
+        refused = flags.cpu_plan_refusal(cfg, part, param_count(cfg.model), _insisted_cpu())
+        if refused:
+            raise ConfigError(refused)
+
+
+def _insisted_cpu() -> bool:
+    """Did the user pass gpus_per_node=0 (not `auto` resolved to 0)? Read from Hydra's
+    overrides of this command; False outside Hydra's main."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        given = list(HydraConfig.get().overrides.task)
+    except (ImportError, ValueError):
+        return False
+    return any(o.lstrip("+").replace(" ", "") == "gpus_per_node=0" for o in given)
 
 
 def job_name(cfg: DictConfig) -> str:
@@ -117,6 +138,8 @@ def render_script(
         nodes=cfg.nodes,
         nodes_max=node_range(cfg.nodes)[1],
         tasks_per_node=tasks_per_node(cfg),
+        per_task=flags.per_task_text(cfg),
+        trace=flags.flight_recorder(cfg),
     )
 
 

@@ -130,14 +130,19 @@ def test_slurm_gpu_runs_ask_for_cores_and_memory_per_gpu_and_bind_cores():
     cfg = _cfg("gpus_per_node=8", "model=opt1.3b")
     cfg.cluster.cpus_per_task = None
     placement.slurm_defaults(cfg, part)
-    assert cfg.cluster.cpus_per_task == 12 and cfg.cluster.mem_per_gpu == f"{1000 * 1024 // 8}M"
+    # Whole GPU nodes: all of each node's memory (--mem=0), not memory per GPU.
+    assert cfg.cluster.cpus_per_task == 12 and cfg.cluster.mem == "0"
     opts = flags.sbatch_options(cfg, "x")
-    assert opts["cpus-per-task"] == "12" and opts["mem-per-gpu"] == "128000M"
+    assert opts["cpus-per-task"] == "12" and opts["mem"] == "0" and "mem-per-gpu" not in opts
     assert opts["gpus-per-node"] == "8"
     srun = flags.srun_args(cfg)
     assert "--cpus-per-task=12" in srun and "--cpu-bind=cores" in srun  # srun does not inherit it
-    cfg.cluster.mem = "500G"  # an explicit --mem replaces --mem-per-gpu (Slurm refuses both)
-    assert "mem-per-gpu" not in flags.sbatch_options(cfg, "x")
+    half = _cfg("gpus_per_node=4", "model=opt1.3b")  # half a node: its GPUs' share of both
+    half.cluster.cpus_per_task = None
+    placement.slurm_defaults(half, part)
+    assert half.cluster.cpus_per_task == 12 and half.cluster.mem_per_gpu == "128000M"
+    half.cluster.mem = "500G"  # an explicit --mem replaces --mem-per-gpu (Slurm refuses both)
+    assert "mem-per-gpu" not in flags.sbatch_options(half, "x")
 
 
 @pytest.mark.parametrize(

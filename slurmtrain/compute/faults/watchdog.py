@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from slurmtrain.compute.distributed import dump_collectives, follow_phase
+
 WRITE_S = 10.0  # each filesystem write of the exit path (stacks, record) gets at most this
 
 
@@ -118,6 +120,8 @@ class Watchdog:
         with self._lock:
             self.current, self.deadline_s = name, float(deadline_s)
             self.last, self.what = self.clock(), what or name
+        # The collective timeout stays above this phase's deadline (compute/distributed.py rule).
+        follow_phase(name, deadline_s)
 
     @contextlib.contextmanager
     def during(self, name: str, deadline_s: float, what: Optional[str] = None) -> Iterator[None]:
@@ -179,6 +183,9 @@ class Watchdog:
             text = stacks_text(f"{why}\n")
             say(text)  # srun's log too, never waited for
             bounded(lambda: self._dump(text), self.write_s, "stack dump")
+            # The collectives this rank is in (flight recorder -> RUN_DIR/logs/nccl_trace.*):
+            # NCCL's own timeout dump never comes, the watchdog fires first by design.
+            bounded(dump_collectives, self.write_s, "collective trace")
             bounded(lambda: self.on_hang(why), self.write_s, "hang record")
         finally:
             os._exit(self.exit_code)

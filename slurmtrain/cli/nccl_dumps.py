@@ -1,0 +1,189 @@
+"""Which rank and collective a hung job waited on, from the flight recorder's dumps in RUN_DIR/logs.
+
+Each rank's dump (torch's flight recorder pickle: `entries`, `pg_config`, `version`, written by
+our watchdog on a hang (compute/distributed.dump_collectives) or by NCCL on its timeout) lists
+its last collectives: per process group a `collective_seq_id`, the op (`profiling_name`, e.g.
+`nccl:all_reduce`), sizes, and whether it finished (`state` "completed" or `retired`). The
+collective every other rank waited in is the highest sequence number some rank entered and did
+not finish; the ranks whose last sequence number is lower never joined it: they are the ones to
+look at (their stacks are in logs/hang.*). The file names come from job.sbatch.j2:
+`nccl_trace.<job>.<restart>.<relaunch>.rank_<rank>`; the newest attempt with dumps is read.
+
+Login-side: no torch import; the pickles are read with an unpickler that refuses every class
+(the format holds only dicts, lists, tuples, strings and numbers).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+NAME = re.compile(r"^nccl_trace\.(?P<attempt>[^/]+?)\.rank_(?P<rank>\d+)$")
+
+
+class _DataOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name}: not part of a flight recorder dump")
+
+
+def read(path: Path) -> dict[str, Any]:
+    """One rank's dump as a dict (`entries`, `pg_config`, ...)."""
+    with open(path, "rb") as f:
+        data = _DataOnly(io.BytesIO(f.read())).load()
+    if not isinstance(data, dict) or "entries" not in data:
+        raise ValueError(f"{path}: not a flight recorder dump")
+    return data
+
+
+def find(logs: Path) -> dict[str, dict[int, Path]]:
+    """{attempt key "<job>.<restart>.<relaunch>": {rank: path}} of the dumps in `logs`."""
+    found: dict[str, dict[int, Path]] = {}
+    for path in logs.glob("nccl_trace.*"):
+        m = NAME.match(path.name)
+        if m and path.is_file():
+            found.setdefault(m["attempt"], {})[int(m["rank"])] = path
+    return found
+
+
+@dataclass
+class Stall:
+    """One process group's hang: the collective waited in, who waited, who never came."""
+
+    group: str
+    seq: int
+    op: str
+    sizes: Any
+    waited: list[int]
+    behind: dict[int, str] = field(default_factory=dict)  # rank -> its last collective
+    no_dump: list[int] = field(default_factory=list)
+    disagree: dict[int, str] = field(default_factory=dict)  # rank -> its op at `seq`
+
+    def line(self) -> str:
+        what = f"#{self.seq} {self.op} {_sizes(self.sizes)} on {self.group}"
+        if self.behind:
+            lasts = "; ".join(f"rank {r}: {last}" for r, last in sorted(self.behind.items()))
+            text = (
+                f"rank{'s' if len(self.behind) > 1 else ''} {ranges(self.behind)} never joined "
+                f"collective {what}, which rank{'s' if len(self.waited) > 1 else ''} "
+                f"{ranges(self.waited)} waited in (last collective of {lasts})"
+            )
+        else:
+            text = (
+                f"every rank with a dump ({ranges(self.waited)}) waited in collective {what}: "
+                f"none stayed behind (a network or NCCL stall, or a rank that died inside it)"
+            )
+        if self.no_dump:
+            text += f"; no dump from rank{'s' if len(self.no_dump) > 1 else ''} "
+            text += f"{ranges(self.no_dump)} (its process ended first)"
+        if self.disagree:
+            ops = ", ".join(f"rank {r}: {op}" for r, op in sorted(self.disagree.items()))
+            text += f"; ranks disagree on #{self.seq}: {ops}"
+        return text
+
+
+def _sizes(sizes: Any) -> str:
+    try:
+        return "x".join(str(n) for n in sizes[0]) if sizes and sizes[0] else "[]"
+    except (TypeError, IndexError):
+        return str(sizes)
+
+
+def ranges(ranks: Any) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    out, run = [], []
+    for r in sorted(ranks):
+        if run and r != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(r)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def _finished(entry: dict[str, Any]) -> bool:
+    return bool(entry.get("retired")) or entry.get("state") == "completed"
+
+
+def _group(entry: dict[str, Any]) -> str:
+    name, desc = (list(entry.get("process_group") or ("?", "")) + [""])[:2]
+    return desc if desc and desc != "undefined" else f"group {name}"
+
+
+def _members(dumps: dict[int, dict[str, Any]], group: str) -> Optional[set[int]]:
+    """The group's ranks from any dump's pg_config (None: not recorded)."""
+    for dump in dumps.values():
+        for cfg in (dump.get("pg_config") or {}).values():
+            if isinstance(cfg, dict) and (cfg.get("desc") or "") in (group, ""):
+                try:
+                    return set(ast.literal_eval(str(cfg.get("ranks"))))
+                except (ValueError, SyntaxError):
+                    return None
+    return None
+
+
+def analyse(dumps: dict[int, dict[str, Any]], world: Optional[int] = None) -> list[Stall]:
+    """The stalled collective of each process group with one (default group first)."""
+    lasts: dict[str, dict[int, dict[str, Any]]] = {}
+    for rank, dump in dumps.items():
+        for e in dump.get("entries") or []:
+            if e.get("is_p2p"):
+                continue
+            mine = lasts.setdefault(_group(e), {})
+            if rank not in mine or e["collective_seq_id"] >= mine[rank]["collective_seq_id"]:
+                mine[rank] = e
+    stalls = []
+    for group, last in lasts.items():
+        top = max(e["collective_seq_id"] for e in last.values())
+        at_top = {r: e for r, e in last.items() if e["collective_seq_id"] == top}
+        waited = sorted(r for r, e in at_top.items() if not _finished(e))
+        if not waited:
+            continue
+        first = at_top[waited[0]]
+        members = _members(dumps, group) or (set(range(world)) if world else set(dumps))
+        stalls.append(
+            Stall(
+                group=group,
+                seq=top,
+                op=str(first.get("profiling_name")),
+                sizes=first.get("input_sizes"),
+                waited=waited,
+                behind={
+                    r: f"#{e['collective_seq_id']} {e.get('profiling_name')}"
+                    for r, e in last.items()
+                    if e["collective_seq_id"] < top
+                },
+                no_dump=sorted(set(members) - set(dumps)),
+                disagree={
+                    r: str(e.get("profiling_name"))
+                    for r, e in at_top.items()
+                    if (e.get("profiling_name"), e.get("input_sizes"))
+                    != (first.get("profiling_name"), first.get("input_sizes"))
+                },
+            )
+        )
+    return sorted(stalls, key=lambda s: (s.group != "default_pg", s.group))
+
+
+def summary(logs: Path, world: Optional[int] = None) -> list[str]:
+    """The lines `slurmtrain logs` prints for the newest attempt with dumps ([] when none)."""
+    found = find(logs)
+    if not found:
+        return []
+    key = max(found, key=lambda k: max(p.stat().st_mtime for p in found[k].values()))
+    dumps, bad = {}, []
+    for rank, path in sorted(found[key].items()):
+        try:
+            dumps[rank] = read(path)
+        except (OSError, ValueError, pickle.UnpicklingError, EOFError) as err:
+            bad.append(f"{path.name}: unreadable ({type(err).__name__})")
+    head = f"collectives (flight recorder, attempt {key}, {len(dumps)} dumps):"
+    lines = [f"{head} {s.line()}" for s in analyse(dumps, world)]
+    if not lines and dumps:
+        lines = [f"{head} no collective was in flight"]
+    return lines + [f"collectives: {b}" for b in bad]
