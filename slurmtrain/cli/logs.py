@@ -82,6 +82,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 write(f"{line.tag} {line.text}\n")
         sys.stdout.flush()
         _print_first_error(m)
+        from slurmtrain.cli.nccl_dumps import summary  # NCCL's flight recorder, when it dumped
+
+        for text in summary(RunDir(args.run_dir).logs):
+            print(text)
     except BrokenPipeError:  # `| head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -37,6 +37,7 @@ def _cfg(tmp_path, *overrides):
         cfg = compose(
             "config",
             overrides=["cluster=slurm", f"runs_root={tmp_path}", "checkpoint.interval_steps=25"]
+            + ["cluster.time=04:00:00"]  # what validation resolves `auto` to before this check
             + list(overrides),
         )
     return cfg
