@@ -82,6 +82,7 @@ def train(
 
     while state.step < end:
         step_start = time.perf_counter()
+        lr = engine.get_lr()[0]  # the rate this step trains with (the scheduler moves after it)
         losses = []
         for m in range(accum):
             ids = sampler.indices(state.step, m, rank, micro, world, gbs)
@@ -120,7 +121,7 @@ def train(
                 state.step,
                 max_steps,
                 loss=loss_value,
-                lr=engine.get_lr()[0],
+                lr=lr,
                 consumed_samples=state.step * gbs,
                 **({"skipped_steps": int(engine.skipped_steps)} if fp16 else {}),
                 **valid,
