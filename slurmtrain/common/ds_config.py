@@ -6,7 +6,7 @@ reach any DeepSpeed option without the schema knowing it.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,10 +42,29 @@ def flops_profiler(train: DictConfig, profile_dir: Optional[str]) -> dict[str, A
 # fewer, larger messages), at most DeepSpeed's default 5e8 (the bucket is allocated whole, twice
 # with overlap_comm: opt13b 2 x 315M x 2 B = 1.3 GB). planning/ reads them from zero_section.
 BUCKET_MIN, BUCKET_MAX, BUCKET_LAYERS = int(2e7), int(5e8), 12
+# ZeRO-3: DeepSpeed's defaults (prefetch 5e7, live 1e9) are 5% and < 1 of an opt66b layer, so each
+# layer's all-gather waited on the compute. Prefetch one layer ahead and keep two live (FSDP's
+# one-unit prefetch); never below those defaults (small models). Persistent (never partitioned):
+# tensors under 10 h elements, the biases and norms (HF's "auto"), not one weight matrix.
+PREFETCH_MIN, LIVE_MIN, PERSIST_HIDDEN = int(5e7), int(1e9), 10
+
+
+def layer_elements(hidden_size: int) -> int:
+    """One transformer layer's weights: 4 h^2 attention + 8 h^2 MLP."""
+    return BUCKET_LAYERS * hidden_size**2
 
 
 def bucket_elements(hidden_size: int) -> int:
-    return int(min(BUCKET_MAX, max(BUCKET_MIN, BUCKET_LAYERS * hidden_size**2)))
+    return int(min(BUCKET_MAX, max(BUCKET_MIN, layer_elements(hidden_size))))
+
+
+def stage3_section(hidden_size: int) -> dict[str, int]:
+    layer = layer_elements(hidden_size)
+    return {
+        "stage3_prefetch_bucket_size": max(PREFETCH_MIN, layer),
+        "stage3_max_live_parameters": max(LIVE_MIN, 2 * layer),
+        "stage3_param_persistence_threshold": PERSIST_HIDDEN * hidden_size,
+    }
 
 
 def zero_section(cfg: DictConfig) -> dict[str, Any]:
@@ -61,6 +80,8 @@ def zero_section(cfg: DictConfig) -> dict[str, Any]:
             reduce_bucket_size=bucket_elements(cfg.model.hidden_size),
             allgather_bucket_size=bucket_elements(cfg.model.hidden_size),
         )
+    if ds.stage == 3:
+        zero.update(stage3_section(cfg.model.hidden_size))
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.gpus_per_node > 0}
     if ds.offload_param:
@@ -70,7 +91,88 @@ def zero_section(cfg: DictConfig) -> dict[str, Any]:
     return _merge(zero, extra.get("zero_optimization") or {})
 
 
+def optimizer(cfg: DictConfig) -> dict[str, Any]:
+    """AdamW, stepped by: torch's fused kernel for GPU-resident state (one launch for all
+    tensors); DeepSpeedCPUAdam (SIMD, built once by DeepSpeed) for state offloaded to the host;
+    torch's plain AdamW on CPU runs (DeepSpeed's CPU Adam JIT-compiles ~70 s on first use)."""
+    opt = cfg.optim
+    params: dict[str, Any] = {
+        "lr": opt.lr,
+        "betas": [opt.beta1, opt.beta2],
+        "eps": opt.eps,
+        "weight_decay": opt.weight_decay,
+    }
+    if cfg.gpus_per_node == 0:
+        params["torch_adam"] = True
+    elif not cfg.deepspeed.offload_optimizer:
+        # torch_adam: DeepSpeed builds torch.optim.AdamW(**params): `fused` reaches it.
+        params.update(torch_adam=True, fused=True)
+    return {"type": "AdamW", "params": params}
+
+
+def precision(cfg: DictConfig, dtype: str) -> dict[str, Any]:
+    """bf16 runs accumulate and reduce gradients in fp32, as Megatron (main_grad) and torchtitan
+    (FSDP reduce_dtype) do: a bf16 sum over 512 ranks keeps 8 mantissa bits. Costs 2x the bytes of
+    the gradient reduction (deepspeed.extra.communication_data_type=bf16 to choose otherwise)."""
+    section: dict[str, Any] = {
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16},
+    }
+    if dtype == "bf16":
+        section["communication_data_type"] = "fp32"
+        # Stages 2-3: DeepSpeed's ZeRO optimizer with an fp32 gradient partition. Not stage 0
+        # (DeepSpeed refuses the mix) nor 1 (it would swap in its BF16_Optimizer, another
+        # checkpoint layout): there the reduction alone is fp32.
+        if cfg.deepspeed.stage >= 2:
+            section["data_types"] = {"grad_accum_dtype": "fp32"}
+    return section
+
+
+def lr_at(k: int, peak: float, floor: float, warmup: int, total: int) -> float:
+    """The learning rate of update k + 1 (k updates applied before it): metaseq's polynomial_decay
+    (power 1) at num_updates = k + 1: linear from 0 to `peak` over `warmup` updates (the first at
+    peak / warmup, never a no-op), then linear to `floor` at update `total`, then `floor`."""
+    n = k + 1
+    if warmup > 0 and n <= warmup:
+        return peak * n / warmup
+    if n >= total:
+        return floor
+    return floor + (peak - floor) * (1 - (n - warmup) / (total - warmup))
+
+
+def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
+    """`deepspeed.initialize(lr_scheduler=...)`: DeepSpeed calls it with the torch optimizer and
+    steps the scheduler after every applied update (not after an fp16 overflow). Its state is the
+    update count only, so a resumed run follows the config's schedule; a checkpoint written with
+    DeepSpeed's WarmupDecayLR ({'last_batch_iteration'}) resumes at the same update."""
+    o = cfg.optim
+    peak, floor, warmup = float(o.lr), float(o.min_lr), int(o.warmup_steps)
+    total = max(int(cfg.train.max_steps), 1)
+
+    def factor(k: int) -> float:  # a function, not an object: torch saves no state for it
+        return lr_at(k, peak, floor, warmup, total) / peak
+
+    def make(optimizer: Any) -> Any:
+        from torch.optim.lr_scheduler import LambdaLR
+
+        class Schedule(LambdaLR):
+            def load_state_dict(self, state: dict[str, Any]) -> None:
+                if "last_epoch" not in state and "last_batch_iteration" in state:
+                    self.last_epoch = int(state["last_batch_iteration"]) + 1
+                    self._last_lr = [base * factor(self.last_epoch) for base in self.base_lrs]
+                    for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+                        group["lr"] = lr
+                    return
+                super().load_state_dict(state)
+
+        return Schedule(optimizer, factor)
+
+    return make
+
+
 def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dict[str, Any]:
+    """DeepSpeed's config; the learning-rate schedule is `lr_scheduler(cfg)`, passed beside it
+    (DeepSpeed's WarmupDecayLR starts the warm-up at its floor and cannot decay to another)."""
     ds, opt, train = cfg.deepspeed, cfg.optim, cfg.train
     dtype = resolved_dtype(cfg)
     zero = zero_section(cfg)
@@ -79,30 +181,9 @@ def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dic
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": grad_accumulation(cfg, world),
         "zero_optimization": zero,
-        "bf16": {"enabled": dtype == "bf16"},
-        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16},
+        **precision(cfg, dtype),
         "gradient_clipping": opt.grad_clip,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": opt.lr,
-                "betas": [opt.beta1, opt.beta2],
-                "eps": opt.eps,
-                "weight_decay": opt.weight_decay,
-                # DeepSpeed's fused CPU Adam JIT-compiles for ~70 s on first use; torch's is as good here.
-                "torch_adam": True,
-            },
-        },
-        "scheduler": {
-            "type": "WarmupDecayLR",
-            "params": {
-                "warmup_min_lr": opt.min_lr,
-                "warmup_max_lr": opt.lr,
-                "warmup_num_steps": opt.warmup_steps,
-                "total_num_steps": max(train.max_steps, 1),
-                "warmup_type": "linear",
-            },
-        },
+        "optimizer": optimizer(cfg),
         "steps_per_print": 10**9,
         # DeepSpeed's timers synchronize the device several times per micro step: off unless asked
         # (train.timers=true: the time split and straggler detection; perf.py mutes their prints).

@@ -204,6 +204,11 @@ class FaultsConfig:
     skip_batches: int = 200
     spike_factor: float = 0.0  # > 1: a loss above factor x the running median rolls back (0: off)
     spike_window: int = 50  # steps in that running median (it needs 10 before it judges)
+    # fp16: a step the loss scaler skips (overflow) is no divergence; more than this many in a
+    # row is (-1: no cap), and so is one at fp16.min_loss_scale, where DeepSpeed would abort.
+    # 50: far past a healthy calibration (2^16 -> 1 takes 17 halvings), so this catches a static
+    # loss scale that keeps overflowing.
+    max_overflow_steps: int = 50
 
 
 @dataclass

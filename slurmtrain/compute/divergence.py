@@ -26,13 +26,54 @@ class Divergence:
 
 
 class Guard:
-    """Non-finite loss or gradient norm on any rank, or a loss spike over the running median."""
+    """Non-finite loss or gradient norm on any rank, or a loss spike over the running median.
 
-    def __init__(self, spike_factor: float = 0.0, window: int = 50) -> None:
+    An fp16 step the loss scaler skipped (its gradients overflowed: DeepSpeed halves the scale and
+    leaves the weights untouched) is no divergence: it changed nothing. Only a sustained run of
+    them is: more than `max_overflow_steps` in a row, or one at the scaler's minimum scale (where
+    DeepSpeed's next overflow aborts the run: "Current loss scale already at minimum")."""
+
+    def __init__(
+        self, spike_factor: float = 0.0, window: int = 50, max_overflow_steps: int = 50
+    ) -> None:
         self.factor = float(spike_factor)
         self.recent: deque[float] = deque(maxlen=max(int(window), MIN_HISTORY))
+        self.max_overflows = int(max_overflow_steps)
+        self.overflows = 0  # skipped steps in a row
 
-    def judge(self, step: int, loss: float, bad_ranks: float) -> Optional[Divergence]:
+    def judge(
+        self,
+        step: int,
+        loss: float,
+        bad_ranks: float,
+        skipped: float = 0.0,
+        scale_at_minimum: float = 0.0,
+    ) -> Optional[Divergence]:
+        """`skipped` > 0: the loss scaler skipped this step (any rank: they agree);
+        `scale_at_minimum` > 0: its scale is at fp16.min_loss_scale."""
+        if skipped > 0:
+            self.overflows += 1
+            n = self.overflows
+            if scale_at_minimum > 0:
+                return self._end(
+                    Divergence(
+                        step,
+                        loss,
+                        f"fp16 loss scale at its minimum and still overflowing ({n} skipped "
+                        f"step(s) in a row)",
+                    )
+                )
+            if n > self.max_overflows >= 0:
+                return self._end(
+                    Divergence(
+                        step,
+                        loss,
+                        f"{n} fp16 overflow steps in a row "
+                        f"(faults.max_overflow_steps={self.max_overflows})",
+                    )
+                )
+            return None  # nothing was applied: the loss is no sample for the spike median
+        self.overflows = 0
         if bad_ranks > 0 or not math.isfinite(loss):
             ranks = f" on {int(bad_ranks)} rank(s)" if bad_ranks > 0 else ""
             return Divergence(step, loss, f"non-finite loss or gradient norm{ranks}")
@@ -47,6 +88,10 @@ class Guard:
                 )
         self.recent.append(loss)
         return None
+
+    def _end(self, d: Divergence) -> Divergence:
+        self.overflows = 0  # the Trainer rolls back: the count starts again from there
+        return d
 
 
 def finite_or_text(value: Optional[float]) -> Any:

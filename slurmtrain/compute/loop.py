@@ -69,6 +69,9 @@ def train(
     `on_stop(step, code)` runs when the ranks agree to stop, before their save; `poison(step)`
     (fault injection) makes that step's loss NaN."""
     guard = guard or Guard()
+    # The Trainer builds the Guard from the spike keys; the fp16 overflow cap is read here.
+    guard.max_overflows = int(cfg.faults.get("max_overflow_steps", guard.max_overflows))
+    fp16 = bool(engine.fp16_enabled())  # only a loss-scaled run skips steps on overflow
     # Config values read once: an OmegaConf attribute costs ~10-80 us, a step of the tiny model ~40 ms.
     max_steps = int(cfg.train.max_steps)
     end = min(stop_at or max_steps, max_steps)
@@ -79,6 +82,7 @@ def train(
 
     while state.step < end:
         step_start = time.perf_counter()
+        lr = engine.get_lr()[0]  # the rate this step trains with (the scheduler moves after it)
         losses = []
         for m in range(accum):
             ids = sampler.indices(state.step, m, rank, micro, world, gbs)
@@ -91,17 +95,17 @@ def train(
             losses.append(loss.detach().float())
         state.step += 1
 
-        # One collective per step: [loss sum, signal code, time-based save due, non-finite ranks],
-        # built on the device without a host round trip; its one .tolist() is the step's only
-        # host sync.
+        # One collective per step: [loss sum, signal code, time-based save due, non-finite ranks,
+        # fp16 step skipped, loss scale at its minimum], built on the device without a host round
+        # trip; its one .tolist() is the step's only host sync.
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
-        shared = _shared(losses, flags.code, due, engine, device)
+        shared = _shared(losses, flags.code, due, engine, device, fp16)
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
-            loss_sum, code_sum, due_sum, bad_sum = shared.tolist()
+            loss_sum, code_sum, due_sum, bad_sum, skip_sum, floor_sum = shared.tolist()
         loss_value = loss_sum / world
         stop_code = int(code_sum > 0) and _max_code(flags.code, device)
-        diverged = guard.judge(state.step, loss_value, bad_sum)
+        diverged = guard.judge(state.step, loss_value, bad_sum, skip_sum, floor_sum)
         if diverged is not None:  # nothing of this step is logged or saved; the Trainer rolls back
             return Outcome(state.step, NONE, diverged)
         step_time = time.perf_counter() - step_start
@@ -117,8 +121,9 @@ def train(
                 state.step,
                 max_steps,
                 loss=loss_value,
-                lr=engine.get_lr()[0],
+                lr=lr,
                 consumed_samples=state.step * gbs,
+                **({"skipped_steps": int(engine.skipped_steps)} if fp16 else {}),
                 **valid,
                 **perf.interval(state.step, max_steps),
             )
@@ -139,11 +144,17 @@ def train(
 
 
 def _shared(
-    losses: list[torch.Tensor], code: int, due: bool, engine: Any, device: torch.device
+    losses: list[torch.Tensor],
+    code: int,
+    due: bool,
+    engine: Any,
+    device: torch.device,
+    fp16: bool = False,
 ) -> torch.Tensor:
     """This rank's part of the step's all-reduce, a float64 vector on the device: [mean loss,
     signal code, time-based save due, 1.0 when its loss or DeepSpeed's global gradient norm of
-    the step is not finite]. Built without a host round trip (torch.full: a fill kernel taking the
+    the step is not finite, 1.0 when the fp16 loss scaler skipped the step, 1.0 when its scale is
+    at the minimum]. Built without a host round trip (torch.full: a fill kernel taking the
     value as an argument, no copy), so reading the all-reduced vector is the step's only host
     sync."""
     loss = (losses[0] if len(losses) == 1 else torch.stack(losses).mean()).reshape(1)
@@ -155,8 +166,24 @@ def _shared(
     bad = (~torch.isfinite(checked)).any().reshape(1).to(torch.float64)
     if norm is not None and not isinstance(norm, torch.Tensor) and not math.isfinite(float(norm)):
         bad = torch.ones_like(bad)
-    code_due = [torch.full((1,), float(x), dtype=torch.float64, device=device) for x in (code, due)]
-    return torch.cat([loss, *code_due, bad])
+    skipped, floor = _overflow(engine) if fp16 else (False, False)
+    host = [torch.full((1,), float(x), dtype=torch.float64, device=device) for x in (code, due)]
+    flags = [
+        torch.full((1,), float(x), dtype=torch.float64, device=device) for x in (skipped, floor)
+    ]
+    return torch.cat([loss, *host, bad, *flags])
+
+
+def _overflow(engine: Any) -> tuple[bool, bool]:
+    """(the loss scaler skipped this step, its scale is at fp16.min_loss_scale): host values
+    DeepSpeed keeps (the overflow check is already all-reduced inside its step)."""
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    at_min = bool(
+        scaler is not None
+        and getattr(scaler, "dynamic", False)
+        and scaler.cur_scale <= getattr(scaler, "min_scale", 0)
+    )
+    return not engine.was_step_applied(), at_min
 
 
 def to_device(window: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -134,7 +134,10 @@ class Trainer:
         self.memory.start()
         self.net = model.build(cfg, self.ds_config, self.device)
         self.engine, _, _, _ = deepspeed.initialize(
-            model=self.net, model_parameters=self.net.parameters(), config=self.ds_config
+            model=self.net,
+            model_parameters=self.net.parameters(),
+            config=self.ds_config,
+            lr_scheduler=ds_config.lr_scheduler(cfg),  # metaseq's: not expressible in the dict
         )
         c = cfg.checkpoint
         self.checkpointer = Checkpointer(

@@ -126,3 +126,37 @@ def test_prune_counts_only_valid_checkpoints_and_keeps_the_newest_valid(tmp_path
     prune(root, keep_last=1)
     names = [d.name for d in step_dirs(root)]
     assert "step_20" in names and "step_10" not in names
+
+
+def test_an_fp16_overflow_is_a_skipped_step_not_a_divergence():
+    """The loss scaler skips a step whose gradients overflowed (grad norm inf on every rank) and
+    halves its scale: that step changed nothing, so it is not a divergence (issue 19, build 8)."""
+    g = Guard(max_overflow_steps=3)
+    assert g.judge(1, 5.0, 0) is None
+    for step in (2, 3, 4):  # a burst of overflows: the scale calibrating
+        assert g.judge(step, 5.0, 2, skipped=1) is None
+    assert g.judge(5, 4.9, 0) is None  # an applied step ends the burst
+    for step in (6, 7, 8):
+        assert g.judge(step, math.inf, 2, skipped=1) is None
+    sustained = g.judge(9, 5.0, 2, skipped=1)  # the 4th in a row: it will not heal
+    assert sustained is not None and "4 fp16 overflow steps in a row" in sustained.why
+    assert "faults.max_overflow_steps=3" in sustained.why
+
+
+def test_an_overflow_at_the_minimum_loss_scale_is_a_divergence():
+    """DeepSpeed aborts the run at the next overflow once the scale is at its minimum: judged
+    here first, so the run rolls back instead of crashing."""
+    g = Guard()
+    assert g.judge(1, 5.0, 2, skipped=1) is None
+    floor = g.judge(2, 5.0, 2, skipped=1, scale_at_minimum=1)
+    assert floor is not None and "minimum" in floor.why
+    assert Guard().judge(3, math.nan, 1) is not None  # not skipped (bf16/fp32): non-finite
+
+
+def test_overflow_steps_do_not_feed_the_spike_median():
+    g = Guard(spike_factor=3, window=20)
+    for s in range(10):
+        assert g.judge(s, 2.0, 0) is None
+    for s in range(10, 20):
+        assert g.judge(s, 1e6, 2, skipped=1) is None  # skipped: not a sample of the loss
+    assert "spike" in g.judge(20, 7.0, 0).why

@@ -21,9 +21,10 @@ def engine(norm):
 def test_finite_step_carries_mean_loss_signal_and_due(norm):
     losses = [torch.tensor(1.0), torch.tensor(3.0)]
     vec = _shared(losses, 2, True, engine(norm), CPU)
-    assert vec.dtype == torch.float64 and vec.shape == (4,)
-    assert vec.tolist() == [2.0, 2.0, 1.0, 0.0]
-    assert _shared([torch.tensor(1.5)], 0, False, engine(norm), CPU).tolist() == [1.5, 0, 0, 0]
+    assert vec.dtype == torch.float64 and vec.shape == (6,)
+    assert vec.tolist() == [2.0, 2.0, 1.0, 0.0, 0.0, 0.0]
+    one = _shared([torch.tensor(1.5)], 0, False, engine(norm), CPU).tolist()
+    assert one == [1.5, 0, 0, 0, 0, 0]
 
 
 @pytest.mark.parametrize(
@@ -55,6 +56,27 @@ def test_the_vector_is_built_without_reading_a_value_back_to_the_host(monkeypatc
 
         monkeypatch.setattr(torch.Tensor, name, spy)
     vec = _shared([torch.tensor(1.0)], 1, False, engine(torch.tensor(3.0)), CPU)
+    fp16 = _shared([torch.tensor(1.0)], 0, False, fp16_engine(65536.0), CPU, fp16=True)
     assert calls == []
     monkeypatch.undo()
-    assert vec.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert vec.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert fp16.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def fp16_engine(scale: float, applied: bool = False):
+    """DeepSpeed's fp16 state after a step: was it applied, and its dynamic loss scaler."""
+    scaler = SimpleNamespace(dynamic=True, cur_scale=scale, min_scale=1.0)
+    return SimpleNamespace(
+        get_global_grad_norm=lambda: math.inf if not applied else 1.0,
+        was_step_applied=lambda: applied,
+        optimizer=SimpleNamespace(loss_scaler=scaler),
+    )
+
+
+def test_an_fp16_overflow_is_flagged_as_skipped_and_the_minimum_scale_too():
+    """The last two fields: the loss scaler skipped the step; its scale is at its minimum."""
+    loss = [torch.tensor(2.0)]
+    assert _shared(loss, 0, False, fp16_engine(1024.0), CPU, fp16=True).tolist()[3:] == [1, 1, 0]
+    assert _shared(loss, 0, False, fp16_engine(1.0), CPU, fp16=True).tolist()[3:] == [1, 1, 1]
+    ok = fp16_engine(1024.0, applied=True)
+    assert _shared(loss, 0, False, ok, CPU, fp16=True).tolist()[3:] == [0, 0, 0]

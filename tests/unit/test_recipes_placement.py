@@ -46,9 +46,12 @@ def test_each_opt_size_trains_with_the_papers_recipe(size, lr, batch_m):
     assert cfg.optim.warmup_steps == int(375e6) // tokens  # metaseq: warm-up over 375M tokens
     assert cfg.train.max_steps == int(300e9) // tokens  # and 300B tokens in all
     assert (cfg.model.dropout, cfg.model.init_std, cfg.model.scaled_init) == (0.1, 0.006, True)
-    sched = ds_config.build(cfg, 2)["scheduler"]["params"]
-    assert sched["warmup_min_lr"] == pytest.approx(0.1 * lr) and sched["warmup_max_lr"] == lr
-    assert sched["total_num_steps"] == cfg.train.max_steps
+    # metaseq's schedule: from 0 (first update at peak / warm-up) to the peak, then to 10% of it
+    # at the last step (ds_config.lr_scheduler, stepped by DeepSpeed).
+    w, t, floor = cfg.optim.warmup_steps, cfg.train.max_steps, cfg.optim.min_lr
+    assert ds_config.lr_at(0, lr, floor, w, t) == pytest.approx(lr / w)
+    assert ds_config.lr_at(w - 1, lr, floor, w, t) == pytest.approx(lr)
+    assert ds_config.lr_at(t - 1, lr, floor, w, t) == pytest.approx(0.1 * lr)
 
 
 def test_half_a_million_tokens_is_256_sequences_and_overrides_win():
