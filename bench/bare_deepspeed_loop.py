@@ -47,7 +47,12 @@ def main(run_dir: str, warmup: int, until: str = "") -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     config = ds_config.build(cfg, world)  # exactly slurmtrain's (timers: train.timers, both sides)
     net = model.build(cfg, config, device)
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+    engine, *_ = deepspeed.initialize(
+        model=net,
+        model_parameters=net.parameters(),
+        config=config,
+        lr_scheduler=ds_config.lr_scheduler(cfg),  # the schedule slurmtrain trains with
+    )
     if engine.wall_clock_breakdown():  # DeepSpeed would print them every step; ours mutes them
         engine.timers.log = lambda *a, **k: None
     loaded = data.load(cfg.data)  # the training windows and sampler slurmtrain trains on

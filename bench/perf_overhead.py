@@ -96,7 +96,12 @@ def rank_main(args: argparse.Namespace) -> None:
         cfg.train.timers = timers
         ds = ds_config.build(cfg, world)
         net = model.build(cfg, ds)
-        eng, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=ds)
+        eng, *_ = deepspeed.initialize(
+            model=net,
+            model_parameters=net.parameters(),
+            config=ds,
+            lr_scheduler=ds_config.lr_scheduler(cfg),  # the schedule slurmtrain trains with
+        )
         return eng
 
     engines = {False: engine(False), True: engine(True)}

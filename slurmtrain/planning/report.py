@@ -20,6 +20,7 @@ from slurmtrain.common.schema import grad_accumulation, node_range, resolved_dty
 from slurmtrain.planning import deadlines as phases
 from slurmtrain.planning import eta, policy
 from slurmtrain.planning import memory as plan
+from slurmtrain.planning.corpus_warning import corpus_warning
 
 
 @dataclass
@@ -250,4 +251,7 @@ def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
     line = eta_line(cfg, low * per_node, measured_tps, checkpoints)
     if line:
         out.lines.append(line)
+    warning = corpus_warning(cfg)  # a recipe's tokens over the built-in corpus: say so, once
+    if warning:
+        out.lines.append(warning)
     return out
