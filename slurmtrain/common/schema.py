@@ -76,9 +76,8 @@ class DataConfig:
 class OptimConfig:
     name: str = "adamw"
     lr: float = 1e-3  # peak
-    # Linear warm-up to `lr`, then linear decay to min_lr at the last step (WarmupDecayLR).
-    # None: min_lr_ratio x lr (OPT: 10% of peak). Must be > 0: warmup_min_lr=0 makes the first
-    # updates no-ops.
+    # Linear warm-up from 0 to `lr` (update n at lr x n / warmup), then linear decay to min_lr at the
+    # last step (metaseq's; ds_config.lr_at). None: min_lr_ratio x lr (OPT: 10% of peak).
     min_lr: Optional[float] = None
     min_lr_ratio: float = 0.1
     # warmup_steps wins when set; else warmup_tokens / tokens per step; else DEFAULT_WARMUP_STEPS.

@@ -167,7 +167,7 @@ def resolve_batch(cfg: DictConfig) -> None:
     if not 0 < o.min_lr <= o.lr:
         raise ConfigError(
             f"optim.min_lr={o.min_lr}: must be > 0 and <= optim.lr={o.lr} "
-            f"(0 makes the first warm-up updates no-ops); e.g. optim.min_lr={o.lr / 10:g}"
+            f"(the floor the decay ends at); e.g. optim.min_lr={o.lr / 10:g}"
         )
 
 
