@@ -106,7 +106,8 @@ def make_paperwork(
                     "event": "failed",
                     "time": t + 60 + r * 1e-4,
                     **key,
-                    "nodes": nodes,
+                    # as the writers did: the attempt's nodes before the rank tier, its own now
+                    "nodes": [hosts[r]] if layout == "tiered" else nodes,
                     "rank": r,
                     "node": hosts[r],
                     "restart": 0,
@@ -196,12 +197,18 @@ def make_paperwork(
 
 CHILD = r"""
 import io, json, os, runpy, sys, time, contextlib
-cmd, run, job = sys.argv[1], sys.argv[2], sys.argv[3]
+cmd, run, job, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "count"
 from pathlib import Path
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.batch import supervise
 from slurmtrain.cli import status
 from slurmtrain.compute.faults import owner
+peak = [0]
+def hook(event, args):  # every open of the call: the descriptors already open, plus this one
+    if event in ("open", "os.open"):
+        peak[0] = max(peak[0], len(os.listdir("/proc/self/fd")))  # (listdir's own fd included)
+if count:
+    sys.addaudithook(hook)
 out = io.StringIO()
 t = time.perf_counter()
 answer = None
@@ -221,13 +228,28 @@ elif cmd == "supervisor":
     answer = supervise.verdict_of(RunDir(Path(run)), job, 0, 0, 1, [], 0.0).cls
 elif cmd == "claim":
     answer = owner.check(RunDir(Path(run)), {job})[0]
-print(json.dumps({"seconds": time.perf_counter() - t, "answer": answer}))
+print(json.dumps({"seconds": time.perf_counter() - t, "answer": answer, "peak": peak[0]}))
 """
 COMMANDS = ("status", "logs", "supervisor", "claim")
 
 
-def measure(cmd: str, info: dict[str, Any], nofile: int = 64) -> dict[str, Any]:
-    """(seconds, peak open fds, answer) of one command on one run, in a child under `nofile`."""
+def measure(cmd: str, info: dict[str, Any], repeat: int, nofile: int = 64) -> dict[str, Any]:
+    """The fastest of `repeat` timed runs (this machine is shared); the peak open files from one
+    more run that counts the descriptors open at each open() (an audit hook: exact, but slow)."""
+    counted = measure_once(cmd, info, nofile, count=True)
+    runs = [measure_once(cmd, info, nofile) for _ in range(repeat)]
+    failed = [r for r in [counted, *runs] if r["seconds"] is None]
+    if failed:
+        return failed[0]
+    best = min(runs, key=lambda r: r["seconds"])
+    return {**best, "peak": max(r["peak"] for r in [counted, *runs])}
+
+
+def measure_once(
+    cmd: str, info: dict[str, Any], nofile: int, count: bool = False
+) -> dict[str, Any]:
+    """(seconds, peak open fds, answer) of one command on one run, in a child under `nofile`;
+    the parent also samples /proc/<pid>/fd every 2 ms."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def limit() -> None:
@@ -235,7 +257,7 @@ def measure(cmd: str, info: dict[str, Any], nofile: int = 64) -> dict[str, Any]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, cmd, info["run"], info["job_id"]],
+        [sys.executable, "-c", CHILD, cmd, info["run"], info["job_id"], "count" if count else "-"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -253,13 +275,14 @@ def measure(cmd: str, info: dict[str, Any], nofile: int = 64) -> dict[str, Any]:
         tail = err.decode(errors="replace").strip().splitlines()[-1:]
         return {"seconds": None, "peak": peak, "answer": f"FAILED: {tail}"}
     got = json.loads(out.decode().strip().splitlines()[-1])
-    return {"seconds": got["seconds"], "peak": peak, "answer": got["answer"]}
+    return {"seconds": got["seconds"], "peak": max(peak, got["peak"]), "answer": got["answer"]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="8, 512, 4096 ranks x 1, 100")
     parser.add_argument("--layout", default="tiered", choices=("tiered", "flat"))
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (the fastest)")
     args = parser.parse_args()
     ranks = (8, 512, 4096) if args.quick else (8, 64, 512, 4096)
     attempts = (1, 100) if args.quick else (1, 10, 100)
@@ -275,7 +298,7 @@ def main() -> None:
                 made = time.perf_counter() - t
                 cells = []
                 for cmd in COMMANDS:
-                    m = results[(r, a, cmd)] = measure(cmd, info)
+                    m = results[(r, a, cmd)] = measure(cmd, info, args.repeat)
                     if m["seconds"] is None:
                         cells.append(f"{'FAIL':>20}")
                     else:

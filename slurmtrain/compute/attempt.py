@@ -81,7 +81,7 @@ class Attempt:
             relaunch=_relaunch(),
             on_node=self.where.node,
             attempt=self.number,
-            nodes=self.nodes,
+            nodes=[self.where.node],  # its own: the attempt's list is in `started`, once
             **fields,
         )
 
