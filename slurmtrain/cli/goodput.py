@@ -323,7 +323,7 @@ def ledger_rows(rd: RunDir) -> list[dict[str, Any]]:
 
     firsts = []
     for key in sorted(rank_keys(rd.path)):
-        rows = merge_jsonl(rank_tier_files(rd.path, key))
+        rows = merge_jsonl(rank_tier_files(rd.path, key), shared=True)
         failed = [e for e in rows if e.get("event") == "failed"]
         if failed:
             firsts.append((real_errors(failed) or failed)[0])

@@ -210,7 +210,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     `RunDir.events()` returns): code that still reads `run.ledger` never sees half of it."""
     path = Path(path)
     if path.name == LEGACY_LEDGER and (path.parent / LEDGER_DIR).is_dir():
-        return merge_jsonl(run_tier_files(path.parent) + rank_tier_files(path.parent))
+        ranks = merge_jsonl(rank_tier_files(path.parent), shared=True)
+        return merge_rows([merge_jsonl(run_tier_files(path.parent)), ranks])
     return list(iter_jsonl(path))
 
 
@@ -219,10 +220,14 @@ def _time(row: dict[str, Any]) -> float:
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
 
-def merge_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
+def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, Any]]:
     """Rows of several files in time order; each file's own order is kept (a clock step inside
     one writer never reorders its rows), ties keep the order of `paths`. One file is open at a
-    time (each is read whole first): 4,096 files need no more descriptors than one."""
+    time (each is read whole first): 4,096 files need no more descriptors than one. `shared`:
+    files several processes append to (the rank tier), whose order is arrival order: each is
+    sorted by time first (stable)."""
+    if shared:
+        return merge_rows([sorted(iter_jsonl(p), key=_time) for p in paths])
     return merge_rows([list(iter_jsonl(p)) for p in paths])
 
 

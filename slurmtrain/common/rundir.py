@@ -173,7 +173,8 @@ class RunDir:
         """The whole ledger, both tiers, in time order (a corrupt line is reported on stderr,
         once, naming its file and line; a torn last line of a live file is skipped). Every rank's
         rows of every attempt: at scale read `run_events` and one attempt's `rank_rows`."""
-        return _kind(merge_jsonl(self.ledger_files() + rank_tier_files(self.path)), kind)
+        ranks = merge_jsonl(rank_tier_files(self.path), shared=True)
+        return _kind(merge_rows([merge_jsonl(self.ledger_files()), ranks]), kind)
 
     def run_events(self, kind: Optional[str] = None) -> Rows:
         """The run tier only (login, supervisor, cancel, rank 0): O(attempts) files."""
@@ -181,7 +182,7 @@ class RunDir:
 
     def rank_rows(self, job_id: Any, restart: int = 0, relaunch: int = 0) -> Rows:
         """The rows every rank wrote in one attempt key (failures, hangs): O(nodes) files."""
-        return merge_jsonl(self.rank_files(job_id, restart, relaunch))
+        return merge_jsonl(self.rank_files(job_id, restart, relaunch), shared=True)
 
     def attempt_events(self, job_id: Any, restart=0, relaunch=0, run_rows=None) -> Rows:
         """The run tier (`run_rows` if the caller has it) and one attempt key's rank rows, in

@@ -167,3 +167,19 @@ def test_merging_many_files_holds_one_open(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(jsonl, "open", Counting, raising=False)
     merged = jsonl.merge_jsonl(paths)
     assert [r["i"] for r in merged] == list(range(49, -1, -1)) and most[0] == 1
+
+
+def test_rows_of_a_shared_node_file_come_back_in_time_order(tmp_path: Path) -> None:
+    """Ranks of a node append in arrival order, not clock order: readers sort each node file."""
+    run = RunDir(tmp_path)
+    node_file = tmp_path / "ledger.d" / "ranks" / "77.0.0" / "n1.jsonl"
+    node_file.parent.mkdir(parents=True)
+    node_file.write_text(
+        "".join(
+            json.dumps({"event": "failed", "time": t, "rank": r}) + "\n"
+            for r, t in ((1, 5.0), (0, 4.0), (2, 6.0))
+        )
+    )
+    run.record_rank("failed", job_id="77", restart=0, relaunch=0, on_node="n2", rank=8)
+    assert [e["rank"] for e in run.rank_rows("77")] == [0, 1, 2, 8]
+    assert [e["rank"] for e in run.events("failed")] == [0, 1, 2, 8]
