@@ -210,7 +210,7 @@ def hook(event, args):  # every open of the call: the descriptors already open, 
 if count:
     sys.addaudithook(hook)
 out = io.StringIO()
-t = time.perf_counter()
+t, cpu = time.perf_counter(), time.process_time()
 answer = None
 if cmd == "status":
     with contextlib.redirect_stdout(out):
@@ -228,7 +228,8 @@ elif cmd == "supervisor":
     answer = supervise.verdict_of(RunDir(Path(run)), job, 0, 0, 1, [], 0.0).cls
 elif cmd == "claim":
     answer = owner.check(RunDir(Path(run)), {job})[0]
-print(json.dumps({"seconds": time.perf_counter() - t, "answer": answer, "peak": peak[0]}))
+wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+print(json.dumps({"seconds": wall, "cpu": cpu, "answer": answer, "peak": peak[0]}))
 """
 COMMANDS = ("status", "logs", "supervisor", "claim")
 
@@ -242,7 +243,8 @@ def measure(cmd: str, info: dict[str, Any], repeat: int, nofile: int = 64) -> di
     if failed:
         return failed[0]
     best = min(runs, key=lambda r: r["seconds"])
-    return {**best, "peak": max(r["peak"] for r in [counted, *runs])}
+    cpu = min(r["cpu"] for r in runs)
+    return {**best, "cpu": cpu, "peak": max(r["peak"] for r in [counted, *runs])}
 
 
 def measure_once(
@@ -275,7 +277,7 @@ def measure_once(
         tail = err.decode(errors="replace").strip().splitlines()[-1:]
         return {"seconds": None, "peak": peak, "answer": f"FAILED: {tail}"}
     got = json.loads(out.decode().strip().splitlines()[-1])
-    return {"seconds": got["seconds"], "peak": max(peak, got["peak"]), "answer": got["answer"]}
+    return {**got, "peak": max(peak, got["peak"])}
 
 
 def main() -> None:
@@ -308,15 +310,21 @@ def main() -> None:
                     + " ".join(f"{c:>20}" for c in cells)
                     + f"  (made {made:.1f}s)"
                 )
+                want = {"status": info["error"], "supervisor": "crash", "claim": "free"}
                 for cmd in COMMANDS:
-                    if str(results[(r, a, cmd)]["answer"]).startswith("FAILED"):
-                        print(f"       {cmd}: {results[(r, a, cmd)]['answer']}")
+                    got = results[(r, a, cmd)]["answer"]
+                    if str(got).startswith("FAILED") or want.get(cmd, got) != got:
+                        print(f"       {cmd}: wrong answer: {got!r}")
     a = attempts[-1]
-    print(f"growth, time at 4,096 ranks / time at 512 ranks ({a} attempts):")
+    print(f"growth, time at 4,096 ranks / time at 512 ranks ({a} attempts), wall and CPU:")
     for cmd in COMMANDS:
-        big, small = results[(4096, a, cmd)]["seconds"], results[(512, a, cmd)]["seconds"]
-        ratio = f"{big / small:.2f}x" if big is not None and small else "n/a"
-        print(f"  {cmd:>10}: {ratio}")
+        big, small = results[(4096, a, cmd)], results[(512, a, cmd)]
+        if big["seconds"] is None or small["seconds"] is None:
+            print(f"  {cmd:>10}: n/a")
+            continue
+        wall = big["seconds"] / max(small["seconds"], 1e-6)
+        cpu = big["cpu"] / max(small["cpu"], 1e-6)
+        print(f"  {cmd:>10}: wall {wall:.2f}x, cpu {cpu:.2f}x ({big['cpu']:.3f}s cpu at 4,096)")
 
 
 if __name__ == "__main__":
