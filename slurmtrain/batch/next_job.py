@@ -117,9 +117,9 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     if not past_time_limit(job_id):
         return 0
-    events = run.events()
-    attempt = faults.attempt_of(events, job_id, restart, int(env.get("SLURMTRAIN_RELAUNCH") or 0))
     relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+    events = run.run_events()  # only whether the attempt is closed: no rank's row is needed
+    attempt = faults.attempt_of(events, job_id, restart, relaunch)
     rows = faults.attempt_rows(events, job_id, restart, attempt, relaunch)
     if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
         return 0
@@ -128,7 +128,7 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
     )
     record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
     run.record("attempt_ended", **record, **{"class": faults.TIMED_OUT, "at": "time limit"})
-    if faults.over_budget(run.events(), cfg.faults) is not None:
+    if faults.over_budget(run.run_events(), cfg.faults) is not None:
         run.record("stopped", **record, **{"class": faults.TIMED_OUT, "error": "time-limit budget"})
         return EXIT_STOPPED
     excl = exclusions.plan(run, cfg)

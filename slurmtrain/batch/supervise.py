@@ -33,6 +33,7 @@ from slurmtrain.batch import exclusions, in_allocation, next_job
 from slurmtrain.common import errors, slurm_cmd
 from slurmtrain.common import ledger as faults
 from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common.jsonl import merge_rows
 from slurmtrain.common.rundir import RunDir, append_jsonl
 from slurmtrain.common.schema import load_run_config, restarts_in_allocation
 from slurmtrain.planning import deadlines as phases
@@ -155,6 +156,38 @@ def classify(
     return Verdict(classes[0] if classes else faults.CRASH)
 
 
+@dataclass
+class AttemptView:
+    """What the supervisor reads to judge one attempt: the run tier and this attempt key's rank
+    rows (`events`, time order), the attempt number (None: it never recorded `started`), its
+    rows, and its rank rows alone (`rank`). O(attempts + nodes) files, never every rank's rows of
+    every attempt."""
+
+    events: list[dict[str, Any]]
+    attempt: Optional[int]
+    rows: list[dict[str, Any]]
+    rank: list[dict[str, Any]]
+
+
+def attempt_view(run: RunDir, job_id: str, restart: int, relaunch: int) -> AttemptView:
+    rank = run.rank_rows(job_id, restart, relaunch)
+    events = merge_rows([run.run_events(), rank])
+    attempt = faults.attempt_of(events, job_id, restart, relaunch)
+    rows = faults.attempt_rows(events, job_id, restart, attempt, relaunch)
+    return AttemptView(events, attempt, rows, rank)
+
+
+def verdict_of(
+    run: RunDir, job_id: str, restart: int, relaunch: int, rc: int, nodes: list[str], wait_s: float
+) -> Verdict:
+    """The supervisor's classification of one attempt from the ledger (no budget, no restart):
+    what `supervise` decides for a failed step, for tools and drills."""
+    view = attempt_view(run, job_id, restart, relaunch)
+    failed = [e for e in view.rows if e["event"] == "failed"]
+    hosts = in_allocation.step_hosts(view.events, view.attempt) or nodes
+    return classify(rc, failed, view.events, hosts, wait_s, started=view.attempt is not None)
+
+
 def supervise(
     run_dir: str,
     rc: int,
@@ -176,9 +209,8 @@ def supervise(
     if rc == errors.EXIT_DUPLICATE:  # another live job owns the run: leave it alone
         print(f"slurmtrain: job {job_id} did not train {run.path}: another job holds it")
         return 0
-    events = run.events()
-    attempt = faults.attempt_of(events, job_id, restart, relaunch)
-    rows = faults.attempt_rows(events, job_id, restart, attempt, relaunch)
+    view = attempt_view(run, job_id, restart, relaunch)
+    events, attempt, rows = view.events, view.attempt, view.rows
     closing = [e["event"] for e in rows if e["event"] in ("finished", "stopped")]
     if attempt is not None and closing:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
@@ -202,7 +234,7 @@ def supervise(
             run.record("attempt_ended", **record, **{"class": faults.CANCELLED, "exit_code": rc})
             return 0
         run.record("attempt_ended", **record, **{"class": faults.PREEMPTED, "exit_code": rc})
-        if faults.over_budget(run.events(), cfg.faults) is not None:
+        if faults.over_budget(run.run_events(), cfg.faults) is not None:
             run.record(
                 "stopped",
                 **record,
@@ -246,7 +278,7 @@ def supervise(
             },
             durable=True,
         )
-    events = run.events()
+    events = merge_rows([run.run_events(), view.rank])  # with what was just recorded
     stop = faults.over_budget(events, cfg.faults)
     if stop is not None or cls == faults.CONFIG_ERROR:
         error = _last_error(events, rows) or f"exit code {rc}"
@@ -311,7 +343,10 @@ def supervise(
 
 
 def _last_error(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Optional[str]:
+    """The attempt's last real error (an all-rank failure: the one rank with a cause of its own,
+    not the last of its peers' connection errors), else its last error, else the run's."""
     errs = [e for e in rows if e["event"] == "failed" and e.get("error")]
+    errs = faults.real_errors(errs) or errs
     if errs:
         return str(errs[-1]["error"]).strip().splitlines()[-1]
     return faults.last_error(events, rows[0].get("attempt") if rows else None)

@@ -67,12 +67,12 @@ def _state(job_id: str) -> Optional[str]:
 
 
 def _active(run: RunDir) -> list[str]:
-    return [j for j in job_ids(run.events()) if _state(j) in ACTIVE_SLURM_STATES]
+    return [j for j in job_ids(run.run_events()) if _state(j) in ACTIVE_SLURM_STATES]
 
 
 def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], list[str]]:
     """(job ids scancel'ed, ids still in the queue when `wait_s` ran out)."""
-    events = run.events()
+    events = run.run_events()
     run.record(
         "cancelled", job_ids=job_ids(events), by=getpass.getuser(), host=socket.gethostname()
     )
@@ -112,7 +112,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     args = parser.parse_args(argv)
     run = find_run(args.run, args.runs_root)
-    events = run.events()
+    events = run.run_events()
     if any(e["event"] == "finished" for e in events):
         print(f"slurmtrain cancel: {run.path} already finished; nothing to cancel")
         return 0

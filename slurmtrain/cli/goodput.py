@@ -314,9 +314,26 @@ def _paint(claims: list[tuple[float, float, int]], start: float, end: float) -> 
     return [Segment(*x) for x in zip(starts, ends, parts)]
 
 
+def ledger_rows(rd: RunDir) -> list[dict[str, Any]]:
+    """The run tier, and one `failed` row per start in the rank tier (its first real error, else
+    its first row): what goodput and report show of failures. An all-rank failure is one
+    failure, not 4,096 rows (each rank file is read once, one open at a time)."""
+    from slurmtrain.common.jsonl import merge_jsonl, merge_rows, rank_keys, rank_tier_files
+    from slurmtrain.common.ledger import real_errors
+
+    firsts = []
+    for key in sorted(rank_keys(rd.path)):
+        rows = merge_jsonl(rank_tier_files(rd.path, key), shared=True)
+        failed = [e for e in rows if e.get("event") == "failed"]
+        if failed:
+            firsts.append((real_errors(failed) or failed)[0])
+    firsts.sort(key=lambda e: float(e.get("time") or 0))
+    return merge_rows([rd.run_events(), firsts])
+
+
 def analyze_run(run_dir: Path | str, now: Optional[float] = None) -> Analysis:
     rd = RunDir(Path(run_dir))
-    return analyze(rd.events(), read_jsonl(rd.metrics), now)
+    return analyze(ledger_rows(rd), read_jsonl(rd.metrics), now)
 
 
 def compute_goodput(run_dir: Path | str, now: Optional[float] = None) -> Goodput:

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table
+from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
 from slurmtrain.common.rundir import RunDir, read_jsonl
 
 PART_COLORS = {
@@ -289,7 +289,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     import time
 
-    ledger, metrics = rd.events(), read_jsonl(rd.metrics)
+    ledger, metrics = ledger_rows(rd), read_jsonl(rd.metrics)  # one failure per start
     a = analyze(ledger, metrics, now=time.time() if args.live else None)
     print(summary(run, a, ledger, metrics))
     out = plot(run, args.out or run / "report.png", a, ledger, metrics)

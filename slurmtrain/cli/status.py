@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.rundir import RunDir, read_jsonl
 
 # Events that end an attempt without finishing the run: what status shows as the reason.
@@ -30,30 +31,58 @@ def find_runs(paths: list[Path]) -> list[RunDir]:
     return found
 
 
-def _state(run: RunDir) -> str:
+def _state(run: RunDir, rows: list[dict[str, Any]]) -> str:
     from slurmtrain.common.rundir import StateUnknown
 
     try:
-        return run.state()
+        return run.state(rows)
     except StateUnknown as err:  # Slurm cannot say whether the job lives: say so, do not guess
         return f"unknown: {err}"
 
 
+def ledger_view(run: RunDir) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(run tier, run tier + the rank rows of the newest start that has any): what status reads.
+    O(attempts + nodes) files, one open at a time, never every rank's rows of every attempt."""
+    from slurmtrain.common import ledger
+    from slurmtrain.common.jsonl import merge_rows, rank_keys
+
+    rows = run.run_events()
+    key = ledger.newest_key(rows, among=rank_keys(run.path))
+    return rows, merge_rows([rows, run.rank_rows(*key)]) if key else rows
+
+
+def metrics_tail(run: RunDir, max_rows: int = 100_000) -> tuple[int, Optional[float]]:
+    """(last step, last validation loss) from the end of metrics.jsonl: a long run's file is
+    not read whole (the search for a validation loss gives up after `max_rows` rows)."""
+    from slurmtrain.common.jsonl import tail_jsonl
+
+    step, valid = None, None
+    for i, m in enumerate(tail_jsonl(run.metrics)):
+        if step is None and "step" in m:
+            step = m["step"]
+        if "valid_loss" in m:
+            valid = m["valid_loss"]
+            break
+        if i >= max_rows:
+            break
+    return (step if step is not None else 0), valid
+
+
 def summarize(run: RunDir) -> dict[str, Any]:
     """The status row of one run (plain values: also what tests and --json read)."""
-    from slurmtrain.cli.goodput import compute_goodput
+    from slurmtrain.cli.goodput import analyze
 
-    events = run.events()
-    metrics = read_jsonl(run.metrics)
+    run_rows, events = ledger_view(run)
+    step, valid_loss = metrics_tail(run)
     latest = run.latest
     last = events[-1] if events else {}
     row: dict[str, Any] = {
         "run": str(run.path),
         "name": run.path.parent.name,
-        "state": _state(run),
-        "attempts": run.attempts(),
-        "step": metrics[-1]["step"] if metrics else 0,
-        "valid_loss": next((m["valid_loss"] for m in reversed(metrics) if "valid_loss" in m), None),
+        "state": _state(run, run_rows),
+        "attempts": sum(e["event"] == "started" for e in run_rows),
+        "step": step,
+        "valid_loss": valid_loss,
         "checkpoint": latest.read_text().strip() if latest.exists() else None,
         "job_id": next((e["job_id"] for e in reversed(events) if e["event"] == "submitted"), None),
         "nodes": last.get("nodes") or [],
@@ -75,8 +104,12 @@ def summarize(run: RunDir) -> dict[str, Any]:
     row["spares"] = spares(run, events)
     stopped = [e for e in events if e["event"] in ("failed", "stopped")]
     if stopped:
-        row["class"] = stopped[-1].get("class")
-        row["error"] = (stopped[-1].get("error") or "").strip().splitlines()[-1:] or None
+        last = stopped[-1]
+        if last["event"] == "failed":  # an all-rank failure: the rank with a cause of its own
+            same = [e for e in stopped if e.get("job_id") == last.get("job_id")]
+            last = (real_errors([e for e in same if e["event"] == "failed"]) or [last])[-1]
+        row["class"] = last.get("class")
+        row["error"] = (last.get("error") or "").strip().splitlines()[-1:] or None
         row["error"] = row["error"][0] if row["error"] else None
     if any(e["event"] == "stopped" for e in events):
         row["state"] = "stopped: " + (row["class"] or "?")
@@ -87,7 +120,8 @@ def summarize(run: RunDir) -> dict[str, Any]:
         row.update(held)
     if events:
         try:
-            row["goodput"] = compute_goodput(run.path, now=time.time()).goodput
+            # metrics read whole here: goodput times every step (the ledger is not re-read)
+            row["goodput"] = analyze(events, read_jsonl(run.metrics), time.time()).goodput.goodput
         except Exception:  # noqa: BLE001  a damaged ledger must not hide the other runs
             row["goodput"] = None
     return row

@@ -7,22 +7,34 @@ each client (seek to the size it believes, then write), so two hosts appending a
 or interleave each other's lines, and nothing was fsynced, so a crash of the writer's host could
 lose the event that decided the run's fate.
 
-Design chosen: **one file per writing process** (`ledger.d/<host>.<pid>.<token>.jsonl`), merged by
-readers in time order. Why this and not "rank 0 alone writes, others write failure files": the
-writers that are not rank 0 (the supervisor, the login node, `cancel`, a failing rank, the watchdog
-of a hung rank) run on other hosts and at moments rank 0 cannot know about, so "rank 0 alone" still
-needs a merge for everything else; one rule for every writer is simpler to prove. With one writer
-per file no byte of any file is ever written by two processes, so nothing can interleave on any
-filesystem, and the file name alone says who wrote it. The token (random per process, drawn again
-after a fork) keeps a recycled pid from appending to a dead process's file, where the dead writer's
-torn last line would swallow the first new row.
+Design chosen: **two tiers of single-purpose files**, merged by readers in time order.
+- Run tier, `ledger.d/<host>.<pid>.<token>.jsonl`: one file per writing process that writes for
+  the whole run (the login node's `submitted`, the supervisor, `cancel`, rank 0), O(attempts)
+  files. With one writer per file no byte of any file is ever written by two processes, so
+  nothing can interleave on any filesystem. The token (random per process, drawn again after a
+  fork) keeps a recycled pid from appending to a dead process's file.
+- Rank tier, `ledger.d/ranks/<job_id>.<restart>.<relaunch>/<node>.jsonl`: rows any rank writes
+  (failures, hangs, start-up errors), one file per node per attempt key (job id, Slurm restart
+  count, in-allocation relaunch: all known before the attempt number is), so a failure of every
+  rank of a 512 x 8 run makes 512 files, not 4,096. Each row is one `write()` with O_APPEND
+  (atomic among the processes of one host, and every rank of a node file is on that host), and
+  starts with "\n": a line torn by a writer killed mid-write is ended by the next row instead of
+  swallowing it (an empty line between rows is skipped). There is no aggregator to die: each
+  rank writes its own row, and a rank killed mid-write leaves at most its own torn line.
+  Readers that need one attempt read its folder only (O(nodes) files).
 
-Durability: events that decide the run's fate (`FATE_EVENTS`) are fsynced, and so is the directory
-entry of a file they create; others (metrics-like events) are not. Readers: a line that does not
-parse is reported once per process as a warning naming the file and line, never dropped silently;
-the last line of a file without its newline is a writer mid-append (or killed mid-append) and is
-skipped quietly. A run directory from before this change (one `ledger.jsonl`) still reads: that file
-is merged like any other.
+Durability: run-tier events that decide the run's fate (`FATE_EVENTS`) are fsynced, and so is
+the directory entry of a file they create; others (metrics-like events) are not. Rank tier:
+O(nodes) fsyncs per failure: the writer that creates a node file (O_EXCL wins) fsyncs it and its
+directory; later rows of that file are not fsynced (they reach the filesystem at write/close),
+so a row is lost only if its host crashes, and a crashed host is found from Slurm's node state,
+which the supervisor and the next attempt already ask (-> node_failure).
+
+Readers hold one file open at a time: each file is read whole, then the in-memory lists are
+merged. A line that does not parse is reported once per process as a warning naming the file and
+line, never dropped silently; the last line of a file without its newline is a writer mid-append
+(or killed mid-append) and is skipped quietly. A run directory from before this change (one
+`ledger.jsonl`, or failure rows in per-process files) still reads: those are run-tier files.
 """
 
 from __future__ import annotations
@@ -30,11 +42,12 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import re
 import secrets
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 # Events whose loss would change what the run does next: fsynced before record() returns.
 FATE_EVENTS = frozenset(
@@ -71,47 +84,123 @@ def _warn_corrupt(path: Path, lineno: int, err: str) -> None:
     if key in _reported:
         return
     _reported.add(key)
+    where = f"{path}:{lineno}" if lineno > 0 else f"{path} (near its end)"
     print(
-        f"slurmtrain: warning: {path}:{lineno}: unreadable line skipped ({err}); "
+        f"slurmtrain: warning: {where}: unreadable line skipped ({err}); "
         f"the rest of the file is read",
         file=sys.stderr,
     )
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Every JSON object line of one file, in file order (see the module docstring for bad lines)."""
+    """Every JSON object line of one file, in file order (see the module docstring for bad lines).
+    The file is read whole and closed before the first row: readers hold one file open at most."""
     try:
-        f = open(path, "rb")
+        with open(path, "rb") as f:
+            data = f.read()
     except (FileNotFoundError, NotADirectoryError):
         return
-    with f:
-        lineno = 0
-        for raw in f:
-            lineno += 1
-            if not raw.endswith(b"\n"):
-                # The last line, without its newline: a writer mid-append. Complete JSON is kept
-                # (a hand-written file without a final newline), a torn row skipped quietly.
+    yield from _parse(path, data.split(b"\n"))
+
+
+def _parse(path: Path, lines: list[bytes], first: int = 1) -> Iterator[dict[str, Any]]:
+    """Rows of `lines` (a file split at "\n": the last item is what follows the last newline)."""
+    last = len(lines) - 1
+    for i, raw in enumerate(lines):
+        if i == last:
+            # After the last newline: a writer mid-append. Complete JSON is kept (a hand-written
+            # file without a final newline), a torn row skipped quietly.
+            if raw.strip():
                 try:
                     row = json.loads(raw)
                 except ValueError:
                     return
                 if isinstance(row, dict):
                     yield row
-                return
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except ValueError as err:  # UnicodeDecodeError is a ValueError too
-                _warn_corrupt(path, lineno, f"{type(err).__name__}: {err}")
-                continue
-            if isinstance(row, dict):
-                yield row
-            else:
-                _warn_corrupt(path, lineno, f"a JSON {type(row).__name__}, not an object")
+            return
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except ValueError as err:  # UnicodeDecodeError is a ValueError too
+            _warn_corrupt(path, first + i, f"{type(err).__name__}: {err}")
+            continue
+        if isinstance(row, dict):
+            yield row
+        else:
+            _warn_corrupt(path, first + i, f"a JSON {type(row).__name__}, not an object")
 
 
-LEGACY_LEDGER, LEDGER_DIR = "ledger.jsonl", "ledger.d"
+def tail_jsonl(path: Path, block: int = 1 << 16) -> Iterator[dict[str, Any]]:
+    """The rows of one file newest first, read backwards a block at a time: a caller that needs
+    the last rows of a multi-GB metrics file reads kilobytes (a torn last line is skipped)."""
+    try:
+        f = open(path, "rb")
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        pending = b""  # the end of a line whose start is in an earlier block
+        last = True  # the text after the file's last newline is still to be seen
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            lines = (f.read(end - start) + pending).split(b"\n")
+            end = start
+            pending = lines.pop(0) if start > 0 else b""
+            if last and lines:
+                last = False
+                yield from _parse(path, [lines.pop()])  # kept only when it is complete JSON
+            for raw in reversed(lines):
+                yield from _parse(path, [raw, b""], first=0)
+
+
+LEGACY_LEDGER, LEDGER_DIR, RANKS_DIR = "ledger.jsonl", "ledger.d", "ranks"
+
+
+def run_tier_files(run_path: Path) -> list[Path]:
+    """The run tier of a run directory's ledger: the old single file first (if any), then the
+    per-process files of `ledger.d/` (old runs' per-rank failure files among them)."""
+    run_path = Path(run_path)
+    legacy = [run_path / LEGACY_LEDGER] if (run_path / LEGACY_LEDGER).is_file() else []
+    return legacy + _jsonl_in(run_path / LEDGER_DIR)
+
+
+def rank_key(job_id: Any, restart: int = 0, relaunch: int = 0) -> str:
+    """The rank tier's folder name of one attempt key (job id, restart count, relaunch)."""
+    return f"{_safe(str(job_id))}.{int(restart)}.{int(relaunch)}"
+
+
+def rank_tier_files(run_path: Path, key: Optional[str] = None) -> list[Path]:
+    """The node files of one attempt key's folder (`rank_key`), or of every folder (None)."""
+    ranks = Path(run_path) / LEDGER_DIR / RANKS_DIR
+    if key is not None:
+        return _jsonl_in(ranks / key)
+    try:
+        keys = sorted(e.name for e in os.scandir(ranks) if e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [p for k in keys for p in _jsonl_in(ranks / k)]
+
+
+def rank_keys(run_path: Path) -> set[str]:
+    """The attempt keys (folder names, `rank_key`) that have rank-tier rows: one directory read."""
+    try:
+        return {e.name for e in os.scandir(Path(run_path) / LEDGER_DIR / RANKS_DIR) if e.is_dir()}
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+
+
+def _jsonl_in(directory: Path) -> list[Path]:
+    try:
+        names = sorted(e.name for e in os.scandir(directory) if e.name.endswith(".jsonl"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [directory / n for n in names]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_+@-]", "_", name) or "_"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -121,8 +210,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     `RunDir.events()` returns): code that still reads `run.ledger` never sees half of it."""
     path = Path(path)
     if path.name == LEGACY_LEDGER and (path.parent / LEDGER_DIR).is_dir():
-        own = sorted(p for p in (path.parent / LEDGER_DIR).iterdir() if p.name.endswith(".jsonl"))
-        return merge_jsonl([path, *own])
+        ranks = merge_jsonl(rank_tier_files(path.parent), shared=True)
+        return merge_rows([merge_jsonl(run_tier_files(path.parent)), ranks])
     return list(iter_jsonl(path))
 
 
@@ -131,10 +220,23 @@ def _time(row: dict[str, Any]) -> float:
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
 
-def merge_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
+def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, Any]]:
     """Rows of several files in time order; each file's own order is kept (a clock step inside
-    one writer never reorders its rows), ties keep the order of `paths`."""
-    return list(heapq.merge(*(iter_jsonl(p) for p in paths), key=_time))
+    one writer never reorders its rows), ties keep the order of `paths`. One file is open at a
+    time (each is read whole first): 4,096 files need no more descriptors than one. `shared`:
+    files several processes append to (the rank tier), whose order is arrival order: each is
+    sorted by time first (stable)."""
+    if shared:
+        return merge_rows([sorted(iter_jsonl(p), key=_time) for p in paths])
+    return merge_rows([list(iter_jsonl(p)) for p in paths])
+
+
+def merge_rows(lists: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Lists of rows merged as `merge_jsonl` merges files (each list's order kept, ties in order)."""
+    lists = [rows for rows in lists if rows]
+    if len(lists) == 1:
+        return list(lists[0])
+    return list(heapq.merge(*lists, key=_time))
 
 
 def writer_name() -> str:
@@ -179,6 +281,52 @@ def append_own(directory: Path, row: dict[str, Any], durable: bool = False) -> P
         _created.add(str(path))
     append_jsonl(path, row, durable=durable)
     return path
+
+
+def append_rank_row(run_path: Path, key: str, node: str, row: dict[str, Any]) -> Path:
+    """Append one row to this node's file of attempt key `key` in the rank tier (module
+    docstring): one O_APPEND write of a whole line; the process that creates the file fsyncs it
+    and the directory entries it made (O(nodes) fsyncs per failure), later rows are not fsynced."""
+    directory = Path(run_path) / LEDGER_DIR / RANKS_DIR / key
+    path = directory / f"{_safe(node)}.jsonl"
+    # The leading newline ends a line torn by a writer killed mid-write (an empty line between
+    # whole rows is skipped): with several writers, reading the last byte first would race.
+    data = ("\n" + json.dumps(row, default=str) + "\n").encode()
+    created = _makedirs_durable(directory)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        created.append(directory)
+    except FileExistsError:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        written = os.write(fd, data)  # one write: never interleaved with another process's
+        if written < len(data):  # (disk full, a signal): finish the line rather than tear it
+            view = memoryview(data)[written:]
+            while view:
+                view = view[os.write(fd, view) :]
+        if created:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    for made in created:
+        fsync_dir(made)
+    return path
+
+
+def _makedirs_durable(directory: Path) -> list[Path]:
+    """mkdir -p; returns the parents whose new entries this call made (to fsync them)."""
+    if directory.is_dir():
+        return []
+    made: list[Path] = []
+    for d in reversed([directory, *directory.parents]):
+        if d.is_dir():
+            continue
+        try:
+            d.mkdir()
+            made.append(d.parent)
+        except FileExistsError:
+            pass
+    return made
 
 
 def fsync_dir(directory: Path) -> None:

@@ -236,6 +236,36 @@ def relaunch_count(row: dict[str, Any]) -> int:
         return 0
 
 
+def attempt_key(row: dict[str, Any]) -> tuple[str, int, int]:
+    """(job id, Slurm restart count, in-allocation relaunch) of the start a row belongs to: the
+    rank tier keeps every rank's rows of one start in that key's folder (RunDir.rank_rows)."""
+    return str(row.get("job_id")), restart_count(row), relaunch_count(row)
+
+
+def started_row(events: list[dict[str, Any]], attempt: Any) -> Optional[dict[str, Any]]:
+    """The `started` event of attempt number `attempt` (None when it has none)."""
+    rows = [e for e in events if e["event"] == "started" and e.get("attempt") == attempt]
+    return rows[-1] if rows else None
+
+
+def newest_key(
+    events: list[dict[str, Any]], among: Optional[set[str]] = None
+) -> Optional[tuple[str, int, int]]:
+    """The attempt key of the newest start the run tier names (a `started`, or a start closed or
+    refused before `started`); `among`: only keys whose rank-tier folder name is in it."""
+    from slurmtrain.common.jsonl import rank_key
+
+    early = ("attempt_ended", "failed", "duplicate_refused")
+    for e in reversed(events):
+        if e["event"] == "started" or (
+            e["event"] in early and e.get("attempt") is None and e.get("job_id")
+        ):
+            key = attempt_key(e)
+            if among is None or rank_key(*key) in among:
+                return key
+    return None
+
+
 def attempt_of(
     events: list[dict[str, Any]], job_id: str, restart: Optional[int], relaunch: int = 0
 ) -> Optional[int]:
@@ -300,7 +330,7 @@ def close_cancelled(run: Any, job_ids: list[str], closed_by: str) -> None:
     """Close the open attempt of one of `job_ids` as `cancelled`: the user stopped it (scancel
     kills the batch shell before its supervisor runs; Ctrl-C on a local run). Left open, the next
     start would count it as a vanished preemption. `run`: a RunDir."""
-    prev = unended_attempt(run.events())
+    prev = unended_attempt(run.run_events())
     if prev is not None and str(prev.get("job_id")) in job_ids:
         run.record(
             "attempt_ended",

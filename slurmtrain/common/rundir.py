@@ -1,8 +1,10 @@
 """The run directory: the single source of truth both worlds read and write.
 
 `<runs_root>/<name>/<fingerprint>/` holds the resolved config, the user's overrides, the batch script,
-provenance per attempt, the ledger (`ledger.d/`, one file per writing process, one event a line,
-merged by `RunDir.events()`; see common/jsonl.py), metrics and checkpoints. The fingerprint
+provenance per attempt, the ledger (`ledger.d/`, one event a line: a run tier of one file per
+writing process and a rank tier of one file per node per attempt for the rows any rank writes;
+merged in time order by `RunDir.events()`, or read a tier and an attempt at a time; see
+common/jsonl.py), metrics and checkpoints. The fingerprint
 hashes the resolved config minus keys that do not change the result, so submitting the same experiment
 twice finds the first one instead of silently training it again.
 """
@@ -16,7 +18,6 @@ import functools
 import hashlib
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +33,25 @@ from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: m
     LEGACY_LEDGER,
     append_jsonl,
     append_own,
+    append_rank_row,
     merge_jsonl,
+    merge_rows,
+    rank_key,
+    rank_tier_files,
     read_jsonl,
+    run_tier_files,
+)
+from slurmtrain.common.liveness import (  # noqa: F401  where callers have always found them
+    ACTIVE_SLURM_STATES,
+    StateUnknown,
+    job_alive,
+    pid_start,
+    slurm_job_alive,
 )
 from slurmtrain.common.schema import NON_RESULT_KEYS
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
-# squeue/sacct states of a job that will still run (or is running): resubmitting would duplicate it.
-ACTIVE_SLURM_STATES = set(
-    "PENDING RUNNING CONFIGURING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
-    "SUSPENDED STAGE_OUT SIGNALING".split()
-)
+Rows = list[dict[str, Any]]
 
 
 def result_view(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -95,13 +104,13 @@ class RunDir:
         return self.path / LEDGER_DIR
 
     def ledger_files(self) -> list[Path]:
-        """Every file of the ledger: the old single file first (if any), then the writers' files."""
-        legacy = [self.ledger] if self.ledger.is_file() else []
-        try:
-            own = sorted(p for p in self.ledger_dir.iterdir() if p.name.endswith(".jsonl"))
-        except (FileNotFoundError, NotADirectoryError):
-            own = []
-        return legacy + own
+        """The run tier's files: the old single file first (if any), then the writers' files."""
+        return run_tier_files(self.path)
+
+    def rank_files(self, job_id: Any = None, restart: int = 0, relaunch: int = 0) -> list[Path]:
+        """The rank tier's node files of one attempt key, or of every attempt (job_id None)."""
+        key = None if job_id is None else rank_key(job_id, restart, relaunch)
+        return rank_tier_files(self.path, key)
 
     @property
     def metrics(self) -> Path:
@@ -160,11 +169,26 @@ class RunDir:
         """A rank's output, as srun writes it (`--output=logs/%j_%t.out`) and local tasks too."""
         return self.logs / f"{job_id}_{rank}.{stream}"
 
-    def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
-        """The ledger: every writer's events merged in time order (a corrupt line is reported on
-        stderr, once, naming its file and line; a torn last line of a live file is skipped)."""
-        rows = merge_jsonl(self.ledger_files())
-        return [r for r in rows if kind is None or r.get("event") == kind]
+    def events(self, kind: Optional[str] = None) -> Rows:
+        """The whole ledger, both tiers, in time order (a corrupt line is reported on stderr,
+        once, naming its file and line; a torn last line of a live file is skipped). Every rank's
+        rows of every attempt: at scale read `run_events` and one attempt's `rank_rows`."""
+        ranks = merge_jsonl(rank_tier_files(self.path), shared=True)
+        return _kind(merge_rows([merge_jsonl(self.ledger_files()), ranks]), kind)
+
+    def run_events(self, kind: Optional[str] = None) -> Rows:
+        """The run tier only (login, supervisor, cancel, rank 0): O(attempts) files."""
+        return _kind(merge_jsonl(self.ledger_files()), kind)
+
+    def rank_rows(self, job_id: Any, restart: int = 0, relaunch: int = 0) -> Rows:
+        """The rows every rank wrote in one attempt key (failures, hangs): O(nodes) files."""
+        return merge_jsonl(self.rank_files(job_id, restart, relaunch), shared=True)
+
+    def attempt_events(self, job_id: Any, restart=0, relaunch=0, run_rows=None) -> Rows:
+        """The run tier (`run_rows` if the caller has it) and one attempt key's rank rows, in
+        time order: what classifying that attempt needs."""
+        rows = self.run_events() if run_rows is None else run_rows
+        return merge_rows([rows, self.rank_rows(job_id, restart, relaunch)])
 
     def record(
         self,
@@ -188,6 +212,16 @@ class RunDir:
         # (durable=False: the caller syncs many at once, as a sweep does its `submitted` events).
         durable = event in FATE_EVENTS if durable is None else durable
         append_own(self.ledger_dir, row, durable=durable)
+        return row
+
+    def record_rank(
+        self, event: str, *, job_id: Any, restart: int, relaunch: int, on_node: str, **fields: Any
+    ) -> dict[str, Any]:
+        """A row any rank writes (a failure, a hang) into the rank tier: the file of its node
+        `on_node` (also the row's `node` unless `fields` name another, or None)."""
+        row = dict(event=event, time=time.time(), job_id=job_id, attempt=None, node=on_node)
+        row.update(restart=restart, relaunch=relaunch, **fields)
+        append_rank_row(self.path, rank_key(job_id, restart, relaunch), str(on_node or "_"), row)
         return row
 
     @contextlib.contextmanager
@@ -214,12 +248,13 @@ class RunDir:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def attempts(self) -> int:
-        return len(self.events("started"))
+        return len(self.run_events("started"))
 
-    def state(self) -> str:
-        """finished | running | stopped | new, from the ledger and the owner job's liveness.
-        Raises StateUnknown (fail closed) when Slurm cannot say whether the owner job lives."""
-        rows = self.events()
+    def state(self, rows: Optional[list[dict[str, Any]]] = None) -> str:
+        """finished | running | stopped | new, from the ledger's run tier (`rows` when the caller
+        has read it) and the owner job's liveness. Raises StateUnknown (fail closed) when Slurm
+        cannot say whether the owner job lives."""
+        rows = self.run_events() if rows is None else rows
         if not rows:
             return NEW
         if any(r["event"] == "finished" for r in rows):
@@ -229,79 +264,12 @@ class RunDir:
         return STOPPED
 
 
+def _kind(rows: Rows, kind: Optional[str]) -> Rows:
+    return rows if kind is None else [r for r in rows if r.get("event") == kind]
+
+
 class RunLocked(ConfigError):
     """Another process holds the run's lock for longer than we wait."""
-
-
-class StateUnknown(ConfigError):
-    """Slurm could not be asked whether the run's job is alive: refuse rather than guess."""
-
-
-def job_alive(rows: list[dict[str, Any]]) -> bool:
-    """Whether the run's owner (its newest submission or start) is still queued or running (Slurm)
-    or its process lives (local). Raises StateUnknown when neither squeue nor sacct answers."""
-    from slurmtrain.common.ledger import owner
-
-    last = owner(rows)
-    if last is None:
-        return False
-    if _executor(rows, last) == "local":
-        return _local_alive(rows, last)
-    alive = slurm_job_alive(str(last.get("job_id")))
-    if alive is None:
-        raise StateUnknown(
-            f"cannot tell whether job {last.get('job_id')}, which holds this run, is still queued "
-            f"or running: neither squeue nor sacct answered; nothing submitted (try again when "
-            f"Slurm answers)"
-        )
-    return alive
-
-
-def _executor(rows: list[dict[str, Any]], last: dict[str, Any]) -> str:
-    if last.get("executor"):
-        return str(last["executor"])
-    subs = [r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")]
-    if subs and subs[-1].get("executor"):
-        return str(subs[-1]["executor"])
-    return "slurm" if str(last.get("job_id")).replace("_", "").isdigit() else "local"
-
-
-def _local_alive(rows: list[dict[str, Any]], last: dict[str, Any]) -> bool:
-    if last["event"] != "submitted":  # a local start: its submission carries the pid
-        subs = [
-            r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")
-        ]
-        if not subs:
-            return False
-        last = subs[-1]
-    pid = last.get("pid")
-    if last.get("host") != socket.gethostname() or not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return pid_start(int(pid)) == last.get("pid_start")
-
-
-def slurm_job_alive(job_id: str) -> Optional[bool]:
-    """True while Slurm will still run the job (queued, running, requeued), False once it ended
-    or Slurm has forgotten it, None when neither squeue nor sacct can be asked (fail closed)."""
-    from slurmtrain.common import slurm_cmd
-    from slurmtrain.common.slurm_text import SlurmError
-
-    try:
-        return slurm_cmd.job_state(job_id, strict=True) in ACTIVE_SLURM_STATES
-    except SlurmError:
-        return None
-
-
-def pid_start(pid: int) -> Optional[str]:
-    """The process start time: tells our pid from a recycled one."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def locate(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> RunDir:

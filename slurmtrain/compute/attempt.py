@@ -51,42 +51,74 @@ def _quiet_environment(cpu: bool) -> None:
 class Attempt:
     """One start of the job on the compute nodes: placement, attempt number, ledger writes."""
 
-    def __init__(self, run: RunDir, where: Placement, nodes: list[str], number: int) -> None:
+    def __init__(
+        self,
+        run: RunDir,
+        where: Placement,
+        nodes: list[str],
+        number: int,
+        rows: Optional[list[dict[str, Any]]] = None,
+    ) -> None:
         self.run, self.where, self.nodes, self.number = run, where, nodes, number
+        # Rank 0: the run tier as read once at the start, plus every row recorded since (what
+        # checkpoint choice, rollbacks and budgets read: no re-read of the ledger per question).
+        self.rows: list[dict[str, Any]] = rows if rows is not None else []
 
     step: Optional[int] = None  # the step being trained, for failure records
 
     def record(self, event: str, **fields: Any) -> None:
-        """Rank 0 writes the attempt's events (one copy, not one per rank)."""
+        """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
         if self.where.rank == 0:
-            self.record_any(event, **fields)
+            fields.setdefault("rank", self.where.rank)
+            fields.setdefault("node", self.where.node)
+            self.rows.append(
+                self.run.record(
+                    event, job_id=self.where.job_id, attempt=self.number, nodes=self.nodes, **fields
+                )
+            )
 
     def record_any(self, event: str, **fields: Any) -> None:
-        """Any rank: failures are recorded by the rank that saw them."""
+        """Any rank: failures are recorded by the rank that saw them, in its node's file of the
+        rank tier (one file per node, not per rank: common/jsonl.py)."""
         fields.setdefault("rank", self.where.rank)
-        fields.setdefault("node", self.where.node)
-        self.run.record(
-            event, job_id=self.where.job_id, attempt=self.number, nodes=self.nodes, **fields
+        self.run.record_rank(
+            event,
+            job_id=self.where.job_id,
+            restart=_restart(),
+            relaunch=_relaunch(),
+            on_node=self.where.node,
+            attempt=self.number,
+            nodes=[self.where.node],  # its own: the attempt's list is in `started`, once
+            **fields,
         )
 
 
 def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     """An attempt that ended without its supervisor (Slurm requeued the job itself after a
-    preemption or a node failure, or the batch host died) is closed here, with the nodes lost."""
-    events = run.events()
-    prev = faults.unended_attempt(events)
+    preemption or a node failure, or the batch host died) is closed here, with the nodes lost.
+    Reads the previous start's rank rows only (its errors say why it ended)."""
+    prev = faults.unended_attempt(attempt.rows)
     if prev is None:
         return
+    events = run.attempt_events(*faults.attempt_key(prev), run_rows=attempt.rows)
     cls = faults.vanished_class(events, prev["attempt"])
     record = dict(job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", []))
-    run.record("attempt_ended", **record, **{"class": cls, "closed_by": attempt.number})
+    closed = run.record("attempt_ended", **record, **{"class": cls, "closed_by": attempt.number})
+    attempt.rows.append(closed)
     lost = sorted(set(prev.get("nodes", [])) - set(attempt.nodes))
     if cls == faults.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
         from slurmtrain.common.slurm_cmd import down_nodes
 
         lost = down_nodes(prev.get("nodes", []))
     for node in lost if cls == faults.NODE_FAILURE else []:
-        run.record("node_lost", **record, node=node)
+        attempt.rows.append(run.record("node_lost", **record, node=node))
+
+
+def _last_error(run: RunDir, rows: list[dict[str, Any]], number: int) -> Optional[str]:
+    """The last error of the run up to the start before attempt `number` (its rank rows too)."""
+    prev = faults.started_row(rows, number - 1)
+    events = run.attempt_events(*faults.attempt_key(prev), run_rows=rows) if prev else rows
+    return faults.last_error(events)
 
 
 def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector: Any) -> bool:
@@ -115,15 +147,20 @@ def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector
     return False
 
 
-def _claim(run: RunDir, where: Placement, lock: contextlib.ExitStack) -> Optional[int]:
+def _claim(
+    run: RunDir, where: Placement, lock: contextlib.ExitStack, rows: list[dict[str, Any]]
+) -> Optional[int]:
     """Rank 0: take the run (its lock stays held until `started` is recorded), or the exit code
-    of a job that must not train it (compute/faults/owner.py)."""
+    of a job that must not train it (compute/faults/owner.py). `rows` gets the run tier, read
+    once under the lock (the rest of the start reuses it)."""
     if not owner.under_slurm():
+        rows += run.run_events()
         return None  # local runs: the login shell's lock and pid check keep them single
     mine = owner.my_job_ids()
     try:
         lock.enter_context(run.locked(timeout=300))
-        verdict, own = owner.check(run, mine)
+        rows += run.run_events()
+        verdict, own = owner.check(run, mine, rows)
     except errors.ConfigError as err:  # the lock stayed busy (RunLocked)
         verdict, own = owner.UNKNOWN, {"job_id": None, "why": str(err)}
     if verdict == owner.FREE:
@@ -172,15 +209,16 @@ def _startup_hang(
     waiting = watchdog.current == phases.RENDEZVOUS
     step_nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     late = " (waiting for ranks to join)" if arrived_at is not None else " (before joining)"
-    run.record(
+    run.record_rank(
         "failed",
         job_id=where.job_id,
-        nodes=[where.node],
-        rank=where.rank,
-        node=None if waiting else where.node,
-        host=where.node,
         restart=_restart(),
         relaunch=_relaunch(),
+        on_node=where.node,
+        nodes=[where.node],
+        rank=where.rank,
+        node=None if waiting else where.node,  # the node to blame, if any
+        host=where.node,
         phase=watchdog.current,
         step_nodes=expand_hostlist(step_nodes) if waiting and step_nodes else None,
         arrived_at=arrived_at if waiting else None,
@@ -252,15 +290,15 @@ def _run(
         gathered: list[Any] = [None] * where.world_size
         dist.all_gather_object(gathered, (where.node, os.getpid()))
         nodes = sorted({node for node, _ in gathered})
+        rows: list[dict[str, Any]] = []  # rank 0: the run tier, read once (under the lock)
         with contextlib.ExitStack() as lock:
-            claim = _claim(run, where, lock) if where.rank == 0 else None
+            claim = _claim(run, where, lock, rows) if where.rank == 0 else None
             claim = broadcast(claim)
             if claim is not None:  # another live job trains this run, or Slurm cannot say
                 dist.destroy_process_group()
                 return claim
-            attempt = Attempt(
-                run, where, nodes, broadcast(run.attempts() + 1 if where.rank == 0 else 0)
-            )
+            number = sum(e["event"] == "started" for e in rows) + 1
+            attempt = Attempt(run, where, nodes, broadcast(number if where.rank == 0 else 0), rows)
             Injector(where.rank, attempt=attempt.number, name=str(cfg.name)).before_start()
             if where.rank == 0:
                 _close_previous_attempt(run, attempt)
@@ -273,15 +311,15 @@ def _run(
                 relaunch=_relaunch(),
                 executor="slurm" if owner.under_slurm() else "local",
             )
-    except Exception as err:
-        run.record(
+    except Exception as err:  # every rank that fails writes a row: the rank tier
+        run.record_rank(
             "failed",
             job_id=where.job_id,
-            nodes=[where.node],
-            rank=where.rank,
-            node=where.node,
             restart=_restart(),
             relaunch=_relaunch(),
+            on_node=where.node,
+            nodes=[where.node],
+            rank=where.rank,
             phase="start-up",
             **{"class": faults.CRASH, "error": f"{type(err).__name__}: {err}"},
         )
@@ -293,15 +331,10 @@ def _run(
             f"attempt_{attempt.number}",
             extra={"nodes": nodes, "world_size": where.world_size},
         )
-    stop = broadcast(faults.over_budget(run.events(), cfg.faults) if where.rank == 0 else None)
+    stop = broadcast(faults.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
-        attempt.record(
-            "stopped",
-            **{
-                "class": stop,
-                "error": faults.last_error(run.events()) or f"{stop} budget exhausted",
-            },
-        )
+        error = _last_error(run, attempt.rows, attempt.number) if where.rank == 0 else None
+        attempt.record("stopped", **{"class": stop, "error": error or f"{stop} budget exhausted"})
         dist.destroy_process_group()
         return 0
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name))

@@ -77,7 +77,13 @@ class Trainer:
         from slurmtrain.compute.checkpoint import verify
 
         choice, self.deadlines = verify.choose(
-            self.cfg, self.run, self.rank, self.world, self.watchdog, self.attempt.record
+            self.cfg,
+            self.run,
+            self.rank,
+            self.world,
+            self.watchdog,
+            self.attempt.record,
+            self.attempt.rows,  # rank 0: the run tier, read once at the start
         )
         self.found = choice.found
         for path, reason in self.found.skipped:
@@ -195,7 +201,7 @@ class Trainer:
         from slurmtrain.compute.divergence import resumed_skip
 
         own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
-        events = self.run.events() if self.rank == 0 else []
+        events = self.attempt.rows if self.rank == 0 else []  # the run tier, read at the start
         return int(broadcast(resumed_skip(own, int(manifest["step"]), faults.rollbacks(events))))
 
     # ---- loop ----------------------------------------------------------------------------------
@@ -321,7 +327,7 @@ class Trainer:
             if step is not None and int(manifest.get("world_size", self.world)) != self.world:
                 step = None  # written by another world size: its universal form is not loaded
             own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
-            previous = faults.rollbacks(self.run.events())
+            previous = faults.rollbacks(self.attempt.rows)  # earlier attempts' and this one's
             plan = divergence.plan_rollback(
                 d, step, own, previous, cfg.faults, cfg.train.max_steps, cfg.train.global_batch_size
             )

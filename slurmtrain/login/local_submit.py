@@ -67,15 +67,16 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         code = 0
     except Exception:  # noqa: BLE001  the workers' traceback is in the ledger and their logs
         code = 1
-        failed = [e for e in run.events("failed")]
+        failed = run.run_events("failed") + run.rank_rows(job.job_id)  # rank rows: this job's
+        failed = ledger.real_errors(failed) or failed  # the cause, not a peer's lost connection
         reason = failed[-1].get("error") if failed else "a worker died (see its log)"
         print(f"slurmtrain: local job {job.job_id} failed: {reason}")
         print(f"slurmtrain: worker logs: {run.logs}/{job.job_id}_*.err")
-    done = any(r["event"] == "finished" for r in run.events())
+    done = any(r["event"] == "finished" for r in run.run_events())
     if done:  # what to do with the model just trained
         print(f"sample: python -m slurmtrain.cli sample {run.path} --prompt 'def '")
         print(f"export: python -m slurmtrain.cli export {run.path} --out exports/{cfg.name}")
-    stopped = [e for e in run.events("stopped") if str(e.get("job_id")) == str(job.job_id)]
+    stopped = [e for e in run.run_events("stopped") if str(e.get("job_id")) == str(job.job_id)]
     if stopped:  # diverged, checkpoint_unreadable, a budget: the attempt said why
         print(f"slurmtrain: run stopped ({stopped[-1].get('class')}): {stopped[-1].get('error')}")
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
@@ -116,7 +117,7 @@ def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(job.job_id), signal.SIGTERM)  # the controller forwards it to every task
         return
-    started = [e for e in run.events("started") if str(e.get("job_id")) == str(job.job_id)]
+    started = [e for e in run.run_events("started") if str(e.get("job_id")) == str(job.job_id)]
     pids = started[-1].get("pids", []) if started else []
     print("\nslurmtrain: Ctrl-C again: killing the workers now")
     for pid in [*pids, int(job.job_id)]:
@@ -127,7 +128,7 @@ def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
 def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
     """The attempt is closed `cancelled` (the user's stop, not a failure); the next start resumes."""
     ledger.close_cancelled(run, [str(job_id)], "ctrl-c")
-    saved = run.events("checkpoint_saved")
+    saved = run.run_events("checkpoint_saved")
     where = f"checkpoint step_{saved[-1]['step']}" if saved else "no checkpoint yet"
     print(
         f"slurmtrain: stopped by Ctrl-C ({where}); run the same command again to resume: {run.path}"

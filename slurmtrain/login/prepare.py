@@ -70,7 +70,7 @@ def check(
     run = runs.locate(cfg, data)
     if locks is not None:
         locks.enter_context(run.locked())
-    warning = planning.lead_warning(cfg, run.events("checkpoint_saved"))
+    warning = planning.lead_warning(cfg, run.run_events("checkpoint_saved"))
     if warning:
         print(f"slurmtrain: {warning}")
     state = run.state()
@@ -98,7 +98,7 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
         p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(
         p.run.provenance,
-        f"submit_{len(p.run.events('submitted')) + 1}",
+        f"submit_{len(p.run.run_events('submitted')) + 1}",
         extra={"overrides": overrides},
     )
 

@@ -82,13 +82,22 @@ class ParallelVerify:
 
 
 def choose(
-    cfg: Any, run: Any, rank: int, world: int, watchdog: Any, record: Callable[..., Any]
+    cfg: Any,
+    run: Any,
+    rank: int,
+    world: int,
+    watchdog: Any,
+    record: Callable[..., Any],
+    events: Optional[list[dict[str, Any]]] = None,
 ) -> tuple[Any, phases.Deadlines]:
     """Collective: this attempt's phase deadlines (rank 0 reads the ledger's measured rates) and
-    the checkpoint to start from (select.choose on rank 0, the checksums on every rank)."""
+    the checkpoint to start from (select.choose on rank 0, the checksums on every rank).
+    `events`: rank 0's run tier when the caller has it (no rank's row is needed here)."""
     from slurmtrain.compute.checkpoint import select
 
-    events = run.events() if rank == 0 else []
+    if rank == 0 and events is None:  # (a stand-in `run` with events() alone still works)
+        events = getattr(run, "run_events", run.events)()
+    events = events if rank == 0 else []
     limits = broadcast(phases.from_config(cfg.faults, events, world) if rank == 0 else None)
     record("deadlines", **limits.summary())
     watchdog.phase(phases.VERIFY, limits.startup_s)

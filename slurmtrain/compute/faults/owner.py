@@ -31,11 +31,16 @@ def under_slurm(env: Mapping[str, str] = os.environ) -> bool:
     return bool(env.get("SLURM_JOB_ID")) and "SUBMITIT_LOCAL_JOB_ID" not in env
 
 
-def check(run: RunDir, mine: set[str]) -> tuple[str, Optional[dict[str, Any]]]:
-    """(FREE | DUPLICATE | UNKNOWN, the owner's ledger row). Call under run.locked()."""
+def check(
+    run: RunDir, mine: set[str], events: Optional[list[dict[str, Any]]] = None
+) -> tuple[str, Optional[dict[str, Any]]]:
+    """(FREE | DUPLICATE | UNKNOWN, the owner's ledger row). Call under run.locked().
+    `events`: the run tier when the caller has read it (owners live there: `submitted`,
+    `started`; no rank's row is read)."""
+    events = run.run_events() if events is None else events
     # A job queued to start after this one (smoke chain: `after`; a time-limit restart) waits for
     # it to end: it is the next owner, not a competitor.
-    rows = [e for e in run.events() if str(e.get("after") or "") not in mine]
+    rows = [e for e in events if str(e.get("after") or "") not in mine]
     own = ledger.owner(rows)
     if own is None or str(own.get("job_id")) in mine or own.get("executor") == "local":
         return FREE, own
