@@ -160,7 +160,7 @@ class Trainer:
             timeout_s=c.publish_timeout_minutes * 60,
             watchdog=self.watchdog,
             deadlines=limits,
-            planned_bytes=state_bytes,
+            planned_bytes=phases.planned_save(cfg, self.world, limits.nodes),  # the plan's bytes
         )
         self.checkpointer.attach(self.engine)
         self.data = data.load(cfg.data)  # training windows + sampler, held-out windows

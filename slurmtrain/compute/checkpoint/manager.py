@@ -79,11 +79,12 @@ class Checkpointer:
         timeout_s: float = 1800.0,
         watchdog: Any = None,
         deadlines: Optional[phases.Deadlines] = None,
-        planned_bytes: int = 0,
+        planned_bytes: Any = 0,
     ) -> None:
         """`watchdog` and `deadlines`: saves and loads run in their own watchdog phase, with a
         deadline scaled from the bytes (`planned_bytes` per rank until a save measured them),
-        and the shard writer and loader beat it."""
+        and the shard writer and loader beat it. `planned_bytes`: a rank's bytes, or the plan's
+        `deadlines.Moved` (rank, node and job totals) before the first save."""
         self.root, self.rank, self.world, self.verify = root, rank, world, verify
         self.beats, self.save_bytes = Beats(watchdog, deadlines), planned_bytes
         self.loaded_bytes = 0
@@ -213,7 +214,7 @@ class Checkpointer:
         try:
             self.loaded_bytes = read_bytes(read_manifest(directory)["files"], self.rank, self.world)
         except (OSError, ValueError, KeyError):
-            self.loaded_bytes = self.save_bytes
+            self.loaded_bytes = int(getattr(self.save_bytes, "rank", self.save_bytes))
         name = self.beats.load_phase()
         with self.beats.phase(name, lambda d: d.read_s(self.loaded_bytes)):
             with self.beats.loading(engine, name):
