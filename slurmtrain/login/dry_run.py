@@ -62,8 +62,12 @@ def show(cfg: DictConfig, out=None) -> int:
     announce()
     print(OmegaConf.to_yaml(cfg, resolve=True), file=out)
     report = planning.report(cfg)
-    print(report.text, file=out)
+    planned_time = cfg.cluster.time
     refused = refusal(cfg, report)
+    if cfg.cluster.time != planned_time:  # cluster.time=auto planned again from the partition
+        print(f"slurmtrain: cluster.time={cfg.cluster.time} ({cfg.cluster.time_from})", file=out)
+        report = planning.report(cfg)
+    print(report.text, file=out)
     if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
         from slurmtrain.login.slurm_submit import render_sbatch
 

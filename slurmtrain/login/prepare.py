@@ -61,7 +61,10 @@ def check(
     if cfg.cluster.kind == "slurm":
         from slurmtrain.login.slurm_submit import check_cluster
 
+        planned_time = cfg.cluster.time
         check_cluster(cfg)
+        if cfg.cluster.time != planned_time:  # auto planned again from the partition's MaxTime
+            report = planning.report(cfg, measured_tps=None)
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)

@@ -50,6 +50,11 @@ def check_cluster(cfg: DictConfig) -> None:
             f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
             f"or use cluster=local"
         ) from None
+    from slurmtrain.login.placement import chosen_partition
+    from slurmtrain.planning import policy
+
+    part = chosen_partition(cfg.cluster.partition, known)
+    policy.replan_time(cfg, part)  # cluster.time=auto planned without the partition: its MaxTime
     spares = int(cfg.faults.spare_nodes)
     errors = slurm.validate_request(
         cfg.cluster.partition,
@@ -64,9 +69,6 @@ def check_cluster(cfg: DictConfig) -> None:
     )
     if errors:
         raise ConfigError(errors[0])
-    from slurmtrain.login.placement import chosen_partition
-
-    part = chosen_partition(cfg.cluster.partition, known)
     if part is not None:
         from slurmtrain.planning.shapes import param_count
 

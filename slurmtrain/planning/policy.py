@@ -72,6 +72,16 @@ def resolve_time(cfg: DictConfig, part: Optional[PartitionInfo], why: str = "") 
     return note
 
 
+def replan_time(cfg: DictConfig, part: Optional[PartitionInfo]) -> None:
+    """A `cluster.time=auto` planned before the partition was read (detection off, or Slurm not
+    asked yet) is planned again from the partition the job goes to: its MaxTime, not the cap."""
+    planned = cfg.cluster.time_from
+    if part is None or not planned or planned == "set by hand":
+        return
+    if str(planned).startswith("partition unknown"):
+        cfg.cluster.time, cfg.cluster.time_from = time_limit(AUTO, cfg.cluster.time_cap, part)
+
+
 def _dtype(cfg: Any) -> str:
     if cfg.deepspeed.dtype == "auto":
         return "bf16" if cfg.gpus_per_node > 0 else "fp32"

@@ -185,6 +185,19 @@ def test_a_time_set_by_hand_wins(tmp_path):
     assert _headline(tmp_path, "cluster.time=01:00:00").cluster.time == "01:00:00"
 
 
+def test_a_time_planned_without_the_partition_is_planned_again_from_it(tmp_path):
+    # Detection off: `auto` became the cap; the partition the job goes to then allows 2 h only.
+    from slurmtrain.planning import policy
+
+    cfg = _headline(tmp_path)
+    assert cfg.cluster.time == "2-00:00:00"
+    policy.replan_time(cfg, _partition(2 * 3600))
+    assert cfg.cluster.time == "02:00:00" and "MaxTime" in cfg.cluster.time_from
+    by_hand = _headline(tmp_path, "cluster.time=04:00:00")
+    policy.replan_time(by_hand, _partition(2 * 3600))
+    assert by_hand.cluster.time == "04:00:00"  # refused later against MaxTime, never changed
+
+
 # ---- nothing else moves ------------------------------------------------------------------------
 
 
