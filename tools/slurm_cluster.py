@@ -5,7 +5,7 @@ Why: sbatch, srun, preemption, node failure, requeue and sacct must be tested ag
 not a mock. Every node is a `slurmd -N nK` on 127.0.0.1 with its own port and spool directory.
 
     python tools/slurm_cluster.py install
-    python tools/slurm_cluster.py start [--nodes 4] [--gpu-nodes 2] [--state-dir DIR]
+    python tools/slurm_cluster.py start [--nodes 4] [--gpu-nodes 2] [--big-nodes 18] [--state-dir DIR]
     python tools/slurm_cluster.py status | stop [--keep-jobs] [--purge]
 
 All state lives under the state dir (default $SLURMTRAIN_CLUSTER_DIR or /tmp/slurmtrain-cluster).
@@ -18,6 +18,10 @@ node has `Gres=gpu:8` (gres.conf File= links to /dev/null: no real device files)
 MB (declared, not real: config_overrides). Slurm then schedules, validates and reports GPUs as on a
 GPU cluster (`--gpus-per-node=8`, TRES gres/gpu, auto-detection), though no job there can touch
 one: dry runs and `sbatch --test-only` are what it is for.
+
+Partition `big` (the nodes after those, n7-n24 by default) is the scale drill's
+(tests/cluster/test_scale_16.py: 16 nodes + 2 spares); debug and high keep n1-n4, so no other test
+sees it. A slurmd takes ~6 MB: the 18 cost ~100 MB and nothing else while idle.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported by path
 from slurm_cluster_config import (  # noqa: E402
+    BIG_NODES,
     BINARIES,
     CLUSTER,
     DB_NAME,
@@ -223,7 +228,7 @@ def cmd_install(_: argparse.Namespace) -> None:
 
 def cmd_start(a: argparse.Namespace) -> None:
     t0 = time.monotonic()
-    c = Cluster(a.state_dir, a.nodes, a.gpu_nodes)
+    c = Cluster(a.state_dir, a.nodes, a.gpu_nodes, a.big_nodes)
     if os.geteuid() != 0:
         sys.exit("slurm_cluster: start needs root (munge, /etc/slurm, /etc/hosts)")
     missing = missing_binaries()
@@ -232,7 +237,8 @@ def cmd_start(a: argparse.Namespace) -> None:
     for d in [c.log, c.run, c.spool / "ctld", c.etc]:
         d.mkdir(parents=True, exist_ok=True)
     print(
-        f"slurm_cluster: starting {a.nodes} node(s) + {a.gpu_nodes} GPU-GRES node(s), "
+        f"slurm_cluster: starting {a.nodes} node(s) + {a.gpu_nodes} GPU-GRES node(s) + "
+        f"{a.big_nodes} in partition big, "
         f"state in {c.dir}"
     )
     start_munge(c)
@@ -242,7 +248,15 @@ def cmd_start(a: argparse.Namespace) -> None:
     start_slurmdbd(c)
     start_slurm(c, changed)
     c.meta.write_text(
-        json.dumps({"nodes": a.nodes, "gpu_nodes": a.gpu_nodes, "names": c.names}) + "\n"
+        json.dumps(
+            {
+                "nodes": a.nodes,
+                "gpu_nodes": a.gpu_nodes,
+                "big_nodes": a.big_nodes,
+                "names": c.names,
+            }
+        )
+        + "\n"
     )
     print(sh(["sinfo"]).stdout.rstrip())
     print(
@@ -253,6 +267,7 @@ def cmd_start(a: argparse.Namespace) -> None:
             if c.gpu_names
             else ""
         )
+        + (f", big ({c.big_names[0]}-{c.big_names[-1]})" if c.big_names else "")
         + f"; SLURM_CONF={ETC / 'slurm.conf'}"
     )
 
@@ -312,6 +327,13 @@ def main(argv: list[str] | None = None) -> None:
         help="start: nodes after n1..nN in partition gpu, count-only gres gpu:8 (0: none)",
     )
     p.add_argument(
+        "--big-nodes",
+        type=int,
+        default=BIG_NODES,
+        help="start: nodes after the GPU ones in partition big, for the 16-node scale drill "
+        "(0: none; ~6 MB per slurmd)",
+    )
+    p.add_argument(
         "--state-dir",
         type=Path,
         default=Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster")),
@@ -330,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--nodes {a.nodes}: use 1..64")
     if not 0 <= a.gpu_nodes <= 8:
         p.error(f"--gpu-nodes {a.gpu_nodes}: use 0..8")
+    if not 0 <= a.big_nodes <= 64:
+        p.error(f"--big-nodes {a.big_nodes}: use 0..64")
     a.state_dir = a.state_dir.resolve()
     cmd = {
         "install": cmd_install,

@@ -37,6 +37,7 @@ NODE_PORT0 = 17000
 DB_USER, DB_PASS, DB_NAME = "slurm", "slurmtrain", "slurm_acct_db"
 RESPONSIVE = {"idle", "mix", "alloc", "comp"}  # sinfo %t states of a node that answers
 GPUS_PER_NODE, GPU_NODE_CPUS, GPU_NODE_MEM_MB = 8, 16, 16000  # the gpu partition's declared nodes
+BIG_NODES = 18  # partition big: the 16-node scale drill and its 2 spares
 
 
 def sh(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -68,14 +69,21 @@ def wait_for(what: str, ok, timeout: float, log: Path | None = None) -> None:
 class Cluster:
     """Paths and daemons of one local cluster; every daemon it starts has a pid file here."""
 
-    def __init__(self, state_dir: Path, nodes: int, gpu_nodes: int = 0) -> None:
-        self.dir, self.nodes, self.gpu_nodes = state_dir, nodes, gpu_nodes
+    def __init__(self, state_dir: Path, nodes: int, gpu_nodes: int = 0, big_nodes: int = 0) -> None:
+        self.dir, self.nodes, self.gpu_nodes, self.big_nodes = (
+            state_dir,
+            nodes,
+            gpu_nodes,
+            big_nodes,
+        )
         self.log, self.run, self.spool = state_dir / "log", state_dir / "run", state_dir / "spool"
         self.etc, self.db = state_dir / "etc", state_dir / "mysql"
         self.sock = self.run / "mysqld.sock"
         self.cpu_names = [f"n{i}" for i in range(1, nodes + 1)]
         self.gpu_names = [f"n{i}" for i in range(nodes + 1, nodes + gpu_nodes + 1)]
-        self.names = self.cpu_names + self.gpu_names
+        first_big = nodes + gpu_nodes + 1
+        self.big_names = [f"n{i}" for i in range(first_big, first_big + big_nodes)]
+        self.names = self.cpu_names + self.gpu_names + self.big_names
         self.meta = state_dir / "cluster.json"
 
     def pid(self, name: str, comm: str) -> int | None:
@@ -186,6 +194,11 @@ class Cluster:
             lines.append(
                 f"PartitionName=gpu Nodes={','.join(self.gpu_names)} MaxTime=1-00:00:00 "
                 "PriorityTier=1 PreemptMode=OFF State=UP"
+            )
+        if self.big_names:  # the scale drill's own nodes: a 16-node run leaves debug's 4 alone
+            lines.append(
+                f"PartitionName=big Nodes={','.join(self.big_names)} "
+                "MaxTime=1-00:00:00 PriorityTier=1 PreemptMode=OFF State=UP"
             )
         return "\n".join(lines) + "\n"
 

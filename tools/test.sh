@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, set-up included: venv + pip, Debian's Slurm + munge + slurmdbd, a local
-# 4-node cluster (+2 GPU-GRES nodes), then ruff and pytest. Extra arguments go to pytest. CI runs exactly this (.ci/run).
+# 4-node cluster (+2 GPU-GRES nodes, +18 in partition big for the 16-node scale drill: ~6 MB per
+# idle slurmd), then ruff and pytest. Extra arguments go to pytest. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh --test
 .venv/bin/python tools/slurm_cluster.py install
-.venv/bin/python tools/slurm_cluster.py start --nodes 4
+.venv/bin/python tools/slurm_cluster.py start --nodes 4 --gpu-nodes 2 --big-nodes 18
 export SLURMTRAIN_CLUSTER_STARTED=1
 # Lint and format first (pyproject.toml [tool.ruff]): a style slip fails CI like a test does.
 .venv/bin/ruff check .

@@ -98,6 +98,21 @@ def node_check_s(cfg: Any) -> float:
     return float((timeout if timeout is not None else 300) + 30)
 
 
+def _poll_down(nodes: list[str], wait_s: float) -> list[str]:
+    """Nodes Slurm marks down within `wait_s`: one `sinfo` for all of them per poll, polls spaced
+    2, 4, 8, 16, then 30 s (slurm_cmd.poll_delays): 15 calls at the default 330 s, 6 at 45 s.
+    A poll meeting a transient error is not retried in place: the next poll is its retry."""
+    if not nodes:
+        return []
+    down = slurm_cmd.down_nodes(nodes, retry_s=0)
+    for delay in slurm_cmd.poll_delays(wait_s):
+        if down:
+            break
+        time.sleep(delay)
+        down = slurm_cmd.down_nodes(nodes, retry_s=0)
+    return down
+
+
 def classify(
     rc: int,
     failed: list[dict[str, Any]],
@@ -112,7 +127,13 @@ def classify(
     A real error outranks hang rows and peers' communication errors: an OOM is `oom` (node and
     step named, not excluded); a local CUDA/NCCL/ECC error is a node failure of the node that
     recorded it (excluded); a hang before `started` is attributed to the stuck ranks' nodes, and
-    a rendezvous that timed out to the step's nodes none of whose ranks joined it."""
+    a rendezvous that timed out to the step's nodes none of whose ranks joined it.
+
+    Slurm calls for an unexplained failure (no real error, the costliest decision): with `probe`,
+    one `scontrol show node` plus a TCP connect per node (64 at a time, 30 s at most); then at most
+    len(poll_delays(wait_s)) + 1 `sinfo` calls, each naming every node (15 at wait_s = 330 s).
+    Other classes make none. The caller adds one `scontrol show config` when
+    faults.node_check_s is 0."""
     if rc in faults.EXIT_CLASS and rc != errors.EXIT_HANG:
         return Verdict(faults.EXIT_CLASS[rc])
     real = faults.real_errors(failed)
@@ -144,12 +165,7 @@ def classify(
     dead = slurm_cmd.unreachable_nodes(nodes) if probe else []
     if dead:  # excluded like a bad node: the next job must not land on it before Slurm sees it
         return Verdict(faults.NODE_FAILURE, dead, {n: "slurmd unreachable" for n in dead})
-    deadline = time.time() + (wait_s if nodes else 0)
-    while True:
-        down = slurm_cmd.down_nodes(nodes)
-        if down or time.time() >= deadline:
-            break
-        time.sleep(2)
+    down = _poll_down(nodes, wait_s)
     if down:
         return Verdict(faults.NODE_FAILURE, down)
     classes = [e.get("class") for e in failed if e.get("class")]

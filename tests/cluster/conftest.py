@@ -45,6 +45,7 @@ class ClusterInfo:
     state_dir: Path
     harness: Path
     gpu_partitions: dict = field(default_factory=dict)  # `gpu`: the GRES-declaring nodes n5-n6
+    big_partitions: dict = field(default_factory=dict)  # `big`: the scale drill's n7-n24
 
     def slurmd_pid(self, node: str) -> int:
         return int((self.state_dir / "run" / f"slurmd-{node}.pid").read_text().split()[0])
@@ -104,8 +105,9 @@ def slurm_cluster() -> ClusterInfo:
 
     every = query_partitions()
     cpu = {k: p for k, p in every.items() if set(p.node_names) <= set(info.nodes)}
-    gpu = {k: p for k, p in every.items() if k not in cpu}
-    return ClusterInfo(info.nodes, cpu, state_dir, HARNESS, gpu)
+    big = {k: p for k, p in every.items() if k == "big"}
+    gpu = {k: p for k, p in every.items() if k not in cpu and k not in big}
+    return ClusterInfo(info.nodes, cpu, state_dir, HARNESS, gpu, big)
 
 
 @pytest.fixture(autouse=True)
@@ -113,3 +115,11 @@ def _slurm_marker_needs_cluster(request: pytest.FixtureRequest) -> None:
     """Every test marked `slurm` gets the cluster, whether or not it names the fixture."""
     if request.node.get_closest_marker("slurm"):
         request.getfixturevalue("slurm_cluster")
+
+
+@pytest.fixture(autouse=True)
+def _detection_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans ask the real controller, as on a login node (tests/conftest.py turns detection off
+    for the session): without it cluster.time=auto is the 48 h cap, which every partition's
+    MaxTime here refuses."""
+    monkeypatch.setenv("SLURMTRAIN_AUTO", "")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
 import subprocess
 import time
 from datetime import datetime
@@ -109,3 +112,18 @@ def steps_by_attempt(run: Path) -> dict[int, list[int]]:
     for row in read_jsonl(run / "metrics.jsonl"):
         out.setdefault(row["attempt"], []).append(row["step"])
     return out
+
+
+@contextlib.contextmanager
+def node_killed(slurm_cluster, started: dict[str, Any], index: int):
+    """Kill the node of rank `index` (its slurmd and its rank); bring it back on the way out."""
+    victim = started["hosts"][index]
+    os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)
+    os.kill(started["pids"][index], signal.SIGKILL)
+    try:
+        yield victim
+    finally:
+        slurm_cluster.start()
+        subprocess.run(
+            ["scontrol", "update", f"nodename={victim}", "state=resume"], capture_output=True
+        )

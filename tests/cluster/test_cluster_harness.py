@@ -93,6 +93,14 @@ def test_all_four_nodes_answer(slurm_cluster):
     assert all(s in UP for s in states.values()), states
 
 
+def test_partition_big_holds_eighteen_answering_nodes_apart_from_debug(slurm_cluster):
+    big = slurm_cluster.big_partitions["big"]
+    assert len(big.node_names) == 18 and not set(big.node_names) & set(slurm_cluster.nodes)
+    states = sh("sinfo", "-h", "-N", "-p", "big", "-o", "%N %t").split("\n")
+    assert {ln.split()[0] for ln in states if ln.strip()} == set(big.node_names)
+    assert all(ln.split()[1] in UP for ln in states if ln.strip()), states
+
+
 def test_node_names_resolve_to_loopback(slurm_cluster):
     assert {socket.gethostbyname(n) for n in slurm_cluster.nodes} == {"127.0.0.1"}
 

@@ -8,14 +8,18 @@ place.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 
 import pytest
 
-from tests.cluster.helpers import events, steps_by_attempt, submit_run, wait_event, wait_until
+from tests.cluster.helpers import (
+    events,
+    node_killed,
+    steps_by_attempt,
+    submit_run,
+    wait_event,
+    wait_until,
+)
 from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
@@ -41,21 +45,6 @@ def wait_step(run, step):
         300,
         f"step {step}",
     )
-
-
-@contextlib.contextmanager
-def node_killed(slurm_cluster, started, index):
-    """Kill the node of rank `index` (its slurmd and its rank); bring it back on the way out."""
-    victim = started["hosts"][index]
-    os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)
-    os.kill(started["pids"][index], signal.SIGKILL)
-    try:
-        yield victim
-    finally:
-        slurm_cluster.start()
-        subprocess.run(
-            ["scontrol", "update", f"nodename={victim}", "state=resume"], capture_output=True
-        )
 
 
 def one_job(ev):
