@@ -34,9 +34,10 @@ def test_gpu_partition_plans_8_gpus_per_node_in_bf16_with_the_recipe(slurm_clust
     flags = _sbatch(out)
     assert flags["gpus-per-node"] == "8" and flags["ntasks-per-node"] == "8"
     assert flags["cpus-per-task"] == "2"  # 16 CPUs / 8 GPUs per node
-    assert flags["mem-per-gpu"] == "2000M"  # 16000 MB / 8 GPUs
+    assert flags["mem"] == "0" and "mem-per-gpu" not in flags  # whole GPU nodes: all their memory
     srun = next(line.strip() for line in out.splitlines() if line.strip().startswith("srun "))
     assert "--cpus-per-task=2" in srun and "--cpu-bind=cores" in srun
+    assert "--distribution=block:block" in srun  # ranks of one socket's GPUs on that socket
     # The plan either fits (exit 0) or says why (exit 2, as the real command would be refused).
     assert "Slurm says:" in out or "--test-only gave no answer" in out
     assert done.returncode == 0 or (done.returncode == 2 and "does not fit" in done.stderr)
