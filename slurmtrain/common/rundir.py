@@ -161,9 +161,9 @@ class RunDir:
     def profile(self) -> Path:
         return self.path / "profile"
 
-    def hang_dump(self, attempt: int, rank: int) -> Path:
-        """Where the watchdog writes a hung rank's stacks."""
-        return self.path / "hangs" / f"attempt{attempt}.rank{rank}.txt"
+    def hang_dump(self, attempt: int, node: str) -> Path:
+        """Where the watchdog writes the stacks of a node's hung ranks (one block per rank)."""
+        return self.path / "hangs" / f"attempt{attempt}.{node}.txt"
 
     def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
         """A rank's output, as srun writes it (`--output=logs/%j_%t.out`) and local tasks too."""

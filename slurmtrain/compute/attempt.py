@@ -236,10 +236,10 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     export(where)
     # The watchdog runs from the first collective on, each phase with its own deadline
     # (planning/deadlines.py): start-up phases here and in the Trainer, then steps and saves.
-    dump = run.hang_dump(0, where.rank).with_name(
+    dump = run.hang_dump(0, where.node).with_name(
         f"startup.job{where.job_id}.restart{_restart()}"
         + (f".relaunch{_relaunch()}" if _relaunch() else "")
-        + f".rank{where.rank}.txt"
+        + f".{where.node}.txt"
     )
     arrival: dict[str, float] = {}  # when this rank joined the rendezvous (wall clock)
     watchdog = Watchdog(
@@ -248,6 +248,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         lambda why: _startup_hang(run, where, watchdog, why, arrival.get("at")),
         errors.EXIT_HANG,
         phase=phases.RENDEZVOUS,
+        rank=where.rank,  # one block of its node's file
     ).start()
     inject.wedge_before_rendezvous(where.rank, run.path)
     try:
@@ -338,7 +339,7 @@ def _run(
         dist.destroy_process_group()
         return 0
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name))
-    watchdog.stacks = run.hang_dump(attempt.number, where.rank)
+    watchdog.stacks = run.hang_dump(attempt.number, where.node)
     watchdog.on_hang = lambda why: attempt.record_any(
         "failed", **{"class": faults.HANG, "error": why, "phase": watchdog.current}
     )

@@ -3,9 +3,10 @@
 A rank stuck in a collective (a peer died, a deadlock, a stalled filesystem) makes no error of its
 own and burns the allocation until the time limit. Each phase of an attempt (start-up's rendezvous,
 health gate, verification, build, load; steps; saves) has its own deadline, scaled from the bytes
-it moves (planning/deadlines.py); past it without a beat, every thread's stack goes to
-`<run>/hangs/attempt{A}.rank{R}.txt`, the hang is recorded naming the phase, and the process exits
-with EXIT_HANG so the supervisor restarts the run (class: hang).
+it moves (planning/deadlines.py); past it without a beat, every thread's stack goes to its node's
+`<run>/hangs/attempt{A}.{node}.txt` (one O_APPEND write per rank under a `==== rank R ====` line:
+an all-rank hang of 512 ranks makes 64 files, not 512), the hang is recorded naming the phase, and
+the process exits with EXIT_HANG so the supervisor restarts the run (class: hang).
 
 The exit never waits on the filesystem: a hang is often the filesystem itself (an NFS server that
 stopped answering), and a watchdog that blocks in `open()` or `write()` would hang with the rank it
@@ -97,8 +98,12 @@ class Watchdog:
         write_s: float = WRITE_S,
         phase: str = "starting",
         clock: Callable[[], float] = time.monotonic,
+        rank: Optional[int] = None,
     ) -> None:
+        """`rank`: the dump is one block of the node's shared file (`stacks`), headed by the rank;
+        None: `stacks` is this rank's own file."""
         self.stacks, self.on_hang, self.exit_code = stacks, on_hang, exit_code
+        self.rank, self.dumped = rank, False
         self.write_s, self.clock = write_s, clock
         self.current, self.deadline_s = phase, float(timeout_s)
         self.last = clock()
@@ -193,11 +198,21 @@ class Watchdog:
     def dump_after_peer_failure(self, header: str) -> None:
         """A peer died or hung first and this rank's collective failed: leave this rank's stacks
         beside the hung one's (where it waited), unless its own watchdog already wrote them."""
-        if not self.stacks.exists():
+        if not self.dumped:
             text = stacks_text(header)
             bounded(lambda: self._dump(text), self.write_s, "stack dump")
 
     def _dump(self, text: str) -> None:
+        self.dumped = True
         self.stacks.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.stacks, "w") as f:
-            f.write(text)
+        if self.rank is None:
+            with open(self.stacks, "w") as f:
+                f.write(text)
+            return
+        # One write(2) with O_APPEND: whole among the node's ranks appending to the same file.
+        data = f"==== rank {self.rank} ====\n{text.rstrip()}\n".encode()
+        fd = os.open(self.stacks, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
