@@ -260,15 +260,21 @@ def append_jsonl(path: Path, row: dict[str, Any], durable: bool = False) -> None
             # The previous writer died mid-line (metrics.jsonl of a killed attempt): end its torn
             # line first, or this row would be glued to it and lost with it.
             data = b"\n" + data
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
         if durable:
             os.fsync(fd)
     finally:
         os.close(fd)
     if new:
         fsync_dir(path.parent)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of `data`, in one write(2) when the kernel takes it whole (always, below a page of a
+    local file); a short write (disk full, a signal) is finished rather than left torn."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def append_own(directory: Path, row: dict[str, Any], durable: bool = False) -> Path:
@@ -299,11 +305,7 @@ def append_rank_row(run_path: Path, key: str, node: str, row: dict[str, Any]) ->
     except FileExistsError:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
-        written = os.write(fd, data)  # one write: never interleaved with another process's
-        if written < len(data):  # (disk full, a signal): finish the line rather than tear it
-            view = memoryview(data)[written:]
-            while view:
-                view = view[os.write(fd, view) :]
+        _write_all(fd, data)  # one write: never interleaved with another process's
         if created:
             os.fsync(fd)
     finally:

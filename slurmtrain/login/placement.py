@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.slurm_text import PartitionInfo, SlurmError
+from slurmtrain.common.slurm_text import PartitionInfo, SlurmError, mem_mb
 from slurmtrain.planning import policy
 
 ENV = "SLURMTRAIN_AUTO"
@@ -105,20 +105,11 @@ def chosen_partition(
     return next((p for p in partitions.values() if p.default), None)
 
 
-def _mem_mb(value: str) -> Optional[int]:
-    """TRES memory `16000M` / `64000G` / `2T` -> MiB."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", value.strip())
-    if not m:
-        return None
-    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[m[2]]
-    return int(float(m[1]) * scale)
-
-
 def node_resources(part: PartitionInfo) -> tuple[int, Optional[int], int]:
     """(CPUs per node, memory MiB per node or None, GPUs per node) of a partition (its average:
     the TRES totals over its nodes)."""
     nodes = max(part.total_nodes, 1)
-    mem = _mem_mb(part.tres.get("mem", "")) if part.tres.get("mem") else None
+    mem = mem_mb(part.tres.get("mem", "")) if part.tres.get("mem") else None
     return part.total_cpus // nodes, (mem // nodes if mem else None), part.gpus_per_node
 
 
