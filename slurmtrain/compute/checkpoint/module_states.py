@@ -17,7 +17,7 @@ that would not read the partitions (module only, no optimizer states) is refused
 
 Bytes per rank per save (ZeRO-1/2, mixed precision, Adam): 12 P / N (fp32 weights + 2 moments, P
 parameters over N data-parallel ranks), rank 0 adds only the metadata. opt13b on 512 ranks:
-12 x 12.9e9 / 512 = 302 MB per rank, 155 GB in all; rank 0 no longer writes +26 GB. ZeRO-0 and
+12 x 12.85e9 / 512 = 301 MB per rank, 154 GB in all; rank 0 no longer writes +25.7 GB. ZeRO-0 and
 ZeRO-3 are unchanged (ZeRO-0 has no partitions; ZeRO-3's module entries are already empty).
 """
 
