@@ -1,6 +1,8 @@
 """The checkpoint engine DeepSpeed writes through (compute node): each rank owns its files.
 
 DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. This engine
+- under ZeRO-1/2 leaves the module weights out of the model-states file (module_states.py: the
+  fp32 partitions every rank writes hold them; no rank writes or reads the full model);
 - writes, fsyncs and hashes the shard on the rank that produced it (no rank re-reads another's files);
 - keeps a disk error (ENOSPC, EIO...) instead of raising it: DeepSpeed's `save_checkpoint` runs
   barriers between shards, and a rank leaving it early would hang or desynchronise the others; the
@@ -15,115 +17,25 @@ DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. Thi
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import errno
 import os
 import threading
 import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from slurmtrain.compute.checkpoint import module_states
 from slurmtrain.compute.checkpoint.format import CHECKSUM, Crc32
+from slurmtrain.compute.checkpoint.hostpool import HostPool
 
 Hook = Callable[[int, str], None]  # (step, file name) after each shard is on disk
 Progress = Callable[[int], None]  # bytes this rank wrote in the current save so far, per chunk
-_ATOMS = (str, bytes, int, float, bool, complex, type(None))
-
-
-class HostPool:
-    """Host copies of tensors, into buffers reused from one save to the next.
-
-    A fresh host allocation costs page faults (measured here: 0.6-1.0 s for 500 MB against 0.14 s
-    into a reused buffer), and pinned allocations on GPUs are slower still. Saves repeat the same
-    storages in the same order, so buffer `i` of one save fits buffer `i` of the next.
-    """
-
-    def __init__(self) -> None:
-        self.buffers: list[torch.UntypedStorage] = []
-        self.used = 0
-        self.storages: dict[tuple[str, int], torch.UntypedStorage] = {}
-        self.cuda = False
-        self.lazy = False  # copy later, in `run` (from the writer's thread or the step hook)
-        self.tasks: list[tuple[torch.UntypedStorage, torch.UntypedStorage, bool]] = []
-        self.lock = threading.Lock()
-
-    def begin(self, lazy: bool = False) -> None:
-        self.run()  # a copy still pending (a save given up) never outlives its save
-        self.used, self.storages, self.lazy = 0, {}, lazy
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.tasks)
-
-    def run(self) -> None:
-        """Do the copies `tensor` deferred (lazy mode); whoever comes second waits for the first."""
-        with self.lock:
-            tasks, self.tasks = self.tasks, []
-            for host, source, gpu in tasks:
-                host.copy_(source, non_blocking=gpu)
-            if tasks:
-                self.sync()
-
-    def _buffer(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
-        i = self.used
-        self.used += 1
-        if i < len(self.buffers) and self.buffers[i].nbytes() == nbytes:
-            return self.buffers[i]
-        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
-        if i < len(self.buffers):
-            self.buffers[i] = buffer
-        else:
-            self.buffers.append(buffer)
-        return buffer
-
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        if t.is_sparse or t.is_quantized or type(t) not in (torch.Tensor, torch.nn.Parameter):
-            return t.detach().to("cpu", copy=True)
-        source = t.untyped_storage()
-        key = (str(t.device), source.data_ptr())
-        host = self.storages.get(key)
-        if host is None:
-            gpu = t.device.type != "cpu"
-            self.cuda |= t.device.type == "cuda"
-            host = self._buffer(source.nbytes(), pinned=gpu and torch.cuda.is_available())
-            if self.lazy:
-                self.tasks.append((host, source, gpu))
-            else:
-                host.copy_(source, non_blocking=gpu)
-            self.storages[key] = host
-        out = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
-        if isinstance(t, torch.nn.Parameter):
-            return torch.nn.Parameter(out, requires_grad=t.requires_grad)
-        return out.requires_grad_(t.requires_grad) if t.is_floating_point() else out
-
-    def copy(self, obj: Any) -> Any:
-        """A deep copy of a state dict whose tensors all live in host memory."""
-        if isinstance(obj, torch.Tensor):
-            return self.tensor(obj)
-        if isinstance(obj, _ATOMS):
-            return obj
-        if isinstance(obj, dict):
-            out = obj.__class__() if type(obj) is not dict else {}
-            for key, value in obj.items():
-                out[key] = self.copy(value)
-            if getattr(obj, "__dict__", None):  # e.g. state_dict()._metadata (module versions)
-                out.__dict__.update(copy.deepcopy(obj.__dict__))
-            return out
-        if isinstance(obj, list):
-            return [self.copy(v) for v in obj]
-        if isinstance(obj, tuple):
-            items = [self.copy(v) for v in obj]
-            return obj.__class__(*items) if hasattr(obj, "_fields") else obj.__class__(items)
-        return copy.deepcopy(obj)  # small objects (loss scaler, fragment maps, namespaces)
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
 
 
 def free_bytes(path: str) -> Optional[int]:
@@ -134,7 +46,8 @@ def free_bytes(path: str) -> Optional[int]:
         return None
 
 
-_WINDOW = 64 << 20  # bytes per write call and per writeback window
+_WINDOW = 64 << 20  # bytes per writeback window
+_CHUNK = 16 << 20  # bytes per write call and per hashed piece
 _SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4
 _SAVE_CONFIG = threading.Lock()  # torch's serialization config is process-wide
 
@@ -155,44 +68,72 @@ _SYNC_RANGE = _sync_file_range()
 
 class _RawFile:
     """What torch.save writes into: its records arrive whole (tensor storages without a copy) and
-    go to the file descriptor in 64 MiB `os.write` calls, hashed on the same buffers (no re-read).
+    go to the file descriptor in 16 MiB `os.write` calls, hashed on the same buffers (no re-read).
 
-    Each full window is handed to the disk at once (sync_file_range WRITE) and the one two windows
-    back waited for (a few windows dirty at most), so the disk writes while the next bytes are
-    copied and hashed: the final fsync waits for the last windows only, where `dd conv=fsync`
-    waits for all of them. Keeps the OSError.
+    The CRC-32 of a chunk runs on a helper thread while the next chunk is written (zlib and
+    os.write both release the GIL): a save costs max(write, hash), not their sum. A record's
+    memory is only borrowed for the call (torch frees a GPU storage's host copy right after), so
+    `write` returns once its chunks are hashed. Each full 64 MiB window is handed to the disk at
+    once (sync_file_range WRITE) and the one two windows back waited for (a few windows dirty at
+    most), so the disk writes while the next bytes are copied: the final fsync waits for the last
+    windows only, where `dd conv=fsync` waits for all of them. Keeps the OSError.
     """
 
     def __init__(self, fd: int, hashing: bool, progress: Optional[Progress] = None) -> None:
         self.fd, self.error, self.progress = fd, None, progress
         self.checksum = Crc32() if hashing else None
-        self.hash_seconds = 0.0
+        self.hasher = ThreadPoolExecutor(1, "checkpoint-crc") if hashing else None
+        self.hash_seconds = 0.0  # time `write` waited for hashing (what overlap did not hide)
+        self.write_seconds = 0.0  # in os.write: the kernel copying into the page cache
+        self.wait_seconds = 0.0  # waiting for the disk to take the window two back
         self.offset = self.kicked = 0
         self.windows: list[tuple[int, int]] = []  # handed to the disk, not yet waited for
         self.writeback = _SYNC_RANGE
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        done = 0
-        while done < len(view):
-            try:
-                n = os.write(self.fd, view[done : done + _WINDOW])
-                if n == 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            except OSError as err:
-                self.error = err
-                raise
-            if self.checksum is not None:
+        if self.checksum is not None and len(view) < _CHUNK:  # headers, pickle: hash inline
+            self._write(view)
+            started = time.perf_counter()
+            self.checksum.update(view)
+            self.hash_seconds += time.perf_counter() - started
+            return len(view)
+        pending: Optional[Future] = None
+        try:
+            done = 0
+            while done < len(view):
+                chunk = view[done : done + _CHUNK]
+                n = self._write(chunk)
+                if self.hasher is not None and self.checksum is not None:
+                    pending = self.hasher.submit(self.checksum.update, chunk[:n])
+                done += n
+            return done
+        finally:
+            if pending is not None:  # one worker, in order: the last one done means all done
                 started = time.perf_counter()
-                self.checksum.update(view[done : done + n])
+                pending.result()
                 self.hash_seconds += time.perf_counter() - started
-            done += n
-            self.offset += n
-            if self.offset - self.kicked >= _WINDOW:
-                self._kick()
-            if self.progress is not None:
-                self.progress(self.offset)
-        return done
+
+    def _write(self, chunk: memoryview) -> int:
+        started = time.perf_counter()
+        try:
+            n = os.write(self.fd, chunk)
+            if n == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as err:
+            self.error = err
+            raise
+        self.write_seconds += time.perf_counter() - started
+        self.offset += n
+        if self.offset - self.kicked >= _WINDOW:
+            self._kick()
+        if self.progress is not None:
+            self.progress(self.offset)
+        return n
+
+    def close(self) -> None:
+        if self.hasher is not None:
+            self.hasher.shutdown(wait=True)
 
     def _kick(self) -> None:
         if self.writeback is None:
@@ -206,7 +147,9 @@ class _RawFile:
         if len(self.windows) > 2:
             start, length = self.windows.pop(0)
             wait = _SYNC_WAIT_BEFORE | _SYNC_WRITE | _SYNC_WAIT_AFTER
+            started = time.perf_counter()
             self.writeback(self.fd, start, length, wait)
+            self.wait_seconds += time.perf_counter() - started
 
     def flush(self) -> None:
         pass
@@ -254,6 +197,7 @@ class ShardWriter(TorchCheckpointEngine):
         self.steps_seen = 0  # optimizer steps the global pre-hook saw: it guards lazy copies
         self.begin(0, "", deferred=False)
         _WRITERS.add(self)
+        module_states.install()  # loads of files `save` wrote without module weights
         if not _HOOK:
             _HOOK.append(register_optimizer_step_pre_hook(_before_optimizer_step))
 
@@ -263,8 +207,12 @@ class ShardWriter(TorchCheckpointEngine):
         self.files: dict[str, dict[str, Any]] = {}
         self.error: Optional[str] = None
         self.written = 0  # bytes this rank wrote in this save (what `progress` is told)
-        # where this rank's save went; step_wait: the loop's next optimizer step waited for the copy
-        self.seconds = {"serialize": 0.0, "hash": 0.0, "fsync": 0.0, "copy": 0.0, "step_wait": 0.0}
+        # where this rank's save went: serialize (pickling, Python), write (os.write: copying into
+        # the page cache), disk_wait (for writeback), hash (not hidden by the overlap), fsync, copy
+        # (async: to host); step_wait: the loop's next optimizer step waited for the copy
+        self.seconds = dict.fromkeys(
+            ["serialize", "write", "disk_wait", "hash", "fsync", "copy", "step_wait"], 0.0
+        )
         self.pool.begin(lazy=deferred and self.steps_seen > 0)
 
     def _fail(self, err: BaseException, path: str) -> None:
@@ -288,6 +236,7 @@ class ShardWriter(TorchCheckpointEngine):
     def save(self, state_dict: Any, path: str) -> None:
         if self.error is not None:
             return
+        state_dict = module_states.strip(state_dict, path)  # ZeRO-1/2: the partitions hold them
         if self.deferred:
             self.pending.append((self.pool.copy(state_dict), path))
         else:
@@ -326,9 +275,14 @@ class ShardWriter(TorchCheckpointEngine):
                 written = time.perf_counter()
                 os.fsync(fd)
                 self.seconds["fsync"] += time.perf_counter() - written
-                self.seconds["serialize"] += written - started - sink.hash_seconds
+                io = sink.hash_seconds + sink.write_seconds + sink.wait_seconds
+                self.seconds["serialize"] += written - started - io  # pickling, Python
+                self.seconds["write"] += sink.write_seconds
+                self.seconds["disk_wait"] += sink.wait_seconds
                 self.seconds["hash"] += sink.hash_seconds
             finally:
+                if sink is not None:
+                    sink.close()
                 os.close(fd)
             entry: dict[str, Any] = {"size": os.path.getsize(path)}
             if sink.checksum is not None:
