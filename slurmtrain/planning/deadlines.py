@@ -10,8 +10,8 @@ universal conversion, a save of minutes). Each phase gets its own deadline:
   `faults.io_write_mb_per_s` / `faults.io_read_mb_per_s` are per node (what one node's ranks get
   together from the shared filesystem), so the job's rate is that x nodes. All ranks move their own
   bytes at once: the phase takes max(total bytes / (rate x nodes), busiest node's bytes / rate).
-  Under ZeRO-1/2 a save's total is the sum of the ranks' shards plus rank 0's module file once
-  (`layout`), not the busiest rank x world. Once the run measured its IO (ledger rows
+  Under ZeRO-1/2 a save's total is the sum of the ranks' shards (`layout`; the module file holds
+  no weights), not the busiest rank x world. Once the run measured its IO (ledger rows
   `checkpoint_saved`, `checkpoint_verified`, `checkpoint_loaded`: `bytes` = all ranks',
   `rank_bytes` = the busiest rank's), the measured rates replace the planned ones: a save is
   timed by its busiest rank's measured rate (the next save has the same layout); reads keep the
@@ -66,12 +66,13 @@ class Layout:
 
 def layout(params: int, world: int, per_node: int, zero_stage: int, weight_bytes: int) -> Layout:
     """A checkpoint's bytes per phase. Every rank holds its partition of the fp32 master weights
-    and two Adam moments (12 bytes a parameter over the ranks); below ZeRO-3 rank 0 also writes
-    the module's weights (`weight_bytes` a parameter) once, and every rank reads that file at
-    load (DeepSpeed loads it on each rank); under ZeRO-3 the weights are partitioned too."""
+    and two Adam moments (12 bytes a parameter over the ranks); under ZeRO-1/2 the module file
+    holds no weights (compute/checkpoint/module_states.py: loads rebuild them from the fp32
+    partitions); without ZeRO rank 0 writes the module's weights (`weight_bytes` a parameter) once
+    and every rank reads that file at load; under ZeRO-3 the weights are partitioned too."""
     world, per_node = max(1, int(world)), max(1, min(int(per_node), int(world)))
     shard = 12 * params / world + (weight_bytes * params / world if zero_stage >= 3 else 0)
-    module = weight_bytes * params if zero_stage < 3 else 0
+    module = weight_bytes * params if zero_stage == 0 else 0  # ZeRO-1/2: rebuilt from fp32
     written = Moved(shard + module, per_node * shard + module, world * shard + module)
     read = Moved(shard + module, per_node * (shard + module), world * (shard + module))
     # verify: each rank checksums its share of the files (the module file is one rank's share)
@@ -270,5 +271,5 @@ def planned_state_bytes(cfg: Any, world: int) -> int:
 def checkpoint_bytes_per_rank(params: int, world: int, zero_stage: int, weights: int = 4) -> int:
     """The most one rank writes in a save (or reads in a load) before the run measured one: the
     fp32 master weights and two Adam moments partitioned over the ranks (12 bytes a parameter),
-    plus the module's weights (`weights` bytes a parameter), whole on one rank below ZeRO-3."""
+    plus, without ZeRO, the module's weights (`weights` bytes a parameter) whole on one rank."""
     return int(layout(params, world, 1, zero_stage, weights).save.rank)

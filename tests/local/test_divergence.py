@@ -81,7 +81,10 @@ def test_lr_1e30_stops_diverged_with_no_checkpoint_published(workdir):
     first_nan = min(e["step"] for e in events(run, "rollback")) if events(run, "rollback") else 2
     for name, manifest in manifests(run).items():  # every published checkpoint is finite
         assert math.isfinite(manifest["loss"]) and manifest["step"] < first_nan, name
-        state = torch.load(
-            run / "checkpoints" / name / "mp_rank_00_model_states.pt", weights_only=False
-        )
-        assert all(torch.isfinite(t).all() for t in state["module"].values()), name
+        # ZeRO-2: the weights live in each rank's fp32 partition (the module file holds none)
+        shards = sorted((run / "checkpoints" / name).glob("zero_pp_rank_*_optim_states.pt"))
+        assert shards, name
+        for shard in shards:
+            state = torch.load(shard, weights_only=False)["optimizer_state_dict"]
+            fp32 = state["single_partition_of_fp32_groups"]
+            assert fp32 and all(torch.isfinite(t).all() for t in fp32), (name, shard.name)
