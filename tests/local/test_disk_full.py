@@ -70,7 +70,7 @@ def test_disk_full_fails_the_save_keeps_earlier_checkpoints_and_training_goes_on
     workdir, small_disk
 ):
     run = _run_dir(BASE, workdir)
-    small_disk(run / "checkpoints", "4M")  # one 2.7 MB checkpoint fits, a second one does not
+    small_disk(run / "checkpoints", "3M")  # one 2.0 MB checkpoint fits, a second one does not
     first = run_cli(BASE, cwd=workdir)
     assert first.returncode != 0  # its final state is not on disk: not finished
     assert [e["step"] for e in events(run, "checkpoint_saved")] == [10]
@@ -99,7 +99,7 @@ def test_disk_full_fails_the_save_keeps_earlier_checkpoints_and_training_goes_on
 def test_disk_full_with_on_save_error_stop_stops_all_ranks_cleanly(workdir, small_disk):
     args = BASE + ["checkpoint.async_save=true", "checkpoint.on_save_error=stop"]
     run = _run_dir(args, workdir)
-    small_disk(run / "checkpoints", "4M")
+    small_disk(run / "checkpoints", "3M")
     done = run_cli(args, cwd=workdir)
     assert done.returncode != 0
     assert [e["step"] for e in events(run, "checkpoint_saved")] == [10]
