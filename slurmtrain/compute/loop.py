@@ -69,8 +69,6 @@ def train(
     `on_stop(step, code)` runs when the ranks agree to stop, before their save; `poison(step)`
     (fault injection) makes that step's loss NaN."""
     guard = guard or Guard()
-    # The Trainer builds the Guard from the spike keys; the fp16 overflow cap is read here.
-    guard.max_overflows = int(cfg.faults.get("max_overflow_steps", guard.max_overflows))
     fp16 = bool(engine.fp16_enabled())  # only a loss-scaled run skips steps on overflow
     # Config values read once: an OmegaConf attribute costs ~10-80 us, a step of the tiny model ~40 ms.
     max_steps = int(cfg.train.max_steps)

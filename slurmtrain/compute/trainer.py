@@ -256,7 +256,8 @@ class Trainer:
 
         cfg = self.cfg
         pause = cfg.train.pause_at_step if self.start_step < cfg.train.pause_at_step else None
-        guard = Guard(cfg.faults.spike_factor, cfg.faults.spike_window)
+        f = cfg.faults
+        guard = Guard(f.spike_factor, f.spike_window, f.max_overflow_steps)
         try:
             tracker = Perf(
                 self.engine,
