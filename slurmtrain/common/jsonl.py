@@ -174,12 +174,7 @@ def rank_key(job_id: Any, restart: int = 0, relaunch: int = 0) -> str:
 def rank_tier_files(run_path: Path, key: Optional[str] = None) -> list[Path]:
     """The node files of one attempt key's folder (`rank_key`), or of every folder (None)."""
     ranks = Path(run_path) / LEDGER_DIR / RANKS_DIR
-    if key is not None:
-        return _jsonl_in(ranks / key)
-    try:
-        keys = sorted(e.name for e in os.scandir(ranks) if e.is_dir())
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    keys = [key] if key is not None else sorted(rank_keys(run_path))
     return [p for k in keys for p in _jsonl_in(ranks / k)]
 
 
@@ -210,14 +205,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     `RunDir.events()` returns): code that still reads `run.ledger` never sees half of it."""
     path = Path(path)
     if path.name == LEGACY_LEDGER and (path.parent / LEDGER_DIR).is_dir():
-        ranks = merge_jsonl(rank_tier_files(path.parent), shared=True)
-        return merge_rows([merge_jsonl(run_tier_files(path.parent)), ranks])
+        return ledger_rows(path.parent)
     return list(iter_jsonl(path))
 
 
 def _time(row: dict[str, Any]) -> float:
     t = row.get("time")
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+
+def ledger_rows(run_path: Path) -> list[dict[str, Any]]:
+    """A run directory's whole ledger, both tiers, in time order."""
+    ranks = merge_jsonl(rank_tier_files(run_path), shared=True)
+    return merge_rows([merge_jsonl(run_tier_files(run_path)), ranks])
 
 
 def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: m
     append_jsonl,
     append_own,
     append_rank_row,
+    ledger_rows,
     merge_jsonl,
     merge_rows,
     rank_key,
@@ -173,8 +174,7 @@ class RunDir:
         """The whole ledger, both tiers, in time order (a corrupt line is reported on stderr,
         once, naming its file and line; a torn last line of a live file is skipped). Every rank's
         rows of every attempt: at scale read `run_events` and one attempt's `rank_rows`."""
-        ranks = merge_jsonl(rank_tier_files(self.path), shared=True)
-        return _kind(merge_rows([merge_jsonl(self.ledger_files()), ranks]), kind)
+        return _kind(ledger_rows(self.path), kind)
 
     def run_events(self, kind: Optional[str] = None) -> Rows:
         """The run tier only (login, supervisor, cancel, rank 0): O(attempts) files."""
