@@ -198,10 +198,16 @@ def verdict_of(
 ) -> Verdict:
     """The supervisor's classification of one attempt from the ledger (no budget, no restart):
     what `supervise` decides for a failed step, for tools and drills."""
-    view = attempt_view(run, job_id, restart, relaunch)
+    return judge(attempt_view(run, job_id, restart, relaunch), rc, nodes, wait_s)
+
+
+def judge(
+    view: AttemptView, rc: int, nodes: list[str], wait_s: float, probe: bool = False
+) -> Verdict:
+    """classify() on what `attempt_view` read: the attempt's `failed` rows and its step's hosts."""
     failed = [e for e in view.rows if e["event"] == "failed"]
     hosts = in_allocation.step_hosts(view.events, view.attempt) or nodes
-    return classify(rc, failed, view.events, hosts, wait_s, started=view.attempt is not None)
+    return classify(rc, failed, view.events, hosts, wait_s, view.attempt is not None, probe)
 
 
 def supervise(
@@ -263,9 +269,8 @@ def supervise(
     failed = [e for e in rows if e["event"] == "failed"]
     # In-allocation: a dead node is found by probing its slurmd now, not by waiting for Slurm.
     inside = relaunch_file is not None and restarts_in_allocation(cfg) and not terminated
-    hosts = in_allocation.step_hosts(events, attempt) or nodes
-    wait = 0.0 if inside else node_check_s(cfg)
-    verdict = classify(rc, failed, events, hosts, wait, started=attempt is not None, probe=inside)
+    hosts = in_allocation.step_hosts(events, attempt) or nodes  # the step's nodes
+    verdict = judge(view, rc, hosts, 0.0 if inside else node_check_s(cfg), probe=inside)
     cls = verdict.cls
     steps = [e.get("step") for e in failed]
     extra: dict[str, Any] = {"before_started": True} if attempt is None else {}
