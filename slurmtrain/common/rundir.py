@@ -15,8 +15,6 @@ import contextlib
 import copy
 import fcntl
 import functools
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from typing import Any, Iterable, Iterator, Optional
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common import fingerprint as fingerprints
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: metrics, bad nodes
     FATE_EVENTS,
@@ -55,23 +54,23 @@ FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
 Rows = list[dict[str, Any]]
 
 
-def result_view(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """The config as a plain dict without the keys that do not change what is computed.
-    `data`: OmegaConf.to_container(cfg, resolve=True) when the caller has it (copied here)."""
+def result_view(
+    cfg: DictConfig, data: Optional[dict[str, Any]] = None, registered: bool = True
+) -> dict[str, Any]:
+    """The config as a plain dict without the keys that do not change what is computed, nor the
+    result keys added since the baseline that hold their registered default (common/fingerprint.py
+    says why; `registered=False` keeps them). `data`: OmegaConf.to_container(cfg, resolve=True)
+    when the caller has it (copied here)."""
     data = OmegaConf.to_container(cfg, resolve=True) if data is None else copy.deepcopy(data)
     assert isinstance(data, dict)
     for key in NON_RESULT_KEYS:
-        parent, _, leaf = key.rpartition(".")
-        node = data
-        for part in parent.split(".") if parent else []:
-            node = node.get(part, {})
-        node.pop(leaf, None)
-    return data
+        fingerprints.drop(data, key)
+    return fingerprints.drop_defaults(data) if registered else data
 
 
 def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
-    canonical = json.dumps(result_view(cfg, data), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+    """The run's directory name: stable across versions (common/fingerprint.py has the rule)."""
+    return fingerprints.digest(result_view(cfg, data))
 
 
 def atomic_write(path: Path, text: str, durable: bool = True) -> None:
@@ -277,11 +276,21 @@ def locate(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> RunDir:
     root = Path(cfg.runs_root).expanduser().resolve() / cfg.name
     base = root / fingerprint(cfg, data)
     if not cfg.new_run:
-        return RunDir(base)
+        return RunDir(base) if base.exists() else _made_before_registration(cfg, data, base)
     replica = 2
     while (root / f"{base.name}-r{replica}").exists():
         replica += 1
     return RunDir(root / f"{base.name}-r{replica}")
+
+
+def _made_before_registration(cfg: DictConfig, data: Optional[dict], base: Path) -> RunDir:
+    """This config's run from a version that hashed a since-registered key at its default (one
+    existence check per registered key); else `base`, a new run."""
+    if fingerprints.ADDED_RESULT_KEYS:
+        for name in fingerprints.legacy_fingerprints(result_view(cfg, data, registered=False)):
+            if (base.parent / name / "config.yaml").is_file():
+                return RunDir(base.parent / name)
+    return RunDir(base)
 
 
 def config_yaml(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
