@@ -28,7 +28,7 @@ GOLDEN = [
     ("opt6.7b", (), "2fba7125f687"),
     ("opt13b", (), "93d967570535"),
     ("opt30b", (), "3f00c4122bab"),
-    ("opt66b", (), "73d2e9d75541"),
+    ("opt66b", (), "a2dd1342f1fe"),
     ("opt125m", ("train.max_steps=20", "optim.lr=3e-4"), "c067143413bc"),
     ("opt13b", ("deepspeed=zero3", "model.activation_checkpointing=true"), "ec48a72e2a25"),
     ("opt1.3b", ("data.seq_len=1024", "model.dropout=0.0"), "dfcf0448c525"),
