@@ -21,6 +21,8 @@ Model states follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem
 CPU per node = 1.5 (DeepSpeed's additional_buffer_factor; PyTorch's pinned host allocator rounds
 blocks up to powers of two) x max(the fp32 model every rank builds at init, offloaded states);
 stage 3 under zero.Init builds layers on the GPU: offloaded states, else 4L per rank (DeepSpeed's).
+Stage 3's buffers: the reduce bucket, the params prefetched ahead and the persistent (whole) ones,
+from the run's own stage3_* settings (zero3_params.py).
 DeepSpeed's zero2+offload CPU figure, max(4 x total_gpus, 16) x P x 1.5, scales with *all* GPUs of
 the job; we use the per-node count (like its own stage-3 code), so the two agree on one node only.
 """
@@ -28,10 +30,11 @@ the job; we use the per-node count (like its own stage-3 code), so the two agree
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
+from slurmtrain.planning import zero3_params
 from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's API)
     OPT_SIZES,
     ModelShape,
@@ -50,7 +53,6 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # the gradients being reduced. The all-gather after step writes into the params' own flat buffer.
 REDUCE_BUCKET = 500_000_000
 ALLREDUCE_BUCKET = 500_000_000  # engine MEMORY_OPT_ALLREDUCE_SIZE: stage-0 grad all-reduce
-PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size: params fetched ahead, stage 3
 CUDA_CONTEXT = int(1.5 * GiB)  # CUDA context + cuBLAS workspaces + NCCL channel buffers
 FRAGMENTATION = 0.05  # caching-allocator slack, as a share of everything PyTorch allocates
 CPU_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
@@ -220,6 +222,7 @@ def plan_memory(
     reduce_bucket: int = REDUCE_BUCKET,
     overlap_comm: bool = False,
     device: str = "cuda",
+    zero3: Optional[Mapping[str, Any]] = None,
 ) -> MemoryPlan:
     """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
 
@@ -227,7 +230,8 @@ def plan_memory(
     whole; without it (and always in stages 0-2) every rank first builds it in fp32 on the host.
     Host memory under zero.Init is then the offloaded states, or (no offload) DeepSpeed's budget
     of one fp32 largest layer per rank. `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
-    (ds_config.zero_section). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
+    (ds_config.zero_section); `zero3`: that section's stage3_* keys (None: what ds_config gives
+    this model). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
     """
     setting = Setting(
         stage, offload_optimizer, offload_param, micro_batch, activation_checkpointing
@@ -260,7 +264,7 @@ def plan_memory(
     elif stage < 3:
         buffers = d * reduce_bucket * (2 if overlap_comm else 1)
     else:
-        buffers = d * (reduce_bucket + min(PREFETCH_BUCKET, p))
+        buffers = d * (reduce_bucket + zero3_params.extra_gathered(model, zero3))
     acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention)
     allocated = params + grads + optim + acts + buffers
     if stage == 3 and zero_init:  # layers are built on the GPU; no rank holds the whole model
@@ -320,6 +324,7 @@ def recommend(
     attention: str = "sdpa",
     reduce_bucket: int = REDUCE_BUCKET,
     overlap_comm: bool = False,
+    zero3: Optional[Mapping[str, Any]] = None,
 ) -> Optional[Recommendation]:
     """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
 
@@ -338,6 +343,7 @@ def recommend(
             attention=attention,
             reduce_bucket=reduce_bucket,
             overlap_comm=overlap_comm,
+            zero3=zero3,
             **s.knobs(),
         )
         if plan.fits(gpu_mem_bytes, cpu_mem_bytes_per_node):

@@ -51,10 +51,13 @@ def _setting(cfg: DictConfig) -> plan.Setting:
 def _buckets(cfg: DictConfig) -> dict:
     """The ZeRO buckets DeepSpeed will allocate for this run (ds_config is what it trains with)."""
     zero = ds_config.zero_section(cfg)
-    return {
+    buckets = {
         "reduce_bucket": int(zero.get("reduce_bucket_size", plan.REDUCE_BUCKET)),
         "overlap_comm": bool(zero.get("overlap_comm", cfg.deepspeed.stage == 3)),
     }
+    if cfg.deepspeed.stage == 3:  # its prefetch, live and persistence settings
+        buckets["zero3"] = zero
+    return buckets
 
 
 def memory_plan(cfg: DictConfig, nodes: int) -> plan.MemoryPlan:

@@ -1,0 +1,67 @@
+"""ZeRO-3's whole (gathered) parameters beyond each rank's partition, from the run's own settings.
+
+Under stage 3 a rank holds 1/N of every parameter, plus whole copies of: the module running now
+(memory.py's 4L term), the parameters prefetched for the next modules, and the persistent ones
+(never partitioned). The last two follow the `zero_optimization` section DeepSpeed is given
+(common/ds_config.zero_section, deepspeed.extra merged in), read by DeepSpeed's rules
+(deepspeed 0.19.8, runtime/zero/partitioned_param_coordinator.py fetch_sub_module: after the
+current module, it prefetches min(stage3_max_live_parameters - elements gathered now,
+stage3_prefetch_bucket_size) elements; partition_parameters.py: a tensor of at most
+stage3_param_persistence_threshold elements is kept whole). Pure arithmetic: no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from slurmtrain.common import ds_config
+from slurmtrain.planning.shapes import ModelShape, embed_dim, largest_layer_params, param_count
+
+# DeepSpeed's defaults (runtime/zero/config.py), for keys a zero section does not set.
+DS_PREFETCH_BUCKET = 50_000_000
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+DS_PERSISTENCE_THRESHOLD = 100_000
+
+
+def settings(model: ModelShape, zero: Optional[Mapping[str, Any]] = None) -> dict[str, int]:
+    """The three stage-3 keys of `zero` (None: what slurmtrain gives DeepSpeed for this model,
+    ds_config.stage3_section); a key missing from `zero` takes DeepSpeed's default."""
+    if zero is None:
+        zero = ds_config.stage3_section(model.hidden_size)
+    return {
+        "prefetch": int(zero.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)),
+        "max_live": int(zero.get("stage3_max_live_parameters", DS_MAX_LIVE_PARAMETERS)),
+        "persist": int(zero.get("stage3_param_persistence_threshold", DS_PERSISTENCE_THRESHOLD)),
+    }
+
+
+def tensor_sizes(model: ModelShape) -> list[int]:
+    """Elements of every parameter tensor of Hugging Face's OPTForCausalLM of this shape."""
+    h, f, e = model.hidden_size, model.ffn_dim, embed_dim(model)
+    layer = [h * h, h] * 4 + [h * f, f, f * h, h] + [h, h] * 2  # q k v out, fc1 fc2, 2 norms
+    sizes = [model.vocab_size * e, (model.max_positions + 2) * h] + layer * model.num_layers
+    if e != h:
+        sizes += [e * h, e * h]  # project_in / project_out
+    if getattr(model, "layer_norm_before", True):
+        sizes += [h, h]  # the final layer norm
+    return sizes
+
+
+def persistent_elements(model: ModelShape, threshold: int) -> int:
+    """Elements kept whole on every rank: the tensors of at most `threshold` elements."""
+    return sum(n for n in tensor_sizes(model) if n <= threshold)
+
+
+def prefetched_elements(model: ModelShape, prefetch: int, max_live: int) -> int:
+    """Elements gathered ahead of the running module, at most: the running module is at most the
+    largest (memory.py counts it), and the prefetch stops at max_live gathered in all."""
+    p, big = param_count(model), largest_layer_params(model)
+    return max(0, min(prefetch, max_live - big, p - big))
+
+
+def extra_gathered(model: ModelShape, zero: Optional[Mapping[str, Any]] = None) -> int:
+    """Elements a stage-3 rank holds whole besides its partition and the running module."""
+    s = settings(model, zero)
+    return prefetched_elements(model, s["prefetch"], s["max_live"]) + persistent_elements(
+        model, s["persist"]
+    )
