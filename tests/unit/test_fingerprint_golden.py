@@ -50,6 +50,13 @@ def _cfg(tmp_path, model: str, *overrides: str):
     return resolve(cfg)
 
 
+def test_every_shipped_recipe_is_pinned():
+    from pathlib import Path
+
+    recipes = {p.stem for p in (Path(schema.conf_dir()) / "recipe").glob("*.yaml")}
+    assert recipes and recipes <= {model for model, _, _ in GOLDEN}  # a new recipe: pin it here
+
+
 @pytest.mark.parametrize("model,overrides,golden", GOLDEN)
 def test_each_shipped_recipe_keeps_its_fingerprint(tmp_path, model, overrides, golden):
     assert fingerprint(_cfg(tmp_path, model, *overrides)) == golden
