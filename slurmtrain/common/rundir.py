@@ -74,10 +74,14 @@ def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
+DEFAULT_RUN_DIR_MODE = "0750"  # schema.RootConfig.run_dir_mode's default
+
+
 def atomic_write(path: Path, text: str, durable: bool = True) -> None:
-    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one."""
+    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one.
+    Created 0640 at most (the umask may take more): a run's records are not world-readable."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640), "w") as f:
         f.write(text)
         if durable:
             f.flush()
@@ -337,8 +341,10 @@ def create(
 ) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
+    mode = int(str(cfg.get("run_dir_mode") or DEFAULT_RUN_DIR_MODE), 8)
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
+        os.chmod(sub, mode)  # whatever the umask: not world-readable (run_dir_mode)
     text = config_yaml(cfg, data)
     if run.config.exists() and run.config.read_text() != text:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.

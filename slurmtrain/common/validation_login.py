@@ -1,0 +1,114 @@
+"""Checks of the whole config whatever the cluster kind: keys the schema lacks, every cluster.*
+value (a config planned for cluster=local may be moved to Slurm by hand), the run directory's mode
+and a runs_root that can take run directories.
+
+Each failure is one ConfigError line naming the key, the value and the fix; called by
+validation.validate_config on the login node before anything is written or queued.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from slurmtrain.common.errors import ConfigError
+
+
+def check_all(cfg: DictConfig) -> None:
+    check_known_keys(cfg)
+    check_cluster_values(cfg)
+    check_run_dir_mode(cfg.run_dir_mode)
+    check_runs_root(str(cfg.runs_root))
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    from slurmtrain.common.schema import RootConfig
+
+    return OmegaConf.structured(RootConfig)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key is one the schema has. Hydra's `+key=value` (and `++`) adds a key even to a
+    struct config, so a typo composed here and every worker died loading config.yaml against the
+    schema (schema.load_run_config); the same merge here refuses it before anything is queued."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        OmegaConf.merge(_schema(), data)
+    except ConfigKeyError as err:
+        key = err.full_key or str(err.key)
+        value = OmegaConf.select(cfg, key, default=None)
+        raise ConfigError(
+            f"{key}={value!r}: not a slurmtrain setting; check the spelling (`python -m "
+            f"slurmtrain --cfg job` lists every key) or drop it"
+        ) from None
+    except OmegaConfBaseException as err:  # a value of the wrong type, added the same way
+        key = getattr(err, "full_key", None) or "a key"
+        value = OmegaConf.select(cfg, key, default=None) if key != "a key" else None
+        reason = str(err).strip().splitlines()[0]
+        raise ConfigError(f"{key}={value!r}: {reason}; fix the value") from None
+
+
+def check_cluster_values(cfg: DictConfig) -> None:
+    """The Slurm times and srun arguments, for every kind (the #SBATCH values and environment
+    names: login/prepare.resolve, through login/flags.py, the code that writes them)."""
+    from slurmtrain.common.slurm_text import parse_time
+
+    for key in ("cluster.time", "cluster.time_cap"):
+        value = OmegaConf.select(cfg, key)
+        if str(value) == "auto" and key == "cluster.time":
+            continue
+        try:
+            parse_time(str(value))
+        except ValueError:
+            raise ConfigError(
+                f"{key}={value!r}: not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS"
+                f"{' or auto' if key == 'cluster.time' else ''}; e.g. {key}=24:00:00"
+            ) from None
+    for arg in cfg.cluster.srun_extra:
+        if "\n" in str(arg) or "\r" in str(arg):
+            raise ConfigError(f"cluster.srun_extra={str(arg)!r}: newlines are not allowed; fix it")
+
+
+def check_run_dir_mode(mode: object) -> None:
+    text = str(mode)
+    bits = int(text, 8) if re.fullmatch(r"0?[0-7]{3}", text) else None
+    if bits is None or bits & 0o700 != 0o700 or bits & 0o007:
+        raise ConfigError(
+            f"run_dir_mode={text!r}: must be an octal mode with rwx for the owner and nothing for "
+            f"others (run directories hold the job's records); e.g. run_dir_mode=0750 or 0700"
+        )
+
+
+def check_runs_root(root: str) -> None:
+    """runs_root can take run directories: its nearest existing ancestor is a directory we can
+    create entries in (tried for real: root squash, read-only mounts and /proc all refuse). The
+    probe is removed at once; a dry run writes nothing else either."""
+    reason = _unwritable(os.path.abspath(root))
+    if reason:
+        raise ConfigError(
+            f"runs_root={root!r}: cannot create run directories there ({reason}); use a "
+            f"directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _unwritable(root: str) -> str:
+    """Why `root` cannot take new directories, or "" (asked once per process: a sweep's points
+    share their runs_root)."""
+    path = Path(root)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".slurmtrain-probe-", dir=path))
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    return ""

@@ -1,0 +1,103 @@
+"""Secrets (issue #20, item 4): cluster.env values and secret-named keys are written as references,
+never values; the batch script sources a 0600 file instead; token-looking strings are redacted."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from hydra import compose, initialize_config_module
+
+from slurmtrain.common import schema
+
+HEX40 = "0123456789abcdef0123456789abcdef01234567"
+TOKENS = [
+    HEX40,
+    "hf_" + "A" * 34,
+    "ghp_" + "b" * 36,
+    "github_pat_11ABCDEFG0" + "x" * 50,
+    "sk-proj-" + "c" * 40,
+    "xoxb-1234-5678-abcdefghij",
+    "AKIAIOSFODNN7EXAMPLE",
+    "f" * 32,
+    "e" * 64,
+]
+
+
+def test_redact_text_covers_common_tokens():
+    from slurmtrain.common.secrets import redact_text
+
+    for token in TOKENS:
+        assert token not in redact_text(f"x={token} y"), token
+    assert redact_text("git sha 3a732a1 step_1000 lr=3e-4") == "git sha 3a732a1 step_1000 lr=3e-4"
+
+
+def test_argv_and_overrides_lose_secret_values():
+    from slurmtrain.common.secrets import redact_overrides
+
+    args = [
+        f"cluster.env.WANDB_API_KEY={HEX40}",
+        "+cluster.env.MY_VAR=plain",
+        "deepspeed.extra.comet.api_key=hunter2",
+        "train.tokens=3e11",
+    ]
+    out = redact_overrides(args)
+    assert not any(HEX40 in a or "hunter2" in a for a in out), out
+    assert out[0] == "cluster.env.WANDB_API_KEY=${oc.env:WANDB_API_KEY}"
+    assert out[3] == "train.tokens=3e11"
+
+
+def _cfg(tmp_path, *overrides):
+    schema.register()
+    with initialize_config_module("slurmtrain.conf", version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[
+                "cluster=slurm",
+                "cluster.partition=debug",
+                f"runs_root={tmp_path}",
+                *overrides,
+            ],
+        )
+    from slurmtrain.login.prepare import resolve
+
+    return resolve(cfg)
+
+
+def test_sbatch_sources_a_0600_file_and_config_holds_references(tmp_path):
+    from slurmtrain.common import rundir as runs
+    from slurmtrain.common import secrets
+    from slurmtrain.login.slurm_submit import render_sbatch
+
+    cfg = _cfg(
+        tmp_path,
+        f"+cluster.env.WANDB_API_KEY={HEX40}",
+        "+cluster.env.NCCL_SOCKET_IFNAME=ib0",
+        "+deepspeed.extra.comet.api_key=hunter2",
+    )
+    run = runs.locate(cfg)
+    old = os.umask(0)  # umask-proof: the modes do not come from the caller's umask
+    try:
+        data = secrets.referenced(cfg)
+        runs.create(run, cfg, [], data=data)
+        secrets.write_env_file(run.path, cfg)
+    finally:
+        os.umask(old)
+    script = render_sbatch(cfg, run)
+    text = run.config.read_text()
+    for leaked in (HEX40, "hunter2"):
+        assert leaked not in script and leaked not in text
+    assert "ib0" in (run.path / "secrets.env").read_text()  # every cluster.env entry travels there
+    assert f". {run.path}/secrets.env" in script
+    assert "${oc.env:WANDB_API_KEY" in text
+    env_file = run.path / "secrets.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert HEX40 in env_file.read_text() and "hunter2" in env_file.read_text()
+    assert stat.S_IMODE(run.path.stat().st_mode) == 0o750
+    assert stat.S_IMODE(run.config.stat().st_mode) & 0o007 == 0
+    # The compute node resolves the references from the environment the script sourced.
+    os.environ["WANDB_API_KEY"] = HEX40
+    os.environ[secrets.env_name("deepspeed.extra.comet.api_key")] = "hunter2"
+    loaded = schema.load_run_config(str(run.config))
+    assert loaded.cluster.env.WANDB_API_KEY == HEX40
+    assert loaded.deepspeed.extra.comet.api_key == "hunter2"
