@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.secrets import is_secret_key, reference
 
 
 def check_all(cfg: DictConfig) -> None:
@@ -44,9 +45,13 @@ def check_known_keys(cfg: DictConfig) -> None:
     except ConfigKeyError as err:
         key = err.full_key or str(err.key)
         value = OmegaConf.select(cfg, key, default=None)
+        if is_secret_key(key):  # a misspelt cluster.env.X: the error line is not a leak
+            value = reference(key)
+        # a whole section (+cluster.evn.X=1): named, its values not echoed
+        given = f"{key}" if OmegaConf.is_config(value) else f"{key}={value!r}"
         raise ConfigError(
-            f"{key}={value!r}: not a slurmtrain setting; check the spelling (`python -m "
-            f"slurmtrain --cfg job` lists every key) or drop it"
+            f"{given}: not a slurmtrain setting; check the spelling (`python -m slurmtrain "
+            f"--cfg job` lists every key) or drop it"
         ) from None
     except OmegaConfBaseException as err:  # a value of the wrong type, added the same way
         key = getattr(err, "full_key", None) or "a key"

@@ -101,3 +101,22 @@ def test_sbatch_sources_a_0600_file_and_config_holds_references(tmp_path):
     loaded = schema.load_run_config(str(run.config))
     assert loaded.cluster.env.WANDB_API_KEY == HEX40
     assert loaded.deepspeed.extra.comet.api_key == "hunter2"
+
+
+def test_error_lines_and_sweep_points_do_not_echo_a_secret(tmp_path):
+    from tests.conftest import run_cli
+
+    env = {"SLURMTRAIN_RUNS_ROOT": str(tmp_path / "runs")}
+    typo = run_cli(["cluster=local", f"+cluster.evn.WANDB_API_KEY={HEX40}"], tmp_path, env)
+    assert typo.returncode == 2 and "cluster.evn: not a slurmtrain setting" in typo.stderr
+    sweep = [
+        "-m",
+        "cluster=local",
+        "dry_run=true",
+        f"+cluster.env.WANDB_API_KEY={HEX40}",
+        "optim.lr=1e-4,3e-4",
+    ]
+    points = run_cli(sweep, tmp_path, env)
+    assert points.returncode == 0 and points.stdout.count("sweep point:") == 2, points.stderr
+    for done in (typo, points):
+        assert HEX40 not in done.stdout + done.stderr
