@@ -344,7 +344,7 @@ def create(
     mode = int(str(cfg.get("run_dir_mode") or DEFAULT_RUN_DIR_MODE), 8)
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
-        os.chmod(sub, mode)  # whatever the umask: not world-readable (run_dir_mode)
+        _set_mode(sub, mode)
     text = config_yaml(cfg, data)
     if run.config.exists() and run.config.read_text() != text:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
@@ -352,6 +352,16 @@ def create(
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
     atomic_write(run.config, text, durable=durable)
     atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)
+
+
+def _set_mode(path: Path, mode: int) -> None:
+    """run_dir_mode whatever the umask; a directory another user owns (a teammate's run in a
+    group-shared runs_root, resumed) keeps the mode its owner gave it."""
+    if path.stat().st_mode & 0o7777 != mode:
+        try:
+            os.chmod(path, mode)
+        except PermissionError:
+            pass
 
 
 def runs_named(arg: str, runs_root: Optional[str] = None) -> tuple[list[RunDir], Path]:
