@@ -11,6 +11,7 @@ CASES = [
     # Hydra's `+` adds a key even to a struct config: every worker then died with ConfigKeyError.
     (["cluster=local", "+some_new_key=1"], "some_new_key"),
     (["cluster=local", "++train.no_such=2"], "train.no_such"),
+    (["cluster=local", "+model.nme=x"], "model.nme='x'"),  # a section the group fills in
     (["cluster=local", "runs_root=/proc/nope"], "runs_root='/proc/nope'"),
     # Keys the chosen kind does not use are still checked: the run may be moved to Slurm later.
     (["cluster=local", "cluster.time=abc"], "cluster.time='abc'"),
