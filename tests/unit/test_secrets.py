@@ -120,3 +120,14 @@ def test_error_lines_and_sweep_points_do_not_echo_a_secret(tmp_path):
     assert points.returncode == 0 and points.stdout.count("sweep point:") == 2, points.stderr
     for done in (typo, points):
         assert HEX40 not in done.stdout + done.stderr
+
+
+def test_array_script_sources_each_points_file_if_it_has_one(tmp_path):
+    from slurmtrain.login import flags
+    from slurmtrain.login.slurm_submit import job_name, render_script
+
+    cfg = _cfg(tmp_path, f"+cluster.env.WANDB_API_KEY={HEX40}")
+    options = flags.sbatch_options(cfg, job_name(cfg))
+    script = render_script(cfg, "", options, "x/%A_%a.batch.out", array_map=str(tmp_path / "m"))
+    assert '[ ! -e "$RUN_DIR"/secrets.env ] || . "$RUN_DIR"/secrets.env || exit 2' in script
+    assert HEX40 not in script
