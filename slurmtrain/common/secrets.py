@@ -69,6 +69,11 @@ def reference(path: str) -> str:
     return "${oc.env:" + env_name(path) + "}"
 
 
+def secret_keys(node: Any, path: str = "") -> Iterable[tuple[str, dict, str]]:
+    """(key path, parent dict, key) of every secret scalar under a plain container at `path`."""
+    return _walk(node, path)
+
+
 def _walk(node: Any, path: str = "") -> Iterable[tuple[str, dict, str]]:
     """(key path, parent dict, key) of every scalar under a plain container that is a secret."""
     if isinstance(node, dict):

@@ -19,13 +19,14 @@ from typing import Any, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.secrets import is_secret_key, reference
+from slurmtrain.common.secrets import is_secret_key, reference, secret_keys
 
 
 def check_all(cfg: DictConfig) -> None:
     check_known_keys(cfg)
     check_cluster_values(cfg)
     check_run_dir_mode(cfg.run_dir_mode)
+    check_deepspeed_secrets(cfg)
     check_runs_root(str(cfg.runs_root))
 
 
@@ -108,6 +109,21 @@ def check_cluster_values(cfg: DictConfig) -> None:
     for arg in cfg.cluster.srun_extra:
         if "\n" in str(arg) or "\r" in str(arg):
             raise ConfigError(f"cluster.srun_extra={str(arg)!r}: newlines are not allowed; fix it")
+
+
+def check_deepspeed_secrets(cfg: DictConfig) -> None:
+    """DeepSpeed stores its whole config in every checkpoint (and its monitors log it): a
+    credential there (comet.api_key) would be written in clear. Its monitors read theirs from the
+    environment too, which cluster.env gives the job without writing it anywhere."""
+    extra = OmegaConf.to_container(cfg.deepspeed.extra, resolve=False)
+    for path in sorted(p for p, _, _ in secret_keys(extra, "deepspeed.extra")):
+        leaf = path.rsplit(".", 1)[-1]
+        raise ConfigError(
+            f"{path}: DeepSpeed writes its config into every checkpoint, so a secret there is "
+            f"stored in clear; give it through the environment instead, e.g. "
+            f"+cluster.env.{re.sub('[^A-Za-z0-9]+', '_', path.split('.')[2]).upper()}_"
+            f"{leaf.upper()}=..."
+        )
 
 
 def check_run_dir_mode(mode: object) -> None:

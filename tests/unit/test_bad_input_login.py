@@ -18,6 +18,8 @@ CASES = [
     (["cluster=local", "cluster.partition=a;b"], "cluster.partition"),
     (["cluster=local", "+cluster.env.1BAD=x"], "cluster.env.1BAD"),
     (["cluster=local", "run_dir_mode=0777"], "run_dir_mode='0777'"),
+    # DeepSpeed saves its config into every checkpoint: a key there would be stored in clear.
+    (["cluster=local", "+deepspeed.extra.comet.api_key=x"], "+cluster.env.COMET_API_KEY"),
 ]
 
 
