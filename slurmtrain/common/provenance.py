@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common.commands import run_cmd
-from slurmtrain.common.secrets import REDACTED, SECRET_ENV_NAME, redact_overrides, redact_text
+from slurmtrain.common.secrets import (
+    NAMES_VAR,
+    REDACTED,
+    SECRET_ENV_NAME,
+    redact_overrides,
+    redact_text,
+)
 
 RECORDED_ENV = re.compile(
     r"^(SLURM_|SUBMITIT_|CUDA_|NCCL_|TORCH_|DS_|OMP_|MASTER_|WORLD_SIZE|RANK|"
@@ -31,10 +37,12 @@ RECORDED_ENV = re.compile(
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """The variables worth recording, with anything secret-looking replaced."""
     out = {}
+    given = set(env.get(NAMES_VAR, "").split())  # every variable secrets.env set
     for key, value in sorted(env.items()):
         if not RECORDED_ENV.match(key):
             continue
-        out[key] = REDACTED if SECRET_ENV_NAME.search(key) else redact_text(value)
+        secret = key in given or SECRET_ENV_NAME.search(key)
+        out[key] = REDACTED if secret else redact_text(value)
     return out
 
 

@@ -22,6 +22,9 @@ REDACTED = "<redacted>"
 ENV_FILE = "secrets.env"
 ENV_KEY = "cluster.env"
 SECRET_PREFIX = "SLURMTRAIN_SECRET_"
+# The job's list of the variables secrets.env set (names only): provenance redacts them all, also
+# those whose name or value does not look secret (cluster.env.WANDB_BASE_URL=https://u:pw@host).
+NAMES_VAR = "SLURMTRAIN_SECRET_NAMES"
 
 # Environment variable names whose values are credentials (recorded environments, cluster.env).
 SECRET_ENV_NAME = re.compile(
@@ -114,10 +117,16 @@ def values(cfg: Any) -> dict[str, str]:
     }
 
 
+def job_environment(cfg: Any) -> dict[str, str]:
+    """What secrets.env gives the job: the secrets' values and NAMES_VAR listing them."""
+    found = values(cfg)
+    return {**found, NAMES_VAR: " ".join(sorted(found))} if found else {}
+
+
 def write_env_file(run_path: Path, cfg: Any) -> Optional[Path]:
     """RUN_DIR/secrets.env (0600 whatever the umask, replaced atomically) with the config's
     secrets as `export NAME=value` lines; None (nothing written) when there are none."""
-    found = values(cfg)
+    found = job_environment(cfg)
     if not found:
         return None
     path = Path(run_path) / ENV_FILE

@@ -39,7 +39,7 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
     if cfg.gpus_per_node == 0:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-    os.environ.update(secrets.values(cfg))  # the workers resolve config.yaml's references
+    os.environ.update(secrets.job_environment(cfg))  # the workers resolve config.yaml's references
     executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
     executor.update_parameters(
         tasks_per_node=tasks_per_node(cfg),

@@ -11,10 +11,16 @@ from tests.conftest import run_cli, run_dirs
 
 WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"  # wandb's keys: 40 hex digits
 HF_TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+URL = "https://me:pw-in-url@wandb.example"
+SECRETS = (WANDB_KEY, HF_TOKEN, URL)
 
 
 def test_secrets_reach_the_job_and_no_record(workdir, monkeypatch):
-    for name in ("WANDB_API_KEY", "HF_TOKEN"):  # only cluster.env can give the job these
+    for name in (
+        "WANDB_API_KEY",
+        "HF_TOKEN",
+        "WANDB_BASE_URL",
+    ):  # only cluster.env can give the job these
         monkeypatch.delenv(name, raising=False)
     args = [
         "cluster=local",
@@ -22,13 +28,14 @@ def test_secrets_reach_the_job_and_no_record(workdir, monkeypatch):
         "checkpoint.interval_steps=2",
         f"+cluster.env.WANDB_API_KEY={WANDB_KEY}",
         f"+cluster.env.HF_TOKEN={HF_TOKEN}",
+        f"+cluster.env.WANDB_BASE_URL={URL}",  # neither name nor value looks secret
     ]
     env = {"SLURMTRAIN_RUNS_ROOT": str(workdir / "runs")}
     dry = run_cli([*args, "dry_run=true"], cwd=workdir, env=env)
     done = run_cli(args, cwd=workdir, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     for out in (dry, done):
-        for secret in (WANDB_KEY, HF_TOKEN):
+        for secret in SECRETS:
             assert secret not in out.stdout + out.stderr
     [run] = run_dirs(workdir / "runs")
     leaks = []
@@ -36,7 +43,7 @@ def test_secrets_reach_the_job_and_no_record(workdir, monkeypatch):
         if path.name == "secrets.env":
             continue
         data = path.read_bytes()
-        leaks += [f"{path}: {s}" for s in (WANDB_KEY, HF_TOKEN) if s.encode() in data]
+        leaks += [f"{path}: {s}" for s in SECRETS if s.encode() in data]
     assert not leaks, leaks
     secrets_env = run / "secrets.env"
     assert stat.S_IMODE(secrets_env.stat().st_mode) == 0o600
@@ -48,4 +55,5 @@ def test_secrets_reach_the_job_and_no_record(workdir, monkeypatch):
     # Rank 0 recorded its environment (names; these values redacted): it had both variables,
     # which the test's own environment did not.
     seen = json.loads((run / "provenance" / "attempt_1.json").read_text())["env"]
-    assert seen.get("WANDB_API_KEY") == "<redacted>" and seen.get("HF_TOKEN") == "<redacted>"
+    for name in ("WANDB_API_KEY", "HF_TOKEN", "WANDB_BASE_URL"):
+        assert seen.get(name) == "<redacted>", (name, seen.get(name))
