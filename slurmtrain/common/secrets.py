@@ -157,7 +157,9 @@ def redact_overrides(args: Iterable[str]) -> list[str]:
     for arg in args:
         key, sep, _ = str(arg).partition("=")
         bare = key.lstrip("+~")
-        if sep and re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", bare) and is_secret_key(bare):
+        if sep and bare in (ENV_KEY, "cluster"):  # the whole dict given at once: none of it
+            out.append(f"{key}={REDACTED}")
+        elif sep and re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", bare) and is_secret_key(bare):
             out.append(f"{key}={reference(bare)}")
         else:
             out.append(redact_text(str(arg)))

@@ -45,6 +45,7 @@ def test_argv_and_overrides_lose_secret_values():
     assert not any(HEX40 in a or "hunter2" in a for a in out), out
     assert out[0] == "cluster.env.WANDB_API_KEY=${oc.env:WANDB_API_KEY}"
     assert out[3] == "train.tokens=3e11"
+    assert redact_overrides(["cluster.env={A: hunter2}"]) == ["cluster.env=<redacted>"]
 
 
 def _cfg(tmp_path, *overrides):
