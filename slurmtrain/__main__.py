@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from slurmtrain.common import schema
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.hydra_errors import one_line
+from slurmtrain.common.secrets import redact_text
 from slurmtrain.login.launch import launch_one
 
 schema.register()
@@ -33,7 +34,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         code = launch_one(cfg, _overrides())
     except ConfigError as err:  # exit here: Hydra would print its own banner first
-        print(f"slurmtrain: error: {err}", file=sys.stderr)
+        print(f"slurmtrain: error: {redact_text(str(err))}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     if code:
         raise SystemExit(code)
@@ -45,13 +46,13 @@ def main() -> None:
     try:
         _hydra_main()
     except ConfigError as err:
-        print(f"slurmtrain: error: {err}", file=sys.stderr)
+        print(f"slurmtrain: error: {redact_text(str(err))}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     except Exception as err:  # noqa: BLE001  Hydra/OmegaConf composition errors
         line = one_line(err)
         if line is None:
             raise
-        print(f"slurmtrain: error: {line}", file=sys.stderr)
+        print(f"slurmtrain: error: {redact_text(line)}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
 
 

@@ -18,6 +18,10 @@ def one_line(err: BaseException) -> Optional[str]:
         return None
     text = "\n".join(str(e) for e in chain)
     override = getattr(err, "override", None)
+    if override is not None:  # a cluster.env.X=... override is echoed with a reference instead
+        from slurmtrain.common.secrets import redact_overrides
+
+        override = redact_overrides([str(override)])[0]
     if override is not None and ("Exception" in text or "mismatched input" in text):
         return (
             f"{override.strip()!r}: not a valid override; quote a value with spaces or "

@@ -19,32 +19,30 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common.commands import run_cmd
+from slurmtrain.common.secrets import (
+    NAMES_VAR,
+    REDACTED,
+    SECRET_ENV_NAME,
+    redact_overrides,
+    redact_text,
+)
 
-SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSW|PASSWD|API_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|"
-    r"SESSION|ACCESS_KEY)",
-    re.IGNORECASE,
-)
-# Values that look like credentials whatever the variable is called (tokens of common services).
-SECRET_VALUE = re.compile(
-    r"(hf_[A-Za-z0-9]{20,}|ghp_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|"
-    r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,}|wandb_[A-Za-z0-9]{20,})"
-)
 RECORDED_ENV = re.compile(
     r"^(SLURM_|SUBMITIT_|CUDA_|NCCL_|TORCH_|DS_|OMP_|MASTER_|WORLD_SIZE|RANK|"
     r"LOCAL_RANK|PYTHON|HOSTNAME|PATH$|LD_LIBRARY_PATH|VIRTUAL_ENV|CONDA_|"
     r"HF_|TRANSFORMERS_|WANDB_|SLURMTRAIN_)"
 )
-REDACTED = "<redacted>"
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """The variables worth recording, with anything secret-looking replaced."""
     out = {}
+    given = set(env.get(NAMES_VAR, "").split())  # every variable secrets.env set
     for key, value in sorted(env.items()):
         if not RECORDED_ENV.match(key):
             continue
-        out[key] = REDACTED if SECRET_NAME.search(key) else SECRET_VALUE.sub(REDACTED, value)
+        secret = key in given or SECRET_ENV_NAME.search(key)
+        out[key] = REDACTED if secret else redact_text(value)
     return out
 
 
@@ -62,7 +60,7 @@ def git_state(cwd: str) -> dict[str, Any]:
     return {
         "git": sha.strip(),
         "git_dirty": bool(diff.strip()),
-        "git_diff": SECRET_VALUE.sub(REDACTED, diff),
+        "git_diff": redact_text(diff),
     }
 
 
@@ -128,13 +126,20 @@ def write(
         "label": label,
         "time": time.time(),
         "host": socket.gethostname(),
-        "argv": [SECRET_VALUE.sub(REDACTED, a) for a in sys.argv],
+        "argv": redact_overrides(sys.argv),  # cluster.env.X=... too, not only token shapes
         "versions": versions(),
         **git_state(cwd or os.getcwd()),
         "env": redact_env(dict(os.environ)),
         **(extra or {}),
     }
     path = directory / f"{label}.json"
-    path.write_text(json.dumps(record, indent=1, default=str))
-    (directory / f"{label}.pip-freeze.txt").write_text("\n".join(packages()) + "\n")
+    _write_private(path, json.dumps(record, indent=1, default=str))
+    _write_private(directory / f"{label}.pip-freeze.txt", "\n".join(packages()) + "\n")
     return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Not world-readable whatever the umask (a run's records are the user's and their group's)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with open(fd, "w") as f:
+        f.write(text)

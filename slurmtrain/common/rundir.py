@@ -73,10 +73,14 @@ def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
     return fingerprints.digest(result_view(cfg, data))
 
 
+DEFAULT_RUN_DIR_MODE = "0750"  # schema.RootConfig.run_dir_mode's default
+
+
 def atomic_write(path: Path, text: str, durable: bool = True) -> None:
-    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one."""
+    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one.
+    Created 0640 at most (the umask may take more): a run's records are not world-readable."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640), "w") as f:
         f.write(text)
         if durable:
             f.flush()
@@ -346,8 +350,10 @@ def create(
 ) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
+    mode = int(str(cfg.get("run_dir_mode") or DEFAULT_RUN_DIR_MODE), 8)
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
+        _set_mode(sub, mode)
     text = config_yaml(cfg, data)
     if run.config.exists() and run.config.read_text() != text:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
@@ -355,6 +361,16 @@ def create(
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
     atomic_write(run.config, text, durable=durable)
     atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)
+
+
+def _set_mode(path: Path, mode: int) -> None:
+    """run_dir_mode whatever the umask; a directory another user owns (a teammate's run in a
+    group-shared runs_root, resumed) keeps the mode its owner gave it."""
+    if path.stat().st_mode & 0o7777 != mode:
+        try:
+            os.chmod(path, mode)
+        except PermissionError:
+            pass
 
 
 def runs_named(arg: str, runs_root: Optional[str] = None) -> tuple[list[RunDir], Path]:

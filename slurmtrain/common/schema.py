@@ -271,6 +271,9 @@ class RootConfig:
     # none: start from step 0 (the old checkpoints move to checkpoints/discarded/); step_N: that
     # one (newer ones move aside). none/step_N apply once, to the first attempt after submission.
     resume: str = "auto"
+    # Mode of each run directory (octal, owner rwx, nothing for others; applied whatever the
+    # umask): its config, ledger and logs are the user's and their group's only.
+    run_dir_mode: str = "0750"
 
 
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
@@ -289,6 +292,7 @@ NON_RESULT_KEYS = (
     "faults",
     "smoke",
     "resume",
+    "run_dir_mode",
     "train.log_interval",
     "train.eval_interval",
     "train.pause_at_step",

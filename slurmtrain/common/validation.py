@@ -22,6 +22,7 @@ from slurmtrain.common.schema import (
     node_range,
     world_size,
 )
+from slurmtrain.common.validation_login import check_all
 
 
 def _positive(key: str, value: Any) -> None:
@@ -203,6 +204,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
 
     policy.resolve_time(cfg, None, "not read from Slurm")  # placement.py had no partition
     policy.resolve_checkpoint(cfg)
+    check_all(cfg)  # unknown keys, cluster.* for every kind, runs_root, run_dir_mode
     for key in (
         "train.max_steps",
         "train.micro_batch_size",

@@ -15,9 +15,10 @@ import sys
 import tempfile
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from slurmtrain.common import rundir as runs
+from slurmtrain.common import secrets
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.slurm_text import SlurmError
@@ -60,7 +61,7 @@ def show(cfg: DictConfig, out=None) -> int:
     from slurmtrain.login.placement import announce
 
     announce()
-    print(OmegaConf.to_yaml(cfg, resolve=True), file=out)
+    print(secrets.redacted_yaml(cfg), file=out)  # secrets as references, never values
     report = planning.report(cfg)
     planned_time = cfg.cluster.time
     refused = refusal(cfg, report)
@@ -71,7 +72,7 @@ def show(cfg: DictConfig, out=None) -> int:
     if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
         from slurmtrain.login.slurm_submit import render_sbatch
 
-        script = render_sbatch(cfg, runs.locate(cfg))
+        script = render_sbatch(cfg, runs.locate(cfg, secrets.referenced(cfg)))
         print("slurmtrain: dry run: the batch script that would be submitted:", file=out)
         print(script.rstrip("\n"), file=out)
         try:

@@ -116,12 +116,13 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
 def dry_run(points: Sequence[Point]) -> int:
     """Show each point (config, plan, batch script, Slurm's answer); nothing is written or queued.
     Exits 2 when the same command without dry_run=true would be refused (login/dry_run.py)."""
+    from slurmtrain.common.secrets import redact_overrides
     from slurmtrain.login.dry_run import show
 
     code = 0
     for cfg, overrides in points:
         if len(points) > 1:
-            print(f"sweep point: {' '.join(overrides)}")
+            print(f"sweep point: {' '.join(redact_overrides(overrides))}")
         code = show(cfg) or code
     return code
 

@@ -22,7 +22,7 @@ import submitit
 from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from slurmtrain.common import ledger
+from slurmtrain.common import ledger, secrets
 from slurmtrain.common.rundir import RunDir, pid_start
 from slurmtrain.common.schema import tasks_per_node
 from slurmtrain.login.submit import Submission, TrainTask
@@ -39,6 +39,7 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
     if cfg.gpus_per_node == 0:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    os.environ.update(secrets.job_environment(cfg))  # the workers resolve config.yaml's references
     executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
     executor.update_parameters(
         tasks_per_node=tasks_per_node(cfg),

@@ -16,8 +16,9 @@ from typing import Callable, Iterable, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import pretrained, schema
+from slurmtrain.common import pretrained, schema, secrets
 from slurmtrain.common import rundir as runs
+from slurmtrain.common.errors import ConfigError
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
 
@@ -44,7 +45,17 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
     schema.validate(cfg, submitting=not cfg.dry_run)
+    _check_slurm_values(cfg)
     return cfg
+
+
+def _check_slurm_values(cfg: DictConfig) -> None:
+    """Every #SBATCH value and cluster.env name is checked whatever cluster.kind is: a config
+    made for cluster=local is still refused, in one line, if it would not render for Slurm."""
+    from slurmtrain.login import flags
+
+    flags.sbatch_options(cfg, f"st-{cfg.name}")
+    flags.job_env(cfg)
 
 
 def check(
@@ -68,11 +79,18 @@ def check(
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
-    data = OmegaConf.to_container(cfg, resolve=True)  # fingerprinted, then written (record)
-    assert isinstance(data, dict)
+    # Fingerprinted, then written (record): secrets as references, so neither config.yaml nor the
+    # run's name depends on a key's value (a rotated token resumes the same run).
+    data = secrets.referenced(OmegaConf.to_container(cfg, resolve=True))
     run = runs.locate(cfg, data)
     if locks is not None:
-        locks.enter_context(run.locked())
+        try:
+            locks.enter_context(run.locked())  # the first thing made under runs_root
+        except OSError as err:
+            raise ConfigError(
+                f"runs_root={cfg.runs_root!r}: cannot create {run.path} ({err.strerror}); "
+                f"use a directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
+            ) from None
     warning = planning.lead_warning(cfg, run.run_events("checkpoint_saved"))
     if warning:
         print(f"slurmtrain: {warning}")
@@ -93,10 +111,15 @@ def check(
 
 def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
     """Write the run's config, overrides and provenance. `durable=False` (a sweep): nothing is
-    fsynced here; the caller makes every point's config durable together (`persist`)."""
+    fsynced here; the caller makes every point's config durable together (`persist`).
+    Secrets: references in config.yaml, overrides.yaml and provenance; values in the 0600
+    RUN_DIR/secrets.env the batch script sources (common/secrets.py)."""
     from slurmtrain.common import provenance
 
-    runs.create(p.run, p.cfg, overrides, durable=durable, data=p.data)
+    overrides = secrets.redact_overrides(overrides)
+    data = p.data if p.data is not None else secrets.referenced(p.cfg)
+    runs.create(p.run, p.cfg, overrides, durable=durable, data=data)
+    secrets.write_env_file(p.run.path, p.cfg)
     if not durable:  # created now, so `submitted` does not fsync its parent once per point
         p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(

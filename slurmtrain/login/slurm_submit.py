@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from omegaconf import DictConfig
 
-from slurmtrain.common import slurm_cmd
+from slurmtrain.common import secrets, slurm_cmd
 from slurmtrain.common import slurm_text as slurm
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
@@ -121,13 +121,22 @@ def render_script(
     run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags.checked("runs_root", run_dir))
     logs = '"$RUN_DIR"/logs' if array_map else shlex.quote(f"{run_dir}/logs")
     srun = ["--unbuffered", "--open-mode=append", *flags.srun_args(cfg)]
+    # cluster.env and secret-named keys: sourced from the run's 0600 secrets.env, never written
+    # here (common/secrets.py); an array's points each have their own (or none).
+    env = {k: v for k, v in flags.job_env(cfg).items() if k not in cfg.cluster.env}
+    secrets_file = None
+    if array_map:
+        secrets_file = f'"$RUN_DIR"/{secrets.ENV_FILE}'
+    elif secrets.values(cfg):
+        secrets_file = shlex.quote(f"{run_dir}/{secrets.ENV_FILE}")
     return _template().render(
         run_dir=run_dir,
         array_map=array_map,
         container=cfg.cluster.container,
         sbatch_lines=flags.sbatch_lines(options),
         batch_log=batch_log,
-        env=flags.job_env(cfg),
+        env=env,
+        secrets_file=secrets_file,
         python_path=sys.executable,
         logs=logs,
         srun_args=flags.quote_all(srun),

@@ -125,5 +125,7 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     )
     run = only_run(workdir / "runs", "quoted")
     wait_event(run, "finished", timeout=400)
-    assert f"export CANARY='$(touch {canary})'" in (run / "job.sbatch").read_text()
+    # cluster.env values: in the 0600 secrets.env the script sources (common/secrets.py), quoted
+    assert f"export CANARY='$(touch {canary})'" in (run / "secrets.env").read_text()
+    assert "CANARY" not in (run / "job.sbatch").read_text()
     assert not canary.exists()

@@ -53,7 +53,11 @@ def test_submitit_submission_file_equals_job_sbatch_field_by_field(tmp_path):
     ex = backend.executor(cfg, tmp_path / "submitit", [str(run.path)])
     theirs = _fields(ex._make_submission_file_text("unused", "uid"))
     assert theirs["srun"] == ours["srun"]
-    assert theirs["env"] == ours["env"] and ours["env"]["NCCL_IB_HCA"] == "mlx5"
+    assert theirs["env"] == ours["env"] and "NCCL_IB_HCA" not in ours["env"]
+    # cluster.env: sourced from the run's 0600 secrets.env by both (common/secrets.py)
+    sourced = f". {run.path}/secrets.env || {{"
+    assert sourced in backend.render_sbatch(cfg, run)
+    assert sourced in ex._make_submission_file_text("unused", "uid")
     assert theirs["sbatch"] == ours["sbatch"]
     assert theirs["after_srun"] == ours["after_srun"]
     srun = ours["srun"]

@@ -1,0 +1,166 @@
+"""Secrets: config values that are never written in clear, and the redaction of what is recorded.
+
+Every `cluster.env` entry (the job's environment: API keys, tokens) and every key named like a
+credential (deepspeed.extra.comet.api_key) is recorded as a reference the job resolves from its
+environment: `cluster.env.NAME` as `${oc.env:NAME}`, any other key as
+`${oc.env:SLURMTRAIN_SECRET_<KEY PATH>}`. The values go to RUN_DIR/secrets.env only: mode 0600,
+written by the submitting user's own process on the shared filesystem, sourced by job.sbatch (srun
+hands the variables on to every rank). config.yaml, overrides.yaml, provenance/, job.sbatch and
+the dry-run output carry references or `<redacted>`, never a value.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+REDACTED = "<redacted>"
+ENV_FILE = "secrets.env"
+ENV_KEY = "cluster.env"
+SECRET_PREFIX = "SLURMTRAIN_SECRET_"
+# The job's list of the variables secrets.env set (names only): provenance redacts them all, also
+# those whose name or value does not look secret (cluster.env.WANDB_BASE_URL=https://u:pw@host).
+NAMES_VAR = "SLURMTRAIN_SECRET_NAMES"
+
+# Environment variable names whose values are credentials (recorded environments, cluster.env).
+SECRET_ENV_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSW|API_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|SESSION|ACCESS_KEY|"
+    r"(?:^|_)KEY(?:_|$))",
+    re.IGNORECASE,
+)
+# Config keys named like credentials: whole words of the key's last part, so that train.tokens or
+# optim.warmup_tokens are not taken for a token.
+SECRET_KEY_NAME = re.compile(
+    r"(?:^|_)(?:API_?KEY|KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|AUTH)(?:_|$)",
+    re.IGNORECASE,
+)
+# Values that look like credentials whatever they are called: tokens of common services, and
+# 32-64 hex digits (wandb's 40-hex API key, md5/sha-style secrets). A git SHA in a diff is hidden
+# too: a diff is worth less than a leaked key.
+SECRET_VALUE = re.compile(
+    r"(hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+    r"sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|xox[abpsr]-[A-Za-z0-9-]{10,}|"
+    r"wandb_[A-Za-z0-9]{20,}|glpat-[A-Za-z0-9_-]{20,}|(?<![0-9A-Za-z])[0-9a-fA-F]{32,64}(?![0-9A-Za-z]))"
+)
+
+
+def redact_text(text: str) -> str:
+    """`text` with every credential-looking substring replaced by <redacted>."""
+    return SECRET_VALUE.sub(REDACTED, text)
+
+
+def is_secret_key(path: str) -> bool:
+    """A config key whose value is a secret: any cluster.env entry, or a credential-named key."""
+    if path.startswith(ENV_KEY + "."):
+        return True
+    leaf = re.split(r"[.\[\]]", path.rstrip("]"))[-1]
+    return bool(SECRET_KEY_NAME.search(leaf))
+
+
+def env_name(path: str) -> str:
+    """The environment variable a secret key's value travels in to the job."""
+    if path.startswith(ENV_KEY + "."):
+        return path[len(ENV_KEY) + 1 :]
+    return SECRET_PREFIX + re.sub(r"[^A-Za-z0-9]+", "_", path).strip("_").upper()
+
+
+def reference(path: str) -> str:
+    return "${oc.env:" + env_name(path) + "}"
+
+
+def secret_keys(node: Any, path: str = "") -> Iterable[tuple[str, dict, str]]:
+    """(key path, parent dict, key) of every secret scalar under a plain container at `path`."""
+    return _walk(node, path)
+
+
+def _walk(node: Any, path: str = "") -> Iterable[tuple[str, dict, str]]:
+    """(key path, parent dict, key) of every scalar under a plain container that is a secret."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = f"{path}.{key}" if path else str(key)
+            if isinstance(value, (dict, list)):
+                yield from _walk(value, here)
+            elif value is not None and is_secret_key(here):
+                yield here, node, key
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{path}[{i}]")
+
+
+def referenced(data: Any) -> dict:
+    """A copy of the config (a DictConfig or its plain container) with every secret as a
+    reference: what config.yaml records and the run's fingerprint is taken of."""
+    if not isinstance(data, dict):
+        from omegaconf import OmegaConf
+
+        data = OmegaConf.to_container(data, resolve=True)
+    out = copy.deepcopy(data)
+    for path, parent, key in list(_walk(out)):
+        parent[key] = reference(path)
+    return out
+
+
+def values(cfg: Any) -> dict[str, str]:
+    """Environment name -> value of every secret in the config (its values, not references)."""
+    if not isinstance(cfg, dict):
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    return {
+        env_name(path): str(parent[key])
+        for path, parent, key in _walk(cfg)
+        if str(parent[key]) != reference(path)
+    }
+
+
+def job_environment(cfg: Any) -> dict[str, str]:
+    """What secrets.env gives the job: the secrets' values and NAMES_VAR listing them."""
+    found = values(cfg)
+    return {**found, NAMES_VAR: " ".join(sorted(found))} if found else {}
+
+
+def write_env_file(run_path: Path, cfg: Any) -> Optional[Path]:
+    """RUN_DIR/secrets.env (0600 whatever the umask, replaced atomically) with the config's
+    secrets as `export NAME=value` lines; None (nothing written) when there are none."""
+    found = job_environment(cfg)
+    if not found:
+        return None
+    path = Path(run_path) / ENV_FILE
+    tmp = path.with_name(f".{ENV_FILE}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an old temp file of ours keeps its mode through O_CREAT
+        text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(found.items()))
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def redacted_yaml(cfg: Any) -> str:
+    """The config as YAML with references for secrets (the dry run prints this)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(referenced(cfg)))
+
+
+def redact_overrides(args: Iterable[str]) -> list[str]:
+    """Command-line overrides (or argv) as recorded: `KEY=VALUE` of a secret key becomes
+    `KEY=${oc.env:NAME}`, and token-looking text anywhere is <redacted>."""
+    out = []
+    for arg in args:
+        key, sep, _ = str(arg).partition("=")
+        bare = key.lstrip("+~")
+        if sep and bare in (ENV_KEY, "cluster"):  # the whole dict given at once: none of it
+            out.append(f"{key}={REDACTED}")
+        elif sep and re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", bare) and is_secret_key(bare):
+            out.append(f"{key}={reference(bare)}")
+        else:
+            out.append(redact_text(str(arg)))
+    return out

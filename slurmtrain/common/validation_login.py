@@ -1,0 +1,164 @@
+"""Checks of the whole config whatever the cluster kind: keys the schema lacks, every cluster.*
+value (a config planned for cluster=local may be moved to Slurm by hand), the run directory's mode
+and a runs_root that can take run directories.
+
+Each failure is one ConfigError line naming the key, the value and the fix; called by
+validation.validate_config on the login node before anything is written or queued.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.secrets import is_secret_key, reference, secret_keys
+
+
+def check_all(cfg: DictConfig) -> None:
+    check_known_keys(cfg)
+    check_cluster_values(cfg)
+    check_run_dir_mode(cfg.run_dir_mode)
+    check_deepspeed_secrets(cfg)
+    check_runs_root(str(cfg.runs_root))
+
+
+@functools.lru_cache(maxsize=8)
+def _template(kind: Any) -> DictConfig:
+    """The schema's structure (a dataclass as an OmegaConf node), built once per process."""
+    return OmegaConf.structured(kind)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key is one the schema has. Hydra's `+key=value` (and `++`) adds a key even to a
+    struct config, so a typo composed here and every worker died loading config.yaml against the
+    schema (schema.load_run_config). The keys are walked against the schema's dataclasses (open
+    dicts such as cluster.env and deepspeed.extra take any key): ~1 ms, where merging the config
+    into the schema as the workers do takes ~60 per sweep point."""
+    from slurmtrain.common.schema import RootConfig
+
+    key = _unknown_key(OmegaConf.to_container(cfg, resolve=False), _template(RootConfig), "")
+    if key is None:
+        return
+    value = OmegaConf.select(cfg, key, default=None)
+    if is_secret_key(key):  # a misspelt cluster.env.X: the error line is not a leak
+        value = reference(key)
+    # a whole section (+cluster.evn.X=1): named, its values not echoed
+    given = f"{key}" if OmegaConf.is_config(value) else f"{key}={value!r}"
+    raise ConfigError(
+        f"{given}: not a slurmtrain setting; check the spelling (`python -m slurmtrain "
+        f"--cfg job` lists every key) or drop it"
+    )
+
+
+def _typed(node: Any) -> Any:
+    """A schema node with its dataclass's keys: a section left MISSING in the schema (model: the
+    group chooses it) is typed by its field only."""
+    kind = getattr(getattr(node, "_metadata", None), "ref_type", None)
+    if isinstance(node, DictConfig) and not dataclasses.is_dataclass(OmegaConf.get_type(node)):
+        return _template(kind) if dataclasses.is_dataclass(kind) else node
+    return node
+
+
+def _unknown_key(data: Any, template: Any, path: str) -> Optional[str]:
+    """The first key of `data` that the schema node `template` does not have, or None."""
+    if isinstance(data, dict) and isinstance(template, DictConfig):
+        if not dataclasses.is_dataclass(OmegaConf.get_type(template)):
+            return None  # a dict field: any key
+        known = set(template.keys())
+        for key, value in data.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key not in known:
+                return here
+            found = _unknown_key(value, _typed(template._get_node(key)), here)
+            if found:
+                return found
+    elif isinstance(data, list) and isinstance(template, ListConfig):
+        element = template._metadata.element_type
+        if dataclasses.is_dataclass(element):
+            for i, value in enumerate(data):
+                found = _unknown_key(value, _template(element), f"{path}[{i}]")
+                if found:
+                    return found
+    return None
+
+
+def check_cluster_values(cfg: DictConfig) -> None:
+    """The Slurm times and srun arguments, for every kind (the #SBATCH values and environment
+    names: login/prepare.resolve, through login/flags.py, the code that writes them)."""
+    from slurmtrain.common.slurm_text import parse_time
+
+    for key in ("cluster.time", "cluster.time_cap"):
+        value = OmegaConf.select(cfg, key)
+        if str(value) == "auto" and key == "cluster.time":
+            continue
+        try:
+            parse_time(str(value))
+        except ValueError:
+            raise ConfigError(
+                f"{key}={value!r}: not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS"
+                f"{' or auto' if key == 'cluster.time' else ''}; e.g. {key}=24:00:00"
+            ) from None
+    for arg in cfg.cluster.srun_extra:
+        if "\n" in str(arg) or "\r" in str(arg):
+            raise ConfigError(f"cluster.srun_extra={str(arg)!r}: newlines are not allowed; fix it")
+
+
+def check_deepspeed_secrets(cfg: DictConfig) -> None:
+    """DeepSpeed stores its whole config in every checkpoint (and its monitors log it): a
+    credential there (comet.api_key) would be written in clear. Its monitors read theirs from the
+    environment too, which cluster.env gives the job without writing it anywhere."""
+    extra = OmegaConf.to_container(cfg.deepspeed.extra, resolve=False)
+    for path in sorted(p for p, _, _ in secret_keys(extra, "deepspeed.extra")):
+        leaf = path.rsplit(".", 1)[-1]
+        raise ConfigError(
+            f"{path}: DeepSpeed writes its config into every checkpoint, so a secret there is "
+            f"stored in clear; give it through the environment instead, e.g. "
+            f"+cluster.env.{re.sub('[^A-Za-z0-9]+', '_', path.split('.')[2]).upper()}_"
+            f"{leaf.upper()}=..."
+        )
+
+
+def check_run_dir_mode(mode: object) -> None:
+    text = str(mode)
+    bits = int(text, 8) if re.fullmatch(r"0?[0-7]{3}", text) else None
+    if bits is None or bits & 0o700 != 0o700 or bits & 0o007:
+        raise ConfigError(
+            f"run_dir_mode={text!r}: must be an octal mode with rwx for the owner and nothing for "
+            f"others (run directories hold the job's records); e.g. run_dir_mode=0750 or 0700"
+        )
+
+
+def check_runs_root(root: str) -> None:
+    """runs_root can take run directories: its nearest existing ancestor is a directory we can
+    create entries in (tried for real: root squash, read-only mounts and /proc all refuse). The
+    probe is removed at once; a dry run writes nothing else either."""
+    reason = _unwritable(os.path.abspath(root))
+    if reason:
+        raise ConfigError(
+            f"runs_root={root!r}: cannot create run directories there ({reason}); use a "
+            f"directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _unwritable(root: str) -> str:
+    """Why `root` cannot take new directories, or "" (asked once per process: a sweep's points
+    share their runs_root)."""
+    path = Path(root)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".slurmtrain-probe-", dir=path))
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    return ""
