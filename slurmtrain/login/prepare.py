@@ -44,6 +44,9 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
     schema.validate(cfg, submitting=not cfg.dry_run)
+    from slurmtrain.compute.faults.inject import refuse_unless_allowed  # no torch there
+
+    refuse_unless_allowed(bool(cfg.faults.allow_inject))
     return cfg
 
 
