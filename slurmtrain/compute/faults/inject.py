@@ -29,7 +29,6 @@ from typing import Mapping, Optional
 
 from slurmtrain.common.rundir import RunDir
 
-
 VARIABLE = "SLURMTRAIN_INJECT"
 
 
