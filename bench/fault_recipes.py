@@ -48,10 +48,12 @@ class Trial:
     def submit(self, args: list[str], inject: str = "") -> Path:
         env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         env.pop("SLURMTRAIN_INJECT", None)
-        if inject:
+        opt_in = []
+        if inject:  # a drill opts in on the command (faults.allow_inject), or is refused
             env["SLURMTRAIN_INJECT"] = inject
+            opt_in = ["faults.allow_inject=true"]
         done = subprocess.run(
-            [sys.executable, "-m", "slurmtrain", *BASE, f"name={self.name}", *args],
+            [sys.executable, "-m", "slurmtrain", *BASE, f"name={self.name}", *args, *opt_in],
             cwd=self.workdir,
             env=env,
             capture_output=True,
