@@ -343,7 +343,13 @@ def hand_job_then_cancel(t: Trial) -> tuple[str, str]:
     left = [j for j in (first, hand) if squeue_state(j)]
     ev = t.events()
     at = max(i for i, e in enumerate(ev) if e["event"] == "cancelled")
-    later = {e["event"] for e in ev[at + 1 :]} & {"started", "submitted", "checkpoint_saved"}
+    # the cancelled job saves on its SIGTERM (checkpoints are kept); no other job may start
+    later = {
+        e["event"]
+        for e in ev[at + 1 :]
+        if e["event"] in ("started", "submitted")
+        or (e["event"] == "checkpoint_saved" and str(e.get("job_id")) != first)
+    }
     assert not left and not later, f"after cancel: queued {left}, ledger {sorted(later)}"
     t.notes.append(f"cancelled {first} and hand job {hand}")
     t.ended = "cancelled"
