@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from slurmtrain.login.slurm_submit import run_tag
 from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone, wait_until
 from tests.conftest import run_cli, slurmtrain_env
 
@@ -41,6 +42,12 @@ def _state(job: str) -> str:
     ).stdout.strip()
 
 
+def _comment(job: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%k"], capture_output=True, text=True
+    ).stdout.strip()
+
+
 def _cancel(run) -> subprocess.CompletedProcess:
     done = run_cli(["cancel", str(run)], cwd=run, module="slurmtrain.cli")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -56,6 +63,8 @@ def _after_cancel(run) -> list[dict]:
 def test_cancel_finds_hand_submitted_jobs_pending_and_held(slurm_cluster, workdir):
     run = _submit(workdir, "cancelhand", ["train.max_steps=200"], inject="step_delay=0.5")
     [first] = [str(e["job_id"]) for e in events(run) if e["event"] == "submitted"]
+    # sbatch() puts its retry token beside the tag, not in place of it (common/slurm_cmd.py)
+    assert run_tag(run) in _comment(first).split(), _comment(first)
     held = _hand_sbatch(run, "--hold")
     later = _hand_sbatch(run, "--begin=now+3600")  # pending, not held
     try:
@@ -95,3 +104,23 @@ def test_a_hand_job_the_cancel_missed_does_not_train_and_one_after_it_does(slurm
         wait_until(lambda: _state(again) == "", 120, "the hand job to leave the queue")
     finally:
         subprocess.run(["scancel", *jobs], capture_output=True)
+
+
+def test_a_hand_sbatch_from_a_drill_shell_does_not_inherit_injection(slurm_cluster, workdir):
+    """issue #20 item 5: SLURMTRAIN_INJECT in the shell of a hand `sbatch job.sbatch` does not
+    reach a run that never opted in (the script unsets it): no crash is injected."""
+    run = _submit(workdir, "noinherit", ["train.max_steps=6", "train.pause_at_step=2"])
+    wait_event(run, "paused", timeout=600)
+    wait_job_gone(str(events(run)[0]["job_id"]), timeout=300)
+    out = subprocess.run(
+        ["sbatch", "--parsable", str(run / "job.sbatch")],
+        env=slurmtrain_env({"SLURMTRAIN_INJECT": "crash_at_step=4"}),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    try:
+        wait_event(run, "finished", timeout=600)  # a `failed` row (the crash) fails at once
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
