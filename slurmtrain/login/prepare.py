@@ -12,12 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Callable, Iterable, Mapping, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import pretrained, schema
 from slurmtrain.common import rundir as runs
+from slurmtrain.common.errors import ConfigError
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
 
@@ -44,10 +45,19 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
     schema.validate(cfg, submitting=not cfg.dry_run)
-    from slurmtrain.compute.faults.inject import refuse_unless_allowed  # no torch there
-
-    refuse_unless_allowed(bool(cfg.faults.allow_inject))
+    refuse_inject_unless_allowed(bool(cfg.faults.allow_inject))
     return cfg
+
+
+def refuse_inject_unless_allowed(allowed: bool, env: Mapping[str, str] = os.environ) -> None:
+    """SLURMTRAIN_INJECT (compute/faults/inject.py) set without faults.allow_inject=true: a drill's
+    setting left in the shell would reach a production job; refused before anything is written."""
+    value = env.get("SLURMTRAIN_INJECT", "").strip()
+    if value and not allowed:
+        raise ConfigError(
+            f"SLURMTRAIN_INJECT={value!r}: fault injection is for tests and drills; add "
+            f"faults.allow_inject=true to the command to inject, or `unset SLURMTRAIN_INJECT`"
+        )
 
 
 def check(

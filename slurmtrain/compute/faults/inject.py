@@ -15,7 +15,7 @@ ends so (the smoke job of a smoke=true chain, not the big one: both inherit the 
 shell's environment).
 
 Only a run whose command says `faults.allow_inject=true` is injected (`allowed`): the login node
-refuses the variable without it (`refuse_unless_allowed`) and the batch script unsets it, so a
+refuses the variable without it (login/prepare.py) and the batch script unsets it, so a
 production job never inherits a drill's setting from the shell that submitted it.
 """
 
@@ -39,18 +39,6 @@ def settings(env: Mapping[str, str] = os.environ, allowed: bool = False) -> dict
         return {}
     pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
     return {k.strip(): v.strip() for k, v in pairs}
-
-
-def refuse_unless_allowed(allowed: bool, env: Mapping[str, str] = os.environ) -> None:
-    """Login node: SLURMTRAIN_INJECT set without faults.allow_inject=true is a ConfigError."""
-    from slurmtrain.common.errors import ConfigError
-
-    value = env.get(VARIABLE, "").strip()
-    if value and not allowed:
-        raise ConfigError(
-            f"{VARIABLE}={value!r}: fault injection is for tests and drills; add "
-            f"faults.allow_inject=true to the command to inject, or `unset {VARIABLE}`"
-        )
 
 
 class Injector:
