@@ -61,7 +61,7 @@ def check(
     return (DUPLICATE if alive else UNKNOWN), own
 
 
-def slurm_submitted(event: dict[str, Any]) -> bool:
+def submitted_by_user(event: dict[str, Any]) -> bool:
     """A `submitted` row of a user's submission (login node, or a hand job recorded at its start),
     not a supervisor's resubmission (`requeue_of`). (h1's ledger.user_submission(events, job_id)
     answers the neighbouring question: a job id slurmtrain never recorded as submitted.)"""
@@ -81,7 +81,7 @@ def cancelled_start(
     at = float(cancels[-1].get("time", 0))
     if mine & {str(j) for j in cancels[-1].get("job_ids") or []}:
         return CANCELLED
-    if any(slurm_submitted(e) and float(e.get("time", 0)) >= at for e in events):
+    if any(submitted_by_user(e) and float(e.get("time", 0)) >= at for e in events):
         return None  # the user submitted the run again after the cancel
     if any(e["event"] == "submitted" and str(e.get("job_id")) in mine for e in events):
         return CANCELLED  # queued before the cancel, or a resubmission racing it
