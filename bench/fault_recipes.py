@@ -44,14 +44,17 @@ class Trial:
     corrupted: set[str] = field(default_factory=set)
     cleanup: list[Callable[[], None]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    ended: Optional[str] = None  # set by a recipe whose end is no ledger event (cancelled, refused)
 
     def submit(self, args: list[str], inject: str = "") -> Path:
         env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         env.pop("SLURMTRAIN_INJECT", None)
-        if inject:
+        opt_in = []
+        if inject:  # a drill opts in on the command (faults.allow_inject), or is refused
             env["SLURMTRAIN_INJECT"] = inject
+            opt_in = ["faults.allow_inject=true"]
         done = subprocess.run(
-            [sys.executable, "-m", "slurmtrain", *BASE, f"name={self.name}", *args],
+            [sys.executable, "-m", "slurmtrain", *BASE, f"name={self.name}", *args, *opt_in],
             cwd=self.workdir,
             env=env,
             capture_output=True,
@@ -93,6 +96,8 @@ class Trial:
     def wait_end(self, timeout: float = 600, idle_s: float = 90) -> str:
         """finished | stopped once the run's last job has left the queue; `stuck` when no job of
         the run has been queued for `idle_s` and the ledger has no end (nobody will restart it)."""
+        if self.ended:
+            return self.ended
         deadline, idle_since = time.time() + timeout, None
         while time.time() < deadline:
             if self.events("finished") or self.events("stopped"):
@@ -319,6 +324,57 @@ def sigterm_batch_shell(t: Trial) -> tuple[str, str]:
     return "finished", "none"
 
 
+def hand_job_then_cancel(t: Trial) -> tuple[str, str]:
+    # issue #20 item 2: a hand `sbatch job.sbatch` pending behind the run, then `cli cancel`:
+    # every job of the run leaves the queue and nothing trains afterwards
+    t.submit(["train.max_steps=200"], inject="step_delay=0.5")
+    t.wait_step(3)
+    first = str(t.events("submitted")[-1]["job_id"])
+    hand = sh("sbatch", "--parsable", f"--dependency=afterany:{first}", str(t.run / "job.sbatch"))
+    assert squeue_state(hand) == "PENDING", f"hand job {hand}: {squeue_state(hand)!r}"
+    out = subprocess.run(
+        [sys.executable, "-m", "slurmtrain.cli", "cancel", str(t.run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0 and hand in out.stdout, out.stdout + out.stderr
+    time.sleep(30)  # long enough for a missed job to start and a supervisor to resubmit
+    left = [j for j in (first, hand) if squeue_state(j)]
+    ev = t.events()
+    at = max(i for i, e in enumerate(ev) if e["event"] == "cancelled")
+    # the cancelled job saves on its SIGTERM (checkpoints are kept); no other job may start
+    later = {
+        e["event"]
+        for e in ev[at + 1 :]
+        if e["event"] in ("started", "submitted")
+        or (e["event"] == "checkpoint_saved" and str(e.get("job_id")) != first)
+    }
+    assert not left and not later, f"after cancel: queued {left}, ledger {sorted(later)}"
+    t.notes.append(f"cancelled {first} and hand job {hand}")
+    t.ended = "cancelled"
+    return "cancelled", "cancelled"
+
+
+def inject_without_opt_in(t: Trial) -> tuple[str, str]:
+    # issue #20 item 5: SLURMTRAIN_INJECT without faults.allow_inject=true is refused at submit
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env["SLURMTRAIN_INJECT"] = "crash_at_step=3"
+    done = subprocess.run(
+        [sys.executable, "-m", "slurmtrain", *BASE, f"name={t.name}"],
+        cwd=t.workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = [line for line in done.stderr.splitlines() if "SLURMTRAIN_INJECT" in line]
+    assert done.returncode == 2 and len(said) == 1, done.stdout + done.stderr
+    assert not (t.workdir / "runs").exists(), "a refused submission wrote a run directory"
+    t.ended = "refused"
+    return "refused", "none"
+
+
 FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "time_limit": time_limit,
     "preemption": preemption,
@@ -337,4 +393,6 @@ FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "duplicate_submission": duplicate_submission,
     "controller_restart": controller_restart,
     "sigterm_batch_shell": sigterm_batch_shell,
+    "hand_job_then_cancel": hand_job_then_cancel,
+    "inject_without_opt_in": inject_without_opt_in,
 }

@@ -46,6 +46,7 @@ def measure(restart: str, workdir: Path) -> tuple[float, float]:
             "train.max_steps=100",
             "train.log_interval=1",
             f"faults.restart={restart}",
+            "faults.allow_inject=true",  # SLURMTRAIN_INJECT's step_delay: opted in
         ],
         cwd=ROOT,
         env=env,

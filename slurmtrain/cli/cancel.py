@@ -1,11 +1,18 @@
 """`python -m slurmtrain.cli cancel RUN_DIR|NAME`: stop every queued or running job of a run, for good.
 
+Every job of the run is found in one `squeue` of this user's jobs: those carrying the run's tag
+(`#SBATCH --comment=`, written into job.sbatch, so a hand `sbatch job.sbatch` carries it too:
+login/slurm_submit.run_tag) and those the ledger names (a sweep point's array task). Pending,
+held and running alike are cancelled, with one `scancel`.
+
 Order matters: `cancelled` goes into the ledger first, then `scancel`. The batch-shell supervisor
 (slurmtrain.batch.supervise) reads the ledger after srun returns and does not restart an attempt
 that a `cancelled` event postdates; a job the supervisor submitted anyway (it read the ledger just
-before the event) shows up as a new `submitted`/`requeued` id, so the ledger is re-read and new ids
-are cancelled until every job of the run has left the queue. Checkpoints are kept: `cancelled` is
-not `finished`, so submitting the same config again resumes from the newest valid checkpoint.
+before the event) carries the tag too, so squeue is asked again and new ids are cancelled until
+every job of the run has left the queue. A job that escapes all this (submitted from a job.sbatch
+written before tags) does not train: every start checks for the cancel (compute/faults/owner.py).
+Checkpoints are kept: `cancelled` is not `finished`, so submitting the same config again (or
+`sbatch job.sbatch` after the cancel) resumes from the newest valid checkpoint.
 No torch: runs on a login node in a fraction of a second.
 """
 
@@ -21,6 +28,7 @@ from typing import Any, Optional
 from slurmtrain.common import ledger, slurm_cmd
 from slurmtrain.common.rundir import ACTIVE_SLURM_STATES, RunDir, runs_named
 from slurmtrain.common.slurm_text import SlurmError
+from slurmtrain.login.slurm_submit import run_tag
 
 
 def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
@@ -29,7 +37,8 @@ def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
     if len(found) == 1:
         return found[0]
     if found:
-        alive = [r for r in found if _active(r)]
+        listing = _listing_or_fail()
+        alive = [r for r in found if _active(r, listing)]
         if len(alive) == 1:
             return alive[0]
         _fail(
@@ -41,6 +50,14 @@ def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
         f"run directory (runs/NAME/FINGERPRINT) or --runs-root"
     )
     raise AssertionError
+
+
+def _listing_or_fail() -> str:
+    try:
+        return _listing()
+    except SlurmError as err:
+        _fail(f"cannot list this user's jobs ({err}); nothing cancelled; try again")
+        raise AssertionError from err
 
 
 def _fail(line: str) -> None:
@@ -59,27 +76,41 @@ def job_ids(events: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(i for i in ids if i and i != "None"))
 
 
-def _state(job_id: str) -> Optional[str]:
-    try:
-        return slurm_cmd.job_state(job_id)
-    except SlurmError:
-        return None
+def _listing() -> str:
+    """This user's jobs, one line per job and array task: `id|comment|state` (one squeue)."""
+    user = getpass.getuser()
+    return slurm_cmd.run(["squeue", "-h", "-r", "-u", user, "-o", "%i|%k|%T"])
 
 
-def _active(run: RunDir) -> list[str]:
-    return [j for j in job_ids(run.run_events()) if _state(j) in ACTIVE_SLURM_STATES]
+def active_of(listing: str, tag: str, ledger_ids: list[str]) -> list[str]:
+    """The queued or running jobs of a run in a `_listing`: tagged, or named by its ledger."""
+    named = set(ledger_ids)
+    found = []
+    for line in listing.splitlines():
+        job, comment, state = (line.strip().split("|") + ["", ""])[:3]
+        if state in ACTIVE_SLURM_STATES and (tag in comment.split() or job in named):
+            found.append(job)
+    return list(dict.fromkeys(found))
+
+
+def _active(run: RunDir, listing: str) -> list[str]:
+    return active_of(listing, run_tag(run.path), job_ids(run.run_events()))
 
 
 def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], list[str]]:
     """(job ids scancel'ed, ids still in the queue when `wait_s` ran out)."""
-    events = run.run_events()
+    listing = _listing()
+    known = job_ids(run.run_events())
     run.record(
-        "cancelled", job_ids=job_ids(events), by=getpass.getuser(), host=socket.gethostname()
+        "cancelled",
+        job_ids=list(dict.fromkeys(known + _active(run, listing))),
+        by=getpass.getuser(),
+        host=socket.gethostname(),
     )
     cancelled: list[str] = []
     deadline = time.time() + wait_s
     while True:
-        active = _active(run)
+        active = _active(run, listing)
         new = [j for j in active if j not in cancelled]
         if new:
             try:
@@ -90,6 +121,7 @@ def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], 
         if not active or time.time() >= deadline:
             break
         time.sleep(poll_s)
+        listing = _listing()
     if not active:
         ledger.close_cancelled(run, cancelled, "cancel")
     return cancelled, active
@@ -122,7 +154,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{run.path}: a local run (pid {local[-1].get('pid')} on {local[-1].get('host')}); "
             f"stop it with Ctrl-C or `kill -TERM` (it saves first)"
         )
-    cancelled, left = cancel(run, args.wait)
+    try:
+        cancelled, left = cancel(run, args.wait)
+    except SlurmError as err:  # squeue kept failing (retried): the jobs left may still run
+        _fail(f"{run.path}: cannot list this user's jobs ({err}); run cancel again")
+        raise AssertionError from err
     done = f"cancelled job(s) {', '.join(cancelled)}" if cancelled else "no queued or running job"
     print(f"slurmtrain cancel: {done} of {run.path}")
     if left:

@@ -208,6 +208,10 @@ class FaultsConfig:
     # 50: far past a healthy calibration (2^16 -> 1 takes 17 halvings), so this catches a static
     # loss scale that keeps overflowing.
     max_overflow_steps: int = 50
+    # Fault injection (SLURMTRAIN_INJECT, compute/faults/inject.py) is for tests and drills: a run
+    # honours it only when its command says so; else the login node refuses the variable, and the
+    # batch script unsets it so neither the job nor its resubmissions inherit it.
+    allow_inject: bool = False
 
 
 @dataclass

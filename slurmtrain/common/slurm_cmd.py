@@ -118,6 +118,8 @@ def sbatch(
     again squeue is asked (itself with retries) whether a job with that token is already queued;
     when squeue cannot say before the deadline, SlurmError, never a blind second sbatch."""
     token = f"slurmtrain-submit-{uuid.uuid4().hex[:16]}"
+    tag = script_comment(script)  # the run's tag: a command-line --comment replaces the script's
+    token = f"{tag} {token}" if tag else token
     argv = ["sbatch", "--parsable", f"--comment={token}", *args, script]
     deadline = time.monotonic() + retry_budget(retry_s)
     delay = FIRST_DELAY_S
@@ -142,6 +144,20 @@ def sbatch(
         _retrying(argv, cmd, delay)
         time.sleep(delay)
         delay = min(delay * 2, MAX_DELAY_S)
+
+
+def script_comment(script: str) -> str:
+    """The `#SBATCH --comment=` of a batch script's header (its run's tag), or ""."""
+    try:
+        with open(script) as f:
+            for line in f:
+                if line.startswith("#SBATCH --comment="):
+                    return line.split("=", 1)[1].strip()
+                if line.strip() and not line.startswith("#"):
+                    break  # sbatch reads no #SBATCH line after the first command
+    except OSError:
+        pass
+    return ""
 
 
 def job_by_comment(token: str, retry_s: Optional[float] = None) -> Optional[str]:

@@ -163,8 +163,17 @@ def _claim(
         verdict, own = owner.check(run, mine, rows)
     except errors.ConfigError as err:  # the lock stayed busy (RunLocked)
         verdict, own = owner.UNKNOWN, {"job_id": None, "why": str(err)}
-    if verdict == owner.FREE:
-        return None
+    if verdict == owner.FREE:  # ... unless `cli cancel` stopped the run since
+        stop = owner.honour_cancel(
+            run,
+            mine,
+            rows,
+            job_id=where.job_id,
+            node=where.node,
+            restart=_restart(),
+            relaunch=_relaunch(),
+        )
+        return 0 if stop else None
     row = dict(job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node)
     other = (own or {}).get("job_id")
     if verdict == owner.DUPLICATE:
@@ -250,7 +259,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         phase=phases.RENDEZVOUS,
         rank=where.rank,  # one block of its node's file
     ).start()
-    inject.wedge_before_rendezvous(where.rank, run.path)
+    inject.wedge_before_rendezvous(where.rank, run.path, bool(cfg.faults.allow_inject))
     try:
         return _run(run, cfg, where, flags, watchdog, arrival)
     finally:
@@ -266,6 +275,7 @@ def _run(
     arrival: dict[str, float],
 ) -> int:
     cpu = cfg.gpus_per_node == 0
+    allowed = bool(cfg.faults.allow_inject)  # SLURMTRAIN_INJECT only where the run opted in
     started = time.time()
     import deepspeed
     import torch
@@ -300,7 +310,9 @@ def _run(
                 return claim
             number = sum(e["event"] == "started" for e in rows) + 1
             attempt = Attempt(run, where, nodes, broadcast(number if where.rank == 0 else 0), rows)
-            Injector(where.rank, attempt=attempt.number, name=str(cfg.name)).before_start()
+            Injector(
+                where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed
+            ).before_start()
             if where.rank == 0:
                 _close_previous_attempt(run, attempt)
             attempt.record(
@@ -338,7 +350,7 @@ def _run(
         attempt.record("stopped", **{"class": stop, "error": error or f"{stop} budget exhausted"})
         dist.destroy_process_group()
         return 0
-    injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name))
+    injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed)
     watchdog.stacks = run.hang_dump(attempt.number, where.node)
     watchdog.on_hang = lambda why: attempt.record_any(
         "failed", **{"class": faults.HANG, "error": why, "phase": watchdog.current}

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Callable, Iterable, Mapping, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -46,6 +46,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
     schema.validate(cfg, submitting=not cfg.dry_run)
     _check_slurm_values(cfg)
+    refuse_inject_unless_allowed(bool(cfg.faults.allow_inject))
     return cfg
 
 
@@ -56,6 +57,17 @@ def _check_slurm_values(cfg: DictConfig) -> None:
 
     flags.sbatch_options(cfg, f"st-{cfg.name}")
     flags.job_env(cfg)
+
+
+def refuse_inject_unless_allowed(allowed: bool, env: Mapping[str, str] = os.environ) -> None:
+    """SLURMTRAIN_INJECT (compute/faults/inject.py) set without faults.allow_inject=true: a drill's
+    setting left in the shell would reach a production job; refused before anything is written."""
+    value = env.get("SLURMTRAIN_INJECT", "").strip()
+    if value and not allowed:
+        raise ConfigError(
+            f"SLURMTRAIN_INJECT={value!r}: fault injection is for tests and drills; add "
+            f"faults.allow_inject=true to the command to inject, or `unset SLURMTRAIN_INJECT`"
+        )
 
 
 def check(

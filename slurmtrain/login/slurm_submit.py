@@ -8,6 +8,7 @@ to RUN_DIR/job.sbatch: every restart and a hand resubmission run what the first 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shlex
 import sys
@@ -93,6 +94,16 @@ def job_name(cfg: DictConfig) -> str:
     return f"st-{cfg.name}"
 
 
+def run_tag(run_dir: str | Path) -> str:
+    """The comment every job of one run carries (`#SBATCH --comment=` in job.sbatch, so a hand
+    `sbatch job.sbatch` carries it too): `cli cancel` finds all of a run's jobs in one squeue.
+    NAME/FINGERPRINT for people reading squeue, a hash of the full path so that two runs roots
+    holding the same config never share a tag."""
+    path = Path(run_dir)
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    return flags.checked("runs_root", f"slurmtrain:{path.parent.name}/{path.name}@{digest}")
+
+
 @functools.lru_cache(maxsize=1)
 def _template():
     """Compiled once per process (a 64-point sweep renders it 65 times)."""
@@ -134,6 +145,8 @@ def render_script(
         array_map=array_map,
         container=cfg.cluster.container,
         sbatch_lines=flags.sbatch_lines(options),
+        tag=None if array_map else run_tag(run_dir),  # an array trains many runs: no one tag
+        allow_inject=bool(cfg.faults.allow_inject),
         batch_log=batch_log,
         env=env,
         secrets_file=secrets_file,

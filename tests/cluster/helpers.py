@@ -99,7 +99,8 @@ def submit_run(
     from tests.conftest import run_cli
 
     env = {"SLURMTRAIN_INJECT": inject} if inject else None
-    done = run_cli(base + [f"name={name}"] + args, cwd=workdir, env=env)
+    opt_in = ["faults.allow_inject=true"] if inject else []
+    done = run_cli(base + [f"name={name}"] + args + opt_in, cwd=workdir, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return only_run(workdir / "runs", name)
 

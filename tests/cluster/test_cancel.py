@@ -32,7 +32,8 @@ def _queued(name: str) -> list[str]:
 
 
 def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluster, workdir):
-    done = run_cli(ARGS, cwd=workdir, env={"SLURMTRAIN_INJECT": "step_delay=1.0"})
+    inject = {"SLURMTRAIN_INJECT": "step_delay=1.0"}
+    done = run_cli([*ARGS, "faults.allow_inject=true"], cwd=workdir, env=inject)
     assert done.returncode == 0, done.stdout + done.stderr
     run = only_run(workdir / "runs", "cancelme")
     wait_event(run, "checkpoint_saved", timeout=300)

@@ -32,7 +32,8 @@ SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 def submit(workdir: Path, name: str, args: list[str] = (), inject: str = "") -> Path:
     env = {"SLURMTRAIN_INJECT": inject} if inject else None
-    done = run_cli(BASE + [f"name={name}", *args], cwd=workdir, env=env)
+    opt_in = ["faults.allow_inject=true"] if inject else []
+    done = run_cli(BASE + [f"name={name}", *args, *opt_in], cwd=workdir, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return only_run(workdir / "runs", name)
 

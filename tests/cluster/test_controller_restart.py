@@ -29,7 +29,8 @@ def test_controller_restart_during_a_run_loses_nothing(slurm_cluster, workdir):
         f"train.max_steps={STEPS}",
         f"checkpoint.interval_steps={INTERVAL}",
     ]
-    done = run_cli(args, cwd=workdir, env={"SLURMTRAIN_INJECT": "step_delay=0.5"})
+    inject = {"SLURMTRAIN_INJECT": "step_delay=0.5"}
+    done = run_cli([*args, "faults.allow_inject=true"], cwd=workdir, env=inject)
     assert done.returncode == 0, done.stdout + done.stderr
     run = only_run(workdir / "runs", "ctldrestart")
     metrics = run / "metrics.jsonl"

@@ -21,7 +21,11 @@ SLOW, LIMITED = "obs-straggler", "obs-timelimit"
 
 
 def _submit(workdir: Path, name: str, args: list[str], inject: str) -> Path:
-    done = run_cli(BASE + [f"name={name}"] + args, cwd=workdir, env={"SLURMTRAIN_INJECT": inject})
+    done = run_cli(
+        BASE + [f"name={name}", "faults.allow_inject=true"] + args,
+        cwd=workdir,
+        env={"SLURMTRAIN_INJECT": inject},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return only_run(workdir / "runs", name)
 

@@ -31,7 +31,8 @@ BASE = ["cluster=slurm", "train.log_interval=1", "checkpoint.interval_steps=5", 
 
 def submit(workdir, name, args, inject=""):
     env = {"SLURMTRAIN_INJECT": inject} if inject else None
-    done = run_cli(BASE + [f"name={name}"] + args, cwd=workdir, env=env)
+    opt_in = ["faults.allow_inject=true"] if inject else []  # job.sbatch then keeps it
+    done = run_cli(BASE + [f"name={name}"] + args + opt_in, cwd=workdir, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return only_run(workdir / "runs", name)
 

@@ -25,7 +25,8 @@ BASE = [
 
 def submit(workdir, name, inject=""):
     env = {"SLURMTRAIN_INJECT": inject} if inject else None
-    done = run_cli(BASE + [f"name={name}"], cwd=workdir, env=env)
+    opt_in = ["faults.allow_inject=true"] if inject else []
+    done = run_cli(BASE + [f"name={name}", *opt_in], cwd=workdir, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "smoke test first" in done.stdout
     return only_run(workdir / "runs", name), only_run(workdir / "runs", f"{name}-smoke")

@@ -41,7 +41,7 @@ def killed(tmp_path_factory) -> Path:
     """An async-saving run SIGKILLed (all ranks) after writing part of step_30.tmp."""
     work = tmp_path_factory.mktemp("killed")
     dead = run_cli(
-        BASE + ["checkpoint.async_save=true"],
+        BASE + ["checkpoint.async_save=true", "faults.allow_inject=true"],
         cwd=work,
         env={"SLURMTRAIN_INJECT": "kill_during_save=30"},
     )

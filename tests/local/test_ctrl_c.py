@@ -30,7 +30,7 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_saves_the_agreed_step_closes_the_attempt_and_the_rerun_resumes(workdir):
     env = slurmtrain_env({"SLURMTRAIN_INJECT": "step_delay=0.1"})
     proc = subprocess.Popen(
-        [PYTHON, "-m", "slurmtrain", *ARGS],
+        [PYTHON, "-m", "slurmtrain", *ARGS, "faults.allow_inject=true"],
         cwd=workdir,
         env=env,
         stdout=subprocess.PIPE,

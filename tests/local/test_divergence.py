@@ -41,7 +41,11 @@ def supervise_rc(run: Path) -> int:
 
 
 def test_nan_loss_rolls_back_skips_the_window_and_finishes_finite(workdir):
-    done = run_cli(BASE, cwd=workdir, env={"SLURMTRAIN_INJECT": "nan_at_step=15"})
+    done = run_cli(
+        [*BASE, "faults.allow_inject=true"],
+        cwd=workdir,
+        env={"SLURMTRAIN_INJECT": "nan_at_step=15"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
     [rollback] = events(run, "rollback")
@@ -58,7 +62,7 @@ def test_nan_loss_rolls_back_skips_the_window_and_finishes_finite(workdir):
 
 def test_divergence_that_comes_back_stops_diverged_and_publishes_nothing_non_finite(workdir):
     inject = {"SLURMTRAIN_INJECT": "nan_at_step=15,nan_repeat=1"}
-    done = run_cli(BASE, cwd=workdir, env=inject)
+    done = run_cli([*BASE, "faults.allow_inject=true"], cwd=workdir, env=inject)
     [run] = run_dirs(workdir / "runs")
     assert len(events(run, "rollback")) == 1, done.stdout + done.stderr
     [stopped] = events(run, "stopped")

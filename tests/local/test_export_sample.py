@@ -118,7 +118,8 @@ def test_sample_prints_text_from_a_run_and_from_its_export(z3_run, tmp_path):
 
 def test_zero2_export_after_a_two_to_one_world_size_change(tmp_path):
     args = FAST + ["train.max_steps=12", "deepspeed=zero2", "name=elastic"]
-    crashed = run_cli(args, cwd=tmp_path, env={"SLURMTRAIN_INJECT": "crash_at_step=6"})
+    inject = {"SLURMTRAIN_INJECT": "crash_at_step=6"}
+    crashed = run_cli([*args, "faults.allow_inject=true"], cwd=tmp_path, env=inject)
     assert crashed.returncode != 0
     resumed = run_cli(args + ["cluster.cpu_tasks_per_node=1"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

@@ -60,7 +60,7 @@ def test_sigkill_mid_run_then_rerun_resumes_bitwise(workdir):
 
     env = slurmtrain_env({"SLURMTRAIN_INJECT": "step_delay=0.15"})
     proc = subprocess.Popen(
-        [PYTHON, "-m", "slurmtrain", *FAST, "name=killed"],
+        [PYTHON, "-m", "slurmtrain", *FAST, "name=killed", "faults.allow_inject=true"],
         cwd=workdir,
         env=env,
         stdout=subprocess.PIPE,

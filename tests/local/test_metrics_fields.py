@@ -124,7 +124,8 @@ def test_flops_profiler_step_writes_its_file_and_records_the_measured_flops(prof
 
 
 def test_a_slow_rank_is_flagged_as_straggler_and_offered_as_bad_node(tmp_path):
-    run = _train(tmp_path, env={"SLURMTRAIN_INJECT": "slow_rank=1,slow_factor=4"})
+    inject = {"SLURMTRAIN_INJECT": "slow_rank=1,slow_factor=4"}
+    run = _train(tmp_path, "faults.allow_inject=true", env=inject)
     ledger = ledger_events(run)
     [started] = [e for e in ledger if e["event"] == "started"]
     flagged = [e for e in ledger if e["event"] == "straggler"]

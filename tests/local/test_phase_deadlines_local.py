@@ -20,7 +20,7 @@ def _hangs(run: Path) -> list[dict]:
 def test_a_save_longer_than_the_step_hang_window_is_not_a_hang(tmp_path):
     """Each save takes >= 16 s on every rank (2-3 shards of 8 s); steps may hang for 12 s."""
     done = run_cli(
-        BASE + ["faults.hang_timeout_s=12"],
+        BASE + ["faults.hang_timeout_s=12", "faults.allow_inject=true"],
         cwd=tmp_path,
         env={"SLURMTRAIN_INJECT": "shard_delay=8"},
     )
@@ -38,7 +38,7 @@ def test_a_rank_stalled_in_a_save_is_killed_after_the_save_deadline_not_the_step
     """Steps may hang for 600 s; the save (a few MB) may go 3 s without a beat: a shard that
     stalls for 120 s ends the attempt as a hang in phase `save` long before 600 s."""
     done = run_cli(
-        BASE + ["faults.hang_timeout_s=600", "faults.io_floor_s=3"],
+        BASE + ["faults.hang_timeout_s=600", "faults.io_floor_s=3", "faults.allow_inject=true"],
         cwd=tmp_path,
         env={"SLURMTRAIN_INJECT": "shard_delay=120"},
         timeout=400,

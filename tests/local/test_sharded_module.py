@@ -45,7 +45,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         args = BASE + [f"name={name}"]
         if tasks is not None:
             inject = {"SLURMTRAIN_INJECT": "crash_at_step=6"}
-            crashed = run_cli(args, cwd=work, env=inject)
+            crashed = run_cli([*args, "faults.allow_inject=true"], cwd=work, env=inject)
             assert crashed.returncode != 0
             [run] = [p for p in run_dirs(work / "runs") if p.parent.name == name]
             if name == "resumed":  # as saved, before the resume's own saves prune it

@@ -16,7 +16,7 @@ FAST = ["train.max_steps=200", "train.log_interval=1", "checkpoint.interval_step
 def test_signal_is_recorded_before_the_stop_save(workdir):
     env = slurmtrain_env({"SLURMTRAIN_INJECT": "step_delay=0.1"})
     proc = subprocess.Popen(
-        [PYTHON, "-m", "slurmtrain", *FAST, "cluster=local"],
+        [PYTHON, "-m", "slurmtrain", *FAST, "cluster=local", "faults.allow_inject=true"],
         cwd=workdir,
         env=env,
         stdout=subprocess.PIPE,

@@ -36,7 +36,9 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses(stage, wor
     reference = run_cli(args + ["name=reference"], cwd=workdir)
     assert reference.returncode == 0, reference.stdout + reference.stderr
     crashed = run_cli(
-        args + ["name=elastic"], cwd=workdir, env={"SLURMTRAIN_INJECT": "crash_at_step=25"}
+        args + ["name=elastic", "faults.allow_inject=true"],
+        cwd=workdir,
+        env={"SLURMTRAIN_INJECT": "crash_at_step=25"},
     )
     assert crashed.returncode != 0
     resumed = run_cli(args + ["name=elastic", "cluster.cpu_tasks_per_node=1"], cwd=workdir)

@@ -67,8 +67,8 @@ def test_dependency_is_passed_at_submission_only(tmp_path):
 
 def test_injection_confined_to_runs_by_name_suffix():
     env = {"SLURMTRAIN_INJECT": "crash_at_step=3,name_suffix=-smoke"}
-    assert Injector(0, env, name="x-smoke").get("crash_at_step") == "3"
-    assert Injector(0, env, name="x").get("crash_at_step") is None
+    assert Injector(0, env, name="x-smoke", allowed=True).get("crash_at_step") == "3"
+    assert Injector(0, env, name="x", allowed=True).get("crash_at_step") is None
 
 
 def _run_with(tmp_path, rows):

@@ -13,6 +13,10 @@ once per run: a node wedged in start-up, whose ranks never join). `attempts=1` (
 every injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke` confines them to runs whose name
 ends so (the smoke job of a smoke=true chain, not the big one: both inherit the submitting
 shell's environment).
+
+Only a run whose command says `faults.allow_inject=true` is injected (`allowed`): the login node
+refuses the variable without it (login/prepare.py) and the batch script unsets it, so a
+production job never inherits a drill's setting from the shell that submitted it.
 """
 
 from __future__ import annotations
@@ -25,9 +29,14 @@ from typing import Mapping, Optional
 
 from slurmtrain.common.rundir import RunDir
 
+VARIABLE = "SLURMTRAIN_INJECT"
 
-def settings(env: Mapping[str, str] = os.environ) -> dict[str, str]:
-    text = env.get("SLURMTRAIN_INJECT", "").strip()
+
+def settings(env: Mapping[str, str] = os.environ, allowed: bool = False) -> dict[str, str]:
+    """The injections asked for; none unless the run opted in (faults.allow_inject)."""
+    text = env.get(VARIABLE, "").strip()
+    if not allowed:
+        return {}
     pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
     return {k.strip(): v.strip() for k, v in pairs}
 
@@ -39,10 +48,11 @@ class Injector:
         env: Mapping[str, str] = os.environ,
         attempt: Optional[int] = None,
         name: Optional[str] = None,
+        allowed: bool = False,
     ) -> None:
         self.rank = rank
         self.poisoned: set[int] = set()
-        self.cfg = settings(env)
+        self.cfg = settings(env, allowed)
         only = self.cfg.get("attempts")
         if only and attempt is not None and str(attempt) not in only.split("+"):
             self.cfg = {}
@@ -97,11 +107,13 @@ class Injector:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def wedge_before_rendezvous(rank: int, run_dir: Path, env: Mapping[str, str] = os.environ) -> None:
+def wedge_before_rendezvous(
+    rank: int, run_dir: Path, allowed: bool, env: Mapping[str, str] = os.environ
+) -> None:
     """`absent_rank=R`: rank R stops (SIGSTOP: its watchdog too) before the rendezvous, the first
     time only (a marker in the run directory): the attempt number is not known yet, and the
     restart, on other nodes, must get through."""
-    if settings(env).get("absent_rank") != str(rank):
+    if settings(env, allowed).get("absent_rank") != str(rank):
         return
     try:
         os.close(os.open(RunDir(run_dir).injected("absent_rank"), os.O_CREAT | os.O_EXCL, 0o644))

@@ -6,17 +6,26 @@ newcomer records `duplicate_refused` and exits with EXIT_DUPLICATE, before touch
 The check and this attempt's `started` event are made under the run's lock (RunDir.locked), so two
 jobs starting at once cannot both see the run free. When Slurm cannot be asked, the attempt fails
 (class crash, within its budget) instead of guessing.
+
+A free run may still be cancelled (`cli cancel`): a job the cancel named, or one queued before it
+that it missed, records `attempt_ended{cancelled}` and exits without training or resubmitting. A
+user submission after the cancel lifts it: the same command again (recorded at the login node), or
+a hand `sbatch job.sbatch`, which the start records as `submitted` (by=hand) since slurmtrain did
+not: Slurm's SubmitTime says it came after the cancel.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+import sys
+from datetime import datetime
+from typing import Any, Callable, Mapping, Optional
 
 from slurmtrain.common import ledger
 from slurmtrain.common.rundir import RunDir, slurm_job_alive
 
 FREE, DUPLICATE, UNKNOWN = "free", "duplicate", "unknown"
+CANCELLED, LIFTED = "cancelled", "lifted"
 
 
 def my_job_ids(env: Mapping[str, str] = os.environ) -> set[str]:
@@ -50,3 +59,74 @@ def check(
     if alive is False:
         return FREE, own
     return (DUPLICATE if alive else UNKNOWN), own
+
+
+def submitted_by_user(event: dict[str, Any]) -> bool:
+    """A `submitted` row of a user's submission (login node, or a hand job recorded at its start),
+    not a supervisor's resubmission (`requeue_of`). (h1's ledger.user_submission(events, job_id)
+    answers the neighbouring question: a job id slurmtrain never recorded as submitted.)"""
+    return event["event"] == "submitted" and not event.get("requeue_of")
+
+
+def cancelled_start(
+    events: list[dict[str, Any]], mine: set[str], submit_time: Callable[[], Optional[float]]
+) -> Optional[str]:
+    """Whether a `cli cancel` stands in the way of this start: None (it does not), CANCELLED (do
+    not train), LIFTED (a hand job submitted after the cancel: a user submission, to record).
+    `submit_time`: Slurm's SubmitTime of this job (epoch s; None: unknown), asked only for a job
+    the ledger does not know: O(1) Slurm calls per start."""
+    cancels = [e for e in events if e["event"] == "cancelled"]
+    if not cancels:
+        return None
+    at = float(cancels[-1].get("time", 0))
+    if mine & {str(j) for j in cancels[-1].get("job_ids") or []}:
+        return CANCELLED
+    if any(submitted_by_user(e) and float(e.get("time", 0)) >= at for e in events):
+        return None  # the user submitted the run again after the cancel
+    if any(e["event"] == "submitted" and str(e.get("job_id")) in mine for e in events):
+        return CANCELLED  # queued before the cancel, or a resubmission racing it
+    when = submit_time()
+    if when is None:  # fail closed: a run the user stopped does not start on a guess
+        return CANCELLED
+    # SubmitTime has whole seconds: a job submitted in the cancel's second counts as after it
+    # (one queued before the cancel carries the run's tag, and the cancel found it).
+    return LIFTED if when >= int(at) else CANCELLED
+
+
+def submit_time(job_id: str) -> Optional[float]:
+    """Slurm's SubmitTime of a job (the controller's local time), as epoch seconds; None when
+    Slurm cannot say."""
+    from slurmtrain.common import slurm_cmd
+    from slurmtrain.common.slurm_text import SlurmError
+
+    try:
+        text = slurm_cmd.job_info(job_id)["SubmitTime"]
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except (SlurmError, KeyError, ValueError, IndexError):
+        return None
+
+
+def honour_cancel(run: RunDir, mine: set[str], rows: list[dict[str, Any]], **row: Any) -> bool:
+    """Rank 0, under the run's lock, once the run is free: False when this job may train (a hand
+    submission after the cancel is recorded first), True when a cancel stops it (recorded as
+    `attempt_ended{cancelled}`: the supervisor neither restarts nor resubmits it). `row`: job_id,
+    node, restart, relaunch of this start."""
+    job_id = str(row["job_id"])
+    verdict = cancelled_start(rows, mine, lambda: submit_time(job_id))
+    if verdict is None:
+        return False
+    if verdict == LIFTED:
+        rows.append(
+            run.record(
+                "submitted", job_id=job_id, executor="slurm", fingerprint=run.path.name, by="hand"
+            )
+        )
+        return False
+    fields = dict(attempt=None, nodes=[row["node"]], rank=0, closed_by="start", **row)
+    rows.append(run.record("attempt_ended", **fields, **{"class": ledger.CANCELLED}))
+    print(
+        f"slurmtrain: job {job_id} does not train {run.path}: the run was cancelled "
+        f"(`cli cancel`) and not submitted again since; submit it again to resume",
+        file=sys.stderr,
+    )
+    return True
