@@ -32,7 +32,13 @@ dist.broadcast(x, 0)
 d.follow_phase("step", 600)
 if rank == 2:  # never joins the fifth collective
     d.dump_collectives()
-    time.sleep(6)
+    # stay connected until ranks 0-1 have dumped (a busy box may take seconds): leaving earlier
+    # breaks their all-reduce before their watchdogs fire
+    prefix = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+    deadline = time.time() + 100
+    while time.time() < deadline and not all(os.path.exists(f"{prefix}{r}") for r in (0, 1)):
+        time.sleep(0.2)
+    time.sleep(1)
     os._exit(0)
 def watchdog():  # fires while the main thread waits in the all-reduce
     time.sleep(3)
