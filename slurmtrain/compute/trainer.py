@@ -66,6 +66,8 @@ class Trainer:
         self.build()
         self.resume()
         if self.stop is not None:  # no checkpoint left that loads
+            self.memory.stop()
+            self.metrics.close()
             code = self.stopped()
             self.teardown()
             return code
