@@ -24,8 +24,10 @@ from slurmtrain.compute.distributed import broadcast
 
 def try_load(t: Any, directory: Path, restore_rng: bool = True) -> tuple[Optional[str], Any]:
     """Collective: (None, the RNG state) when every rank loaded `directory`, else (the first
-    rank's error, None). Caught on every rank and agreed by one all_gather, so all ranks walk
-    back together; the next load replaces whatever the failed one had put in the engine."""
+    failing rank's error, None). Caught on every rank and agreed (one all-reduce of a flag; the
+    errors are gathered only after a failure), so all ranks walk back together; the next load
+    replaces whatever the failed one had put in the engine."""
+    import torch
     import torch.distributed as dist
 
     rng, error = None, None
@@ -33,16 +35,16 @@ def try_load(t: Any, directory: Path, restore_rng: bool = True) -> tuple[Optiona
         rng = t.checkpointer.load(t.engine, directory, restore_rng=restore_rng)
     except Exception as err:  # noqa: BLE001  whatever DeepSpeed or torch.load raise
         error = f"{type(err).__name__}: {err}"[:2000]
+    flag = torch.tensor([error is not None], dtype=torch.int32, device=t.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not int(flag.item()):
+        return None, rng
     errors: list[Any] = [None] * t.world
     dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if failed:
-        rank, first = failed[0]
-        return (
-            f"{first} (rank {rank}{f' and {len(failed) - 1} more' if len(failed) > 1 else ''})",
-            None,
-        )
-    return None, rng
+    rank, first = failed[0]
+    more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+    return f"{first} (rank {rank}{more})", None
 
 
 def mark_unloadable(t: Any, found: Any, error: str) -> None:
