@@ -375,6 +375,55 @@ def inject_without_opt_in(t: Trial) -> tuple[str, str]:
     return "refused", "none"
 
 
+def load_failure(t: Trial) -> tuple[str, str]:
+    # step_20 validates (its manifest rewritten over bytes DeepSpeed rejects, as a buggy writer
+    # would) but does not load: marked, and step_10 loaded in the same attempt
+    import json
+
+    import torch
+
+    from slurmtrain.compute.checkpoint.format import CHECKSUM, MANIFEST, _digest
+
+    t.paused_at_20()
+    step = t.run / "checkpoints" / "step_20"
+    states = step / "mp_rank_00_model_states.pt"
+    torch.save({"not": "a DeepSpeed checkpoint"}, states)
+    manifest = json.loads((step / MANIFEST).read_text())
+    manifest["files"][states.name].update(size=states.stat().st_size, **{CHECKSUM: _digest(states)})
+    (step / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    t.corrupted.add(step.name)
+    t.submit([])
+    return "finished", "checkpoint_unloadable"
+
+
+def converter_signal(t: Trial) -> tuple[str, str]:
+    # the time-limit USR2 reaches every process of the step while ds_to_universal converts
+    # (2 ranks -> 1): the conversion completes, the rank saves and is requeued, the run finishes
+    from slurmtrain.compute.checkpoint.format import validate
+
+    batch = ["train.global_batch_size=8", "train.micro_batch_size=4"]
+    t.paused_at_20(batch)
+    t.submit([*batch, "nodes=1"])
+    source = str(t.run / "checkpoints" / "step_20")
+    t.wait(lambda: source in sh("pgrep", "-af", "ds_to_universal"), 300, "the conversion")
+    sh("scancel", "--signal=USR2", str(t.events("submitted")[-1]["job_id"]))
+    if t.wait_end() == "finished":
+        bad = validate(t.run / "checkpoints" / "step_20_universal", full=True)
+        if bad is not None:
+            raise RuntimeError(f"universal checkpoint corrupt: {bad}")
+    return "finished", "checkpoint_converted"
+
+
+def final_step_signal(t: Trial) -> tuple[str, str]:
+    # USR2 during step 30 of 30: the stop's save is the final checkpoint; finished, no extra job
+    t.submit([], inject="step_delay=2")
+    t.wait_step(29)
+    sh("scancel", "--signal=USR2", str(t.events("submitted")[-1]["job_id"]))
+    if t.wait_end() == "finished" and len(t.events("started")) != 1:
+        raise RuntimeError(f"{len(t.events('started'))} attempts: the signal cost an extra job")
+    return "finished", "signal"
+
+
 FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "time_limit": time_limit,
     "preemption": preemption,
@@ -395,4 +444,7 @@ FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "sigterm_batch_shell": sigterm_batch_shell,
     "hand_job_then_cancel": hand_job_then_cancel,
     "inject_without_opt_in": inject_without_opt_in,
+    "load_failure": load_failure,
+    "converter_signal": converter_signal,
+    "final_step_signal": final_step_signal,
 }

@@ -80,6 +80,11 @@ def rollbacks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == "rollback"]
 
 
+def rolled_back_to(events: list[dict[str, Any]]) -> set[int]:
+    """The steps rollbacks returned to: never pruned, since a repeated divergence may need them."""
+    return {int(e["to_step"]) for e in rollbacks(events) if e.get("to_step") is not None}
+
+
 def resume_request(events: list[dict[str, Any]], resume: str) -> str:
     """`resume` as the next attempt must apply it: none/step_N only once after the submission
     that asked for it (its `resume_applied` event), else auto; the config keeps the key."""

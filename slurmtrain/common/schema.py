@@ -106,7 +106,12 @@ class CheckpointConfig:
     interval_steps: Any = "auto"
     interval_minutes: float = 0.0  # 0: never by time; both set: whichever comes first
     keep_last: int = 3
-    keep_every: int = 0  # also keep every Nth step forever (0: none)
+    # Also keep, forever, the first checkpoint at or past every Nth step (0: none). A rollback
+    # needs one from before an instability began, and a loss spike builds up over hundreds of
+    # steps (OPT-175B's logbook rolled back several hundred), far more than keep_last x the save
+    # interval covers; with 1000 one such checkpoint is at most ~2000 steps behind, for
+    # max_steps / 1000 extra checkpoints on disk.
+    keep_every: int = 1000
     verify: str = (
         "checksum"  # checksum: CRC-32 of every file (checkpoint.CHECKSUM) | size: sizes only
     )
@@ -198,6 +203,9 @@ class FaultsConfig:
     max_checkpoint_unreadable: int = 0  # attempts that found every published checkpoint bad
     # In-process rollbacks over the whole run; one more stops it `diverged` (-1: no cap).
     max_rollback: int = 5
+    # A divergence within this many steps of the previous rollback's is the same instability come
+    # back: the rollback returns to a checkpoint older than the previous one's (0: never deeper).
+    rollback_repeat_window: int = 500
     # Optimizer steps' worth of samples skipped after the checkpoint rolled back to: this, capped
     # at a tenth of train.max_steps (tiny runs), and never less than the window that diverged.
     skip_batches: int = 200

@@ -57,6 +57,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("faults.collective_timeout_s", 0, False, "", "1800"),
     ("faults.health_slow_factor", 1, False, " (times the median node's time)", "5"),
     ("faults.skip_batches", 0, True, "", "200"),
+    ("faults.rollback_repeat_window", 0, True, " (0: never deeper)", "500"),
     ("faults.spike_window", 1, True, "", "50"),
     ("faults.hang_timeout_s", 0, False, "", "600"),
     ("faults.startup_timeout_s", 0, False, "", "1800"),

@@ -4,6 +4,9 @@ Every rank sees the same all-reduced loss and count of ranks with a non-finite l
 norm, so every rank reaches the same verdict at the same step. A verdict means: the step is not
 kept (the rollback reloads the newest valid checkpoint: weights, optimizer, scheduler, RNG), the
 data window that diverged is skipped (PaLM's practice), and the run goes on in the same process.
+A divergence that comes back within faults.rollback_repeat_window steps of the previous one means
+the checkpoint rolled back to already carried the instability: the next rollback returns to an
+older checkpoint than that one (`deeper_than`), and so on back until none is left.
 Pure arithmetic here (no torch): the Trainer does the collective reload.
 """
 
@@ -110,6 +113,17 @@ class Plan:
     number: int = 0  # this rollback's number over the whole run
 
 
+def deeper_than(d: Divergence, previous: list[dict[str, Any]], faults_cfg: Any) -> Optional[int]:
+    """The step a repeated divergence must roll back before (the previous rollback's target), or
+    None when this one is new (no rollback before, or more than the window ago)."""
+    window = int(getattr(faults_cfg, "rollback_repeat_window", 0))
+    if not previous or window <= 0 or previous[-1].get("to_step") is None:
+        return None
+    if d.step - int(previous[-1].get("step", d.step)) > window:
+        return None
+    return int(previous[-1]["to_step"])
+
+
 def plan_rollback(
     d: Divergence,
     checkpoint_step: Optional[int],
@@ -126,11 +140,19 @@ def plan_rollback(
     faults.skip_batches steps' worth, bounded by a tenth of the run (tiny runs).
     """
     what = f"loss {d.loss:.4g} at step {d.step} ({d.why})"
-    if checkpoint_step is None:
-        return Plan(stop=f"{what}; no valid checkpoint to roll back to")
     limit = int(faults_cfg.max_rollback)
     if 0 <= limit <= len(previous):  # -1: unlimited
         return Plan(stop=f"{what}; {len(previous)} rollbacks already (faults.max_rollback={limit})")
+    before = deeper_than(d, previous, faults_cfg)
+    if before is not None and (checkpoint_step is None or checkpoint_step >= before):
+        last = previous[-1]
+        return Plan(
+            stop=f"{what}; diverged again within faults.rollback_repeat_window="
+            f"{faults_cfg.rollback_repeat_window} steps of the rollback at step {last.get('step')} "
+            f"(to step {before}), and no valid checkpoint older than step {before} is left"
+        )
+    if checkpoint_step is None:
+        return Plan(stop=f"{what}; no valid checkpoint to roll back to")
     if previous and previous[-1].get("to_step") == checkpoint_step:
         last = previous[-1]
         return Plan(

@@ -1,8 +1,9 @@
 """The Trainer: one attempt's training, read top to bottom: choose, build, resume, loop, outcome.
 
-choose: which checkpoint (or a stop, `checkpoint_unreadable`, before anything is built); loop: a
-diverged step rolls back in-process to the newest valid checkpoint, skipping the data window
-(or stops `diverged`).
+choose: which checkpoint (or a stop, `checkpoint_unreadable`, before anything is built); resume:
+one that fails to load is marked and the previous one loaded (recovery.py); loop: a diverged step
+rolls back in-process (recovery.py), skipping the data window (or stops `diverged`); outcome: a
+stop signal in the final step finishes the run rather than asking for another job.
 
 Each component is built from its own config section (checkpoint.*, train.*, data.*); the Trainer
 only wires them together. Every rank runs every method (they are collective where DeepSpeed is).
@@ -64,6 +65,12 @@ class Trainer:
             return self.stopped()
         self.build()
         self.resume()
+        if self.stop is not None:  # no checkpoint left that loads
+            self.memory.stop()
+            self.metrics.close()
+            code = self.stopped()
+            self.teardown()
+            return code
         self.watchdog.phase("step", self.deadlines.step_s, "start-up")
         outcome = self.loop()
         code = self.outcome(outcome)
@@ -123,15 +130,7 @@ class Trainer:
         ):
             # Written by another world size: load DeepSpeed's universal form (converted once,
             # cached); the global batch is fixed, grad accumulation adjusted; RNG is per rank.
-            from slurmtrain.compute.checkpoint import reshape
-
-            self.watchdog.phase(
-                phases.CONVERT, limits.convert_s(phases.listed(self.found.manifest))
-            )
-            beat = self.watchdog.progress(phases.CONVERT, "converting to universal")
-            self.load_dir = reshape.for_world(
-                self.found, self.rank, self.world, self.attempt.record, cfg.checkpoint.verify, beat
-            )
+            self.load_dir = self.universal(self.found)
             self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
             self.same_world = False
         state_bytes = phases.planned_state_bytes(cfg, self.world)
@@ -161,6 +160,7 @@ class Trainer:
             watchdog=self.watchdog,
             deadlines=limits,
             planned_bytes=phases.planned_save(cfg, self.world, limits.nodes),  # the plan's bytes
+            protect=faults.rolled_back_to(self.attempt.rows),  # rank 0 prunes: it has the rows
         )
         self.checkpointer.attach(self.engine)
         self.data = data.load(cfg.data)  # training windows + sampler, held-out windows
@@ -173,15 +173,28 @@ class Trainer:
             print_lines=self.rank == 0,
         )
 
+    def universal(self, found: Any) -> Any:
+        """`found`'s universal form (collective; converted once, cached), in its own phase."""
+        from slurmtrain.compute.checkpoint import reshape
+
+        self.watchdog.phase(phases.CONVERT, self.deadlines.convert_s(phases.listed(found.manifest)))
+        beat = self.watchdog.progress(phases.CONVERT, "converting to universal")
+        verify = self.cfg.checkpoint.verify
+        return reshape.for_world(found, self.rank, self.world, self.attempt.record, verify, beat)
+
     # ---- resume --------------------------------------------------------------------------------
     def resume(self) -> None:
-        """Load the chosen checkpoint (weights, optimizer, scheduler, RNG) on every rank."""
+        """Load the chosen checkpoint (weights, optimizer, scheduler, RNG) on every rank; one
+        that fails to load is marked and the previous one tried (recovery.load_resumed)."""
+        from slurmtrain.compute import recovery
+
         if self.found.path is None or self.load_dir is None:
             return
         t0 = time.time()
-        set_rng_state(
-            self.checkpointer.load(self.engine, self.load_dir, restore_rng=self.same_world)
-        )
+        rng = recovery.load_resumed(self)
+        if rng is None:  # self.stop says why
+            return
+        set_rng_state(rng)
         self.start_step = int(self.found.manifest["step"])
         self.sampler.skip = self._data_skip(self.found.manifest)
         self.watchdog.beat("checkpoint load")
@@ -311,59 +324,10 @@ class Trainer:
             self.metrics.close()
 
     def rollback(self, d: Any) -> bool:
-        """Reload the newest valid checkpoint in this process and skip the data window that
-        diverged; False (and `self.stop`) when the run must stop `diverged` instead."""
-        from slurmtrain.compute import divergence
-        from slurmtrain.compute.checkpoint import verify
+        """Roll back in this process (recovery.rollback); False (and `self.stop`) to stop."""
+        from slurmtrain.compute import recovery
 
-        cfg = self.cfg
-        self.checkpointer.settle()  # an async save in flight is published (or failed) first
-        found = verify.newest_valid(
-            cfg, self.run, self.rank, self.world, self.watchdog, self.deadlines, self.attempt.record
-        )
-        plan = None
-        if self.rank == 0:
-            manifest = found.manifest
-            step = int(manifest["step"]) if found.path is not None else None
-            if step is not None and int(manifest.get("world_size", self.world)) != self.world:
-                step = None  # written by another world size: its universal form is not loaded
-            own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
-            previous = faults.rollbacks(self.attempt.rows)  # earlier attempts' and this one's
-            plan = divergence.plan_rollback(
-                d, step, own, previous, cfg.faults, cfg.train.max_steps, cfg.train.global_batch_size
-            )
-        plan = broadcast(plan)
-        loss = divergence.finite_or_text(d.loss)
-        if plan.stop is not None:
-            self.stop = (faults.DIVERGED, plan.stop)
-            self.attempt.step = d.step
-            return False
-        t0 = time.time()
-        set_rng_state(self.checkpointer.load(self.engine, found.path))
-        self.start_step, self.sampler.skip = plan.to_step, plan.skip_samples
-        self.attempt.step = plan.to_step
-        self.watchdog.beat("rollback")
-        self.attempt.record(
-            "rollback",
-            step=d.step,
-            loss=loss,
-            reason=d.why,
-            to_step=plan.to_step,
-            path=str(found.path),
-            skipped_steps=plan.skip_steps,
-            skipped_samples=plan.skip_steps * cfg.train.global_batch_size,
-            data_skip=plan.skip_samples,
-            number=plan.number,
-            seconds=time.time() - t0,
-        )
-        if self.rank == 0:
-            print(
-                f"slurmtrain: loss {loss} at step {d.step} ({d.why}): rolled back to step "
-                f"{plan.to_step}, skipping {plan.skip_steps} steps of data "
-                f"(rollback {plan.number} of faults.max_rollback={cfg.faults.max_rollback})",
-                file=sys.stderr,
-            )
-        return True
+        return recovery.rollback(self, d)
 
     # ---- outcome -------------------------------------------------------------------------------
     def outcome(self, outcome: Any) -> int:
@@ -373,6 +337,13 @@ class Trainer:
             return self.stopped()
         final: Optional[Any] = self.checkpointer.last
         stopped = outcome.stop_code != signals.NONE
+        saved = final is None or final.ok or final.step != outcome.step
+        if stopped and outcome.step >= self.cfg.train.max_steps and saved:
+            # A signal in the final step: the stop's save is the final checkpoint, and another
+            # job would only load it to record this.
+            self.on_stop(outcome.step, outcome.stop_code)
+            self.attempt.record("finished", step=outcome.step, on_signal=True)
+            return 0
         if not stopped and final is not None and not final.ok and final.step == outcome.step:
             # Training reached its end but its final state is not on disk: not finished.
             self.attempt.record(

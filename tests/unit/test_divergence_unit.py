@@ -160,3 +160,27 @@ def test_overflow_steps_do_not_feed_the_spike_median():
     for s in range(10, 20):
         assert g.judge(s, 1e6, 2, skipped=1) is None  # skipped: not a sample of the loss
     assert "spike" in g.judge(20, 7.0, 0).why
+
+
+def test_plan_rollback_after_a_repeat_goes_older_or_stops_naming_it():
+    faults = SimpleNamespace(max_rollback=5, skip_batches=200, rollback_repeat_window=100)
+    first = [{"event": "rollback", "step": 25, "to_step": 20, "skipped_samples": 40}]
+    d = Divergence(25, math.nan, "x")
+    older = plan_rollback(d, 10, 0, first, faults, 40, 8)
+    assert older.stop is None and older.to_step == 10 and older.number == 2
+    none_left = plan_rollback(d, None, 0, first, faults, 40, 8)
+    assert "diverged again" in none_left.stop and "older" in none_left.stop
+
+
+def test_prune_keeps_protected_steps_and_one_per_keep_every_span(tmp_path):
+    from slurmtrain.compute.checkpoint.format import publish
+
+    for step in (5, 10, 15, 20, 25, 1007, 1010):
+        (tmp_path / f"step_{step}.tmp").mkdir()
+        (tmp_path / f"step_{step}.tmp" / "f.pt").write_bytes(b"x")
+        publish(tmp_path, step, {}, "size")
+    prune(tmp_path, keep_last=1, keep_every=1000, protect={15})
+    kept = sorted(int(p.name.split("_")[1]) for p in step_dirs(tmp_path))
+    # 15: protected; 1007: the first at or past step 1000 (saves by time land on any step);
+    # 1010: the newest
+    assert kept == [15, 1007, 1010]

@@ -22,7 +22,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -298,9 +298,12 @@ def find_resumable(root: Path, full: bool = True, check: Optional[Check] = None)
     return result
 
 
-def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
-    """Keep the newest `keep_last` checkpoints that validate plus every `keep_every`-th step; drop
-    leftovers.
+def prune(
+    root: Path, keep_last: int, keep_every: int = 0, protect: Collection[int] = ()
+) -> list[Path]:
+    """Keep the newest `keep_last` checkpoints that validate, the first one at or past each
+    multiple of `keep_every` (saves by time land on any step), and the steps in `protect`
+    (rollback targets); drop leftovers.
 
     Only checkpoints that validate (manifest, files, sizes: no checksums, this runs after every
     save) count towards `keep_last`, and the newest valid one is never removed: a damaged newer
@@ -311,12 +314,18 @@ def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
     """
     pointed = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
     removed, kept, valid = [], set(), 0
-    for directory in step_dirs(root):
-        step = int(directory.name.split("_")[1])
-        ok = validate(directory, full=False) is None
+    found = [
+        (d, int(d.name.split("_")[1]), validate(d, full=False) is None) for d in step_dirs(root)
+    ]
+    firsts: dict[int, int] = {}  # keep_every span -> its oldest valid step
+    for _, step, ok in found:
+        if keep_every and step >= keep_every and ok:
+            span = step // keep_every
+            firsts[span] = min(firsts.get(span, step), step)
+    for directory, step, ok in found:
         window = valid < max(keep_last, 1)
         valid += ok
-        if window or directory.name == pointed or (keep_every and step % keep_every == 0):
+        if window or directory.name == pointed or step in firsts.values() or step in protect:
             kept.add(directory.name)
             continue
         shutil.rmtree(directory, ignore_errors=True)

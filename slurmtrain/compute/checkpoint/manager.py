@@ -80,14 +80,17 @@ class Checkpointer:
         watchdog: Any = None,
         deadlines: Optional[phases.Deadlines] = None,
         planned_bytes: Any = 0,
+        protect: Optional[set[int]] = None,
     ) -> None:
         """`watchdog` and `deadlines`: saves and loads run in their own watchdog phase, with a
         deadline scaled from the bytes (`planned_bytes` per rank until a save measured them),
         and the shard writer and loader beat it. `planned_bytes`: a rank's bytes, or the plan's
-        `deadlines.Moved` (rank, node and job totals) before the first save."""
+        `deadlines.Moved` (rank, node and job totals) before the first save. `protect`: steps
+        never pruned (rollback targets; the Trainer adds each new one)."""
         self.root, self.rank, self.world, self.verify = root, rank, world, verify
         self.beats, self.save_bytes = Beats(watchdog, deadlines), planned_bytes
         self.loaded_bytes = 0
+        self.protect: set[int] = set(protect or ())
         self.async_save, self.keep_last, self.keep_every = async_save, keep_last, keep_every
         self.stop_on_error, self.hook, self.timeout_s = stop_on_error, hook, timeout_s
         self.record: Record = record or (lambda *a, **k: None)
@@ -320,7 +323,7 @@ class Checkpointer:
             write_seconds=_slowest(reports),
             data_position=job.meta.get("data_position"),  # blends: samples drawn per source
         )
-        prune(self.root, self.keep_last, self.keep_every)
+        prune(self.root, self.keep_last, self.keep_every, self.protect)
         return SaveOutcome(job.step, True)
 
 

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -139,11 +140,51 @@ def _run(
         "--inject_missing_state",
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
+    # Slurm signals every process of the step (the time-limit USR2, a preemption's TERM): the
+    # converter ignores them (its own session, the signals blocked from fork to SIG_IGN, so none
+    # slips in between) and finishes, while the rank's handler decides what to do after it.
+    shielded = [sys.executable, "-c", _SHIELD, *cmd[3:]]
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SHIELDED)  # pending here, never lost
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
-    except subprocess.TimeoutExpired as err:
+        proc = subprocess.Popen(
+            shielded,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException as stopped:
+        # Timed out, or this rank is going down: no half-written conversion outlives it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ReshapeError(f"ds_to_universal on {step_dir} took over {timeout_s} s") from err
+        if isinstance(stopped, subprocess.TimeoutExpired):
+            raise ReshapeError(f"ds_to_universal on {step_dir} took over {timeout_s} s") from None
+        raise
+    return subprocess.CompletedProcess(shielded, proc.returncode, out, err)
+
+
+_SHIELDED = {signal.SIGUSR2, signal.SIGTERM, signal.SIGINT}
+# The converter's entry: ignore the rank's stop signals (its pool workers inherit SIG_IGN), die
+# with the rank that started it (PR_SET_PDEATHSIG), then run DeepSpeed's module as `python -m`.
+_SHIELD = """
+import ctypes, runpy, signal, sys
+for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2, signal.SIGTERM, signal.SIGINT})
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+except (OSError, AttributeError):
+    pass
+sys.argv[0] = "ds_to_universal"
+runpy.run_module("deepspeed.checkpoint.ds_to_universal", run_name="__main__", alter_sys=True)
+"""
 
 
 WALK, RELAY, FOLLOW = "walk", "relay", "follow"  # rank 0, one rank per other host, the rest

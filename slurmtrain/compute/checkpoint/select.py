@@ -6,12 +6,16 @@ class `checkpoint_unreadable`, naming each checkpoint and why, instead of traini
 `resume=none` (start from step 0) and `resume=step_N` (that checkpoint) are explicit and apply
 once, to the first attempt after the submission that asked: the checkpoints not kept move to
 `checkpoints/discarded/<time>/` (nothing is deleted) and `resume_applied` records it.
+A checkpoint that validated but failed to load (DeepSpeed rejected its contents) carries an
+`unloadable.json` marker, written by the attempt that tried: every later choice skips it without
+loading it again, naming the error.
 Rank 0 only; pure file operations (no torch). With checksums, `check` is the ranks' collective
 checksum of a candidate (checkpoint/verify.py): each rank reads only its own files.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -28,9 +32,44 @@ from slurmtrain.compute.checkpoint.format import (
     step_dirs,
     tag,
     validate,
+    write_synced,
 )
 
 DISCARDED = "discarded"
+UNLOADABLE = "unloadable.json"  # inside step_N/: moved or pruned with it
+
+
+def mark_unloadable(directory: Path, error: str, **who: Any) -> None:
+    """Rank 0: `directory` validated but did not load; no attempt is to try it again."""
+    note = {"step": int(directory.name.split("_")[1]), "error": error, "time": time.time(), **who}
+    part = directory / f".{UNLOADABLE}.tmp"
+    write_synced(part, json.dumps(note))
+    os.replace(part, directory / UNLOADABLE)
+
+
+def unloadable(directory: Path) -> Optional[str]:
+    """Why `directory` is not to be loaded again (its marker), or None."""
+    try:
+        note = json.loads((directory / UNLOADABLE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        return f"failed to load before (marker unreadable: {err})"
+    return f"failed to load before (attempt {note.get('attempt')}): {note.get('error')}"
+
+
+def loadable(check: Optional[Check], full: bool) -> Check:
+    """`check` (or, without one, the full checksum when `full`), after the marker test."""
+
+    def checked(directory: Path) -> Optional[str]:
+        why = unloadable(directory)
+        if why is not None:
+            return why
+        if check is not None:
+            return check(directory)
+        return validate(directory, True) if full else None
+
+    return checked
 
 
 @dataclass
@@ -66,7 +105,7 @@ def choose(
         moved = discard(root, keep_upto=step)
         found = Resume(directory, read_manifest(directory))
         return Choice(found, applied={"resume": mode, "moved": moved, "kept_step": step})
-    found = find_resumable(root, full, check)
+    found = find_resumable(root, full, loadable(check, full))
     published = ledger.published_since_reset(events)
     if found.path is not None or not published:
         return Choice(found)

@@ -123,15 +123,27 @@ def newest_valid(
     watchdog: Any,
     deadlines: phases.Deadlines,
     record: Callable[..., Any],
+    before: Optional[int] = None,
 ) -> Any:
-    """Collective: the newest checkpoint that validates (a rollback's target), its files checked
-    by every rank in parallel as at start-up, never rank 0 alone under the step's deadline."""
+    """Collective: the newest checkpoint that validates and is not marked unloadable (a
+    rollback's target, or the one tried after a load failed), its files checked by every rank in
+    parallel as at start-up, never rank 0 alone under the step's deadline. `before`: only
+    checkpoints older than that step (a repeated divergence goes further back)."""
+    from slurmtrain.compute.checkpoint import select
+
     checks = ParallelVerify(rank, world, watchdog, deadlines, record)
     full = cfg.checkpoint.verify == "checksum"
+    loadable = select.loadable(checks.check if full else None, full)
+
+    def candidate(directory: Path) -> Optional[str]:
+        if before is not None and int(directory.name.split("_")[1]) >= before:
+            return f"not older than step {before}"
+        return loadable(directory)
+
     found = None
     if rank == 0:
         try:
-            found = ckpt.find_resumable(run.checkpoints, full, checks.check if full else None)
+            found = ckpt.find_resumable(run.checkpoints, full, candidate)
         finally:
             checks.done()
     else:

@@ -1,0 +1,169 @@
+"""Loading a checkpoint when it may fail, and rolling back after a divergence: the Trainer's two
+ways back to a saved state.
+
+A checkpoint can validate (manifest, sizes, checksums) and still fail to load: a writer bug put
+bytes DeepSpeed rejects behind a truthful manifest. Retrying it would crash every attempt, so the
+ranks agree on the failure, rank 0 records `checkpoint_unloadable` and marks it
+(checkpoint/select.py: no later choice tries it again), and the previous valid checkpoint is
+loaded in the same attempt. A rollback walks back the same way, and after a repeated divergence
+starts from a checkpoint older than the previous rollback's target (divergence.deeper_than).
+Every rank runs every function here (they are collective).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from slurmtrain.common import ledger as faults
+from slurmtrain.compute.checkpoint.rng import set_rng_state
+from slurmtrain.compute.distributed import broadcast
+
+
+def try_load(t: Any, directory: Path, restore_rng: bool = True) -> tuple[Optional[str], Any]:
+    """Collective: (None, the RNG state) when every rank loaded `directory`, else (the first
+    failing rank's error, None). Caught on every rank and agreed (one all-reduce of a flag; the
+    errors are gathered only after a failure), so all ranks walk back together; the next load
+    replaces whatever the failed one had put in the engine."""
+    import torch
+    import torch.distributed as dist
+
+    rng, error = None, None
+    try:
+        rng = t.checkpointer.load(t.engine, directory, restore_rng=restore_rng)
+    except Exception as err:  # noqa: BLE001  whatever DeepSpeed or torch.load raise
+        error = f"{type(err).__name__}: {err}"[:2000]
+    flag = torch.tensor([error is not None], dtype=torch.int32, device=t.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not int(flag.item()):
+        return None, rng
+    errors: list[Any] = [None] * t.world
+    dist.all_gather_object(errors, error)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    rank, first = failed[0]
+    more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+    return f"{first} (rank {rank}{more})", None
+
+
+def mark_unloadable(t: Any, found: Any, error: str) -> None:
+    """Rank 0: the ledger row and the marker that keeps every later attempt off `found`."""
+    from slurmtrain.compute.checkpoint import select
+
+    step = int(found.manifest.get("step", found.path.name.split("_")[1]))
+    t.attempt.record("checkpoint_unloadable", step=step, path=str(found.path), error=error)
+    if t.rank != 0:
+        return
+    try:
+        select.mark_unloadable(found.path, error, job_id=t.where.job_id, attempt=t.attempt.number)
+    except OSError as err:  # the row still says it; this attempt will not pick it again
+        print(f"slurmtrain: could not mark {found.path} unloadable: {err}", file=sys.stderr)
+    print(
+        f"slurmtrain: checkpoint {found.path.name} validates but does not load ({error}); "
+        f"marked, trying the previous one",
+        file=sys.stderr,
+    )
+
+
+def load_resumed(t: Any) -> Optional[dict[str, Any]]:
+    """Load `t.found` (built for in `t.build`), walking back past checkpoints that fail to load.
+    Returns the RNG state, or None with `t.stop` set when none is left to load."""
+    from slurmtrain.compute.checkpoint import verify
+
+    while True:
+        error, rng = try_load(t, t.load_dir, restore_rng=t.same_world)
+        if error is None:
+            return rng
+        mark_unloadable(t, t.found, error)
+        found = verify.newest_valid(
+            t.cfg, t.run, t.rank, t.world, t.watchdog, t.deadlines, t.attempt.record
+        )
+        if found.path is None:
+            t.stop = (
+                faults.CHECKPOINT_UNREADABLE,
+                f"{t.found.path.name} failed to load ({error}) and no older checkpoint validates; "
+                f"pass resume=none to start from step 0",
+            )
+            return None
+        other_world = int(found.manifest.get("world_size", t.world)) != t.world
+        if other_world == t.same_world:
+            # The engine was built for the other kind (plain vs universal load): the next attempt
+            # builds it for this one, skipping the marked checkpoint.
+            raise RuntimeError(
+                f"{t.found.path.name} failed to load ({error}); the next attempt starts from "
+                f"{found.path.name}, which needs an engine built for another world size"
+            )
+        t.found = found
+        t.load_dir = t.universal(found) if other_world else found.path
+
+
+def rollback(t: Any, d: Any) -> bool:
+    """Reload a valid checkpoint in this process and skip the data window that diverged; False
+    (and `t.stop`) when the run must stop `diverged` instead. After a repeated divergence the
+    checkpoint is older than the previous rollback's; the target is never pruned afterwards."""
+    from slurmtrain.compute import divergence
+    from slurmtrain.compute.checkpoint import verify
+
+    cfg = t.cfg
+    t.checkpointer.settle()  # an async save in flight is published (or failed) first
+    previous = faults.rollbacks(t.attempt.rows) if t.rank == 0 else []  # every attempt's
+    before = broadcast(divergence.deeper_than(d, previous, cfg.faults) if t.rank == 0 else None)
+    while True:
+        found = verify.newest_valid(
+            cfg, t.run, t.rank, t.world, t.watchdog, t.deadlines, t.attempt.record, before
+        )
+        plan = None
+        if t.rank == 0:
+            manifest = found.manifest
+            step = int(manifest["step"]) if found.path is not None else None
+            if step is not None and int(manifest.get("world_size", t.world)) != t.world:
+                step = None  # written by another world size: its universal form is not loaded
+            own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
+            plan = divergence.plan_rollback(
+                d, step, own, previous, cfg.faults, cfg.train.max_steps, cfg.train.global_batch_size
+            )
+        plan = broadcast(plan)
+        if plan.stop is not None:
+            t.stop = (faults.DIVERGED, plan.stop)
+            t.attempt.step = d.step
+            return False
+        t0 = time.time()
+        error, rng = try_load(t, found.path)
+        if error is None:
+            break
+        mark_unloadable(t, found, error)  # and look again: newest_valid skips it now
+    set_rng_state(rng)
+    _rolled_back(t, d, found, plan, time.time() - t0)
+    return True
+
+
+def _rolled_back(t: Any, d: Any, found: Any, plan: Any, seconds: float) -> None:
+    from slurmtrain.compute import divergence
+
+    cfg = t.cfg
+    loss = divergence.finite_or_text(d.loss)
+    t.start_step, t.sampler.skip = plan.to_step, plan.skip_samples
+    t.attempt.step = plan.to_step
+    t.checkpointer.protect.add(plan.to_step)  # a later repeat may need it again
+    t.watchdog.beat("rollback")
+    t.attempt.record(
+        "rollback",
+        step=d.step,
+        loss=loss,
+        reason=d.why,
+        to_step=plan.to_step,
+        path=str(found.path),
+        skipped_steps=plan.skip_steps,
+        skipped_samples=plan.skip_steps * cfg.train.global_batch_size,
+        data_skip=plan.skip_samples,
+        number=plan.number,
+        seconds=seconds,
+    )
+    if t.rank == 0:
+        print(
+            f"slurmtrain: loss {loss} at step {d.step} ({d.why}): rolled back to step "
+            f"{plan.to_step}, skipping {plan.skip_steps} steps of data "
+            f"(rollback {plan.number} of faults.max_rollback={cfg.faults.max_rollback})",
+            file=sys.stderr,
+        )
