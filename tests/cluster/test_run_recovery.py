@@ -69,6 +69,7 @@ def test_a_run_stopped_by_a_crash_loop_finishes_when_the_user_resubmits_the_same
     again = run_cli([*BASE, "name=window"], cwd=workdir)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming unfinished run" in again.stdout
+    assert "count again from this submission" in again.stdout
     wait_finished(run, stops=1)  # the old window's stop only
     [opened] = [e for e in events(run) if e["event"] == "budget_window"]
     assert opened["after_class"] == "crash loop" and opened["window"] == 2
@@ -118,3 +119,25 @@ def test_a_supervisor_exception_is_recorded_and_the_run_still_finishes(slurm_clu
     ended = [e for e in events(run) if e["event"] == "attempt_ended"]
     assert [e["class"] for e in ended] == ["crash"]
     wait_until(lambda: status_row(run, workdir)["state"] == "finished", 60, "status finished")
+
+
+def test_release_lifts_a_real_hold_and_checks_that_it_is_gone(slurm_cluster, tmp_path):
+    from slurmtrain.batch import next_job
+    from slurmtrain.common.liveness import held
+
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "-p", "debug", "-t", "1", "-o", "/dev/null"]
+        + ["--job-name=st-held-probe", "--wrap", "true"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    run = RunDir(tmp_path / "run")
+    run.ledger_dir.mkdir(parents=True)
+    try:
+        assert held(job) is True
+        assert next_job.release(run, job, {"job_id": "1", "attempt": 1}) is True
+        assert held(job) is False
+        assert not [e for e in run.run_events() if e["event"] == "release_failed"]
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
