@@ -92,10 +92,13 @@ def _decide(
     attempt = faults.attempt_of(events, job_id, restart, relaunch)
     if faults.cancelled_since(events, job_id, attempt):
         return 0
-    start = faults.started_row(events, attempt) if attempt is not None else None
-    since = float(start.get("time", 0)) if start else 0.0
-    later = [e for e in events if float(e.get("time") or 0) >= since]
-    made = [e for e in later if e["event"] == "requeued" and str(e.get("job_id")) == job_id]
+
+    def mine(e: dict[str, Any]) -> bool:  # a row of this start: (job id, restart, relaunch)
+        return faults.attempt_key(e) == (job_id, restart, relaunch)
+
+    made = [e for e in events if e["event"] == "requeued" and mine(e)]
+    intents = [i for i, e in enumerate(events) if e["event"] == "resubmitting" and mine(e)]
+    later = events[intents[-1] :] if intents else []
     subs = [e for e in later if e["event"] == "submitted" and str(e.get("requeue_of")) == job_id]
     if subs:  # the supervisor got as far as submitting: make sure its job is released
         from slurmtrain.common.liveness import held
