@@ -7,6 +7,7 @@ is recorded first, the new job is submitted held, recorded as `submitted`, then 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import datetime
@@ -147,11 +148,11 @@ def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEA
 
 
 def injected(key: str, record: dict[str, Any]) -> bool:
-    """A drill's fault in the supervisor itself (SLURMTRAIN_INJECT, compute/faults/inject.py:
+    """A drill's fault in the supervisor itself, from SLURMTRAIN_INJECT (the compute nodes'
+    syntax, compute/faults/inject.py, read here without importing compute: `key=1`, and
     `attempts=1` confines it to those attempts)."""
-    from slurmtrain.compute.faults.inject import settings
-
-    cfg = settings()
+    text = os.environ.get("SLURMTRAIN_INJECT", "")
+    cfg = dict(item.strip().split("=", 1) for item in text.split(",") if "=" in item)
     only = cfg.get("attempts")
     if only and str(record.get("attempt")) not in only.split("+"):
         return False

@@ -114,4 +114,6 @@ def test_the_table_has_one_row_per_fault():
         "1/2",
     ]
     assert set(fm.FAULTS) >= {"time_limit", "controller_restart", "sigterm_batch_shell"}
-    assert len(fm.FAULTS) == 17  # the 15, a node whose ranks never join, invisible GPUs
+    # the 15, a node whose ranks never join, invisible GPUs; #20: resubmit after a stop,
+    # a held successor, a supervisor exception
+    assert len(fm.FAULTS) == 20
