@@ -46,12 +46,12 @@ def current_stop(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return rows[stops[-1]]
 
 
-def new_window(events: list[dict[str, Any]], job_id: str) -> Optional[dict[str, Any]]:
+def new_window(events: list[dict[str, Any]], job_id: Optional[str]) -> Optional[dict[str, Any]]:
     """The `budget_window` row that job `job_id` opens as it starts, else None: a user's
     submission (user_submission) after the run stopped, whose id has not started since (a
     Slurm requeue or an in-allocation relaunch of it keeps counting)."""
     stopped = [i for i, e in enumerate(window(events)) if e["event"] == "stopped"]
-    if not stopped or not user_submission(events, job_id):
+    if not job_id or not stopped or not user_submission(events, job_id):  # no id: a bare start
         return None
     rows = window(events)
     since = rows[stopped[-1] :]
@@ -68,7 +68,9 @@ def new_window(events: list[dict[str, Any]], job_id: str) -> Optional[dict[str, 
     }
 
 
-def open_window(run: Any, events: list[dict[str, Any]], job_id: str) -> Optional[dict[str, Any]]:
+def open_window(
+    run: Any, events: list[dict[str, Any]], job_id: Optional[str]
+) -> Optional[dict[str, Any]]:
     """Record `budget_window` when job `job_id` opens one (new_window); the row, else None.
     `run`: a RunDir; `events`: its run tier, the row is appended to it."""
     row = new_window(events, job_id)
