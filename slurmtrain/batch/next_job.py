@@ -124,7 +124,7 @@ def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEA
     """`scontrol release` the held job, then ask squeue that it is no longer held; again with
     backoff (1, 2, 4, ... s) up to `tries` times. False, with `release_failed` recorded, when it
     stays held (or squeue cannot say): the liveness check releases or drops a held owner older
-    than faults.held_owner_s (common/liveness.py), so the run is not wedged for good."""
+    than $SLURMTRAIN_HELD_OWNER_S (common/liveness.py), so the run is not wedged for good."""
     from slurmtrain.common.liveness import held
 
     error, delay = "", 1.0

@@ -17,6 +17,8 @@ An attempt is (job id, SLURM_RESTART_COUNT): a start that died before `started` 
 SIGTERM reaches the batch shell too (time limit, scancel, preemption): the script traps it and this
 process ignores it, so the restart still happens; a new job is submitted held, recorded, then
 released, so it never starts before the ledger knows it (compute/faults/owner.py checks that).
+Whatever this process raises, `main` records it (`supervisor_failed`) and falls back to a plain
+resubmit (batch/fallback.py): a supervisor bug never ends a run silently.
 """
 
 from __future__ import annotations
