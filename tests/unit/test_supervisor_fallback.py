@@ -42,3 +42,10 @@ def test_a_restart_of_an_earlier_start_of_the_same_job_does_not_count(tmp_path):
     rows = [started(), old]
     assert fallback._decide(RunDir(tmp_path), rows, "100", 1, 0, 1) is None
     assert fallback._decide(RunDir(tmp_path), rows, "100", 0, 0, 1) == 0
+
+
+def test_supervisor_drills_read_the_compute_injection_syntax(monkeypatch):
+    monkeypatch.setenv("SLURMTRAIN_INJECT", "crash_at_step=7,attempts=1,supervisor_raise=1")
+    assert next_job.injected("supervisor_raise", {"attempt": 1})
+    assert not next_job.injected("supervisor_raise", {"attempt": 2})  # attempts=1 confines it
+    assert not next_job.injected("skip_release", {"attempt": 1})
