@@ -424,6 +424,35 @@ def final_step_signal(t: Trial) -> tuple[str, str]:
     return "finished", "signal"
 
 
+def resubmit_after_stop(t: Trial) -> tuple[str, str]:
+    # a crash loop stops the run; the user "fixes" it (no injection) and runs the same command:
+    # a new budget window opens and the run finishes (issue #20 item 1)
+    t.submit(["train.max_steps=20"], inject="crash_at_step=7")
+    job = str(t.wait_event("stopped", timeout=600)["job_id"])
+    t.wait(lambda: not squeue_state(job), 120, f"job {job} to end")
+    t.submit(["train.max_steps=20"])
+    t.wait_event("finished", timeout=900)
+    return "finished", "budget_window"
+
+
+def held_successor(t: Trial) -> tuple[str, str]:
+    # the supervisor "dies" between recording its held successor and releasing it; `status`
+    # past the bound (SLURMTRAIN_HELD_OWNER_S) releases it and the run finishes (#20 item 3)
+    t.submit(["train.max_steps=20"], inject="crash_at_step=7,attempts=1,skip_release=1")
+    t.wait(lambda: any(e.get("requeue_of") for e in t.events("submitted")), 600, "successor")
+    time.sleep(8)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SLURMTRAIN_HELD_OWNER_S="5")
+    status = [sys.executable, "-m", "slurmtrain.cli", "status", str(t.run)]
+    subprocess.run(status, env=env, capture_output=True, text=True, timeout=300)
+    return "finished", "crash"
+
+
+def supervisor_exception(t: Trial) -> tuple[str, str]:
+    # the supervisor raises after a crash: its catch-all records it and resubmits (#20 item 3)
+    t.submit(["train.max_steps=20"], inject="crash_at_step=7,attempts=1,supervisor_raise=1")
+    return "finished", "supervisor_failed"
+
+
 FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "time_limit": time_limit,
     "preemption": preemption,
@@ -447,4 +476,7 @@ FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
     "load_failure": load_failure,
     "converter_signal": converter_signal,
     "final_step_signal": final_step_signal,
+    "resubmit_after_stop": resubmit_after_stop,
+    "held_successor": held_successor,
+    "supervisor_exception": supervisor_exception,
 }

@@ -7,6 +7,7 @@ is recorded first, the new job is submitted held, recorded as `submitted`, then 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import datetime
@@ -22,6 +23,7 @@ from slurmtrain.common.schema import load_run_config
 
 EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
 NO_NODES = "no_nodes"  # the stop class when no node set can run the job
+RELEASE_TRIES = 5  # `scontrol release` + check, 1+2+4+8 s apart: ~15 s beyond Slurm's own retries
 
 
 def preempted(job_id: str) -> bool:
@@ -83,14 +85,27 @@ def restart_job(
         if bad:
             slurm_cmd.exclude_nodes(job_id, bad)
         return job_id
-    args = ["--hold"]  # released once the ledger knows it: it cannot start unrecorded
+    args = []
     if bad:
         args.append(f"--exclude={slurm.compress_hostlist(bad)}")
     if after:  # starts only once this job has ended: never beside it
         args.append(f"--dependency=afterany:{after}")
-    run.record("resubmitting", **record, reason=cls, excluded=bad)
+    return submit_held(run, job_id, args, record, reason=cls, excluded=bad, after=after)
+
+
+def submit_held(
+    run: RunDir,
+    job_id: str,
+    args: list[str],
+    record: dict[str, Any],
+    after: Optional[str] = None,
+    **intent: Any,
+) -> str:
+    """`sbatch --hold job.sbatch`, recorded as the run's owner (`submitted`, `requeue_of` this
+    job), then released and checked (`release`); `resubmitting` (with `intent`) first."""
+    run.record("resubmitting", **record, **intent)
     # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
-    new_id = slurm_cmd.sbatch(args, str(run.sbatch))
+    new_id = slurm_cmd.sbatch(["--hold", *args], str(run.sbatch))
     run.record(
         "submitted",
         job_id=new_id,
@@ -99,11 +114,49 @@ def restart_job(
         requeue_of=job_id,
         **({"after": after} if after else {}),
     )
-    try:
-        slurm_cmd.run(["scontrol", "release", new_id])  # retried on transient errors
-    except slurm.SlurmError as err:
-        print(f"slurmtrain: scontrol release {new_id}: {err}", file=sys.stderr)
+    if injected("skip_release", record):  # a drill: the supervisor dies before the release
+        return new_id
+    release(run, new_id, record)
     return new_id
+
+
+def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEASE_TRIES) -> bool:
+    """`scontrol release` the held job, then ask squeue that it is no longer held; again with
+    backoff (1, 2, 4, ... s) up to `tries` times. False, with `release_failed` recorded, when it
+    stays held (or squeue cannot say): the liveness check releases or drops a held owner older
+    than $SLURMTRAIN_HELD_OWNER_S (common/liveness.py), so the run is not wedged for good."""
+    from slurmtrain.common.liveness import held
+
+    error, delay = "", 1.0
+    for i in range(tries):
+        try:
+            slurm_cmd.run(["scontrol", "release", job_id])  # retried on transient errors
+        except slurm.SlurmError as err:
+            error = str(err)
+            print(f"slurmtrain: scontrol release {job_id}: {err}", file=sys.stderr)
+        if held(job_id) is False:
+            return True
+        if i + 1 < tries:
+            time.sleep(delay)
+            delay *= 2
+    run.record(
+        "release_failed",
+        **{**record, "new_job_id": job_id},
+        error=error or f"job {job_id} still held after {tries} releases",
+    )
+    return False
+
+
+def injected(key: str, record: dict[str, Any]) -> bool:
+    """A drill's fault in the supervisor itself, from SLURMTRAIN_INJECT (the compute nodes'
+    syntax, compute/faults/inject.py, read here without importing compute: `key=1`, and
+    `attempts=1` confines it to those attempts)."""
+    text = os.environ.get("SLURMTRAIN_INJECT", "")
+    cfg = dict(item.strip().split("=", 1) for item in text.split(",") if "=" in item)
+    only = cfg.get("attempts")
+    if only and str(record.get("attempt")) not in only.split("+"):
+        return False
+    return bool(cfg.get(key))
 
 
 def on_sigterm(run_dir: str, env: dict[str, str]) -> int:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common.ledger import real_errors
+from slurmtrain.common.ledger import current_stop, real_errors, window
 from slurmtrain.common.rundir import RunDir, read_jsonl
 
 # Events that end an attempt without finishing the run: what status shows as the reason.
@@ -102,7 +102,11 @@ def summarize(run: RunDir) -> dict[str, Any]:
             f"{r.get('skipped_samples')} samples skipped"
         )
     row["spares"] = spares(run, events)
-    stopped = [e for e in events if e["event"] in ("failed", "stopped")]
+    windows = [e for e in run_rows if e["event"] == "budget_window"]
+    row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
+    row["window_after"] = windows[-1].get("after_class") if windows else None
+    # an older window's stop and errors are history: the user resubmitted since
+    stopped = [e for e in window(events) if e["event"] in ("failed", "stopped")]
     if stopped:
         last = stopped[-1]
         if last["event"] == "failed":  # an all-rank failure: the rank with a cause of its own
@@ -111,7 +115,7 @@ def summarize(run: RunDir) -> dict[str, Any]:
         row["class"] = last.get("class")
         row["error"] = (last.get("error") or "").strip().splitlines()[-1:] or None
         row["error"] = row["error"][0] if row["error"] else None
-    if any(e["event"] == "stopped" for e in events):
+    if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
     from slurmtrain.login.smoke import blocked
 
@@ -178,7 +182,12 @@ def render(rows: list[dict[str, Any]]) -> None:
             r["name"],
             Path(r["run"]).name,
             r["state"],
-            str(r["attempts"]),
+            str(r["attempts"])
+            + (
+                f" (window {r['window']}, after {r['window_after']})"
+                if r.get("window_after")
+                else ""
+            ),
             str(r["step"]),
             "-" if r.get("valid_loss") is None else f"{r['valid_loss']:.4f}",
             r["checkpoint"] or "-",

@@ -3,7 +3,10 @@
 Every attempt ends with exactly one `attempt_ended{class}` event: written by the batch-shell
 supervisor (slurmtrain.batch.supervise) when the job step exits, or, for attempts that vanished
 (Slurm requeued the job itself after a preemption or a node failure), by the next attempt when it
-starts. Budgets count those events across the whole run.
+starts. Budgets count those events within the run's current budget window: a user's resubmission
+after a `stopped` (the same command, or `sbatch job.sbatch` by hand) opens a new one, recorded as
+`budget_window` with the reason the run stopped before; automatic restarts (the supervisor's
+resubmissions and requeues, Slurm's requeues, in-allocation relaunches) keep counting.
 """
 
 from __future__ import annotations
@@ -17,6 +20,13 @@ from slurmtrain.common.errors import (
     EXIT_CONFIG,
     EXIT_HANG,
     EXIT_REQUEUE,
+)
+from slurmtrain.common.windows import (  # noqa: F401  budget windows; shared through this module
+    current_stop,
+    new_window,
+    open_window,
+    user_submission,
+    window,
 )
 
 PREEMPTED, TIMED_OUT, NODE_FAILURE, HANG, CRASH, CONFIG_ERROR = (
@@ -56,11 +66,14 @@ def budgets(faults_cfg: Any) -> dict[str, int]:
 
 
 def ended_classes(events: list[dict[str, Any]]) -> Counter:
-    return Counter(e["class"] for e in events if e["event"] == "attempt_ended")
+    """Attempts ended per class in the current budget window."""
+    return Counter(e["class"] for e in window(events) if e["event"] == "attempt_ended")
 
 
 def over_budget(events: list[dict[str, Any]], faults_cfg: Any) -> Optional[str]:
-    """The class whose budget the run has exceeded (or a crash loop), else None."""
+    """The class whose budget the run has exceeded (or a crash loop) in the current budget
+    window, else None."""
+    events = window(events)
     counts = ended_classes(events)
     for cls, limit in budgets(faults_cfg).items():
         if limit >= 0 and counts.get(cls, 0) > limit:
@@ -76,8 +89,8 @@ def over_budget(events: list[dict[str, Any]], faults_cfg: Any) -> Optional[str]:
 
 
 def rollbacks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The in-process rollbacks after divergence, over every attempt of the run."""
-    return [e for e in events if e["event"] == "rollback"]
+    """The in-process rollbacks after divergence, over every attempt of the budget window."""
+    return [e for e in window(events) if e["event"] == "rollback"]
 
 
 def rolled_back_to(events: list[dict[str, Any]]) -> set[int]:

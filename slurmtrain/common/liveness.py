@@ -2,17 +2,28 @@
 
 Fail closed: when Slurm cannot be asked, StateUnknown, never a guess (RunDir.state, the login
 side's check-and-submit and rank 0's claim all refuse rather than train a run twice).
+
+A held owner does not wedge the run: the supervisor submits its successor held, records it, then
+releases it; killed in between (or refused the release), it leaves a PENDING job nobody starts.
+Such an owner still held $SLURMTRAIN_HELD_OWNER_S (300 s) after its `submitted` row is released
+here, or, when it stays held, cancelled and treated as dead (status and the launch command both
+ask, so either one un-wedges the run).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common.errors import ConfigError
 
+HELD_OWNER_ENV = "SLURMTRAIN_HELD_OWNER_S"
+# Longer than a supervisor's own release with retries (Slurm's 180 s retry budget + ~15 s).
+DEFAULT_HELD_OWNER_S = 300.0
 # squeue/sacct states of a job that will still run (or is running): resubmitting would duplicate it.
 ACTIVE_SLURM_STATES = set(
     "PENDING RUNNING CONFIGURING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
@@ -41,7 +52,61 @@ def job_alive(rows: list[dict[str, Any]]) -> bool:
             f"or running: neither squeue nor sacct answered; nothing submitted (try again when "
             f"Slurm answers)"
         )
+    if alive and _held_too_long(last):
+        return _unwedge(str(last.get("job_id")))
     return alive
+
+
+def held_owner_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(HELD_OWNER_ENV, DEFAULT_HELD_OWNER_S)))
+    except ValueError:
+        return DEFAULT_HELD_OWNER_S
+
+
+def held(job_id: str) -> Optional[bool]:
+    """Whether Slurm holds the job (PENDING, reason JobHeldUser/JobHeldAdmin); False once it is
+    released, running or gone; None when squeue cannot be asked."""
+    from slurmtrain.common import slurm_cmd
+    from slurmtrain.common.slurm_text import SlurmError
+
+    try:
+        out = slurm_cmd.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r"])
+    except SlurmError as err:
+        return False if "invalid job id" in str(err).lower() else None
+    state, _, reason = out.strip().partition("|")
+    return state == "PENDING" and reason.strip().startswith("JobHeld")
+
+
+def _held_too_long(last: dict[str, Any]) -> bool:
+    """The owner is the supervisor's held successor (`requeue_of`), recorded longer ago than the
+    bound and still held: one squeue, asked only of such an owner."""
+    if last["event"] != "submitted" or not last.get("requeue_of"):
+        return False  # a user's own hold on a job they submitted is theirs to lift
+    if time.time() - float(last.get("time") or 0) < held_owner_s():
+        return False
+    return held(str(last.get("job_id"))) is True
+
+
+def _unwedge(job_id: str) -> bool:
+    """Release a wedged held owner: alive once it is no longer held; else cancel it (it must never
+    start beside the job that replaces it) and report it dead."""
+    from slurmtrain.common import slurm_cmd
+    from slurmtrain.common.slurm_text import SlurmError
+
+    try:
+        slurm_cmd.run(["scontrol", "release", job_id])
+    except SlurmError as err:
+        print(f"slurmtrain: scontrol release {job_id}: {err}", file=sys.stderr)
+    if held(job_id) is False:
+        print(f"slurmtrain: released job {job_id}: its supervisor left it held", file=sys.stderr)
+        return True
+    try:
+        slurm_cmd.run(["scancel", job_id])
+    except SlurmError as err:
+        print(f"slurmtrain: scancel {job_id}: {err}", file=sys.stderr)
+    print(f"slurmtrain: job {job_id} stays held: treated as ended (cancelled)", file=sys.stderr)
+    return False
 
 
 def _executor(rows: list[dict[str, Any]], last: dict[str, Any]) -> str:

@@ -315,6 +315,8 @@ def _run(
             ).before_start()
             if where.rank == 0:
                 _close_previous_attempt(run, attempt)
+                # the user's resubmission after a stop: budgets count again from here (#20)
+                faults.open_window(run, attempt.rows, where.job_id)
             attempt.record(
                 "started",
                 world_size=where.world_size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import ExitStack
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -99,6 +99,7 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
     for prepared, overrides in todo:
+        _new_window(prepared)
         record(prepared, overrides, durable=not array)  # an array syncs all points at once
     if array:
         return _submit_array(todo, len(points))
@@ -111,6 +112,22 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
             print(f"slurmtrain: run finished: {prepared.run.path}")
         code = code or result.exit_code
     return code
+
+
+def _new_window(prepared: Any) -> None:
+    """A resumed run that a budget stopped: say why it stopped and that this submission starts
+    the failure budgets again (its first start records `budget_window`, common/windows.py)."""
+    if not prepared.resumed:
+        return
+    from slurmtrain.common.ledger import current_stop
+
+    stop = current_stop(prepared.run.run_events())
+    if stop is not None:
+        why = str(stop.get("error") or "").strip().splitlines()[-1:] or ["-"]
+        print(
+            f"slurmtrain: it stopped ({stop.get('class')}: {why[0][:200]}); the failure budgets "
+            f"count again from this submission"
+        )
 
 
 def dry_run(points: Sequence[Point]) -> int:

@@ -1,0 +1,110 @@
+"""The supervisor's last resort: whatever fails inside it, the run is not left without a job.
+
+An exception in the supervisor (a KeyError on a damaged row, an OSError on the shared filesystem,
+a bug) used to end the batch script with no restart and no `stopped` row: nothing trained while
+status said running. `recover` records what failed (`supervisor_failed`, with the exception),
+closes this job's open attempt as a crash, and resubmits job.sbatch plainly (held, recorded,
+released: next_job.submit_held), unless the ledger shows the run ended, stopped or cancelled, or
+the restart already made. Budgets still hold: the next start checks them. When even the resubmit
+fails, `stopped` says why, so status shows it and the user's resubmission opens a new window.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+from slurmtrain.batch import next_job
+from slurmtrain.common import errors
+from slurmtrain.common import ledger as faults
+from slurmtrain.common.rundir import RunDir
+
+SUPERVISOR_ERROR = "supervisor_error"  # the stop class when neither supervisor nor fallback could
+
+
+def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> int:
+    """The batch script's exit code after the supervisor raised `err` on step exit code `rc`."""
+    run = RunDir(Path(run_dir).resolve())
+    job_id = env.get("SLURM_JOB_ID", "")
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+    error = f"{type(err).__name__}: {err}"
+    print(f"slurmtrain: the supervisor failed: {error}; falling back", file=sys.stderr)
+    record: dict[str, Any] = dict(job_id=job_id, restart=restart, relaunch=relaunch)
+    try:  # the ledger itself may be what failed: then only the batch log says so
+        run.record(
+            "supervisor_failed",
+            **record,
+            error=error,
+            traceback=traceback.format_exc()[-4000:],
+            exit_code=rc,
+            durable=True,
+        )
+    except Exception as why:  # noqa: BLE001
+        print(f"slurmtrain: cannot record supervisor_failed: {why}", file=sys.stderr)
+    try:
+        events = run.run_events()
+        verdict = _decide(run, events, job_id, restart, relaunch, rc)
+    except Exception as why:  # noqa: BLE001  an unreadable ledger: resubmit, the start decides
+        print(f"slurmtrain: ledger unreadable ({why}): resubmitting", file=sys.stderr)
+        events, verdict = [], None
+    if verdict is not None:
+        return verdict
+    attempt = faults.attempt_of(events, job_id, restart, relaunch) if events else None
+    record["attempt"] = attempt
+    try:
+        if attempt is not None and not any(
+            e["event"] == "attempt_ended" and e.get("attempt") == attempt for e in events
+        ):
+            run.record(
+                "attempt_ended",
+                **record,
+                **{"class": faults.CRASH, "exit_code": rc, "supervisor_error": error},
+            )
+        new_id = next_job.submit_held(run, job_id, [], record, reason=SUPERVISOR_ERROR)
+        run.record("requeued", **record, reason=SUPERVISOR_ERROR, new_job_id=new_id, how="resubmit")
+        print(f"slurmtrain: fallback restart of job {job_id} -> {new_id}", file=sys.stderr)
+        return 0
+    except Exception as why:  # noqa: BLE001  nothing else can restart it: say so in `stopped`
+        text = f"supervisor failed ({error}); fallback resubmit failed: {why}"
+        print(f"slurmtrain: stopping the run: {text}", file=sys.stderr)
+        try:
+            run.record("stopped", **record, **{"class": SUPERVISOR_ERROR, "error": text})
+        except Exception:  # noqa: BLE001
+            pass
+        return next_job.EXIT_STOPPED
+
+
+def _decide(
+    run: RunDir, events: list[dict[str, Any]], job_id: str, restart: int, relaunch: int, rc: int
+) -> Optional[int]:
+    """The exit code when no resubmit is needed, else None: the step exited cleanly, another job
+    holds the run, the run finished, stopped or was cancelled, or this attempt's restart exists
+    already (then only made sure to be released)."""
+    if rc in (0, errors.EXIT_DUPLICATE):
+        return 0
+    if any(e["event"] == "finished" for e in events):
+        return 0
+    if faults.current_stop(events) is not None:
+        return next_job.EXIT_STOPPED
+    attempt = faults.attempt_of(events, job_id, restart, relaunch)
+    if faults.cancelled_since(events, job_id, attempt):
+        return 0
+
+    def mine(e: dict[str, Any]) -> bool:  # a row of this start: (job id, restart, relaunch)
+        return faults.attempt_key(e) == (job_id, restart, relaunch)
+
+    made = [e for e in events if e["event"] == "requeued" and mine(e)]
+    intents = [i for i, e in enumerate(events) if e["event"] == "resubmitting" and mine(e)]
+    later = events[intents[-1] :] if intents else []
+    subs = [e for e in later if e["event"] == "submitted" and str(e.get("requeue_of")) == job_id]
+    if subs:  # the supervisor got as far as submitting: make sure its job is released
+        from slurmtrain.common.liveness import held
+
+        new_id = str(subs[-1]["job_id"])
+        if held(new_id) is not False:
+            next_job.release(run, new_id, dict(job_id=job_id, attempt=attempt))
+        return 0
+    return 0 if made else None
