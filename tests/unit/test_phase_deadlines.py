@@ -318,12 +318,16 @@ def test_ds_to_universal_runs_on_every_core_of_the_node_and_the_task_keeps_its_o
         pytest.skip("needs Linux affinity and two cores")
     seen: dict = {}
 
-    def fake_run(cmd, **kwargs):  # the converter's view: affinity and worker counts
-        seen["affinity"] = os.sched_getaffinity(0)
-        seen["cmd"] = cmd
-        return subprocess.CompletedProcess(cmd, 1, "", "stopped here")
+    class FakePopen:  # the converter's view at its start: affinity and worker counts
+        def __init__(self, cmd, **kwargs):
+            seen["affinity"] = os.sched_getaffinity(0)
+            seen["cmd"] = cmd
+            self.pid, self.returncode = -1, 1
 
-    monkeypatch.setattr(reshape.subprocess, "run", fake_run)
+        def communicate(self, timeout=None):
+            return "", "stopped here"
+
+    monkeypatch.setattr(reshape.subprocess, "Popen", FakePopen)
     (tmp_path / "step_10").mkdir()
     result: dict = {}
 
