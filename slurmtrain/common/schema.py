@@ -70,6 +70,9 @@ class DataConfig:
     valid_fraction: float = 0.0
     valid_path: Optional[str] = None
     valid_windows: int = 64  # the fixed validation windows, evenly spaced over the held-out tokens
+    # A branch (resume_from) starts its data position this many samples past the parent's: the
+    # "skip the data range that diverged" intervention. Applied once, at the branch point.
+    skip_samples: int = 0
 
 
 @dataclass
@@ -271,6 +274,11 @@ class RootConfig:
     # none: start from step 0 (the old checkpoints move to checkpoints/discarded/); step_N: that
     # one (newer ones move aside). none/step_N apply once, to the first attempt after submission.
     resume: str = "auto"
+    # Branch a run: RUN_DIR (or run name / fingerprint)[:step_N]: a new run from that checkpoint
+    # (its weights, optimizer, step) with this command's overrides (login/branch.py). Rewritten on
+    # the login node to PARENT_DIR:step_N; the run's identity is branch_of, filled in beside it.
+    resume_from: Optional[str] = None
+    branch_of: Optional[str] = None  # "<parent fingerprint>:step_N" (fingerprinted: the lineage)
 
 
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
@@ -289,6 +297,7 @@ NON_RESULT_KEYS = (
     "faults",
     "smoke",
     "resume",
+    "resume_from",  # the parent's path; its identity and step are in branch_of
     "train.log_interval",
     "train.eval_interval",
     "train.pause_at_step",

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import pretrained, schema
 from slurmtrain.common import rundir as runs
+from slurmtrain.login import branch
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
 
@@ -44,6 +45,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
     schema.validate(cfg, submitting=not cfg.dry_run)
+    branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
     return cfg
 
 
@@ -96,7 +98,11 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
     fsynced here; the caller makes every point's config durable together (`persist`)."""
     from slurmtrain.common import provenance
 
+    if p.cfg.resume_from:  # the parent's step is pinned before the branch exists
+        branch.pin(p.cfg, p.run)
     runs.create(p.run, p.cfg, overrides, durable=durable, data=p.data)
+    if p.cfg.resume_from:
+        branch.record(p.cfg, p.data, p.run)
     if not durable:  # created now, so `submitted` does not fsync its parent once per point
         p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(

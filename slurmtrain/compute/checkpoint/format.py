@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from slurmtrain.compute.checkpoint.pins import pinned_steps
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -310,13 +312,15 @@ def prune(root: Path, keep_last: int, keep_every: int = 0) -> list[Path]:
     directory is an abandoned one.
     """
     pointed = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
+    pinned = pinned_steps(root)  # branches of this run start from these (checkpoint/pins.py)
     removed, kept, valid = [], set(), 0
     for directory in step_dirs(root):
         step = int(directory.name.split("_")[1])
         ok = validate(directory, full=False) is None
         window = valid < max(keep_last, 1)
         valid += ok
-        if window or directory.name == pointed or (keep_every and step % keep_every == 0):
+        kept_every = keep_every and step % keep_every == 0
+        if window or directory.name == pointed or kept_every or step in pinned:
             kept.add(directory.name)
             continue
         shutil.rmtree(directory, ignore_errors=True)

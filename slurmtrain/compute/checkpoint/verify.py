@@ -107,7 +107,8 @@ def choose(
     if rank == 0:
         try:
             check = checks.check if full else None
-            choice = select.choose(run.checkpoints, events, str(cfg.resume), full, check)
+            branch = (str(cfg.resume_from), int(cfg.data.skip_samples)) if cfg.resume_from else None
+            choice = select.choose(run.checkpoints, events, str(cfg.resume), full, check, branch)
         finally:
             checks.done()  # the other ranks stop serving (also when rank 0 failed)
     else:
@@ -132,6 +133,12 @@ def newest_valid(
     if rank == 0:
         try:
             found = ckpt.find_resumable(run.checkpoints, full, checks.check if full else None)
+            if found.path is None and cfg.resume_from:  # a branch before its first save
+                from slurmtrain.compute.checkpoint.select import branch_point
+
+                found = branch_point(
+                    str(cfg.resume_from), int(cfg.data.skip_samples), full, checks.check if full else None
+                ).found
         finally:
             checks.done()
     else:
