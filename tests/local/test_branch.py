@@ -60,6 +60,8 @@ def test_branch_after_divergence_continues_from_the_parent_step_with_the_new_lr(
     status = run_cli([str(child)], cwd=workdir, module="slurmtrain.cli.status")
     assert f"branched from {parent} at step_10" in status.stdout, status.stdout + status.stderr
     assert "optim.lr 0.001->0.0005" in status.stdout
+    report = run_cli([str(child)], cwd=workdir, module="slurmtrain.cli.report")
+    assert f"lineage   branched from {parent} at step_10" in report.stdout, report.stderr
 
     # The child starts at the parent's step 10: loaded from there, metrics from step 11.
     [loaded] = events(child, "checkpoint_loaded")
