@@ -40,7 +40,7 @@ ARCHITECTURE_KEYS = (
     "deepspeed.stage",  # the ZeRO partitioning the optimizer state was saved in
 )
 LINEAGE_KEYS = ("resume_from", "branch_of")  # differ by construction; not "changed" keys
-_SPEC = re.compile(r"(.+?)(?::(?:step_)?(\d+))?")
+_SPEC = re.compile(r"([^:].*?)(?::(?:step_)?(\d+))?")
 
 
 def parse(spec: str) -> tuple[str, Optional[int]]:
