@@ -197,7 +197,9 @@ def render(rows: list[dict[str, Any]]) -> None:
     console.print(table)
     for r in rows:  # lineage below the table: a parent's path and the changed keys are long
         if r.get("branched_from"):
-            console.print(f"{r['name']}/{Path(r['run']).name}: {r['branched_from']}", soft_wrap=True)
+            console.print(
+                f"{r['name']}/{Path(r['run']).name}: {r['branched_from']}", soft_wrap=True
+            )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

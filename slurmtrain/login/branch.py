@@ -190,7 +190,6 @@ def lineage_line(events: list[dict[str, Any]]) -> Optional[str]:
     if row is None:
         return None
     changed = ", ".join(f"{k} {a}->{b}" for k, (a, b) in (row.get("changed") or {}).items())
-    return (
-        f"branched from {row.get('parent')} at {ckpt.tag(int(row.get('step', 0)))}"
-        + (f" (changed: {changed})" if changed else "")
+    return f"branched from {row.get('parent')} at {ckpt.tag(int(row.get('step', 0)))}" + (
+        f" (changed: {changed})" if changed else ""
     )

@@ -173,4 +173,7 @@ def test_the_lineage_is_in_the_fingerprint_and_changed_keys_name_the_differences
     line = branch.lineage_line(
         [{"event": "branched", "parent": "/r/p", "step": 5, "changed": changed}]
     )
-    assert line == "branched from /r/p at step_5 (changed: data.skip_samples 0->64, optim.lr 0.001->0.0005)"
+    assert (
+        line
+        == "branched from /r/p at step_5 (changed: data.skip_samples 0->64, optim.lr 0.001->0.0005)"
+    )

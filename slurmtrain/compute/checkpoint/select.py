@@ -132,8 +132,9 @@ def branch_point(
         reason = check(directory)  # every rank checksums its own files
     if reason is not None:
         return Choice(
-            Resume(), stop=f"resume_from={resume_from}: {directory}: {reason}; branch from "
-            f"another step (resume_from={parent}:step_N)"
+            Resume(),
+            stop=f"resume_from={resume_from}: {directory}: {reason}; branch from "
+            f"another step (resume_from={parent}:step_N)",
         )
     manifest = read_manifest(directory)
     position = dict(manifest.get("data_position") or {})

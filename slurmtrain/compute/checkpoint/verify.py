@@ -137,7 +137,10 @@ def newest_valid(
                 from slurmtrain.compute.checkpoint.select import branch_point
 
                 found = branch_point(
-                    str(cfg.resume_from), int(cfg.data.skip_samples), full, checks.check if full else None
+                    str(cfg.resume_from),
+                    int(cfg.data.skip_samples),
+                    full,
+                    checks.check if full else None,
                 ).found
         finally:
             checks.done()
