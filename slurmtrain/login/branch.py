@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import RunDir, result_view, runs_named
+from slurmtrain.common.schema import node_range, tasks_per_node, world_size
 from slurmtrain.compute.checkpoint import format as ckpt
 from slurmtrain.compute.checkpoint import pins
 
@@ -145,8 +146,23 @@ def resolve(cfg: DictConfig) -> None:
             f"train.max_steps={cfg.train.max_steps}: the branch starts at step {at} "
             f"(resume_from={spec}); set train.max_steps above {at}"
         )
+    _same_world(cfg, int(manifest.get("world_size", 0)), spec, at)
     cfg.resume_from = f"{parent.path}:{ckpt.tag(at)}"
     cfg.branch_of = f"{parent.path.name}:{ckpt.tag(at)}"
+
+
+def _same_world(cfg: DictConfig, saved: int, spec: str, at: int) -> None:
+    """Another world size would convert the parent's checkpoint to a universal one beside it
+    (checkpoint/reshape.py): a write into the parent's directory, which a branch never makes."""
+    low, high = node_range(cfg.nodes)
+    sizes = {world_size(cfg, n) for n in range(low, high + 1)}
+    if saved and saved not in sizes:
+        per_node = tasks_per_node(cfg)
+        raise ConfigError(
+            f"nodes={cfg.nodes}: the parent's {ckpt.tag(at)} (resume_from={spec}) was saved by "
+            f"{saved} ranks and this branch runs {'/'.join(map(str, sorted(sizes)))}; branch on "
+            f"the parent's world size (nodes x {per_node} tasks = {saved})"
+        )
 
 
 def parent_of(cfg: Any) -> tuple[RunDir, int]:

@@ -49,6 +49,9 @@ def _child_cfg(tmp_path: Path, resume_from: str, **train):
             "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "ffn_dim": 256},
             "deepspeed": {"stage": 2},
             "data": {"skip_samples": 0},
+            "nodes": train.get("nodes", 1),
+            "gpus_per_node": 0,
+            "cluster": {"cpu_tasks_per_node": 2},
             "optim": {"lr": 5e-4},
             "train": {"max_steps": train.get("max_steps", 20)},
         }
@@ -86,6 +89,9 @@ def test_resolve_refuses_another_shape_a_missing_step_and_a_short_run(tmp_path):
     (parent / "checkpoints" / "step_10" / "shard_rank0.pt").write_bytes(b"short")
     with pytest.raises(ConfigError, match="step_10: shard_rank0.pt: 5 bytes, manifest says 64"):
         branch.resolve(_child_cfg(tmp_path / "b", f"{parent}:step_10"))
+    with pytest.raises(ConfigError, match=r"nodes=2: .*saved by 2 ranks and this branch runs 4"):
+        branch.resolve(_child_cfg(tmp_path / "b", f"{parent}:step_5", nodes=2))
+    branch.resolve(_child_cfg(tmp_path / "b", f"{parent}:step_5", nodes="1-2"))  # 1 node fits
     with pytest.raises(ConfigError, match="no run directory there"):
         branch.resolve(_child_cfg(tmp_path / "b", "nosuchrun"))
 
