@@ -107,7 +107,8 @@ def choose(
     if rank == 0:
         try:
             check = checks.check if full else None
-            branch = (str(cfg.resume_from), int(cfg.data.skip_samples)) if cfg.resume_from else None
+            parent = getattr(cfg, "resume_from", None)  # a branch (login/branch.py)
+            branch = (str(parent), int(cfg.data.skip_samples)) if parent else None
             choice = select.choose(run.checkpoints, events, str(cfg.resume), full, check, branch)
         finally:
             checks.done()  # the other ranks stop serving (also when rank 0 failed)
@@ -133,7 +134,7 @@ def newest_valid(
     if rank == 0:
         try:
             found = ckpt.find_resumable(run.checkpoints, full, checks.check if full else None)
-            if found.path is None and cfg.resume_from:  # a branch before its first save
+            if found.path is None and getattr(cfg, "resume_from", None):  # a branch, unsaved
                 from slurmtrain.compute.checkpoint.select import branch_point
 
                 found = branch_point(
