@@ -114,14 +114,22 @@ def test_branch_skips_data_and_refuses_a_bad_parent(workdir):
     assert short.returncode == 2 and "train.max_steps=10" in short.stderr
     assert len(run_dirs(workdir / "runs")) == 1
 
-    # By run name, newest valid checkpoint, skipping 64 samples past the parent's position.
-    skip = ["resume_from=demo", "train.max_steps=12", "data.skip_samples=64"]
-    done = run_cli(skip, cwd=workdir)
+    # By run name, newest valid checkpoint, skipping 64 samples past the parent's position; a
+    # divergence before the branch's first save rolls back to the branch point (the parent's).
+    step_10 = parent / "checkpoints" / "step_10"
+    before = checksums(step_10)
+    skip = ["resume_from=demo", "train.max_steps=14", "data.skip_samples=64"]
+    done = run_cli(skip, cwd=workdir, env={"SLURMTRAIN_INJECT": "nan_at_step=12"})
     assert done.returncode == 0, done.stdout + done.stderr
     [child] = [p for p in run_dirs(workdir / "runs") if p != parent]
     [loaded] = events(child, "checkpoint_loaded")
     assert loaded["step"] == 10 and loaded["skipped_samples"] == 64
-    manifest = json.loads((child / "checkpoints" / "step_12" / "manifest.json").read_text())
-    assert manifest["data_position"]["skipped_samples"] == 64  # carried on, applied once
+    [rollback] = events(child, "rollback")
+    assert rollback["to_step"] == 10 and rollback["path"] == str(step_10)
+    assert rollback["data_skip"] == 64 + rollback["skipped_samples"]
+    assert events(child, "finished")
+    manifest = json.loads((child / "checkpoints" / "step_14" / "manifest.json").read_text())
+    assert manifest["data_position"]["skipped_samples"] == rollback["data_skip"]  # carried on
     [branched] = events(child, "branched")
     assert branched["changed"]["data.skip_samples"] == [0, 64]
+    assert checksums(step_10) == before

@@ -129,6 +129,10 @@ def test_a_branch_starts_at_the_parent_step_until_it_has_its_own(tmp_path):
     choice = select.choose(own, saved, "auto", True, branch=spec)
     assert choice.found.path == own / "step_7"  # its own checkpoints take precedence
 
+    again = select.choose(own, saved, "none", True, branch=spec)  # resume=none: the branch point
+    assert again.found.path == parent / "checkpoints" / "step_5" and again.applied["moved"]
+    assert not (own / "step_7").exists()  # moved aside to discarded/, not deleted
+
     gone = select.choose(tmp_path / "c2", [], "auto", True, branch=(f"{parent}:step_6", 0))
     assert gone.found.path is None and "resume_from=" in gone.stop and "no such" in gone.stop
 
