@@ -23,8 +23,14 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.rundir import RunDir, result_view, runs_named
-from slurmtrain.common.schema import node_range, tasks_per_node, world_size
+from slurmtrain.common.rundir import RunDir, runs_named
+from slurmtrain.common.schema import (
+    NON_RESULT_KEYS,
+    load_run_config,
+    node_range,
+    tasks_per_node,
+    world_size,
+)
 from slurmtrain.compute.checkpoint import format as ckpt
 from slurmtrain.compute.checkpoint import pins
 
@@ -106,11 +112,20 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {k.rstrip("."): v for k, v in out.items()}
 
 
+def _result_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Dotted key -> value, without the keys that do not change what is computed (every key,
+    including one that holds its default: the diff is about values, not fingerprints)."""
+    return {
+        key: value
+        for key, value in _flat(data).items()
+        if not any(key == n or key.startswith(f"{n}.") for n in (*NON_RESULT_KEYS, *LINEAGE_KEYS))
+    }
+
+
 def changed_keys(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, list[Any]]:
     """Result-affecting keys whose value differs: {key: [parent's, branch's]}."""
-    theirs = _flat(result_view(None, parent))  # type: ignore[arg-type]  (data given: no cfg)
-    ours = _flat(result_view(None, child))  # type: ignore[arg-type]
-    keys = sorted((set(theirs) | set(ours)) - set(LINEAGE_KEYS))
+    theirs, ours = _result_keys(parent), _result_keys(child)
+    keys = sorted(set(theirs) | set(ours))
     return {k: [theirs.get(k), ours.get(k)] for k in keys if theirs.get(k) != ours.get(k)}
 
 
@@ -187,7 +202,10 @@ def record(cfg: Any, data: Optional[dict[str, Any]], child: RunDir) -> None:
     if child.run_events("branched"):
         return
     parent, step = parent_of(cfg)
-    theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
+    try:  # merged over the schema: a key the parent's version did not have reads as its default
+        theirs = OmegaConf.to_container(load_run_config(str(parent.config)), resolve=True)
+    except Exception:  # noqa: BLE001  a key this version no longer has: compare as written
+        theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
     ours = data if data is not None else OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(theirs, dict) and isinstance(ours, dict)
     child.record(
