@@ -140,6 +140,11 @@ def resolve(cfg: DictConfig) -> None:
         cfg.branch_of = None
         return
     spec = str(cfg.resume_from)
+    if cfg.smoke:  # the smoke run (1 node, <= 2 layers) could not load the parent's checkpoint
+        raise ConfigError(
+            f"smoke=true: not for a branch (resume_from={spec}): its parent already ran this "
+            f"code at this size; submit the branch with smoke=false"
+        )
     target, step = parse(spec)
     parent = find_parent(target, str(cfg.runs_root))
     theirs = OmegaConf.load(parent.config)

@@ -49,6 +49,7 @@ def _child_cfg(tmp_path: Path, resume_from: str, **train):
             "model": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "ffn_dim": 256},
             "deepspeed": {"stage": 2},
             "data": {"skip_samples": 0},
+            "smoke": train.get("smoke", False),
             "nodes": train.get("nodes", 1),
             "gpus_per_node": 0,
             "cluster": {"cpu_tasks_per_node": 2},
@@ -92,6 +93,8 @@ def test_resolve_refuses_another_shape_a_missing_step_and_a_short_run(tmp_path):
     with pytest.raises(ConfigError, match=r"nodes=2: .*saved by 2 ranks and this branch runs 4"):
         branch.resolve(_child_cfg(tmp_path / "b", f"{parent}:step_5", nodes=2))
     branch.resolve(_child_cfg(tmp_path / "b", f"{parent}:step_5", nodes="1-2"))  # 1 node fits
+    with pytest.raises(ConfigError, match="smoke=true: not for a branch"):
+        branch.resolve(_child_cfg(tmp_path / "b", f"{parent}:step_5", smoke=True))
     with pytest.raises(ConfigError, match="no run directory there"):
         branch.resolve(_child_cfg(tmp_path / "b", "nosuchrun"))
 
