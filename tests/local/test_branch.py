@@ -90,6 +90,7 @@ def test_branch_after_divergence_continues_from_the_parent_step_with_the_new_lr(
     assert len(run_dirs(workdir / "runs")) == 2
     assert len(events(child, "branched")) == 1
     assert events(child, "checkpoint_loaded")[-1]["path"] == str(child / "checkpoints" / "step_15")
+    assert not (parent / "checkpoints" / "pins" / f"step_10.{child.name}").exists()  # released
     assert events(child, "finished")
     rows = losses(child)
     assert sorted(rows) == list(range(11, 21))

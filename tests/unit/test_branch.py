@@ -119,6 +119,7 @@ def test_prune_keeps_a_pinned_step(tmp_path):
 def test_a_branch_starts_at_the_parent_step_until_it_has_its_own(tmp_path):
     parent = _parent(tmp_path)
     own = tmp_path / "child" / "checkpoints"
+    pins.pin(parent / "checkpoints", 5, "child")
     spec = (f"{parent}:step_5", 64)
     choice = select.choose(own, [], "auto", True, branch=spec)
     assert choice.stop is None and choice.found.path == parent / "checkpoints" / "step_5"
@@ -131,6 +132,7 @@ def test_a_branch_starts_at_the_parent_step_until_it_has_its_own(tmp_path):
     saved = [{"event": "checkpoint_saved", "step": 7}]
     choice = select.choose(own, saved, "auto", True, branch=spec)
     assert choice.found.path == own / "step_7"  # its own checkpoints take precedence
+    assert pins.pinned_steps(parent / "checkpoints") == {}  # and the parent's step is released
 
     again = select.choose(own, saved, "none", True, branch=spec)  # resume=none: the branch point
     assert again.found.path == parent / "checkpoints" / "step_5" and again.applied["moved"]

@@ -3,6 +3,7 @@
 A branch loads the parent's `step_N/` in place (nothing big is copied), so the parent resuming and
 pruning past keep_last must not remove it. The branch's submission writes an empty marker
 `<parent>/checkpoints/pins/step_N.<child dir name>`; prune (format.prune) keeps every pinned step.
+The branch's first attempt that resumes from a checkpoint of its own removes it (select.release).
 The marker lives beside the step directories, never inside one: the checkpoint's files (and their
 checksums) are untouched. No torch here: the login node writes pins, rank 0 reads them.
 """
@@ -45,3 +46,11 @@ def pinned_steps(root: Path) -> dict[int, list[str]]:
         if m := _PIN.fullmatch(name):
             found.setdefault(int(m[1]), []).append(m[2])
     return found
+
+
+def unpin(root: Path, step: int, by: str) -> None:
+    """The branch `by` has a checkpoint of its own: the parent's prune may drop `step` again."""
+    try:
+        os.unlink(root / PINS / f"step_{step}.{by}")
+    except FileNotFoundError:
+        pass

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common import ledger
+from slurmtrain.compute.checkpoint import pins
 from slurmtrain.compute.checkpoint.format import (
     LATEST,
     Check,
@@ -76,6 +77,8 @@ def choose(
     published = ledger.published_since_reset(events)
     if found.path is None and not published and branch is not None:
         return branch_point(*branch, full, check)  # the branch's own checkpoints come first
+    if found.path is not None and branch is not None:
+        release(branch[0], root.parent.name)
     if found.path is not None or not published:
         return Choice(found)
     named = "; ".join(f"{Path(p).name}: {why}" for p, why in found.skipped)
@@ -140,3 +143,13 @@ def branch_point(
     position = dict(manifest.get("data_position") or {})
     position["skipped_samples"] = int(position.get("skipped_samples", 0)) + int(skip_samples)
     return Choice(Resume(directory, {**manifest, "data_position": position}))
+
+
+def release(resume_from: str, child: str) -> None:
+    """A branch that resumes from its own checkpoint no longer needs its parent's step: the pin
+    goes (a branch's `resume=none` then needs that step to still be there; it says so if not)."""
+    parent, _, step = resume_from.rpartition(":")
+    try:
+        pins.unpin(Path(parent) / "checkpoints", int(step.removeprefix("step_")), child)
+    except (OSError, ValueError):
+        pass  # the parent's directory is read-only or gone: the pin costs it one kept step
