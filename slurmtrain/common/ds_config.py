@@ -148,6 +148,12 @@ def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
     o = cfg.optim
     peak, floor, warmup = float(o.lr), float(o.min_lr), int(o.warmup_steps)
     total = max(int(cfg.train.max_steps), 1)
+    # A loaded optimizer's groups hold the saved run's betas, eps and decay too (follow_config).
+    ours = {
+        "betas": (float(o.beta1), float(o.beta2)),
+        "eps": float(o.eps),
+        "weight_decay": float(o.weight_decay),
+    }
 
     def factor(k: int) -> float:  # a function, not an object: torch saves no state for it
         return lr_at(k, peak, floor, warmup, total) / peak
@@ -171,6 +177,7 @@ def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
                 self._last_lr = [base * factor(self.last_epoch) for base in self.base_lrs]
                 for group, lr in zip(self.optimizer.param_groups, self._last_lr):
                     group["lr"], group["initial_lr"] = lr, peak
+                    group.update({k: v for k, v in ours.items() if k in group})
 
         return Schedule(optimizer, factor)
 

@@ -149,11 +149,11 @@ def test_the_schedule_follows_the_config_lr_after_loading_another_peak():
 
     from slurmtrain.common.ds_config import lr_at, lr_scheduler
 
-    def schedule(lr: float):
-        cfg = OmegaConf.create(
-            {"optim": {"lr": lr, "min_lr": lr / 10, "warmup_steps": 2}, "train": {"max_steps": 40}}
-        )
-        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=lr)
+    def schedule(lr: float, wd: float = 0.01):
+        optim = {"lr": lr, "min_lr": lr / 10, "warmup_steps": 2, "weight_decay": wd}
+        optim.update(beta1=0.9, beta2=0.95, eps=1e-8)
+        cfg = OmegaConf.create({"optim": optim, "train": {"max_steps": 40}})
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=lr, weight_decay=wd)
         return opt, lr_scheduler(cfg)(opt)
 
     opt, old = schedule(1e-3)
@@ -161,11 +161,12 @@ def test_the_schedule_follows_the_config_lr_after_loading_another_peak():
         opt.step()
         old.step()
     saved_opt, saved_sched = opt.state_dict(), old.state_dict()
-    opt, new = schedule(5e-4)
+    opt, new = schedule(5e-4, wd=0.1)
     new.load_state_dict(saved_sched)
     opt.load_state_dict(saved_opt)  # DeepSpeed restores the optimizer after the scheduler
     new.follow_config()  # what Checkpointer.load does after DeepSpeed's load
     assert opt.param_groups[0]["lr"] == pytest.approx(lr_at(10, 5e-4, 5e-5, 2, 40))
+    assert opt.param_groups[0]["weight_decay"] == 0.1  # the branch's, not the saved 0.01
     opt.step()
     new.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(lr_at(11, 5e-4, 5e-5, 2, 40))
