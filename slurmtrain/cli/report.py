@@ -70,9 +70,13 @@ def summary(
     g = a.goodput
     fail = ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none"
     valid = [m for m in metrics if isinstance(m.get("valid_loss"), (int, float))]
+    from slurmtrain.login.branch import lineage_line
+
+    lineage = lineage_line(ledger)  # a branch (resume_from): its parent, step and changed keys
     return "\n".join(
         [
             f"run       {run_dir}",
+            *([f"lineage   {lineage}"] if lineage else []),
             f"steps     last {max(steps, default=0)}, logged {len(steps)}, kept {g.steps_kept}, lost {g.steps_lost}",
             *(
                 [f"valid     loss {valid[-1]['valid_loss']:.4f} at step {valid[-1].get('step')}"]

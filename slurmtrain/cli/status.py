@@ -102,6 +102,9 @@ def summarize(run: RunDir) -> dict[str, Any]:
             f"{r.get('skipped_samples')} samples skipped"
         )
     row["spares"] = spares(run, events)
+    from slurmtrain.login.branch import lineage_line
+
+    row["branched_from"] = lineage_line(run_rows)  # resume_from: parent, step, changed keys
     windows = [e for e in run_rows if e["event"] == "budget_window"]
     row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
     row["window_after"] = windows[-1].get("after_class") if windows else None
@@ -199,7 +202,13 @@ def render(rows: list[dict[str, Any]]) -> None:
             gp,
             error,
         )
-    Console(width=200).print(table)
+    console = Console(width=200)
+    console.print(table)
+    for r in rows:  # lineage below the table: a parent's path and the changed keys are long
+        if r.get("branched_from"):
+            console.print(
+                f"{r['name']}/{Path(r['run']).name}: {r['branched_from']}", soft_wrap=True
+            )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

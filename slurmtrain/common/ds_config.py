@@ -148,6 +148,12 @@ def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
     o = cfg.optim
     peak, floor, warmup = float(o.lr), float(o.min_lr), int(o.warmup_steps)
     total = max(int(cfg.train.max_steps), 1)
+    # A loaded optimizer's groups hold the saved run's betas, eps and decay too (follow_config).
+    ours = {
+        "betas": (float(o.beta1), float(o.beta2)),
+        "eps": float(o.eps),
+        "weight_decay": float(o.weight_decay),
+    }
 
     def factor(k: int) -> float:  # a function, not an object: torch saves no state for it
         return lr_at(k, peak, floor, warmup, total) / peak
@@ -159,11 +165,19 @@ def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
             def load_state_dict(self, state: dict[str, Any]) -> None:
                 if "last_epoch" not in state and "last_batch_iteration" in state:
                     self.last_epoch = int(state["last_batch_iteration"]) + 1
-                    self._last_lr = [base * factor(self.last_epoch) for base in self.base_lrs]
-                    for group, lr in zip(self.optimizer.param_groups, self._last_lr):
-                        group["lr"] = lr
-                    return
-                super().load_state_dict(state)
+                else:
+                    super().load_state_dict(state)
+                self.follow_config()
+
+            def follow_config(self) -> None:
+                """The config's peak at the loaded update count: a checkpoint's saved base_lrs
+                and group lr are another config's when a branch (resume_from) changed optim.lr.
+                Called again after DeepSpeed loads the optimizer, whose groups it restores."""
+                self.base_lrs = [peak for _ in self.optimizer.param_groups]
+                self._last_lr = [base * factor(self.last_epoch) for base in self.base_lrs]
+                for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+                    group["lr"], group["initial_lr"] = lr, peak
+                    group.update({k: v for k, v in ours.items() if k in group})
 
         return Schedule(optimizer, factor)
 

@@ -32,7 +32,10 @@ from typing import Any, Iterator, Optional
 
 # Result keys added after the baseline, oldest first, each with the default it was introduced with
 # (a dotted path; a whole new section may be one entry with its default dict). Append only.
-ADDED_RESULT_KEYS: dict[str, Any] = {}
+ADDED_RESULT_KEYS: dict[str, Any] = {
+    "data.skip_samples": 0,  # a branch's skipped data range (login/branch.py)
+    "branch_of": None,  # a branch's parent fingerprint and step: its lineage
+}
 
 
 def canonical(value: Any) -> str:
@@ -79,15 +82,18 @@ def drop_defaults(view: dict[str, Any], keys: Optional[list[str]] = None) -> dic
 def legacy_fingerprints(view: dict[str, Any]) -> Iterator[str]:
     """The fingerprints versions before each registration gave this config, newest first: a
     version where registered keys [:j] existed but were not yet registered hashed them as they
-    were. `view`: the result view before drop_defaults (not changed)."""
+    were, or registered one key late. `view`: the result view before drop_defaults (not
+    changed)."""
     names = list(ADDED_RESULT_KEYS)
     seen = set()
     for j in range(len(names), 0, -1):
-        old = drop_defaults(copy.deepcopy(view), names[j:])
-        name = digest(old)
-        if name not in seen:
-            seen.add(name)
-            yield name
+        # keys [:j] hashed (none registered yet), or key j-1 alone (registered late)
+        for hashed in (names[:j], names[j - 1 : j]):
+            old = drop_defaults(copy.deepcopy(view), [n for n in names if n not in hashed])
+            name = digest(old)
+            if name not in seen:
+                seen.add(name)
+                yield name
 
 
 def schema_keys(root: Optional[type] = None, prefix: str = "") -> list[str]:

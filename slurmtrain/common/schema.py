@@ -70,6 +70,9 @@ class DataConfig:
     valid_fraction: float = 0.0
     valid_path: Optional[str] = None
     valid_windows: int = 64  # the fixed validation windows, evenly spaced over the held-out tokens
+    # A branch (resume_from) starts its data position this many samples past the parent's: the
+    # "skip the data range that diverged" intervention. Applied once, at the branch point.
+    skip_samples: int = 0
 
 
 @dataclass
@@ -286,6 +289,11 @@ class RootConfig:
     # Mode of each run directory (octal, owner rwx, nothing for others; applied whatever the
     # umask): its config, ledger and logs are the user's and their group's only.
     run_dir_mode: str = "0750"
+    # Branch a run: RUN_DIR (or run name / fingerprint)[:step_N]: a new run from that checkpoint
+    # (its weights, optimizer, step) with this command's overrides (login/branch.py). Rewritten on
+    # the login node to PARENT_DIR:step_N; the run's identity is branch_of, filled in beside it.
+    resume_from: Optional[str] = None
+    branch_of: Optional[str] = None  # "<parent fingerprint>:step_N" (fingerprinted: the lineage)
 
 
 # Keys that do not change what is computed: a run moved to another cluster, renamed, or resumed on
@@ -305,6 +313,7 @@ NON_RESULT_KEYS = (
     "smoke",
     "resume",
     "run_dir_mode",
+    "resume_from",  # the parent's path; its identity and step are in branch_of
     "train.log_interval",
     "train.eval_interval",
     "train.pause_at_step",

@@ -45,6 +45,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("optim.weight_decay", 0, True, "", "0.1"),
     ("optim.grad_clip", 0, True, " (0: no clipping)", "1.0"),
     ("data.max_corpus_bytes", 1, True, "", "4000000"),
+    ("data.skip_samples", 0, True, " (samples skipped at a branch point)", "51200"),
     ("checkpoint.interval_steps", 0, True, " (0: never by steps; auto: planned)", "25"),
     ("checkpoint.interval_minutes", 0, True, " (0: never by time)", "30"),
     ("checkpoint.keep_every", 0, True, " (0: none kept forever)", "1000"),

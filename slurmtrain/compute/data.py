@@ -4,7 +4,8 @@ Sample order depends only on (seed, epoch), and the global batch of step `s` is 
 [skip + s*G, skip + (s+1)*G) of that order, laid out micro-step-major then rank — so the batch a
 step sees is the same whatever the world size, and resuming needs nothing but the number of
 consumed samples and `skip`: the samples skipped after divergences (a checkpoint's
-`data_position.skipped_samples`).
+`data_position.skipped_samples`), plus a branch's `data.skip_samples`, added once at its branch
+point (compute/checkpoint/select.py branch_point).
 
 Held-out data: with `data.valid_fraction` the last fraction of every source's tokens is cut off
 before any window is formed, so no training window shares a token with a validation window; with

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from slurmtrain.common import pretrained, schema, secrets
 from slurmtrain.common import rundir as runs
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.login import branch
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import report as planning
 
@@ -47,6 +48,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     schema.validate(cfg, submitting=not cfg.dry_run)
     _check_slurm_values(cfg)
     refuse_inject_unless_allowed(bool(cfg.faults.allow_inject))
+    branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
     return cfg
 
 
@@ -130,8 +132,12 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
 
     overrides = secrets.redact_overrides(overrides)
     data = p.data if p.data is not None else secrets.referenced(p.cfg)
+    if p.cfg.resume_from:  # the parent's step is pinned before the branch exists
+        branch.pin(p.cfg, p.run)
     runs.create(p.run, p.cfg, overrides, durable=durable, data=data)
     secrets.write_env_file(p.run.path, p.cfg)
+    if p.cfg.resume_from:
+        branch.record(p.cfg, data, p.run)
     if not durable:  # created now, so `submitted` does not fsync its parent once per point
         p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(

@@ -14,6 +14,8 @@ from slurmtrain.common.rundir import create, fingerprint, locate
 from slurmtrain.login.prepare import resolve
 from tests.conftest import run_cli
 
+SHIPPED = dict(fp.ADDED_RESULT_KEYS)  # the keys this version registers, oldest first
+
 schema.register()
 
 # (model, overrides, fingerprint). The recipe comes with the model (conf/config.yaml: recipe:
@@ -84,7 +86,7 @@ def test_a_result_key_added_with_its_default_leaves_every_fingerprint_alone(tmp_
     monkeypatch.setattr(
         fp,
         "ADDED_RESULT_KEYS",
-        {"train.label_smoothing": 0.0, "lora": {"rank": 0, "alpha": 16.0}},
+        {**SHIPPED, "train.label_smoothing": 0.0, "lora": {"rank": 0, "alpha": 16.0}},
     )
     for model, overrides, golden in GOLDEN:
         later = _with(_cfg(tmp_path, model, *overrides), "train.label_smoothing", 0.0)
@@ -99,20 +101,20 @@ def test_a_result_key_added_with_its_default_leaves_every_fingerprint_alone(tmp_
 
 def test_an_unregistered_new_key_would_have_renamed_the_run(tmp_path, monkeypatch):
     # What the registry prevents (and the guard test catches): the same upgrade, unregistered.
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", {})
+    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", dict(SHIPPED))
     base = _cfg(tmp_path, "opt13b")
     assert fingerprint(_with(base, "train.label_smoothing", 0.0)) != fingerprint(base)
 
 
 def test_a_run_made_before_its_key_was_registered_is_resumed_not_restarted(tmp_path, monkeypatch):
     # A version that had train.label_smoothing but hashed it (not registered yet) made this run.
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", {})
+    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", dict(SHIPPED))
     old = _with(_cfg(tmp_path, "opt13b"), "train.label_smoothing", 0.0)
     made = locate(old)
     create(made, old, ["model=opt13b"])
     assert made.path.name != "93d967570535"
     # After the upgrade that registers it, the same command finds that directory.
-    registered = {"train.label_smoothing": 0.0, "lora": {"rank": 0}}  # oldest first
+    registered = {**SHIPPED, "train.label_smoothing": 0.0, "lora": {"rank": 0}}  # oldest first
     monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", registered)
     now = _with(_cfg(tmp_path, "opt13b"), "train.label_smoothing", 0.0)
     now = _with(now, "lora", {"rank": 0})

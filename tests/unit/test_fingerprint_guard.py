@@ -14,6 +14,8 @@ import pytest
 from slurmtrain.common import fingerprint as fp
 from slurmtrain.common.schema import RootConfig, TrainConfig
 
+SHIPPED = dict(fp.ADDED_RESULT_KEYS)  # the keys this version registers
+
 BASELINE = json.loads((Path(__file__).parent / "fingerprint_baseline_keys.json").read_text())
 BASELINE_KEYS: list[str] = BASELINE["result_keys"]
 
@@ -56,7 +58,7 @@ class _FutureRoot(RootConfig):
 
 
 def test_a_new_result_key_not_registered_is_named_with_what_to_do(monkeypatch):
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", {})
+    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", dict(SHIPPED))
     problems = fp.registry_problems(BASELINE_KEYS, _FutureRoot)
     assert len(problems) == 3, problems
     line = next(p for p in problems if "train.label_smoothing" in p)
@@ -67,10 +69,14 @@ def test_a_new_result_key_not_registered_is_named_with_what_to_do(monkeypatch):
 
 def test_registered_keys_pass_and_a_wrong_default_is_named(monkeypatch):
     monkeypatch.setattr(
-        fp, "ADDED_RESULT_KEYS", {"train.label_smoothing": 0.0, "lora": {"rank": 0, "alpha": 16.0}}
+        fp,
+        "ADDED_RESULT_KEYS",
+        {**SHIPPED, "train.label_smoothing": 0.0, "lora": {"rank": 0, "alpha": 16.0}},
     )
     assert fp.registry_problems(BASELINE_KEYS, _FutureRoot) == []
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", {"train.label_smoothing": 0.1, "lora": {}})
+    monkeypatch.setattr(
+        fp, "ADDED_RESULT_KEYS", {**SHIPPED, "train.label_smoothing": 0.1, "lora": {}}
+    )
     problems = fp.registry_problems(BASELINE_KEYS, _FutureRoot)
     assert any("'train.label_smoothing'] = 0.1" in p and "0.0" in p for p in problems), problems
 
@@ -79,7 +85,7 @@ def test_registered_keys_pass_and_a_wrong_default_is_named(monkeypatch):
     "entry", ["train.micro_batch_size", "cluster.partition", "train.no_such_key"]
 )
 def test_registering_a_baseline_non_result_or_unknown_key_is_refused(monkeypatch, entry):
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", {entry: 1})
+    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", {**SHIPPED, entry: 1})
     problems = fp.registry_problems(BASELINE_KEYS)
     assert problems and f"ADDED_RESULT_KEYS[{entry!r}]" in problems[0], problems
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Optional
 
+from slurmtrain.compute.checkpoint.pins import pinned_steps
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -313,6 +315,7 @@ def prune(
     directory is an abandoned one.
     """
     pointed = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
+    pinned = pinned_steps(root)  # branches of this run start from these (checkpoint/pins.py)
     removed, kept, valid = [], set(), 0
     found = [
         (d, int(d.name.split("_")[1]), validate(d, full=False) is None) for d in step_dirs(root)
@@ -325,7 +328,13 @@ def prune(
     for directory, step, ok in found:
         window = valid < max(keep_last, 1)
         valid += ok
-        if window or directory.name == pointed or step in firsts.values() or step in protect:
+        if (
+            window
+            or directory.name == pointed
+            or step in firsts.values()
+            or step in protect
+            or step in pinned
+        ):
             kept.add(directory.name)
             continue
         shutil.rmtree(directory, ignore_errors=True)

@@ -224,6 +224,7 @@ class Checkpointer:
                 path, _ = engine.load_checkpoint(str(directory.parent), tag=directory.name)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load {directory}")
+        _follow_schedule(engine)
         rng_file = directory / f"rng_rank{self.rank}.pt"
         if restore_rng and rng_file.exists():
             return torch.load(rng_file, weights_only=False)
@@ -325,6 +326,14 @@ class Checkpointer:
         )
         prune(self.root, self.keep_last, self.keep_every, self.protect)
         return SaveOutcome(job.step, True)
+
+
+def _follow_schedule(engine: Any) -> None:
+    """The optimizer groups' lr from this config's schedule: DeepSpeed restores the saved groups
+    (the parent's lr, after a branch changed optim.lr) after the scheduler (ds_config.py)."""
+    follow = getattr(engine.lr_scheduler, "follow_config", None)
+    if follow is not None:
+        follow()
 
 
 def _rank_bytes(report: dict[str, Any]) -> int:

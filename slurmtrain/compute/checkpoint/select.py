@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common import ledger
+from slurmtrain.compute.checkpoint import pins
 from slurmtrain.compute.checkpoint.format import (
     LATEST,
     Check,
@@ -85,12 +86,18 @@ def choose(
     resume: str,
     full: bool,
     check: Optional[Check] = None,
+    branch: Optional[tuple[str, int]] = None,
 ) -> Choice:
-    """`check`: the collective checksum of a candidate (format.find_resumable), else `full`."""
+    """`check`: the collective checksum of a candidate (format.find_resumable), else `full`.
+    `branch`: (resume_from, data.skip_samples) of a branched run: its start when it has no
+    checkpoint of its own yet (`branch_point`)."""
     mode = ledger.resume_request(events, resume)
     if mode == "none":
         moved = discard(root, keep_upto=None)
-        return Choice(Resume(), applied={"resume": mode, "moved": moved, "kept_step": None})
+        applied = {"resume": mode, "moved": moved, "kept_step": None}
+        if branch is not None:  # a branch's step 0 is its branch point
+            return replace(branch_point(*branch, full, check), applied=applied)
+        return Choice(Resume(), applied=applied)
     if mode.startswith("step_"):
         step = int(mode.removeprefix("step_"))
         directory = root / tag(step)
@@ -107,6 +114,10 @@ def choose(
         return Choice(found, applied={"resume": mode, "moved": moved, "kept_step": step})
     found = find_resumable(root, full, loadable(check, full))
     published = ledger.published_since_reset(events)
+    if found.path is None and not published and branch is not None:
+        return branch_point(*branch, full, check)  # the branch's own checkpoints come first
+    if found.path is not None and branch is not None:
+        release(branch[0], root.parent.name)
     if found.path is not None or not published:
         return Choice(found)
     named = "; ".join(f"{Path(p).name}: {why}" for p, why in found.skipped)
@@ -145,3 +156,39 @@ def discard(root: Path, keep_upto: Optional[int]) -> list[str]:
         part.write_text(tag(keep_upto))
         os.replace(part, latest)
     return [d.name for d in doomed]
+
+
+def branch_point(
+    resume_from: str, skip_samples: int, full: bool, check: Optional[Check] = None
+) -> Choice:
+    """A branch's start: the parent's checkpoint `PARENT_DIR:step_N` (as login/branch.py wrote
+    it), read in place and never written; its data position moved `skip_samples` further on (the
+    branch's own checkpoints record it, so it applies once). A checkpoint that no longer
+    validates stops the run (`checkpoint_unreadable`) rather than training from step 0."""
+    parent, _, step = resume_from.rpartition(":")
+    directory = Path(parent) / "checkpoints" / step
+    reason: Optional[str] = "no such checkpoint" if not directory.is_dir() else None
+    if reason is None:
+        reason = validate(directory, full and check is None)
+    if reason is None and check is not None:
+        reason = check(directory)  # every rank checksums its own files
+    if reason is not None:
+        return Choice(
+            Resume(),
+            stop=f"resume_from={resume_from}: {directory}: {reason}; branch from "
+            f"another step (resume_from={parent}:step_N)",
+        )
+    manifest = read_manifest(directory)
+    position = dict(manifest.get("data_position") or {})
+    position["skipped_samples"] = int(position.get("skipped_samples", 0)) + int(skip_samples)
+    return Choice(Resume(directory, {**manifest, "data_position": position}))
+
+
+def release(resume_from: str, child: str) -> None:
+    """A branch that resumes from its own checkpoint no longer needs its parent's step: the pin
+    goes (a branch's `resume=none` then needs that step to still be there; it says so if not)."""
+    parent, _, step = resume_from.rpartition(":")
+    try:
+        pins.unpin(Path(parent) / "checkpoints", int(step.removeprefix("step_")), child)
+    except (OSError, ValueError):
+        pass  # the parent's directory is read-only or gone: the pin costs it one kept step

@@ -107,7 +107,9 @@ def choose(
     if rank == 0:
         try:
             check = checks.check if full else None
-            choice = select.choose(run.checkpoints, events, str(cfg.resume), full, check)
+            parent = getattr(cfg, "resume_from", None)  # a branch (login/branch.py)
+            branch = (str(parent), int(cfg.data.skip_samples)) if parent else None
+            choice = select.choose(run.checkpoints, events, str(cfg.resume), full, check, branch)
         finally:
             checks.done()  # the other ranks stop serving (also when rank 0 failed)
     else:
@@ -144,6 +146,15 @@ def newest_valid(
     if rank == 0:
         try:
             found = ckpt.find_resumable(run.checkpoints, full, candidate)
+            if found.path is None and getattr(cfg, "resume_from", None):  # a branch, unsaved
+                from slurmtrain.compute.checkpoint.select import branch_point
+
+                found = branch_point(
+                    str(cfg.resume_from),
+                    int(cfg.data.skip_samples),
+                    full,
+                    checks.check if full else None,
+                ).found
         finally:
             checks.done()
     else:

@@ -1,0 +1,234 @@
+"""Branch a run: `resume_from=RUN[:step_N]` starts a new run from another run's checkpoint.
+
+The OPT logbook's most common intervention (after a divergence: go back to an earlier checkpoint
+with a lower lr, or past a bad data range) as a run of its own: its own fingerprint and directory,
+the parent's weights, optimizer state and step count, this command's overrides.
+
+Login node, no torch: `resolve` finds the parent (a run directory, a run name or a fingerprint),
+the step (named, or the parent's newest valid checkpoint), checks the model shape matches and
+rewrites `resume_from` to `PARENT_DIR:step_N` and `branch_of` to `<parent dir name>:step_N` (in
+the fingerprint: two branches from different steps are different runs; the same command again
+finds this one and resumes it). `record` pins the parent's step (its prune keeps it:
+compute/checkpoint/pins.py) and writes the `branched` row: parent, step and the changed keys.
+The compute side starts from the parent's step until the branch has checkpoints of its own
+(compute/checkpoint/select.py branch_point).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.rundir import RunDir, runs_named
+from slurmtrain.common.schema import (
+    NON_RESULT_KEYS,
+    load_run_config,
+    node_range,
+    tasks_per_node,
+    world_size,
+)
+from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.compute.checkpoint import pins
+
+# What a checkpoint's tensors are shaped by: a branch must match its parent in each.
+ARCHITECTURE_KEYS = (
+    "model.num_layers",
+    "model.hidden_size",
+    "model.num_heads",
+    "model.ffn_dim",
+    "model.vocab_size",
+    "model.max_positions",
+    "model.word_embed_proj_dim",
+    "model.layer_norm_before",
+    "deepspeed.stage",  # the ZeRO partitioning the optimizer state was saved in
+)
+LINEAGE_KEYS = ("resume_from", "branch_of")  # differ by construction; not "changed" keys
+_SPEC = re.compile(r"([^:].*?)(?::(?:step_)?(\d+))?")
+
+
+def parse(spec: str) -> tuple[str, Optional[int]]:
+    """`RUN[:step_N]` (or `RUN:N`) -> (RUN, N or None)."""
+    match = _SPEC.fullmatch(spec.strip())
+    if not match or not match[1]:
+        raise ConfigError(
+            f"resume_from={spec!r}: not a run; use resume_from=RUN_DIR or RUN_DIR:step_N "
+            f"(a run directory, a run name or a fingerprint)"
+        )
+    return match[1], int(match[2]) if match[2] is not None else None
+
+
+def find_parent(target: str, runs_root: str) -> RunDir:
+    """A run directory by path, by run name (one directory under runs_root) or by fingerprint."""
+    found, root = runs_named(target, runs_root)
+    if not found and "/" not in target:  # a fingerprint: runs_root/<any name>/<fingerprint>
+        found = [RunDir(p.parent.resolve()) for p in sorted(root.glob(f"*/{target}/config.yaml"))]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise ConfigError(
+            f"resume_from={target}: {len(found)} run directories match "
+            f"({', '.join(str(r.path) for r in found)}); pass one of them"
+        )
+    raise ConfigError(
+        f"resume_from={target}: no run directory there (no config.yaml) and no run of that name "
+        f"or fingerprint under runs_root={root}; pass resume_from=runs/NAME/FINGERPRINT[:step_N]"
+    )
+
+
+def _step_dir(parent: RunDir, step: Optional[int], spec: str) -> Path:
+    """The parent's checkpoint to branch from: it must exist and validate (manifest and sizes;
+    the ranks checksum it again before loading)."""
+    root = parent.checkpoints
+    if step is None:
+        found = ckpt.find_resumable(root, full=False)
+        if found.path is None:
+            why = "; ".join(f"{Path(p).name}: {r}" for p, r in found.skipped) or "none saved"
+            raise ConfigError(
+                f"resume_from={spec}: {parent.path} has no valid checkpoint ({why}); "
+                f"branch from a run that saved one"
+            )
+        return found.path
+    directory = root / ckpt.tag(step)
+    reason = "no such checkpoint" if not directory.is_dir() else ckpt.validate(directory, False)
+    if reason is not None:
+        valid = [d.name for d in ckpt.step_dirs(root) if ckpt.validate(d, False) is None]
+        raise ConfigError(
+            f"resume_from={spec}: {directory}: {reason}; the parent's valid checkpoints: "
+            f"{', '.join(valid) or 'none'}"
+        )
+    return directory
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flat(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def _result_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Dotted key -> value, without the keys that do not change what is computed (every key,
+    including one that holds its default: the diff is about values, not fingerprints)."""
+    return {
+        key: value
+        for key, value in _flat(data).items()
+        if not any(key == n or key.startswith(f"{n}.") for n in (*NON_RESULT_KEYS, *LINEAGE_KEYS))
+    }
+
+
+def changed_keys(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, list[Any]]:
+    """Result-affecting keys whose value differs: {key: [parent's, branch's]}."""
+    theirs, ours = _result_keys(parent), _result_keys(child)
+    keys = sorted(set(theirs) | set(ours))
+    return {k: [theirs.get(k), ours.get(k)] for k in keys if theirs.get(k) != ours.get(k)}
+
+
+def resolve(cfg: DictConfig) -> None:
+    """Check the branch and write its lineage into the config (before the fingerprint)."""
+    if not cfg.resume_from:
+        if cfg.data.skip_samples:
+            raise ConfigError(
+                f"data.skip_samples={cfg.data.skip_samples}: skips data at a branch point only; "
+                f"add resume_from=RUN_DIR:step_N, or drop data.skip_samples"
+            )
+        cfg.branch_of = None
+        return
+    spec = str(cfg.resume_from)
+    if cfg.smoke:  # the smoke run (1 node, <= 2 layers) could not load the parent's checkpoint
+        raise ConfigError(
+            f"smoke=true: not for a branch (resume_from={spec}): its parent already ran this "
+            f"code at this size; submit the branch with smoke=false"
+        )
+    target, step = parse(spec)
+    parent = find_parent(target, str(cfg.runs_root))
+    theirs = OmegaConf.load(parent.config)
+    differ = [
+        f"{key} ({OmegaConf.select(theirs, key)} there, {OmegaConf.select(cfg, key)} here)"
+        for key in ARCHITECTURE_KEYS
+        if OmegaConf.select(theirs, key) != OmegaConf.select(cfg, key)
+    ]
+    if differ:
+        raise ConfigError(
+            f"resume_from={spec}: the parent's checkpoint has another shape: {', '.join(differ)}; "
+            f"branch with the parent's model group and deepspeed.stage"
+        )
+    directory = _step_dir(parent, step, spec)
+    manifest = ckpt.read_manifest(directory)
+    at = int(manifest["step"])
+    if cfg.train.max_steps is not None and int(cfg.train.max_steps) <= at:
+        raise ConfigError(
+            f"train.max_steps={cfg.train.max_steps}: the branch starts at step {at} "
+            f"(resume_from={spec}); set train.max_steps above {at}"
+        )
+    _same_world(cfg, int(manifest.get("world_size", 0)), spec, at)
+    cfg.resume_from = f"{parent.path}:{ckpt.tag(at)}"
+    cfg.branch_of = f"{parent.path.name}:{ckpt.tag(at)}"
+
+
+def _same_world(cfg: DictConfig, saved: int, spec: str, at: int) -> None:
+    """Another world size would convert the parent's checkpoint to a universal one beside it
+    (checkpoint/reshape.py): a write into the parent's directory, which a branch never makes."""
+    low, high = node_range(cfg.nodes)
+    sizes = {world_size(cfg, n) for n in range(low, high + 1)}
+    if saved and saved not in sizes:
+        per_node = tasks_per_node(cfg)
+        raise ConfigError(
+            f"nodes={cfg.nodes}: the parent's {ckpt.tag(at)} (resume_from={spec}) was saved by "
+            f"{saved} ranks and this branch runs {'/'.join(map(str, sorted(sizes)))}; branch on "
+            f"the parent's world size (nodes x {per_node} tasks = {saved})"
+        )
+
+
+def parent_of(cfg: Any) -> tuple[RunDir, int]:
+    """(parent run directory, step) of a resolved branch config."""
+    path, _, step = str(cfg.resume_from).rpartition(":")
+    return RunDir(Path(path)), int(step.removeprefix("step_"))
+
+
+def pin(cfg: Any, child: RunDir) -> None:
+    """Before the branch is recorded: keep the parent's step from its prune, then make sure it is
+    still there (the parent may have pruned it since `resolve` looked)."""
+    parent, step = parent_of(cfg)
+    pins.pin(parent.checkpoints, step, child.path.name)
+    directory = parent.checkpoints / ckpt.tag(step)
+    reason = "no such checkpoint" if not directory.is_dir() else ckpt.validate(directory, False)
+    if reason is not None:
+        raise ConfigError(f"resume_from={cfg.resume_from}: {directory}: {reason}")
+
+
+def record(cfg: Any, data: Optional[dict[str, Any]], child: RunDir) -> None:
+    """The `branched` row, once (the same command again resumes the branch: no second row)."""
+    if child.run_events("branched"):
+        return
+    parent, step = parent_of(cfg)
+    try:  # merged over the schema: a key the parent's version did not have reads as its default
+        theirs = OmegaConf.to_container(load_run_config(str(parent.config)), resolve=True)
+    except Exception:  # noqa: BLE001  a key this version no longer has: compare as written
+        theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
+    ours = data if data is not None else OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(theirs, dict) and isinstance(ours, dict)
+    child.record(
+        "branched",
+        parent=str(parent.path),
+        parent_fingerprint=parent.path.name,
+        parent_name=theirs.get("name"),
+        step=step,
+        changed=changed_keys(theirs, ours),
+    )
+
+
+def lineage_line(events: list[dict[str, Any]]) -> Optional[str]:
+    """`branched from PARENT at step_N (changed: k a->b, ...)` for status and the report."""
+    row = next((e for e in events if e.get("event") == "branched"), None)
+    if row is None:
+        return None
+    changed = ", ".join(f"{k} {a}->{b}" for k, (a, b) in (row.get("changed") or {}).items())
+    return f"branched from {row.get('parent')} at {ckpt.tag(int(row.get('step', 0)))}" + (
+        f" (changed: {changed})" if changed else ""
+    )
