@@ -15,8 +15,6 @@ from slurmtrain.common.ds_config import lr_at
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
-# The fault-injection switch may soon need faults.allow_inject=true on the command (another
-# helper adds the key); the parent's command gets it at merge if so.
 DIVERGE = {"SLURMTRAIN_INJECT": "nan_at_step=15,nan_repeat=1"}
 
 
@@ -37,7 +35,7 @@ def losses(run: Path) -> dict[int, dict]:
 
 
 def test_branch_after_divergence_continues_from_the_parent_step_with_the_new_lr(workdir):
-    parent_done = run_cli(BASE, cwd=workdir, env=DIVERGE)
+    parent_done = run_cli([*BASE, "faults.allow_inject=true"], cwd=workdir, env=DIVERGE)
     [parent] = run_dirs(workdir / "runs")
     [stopped] = events(parent, "stopped")
     assert stopped["class"] == "diverged", parent_done.stdout + parent_done.stderr
@@ -120,6 +118,7 @@ def test_branch_skips_data_and_refuses_a_bad_parent(workdir):
     step_10 = parent / "checkpoints" / "step_10"
     before = checksums(step_10)
     skip = ["resume_from=demo", "train.max_steps=14", "data.skip_samples=64"]
+    skip.append("faults.allow_inject=true")
     done = run_cli(skip, cwd=workdir, env={"SLURMTRAIN_INJECT": "nan_at_step=12"})
     assert done.returncode == 0, done.stdout + done.stderr
     [child] = [p for p in run_dirs(workdir / "runs") if p != parent]
