@@ -4,6 +4,7 @@ during the in-allocation relaunch decision still leaves a successor or a recorde
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from slurmtrain.batch import exclusions
 from slurmtrain.common import schema
 from slurmtrain.common.rundir import RunDir
+from tests.cluster.helpers import events, submit_run, wait_until
 
 pytestmark = pytest.mark.slurm
 schema.register()
@@ -48,3 +50,43 @@ def test_exclusions_leave_the_partition_room_for_the_spares(slurm_cluster, tmp_p
     assert (
         user.problem and "nodes+faults.spare_nodes=3 but the partition has 4 nodes" in user.problem
     )
+
+
+BASE = ["cluster=slurm", "train.log_interval=1", "faults.health_check=false"]
+
+
+def test_sigterm_during_the_relaunch_decision_leaves_a_successor(slurm_cluster, workdir):
+    """A crash with a spare: the supervisor chooses the next step's nodes inside the job, and the
+    time limit's SIGTERM lands while it does (relaunch_delay holds the decision until the TERM).
+    Before, the shell saw the TERM, dropped the relaunch and exited: the ledger said
+    `restarted_in_allocation`, no step ran, and no job was queued: the run was stranded."""
+    run = submit_run(
+        BASE,
+        workdir,
+        "termrace",
+        ["nodes=1", "faults.spare_nodes=1", "train.max_steps=12", "checkpoint.interval_steps=4"],
+        inject="crash_at_step=6,attempts=1,relaunch_delay=150",
+    )
+
+    def ended():
+        return [e for e in events(run) if e["event"] == "attempt_ended" and e["attempt"] == 1]
+
+    wait_until(lambda: bool(ended()), 400, "attempt 1 ended (the crash)")
+    [first] = ended()
+    assert first["class"] == "crash"
+    job = first["job_id"]
+    # The time limit, now: Slurm TERMs the batch step within its 30 s timeout check.
+    done = subprocess.run(
+        ["scontrol", "update", f"JobId={job}", "TimeLimit=1"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    wait_until(
+        lambda: any(e["event"] == "finished" for e in events(run)), 600, "the successor finished"
+    )
+    ev = events(run)
+    [abandoned] = [e for e in ev if e["event"] == "relaunch_abandoned"]
+    assert abandoned["class"] == "timed_out" and abandoned["reason"] == "crash"
+    [queued] = [e for e in ev if e["event"] == "requeued"]
+    assert queued["how"] == "resubmit" and queued["new_job_id"] != job
+    started = [e for e in ev if e["event"] == "started"]
+    assert [e["job_id"] for e in started] == [job, queued["new_job_id"]]  # no step in the dying job
