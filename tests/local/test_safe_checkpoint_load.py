@@ -42,6 +42,15 @@ def plant(step_dir: Path, name: str, marker: Path) -> None:
     (step_dir / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.fixture(autouse=True)
+def _enforced_only_here(monkeypatch):
+    """enforce() sets a process-wide override: undone after each test (monkeypatch restores)."""
+    from slurmtrain.compute.checkpoint import safe_load
+
+    monkeypatch.setenv(safe_load.FORCE, "0")
+    monkeypatch.setattr(safe_load, "_enforced", False)
+
+
 def events(run: Path, kind: str) -> list[dict]:
     return [e for e in ledger_events(run) if e["event"] == kind]
 
@@ -85,3 +94,32 @@ def test_a_clean_resume_loads_weights_only_and_a_planted_checkpoint_is_refused(w
     ]
     assert failed and {e["class"] for e in failed} == {"crash"}, out  # recorded, not silent
     assert all("UnpicklingError" in e["error"] for e in failed), out
+
+
+def test_every_type_deepspeed_and_the_rng_files_pickle_loads_weights_only(tmp_path):
+    """The allow-list: ZeRO optimizer states (stage enum, fp16 dynamic and static loss scalers,
+    fragment addresses), model states (torch.Size in OrderedDicts) and numpy's RNG state."""
+    from collections import OrderedDict
+
+    import numpy as np
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    from slurmtrain.compute.checkpoint import safe_load
+
+    state = {
+        "zero_stage": ZeroStageEnum.gradients,
+        "dynamic": DynamicLossScaler(2.0**16, 1000, 1.0, 2, False),
+        "static": LossScaler(128.0),
+        "address": fragment_address(numel=4, start=8),
+        "param_shapes": [OrderedDict(w=torch.Size([2, 3]))],
+        "numpy": np.random.get_state(),
+        "ds_version": "0.19.8",
+    }
+    torch.save(state, tmp_path / "states.pt")
+    back = safe_load.load(tmp_path / "states.pt")
+    assert back["zero_stage"] == ZeroStageEnum.gradients and back["dynamic"].cur_scale == 2.0**16
+    assert back["static"].cur_scale == 128.0 and back["address"].start == 8
+    assert np.array_equal(back["numpy"][1], state["numpy"][1])
