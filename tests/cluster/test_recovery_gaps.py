@@ -90,3 +90,30 @@ def test_sigterm_during_the_relaunch_decision_leaves_a_successor(slurm_cluster, 
     assert queued["how"] == "resubmit" and queued["new_job_id"] != job
     started = [e for e in ev if e["event"] == "started"]
     assert [e["job_id"] for e in started] == [job, queued["new_job_id"]]  # no step in the dying job
+
+
+def test_a_scancel_during_the_relaunch_decision_is_recorded_and_nothing_restarts(
+    slurm_cluster, workdir
+):
+    """The same race with a user's scancel: no step starts in the cancelled job, nothing is
+    queued, and the ledger says so (`relaunch_abandoned`, class cancelled)."""
+    run = submit_run(
+        BASE,
+        workdir,
+        "termcancel",
+        ["nodes=1", "faults.spare_nodes=1", "train.max_steps=12", "checkpoint.interval_steps=4"],
+        inject="crash_at_step=6,attempts=1,relaunch_delay=150",
+    )
+
+    def rows(kind):
+        return [e for e in events(run) if e["event"] == kind]
+
+    wait_until(lambda: bool(rows("attempt_ended")), 400, "attempt 1 ended (the crash)")
+    job = rows("attempt_ended")[0]["job_id"]
+    assert subprocess.run(["scancel", job]).returncode == 0
+    wait_until(lambda: bool(rows("relaunch_abandoned")), 120, "the abandoned relaunch recorded")
+    [abandoned] = rows("relaunch_abandoned")
+    assert abandoned["class"] == "cancelled" and abandoned["reason"] == "crash"
+    time.sleep(20)  # past KillWait: whatever the job was going to do, it has done
+    assert not rows("requeued") and not rows("submitted")[1:]
+    assert [e["job_id"] for e in rows("started")] == [job]
