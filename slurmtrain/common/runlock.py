@@ -13,6 +13,10 @@ over when it is stale: its holder is a dead pid on this host, or its mtime did n
 as the contender's own clock sees it (no cross-node clock comparison). Take-over renames the stale
 file to a private name first, so of two contenders only one wins; one that finds it renamed a live
 lease (another token) puts it back.
+
+Where flock is coherent it is taken first and the lease beside it: login and compute nodes may
+mount the same filesystem differently (compute nodes with localflock), and those see only the
+lease. A lease left by a flock holder is stale at once for the next flock holder.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import IO, Callable, Iterator, Optional
 
 FLOCK, LEASE = "flock", "lease"
 BEAT_S, STALE_S = 5.0, 60.0
+LEASE_NAME = ".owner.lease"
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 MOUNTINFO = Path("/proc/self/mountinfo")
 _fallen_back: set[str] = set()  # directories whose flock raised one of NO_FLOCK this process
@@ -122,6 +127,7 @@ def hold(
     flock_name: str = ".owner.lock",
 ) -> Iterator[str]:
     """Hold `directory`'s exclusive lock; yields which kind. Raises busy(who) after `timeout` s."""
+    started = time.monotonic()
     if choose(directory)[0] == FLOCK:
         try:
             f = _flocked(directory / flock_name, timeout, busy)
@@ -130,13 +136,17 @@ def hold(
                 raise
             _fallen_back.add(str(directory))  # e.g. lustre noflock: the lease from now on
         else:
+            # The lease too: a node whose mount lacks coherent flock (compute nodes mounted with
+            # localflock beside a login node with flock) can only see that.
             try:
-                yield FLOCK
+                left = max(1.0, timeout - (time.monotonic() - started))
+                with Lease(directory / LEASE_NAME, under_flock=True).held(left, busy):
+                    yield FLOCK
             finally:
                 with f:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
             return
-    with Lease(directory / ".owner.lease").held(timeout, busy):
+    with Lease(directory / LEASE_NAME).held(timeout, busy):
         yield LEASE
 
 
@@ -161,8 +171,17 @@ def _flocked(path: Path, timeout: float, busy: Callable[[str], Exception]) -> IO
 class Lease:
     """An O_EXCL lease file renewed by a heartbeat thread (module docstring)."""
 
-    def __init__(self, path: Path, beat_s: float = BEAT_S, stale_s: float = STALE_S) -> None:
+    def __init__(
+        self,
+        path: Path,
+        beat_s: float = BEAT_S,
+        stale_s: float = STALE_S,
+        under_flock: bool = False,
+    ) -> None:
         self.path, self.beat_s, self.stale_s = path, beat_s, stale_s
+        # Taken while holding a coherent flock: a lease left by another flock holder is stale
+        # at once (that holder would still hold the flock if it lived).
+        self.under_flock = under_flock
         self.token = secrets.token_hex(8)
         self.lost = False  # set by the heartbeat when another process took the lease
         self._stop = threading.Event()
@@ -175,6 +194,7 @@ class Lease:
             "job": os.environ.get("SLURM_JOB_ID"),
             "token": self.token,
             "time": time.time(),
+            "flock": self.under_flock,
         }
 
     def _read(self, path: Optional[Path] = None) -> Optional[dict]:
@@ -235,7 +255,10 @@ class Lease:
             if seen != (holder.get("token"), mtime):
                 seen, since = (holder.get("token"), mtime), now
             # An empty holder: its creator died before writing; the mtime bound still applies.
-            if (holder and self._dead_here(holder)) or now - since >= self.stale_s:
+            gone = bool(holder) and (
+                self._dead_here(holder) or (self.under_flock and bool(holder.get("flock")))
+            )
+            if gone or now - since >= self.stale_s:
                 if self._take_over(holder):
                     break
                 continue

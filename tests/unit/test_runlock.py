@@ -158,3 +158,48 @@ def test_doctor_says_which_lock_the_runs_root_gets_and_why(tmp_path, monkeypatch
     monkeypatch.setattr(runlock, "MOUNTINFO", info)
     value = check_run_root(tmp_path).value
     assert "run lock: lease (nfs4 local_lock=all: flock excludes within one node only)" in value
+
+
+HOLD_RUN = """
+import sys, time
+from pathlib import Path
+from slurmtrain.common.rundir import RunDir
+with RunDir(Path(sys.argv[1])).locked(timeout=30):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_flock_holder_also_holds_the_lease_for_nodes_without_coherent_flock(
+    tmp_path, monkeypatch
+):
+    """A login node mounted with flock and compute nodes with localflock: the compute side takes
+    the lease, so the flock holder must hold it too or the two never exclude each other."""
+    from slurmtrain.common.rundir import RunLocked
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_RUN, str(run), "30"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        info = tmp_path / "mountinfo"
+        info.write_text(f"27 1 0:90 / {tmp_path} rw - lustre 10.0.0.1@tcp:/fs rw,localflock\n")
+        monkeypatch.setattr(runlock, "MOUNTINFO", info)
+        with pytest.raises(RunLocked, match="holds the lease"):
+            with RunDir(run).locked(timeout=3):
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_lease_left_by_a_flock_holder_is_taken_at_once_by_the_next(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    left = {"host": "login-elsewhere", "pid": 1, "job": None, "token": "old", "flock": True}
+    (run.path / ".owner.lease").write_text(json.dumps(left))
+    started = time.monotonic()
+    with run.locked(timeout=30):
+        assert json.loads((run.path / ".owner.lease").read_text())["token"] != "old"
+    assert time.monotonic() - started < runlock.STALE_S / 2
