@@ -3,7 +3,8 @@
 Rows come from the bad-node ledger (`bad_nodes.jsonl`: the health gate, local device errors, ranks
 stuck before `started`). An exclusion expires after `faults.exclude_hours`; stragglers are only
 advisory. The newest exclusions are kept, and only as many as leave the partition enough nodes for
-the request (`nodes`): the oldest are dropped first, so a node that failed once is tried again.
+the request (`nodes` plus `faults.spare_nodes`: the job holds its spares too): the oldest are
+dropped first, so a node that failed once is tried again.
 A node that failed again after that retry (in two jobs within `exclude_hours`) is never dropped:
 when those nodes, or the user's own `cluster.exclude`, leave too few nodes, no node set can run
 the job and the run stops, saying so, instead of taking turns on broken nodes.
@@ -56,9 +57,11 @@ def fit(
     user: list[str],
     partition_nodes: Optional[list[str]],
     needed: int,
+    asked: str = "",
 ) -> Exclusions:
     """Keep the newest failed nodes while the partition still holds `needed` nodes; nodes that
-    failed again after a retry (`jobs` >= 2) are always kept."""
+    failed again after a retry (`jobs` >= 2) are always kept. `asked`: how the request reads in
+    the problem line (default `nodes=<needed>`)."""
     reasons = {n: str(r.get("reason") or "failed") for n, r in failed.items()}
     order = sorted(failed, key=lambda n: float(failed[n].get("time") or 0), reverse=True)
     if partition_nodes is None:  # the partition is unknown: trust the rows
@@ -75,7 +78,7 @@ def fit(
             [n for n in order if n not in again],
             reasons,
             problem=(
-                f"no node set can run the job: nodes={needed} but the partition has "
+                f"no node set can run the job: {asked or f'nodes={needed}'} but the partition has "
                 f"{len(members)} nodes and {' and '.join(why)}: {len(left)} left"
             ),
         )
@@ -94,11 +97,13 @@ def plan(run: RunDir, cfg: Any, now: Optional[float] = None) -> Exclusions:
     now = time.time() if now is None else now
     failed = active(read_jsonl(run.bad_nodes), float(cfg.faults.exclude_hours), now)
     user = slurm.expand_hostlist(cfg.cluster.exclude) if cfg.cluster.exclude else []
-    needed = node_range(cfg.nodes)[0]
+    spares = int(cfg.faults.spare_nodes)  # held beside `nodes` (login/flags.py): they must fit too
+    needed = node_range(cfg.nodes)[0] + spares
+    asked = f"nodes+faults.spare_nodes={needed}" if spares else ""
     try:
         parts = slurm_cmd.query_partitions()
     except slurm.SlurmError:
         parts = {}
     name = cfg.cluster.partition or next((p for p, i in parts.items() if i.default), None)
     info = parts.get(name) if name else None
-    return fit(failed, user, list(info.node_names) if info else None, needed)
+    return fit(failed, user, list(info.node_names) if info else None, needed, asked)

@@ -15,6 +15,7 @@ error, health gate, a rank stuck before `started`), or its slurmd does not answe
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -43,9 +44,30 @@ class Relaunch:
         Path(path).write_text(f"{slurm.compress_hostlist(self.nodes)} {len(self.nodes)}\n")
 
 
+def _drill_term_race(env: dict[str, str]) -> None:
+    """`SLURMTRAIN_INJECT=relaunch_delay=S`: the relaunch decision waits up to S s for a SIGTERM
+    (then goes on at once, inside KillWait), so a drill can land the TERM in the decision."""
+    import signal
+
+    from slurmtrain.compute.faults.inject import settings
+
+    delay = float(settings(env).get("relaunch_delay") or 0)
+    if delay <= 0:
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        end = time.monotonic() + delay
+        while not got and time.monotonic() < end:
+            time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def allocation_nodes(job_id: str, env: dict[str, str]) -> list[str]:
     """The job's nodes now (Slurm drops a dead node from a --no-kill allocation once it marks it
     down); the batch environment's list when scontrol cannot answer."""
+    _drill_term_race(env)
     try:
         listed = slurm_cmd.job_info(job_id).get("NodeList", "")
     except slurm.SlurmError:
@@ -108,3 +130,80 @@ def plan(
         swapped_in=[n for n in chosen if n not in previous],
         spares_left=len(healthy) - count,
     )
+
+
+def abandon(run_dir: str, env: dict[str, str]) -> int:
+    """The batch shell got SIGTERM while the supervisor chose the next step's nodes, or after it
+    and before that step's srun: no step starts in a dying job, so the run gets its successor
+    here, as it would have without the relaunch: the next job after this one at the time limit,
+    a requeue when preempted; a scancel is final and recorded `cancelled`. Idempotent: a
+    decision already abandoned, or followed by a started step, is left alone."""
+    from slurmtrain.batch import exclusions, next_job
+    from slurmtrain.common.rundir import RunDir
+    from slurmtrain.common.schema import load_run_config
+
+    run = RunDir(Path(run_dir).resolve())
+    job_id = env.get("SLURM_JOB_ID", "")
+    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    events = run.run_events()
+    mine = [
+        e for e in events if e.get("job_id") == job_id and int(e.get("restart") or 0) == restart
+    ]
+    decided = [e for e in mine if e["event"] == "restarted_in_allocation"]
+    if not decided:
+        return 0
+    last = decided[-1]
+    after = [e for e in mine if e["time"] >= last["time"]]
+    if any(e["event"] in ("started", "relaunch_abandoned", "stopped", "finished") for e in after):
+        return 0
+    record = dict(
+        job_id=job_id,
+        attempt=last.get("attempt"),
+        nodes=last.get("nodes") or [],
+        restart=restart,
+        relaunch=last.get("relaunch"),
+    )
+    cls = str(last.get("reason") or faults.CRASH)
+    if next_job.past_time_limit(job_id):
+        why = faults.TIMED_OUT
+    elif next_job.preempted(job_id):
+        why = faults.PREEMPTED
+    else:  # scancel: never restarted
+        run.record("relaunch_abandoned", **record, **{"class": faults.CANCELLED, "reason": cls})
+        return 0
+    run.record("relaunch_abandoned", **record, **{"class": why, "reason": cls})
+    cfg = load_run_config(str(run.config))
+    excl = exclusions.plan(run, cfg)
+    if excl.problem:
+        return next_job.stop_no_nodes(run, record, excl, excl.problem)
+    try:
+        if why == faults.PREEMPTED:  # same job id, as the supervisor requeues a preempted job
+            slurm_cmd.requeue(job_id)
+            new_id, how = job_id, "requeue"
+        else:  # the time limit: a new job that starts once this one has ended
+            new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, record, after=job_id)
+            how = "resubmit"
+    except slurm.SlurmError as err:
+        return next_job.stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
+    run.record(
+        "requeued", **record, reason=cls, excluded=excl.nodes, new_job_id=new_id, how=how, at=why
+    )
+    print(f"slurmtrain: {why} during an in-allocation restart: job {job_id} -> {new_id}")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    import argparse
+    import os
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # called after the TERM: finish the successor
+    parser = argparse.ArgumentParser(prog="python -m slurmtrain.batch.in_allocation")
+    parser.add_argument("run_dir")
+    parser.add_argument("--abandoned", action="store_true", help="SIGTERM around a relaunch")
+    args = parser.parse_args(argv)
+    raise SystemExit(abandon(args.run_dir, dict(os.environ)) if args.abandoned else 2)
+
+
+if __name__ == "__main__":
+    main()

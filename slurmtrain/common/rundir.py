@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import functools
 import os
 import time
@@ -25,6 +24,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import fingerprint as fingerprints
+from slurmtrain.common import runlock
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: metrics, bad nodes
     FATE_EVENTS,
@@ -153,8 +153,9 @@ class RunDir:
 
     @property
     def lock(self) -> Path:
-        """flock(2)ed around check-and-submit (login), resubmission (supervisor) and the compute
-        side's owner check, so two of them never both decide the run is free."""
+        """flock(2)ed (or a lease beside it: common/runlock.py) around check-and-submit (login),
+        resubmission (supervisor) and the compute side's owner check, so two of them never both
+        decide the run is free."""
         return self.path / ".owner.lock"
 
     @property
@@ -230,25 +231,15 @@ class RunDir:
     @contextlib.contextmanager
     def locked(self, timeout: float = 60.0) -> Iterator[None]:
         """Hold the run's exclusive lock (`lock`): check-and-submit, resubmit, claim a start.
-        Raises RunLocked after `timeout` s (a local run's shell holds it while it trains)."""
+        Raises RunLocked after `timeout` s (a local run's shell holds it while it trains).
+        flock, or a lease file where the filesystem's flock excludes nothing (common/runlock.py)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.lock, "a") as f:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise RunLocked(
-                            f"another slurmtrain process holds {self.lock} (submitting or "
-                            f"training this run locally); nothing submitted"
-                        ) from None
-                    time.sleep(0.2)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+        def busy(who: str) -> RunLocked:
+            return RunLocked(f"{who} (submitting or training this run locally); nothing submitted")
+
+        with runlock.hold(self.path, timeout, busy, self.lock.name):
+            yield
 
     def attempts(self) -> int:
         return len(self.run_events("started"))

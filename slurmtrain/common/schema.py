@@ -184,7 +184,7 @@ class FaultsConfig:
     # nodes). Llama 3 (Dubey et al. 2024, sec. 3.3.4): 419 interruptions in 54 days on 2,048
     # nodes of 8 H100s = one per 54 x 24 x 2048 / 419 = 6,334 node-hours.
     node_mtbf_h: float = 6334.0
-    collective_timeout_s: float = 1800.0  # NCCL/gloo timeout; keep above hang_timeout_s
+    collective_timeout_s: float = 1800.0  # NCCL/gloo; >= hang_timeout_s + max(120 s, 10 %)
     health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
     health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate
     # After peer errors: how long to wait for Slurm to mark a node down. 0: this cluster's own

@@ -106,6 +106,22 @@ def _ranges(cfg: DictConfig) -> None:
             )
 
 
+def check_timeout_order(faults: Any) -> None:
+    """compute/distributed.py's rule: a stuck step passes hang_timeout_s, the watchdog dumps its
+    stacks within the margin, only then may a collective time out (start-up is lifted at run time)."""
+    from slurmtrain.compute.distributed import MARGIN_FRACTION, MARGIN_S  # no torch there
+
+    hang, collective = float(faults.hang_timeout_s), float(faults.collective_timeout_s)
+    least = hang + max(MARGIN_S, MARGIN_FRACTION * hang)
+    if collective < least:
+        raise ConfigError(
+            f"faults.collective_timeout_s={faults.collective_timeout_s!r} with "
+            f"faults.hang_timeout_s={faults.hang_timeout_s!r}: a collective would time out before "
+            f"the hang watchdog (it needs hang_timeout_s + {least - hang:g} s); set "
+            f"faults.collective_timeout_s={math.ceil(least)} or lower faults.hang_timeout_s"
+        )
+
+
 DEFAULT_MAX_STEPS = 200  # the tiny demo's length when neither max_steps nor tokens is given
 DEFAULT_WARMUP_STEPS = 10
 
@@ -201,6 +217,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)"
         )
     _ranges(cfg)
+    check_timeout_order(cfg.faults)
     resolve_batch(cfg)
     from slurmtrain.planning import policy  # planned defaults: cluster.time, checkpoint policy
 

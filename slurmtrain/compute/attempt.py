@@ -281,6 +281,10 @@ def _run(
     import torch
     import torch.distributed as dist
 
+    from slurmtrain.compute.checkpoint import safe_load
+
+    safe_load.enforce()  # every checkpoint load weights-only, DeepSpeed's own too (safe_load.py)
+
     # Every start-up failure (device, rendezvous, claim) is recorded: no attempt number yet, so
     # its row names the job id and restart count, and the node.
     try:

@@ -96,8 +96,9 @@ def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any
 
 def lazy_state_dict(ckpt_dir: Path) -> dict[str, Any]:
     """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
-    import torch
+    from slurmtrain.compute.checkpoint import safe_load
 
+    safe_load.enforce()  # zero_to_fp32 passes weights_only=False itself: the override covers it
     if list(ckpt_dir.glob("*_optim_states.pt")):
         from deepspeed.utils import zero_to_fp32
 
@@ -106,9 +107,7 @@ def lazy_state_dict(ckpt_dir: Path) -> dict[str, Any]:
                 str(ckpt_dir.parent), tag=ckpt_dir.name, lazy_mode=True
             )
     # ZeRO-0 in fp32 keeps the optimizer inside the model-states file: the module is the model.
-    states = torch.load(
-        ckpt_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False
-    )
+    states = safe_load.load(ckpt_dir / "mp_rank_00_model_states.pt", "cpu", mmap=True)
     module = dict(states["module"])
     for name, source in (states.get("shared_params") or {}).items():
         module.setdefault(name, module[source])

@@ -104,3 +104,18 @@ def test_max_rollback_minus_one_never_caps_the_rollbacks():
     d = Divergence(step=1015, loss=float("nan"), why="non-finite loss")
     p = plan_rollback(d, 1010, 0, previous, faults, max_steps=2000, global_batch=8)
     assert p.stop is None and p.to_step == 1010
+
+
+def test_a_collective_timeout_below_the_hang_deadline_is_refused_naming_both_keys():
+    """Issue #20 item 8: hang_timeout_s=3600 with the default collective_timeout_s=1800 let NCCL
+    abort a stuck step before the watchdog could dump its stacks; nothing refused it."""
+    with pytest.raises(ConfigError) as err:
+        _validate("faults.hang_timeout_s=3600")
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("faults.collective_timeout_s=1800.0 with faults.hang_timeout_s=3600.0")
+    assert "set faults.collective_timeout_s=3960" in line  # 3600 + 10 %: distributed.py's rule
+    with pytest.raises(ConfigError, match="needs hang_timeout_s \\+ 120 s"):
+        _validate("faults.hang_timeout_s=600", "faults.collective_timeout_s=700")
+    _validate("faults.hang_timeout_s=3600", "faults.collective_timeout_s=3960")
+    _validate("faults.hang_timeout_s=600", "faults.collective_timeout_s=720")

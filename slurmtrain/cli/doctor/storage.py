@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from slurmtrain.common import runlock
+
 from .results import CheckResult
 
 GB = 1e9
@@ -70,6 +72,8 @@ def check_run_root(root: Path, shared_marker: Optional[Path] = None) -> CheckRes
             "runs_root must be on a filesystem shared by login and compute nodes (same path)",
         )
     advice = "" if shared_marker else "must be the same shared path on every node (--srun verifies)"
+    kind, why = runlock.choose(base)
+    where += f", run lock: {kind} ({why})"  # which lock keeps one job per run here (runlock.py)
     if fs in ("tmpfs", "ramfs"):
         return CheckResult(
             "run_root",

@@ -212,8 +212,6 @@ class Checkpointer:
 
     def load(self, engine: Any, directory: Path, restore_rng: bool = True) -> dict[str, Any]:
         """Load a checkpoint (or its universal conversion); the per-rank RNG state when asked."""
-        import torch
-
         try:
             self.loaded_bytes = read_bytes(read_manifest(directory)["files"], self.rank, self.world)
         except (OSError, ValueError, KeyError):
@@ -227,7 +225,9 @@ class Checkpointer:
         _follow_schedule(engine)
         rng_file = directory / f"rng_rank{self.rank}.pt"
         if restore_rng and rng_file.exists():
-            return torch.load(rng_file, weights_only=False)
+            from slurmtrain.compute.checkpoint import safe_load
+
+            return safe_load.load(rng_file)  # weights only: a file never runs code
         return {}
 
     # -- internals ------------------------------------------------------------------------------

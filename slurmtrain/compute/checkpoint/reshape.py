@@ -127,6 +127,7 @@ def _run(
     cmd = [
         sys.executable,
         "-m",
+        "slurmtrain.compute.checkpoint.safe_load",  # weights-only loads (safe_load.py)
         "deepspeed.checkpoint.ds_to_universal",
         "--input_folder",
         str(step_dir),

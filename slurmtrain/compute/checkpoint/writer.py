@@ -30,7 +30,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from slurmtrain.compute.checkpoint import module_states
+from slurmtrain.compute.checkpoint import module_states, safe_load
 from slurmtrain.compute.checkpoint.format import CHECKSUM, Crc32
 from slurmtrain.compute.checkpoint.hostpool import HostPool
 
@@ -254,7 +254,7 @@ class ShardWriter(TorchCheckpointEngine):
                 os.close(fd)
         except (OSError, AttributeError):
             pass  # torch.load reports a missing file; no fadvise: it only reads a little later
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return safe_load.load(path, map_location)  # weights only, DeepSpeed's loads too
 
     def host_copy_done(self) -> None:
         """Called on the main thread when DeepSpeed is done: device-to-host copies complete

@@ -1,0 +1,298 @@
+"""The run's exclusive lock: flock(2) where the filesystem makes it coherent, else a lease file.
+
+flock on a shared filesystem excludes across nodes only where the client forwards it: Lustre's
+`flock` mount option and NFSv4 (or v3 with lockd) do; Lustre `localflock` and NFS `local_lock=all`
+or `local_lock=flock` (and NFSv3 `nolock`) grant every node its own lock, which excludes nothing;
+Lustre `noflock` (its default) raises ENOSYS. Which one a directory gets is read from the mount
+options in /proc/self/mountinfo (`choose`), and a flock that raises ENOLCK/EOPNOTSUPP/ENOSYS falls
+back at run time.
+
+The lease: `.owner.lease` created with O_EXCL (atomic on NFSv3+ and Lustre) holding the owner's
+host, pid, job and a random token; a thread renews its mtime every BEAT_S. A contender takes it
+over when it is stale: its holder is a dead pid on this host, or its mtime did not move for STALE_S
+as the contender's own clock sees it (no cross-node clock comparison). Take-over renames the stale
+file to a private name first, so of two contenders only one wins; one that finds it renamed a live
+lease (another token) puts it back.
+
+Where flock is coherent it is taken first and the lease beside it: login and compute nodes may
+mount the same filesystem differently (compute nodes with localflock), and those see only the
+lease. A lease left by a flock holder is stale at once for the next flock holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Callable, Iterator, Optional
+
+FLOCK, LEASE = "flock", "lease"
+BEAT_S, STALE_S = 5.0, 60.0
+LEASE_NAME = ".owner.lease"
+NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+MOUNTINFO = Path("/proc/self/mountinfo")
+_fallen_back: set[str] = set()  # directories whose flock raised one of NO_FLOCK this process
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    fstype: str
+    options: frozenset[str]  # per-mount and superblock options together
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """proc(5) mountinfo lines: `id parent maj:min root point opts [optional...] - type source
+    superopts`."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        dash = fields.index("-", 6)
+        if len(fields) < dash + 3:
+            continue
+        opts = fields[5].split(",") + (
+            fields[dash + 3].split(",") if len(fields) > dash + 3 else []
+        )
+        mounts.append(Mount(_unescape(fields[4]), fields[dash + 1], frozenset(opts)))
+    return mounts
+
+
+def mount_of(path: Path, mounts: list[Mount]) -> Optional[Mount]:
+    """The mount holding `path` (longest mount point that is a prefix; the last one mounted wins)."""
+    target, best = str(path), None
+    for m in mounts:
+        inside = target == m.point or target.startswith(m.point.rstrip("/") + "/")
+        if inside and (best is None or len(m.point) >= len(best.point)):
+            best = m
+    return best
+
+
+def lock_for(mount: Optional[Mount]) -> tuple[str, str]:
+    """(flock | lease, why) for a directory on `mount`."""
+    if mount is None:
+        return FLOCK, "mount unknown: flock, with a lease if it raises"
+    fs, opts = mount.fstype, mount.options
+    if fs == "lustre":
+        if "flock" in opts:
+            return FLOCK, "lustre mounted with flock: coherent across nodes"
+        why = (
+            "localflock: flock excludes within one node only"
+            if "localflock" in opts
+            else ("noflock (lustre's default): flock raises ENOSYS")
+        )
+        return LEASE, f"lustre {why}"
+    if fs.startswith("nfs"):
+        local = next((o.split("=", 1)[1] for o in opts if o.startswith("local_lock=")), "none")
+        if local in ("all", "flock"):
+            return LEASE, f"{fs} local_lock={local}: flock excludes within one node only"
+        if "nolock" in opts:
+            return LEASE, f"{fs} nolock: locks stay on each client"
+        return FLOCK, f"{fs}: flock goes to the server"
+    return FLOCK, f"{fs}: flock"
+
+
+def choose(directory: Path) -> tuple[str, str]:
+    """The lock `directory` gets, and why (doctor prints both)."""
+    if str(directory) in _fallen_back:
+        return LEASE, "flock raised ENOLCK/EOPNOTSUPP/ENOSYS here"
+    try:
+        mounts = parse_mountinfo(MOUNTINFO.read_text())
+    except OSError:
+        return lock_for(None)
+    return lock_for(mount_of(directory.resolve(), mounts))
+
+
+@contextlib.contextmanager
+def hold(
+    directory: Path,
+    timeout: float,
+    busy: Callable[[str], Exception],
+    flock_name: str = ".owner.lock",
+) -> Iterator[str]:
+    """Hold `directory`'s exclusive lock; yields which kind. Raises busy(who) after `timeout` s."""
+    started = time.monotonic()
+    if choose(directory)[0] == FLOCK:
+        try:
+            f = _flocked(directory / flock_name, timeout, busy)
+        except OSError as err:
+            if err.errno not in NO_FLOCK:
+                raise
+            _fallen_back.add(str(directory))  # e.g. lustre noflock: the lease from now on
+        else:
+            # The lease too: a node whose mount lacks coherent flock (compute nodes mounted with
+            # localflock beside a login node with flock) can only see that.
+            try:
+                left = max(1.0, timeout - (time.monotonic() - started))
+                with Lease(directory / LEASE_NAME, under_flock=True).held(left, busy):
+                    yield FLOCK
+            finally:
+                with f:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            return
+    with Lease(directory / LEASE_NAME).held(timeout, busy):
+        yield LEASE
+
+
+def _flocked(path: Path, timeout: float, busy: Callable[[str], Exception]) -> IO[str]:
+    """The open lock file, flocked; OSError (not BlockingIOError) when flock is not supported."""
+    f = open(path, "a")
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return f
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise busy(f"another slurmtrain process holds {path}") from None
+                time.sleep(0.2)
+    except BaseException:
+        f.close()
+        raise
+
+
+class Lease:
+    """An O_EXCL lease file renewed by a heartbeat thread (module docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        beat_s: float = BEAT_S,
+        stale_s: float = STALE_S,
+        under_flock: bool = False,
+    ) -> None:
+        self.path, self.beat_s, self.stale_s = path, beat_s, stale_s
+        # Taken while holding a coherent flock: a lease left by another flock holder is stale
+        # at once (that holder would still hold the flock if it lived).
+        self.under_flock = under_flock
+        self.token = secrets.token_hex(8)
+        self.lost = False  # set by the heartbeat when another process took the lease
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def owner(self) -> dict:
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "job": os.environ.get("SLURM_JOB_ID"),
+            "token": self.token,
+            "time": time.time(),
+            "flock": self.under_flock,
+        }
+
+    def _read(self, path: Optional[Path] = None) -> Optional[dict]:
+        try:
+            return json.loads((path or self.path).read_text() or "{}")
+        except (OSError, ValueError):
+            return None
+
+    def try_acquire(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.owner()))
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+
+    def _dead_here(self, holder: dict) -> bool:
+        if holder.get("host") != socket.gethostname() or not holder.get("pid"):
+            return False
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (OSError, ValueError):
+            return False
+        return False
+
+    def _take_over(self, holder: dict) -> bool:
+        """Rename the stale lease aside (one contender wins), then create ours."""
+        aside = self.path.with_name(f"{self.path.name}.stale.{self.token}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return self.try_acquire()
+        moved = self._read(aside) or {}
+        if moved.get("token") != holder.get("token"):  # a live lease renewed under us: put it back
+            with contextlib.suppress(OSError):
+                os.link(aside, self.path)
+            aside.unlink(missing_ok=True)
+            return False
+        aside.unlink(missing_ok=True)
+        return self.try_acquire()
+
+    def acquire(self, timeout: float, busy: Callable[[str], Exception]) -> None:
+        deadline = time.monotonic() + timeout
+        seen: Optional[tuple[Optional[str], float]] = None  # (token, mtime) and since when
+        since = time.monotonic()
+        while not self.try_acquire():
+            holder = self._read() or {}
+            try:
+                mtime = self.path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            now = time.monotonic()
+            if seen != (holder.get("token"), mtime):
+                seen, since = (holder.get("token"), mtime), now
+            # An empty holder: its creator died before writing; the mtime bound still applies.
+            gone = bool(holder) and (
+                self._dead_here(holder) or (self.under_flock and bool(holder.get("flock")))
+            )
+            if gone or now - since >= self.stale_s:
+                if self._take_over(holder):
+                    break
+                continue
+            if now >= deadline:
+                who = ", ".join(f"{k} {holder.get(k)}" for k in ("host", "pid", "job"))
+                raise busy(
+                    f"another slurmtrain process holds the lease {self.path} ({who}); it is "
+                    f"taken over once its heartbeat stops for {self.stale_s:g} s"
+                )
+            time.sleep(min(0.5, self.beat_s))
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="run-lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            holder = self._read()
+            if holder is not None and holder.get("token") != self.token:
+                self.lost = True
+                return
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self.lost and (self._read() or {}).get("token") == self.token:
+            self.path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def held(self, timeout: float, busy: Callable[[str], Exception]) -> Iterator["Lease"]:
+        self.acquire(timeout, busy)
+        try:
+            yield self
+        finally:
+            self.release()
