@@ -147,12 +147,19 @@ def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEA
     return False
 
 
+def inject_settings(env: Any) -> dict[str, str]:
+    """SLURMTRAIN_INJECT's `key=value,...` as the batch side reads it: the job script unsets the
+    variable unless the run opted in (faults.allow_inject), so its presence here is the opt-in."""
+    text = env.get("SLURMTRAIN_INJECT", "")
+    pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def injected(key: str, record: dict[str, Any]) -> bool:
     """A drill's fault in the supervisor itself, from SLURMTRAIN_INJECT (the compute nodes'
     syntax, compute/faults/inject.py, read here without importing compute: `key=1`, and
     `attempts=1` confines it to those attempts)."""
-    text = os.environ.get("SLURMTRAIN_INJECT", "")
-    cfg = dict(item.strip().split("=", 1) for item in text.split(",") if "=" in item)
+    cfg = inject_settings(os.environ)
     only = cfg.get("attempts")
     if only and str(record.get("attempt")) not in only.split("+"):
         return False

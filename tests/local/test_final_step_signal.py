@@ -24,7 +24,7 @@ def test_signal_in_the_final_step_finishes_the_run_without_another_attempt(workd
     # 3 s per step: the signal sent once step MAX-1 is logged lands inside step MAX.
     env = slurmtrain_env({"SLURMTRAIN_INJECT": "step_delay=3"})
     proc = subprocess.Popen(
-        [PYTHON, "-m", "slurmtrain", *ARGS],
+        [PYTHON, "-m", "slurmtrain", *ARGS, "faults.allow_inject=true"],
         cwd=workdir,
         env=env,
         stdout=subprocess.PIPE,

@@ -21,7 +21,7 @@ def events(run: Path, kind: str) -> list[dict]:
 
 def test_repeated_divergence_rolls_back_to_an_older_checkpoint_each_time(workdir):
     inject = {"SLURMTRAIN_INJECT": "nan_at_step=25,nan_repeat=1"}  # step 25 always diverges
-    done = run_cli(BASE, cwd=workdir, env=inject)
+    done = run_cli([*BASE, "faults.allow_inject=true"], cwd=workdir, env=inject)
     [run] = run_dirs(workdir / "runs")
     rollbacks = events(run, "rollback")
     assert [r["to_step"] for r in rollbacks] == [20, 10], done.stdout + done.stderr
@@ -31,7 +31,11 @@ def test_repeated_divergence_rolls_back_to_an_older_checkpoint_each_time(workdir
 
 
 def test_checkpoint_rolled_back_to_survives_later_saves(workdir):
-    args = BASE + ["checkpoint.interval_steps=5", "checkpoint.keep_last=1"]
+    args = BASE + [
+        "checkpoint.interval_steps=5",
+        "checkpoint.keep_last=1",
+        "faults.allow_inject=true",
+    ]
     done = run_cli(args, cwd=workdir, env={"SLURMTRAIN_INJECT": "nan_at_step=18"})
     [run] = run_dirs(workdir / "runs")
     [rollback] = events(run, "rollback")
