@@ -1,0 +1,85 @@
+"""Data checks of a config: token files, their sidecars and blends (validation.py calls these)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.validation import _positive
+
+
+def _token_file(key: str, path: Any, vocab_size: int) -> Optional[int]:
+    """A token file must exist and fit the model's vocabulary; returns its token count if known."""
+    if not path or not os.path.isfile(path):
+        raise ConfigError(
+            f"{key}={path!r}: no such token file; make one with "
+            f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass {key}=FILE.bin"
+        )
+    meta = _sidecar(os.path.splitext(path)[0] + ".json")
+    vocab = meta.get("vocab_size")
+    if isinstance(vocab, int) and vocab > vocab_size:
+        raise ConfigError(
+            f"{key}={path!r}: tokens go up to {vocab} but model.vocab_size="
+            f"{vocab_size}; use a model with a larger vocabulary or "
+            f"set model.vocab_size={vocab}"
+        )
+    count = meta.get("tokens")
+    return count if isinstance(count, int) else None
+
+
+def check_data(cfg: DictConfig) -> None:
+    """Token files, blend sources and weights, the held-out split, evaluation settings."""
+    d, vocab = cfg.data, cfg.model.vocab_size
+    if not 0 <= d.valid_fraction < 0.5:
+        raise ConfigError(
+            f"data.valid_fraction={d.valid_fraction}: the held-out share of the tokens must be "
+            f">= 0 and < 0.5 (0: no validation split); e.g. data.valid_fraction=0.01"
+        )
+    _positive("data.valid_windows", d.valid_windows)
+    if cfg.train.eval_interval < 0:
+        raise ConfigError(
+            f"train.eval_interval={cfg.train.eval_interval}: must be 0 (off) or a number of "
+            f"steps; e.g. train.eval_interval=50"
+        )
+    counts: list[tuple[str, Optional[int]]] = []
+    if d.kind == "tokens":
+        counts.append(("data.path", _token_file("data.path", d.path, vocab)))
+    if d.kind == "blend":
+        if not d.sources:
+            raise ConfigError(
+                "data.sources=[]: data=blend needs token files and weights; e.g. "
+                "data.sources='[{path: a.bin, weight: 0.7}, {path: b.bin, weight: 0.3}]'"
+            )
+        for i, source in enumerate(d.sources):
+            key = f"data.sources[{i}]"
+            counts.append((f"{key}.path", _token_file(f"{key}.path", source.path, vocab)))
+            if not source.weight > 0:
+                raise ConfigError(
+                    f"{key}.weight={source.weight}: must be > 0 (weights are normalised); "
+                    f"e.g. {key}.weight=0.5"
+                )
+    if d.valid_path:
+        _token_file("data.valid_path", d.valid_path, vocab)
+    elif d.valid_fraction > 0:
+        for key, count in counts:
+            held = -(-count * d.valid_fraction // 1) if count is not None else None
+            # (a corpus shorter than one window is the sampler's error, on the compute node)
+            if held is not None and held < d.seq_len + 1 <= count - held:
+                raise ConfigError(
+                    f"data.valid_fraction={d.valid_fraction}: holds out {int(held)} tokens of "
+                    f"{key} ({count} tokens), less than one window of data.seq_len + 1 = "
+                    f"{d.seq_len + 1}; raise data.valid_fraction, or set data.valid_fraction=0"
+                )
+
+
+def _sidecar(meta_path: str) -> dict[str, Any]:
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
