@@ -175,7 +175,7 @@ _SHIELDED = {signal.SIGUSR2, signal.SIGTERM, signal.SIGINT}
 # The converter's entry: ignore the rank's stop signals (its pool workers inherit SIG_IGN), die
 # with the rank that started it (PR_SET_PDEATHSIG), then run DeepSpeed's module as `python -m`.
 _SHIELD = """
-import ctypes, runpy, signal, sys
+import ctypes, signal, sys
 for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
     signal.signal(s, signal.SIG_IGN)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2, signal.SIGTERM, signal.SIGINT})
@@ -183,8 +183,8 @@ try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 except (OSError, AttributeError):
     pass
-sys.argv[0] = "ds_to_universal"
-runpy.run_module("deepspeed.checkpoint.ds_to_universal", run_name="__main__", alter_sys=True)
+from slurmtrain.compute.checkpoint import safe_load  # weights-only loads in the converter too
+safe_load.main(sys.argv[1:])  # argv: the converter's module, then its arguments
 """
 
 
