@@ -43,7 +43,7 @@ SLICES = {  # what a model's run is, where it is not the whole model (printed wi
     "opt1.3b": "opt1.3b's shapes (hidden 2048, ffn 8192, vocab 50272) with 2 of its 24 layers: "
     "the whole model's states (~21 GB with Adam) do not fit this 24 GB machine with 2 CPU ranks",
 }
-DD_MB = {"opt_tiny": 3, "opt125m": 1503}  # a sync save's bytes (2 ranks): dd's before the run
+DD_MB = {"opt_tiny": 3, "opt125m": 1503, "opt1.3b": 2500}  # a sync save's bytes (2 ranks): dd's before the run
 SPREAD_LIMIT = 0.3  # dd runs further apart than this: a busy machine, the ratio is not judged
 
 

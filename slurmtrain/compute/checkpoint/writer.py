@@ -3,7 +3,9 @@
 DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. This engine
 - under ZeRO-1/2 leaves the module weights out of the model-states file (module_states.py: the
   fp32 partitions every rank writes hold them; no rank writes or reads the full model);
-- writes, fsyncs and hashes the shard on the rank that produced it (no rank re-reads another's files);
+- writes, fsyncs and hashes the shard on the rank that produced it (no rank re-reads another's files),
+  with O_DIRECT from reused aligned buffers (direct_io.py: the page-cache copy was what a save spent
+  its time on), through the page cache (`_RawFile`) where the filesystem refuses O_DIRECT;
 - keeps a disk error (ENOSPC, EIO...) instead of raising it: DeepSpeed's `save_checkpoint` runs
   barriers between shards, and a rank leaving it early would hang or desynchronise the others; the
   ranks agree on the outcome afterwards;
