@@ -4,9 +4,9 @@ Buffered writes cost the kernel a page-cache page per 4 KiB (allocation, copy, l
 reclaim): on the VM this was measured on, 36-70 MB/s under memory pressure from other jobs, where
 O_DIRECT from an aligned buffer ran at 1.4-1.6 GB/s (dd conv=fsync: 36-52 MB/s) and an idle
 machine's dd ran at ~1.2 GB/s. torch.save hands storages at 64-byte offsets, not the 4 KiB O_DIRECT
-needs, so each record is copied once into one of a few reused page-aligned buffers (memmove and
-CRC-32 both release the GIL) while two helper threads write the previous ones: a save costs about
-max(copy + hash, disk). The final partial block is padded and the file truncated to its size.
+needs, so each record is copied once into one of a few reused page-aligned buffers while a thread
+hashes and two threads write the previous ones (memmove, CRC-32 and os.pwrite all release the GIL):
+a save costs about max(copy, hash, disk). The last partial block is padded, the file truncated.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class DirectFile:
     """What torch.save writes into (the `_RawFile` interface): buffers, hashes, writes aligned.
 
     `write_seconds`: copying into the buffers; `wait_seconds`: waiting for the disk to free one;
-    `hash_seconds`: CRC-32 of each buffer (on the calling thread, while the disk writes the
-    previous one). Keeps the OSError in `error`. Call `finish` before fsync, `close` always.
+    `hash_seconds`: waiting for the CRC-32 of a buffer (its own thread, in order, while the disk
+    writes it and the next one fills: what that overlap did not hide). Keeps the OSError in `error`. Call `finish` before fsync, `close` always.
     """
 
     def __init__(
@@ -83,6 +83,8 @@ class DirectFile:
         self.size = len(self.buffers[0][0])
         self.io = ThreadPoolExecutor(min(WRITERS, len(self.buffers) - 1), "checkpoint-direct-io")
         self.inflight: list[Optional[Future]] = [None] * len(self.buffers)
+        self.hasher = ThreadPoolExecutor(1, "checkpoint-crc") if hashing else None
+        self.hashes: list[Optional[Future]] = [None] * len(self.buffers)
         self.current, self.fill = 0, 0  # the buffer being filled and its bytes
         self.offset = 0  # bytes handed to `write`
         self.submitted = 0  # file offset of the next buffer handed to the writer threads
@@ -109,10 +111,9 @@ class DirectFile:
     def _submit(self, length: int) -> None:
         """Hand the current buffer to the writer thread and move to the next free one."""
         buffer, _ = self.buffers[self.current]
-        if self.checksum is not None:
-            started = time.perf_counter()
-            self.checksum.update(memoryview(buffer)[: self.fill])
-            self.hash_seconds += time.perf_counter() - started
+        if self.checksum is not None and self.hasher is not None:  # in order, beside the write
+            piece = memoryview(buffer)[: self.fill]
+            self.hashes[self.current] = self.hasher.submit(self.checksum.update, piece)
         at, self.submitted = self.submitted, self.submitted + length
         self.inflight[self.current] = self.io.submit(self._write_out, buffer, at, length, self.fill)
         self.current = (self.current + 1) % len(self.buffers)
@@ -120,6 +121,11 @@ class DirectFile:
         self._wait(self.current)
 
     def _wait(self, index: int) -> None:
+        hashing, self.hashes[index] = self.hashes[index], None
+        if hashing is not None:
+            started = time.perf_counter()
+            hashing.result()
+            self.hash_seconds += time.perf_counter() - started
         pending, self.inflight[index] = self.inflight[index], None
         if pending is None:
             return
@@ -176,3 +182,5 @@ class DirectFile:
 
     def close(self) -> None:
         self.io.shutdown(wait=True)  # a failed save: no write still using the buffers
+        if self.hasher is not None:
+            self.hasher.shutdown(wait=True)
