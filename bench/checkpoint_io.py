@@ -1,11 +1,13 @@
 """Checkpoint save and load speed against `dd` on the same disk, and the async saves' loop stall.
 
-    python bench/checkpoint_io.py [--dir DIR] [--models opt_tiny,opt125m] [--steps 12] [--every 4]
-        [--dd-rounds 2] [--phases sync,async,load]
+    python bench/checkpoint_io.py [--dir DIR] [--models opt125m,opt1.3b] [--steps 4] [--every 2]
+        [--dd-rounds 2] [--phases sync,async,load,universal]
+
+The defaults (sync saves only, two of them) keep a run to a few minutes on an idle 2-core machine.
 
 Each model trains through the real `python -m slurmtrain` (cluster=local, 2 CPU ranks): once with
-synchronous saves (it pauses at the last step: `train.pause_at_step`), once with
-`checkpoint.async_save=true`, then the paused sync run is started again, which loads its newest
+synchronous saves (it pauses at the last step: `train.pause_at_step`), with `--phases async`
+once with `checkpoint.async_save=true`, with `--phases load` the paused sync run is started again, which loads its newest
 checkpoint (its files evicted from the page cache first: a cold load, as after a node swap). Figures
 come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time the loop was blocked;
 total_seconds = until published) and `checkpoint_loaded` (seconds). The dd reference writes the
@@ -43,7 +45,11 @@ SLICES = {  # what a model's run is, where it is not the whole model (printed wi
     "opt1.3b": "opt1.3b's shapes (hidden 2048, ffn 8192, vocab 50272) with 2 of its 24 layers: "
     "the whole model's states (~21 GB with Adam) do not fit this 24 GB machine with 2 CPU ranks",
 }
-DD_MB = {"opt_tiny": 3, "opt125m": 1503, "opt1.3b": 2500}  # a sync save's bytes (2 ranks): dd's before the run
+DD_MB = {
+    "opt_tiny": 3,
+    "opt125m": 1503,
+    "opt1.3b": 2500,
+}  # a sync save's bytes (2 ranks): dd's before the run
 SPREAD_LIMIT = 0.3  # dd runs further apart than this: a busy machine, the ratio is not judged
 
 
@@ -195,15 +201,15 @@ def main() -> None:
         help="where to write (default: a temp "
         "directory under the current one, i.e. the disk runs/ would live on)",
     )
-    parser.add_argument("--models", default="opt_tiny,opt125m")
+    parser.add_argument("--models", default="opt125m,opt1.3b")
     parser.add_argument(
         "--phases",
-        default="sync,async,load",
+        default="sync",
         help="runs after the sync one (always run): async saves, the cold load, and `universal` "
         "(the DeepSpeed universal conversion); `--phases sync` for the save/dd ratio alone",
     )
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--every", type=int, default=4, help="checkpoint.interval_steps")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--every", type=int, default=2, help="checkpoint.interval_steps")
     parser.add_argument("--dd-rounds", type=int, default=2, help="dd runs at each of 5 points")
     parser.add_argument(
         "--dd-mb",
