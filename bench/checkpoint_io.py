@@ -6,9 +6,10 @@
 The defaults (sync saves only, two of them) keep a run to a few minutes on an idle 2-core machine.
 
 Each model trains through the real `python -m slurmtrain` (cluster=local, 2 CPU ranks): once with
-synchronous saves (it pauses at the last step: `train.pause_at_step`), with `--phases async`
-once with `checkpoint.async_save=true`, with `--phases load` the paused sync run is started again, which loads its newest
-checkpoint (its files evicted from the page cache first: a cold load, as after a node swap). Figures
+synchronous saves (it pauses at the last step: `train.pause_at_step`); with `--phases async` once
+with `checkpoint.async_save=true`; with `--phases load` the paused sync run is started again, which
+loads its newest checkpoint (its files evicted from the page cache first: a cold load, as after a
+node swap). Figures
 come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time the loop was blocked;
 total_seconds = until published) and `checkpoint_loaded` (seconds). The dd reference writes the
 same bytes the way a save does (one `dd conv=fsync` per rank at once, new files, after a pause: see
