@@ -9,10 +9,9 @@ Each model trains through the real `python -m slurmtrain` (cluster=local, 2 CPU 
 synchronous saves (it pauses at the last step: `train.pause_at_step`); with `--phases async` once
 with `checkpoint.async_save=true`; with `--phases load` the paused sync run is started again, which
 loads its newest checkpoint (its files evicted from the page cache first: a cold load, as after a
-node swap). Figures
-come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time the loop was blocked;
-total_seconds = until published) and `checkpoint_loaded` (seconds). The dd reference writes the
-same bytes the way a save does (one `dd conv=fsync` per rank at once, new files, after a pause: see
+node swap). Figures come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time
+the loop was blocked; total_seconds = until published) and `checkpoint_loaded` (seconds). The dd
+reference writes the same bytes the way a save does (one `dd conv=fsync` per rank at once, new files, after a pause: see
 `dd_mb_s`), `--dd-rounds` times just before the sync run (`DD_MB`'s bytes for the model, `--dd-mb`
 for others, into the runs' parent directory) and after each training run (the sync save's bytes,
 into its `checkpoints/`): interleaved with the saves, on the same filesystem. The ratio uses the
