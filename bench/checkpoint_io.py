@@ -11,16 +11,16 @@ with `checkpoint.async_save=true`; with `--phases load` the paused sync run is s
 loads its newest checkpoint (its files evicted from the page cache first: a cold load, as after a
 node swap). Figures come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time
 the loop was blocked; total_seconds = until published) and `checkpoint_loaded` (seconds). The dd
-reference writes the same bytes the way a save does (one `dd conv=fsync` per rank at once, new files, after a pause: see
-`dd_mb_s`), `--dd-rounds` times just before the sync run (`DD_MB`'s bytes for the model, `--dd-mb`
-for others, into the runs' parent directory) and after each training run (the sync save's bytes,
-into its `checkpoints/`): interleaved with the saves, on the same filesystem. The ratio uses the
-median of those just before and after the sync run, and their spread ((max - min) / median) says
-whether the machine was quiet enough to judge: above `SPREAD_LIMIT` the ratio is printed but
-flagged. `--phases` picks the runs after the sync one (`universal`: the sync checkpoint converted to
-DeepSpeed's universal format); `--phases sync` is the ratio alone. `opt1.3b` runs its shapes
-(hidden 2048, ffn 8192, vocab 50272) with 2 of its 24 layers: the whole model with 2 CPU ranks
-does not fit a 24 GB machine (said in the output too).
+reference writes the same bytes the way a save does (one `dd conv=fsync` per rank at once, new
+files, after a pause: see `dd_mb_s`), `--dd-rounds` times just before the sync run (`DD_MB`'s bytes
+for the model, `--dd-mb` for others, into the runs' parent directory) and after each training run
+(the sync save's bytes, into its `checkpoints/`): interleaved with the saves, on the same
+filesystem. The ratio uses the median of those just before and after the sync run, and their spread
+((max - min) / median) says whether the machine was quiet enough to judge: above `SPREAD_LIMIT` the
+ratio is printed but flagged. `--phases` picks the runs after the sync one (`universal`: the sync
+checkpoint converted to DeepSpeed's universal format); `--phases sync` is the ratio alone. `opt1.3b`
+runs its shapes (hidden 2048, ffn 8192, vocab 50272) with 2 of its 24 layers: the whole model with 2
+CPU ranks does not fit a 24 GB machine (said in the output too).
 """
 
 from __future__ import annotations
