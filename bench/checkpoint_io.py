@@ -1,21 +1,26 @@
 """Checkpoint save and load speed against `dd` on the same disk, and the async saves' loop stall.
 
-    python bench/checkpoint_io.py [--dir DIR] [--models opt_tiny,opt125m] [--steps 12] [--every 4]
-        [--dd-rounds 2]
+    python bench/checkpoint_io.py [--dir DIR] [--models opt125m,opt1.3b] [--steps 4] [--every 2]
+        [--dd-rounds 2] [--phases sync,async,load,universal]
+
+The defaults (sync saves only, two of them) keep a run to a few minutes on an idle 2-core machine.
 
 Each model trains through the real `python -m slurmtrain` (cluster=local, 2 CPU ranks): once with
-synchronous saves (it pauses at the last step: `train.pause_at_step`), once with
-`checkpoint.async_save=true`, then the paused sync run is started again, which loads its newest
-checkpoint (its files evicted from the page cache first: a cold load, as after a node swap). Figures
-come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time the loop was blocked;
-total_seconds = until published) and `checkpoint_loaded` (seconds). The dd reference writes the
-same bytes the way a save does (one `dd conv=fsync` per rank at once, new files, after a pause: see
-`dd_mb_s`), `--dd-rounds` times just before the sync run (as many bytes as the previous model's
-save, `--dd-mb` for the first) and after each training run (interleaved with them). The ratio uses
-the median of those just before and after the sync run, and their spread ((max - min) / median)
-says whether the machine was quiet enough to judge: above `SPREAD_LIMIT` the ratio is printed but flagged. Last, the sync checkpoint is converted
-to DeepSpeed's universal format. `opt1.3b` runs its shapes (hidden 2048, ffn 8192, vocab 50272)
-with 2 of its 24 layers: the whole model with 2 CPU ranks does not fit a 24 GB machine.
+synchronous saves (it pauses at the last step: `train.pause_at_step`); with `--phases async` once
+with `checkpoint.async_save=true`; with `--phases load` the paused sync run is started again, which
+loads its newest checkpoint (its files evicted from the page cache first: a cold load, as after a
+node swap). Figures come from the runs' own ledgers: `checkpoint_saved` (bytes; seconds = time
+the loop was blocked; total_seconds = until published) and `checkpoint_loaded` (seconds). The dd
+reference writes the same bytes the way a save does (one `dd conv=fsync` per rank at once, new
+files, after a pause: see `dd_mb_s`), `--dd-rounds` times just before the sync run (`DD_MB`'s bytes
+for the model, `--dd-mb` for others, into the runs' parent directory) and after each training run
+(the sync save's bytes, into its `checkpoints/`): interleaved with the saves, on the same
+filesystem. The ratio uses the median of those just before and after the sync run, and their spread
+((max - min) / median) says whether the machine was quiet enough to judge: above `SPREAD_LIMIT` the
+ratio is printed but flagged. `--phases` picks the runs after the sync one (`universal`: the sync
+checkpoint converted to DeepSpeed's universal format); `--phases sync` is the ratio alone. `opt1.3b`
+runs its shapes (hidden 2048, ffn 8192, vocab 50272) with 2 of its 24 layers: the whole model with 2
+CPU ranks does not fit a 24 GB machine (said in the output too).
 """
 
 from __future__ import annotations
@@ -36,6 +41,15 @@ MODEL_ARGS = {
     "opt125m": ["data.seq_len=128"],
     "opt1.3b": ["data.seq_len=128", "model.num_layers=2"],  # its shapes, 2 of 24 layers
 }
+SLICES = {  # what a model's run is, where it is not the whole model (printed with the figures)
+    "opt1.3b": "opt1.3b's shapes (hidden 2048, ffn 8192, vocab 50272) with 2 of its 24 layers: "
+    "the whole model's states (~21 GB with Adam) do not fit this 24 GB machine with 2 CPU ranks",
+}
+DD_MB = {
+    "opt_tiny": 3,
+    "opt125m": 1503,
+    "opt1.3b": 2500,
+}  # a sync save's bytes (2 ranks): dd's before the run
 SPREAD_LIMIT = 0.3  # dd runs further apart than this: a busy machine, the ratio is not judged
 
 
@@ -187,66 +201,113 @@ def main() -> None:
         help="where to write (default: a temp "
         "directory under the current one, i.e. the disk runs/ would live on)",
     )
-    parser.add_argument("--models", default="opt_tiny,opt125m")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--every", type=int, default=4, help="checkpoint.interval_steps")
+    parser.add_argument("--models", default="opt125m,opt1.3b")
+    parser.add_argument(
+        "--phases",
+        default="sync",
+        help="runs after the sync one (always run): async saves, the cold load, and `universal` "
+        "(the DeepSpeed universal conversion); `--phases sync` for the save/dd ratio alone",
+    )
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--every", type=int, default=2, help="checkpoint.interval_steps")
     parser.add_argument("--dd-rounds", type=int, default=2, help="dd runs at each of 5 points")
     parser.add_argument(
-        "--dd-mb", type=int, default=1000, help="dd's bytes before the first model's sync run"
+        "--dd-mb",
+        type=int,
+        default=1000,
+        help="dd's bytes before a model's sync run (not in DD_MB)",
     )
     opts = parser.parse_args()
+    phases = set(opts.phases.split(","))
     base = opts.dir or Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
     out = []
     with tempfile.TemporaryDirectory(dir=base, prefix="ckpt-io-") as tmp:
         workdir = Path(tmp)
-        guess = opts.dd_mb  # the first model's bytes are known after its sync run only
         for model in opts.models.split(","):
-            dd = [dd_mb_s(workdir, guess) for _ in range(opts.dd_rounds)]  # just before the saves
-            sync_run = train(workdir, model, "sync", opts.steps, opts.every)
-            sync = figures(sync_run)
-            size = guess = max(1, round(sync["mb"]))
-            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]  # just after them
-            async_ = figures(train(workdir, model, "async", opts.steps, opts.every))
-            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]
-            evict(newest(sync_run))
-            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]
-            load = load_figures(train(workdir, model, "load", opts.steps, opts.every))
-            dd += [dd_mb_s(workdir, size) for _ in range(opts.dd_rounds)]
-            out.append((model, sync, async_, load, dd, universal_seconds(sync_run)))
-            sync["dd"] = dd[: 2 * opts.dd_rounds]  # the runs on either side of the sync saves
+            out.append(bench_model(workdir, model, phases, opts))
+    report(out, base, opts)
+
+
+def bench_model(workdir: Path, model: str, phases: set[str], opts: Any) -> dict[str, Any]:
+    """One model's runs, with dd rounds between them (into the directory the saves went to)."""
+    rounds, guess = opts.dd_rounds, DD_MB.get(model, opts.dd_mb)
+    dd = [dd_mb_s(workdir, guess) for _ in range(rounds)]  # just before the saves
+    sync_run = train(workdir, model, "sync", opts.steps, opts.every)
+    sync = figures(sync_run)
+    size, where = max(1, round(sync["mb"])), sync_run / "checkpoints"
+    dd += [dd_mb_s(where, size) for _ in range(rounds)]  # just after them
+    result = {"model": model, "sync": sync, "size": size, "guess": guess}
+    result["dd_judged"] = dd[:]  # the runs on either side of the sync saves
+    if "async" in phases:
+        result["async"] = figures(train(workdir, model, "async", opts.steps, opts.every))
+        dd += [dd_mb_s(where, size) for _ in range(rounds)]
+    if "load" in phases:
+        evict(newest(sync_run))
+        result["load"] = load_figures(train(workdir, model, "load", opts.steps, opts.every))
+        dd += [dd_mb_s(where, size) for _ in range(rounds)]
+    if "universal" in phases:
+        result["universal"] = universal_seconds(sync_run)
+    result["dd"] = dd
+    return result
+
+
+def report(out: list[dict[str, Any]], base: Path, opts: Any) -> None:
     print(
         f"checkpoint I/O on {base} (cluster=local, 2 CPU ranks, fp32, ZeRO-2; medians over the "
-        f"saves of {opts.steps} steps, one every {opts.every}; dd: median of "
-        f"{5 * opts.dd_rounds} runs interleaved with the training runs)"
+        f"saves of {opts.steps} steps, one every {opts.every}; dd: {opts.dd_rounds} runs before "
+        f"and after each training run)"
     )
     head = (
         f"{'model':8} {'bytes':>13} {'sync save s':>11} {'MB/s':>7} {'dd MB/s':>8} "
-        f"{'ratio':>6} {'dd spread':>9} {'async stall s':>13} {'stall/sync':>10} {'load s':>7} {'load MB/s':>9}"
+        f"{'ratio':>6} {'dd spread':>9} {'async stall s':>13} {'stall/sync':>10} "
+        f"{'load s':>7} {'load MB/s':>9}"
     )
     print(head)
     print("-" * len(head))
     judged = True
-    for model, sync, async_, load, _dd, _ in out:
-        mb_s, ref = sync["mb"] / sync["total"], statistics.median(sync["dd"])
-        spread = (max(sync["dd"]) - min(sync["dd"])) / ref
+    for r in out:
+        sync, dd = r["sync"], r["dd_judged"]
+        mb_s, ref = sync["mb"] / sync["total"], statistics.median(dd)
+        spread = (max(dd) - min(dd)) / ref
         judged &= spread <= SPREAD_LIMIT
+        stall = r["async"]["blocked_later"] if "async" in r else None
+        load = r.get("load")
         print(
-            f"{model:8} {round(sync['mb'] * 1e6):>13,} {sync['total']:>11.3f} {mb_s:>7.1f} "
+            f"{r['model']:8} {round(sync['mb'] * 1e6):>13,} {sync['total']:>11.3f} {mb_s:>7.1f} "
             f"{ref:>8.1f} {mb_s / ref:>6.2f} {spread:>8.0%}{'!' if spread > SPREAD_LIMIT else ' '} "
-            f"{async_['blocked_later']:>13.3f} "
-            f"{async_['blocked_later'] / sync['total']:>10.3f} {load['seconds']:>7.3f} "
-            f"{load['mb'] / load['seconds']:>9.1f}"
+            + (
+                f"{stall:>13.3f} {stall / sync['total']:>10.3f} "
+                if stall is not None
+                else f"{'-':>13} {'-':>10} "
+            )
+            + (
+                f"{load['seconds']:>7.3f} {load['mb'] / load['seconds']:>9.1f}"
+                if load
+                else f"{'-':>7} {'-':>9}"
+            )
         )
     print()
-    for model, sync, async_, load, dd, universal in out:
-        print(
-            f"{model}: dd runs MB/s {[round(x) for x in dd]}; sync saves {sync['saves']}, slowest "
-            f"rank's seconds {sync['parts']}; async stall all saves {async_['blocked']:.3f} s "
-            f"(first allocates the host pool; max {async_['blocked_max']:.3f} s), until published "
-            f"{async_['total']:.3f} s; loaded {load['mb']:.0f} MB (cold); universal conversion "
-            f"{universal:.1f} s"
+    for r in out:
+        sync = r["sync"]
+        line = (
+            f"{r['model']}: dd runs MB/s {[round(x) for x in r['dd']]} (the first "
+            f"{opts.dd_rounds} of {r['guess']} MB, the rest of {r['size']} MB); sync saves "
+            f"{sync['saves']}, slowest rank's seconds {sync['parts']}"
         )
+        if "async" in r:
+            a = r["async"]
+            line += (
+                f"; async stall all saves {a['blocked']:.3f} s (first allocates the host pool; "
+                f"max {a['blocked_max']:.3f} s), until published {a['total']:.3f} s"
+            )
+        if "load" in r:
+            line += f"; loaded {r['load']['mb']:.0f} MB (cold)"
+        if "universal" in r:
+            line += f"; universal conversion {r['universal']:.1f} s"
+        print(line)
+        if r["model"] in SLICES:
+            print(f"  {r['model']} here is {SLICES[r['model']]}")
     if not judged:
         print(
             f"! dd spread above {SPREAD_LIMIT:.0%}: the disk or CPUs were busy with something else; "
@@ -254,12 +315,14 @@ def main() -> None:
         )
     print(
         "sync save s: median time a synchronous save blocked the loop (= until published); MB/s: "
-        "bytes / that;\ndd MB/s: as many bytes with conv=fsync, one dd per rank at once, new files, "
-        "after a 5 s pause; ratio: MB/s / dd; dd spread: (max - min) / median;\n"
-        "dd MB/s and spread: the dd runs just before and after the sync run;\nasync stall s: median time an async save blocked the "
-        "loop (waiting for the previous save, laying out the host copy) + the next optimizer step's "
-        "wait for the copy (write_seconds.step_wait), saves after the first;\nload s: the "
-        "resumed run's checkpoint_loaded (its files evicted from the page cache before)"
+        "bytes / that;\ndd MB/s: as many bytes with conv=fsync, one dd per rank at once, new files "
+        "in the run's checkpoints/ (before the run: its parent), after a 5 s pause; ratio: MB/s / "
+        "dd; dd spread: (max - min) / median;\n"
+        "dd MB/s and spread: the dd runs just before and after the sync run;\nasync stall s: "
+        "median time an async save blocked the loop (waiting for the previous save, laying out "
+        "the host copy) + the next optimizer step's wait for the copy (write_seconds.step_wait), "
+        "saves after the first;\nload s: the resumed run's checkpoint_loaded (its files evicted "
+        "from the page cache before)"
     )
 
 

@@ -3,6 +3,10 @@ progress per chunk, and async copies that leave the loop but never race an optim
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import mmap
+import os
 import zipfile
 
 import pytest
@@ -10,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
+from slurmtrain.compute.checkpoint import direct_io  # noqa: E402
 from slurmtrain.compute.checkpoint import format as ckpt  # noqa: E402
 from slurmtrain.compute.checkpoint import writer as w  # noqa: E402
 
@@ -21,6 +26,7 @@ def _state():
 
 def test_a_shard_is_written_once_hashed_on_the_way_and_loads_with_torch_load(tmp_path, monkeypatch):
     monkeypatch.setattr(w, "_WINDOW", 1 << 20)  # many windows: writeback kicks and waits run
+    monkeypatch.setattr(direct_io, "BUFFER", 1 << 20)  # many O_DIRECT buffers: each is a beat
     seen = []
     writer = w.ShardWriter(True, "checksum", progress=seen.append)
     writer.begin(5, str(tmp_path), deferred=False)
@@ -106,3 +112,80 @@ def test_load_reads_what_the_writer_wrote(tmp_path):
     writer.save(state, str(tmp_path / "a.pt"))
     loaded = writer.load(str(tmp_path / "a.pt"), map_location="cpu")
     assert torch.equal(loaded["w"], state["w"]) and loaded["n"] == 7
+
+
+def _cached_pages(path) -> int:
+    """How many of the file's pages sit in the page cache (mincore(2) on a mapping of it)."""
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
+        libc = ctypes.CDLL(None, use_errno=True)
+        vec = (ctypes.c_ubyte * pages)()
+        view = memoryview(mapped)
+        base = ctypes.c_void_p(direct_io._address(view))
+        try:
+            assert libc.mincore(base, ctypes.c_size_t(size), vec) == 0, os.strerror(
+                ctypes.get_errno()
+            )
+        finally:
+            view.release()
+        return sum(v & 1 for v in vec)
+
+
+def test_a_shard_goes_around_the_page_cache(tmp_path):
+    """Issue 19: the kernel's page-cache copy (allocate, copy, write back, reclaim a page per
+    4 KiB) was what a synchronous save spent its time on; O_DIRECT writes from aligned buffers
+    leave at most the file's last page in the cache."""
+    if direct_io.open_direct(str(tmp_path / "probe")) is None:
+        pytest.skip("this filesystem has no O_DIRECT")
+    writer = w.ShardWriter(True, "checksum")
+    writer.begin(1, str(tmp_path), deferred=False)
+    state = _state()
+    writer.save(state, str(tmp_path / "a.pt"))
+    report = writer.report(0)
+    assert report["ok"], report["error"]
+    path = tmp_path / "a.pt"
+    assert _cached_pages(path) <= 1, "the shard was written through the page cache"
+    assert report["files"]["a.pt"]["crc32"] == ckpt._digest(path)
+    loaded = torch.load(path, weights_only=True)
+    assert torch.equal(loaded["b"], state["b"]) and loaded["n"] == 7
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, (1 << 20) + 3, 3 << 20])
+def test_direct_file_writes_exactly_the_bytes_it_was_given(tmp_path, size):
+    """Aligned buffers, a padded last block cut back by ftruncate, one CRC over the bytes."""
+    data = os.urandom(size)
+    fd = direct_io.open_direct(str(tmp_path / "f")) or os.open(tmp_path / "f", os.O_WRONLY)
+    sink = direct_io.DirectFile(fd, True, buffers=direct_io.Buffers(1 << 20))
+    try:
+        for start in range(0, size, 300_001):  # pieces that straddle the buffers' edges
+            sink.write(memoryview(data)[start : start + 300_001])
+        sink.finish()
+    finally:
+        sink.close()
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == data
+    assert sink.checksum.hexdigest() == ckpt._digest(tmp_path / "f") and sink.error is None
+
+
+def test_direct_file_keeps_the_disk_error(tmp_path):
+    """A write the disk refuses (ENOSPC, from /dev/full) surfaces, and is kept for the report."""
+    fd = os.open("/dev/full", os.O_WRONLY)
+    sink = direct_io.DirectFile(fd, True, buffers=direct_io.Buffers(1 << 20))
+    try:
+        with pytest.raises(OSError) as raised:
+            sink.write(bytes(3 << 20))
+            sink.finish()
+    finally:
+        sink.close()
+        os.close(fd)
+    assert raised.value.errno == errno.ENOSPC and sink.error is raised.value
+
+
+def test_a_full_disk_fails_the_save_with_the_real_error(tmp_path, monkeypatch):
+    writer = w.ShardWriter(True, "checksum")
+    writer.begin(1, str(tmp_path), deferred=False)
+    monkeypatch.setattr(direct_io, "open_direct", lambda path: os.open("/dev/full", os.O_WRONLY))
+    writer.save(_state(), str(tmp_path / "a.pt"))
+    report = writer.report(0)
+    assert not report["ok"] and "No space left" in report["error"], report["error"]

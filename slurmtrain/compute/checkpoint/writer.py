@@ -3,7 +3,9 @@
 DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. This engine
 - under ZeRO-1/2 leaves the module weights out of the model-states file (module_states.py: the
   fp32 partitions every rank writes hold them; no rank writes or reads the full model);
-- writes, fsyncs and hashes the shard on the rank that produced it (no rank re-reads another's files);
+- writes, fsyncs and hashes the shard on the rank that produced it (no rank re-reads another's files),
+  with O_DIRECT from reused aligned buffers (direct_io.py: the page-cache copy was what a save spent
+  its time on), through the page cache (`_RawFile`) where the filesystem refuses O_DIRECT;
 - keeps a disk error (ENOSPC, EIO...) instead of raising it: DeepSpeed's `save_checkpoint` runs
   barriers between shards, and a rank leaving it early would hang or desynchronise the others; the
   ranks agree on the outcome afterwards;
@@ -24,13 +26,13 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from slurmtrain.compute.checkpoint import module_states, safe_load
+from slurmtrain.compute.checkpoint import direct_io, module_states, safe_load
 from slurmtrain.compute.checkpoint.format import CHECKSUM, Crc32
 from slurmtrain.compute.checkpoint.hostpool import HostPool
 
@@ -189,11 +191,14 @@ class ShardWriter(TorchCheckpointEngine):
         verify: str,
         hook: Optional[Hook] = None,
         progress: Optional[Progress] = None,
+        direct: bool = True,
     ):
         super().__init__(None)
         self.zipfile_serialization = zipfile_serialization
         self.verify, self.hook, self.progress = verify, hook, progress
         self.pool = HostPool()
+        self.direct = direct  # O_DIRECT where the filesystem takes it (direct_io.py)
+        self.buffers = direct_io.Buffers()  # its aligned buffers, mapped at the first save
         self.steps_seen = 0  # optimizer steps the global pre-hook saw: it guards lazy copies
         self.begin(0, "", deferred=False)
         _WRITERS.add(self)
@@ -263,15 +268,24 @@ class ShardWriter(TorchCheckpointEngine):
             self.pool.sync()
 
     def _write(self, state: Any, path: str) -> None:
-        sink: Optional[_RawFile] = None
+        sink: Optional[Union[_RawFile, direct_io.DirectFile]] = None
         before = self.written
         progress = None if self.progress is None else lambda n: self.progress(before + n)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            hashing = self.verify == "checksum"
+            fd = direct_io.open_direct(path) if self.direct else None
+            direct = fd is not None
+            if fd is None:  # no O_DIRECT here: through the page cache
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                sink = _RawFile(fd, self.verify == "checksum", progress)
+                if direct:
+                    sink = direct_io.DirectFile(fd, hashing, progress, self.buffers)
+                else:
+                    sink = _RawFile(fd, hashing, progress)
                 started = time.perf_counter()
                 _torch_save(state, sink, self.zipfile_serialization)
+                if isinstance(sink, direct_io.DirectFile):
+                    sink.finish()
                 written = time.perf_counter()
                 os.fsync(fd)
                 self.seconds["fsync"] += time.perf_counter() - written
