@@ -140,7 +140,7 @@ def evict(directory: Path) -> None:
 
 def newest(run: Path) -> Path:
     sys.path.insert(0, str(ROOT))
-    from slurmtrain.compute.checkpoint import format as ckpt
+    from slurmtrain.common import checkpoint_format as ckpt
 
     found = ckpt.find_resumable(run / "checkpoints", full=False)
     assert found.path is not None, f"no checkpoint in {run}"
@@ -158,7 +158,7 @@ def load_figures(run: Path) -> dict[str, Any]:
 
 def universal_seconds(run: Path) -> float:
     sys.path.insert(0, str(ROOT))
-    from slurmtrain.compute.checkpoint import format as ckpt
+    from slurmtrain.common import checkpoint_format as ckpt
     from slurmtrain.compute.checkpoint import reshape
 
     found = ckpt.find_resumable(run / "checkpoints", full=False)

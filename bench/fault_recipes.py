@@ -382,7 +382,7 @@ def load_failure(t: Trial) -> tuple[str, str]:
 
     import torch
 
-    from slurmtrain.compute.checkpoint.format import CHECKSUM, MANIFEST, _digest
+    from slurmtrain.common.checkpoint_format import CHECKSUM, MANIFEST, _digest
 
     t.paused_at_20()
     step = t.run / "checkpoints" / "step_20"
@@ -399,7 +399,7 @@ def load_failure(t: Trial) -> tuple[str, str]:
 def converter_signal(t: Trial) -> tuple[str, str]:
     # the time-limit USR2 reaches every process of the step while ds_to_universal converts
     # (2 ranks -> 1): the conversion completes, the rank saves and is requeued, the run finishes
-    from slurmtrain.compute.checkpoint.format import validate
+    from slurmtrain.common.checkpoint_format import validate
 
     batch = ["train.global_batch_size=8", "train.micro_batch_size=4"]
     t.paused_at_20(batch)

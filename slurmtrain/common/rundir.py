@@ -126,7 +126,7 @@ class RunDir:
 
     @property
     def latest(self) -> Path:
-        """The checkpoint pointer: the newest published step's tag (checkpoint/format.py writes it)."""
+        """The checkpoint pointer: the newest published step's tag (common/checkpoint_format.py writes it)."""
         return self.checkpoints / "latest"
 
     def injected(self, fault: str) -> Path:

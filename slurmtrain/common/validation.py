@@ -108,7 +108,7 @@ def _ranges(cfg: DictConfig) -> None:
 def check_timeout_order(faults: Any) -> None:
     """compute/distributed.py's rule: a stuck step passes hang_timeout_s, the watchdog dumps its
     stacks within the margin, only then may a collective time out (start-up is lifted at run time)."""
-    from slurmtrain.compute.distributed import MARGIN_FRACTION, MARGIN_S  # no torch there
+    from slurmtrain.planning.deadlines import MARGIN_FRACTION, MARGIN_S
 
     hang, collective = float(faults.hang_timeout_s), float(faults.collective_timeout_s)
     least = hang + max(MARGIN_S, MARGIN_FRACTION * hang)

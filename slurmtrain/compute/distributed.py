@@ -212,7 +212,7 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
 #   writes or converts for as long as it beats while the others wait in a barrier or broadcast)
 #   have no fixed bound, so for them the timeout is lifted to LIFTED_S (follow_phase): the
 #   watchdog's beats are the only clock, and a 2-hour conversion never races NCCL.
-MARGIN_S, MARGIN_FRACTION = 120.0, 0.1
+MARGIN_S, MARGIN_FRACTION = phases.MARGIN_S, phases.MARGIN_FRACTION
 LIFTED_S = 7 * 24 * 3600.0
 BEATING_PHASES = (phases.SAVE, phases.VERIFY, phases.CONVERT, phases.LOAD)
 _timeouts: dict[str, float] = {}  # "base": set at init; "now": the process group's current one

@@ -73,7 +73,7 @@ def find_run(arg: str) -> Path:
 
 def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any]]:
     """`step_N/` (validated) or the newest checkpoint that validates, with its manifest."""
-    from slurmtrain.compute.checkpoint import format as ckpt
+    from slurmtrain.common import checkpoint_format as ckpt
 
     root = RunDir(run).checkpoints
     if step is None:

@@ -9,7 +9,7 @@ the step (named, or the parent's newest valid checkpoint), checks the model shap
 rewrites `resume_from` to `PARENT_DIR:step_N` and `branch_of` to `<parent dir name>:step_N` (in
 the fingerprint: two branches from different steps are different runs; the same command again
 finds this one and resumes it). `record` pins the parent's step (its prune keeps it:
-compute/checkpoint/pins.py) and writes the `branched` row: parent, step and the changed keys.
+common/checkpoint_pins.py) and writes the `branched` row: parent, step and the changed keys.
 The compute side starts from the parent's step until the branch has checkpoints of its own
 (compute/checkpoint/select.py branch_point).
 """
@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_pins as pins
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import RunDir, runs_named
 from slurmtrain.common.schema import (
@@ -31,8 +33,6 @@ from slurmtrain.common.schema import (
     tasks_per_node,
     world_size,
 )
-from slurmtrain.compute.checkpoint import format as ckpt
-from slurmtrain.compute.checkpoint import pins
 
 # What a checkpoint's tensors are shaped by: a branch must match its parent in each.
 ARCHITECTURE_KEYS = (

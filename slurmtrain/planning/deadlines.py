@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
 MB = 1_000_000
+# A collective's timeout exceeds the deadline of the phase it waits in by this margin, so the
+# watchdog always fires first (compute/distributed.py states the rule; validation checks it).
+MARGIN_S, MARGIN_FRACTION = 120.0, 0.1
 
 STEP = "step"
 EVAL = "eval"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from slurmtrain.common import checkpoint_format as ckpt
 from slurmtrain.common.rundir import STOPPED, RunDir
-from slurmtrain.compute.checkpoint import format as ckpt
 from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import run_cli
 

@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import checkpoint_format as ckpt
 from tests.conftest import PYTHON, ledger_events, run_cli, run_dirs, slurmtrain_env
 
 BASE = [

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from slurmtrain.common import checkpoint_format as ckpt
 from slurmtrain.common import rundir as runs
-from slurmtrain.compute.checkpoint import format as ckpt
 from tests.conftest import ledger_events, read_jsonl, run_cli
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]

@@ -31,7 +31,7 @@ def plant(step_dir: Path, name: str, marker: Path) -> None:
     someone with write access to the runs root could: the checksum still matches."""
     import torch
 
-    from slurmtrain.compute.checkpoint.format import _digest
+    from slurmtrain.common.checkpoint_format import _digest
 
     path = step_dir / name
     state = torch.load(path, map_location="cpu", weights_only=False)  # our own, trusted file

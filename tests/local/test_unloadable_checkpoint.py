@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from slurmtrain.common.checkpoint_format import CHECKSUM, MANIFEST, _digest, validate
 from slurmtrain.compute.checkpoint import select
-from slurmtrain.compute.checkpoint.format import CHECKSUM, MANIFEST, _digest, validate
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=30", "train.log_interval=1", "checkpoint.interval_steps=10"]

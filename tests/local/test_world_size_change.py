@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import checkpoint_format as ckpt
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 BASE = [

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_pins as pins
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.compute.checkpoint import format as ckpt
-from slurmtrain.compute.checkpoint import pins, select
+from slurmtrain.compute.checkpoint import select
 from slurmtrain.login import branch
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import checkpoint_format as ckpt
 from slurmtrain.compute.checkpoint import manager as checkpointer
 
 

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
+from slurmtrain.common import checkpoint_format as ckpt  # noqa: E402
 from slurmtrain.compute.checkpoint import direct_io  # noqa: E402
-from slurmtrain.compute.checkpoint import format as ckpt  # noqa: E402
 from slurmtrain.compute.checkpoint import writer as w  # noqa: E402
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from slurmtrain.common import ledger
+from slurmtrain.common.checkpoint_format import prune, step_dirs
 from slurmtrain.compute.checkpoint import select
-from slurmtrain.compute.checkpoint.format import prune, step_dirs
 from slurmtrain.compute.data import Sampler
 from slurmtrain.compute.divergence import Divergence, Guard, plan_rollback, resumed_skip
 
@@ -173,7 +173,7 @@ def test_plan_rollback_after_a_repeat_goes_older_or_stops_naming_it():
 
 
 def test_prune_keeps_protected_steps_and_one_per_keep_every_span(tmp_path):
-    from slurmtrain.compute.checkpoint.format import publish
+    from slurmtrain.common.checkpoint_format import publish
 
     for step in (5, 10, 15, 20, 25, 1007, 1010):
         (tmp_path / f"step_{step}.tmp").mkdir()

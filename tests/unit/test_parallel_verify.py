@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import checkpoint_format as ckpt
 from tests.conftest import slurmtrain_env
 
 FILES = {
@@ -52,7 +52,7 @@ RANK = textwrap.dedent(
     import torch.distributed as dist
 
     from slurmtrain.common.schema import FaultsConfig
-    from slurmtrain.compute.checkpoint import format as ckpt
+    from slurmtrain.common import checkpoint_format as ckpt
     from slurmtrain.compute.checkpoint import verify
     from slurmtrain.compute.faults.watchdog import Watchdog
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import checkpoint_format as ckpt
 from slurmtrain.compute.checkpoint import manager, reshape
 
 EVERY = 0.0123  # the watchers' poll period in these tests: their waits are counted, not timed
@@ -264,8 +264,8 @@ class _Group:
 
 def test_every_rank_takes_part_in_the_conversions_collectives_and_one_walks(tmp_path, monkeypatch):
     dist = pytest.importorskip("torch.distributed")
+    from slurmtrain.common import checkpoint_format as fmt
     from slurmtrain.compute import distributed
-    from slurmtrain.compute.checkpoint import format as fmt
 
     group = _Group(["a", "a", "b", "b"])
     for name in ("all_gather_object", "broadcast_object_list", "get_world_size"):

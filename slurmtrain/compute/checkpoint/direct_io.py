@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from slurmtrain.compute.checkpoint.format import Crc32
+from slurmtrain.common.checkpoint_format import Crc32
 
 ALIGN = 4096  # O_DIRECT alignment of memory, offsets and lengths on every filesystem we meet
 BUFFER = 16 << 20  # bytes per O_DIRECT write: large enough for network filesystems' stripes

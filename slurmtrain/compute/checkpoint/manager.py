@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from slurmtrain.compute.checkpoint import markers
-from slurmtrain.compute.checkpoint.beats import Beats
-from slurmtrain.compute.checkpoint.format import (
+from slurmtrain.common.checkpoint_format import (
     LATEST,
     dir_bytes,
     prune,
@@ -31,6 +29,8 @@ from slurmtrain.compute.checkpoint.format import (
     read_manifest,
     tag,
 )
+from slurmtrain.compute.checkpoint import markers
+from slurmtrain.compute.checkpoint.beats import Beats
 from slurmtrain.planning import deadlines as phases
 
 Record = Callable[..., Any]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import checkpoint_format as ckpt
 
 SUFFIX = "_universal"
 

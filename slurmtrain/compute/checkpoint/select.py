@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from slurmtrain.common import checkpoint_pins as pins
 from slurmtrain.common import ledger
-from slurmtrain.compute.checkpoint import pins
-from slurmtrain.compute.checkpoint.format import (
+from slurmtrain.common.checkpoint_format import (
     LATEST,
     Check,
     Resume,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from slurmtrain.compute.checkpoint import format as ckpt
+from slurmtrain.common import checkpoint_format as ckpt
 from slurmtrain.compute.distributed import broadcast
 from slurmtrain.planning import deadlines as phases
 

@@ -32,8 +32,8 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from slurmtrain.common.checkpoint_format import CHECKSUM, Crc32
 from slurmtrain.compute.checkpoint import direct_io, module_states, safe_load
-from slurmtrain.compute.checkpoint.format import CHECKSUM, Crc32
 from slurmtrain.compute.checkpoint.hostpool import HostPool
 
 Hook = Callable[[int, str], None]  # (step, file name) after each shard is on disk

@@ -7,8 +7,9 @@ to `step_N/`, then atomically replaces `latest` (temp file + rename; DeepSpeed's
 A directory without a manifest, or whose files do not match it, is never loaded: `find_resumable`
 walks back to the newest valid one.
 
-This module is the on-disk protocol (pure file operations, no torch): the collective save around
-a DeepSpeed engine, async saves and disk errors live in `checkpointer.py`.
+This module is the on-disk protocol (pure file operations, no torch), in common/ because the login
+node reads it too (branching a run checks the parent's checkpoint); the collective save around a
+DeepSpeed engine, async saves and disk errors live in compute/checkpoint/manager.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Optional
 
-from slurmtrain.compute.checkpoint.pins import pinned_steps
+from slurmtrain.common.checkpoint_pins import pinned_steps
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -315,7 +316,7 @@ def prune(
     directory is an abandoned one.
     """
     pointed = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
-    pinned = pinned_steps(root)  # branches of this run start from these (checkpoint/pins.py)
+    pinned = pinned_steps(root)  # branches of this run start from these (common/checkpoint_pins.py)
     removed, kept, valid = [], set(), 0
     found = [
         (d, int(d.name.split("_")[1]), validate(d, full=False) is None) for d in step_dirs(root)
