@@ -56,7 +56,7 @@ SPREAD_LIMIT = 0.3  # dd runs further apart than this: a busy machine, the ratio
 PAUSE_S = 5.0  # longer than virtio-balloon's free page reporting delay (2 s)
 
 
-def dd_mb_s(directory: Path, megabytes: int, streams: int = 2) -> float:
+def dd_mb_s(directory: Path, megabytes: int, streams: int = 2, direct: bool = False) -> float:
     """dd's MB/s under a checkpoint's conditions: one round.
 
     Like a checkpoint: one dd per rank at once (`streams`, the bytes split evenly), into new files,
@@ -68,7 +68,7 @@ def dd_mb_s(directory: Path, megabytes: int, streams: int = 2) -> float:
     time.sleep(PAUSE_S)
     targets = [directory / f"dd_{k}.bin" for k in range(streams)]
     started = time.perf_counter()
-    procs = [_dd(target, max(1, megabytes // streams)) for target in targets]
+    procs = [_dd(target, max(1, megabytes // streams), direct) for target in targets]
     for proc in procs:
         _check(proc)
     seconds = time.perf_counter() - started
@@ -77,9 +77,14 @@ def dd_mb_s(directory: Path, megabytes: int, streams: int = 2) -> float:
     return megabytes / seconds
 
 
-def _dd(target: Path, megabytes: int) -> subprocess.Popen:
+def _dd(target: Path, megabytes: int, direct: bool = False) -> subprocess.Popen:
+    # direct: around the page cache in 16 MiB blocks, as the writer's O_DIRECT path writes
+    if direct:
+        size = ["bs=16M", f"count={max(1, megabytes // 16)}", "oflag=direct"]
+    else:
+        size = ["bs=1M", f"count={megabytes}"]
     return subprocess.Popen(
-        ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={megabytes}", "conv=fsync"],
+        ["dd", "if=/dev/zero", f"of={target}", *size, "conv=fsync"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -239,6 +244,8 @@ def bench_model(workdir: Path, model: str, phases: set[str], opts: Any) -> dict[
     dd += [dd_mb_s(where, size) for _ in range(rounds)]  # just after them
     result = {"model": model, "sync": sync, "size": size, "guess": guess}
     result["dd_judged"] = dd[:]  # the runs on either side of the sync saves
+    # the same bytes written around the page cache: the disk's own speed, as the writer meets it
+    result["dd_direct"] = [dd_mb_s(where, size, direct=True) for _ in range(rounds)]
     if "async" in phases:
         result["async"] = figures(train(workdir, model, "async", opts.steps, opts.every))
         dd += [dd_mb_s(where, size) for _ in range(rounds)]
@@ -294,6 +301,11 @@ def report(out: list[dict[str, Any]], base: Path, opts: Any) -> None:
             f"{r['model']}: dd runs MB/s {[round(x) for x in r['dd']]} (the first "
             f"{opts.dd_rounds} of {r['guess']} MB, the rest of {r['size']} MB); sync saves "
             f"{sync['saves']}, slowest rank's seconds {sync['parts']}"
+        )
+        direct = statistics.median(r["dd_direct"])
+        line += (
+            f"; dd oflag=direct bs=16M MB/s {[round(x) for x in r['dd_direct']]}: sync save / "
+            f"that = {sync['mb'] / sync['total'] / direct:.2f}"
         )
         if "async" in r:
             a = r["async"]
