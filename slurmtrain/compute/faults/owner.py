@@ -63,8 +63,9 @@ def check(
 
 def submitted_by_user(event: dict[str, Any]) -> bool:
     """A `submitted` row of a user's submission (login node, or a hand job recorded at its start),
-    not a supervisor's resubmission (`requeue_of`). (common/windows.py's user_submission(events, job_id)
-    answers the neighbouring question: a job id slurmtrain never recorded as submitted.)"""
+    not a supervisor's resubmission (`requeue_of`). (common/windows.py's
+    user_submission(events, job_id) answers the neighbouring question: a job id slurmtrain never
+    recorded as submitted.)"""
     return event["event"] == "submitted" and not event.get("requeue_of")
 
 
