@@ -49,9 +49,9 @@ def _drill_term_race(env: dict[str, str]) -> None:
     (then goes on at once, inside KillWait), so a drill can land the TERM in the decision."""
     import signal
 
-    from slurmtrain.batch.next_job import inject_settings
+    from slurmtrain.common.inject_spec import parse
 
-    delay = float(inject_settings(env).get("relaunch_delay") or 0)
+    delay = float(parse(env).get("relaunch_delay") or 0)
     if delay <= 0:
         return
     got: list[int] = []

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.batch import exclusions
+from slurmtrain.common import inject_spec, slurm_cmd
 from slurmtrain.common import ledger as faults
-from slurmtrain.common import slurm_cmd
 from slurmtrain.common import slurm_text as slurm
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
@@ -147,19 +147,11 @@ def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEA
     return False
 
 
-def inject_settings(env: Any) -> dict[str, str]:
-    """SLURMTRAIN_INJECT's `key=value,...` as the batch side reads it: the job script unsets the
-    variable unless the run opted in (faults.allow_inject), so its presence here is the opt-in."""
-    text = env.get("SLURMTRAIN_INJECT", "")
-    pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
-    return {k.strip(): v.strip() for k, v in pairs}
-
-
 def injected(key: str, record: dict[str, Any]) -> bool:
     """A drill's fault in the supervisor itself, from SLURMTRAIN_INJECT (the compute nodes'
     syntax, compute/faults/inject.py, read here without importing compute: `key=1`, and
     `attempts=1` confines it to those attempts)."""
-    cfg = inject_settings(os.environ)
+    cfg = inject_spec.parse(os.environ)
     only = cfg.get("attempts")
     if only and str(record.get("attempt")) not in only.split("+"):
         return False

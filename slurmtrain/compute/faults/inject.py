@@ -27,18 +27,13 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
+from slurmtrain.common.inject_spec import parse
 from slurmtrain.common.rundir import RunDir
-
-VARIABLE = "SLURMTRAIN_INJECT"
 
 
 def settings(env: Mapping[str, str] = os.environ, allowed: bool = False) -> dict[str, str]:
     """The injections asked for; none unless the run opted in (faults.allow_inject)."""
-    text = env.get(VARIABLE, "").strip()
-    if not allowed:
-        return {}
-    pairs = (item.split("=", 1) for item in text.split(",") if "=" in item)
-    return {k.strip(): v.strip() for k, v in pairs}
+    return parse(env) if allowed else {}
 
 
 class Injector:
