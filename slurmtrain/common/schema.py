@@ -258,6 +258,38 @@ class TrainConfig:
 
 
 @dataclass
+class TensorboardLogger:
+    pass  # events under RUN_DIR/tensorboard/attempt_N/ (nothing to set)
+
+
+@dataclass
+class WandbLogger:
+    # offline: written under RUN_DIR/wandb/ (compute nodes seldom reach the internet), uploaded by
+    # `python -m slurmtrain.cli sync RUN_DIR` | online | disabled
+    mode: str = "offline"
+    project: str = "slurmtrain"
+    entity: Optional[str] = None
+    id: Optional[str] = None  # None: <name>-<fingerprint>, one W&B run for every attempt
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MlflowLogger:
+    # None: a file store in RUN_DIR/mlruns (no server); or the user's URI (http://, databricks...)
+    tracking_uri: Optional[str] = None
+    experiment: str = "slurmtrain"
+
+
+@dataclass
+class LoggerConfig:
+    # A tracker is on when its section is present: `logger=wandb`, `logger=[tensorboard,mlflow]`
+    # (conf/logger/). None of them (a config.yaml written before this section): TensorBoard.
+    tensorboard: Optional[TensorboardLogger] = None
+    wandb: Optional[WandbLogger] = None
+    mlflow: Optional[MlflowLogger] = None
+
+
+@dataclass
 class RootConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
@@ -267,6 +299,7 @@ class RootConfig:
     cluster: ClusterConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # trackers: metrics, events
     name: str = "demo"
     runs_root: str = "runs"
     nodes: Any = 1  # an int, or a range "2-4" that Slurm may start at any size within
@@ -323,6 +356,7 @@ NON_RESULT_KEYS = (
     "train.memory_check_step",
     "train.straggler_factor",
     "checkpoint",
+    "logger",  # where metrics are mirrored: changing trackers keeps the run (and its W&B id)
 )
 
 
