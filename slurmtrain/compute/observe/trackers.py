@@ -109,12 +109,14 @@ def event_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def event_counts(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Counters for a metrics row: `event/<name>` (and `event/failed/<class>`) = how many."""
+    """Counters for a metrics row: `event/<name>` and, for a row with a failure class,
+    `failure_class/<class>` = how many (never a key below another: MLflow's file store makes
+    each key a file, so `event/failed` and `event/failed/crash` cannot both exist)."""
     out: dict[str, float] = {}
     for row in rows:
         keys = [f"event/{row['event']}"]
         if row.get("class"):
-            keys.append(f"event/{row['event']}/{row['class']}")
+            keys.append(f"failure_class/{row['class']}")
         for key in keys:
             out[key] = out.get(key, 0.0) + 1.0
     return out
