@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema_logger import LoggerConfig
 
 # Batch keys are derived from train.*; a user passing them through deepspeed.extra would silently
 # disagree with the sampler, so they are refused.
@@ -255,38 +256,6 @@ class TrainConfig:
     # N > 0: an attempt that starts before step N saves at N and exits (paused); the next job
     # resumes. The smoke test's real save -> new job -> load. 0: never.
     pause_at_step: int = 0
-
-
-@dataclass
-class TensorboardLogger:
-    pass  # events under RUN_DIR/tensorboard/attempt_N/ (nothing to set)
-
-
-@dataclass
-class WandbLogger:
-    # offline: written under RUN_DIR/wandb/ (compute nodes seldom reach the internet), uploaded by
-    # `python -m slurmtrain.cli sync RUN_DIR` | online | disabled
-    mode: str = "offline"
-    project: str = "slurmtrain"
-    entity: Optional[str] = None
-    id: Optional[str] = None  # None: <name>-<fingerprint>, one W&B run for every attempt
-    tags: list[str] = field(default_factory=list)
-
-
-@dataclass
-class MlflowLogger:
-    # None: a file store in RUN_DIR/mlruns (no server); or the user's URI (http://, databricks...)
-    tracking_uri: Optional[str] = None
-    experiment: str = "slurmtrain"
-
-
-@dataclass
-class LoggerConfig:
-    # A tracker is on when its section is present: `logger=wandb`, `logger=[tensorboard,mlflow]`
-    # (conf/logger/). None of them (a config.yaml written before this section): TensorBoard.
-    tensorboard: Optional[TensorboardLogger] = None
-    wandb: Optional[WandbLogger] = None
-    mlflow: Optional[MlflowLogger] = None
 
 
 @dataclass

@@ -1,0 +1,36 @@
+"""Trackers across a rollback (issue #21): steps 11-14 are trained twice after a NaN at step 15
+rolls back to step 10; W&B and MLflow still get 1..max_steps once each, in order, and the rollback
+as an event on the step axis. Then `cli sync` finds the offline W&B run (the upload itself needs
+W&B's servers: --dry-run here)."""
+
+from __future__ import annotations
+
+from tests.conftest import read_jsonl, run_cli, run_dirs
+from tests.tracker_files import mlflow_runs, mlflow_steps, wandb_offline
+
+MAX = 20
+BASE = [f"train.max_steps={MAX}", "train.log_interval=1", "checkpoint.interval_steps=10"]
+
+
+def test_a_rollback_keeps_the_trackers_step_axis_monotonic_and_complete(workdir):
+    done = run_cli(
+        [*BASE, "logger=[tensorboard,wandb,mlflow]", "faults.allow_inject=true", "name=tr"],
+        cwd=workdir,
+        env={"SLURMTRAIN_INJECT": "nan_at_step=15"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_dirs(workdir / "runs")
+    logged = [row["step"] for row in read_jsonl(run / "metrics.jsonl")]
+    assert logged.count(12) == 2  # trained twice: the rollback happened
+    [part] = wandb_offline(run)
+    assert part["run_id"] == f"tr-{run.name}" and part["steps"] == list(range(1, MAX + 1))
+    [marked] = [row["_step"] for row in part["rows"] if "event/rollback" in row]
+    assert marked == 15  # the first step past the ones logged before the rollback
+    [found] = mlflow_runs(run)
+    assert mlflow_steps(run, found.info.run_id) == list(range(1, MAX + 1))
+    assert (run / "tensorboard").is_dir()
+
+    synced = run_cli(["sync", str(run), "--dry-run"], cwd=workdir, module="slurmtrain.cli")
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert "1 offline W&B folder(s) -> one run" in synced.stdout
+    assert "MLflow file store" in synced.stdout
