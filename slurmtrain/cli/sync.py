@@ -1,18 +1,21 @@
-"""`python -m slurmtrain.cli sync RUN_DIR|NAME [--dry-run]`: upload a run's offline trackers.
+"""`python -m slurmtrain.cli sync RUN_DIR|NAME [--dry-run] [--mlflow-uri URI]`: upload a run's offline trackers.
 
 Compute nodes seldom reach the internet, so W&B writes offline under RUN_DIR/wandb/: one
 offline-run-* folder per attempt, all with the run's one id. From a login node `wandb sync` uploads
 them; given every folder of the run it sends them in start order into ONE W&B run, and skips the
 folders it uploaded before (so sync again after more attempts). MLflow's default is a file store
-in RUN_DIR/mlruns: nothing to upload, this says where it is and how to look at it; with
-logger.mlflow.tracking_uri set the ranks logged to that server already. No torch, no wandb import:
-the upload is wandb's own command, in a child process.
+in RUN_DIR/mlruns: this says where it is and how to look at it, and `--mlflow-uri URI` copies its
+run to a server (params once, tags, artifacts, each metric's steps past those already there: sync
+again after more attempts); with logger.mlflow.tracking_uri set the ranks logged there already.
+No torch, and wandb/mlflow are imported only when there is something to sync (the upload is
+wandb's own command, in a child process).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,11 +67,59 @@ def show_mlflow(run: RunDir, chosen: dict[str, Any]) -> None:
         )
 
 
+RUN_TAG = "slurmtrain_run_id"  # compute/observe/tracker_backends.py: the tag that finds a run
+
+
+def copy_mlflow(run: RunDir, uri: str) -> int:
+    """Copy the run's file-store MLflow run(s) to `uri`, found there again by RUN_TAG."""
+    if importlib.util.find_spec("mlflow") is None:
+        print("sync: the mlflow package is not installed here; pip install 'slurmtrain[mlflow]'")
+        return 2
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading our own file store
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    src = MlflowClient(tracking_uri=(run.path / "mlruns").resolve().as_uri())
+    dst = MlflowClient(tracking_uri=uri)
+    for exp in src.search_experiments():
+        there = dst.get_experiment_by_name(exp.name)
+        exp_id = there.experiment_id if there else dst.create_experiment(exp.name)
+        for r in src.search_runs([exp.experiment_id]):
+            tag = r.data.tags.get(RUN_TAG, r.info.run_id)
+            found = dst.search_runs([exp_id], f"tags.{RUN_TAG} = '{tag}'", max_results=1)
+            if found:
+                run_id = found[0].info.run_id
+            else:
+                run_id = dst.create_run(exp_id, run_name=r.info.run_name).info.run_id
+                params = [Param(k, v) for k, v in r.data.params.items()]
+                for i in range(0, len(params), 100):
+                    dst.log_batch(run_id, params=params[i : i + 100])
+            for key, value in {**r.data.tags, RUN_TAG: tag}.items():
+                if not key.startswith("mlflow."):
+                    dst.set_tag(run_id, key, value)
+            sent = 0
+            for key in r.data.metrics:
+                last = max((m.step for m in dst.get_metric_history(run_id, key)), default=0)
+                new = [m for m in src.get_metric_history(r.info.run_id, key) if m.step > last]
+                for i in range(0, len(new), 1000):
+                    batch = [Metric(m.key, m.value, m.timestamp, m.step) for m in new[i : i + 1000]]
+                    dst.log_batch(run_id, metrics=batch)
+                sent += len(new)
+            artifacts = Path(r.info.artifact_uri.removeprefix("file://"))
+            if artifacts.is_dir() and any(artifacts.iterdir()):
+                dst.log_artifacts(run_id, str(artifacts))
+            dst.set_terminated(run_id, status=r.info.status)
+            print(f"sync: MLflow run {r.info.run_name} -> {uri} run {run_id} ({sent} new points)")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli sync", description=__doc__)
     parser.add_argument("run", help="a run directory, or a run name under --runs-root")
     parser.add_argument("--runs-root", default=None)
     parser.add_argument("--dry-run", action="store_true", help="say what would be uploaded")
+    parser.add_argument("--mlflow-uri", help="copy the MLflow file store's run to this server")
+    parser.add_argument("--only", choices=("wandb", "mlflow"), help="sync one tracker only")
     args = parser.parse_args(argv)
     found, root = runs_named(args.run, args.runs_root)
     if not found:
@@ -81,7 +132,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     rc = 0
     for run in found:
         chosen = _logger(run)
-        if chosen.get("wandb") is not None or offline_dirs(run):
+        if args.only != "mlflow" and (chosen.get("wandb") is not None or offline_dirs(run)):
             rc = max(rc, sync_wandb(run, args.dry_run))
-        show_mlflow(run, chosen)
+        if args.only == "wandb":
+            continue
+        if args.mlflow_uri and (run.path / "mlruns").is_dir() and not args.dry_run:
+            rc = max(rc, copy_mlflow(run, args.mlflow_uri))
+        else:
+            show_mlflow(run, chosen)
     return rc

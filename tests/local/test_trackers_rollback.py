@@ -34,3 +34,24 @@ def test_a_rollback_keeps_the_trackers_step_axis_monotonic_and_complete(workdir)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert "1 offline W&B folder(s) -> one run" in synced.stdout
     assert "MLflow file store" in synced.stdout
+
+    # --mlflow-uri copies the run to another store (a file store standing in for a server); a
+    # second sync adds nothing twice
+    target = (workdir / "server").resolve().as_uri()
+    for _ in range(2):
+        copied = run_cli(
+            ["sync", str(run), "--only", "mlflow", "--mlflow-uri", target],
+            cwd=workdir,
+            module="slurmtrain.cli",
+        )
+        assert copied.returncode == 0, copied.stdout + copied.stderr
+        assert "MLflow run tr-" in copied.stdout and "W&B" not in copied.stdout
+    import os
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    server = MlflowClient(tracking_uri=target)
+    [copy] = server.search_runs([e.experiment_id for e in server.search_experiments()])
+    steps = [m.step for m in server.get_metric_history(copy.info.run_id, "loss")]
+    assert steps == list(range(1, MAX + 1)) and copy.data.tags["attempt"] == "1"
