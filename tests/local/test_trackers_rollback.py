@@ -9,12 +9,14 @@ from tests.conftest import read_jsonl, run_cli, run_dirs
 from tests.tracker_files import mlflow_runs, mlflow_steps, wandb_offline
 
 MAX = 20
+TOKEN = "hf_" + "Q7x" * 10  # a credential in the config: never in a tracker's files
 BASE = [f"train.max_steps={MAX}", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
 
 def test_a_rollback_keeps_the_trackers_step_axis_monotonic_and_complete(workdir):
     done = run_cli(
-        [*BASE, "logger=[tensorboard,wandb,mlflow]", "faults.allow_inject=true", "name=tr"],
+        [*BASE, "logger=[tensorboard,wandb,mlflow]", "faults.allow_inject=true", "name=tr"]
+        + [f"+cluster.env.HF_TOKEN={TOKEN}"],
         cwd=workdir,
         env={"SLURMTRAIN_INJECT": "nan_at_step=15"},
     )
@@ -29,6 +31,11 @@ def test_a_rollback_keeps_the_trackers_step_axis_monotonic_and_complete(workdir)
     [found] = mlflow_runs(run)
     assert mlflow_steps(run, found.info.run_id) == list(range(1, MAX + 1))
     assert (run / "tensorboard").is_dir()
+    for store in ("wandb", "mlruns"):
+        leaked = [
+            p for p in (run / store).rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()
+        ]
+        assert not leaked, leaked
 
     synced = run_cli(["sync", str(run), "--dry-run"], cwd=workdir, module="slurmtrain.cli")
     assert synced.returncode == 0, synced.stdout + synced.stderr

@@ -112,7 +112,9 @@ class WandbBackend:
             name=ctx.run_id,
             tags=list(c.tags) or None,
             config={"config": ctx.config(), "plan": ctx.plan()},
-            settings=wandb.Settings(console="off", save_code=False),  # Slurm keeps the logs
+            # Slurm keeps the logs; provenance/ keeps the git state, redacted (a remote URL may
+            # carry a token, which W&B's own git capture would record)
+            settings=wandb.Settings(console="off", save_code=False, disable_git=True),
         )
         self.run.config.update(
             {"provenance": ctx.provenance(), "attempt": ctx.attempt}, allow_val_change=True
