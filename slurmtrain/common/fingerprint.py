@@ -39,6 +39,7 @@ ADDED_RESULT_KEYS: dict[str, Any] = {
     "model.num_kv_heads": None,  # GQA/MQA key-value heads; None: as many as query heads
     "model.tie_embeddings": True,
     "model.hf_extra": {},  # config.json keys passed through to the family's config class
+    "optim.decay": "linear",  # the lr decay's shape after warm-up (recipe=llama: cosine)
 }
 
 

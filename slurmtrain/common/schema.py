@@ -101,6 +101,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
+    decay: str = "linear"  # after warm-up, to min_lr: linear (metaseq) | cosine (Llama)
 
 
 @dataclass

@@ -59,7 +59,9 @@ def family_config(m: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig
 
     more = m.get("hf_extra") or {}
-    extra = OmegaConf.to_container(more, resolve=True) if isinstance(more, DictConfig) else dict(more)
+    extra = (
+        OmegaConf.to_container(more, resolve=True) if isinstance(more, DictConfig) else dict(more)
+    )
     keys = dict(
         vocab_size=m["vocab_size"],
         hidden_size=m["hidden_size"],
