@@ -115,8 +115,11 @@ def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> to
     elif cfg.deepspeed.stage == 3:
         import deepspeed
 
+        # Imported before zero.Init: it patches tensor construction, which torch._dynamo's
+        # import (pulled in by transformers' modeling modules) refuses.
+        cls, config = model_class(cfg), model_config(cfg)
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
-            model = model_class(cfg)(model_config(cfg))
+            model = cls(config)
     else:
         model = _fresh(cfg, device, dtype)
     if not cfg.model.pretrained_path:

@@ -90,3 +90,30 @@ def test_family_trains_resumes_on_another_world_size_and_exports(family, tmp_pat
         [tuned] = [r for r in run_dirs(tmp_path / "runs") if r.parent.name == "tune"]
         first = _losses(tuned)[1][0]
         assert first < losses[1][0] - 0.5, (first, losses[1][0])  # from the trained weights
+
+
+def test_readme_your_own_model_commands_run_as_written(tmp_path):
+    """README "Your own model": a Llama-shaped config.json in a folder -> dry run -> train (ZeRO-3:
+    zero.Init builds the family) -> export -> load in transformers, each exiting 0."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, slurmtrain_env
+
+    section = (ROOT / "README.md").read_text().split("## Your own model", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line.strip()]
+    assert any("dry_run=true" in c for c in commands) and "cli export" in commands[-2]
+    env = slurmtrain_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    env.pop("SLURMTRAIN_RUNS_ROOT", None)
+    outputs = []
+    for cmd in commands:
+        done = subprocess.run(
+            ["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, f"{cmd}\n{done.stdout}\n{done.stderr}"
+        outputs.append(done.stdout)
+    planned = outputs[1]
+    assert "plan: hf_llama" in planned and "plan: fits" in planned and "MFU" in planned
+    assert outputs[-1].startswith("LlamaForCausalLM ")
