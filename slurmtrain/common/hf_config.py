@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -133,3 +133,30 @@ def resolve(cfg: DictConfig) -> None:
     if m.name == "hf":  # the family, not the folder: a moved folder is the same model
         m.name = f"hf_{keys['family']}"
     m.config = str(source_file(str(source)))
+
+
+def family_config(m: Mapping[str, Any]) -> Any:
+    """Any other family's transformers config from the `model` keys (cfg.model or a plain dict):
+    the shape keys under transformers' standard names, over model.hf_extra's own keys."""
+    from transformers import AutoConfig
+
+    more = m.get("hf_extra") or {}
+    extra = (
+        OmegaConf.to_container(more, resolve=True) if isinstance(more, DictConfig) else dict(more)
+    )
+    keys = dict(
+        vocab_size=m["vocab_size"],
+        hidden_size=m["hidden_size"],
+        num_hidden_layers=m["num_layers"],
+        num_attention_heads=m["num_heads"],
+        intermediate_size=m["ffn_dim"],
+        max_position_embeddings=m["max_positions"],
+        num_key_value_heads=m.get("num_kv_heads") or m["num_heads"],
+        tie_word_embeddings=bool(m.get("tie_embeddings", True)),
+        initializer_range=m.get("init_std", 0.02),
+        use_cache=False,
+        attn_implementation="sdpa",  # pinned, as for OPT
+    )
+    if m.get("dropout"):
+        keys["attention_dropout"] = m["dropout"]
+    return AutoConfig.for_model(m["family"], **{**extra, **keys})

@@ -19,10 +19,12 @@ pinned to PyTorch's SDPA. The loss never makes a full-vocabulary fp32 copy of 16
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from slurmtrain.common.hf_config import family_config
 
 
 def opt_config(cfg: DictConfig) -> Any:
@@ -51,33 +53,6 @@ def opt_config(cfg: DictConfig) -> Any:
         bos_token_id=1,
         eos_token_id=2,
     )
-
-
-def family_config(m: Mapping[str, Any]) -> Any:
-    """Any other family's transformers config from the `model` keys (cfg.model or a plain dict):
-    the shape keys under transformers' standard names, over model.hf_extra's own keys."""
-    from transformers import AutoConfig
-
-    more = m.get("hf_extra") or {}
-    extra = (
-        OmegaConf.to_container(more, resolve=True) if isinstance(more, DictConfig) else dict(more)
-    )
-    keys = dict(
-        vocab_size=m["vocab_size"],
-        hidden_size=m["hidden_size"],
-        num_hidden_layers=m["num_layers"],
-        num_attention_heads=m["num_heads"],
-        intermediate_size=m["ffn_dim"],
-        max_position_embeddings=m["max_positions"],
-        num_key_value_heads=m.get("num_kv_heads") or m["num_heads"],
-        tie_word_embeddings=bool(m.get("tie_embeddings", True)),
-        initializer_range=m.get("init_std", 0.02),
-        use_cache=False,
-        attn_implementation="sdpa",  # pinned, as for OPT
-    )
-    if m.get("dropout"):
-        keys["attention_dropout"] = m["dropout"]
-    return AutoConfig.for_model(m["family"], **{**extra, **keys})
 
 
 def model_config(cfg: DictConfig) -> Any:

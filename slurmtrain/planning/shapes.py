@@ -199,7 +199,7 @@ def _measured(spec: str) -> tuple[tuple[list[int], ...], int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from slurmtrain.compute.model import family_config
+    from slurmtrain.common.hf_config import family_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(family_config(json.loads(spec)))

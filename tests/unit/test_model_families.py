@@ -30,7 +30,8 @@ def _built(shape):
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, OPTForCausalLM
 
-    from slurmtrain.compute.model import family_config, opt_config
+    from slurmtrain.common.hf_config import family_config
+    from slurmtrain.compute.model import opt_config
 
     view = json.loads(shapes._spec(shape))
     with torch.device("meta"):
