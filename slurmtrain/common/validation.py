@@ -296,7 +296,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
                 f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
                 f"train.global_batch_size; set those instead"
             )
-    if cfg.model.hidden_size % cfg.model.num_heads:
+    if cfg.model.hidden_size % cfg.model.num_heads and not cfg.model.hf_extra.get("head_dim"):
         raise ConfigError(
             f"model.num_heads={cfg.model.num_heads}: must divide model.hidden_size="
             f"{cfg.model.hidden_size}"
