@@ -54,6 +54,8 @@ def test_family_trains_resumes_on_another_world_size_and_exports(family, tmp_pat
     worst = max(abs(losses[s][0] - losses[s][1]) for s in again)
     assert worst <= 1e-5, f"2 -> 1 ranks: largest loss difference {worst:.2e}"
     assert losses[12][-1] < losses[1][0]  # it learns
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert any(r.get("valid_loss") is not None for r in rows)  # held-out validation ran
 
     out = tmp_path / "hf"
     done = run_cli(["export", str(run), "--out", str(out)], cwd=tmp_path, module="slurmtrain.cli")
@@ -71,6 +73,13 @@ def test_family_trains_resumes_on_another_world_size_and_exports(family, tmp_pat
     with torch.no_grad():
         new = model.generate(torch.tensor([list(b"def ")]), max_new_tokens=6, do_sample=False)
     assert new.shape == (1, 10)
+
+    sampled = run_cli(
+        ["sample", str(run), "--prompt", "def ", "--tokens", "8"],
+        cwd=tmp_path,
+        module="slurmtrain.cli",
+    )
+    assert sampled.returncode == 0 and sampled.stdout.startswith("def "), sampled.stderr
 
     if family == "llama_tiny":  # fine-tune the export under ZeRO-3, as a user would
         tune = run_cli(
