@@ -106,9 +106,15 @@ def model_keys(data: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k, v in out.items() if v is None and k != "num_kv_heads"]
     if missing:
         raise ConfigError(f"model.config: the {family} config gives no {missing[0]}; set it there")
-    # Everything the file sets beyond the shape, under the class's own names (aliases dropped).
+    if family == "opt":  # OPT builds through opt_config, which reads these two from model.*
+        e = config.word_embed_proj_dim
+        out["word_embed_proj_dim"] = e if e and e != out["hidden_size"] else None
+        out["layer_norm_before"] = bool(config.do_layer_norm_before)
+    # Everything the file sets beyond the shape, under the class's own names (aliases dropped;
+    # another family's own FFN name, GPT-2's n_inner, stays: it is what its class reads).
     aliases = {config.attribute_map.get(a, a) for a in STANDARD} | set(STANDARD)
-    drop = BOOKKEEPING | aliases | set(FFN_NAMES)
+    drop = BOOKKEEPING | aliases | {"intermediate_size", "word_embed_proj_dim"}
+    drop |= {"ffn_dim", "do_layer_norm_before"} if family == "opt" else set()
     out["hf_extra"] = {k: v for k, v in body.items() if k not in drop}
     return out
 

@@ -248,3 +248,53 @@ def test_llama3_8b_plan_on_two_h100_nodes_fits_and_prints_mfu_and_eta(tmp_path):
     assert any(x.startswith("plan: fits") for x in lines), lines
     [eta] = [x for x in lines if x.startswith("plan: ETA")]
     assert "MFU" in eta, eta
+
+
+def test_model_hf_reads_an_opt_config_into_the_opt_keys(tmp_path):
+    opt350m = {"model_type": "opt", "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24}
+    opt350m.update(num_attention_heads=16, word_embed_proj_dim=512, do_layer_norm_before=False)
+    (tmp_path / "config.json").write_text(json.dumps(opt350m))
+    cfg = _resolved(tmp_path, "model=hf", f"model.config={tmp_path}", "data.seq_len=128")
+    assert (cfg.model.word_embed_proj_dim, cfg.model.layer_norm_before) == (512, False)
+    assert shapes.param_count(cfg.model) == shapes.param_count(shapes.OPT_SIZES["opt350m"])
+
+
+def test_model_hf_reads_the_pretrained_folder_when_no_config_is_given(tmp_path):
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**LLAMA_JSON, "tie_word_embeddings": True}))
+    (folder / "model.safetensors").write_bytes(b"weights")  # only checksummed on the login node
+    cfg = _resolved(tmp_path, "model=hf", f"model.pretrained_path={folder}")
+    assert (cfg.model.family, cfg.model.tie_embeddings, cfg.model.num_kv_heads) == (
+        "llama",
+        True,
+        2,
+    )
+    assert cfg.model.pretrained_checksum
+
+
+def test_model_hf_builds_another_family_with_its_own_names(tmp_path):
+    """GPT-2 names its shape n_layer/n_embd/n_head/n_inner: read through transformers' class."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from slurmtrain.common.hf_config import family_config
+
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_inner": 128}
+    (tmp_path / "gpt2.json").write_text(json.dumps({**gpt2, "n_positions": 256, "vocab_size": 512}))
+    cfg = _resolved(
+        tmp_path, "model=hf", f"model.config={tmp_path / 'gpt2.json'}", "data.seq_len=128"
+    )
+    m = cfg.model
+    assert (m.family, m.num_layers, m.hidden_size, m.num_heads, m.max_positions) == (
+        "gpt2",
+        2,
+        64,
+        4,
+        256,
+    )
+    assert m.tie_embeddings and m.ffn_dim == 128 and "n_layer" not in m.hf_extra
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(family_config(m))
+    assert (model.config.n_layer, model.config.n_positions, model.config.n_inner) == (2, 256, 128)
+    assert shapes.param_count(m) == model.num_parameters()
