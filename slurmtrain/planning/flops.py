@@ -1,6 +1,7 @@
 """Training FLOPs per token of a model config, achieved TFLOPS, and MFU against a GPU's dense peak.
 
-Pure arithmetic (no torch import): the login node plans with it, the compute node logs with it.
+Pure arithmetic (no torch import; a family beyond OPT and the Llama-shaped ones is counted once on
+the meta device, planning/shapes.py): the login node plans with it, the compute node logs with it.
 
 FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B; the same count as Chinchilla's without
 the softmax/elementwise terms):

@@ -298,3 +298,27 @@ def test_model_hf_builds_another_family_with_its_own_names(tmp_path):
         model = AutoModelForCausalLM.from_config(family_config(m))
     assert (model.config.n_layer, model.config.n_positions, model.config.n_inner) == (2, 256, 128)
     assert shapes.param_count(m) == model.num_parameters()
+
+
+@pytest.mark.parametrize("name", ["llama_tiny", "qwen2_tiny"])
+def test_flops_match_deepspeed_flops_profiler_on_the_tiny_families(name):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch = pytest.importorskip("torch")
+    from deepspeed.profiling.flops_profiler import get_model_profile
+    from transformers import AutoModelForCausalLM
+
+    from slurmtrain.common.hf_config import family_config
+
+    shape, b, s = SHIPPED[name], 2, 128
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(family_config(json.loads(shapes._spec(shape)))).eval()
+    ids = torch.randint(0, shape.vocab_size, (b, s))
+    _, fwd_macs, _ = get_model_profile(
+        model,
+        kwargs={"input_ids": ids},
+        print_profile=False,
+        detailed=False,
+        as_string=False,
+        warm_up=0,
+    )
+    assert 3 * 2 * fwd_macs == pytest.approx(flops_per_token(shape, s) * b * s, rel=0.02)
