@@ -48,16 +48,13 @@ class ModelConfig:
     # Filled in on the login node (login/prepare.py): the content checksum of pretrained_path, so
     # the run's fingerprint changes when the weights do.
     pretrained_checksum: Optional[str] = None
-    # Beyond OPT: the transformers model_type built from these keys (opt, llama, mistral, qwen2, or
-    # any causal LM a `model.config` names); num_kv_heads < num_heads is GQA (1: MQA, None: MHA);
-    # hf_extra: further config.json keys (rope_theta, rms_norm_eps, head_dim...) passed as they are.
+    # Beyond OPT: the transformers model_type (opt, llama, mistral, qwen2, any causal LM); GQA when
+    # num_kv_heads < num_heads (1: MQA); hf_extra: other config.json keys (rope_theta, head_dim...).
     family: str = "opt"
     num_kv_heads: Optional[int] = None
     tie_embeddings: bool = True  # lm_head shares the token embedding (OPT always does)
     hf_extra: dict[str, Any] = field(default_factory=dict)
-    # model=hf: a local folder with config.json, or a .json file (never downloaded); the login node
-    # reads it into family, the shape keys and hf_extra, which are what the fingerprint hashes.
-    config: Optional[str] = None
+    config: Optional[str] = None  # model=hf: a local config.json or its folder, read at login
 
 
 @dataclass
