@@ -6,6 +6,7 @@ reach any DeepSpeed option without the schema knowing it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -128,7 +129,9 @@ def precision(cfg: DictConfig, dtype: str) -> dict[str, Any]:
     return section
 
 
-def lr_at(k: int, peak: float, floor: float, warmup: int, total: int) -> float:
+def lr_at(
+    k: int, peak: float, floor: float, warmup: int, total: int, decay: str = "linear"
+) -> float:
     """The learning rate of update k + 1 (k updates applied before it): metaseq's polynomial_decay
     (power 1) at num_updates = k + 1: linear from 0 to `peak` over `warmup` updates (the first at
     peak / warmup, never a no-op), then linear to `floor` at update `total`, then `floor`."""
@@ -137,7 +140,10 @@ def lr_at(k: int, peak: float, floor: float, warmup: int, total: int) -> float:
         return peak * n / warmup
     if n >= total:
         return floor
-    return floor + (peak - floor) * (1 - (n - warmup) / (total - warmup))
+    done = (n - warmup) / (total - warmup)
+    if decay == "cosine":  # half a cosine from peak to floor (Llama's schedule)
+        return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * done))
+    return floor + (peak - floor) * (1 - done)
 
 
 def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
@@ -156,7 +162,7 @@ def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
     }
 
     def factor(k: int) -> float:  # a function, not an object: torch saves no state for it
-        return lr_at(k, peak, floor, warmup, total) / peak
+        return lr_at(k, peak, floor, warmup, total, str(o.get("decay", "linear"))) / peak
 
     def make(optimizer: Any) -> Any:
         from torch.optim.lr_scheduler import LambdaLR

@@ -35,6 +35,11 @@ from typing import Any, Iterator, Optional
 ADDED_RESULT_KEYS: dict[str, Any] = {
     "data.skip_samples": 0,  # a branch's skipped data range (login/branch.py)
     "branch_of": None,  # a branch's parent fingerprint and step: its lineage
+    "model.family": "opt",  # the transformers model_type (issue 21: beyond OPT)
+    "model.num_kv_heads": None,  # GQA/MQA key-value heads; None: as many as query heads
+    "model.tie_embeddings": True,
+    "model.hf_extra": {},  # config.json keys passed through to the family's config class
+    "optim.decay": "linear",  # the lr decay's shape after warm-up (recipe=llama: cosine)
 }
 
 

@@ -76,11 +76,14 @@ def checksum(folder: Path) -> str:
 
 # config.json key -> model.* key: the shapes the planner, FLOPs and data checks read from the config.
 SHAPE_KEYS = {
+    "model_type": "family",
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
     "num_hidden_layers": "num_layers",
     "ffn_dim": "ffn_dim",
+    "intermediate_size": "ffn_dim",
     "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
     "max_position_embeddings": "max_positions",
 }
 
@@ -94,11 +97,21 @@ def resolve(cfg: DictConfig) -> None:
     listed = files(folder)
     source = json.loads(listed[0].read_text())
     for theirs, ours in SHAPE_KEYS.items():
-        if theirs in source and source[theirs] != cfg.model[ours]:
+        mine = (
+            cfg.model[ours] if ours != "num_kv_heads" else (cfg.model[ours] or cfg.model.num_heads)
+        )
+        if theirs in source and source[theirs] != mine:
             raise ConfigError(
-                f"model.{ours}={cfg.model[ours]}: model.pretrained_path={folder} has "
-                f"{theirs}={source[theirs]}; pick the matching model group or set "
-                f"model.{ours}={source[theirs]}"
+                f"model.{ours}={mine}: model.pretrained_path={folder} has "
+                f"{theirs}={source[theirs]}; pick the matching model group (model=hf reads the "
+                f"folder's config) or set model.{ours}={source[theirs]}"
             )
     cfg.model.pretrained_path = str(folder)
     cfg.model.pretrained_checksum = checksum(folder)
+
+
+def resolve_config(cfg: DictConfig) -> None:
+    """model=hf: model.config (or, without it, model.pretrained_path) read into the model keys."""
+    from slurmtrain.common import hf_config
+
+    hf_config.resolve(cfg)

@@ -49,6 +49,13 @@ class ModelConfig:
     # Filled in on the login node (login/prepare.py): the content checksum of pretrained_path, so
     # the run's fingerprint changes when the weights do.
     pretrained_checksum: Optional[str] = None
+    # Beyond OPT: the transformers model_type (opt, llama, mistral, qwen2, any causal LM); GQA when
+    # num_kv_heads < num_heads (1: MQA); hf_extra: other config.json keys (rope_theta, head_dim...).
+    family: str = "opt"
+    num_kv_heads: Optional[int] = None
+    tie_embeddings: bool = True  # lm_head shares the token embedding (OPT always does)
+    hf_extra: dict[str, Any] = field(default_factory=dict)
+    config: Optional[str] = None  # model=hf: a local config.json or its folder, read at login
 
 
 @dataclass
@@ -92,6 +99,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
+    decay: str = "linear"  # after warm-up, to min_lr: linear (metaseq) | cosine (Llama)
 
 
 @dataclass
@@ -316,6 +324,7 @@ NON_RESULT_KEYS = (
     "resume",
     "run_dir_mode",
     "resume_from",  # the parent's path; its identity and step are in branch_of
+    "model.config",  # a path; its contents are read into model.family/shape keys/hf_extra
     "train.log_interval",
     "train.eval_interval",
     "train.pause_at_step",

@@ -265,6 +265,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
     _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
     _choice("optim.name", cfg.optim.name, ("adamw",))
+    _choice("optim.decay", cfg.optim.decay, ("linear", "cosine"))
     if not re.fullmatch(r"auto|none|step_\d+", str(cfg.resume)):
         raise ConfigError(
             f"resume={cfg.resume!r}: must be auto (newest valid checkpoint), none (start from "
@@ -295,11 +296,12 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
                 f"deepspeed.extra.{key}: derived from train.micro_batch_size and "
                 f"train.global_batch_size; set those instead"
             )
-    if cfg.model.hidden_size % cfg.model.num_heads:
+    if cfg.model.hidden_size % cfg.model.num_heads and not cfg.model.hf_extra.get("head_dim"):
         raise ConfigError(
             f"model.num_heads={cfg.model.num_heads}: must divide model.hidden_size="
             f"{cfg.model.hidden_size}"
         )
+    check_family(cfg.model)
     from slurmtrain.common.validation_data import check_data  # it uses this module's helpers
 
     check_data(cfg)
@@ -315,6 +317,25 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
         raise ConfigError(
             f"model.pretrained_path={cfg.model.pretrained_path!r}: not a directory; "
             f"point it at a local Hugging Face model folder"
+        )
+
+
+def check_family(m: Any) -> None:
+    """model.family is a causal LM transformers ships; num_kv_heads divides num_heads (GQA)."""
+    kv = m.num_kv_heads
+    if kv is not None and (kv < 1 or m.num_heads % kv):
+        raise ConfigError(
+            f"model.num_kv_heads={kv}: must divide model.num_heads={m.num_heads} (GQA groups; "
+            f"1 is MQA); e.g. model.num_kv_heads={max(1, m.num_heads // 4)}"
+        )
+    if m.family in ("opt", "llama", "mistral", "qwen2"):
+        return
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if m.family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError(
+            f"model.family={m.family!r}: not a causal LM transformers ships; use a shipped model "
+            f"(model=llama_tiny) or model=hf model.config=DIR with a decoder's config.json"
         )
 
 

@@ -1,6 +1,7 @@
-"""`python -m slurmtrain.cli export RUN_DIR --out DIR`: a run's checkpoint as a Hugging Face OPT folder.
+"""`python -m slurmtrain.cli export RUN_DIR --out DIR`: a run's checkpoint as a Hugging Face folder.
 
-Writes config.json (the run's `model` config through compute/model.py `opt_config`),
+Any family (OPT, Llama-shaped, whatever model.family names): config.json is the run's `model`
+config through compute/model.py `model_config`, loaded back with AutoModelForCausalLM. Writes it,
 generation_config.json, safetensors shards (+ index), the tokenizer files when the run's token file
 was made with a tokenizer folder (tools/prepare_data.py records it beside the `.bin`), and
 `slurmtrain_export.json` (run, step, sha256 of the checkpoint's manifest, dtype, measured error).
@@ -11,7 +12,7 @@ from memory-mapped shards and one output shard is held at a time; ZeRO-1/2 (and 
 DeepSpeed's consolidation concatenates every rank's flat fp32 partition, so the whole fp32 model is
 in memory once; ZeRO-0 fp32 reads the memory-mapped module weights. The check (skip it with
 --no-verify on a login node too small for it) loads the whole model twice: the training model
-(compute/model.py) with the fp32 weights, and the export through `OPTForCausalLM.from_pretrained`;
+(compute/model.py) with the fp32 weights, and the export through `from_pretrained`;
 it compares their logits on a fixed batch of the run's own data and, when metrics.jsonl has the next
 step's loss, checks the export's loss on that step's global batch against it.
 """
@@ -132,8 +133,8 @@ def materialize(tensor: Any, dtype: Any = None) -> Any:
 
 
 def hf_keys(state: dict[str, Any], tied: bool) -> dict[str, Any]:
-    """The names `from_pretrained` expects: OPT ties lm_head to embed_tokens, so a tied head is
-    not written (transformers re-ties it on load); an untied head is kept."""
+    """The names `from_pretrained` expects: a tied lm_head (OPT's, model.tie_embeddings) is not
+    written (transformers re-ties it on load); an untied head is kept."""
     state = dict(state)
     if tied and TIED in state:
         del state[TIED]
@@ -204,12 +205,12 @@ def verify(
 ) -> dict[str, Any]:
     """Logits of the export (from_pretrained) against the training model with the fp32 weights."""
     import torch
-    from transformers import OPTForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from slurmtrain.compute.model import loss_fn, opt_config
+    from slurmtrain.compute.model import loss_fn, model_class, model_config
 
     torch.manual_seed(0)
-    reference = OPTForCausalLM(opt_config(cfg))
+    reference = model_class(cfg)(model_config(cfg))
     missing, unexpected = reference.load_state_dict(
         {k: materialize(v) for k, v in state.items()}, strict=False
     )
@@ -219,7 +220,9 @@ def verify(
         )
     reference.eval()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    exported = OPTForCausalLM.from_pretrained(str(out), dtype=dtype, local_files_only=True).eval()
+    exported = AutoModelForCausalLM.from_pretrained(
+        str(out), dtype=dtype, local_files_only=True
+    ).eval()
     window = check_batch(cfg, step, samples)
     with torch.no_grad():
         want = reference(input_ids=window[:, :-1]).logits.float()
@@ -278,7 +281,7 @@ def export(
     from transformers import GenerationConfig
 
     from slurmtrain.common.schema import load_run_config
-    from slurmtrain.compute.model import opt_config
+    from slurmtrain.compute.model import model_class, model_config
 
     cfg = load_run_config(str(RunDir(run).config))
     step = int(manifest["step"])
@@ -287,9 +290,9 @@ def export(
     tmp.mkdir(parents=True)
     started = time.time()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    config = opt_config(cfg)
+    config = model_config(cfg)
     config.dtype = dtype
-    config.architectures = ["OPTForCausalLM"]
+    config.architectures = [model_class(cfg).__name__]
     config.use_cache = True
     state = hf_keys(lazy_state_dict(ckpt_dir), bool(config.tie_word_embeddings))
     shards = write_weights(state, tmp, dtype, max_shard_size)

@@ -1,4 +1,8 @@
-"""The OPT model, built from config with transformers' classes: nothing is downloaded.
+"""The model, built from config with transformers' classes: nothing is downloaded.
+
+OPT (model.family=opt) through OPTConfig exactly as before; any other family (llama, mistral,
+qwen2, or whatever model_type a `model.config` folder names) through AutoConfig.for_model and the
+causal LM class transformers maps it to.
 
 Initialisation follows the config: weights ~ N(0, model.init_std) (transformers' OPT init), and with
 model.scaled_init the residual branches' output projections (attention out_proj, fc2) get
@@ -19,6 +23,8 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+
+from slurmtrain.common.hf_config import family_config
 
 
 def opt_config(cfg: DictConfig) -> Any:
@@ -49,6 +55,21 @@ def opt_config(cfg: DictConfig) -> Any:
     )
 
 
+def model_config(cfg: DictConfig) -> Any:
+    """The transformers config of the run's model: OPT's as it always was, else family_config."""
+    return opt_config(cfg) if cfg.model.family == "opt" else family_config(cfg.model)
+
+
+def model_class(cfg: DictConfig) -> Any:
+    """The causal LM class transformers maps the run's config to (OPTForCausalLM for OPT)."""
+    from transformers import OPTForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if cfg.model.family == "opt":
+        return OPTForCausalLM
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config(cfg))]
+
+
 def train_dtype(ds_config: dict[str, Any]) -> torch.dtype:
     """The dtype DeepSpeed trains the module in (bf16/fp16 sections of the DeepSpeed config)."""
     if (ds_config.get("bf16") or {}).get("enabled"):
@@ -68,10 +89,12 @@ def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> to
         model = _pretrained(cfg, ds_config, device, dtype)
     elif cfg.deepspeed.stage == 3:
         import deepspeed
-        from transformers import OPTForCausalLM
 
+        # Imported before zero.Init: it patches tensor construction, which torch._dynamo's
+        # import (pulled in by transformers' modeling modules) refuses.
+        cls, config = model_class(cfg), model_config(cfg)
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
-            model = OPTForCausalLM(opt_config(cfg))
+            model = cls(config)
     else:
         model = _fresh(cfg, device, dtype)
     if not cfg.model.pretrained_path:
@@ -89,13 +112,11 @@ def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> to
 
 def _fresh(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """A new model allocated (and initialised) directly on `device` in `dtype`."""
-    from transformers import OPTForCausalLM
-
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with device:
-            return OPTForCausalLM(opt_config(cfg))
+            return model_class(cfg)(model_config(cfg))
     finally:
         torch.set_default_dtype(previous)
 
@@ -103,37 +124,39 @@ def _fresh(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> torch.n
 def _pretrained(
     cfg: DictConfig, ds_config: dict[str, Any], device: torch.device, dtype: torch.dtype
 ) -> torch.nn.Module:
-    """`model.pretrained_path` (an export or any local OPT folder), in the training dtype.
+    """`model.pretrained_path` (an export or any local folder of the run's family), in the
+    training dtype.
 
     ZeRO-3: `HfDeepSpeedConfig` makes `from_pretrained` build under zero.Init and load each tensor
     into its partitions (a bare zero.Init around it would load into empty partitions)."""
-    from transformers import OPTForCausalLM
-
     path = cfg.model.pretrained_path
     # This run's dropout, not the source's (from_pretrained applies these to its config).
-    kwargs = dict(
-        local_files_only=True,
-        dtype=dtype,
-        attn_implementation="sdpa",
-        dropout=cfg.model.dropout,
-        attention_dropout=cfg.model.dropout,
-        activation_dropout=0.0,
-        layerdrop=0.0,
-        use_cache=False,
+    kwargs: dict[str, Any] = dict(
+        local_files_only=True, dtype=dtype, attn_implementation="sdpa", use_cache=False
     )
+    if cfg.model.family == "opt":
+        kwargs.update(
+            dropout=cfg.model.dropout,
+            attention_dropout=cfg.model.dropout,
+            activation_dropout=0.0,
+            layerdrop=0.0,
+        )
+    elif cfg.model.dropout:
+        kwargs.update(attention_dropout=cfg.model.dropout)
+    cls = model_class(cfg)
     if cfg.deepspeed.stage == 3:
         from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
         keep = HfDeepSpeedConfig(ds_config)  # transformers holds a weak reference: keep it alive
         try:
-            model = OPTForCausalLM.from_pretrained(path, **kwargs)
+            model = cls.from_pretrained(path, **kwargs)
         finally:
             from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
             unset_hf_deepspeed_config()
             del keep
         return model
-    return OPTForCausalLM.from_pretrained(path, **kwargs).to(device)
+    return cls.from_pretrained(path, **kwargs).to(device)
 
 
 def scaled_std(cfg: DictConfig) -> float:
@@ -142,13 +165,25 @@ def scaled_std(cfg: DictConfig) -> float:
 
 
 def output_projections(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The Linear layers that write into the residual stream: each layer's attention out_proj and
-    its second MLP matrix fc2 (2 per layer)."""
+    """The Linear layers that write into the residual stream: each layer's attention output and
+    its last MLP matrix (2 per layer): OPT's out_proj and fc2, Llama-shaped o_proj and down_proj."""
     return [
         m
         for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and name.endswith(("self_attn.out_proj", ".fc2"))
+        if isinstance(m, torch.nn.Linear) and name.endswith(RESIDUAL_OUTPUTS)
     ]
+
+
+# Names (suffixes) of the residual branches' output projections, by family: OPT, Llama-shaped,
+# GPT-NeoX. A family with none of these gets transformers' own init unscaled.
+RESIDUAL_OUTPUTS = (
+    "self_attn.out_proj",
+    ".fc2",
+    "self_attn.o_proj",
+    "mlp.down_proj",
+    "attention.dense",
+    "mlp.dense_4h_to_h",
+)
 
 
 def _init_partitioned(model: torch.nn.Module, scaled: float | None = None) -> None:

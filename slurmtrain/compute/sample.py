@@ -54,23 +54,23 @@ def _is_export(path: Path) -> bool:
 def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
     """(model in fp32 on CPU, codec, description)."""
     import torch
-    from transformers import OPTForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = Path(arg).expanduser()
     if _is_export(path):
-        model = OPTForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=torch.float32, local_files_only=True
         )
         has_tok = any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
         return model, HFCodec(path) if has_tok else ByteCodec(), f"export {path}"
     from slurmtrain.common.schema import load_run_config
     from slurmtrain.compute import export
-    from slurmtrain.compute.model import opt_config
+    from slurmtrain.compute.model import model_class, model_config
 
     run = find_run(arg)
     cfg = load_run_config(str(RunDir(run).config))
     ckpt_dir, manifest = export.pick_checkpoint(run, step)
-    model = OPTForCausalLM(opt_config(cfg))
+    model = model_class(cfg)(model_config(cfg))
     state = {k: export.materialize(v) for k, v in export.lazy_state_dict(ckpt_dir).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [k for k in missing if k != export.TIED] or unexpected:

@@ -44,10 +44,21 @@ ARCHITECTURE_KEYS = (
     "model.max_positions",
     "model.word_embed_proj_dim",
     "model.layer_norm_before",
+    "model.family",
+    "model.num_kv_heads",
+    "model.tie_embeddings",
+    "model.hf_extra",
     "deepspeed.stage",  # the ZeRO partitioning the optimizer state was saved in
 )
 LINEAGE_KEYS = ("resume_from", "branch_of")  # differ by construction; not "changed" keys
 _SPEC = re.compile(r"([^:].*?)(?::(?:step_)?(\d+))?")
+
+
+def _value(cfg: Any, key: str) -> Any:
+    """`key` of a config; a key added since a parent's was written holds its registered default."""
+    from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
+
+    return OmegaConf.select(cfg, key, default=ADDED_RESULT_KEYS.get(key))
 
 
 def parse(spec: str) -> tuple[str, Optional[int]]:
@@ -149,9 +160,9 @@ def resolve(cfg: DictConfig) -> None:
     parent = find_parent(target, str(cfg.runs_root))
     theirs = OmegaConf.load(parent.config)
     differ = [
-        f"{key} ({OmegaConf.select(theirs, key)} there, {OmegaConf.select(cfg, key)} here)"
+        f"{key} ({_value(theirs, key)} there, {_value(cfg, key)} here)"
         for key in ARCHITECTURE_KEYS
-        if OmegaConf.select(theirs, key) != OmegaConf.select(cfg, key)
+        if _value(theirs, key) != _value(cfg, key)
     ]
     if differ:
         raise ConfigError(

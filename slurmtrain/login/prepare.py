@@ -43,6 +43,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
         cfg.pop("hydra")
         OmegaConf.set_struct(cfg, True)
     cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
+    pretrained.resolve_config(cfg)  # model=hf: model.config read into the model keys
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
     schema.validate(cfg, submitting=not cfg.dry_run)

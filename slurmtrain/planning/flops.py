@@ -1,6 +1,7 @@
-"""Training FLOPs per token for OPT shapes, achieved TFLOPS, and MFU against a GPU's dense peak.
+"""Training FLOPs per token of a model config, achieved TFLOPS, and MFU against a GPU's dense peak.
 
-Pure arithmetic (no torch import): the login node plans with it, the compute node logs with it.
+Pure arithmetic (no torch import; a family beyond OPT and the Llama-shaped ones is counted once on
+the meta device, planning/shapes.py): the login node plans with it, the compute node logs with it.
 
 FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B; the same count as Chinchilla's without
 the softmax/elementwise terms):
@@ -14,6 +15,11 @@ out. A matmul is 2 FLOPs per weight per token forward and 4 backward (grad of in
 weight), hence 6. The attention term: per layer and token, q.k^T over s keys and the weighted sum
 of s values are 2*s*h FLOPs each forward (4*L*h*s), tripled for training. Like PaLM, it counts the
 full s x s score matrix (no causal halving), which is also what kernels compute without skipping.
+Other families (planning/shapes.py): N_matmul is q and o (h x a*d, a query heads of width d),
+k and v (h x kv*d: GQA/MQA shrink only these), three h x ffn matrices for a gated (SwiGLU) MLP,
+and the lm_head, tied or not (a tied head is one tensor but still a matmul); the attention term
+uses a*d, the width of the scores' q.k^T, whatever the key-value heads. RoPE's rotations are
+elementwise and left out like the norms; a sliding window (Mistral) is not subtracted.
 Checkpointing recomputes the forward: `recompute=True` gives hardware FLOPs (8N + 16Lhs); MFU uses
 model FLOPs (without recompute), so it does not reward recomputation.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from slurmtrain.planning import shapes
 from slurmtrain.planning.shapes import ModelShape
 
 # Dense (no structured sparsity) peak tensor-core TFLOPS by dtype, from NVIDIA / AMD datasheets.
@@ -97,17 +104,15 @@ _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
 
 def matmul_params(model: ModelShape) -> int:
     """Weights used in matrix multiplies, once per token (no biases, norms or lookups)."""
-    h, f = model.hidden_size, model.ffn_dim
-    e = getattr(model, "word_embed_proj_dim", None) or h
-    proj = 2 * e * h if e != h else 0
-    return model.num_layers * (4 * h * h + 2 * h * f) + model.vocab_size * e + proj
+    return shapes.matmul_params(model)
 
 
 def flops_per_token(
     model: ModelShape, seq_len: int, *, training: bool = True, recompute: bool = False
 ) -> float:
-    """Model FLOPs per token: 6N + 12Lhs for training, 2N + 4Lhs forward (see module doc)."""
-    forward = 2 * matmul_params(model) + 4 * model.num_layers * model.hidden_size * seq_len
+    """Model FLOPs per token: 6N + 12L(a*d)s for training, 2N + 4L(a*d)s forward (module doc)."""
+    attention = 4 * model.num_layers * shapes.attention_width(model) * seq_len
+    forward = 2 * matmul_params(model) + attention
     if not training:
         return float(forward)
     return float(forward * (4 if recompute else 3))

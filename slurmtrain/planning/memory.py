@@ -1,4 +1,4 @@
-"""Per-GPU memory plan for an OPT decoder under DeepSpeed ZeRO, and the cheapest setting that fits.
+"""Per-GPU memory plan for a decoder (OPT, Llama-shaped, any config) under DeepSpeed ZeRO, and the cheapest setting that fits.
 
 Pure arithmetic for the login node (no torch/deepspeed import): a job that cannot fit should fail
 here, not after hours in the queue.
@@ -39,7 +39,11 @@ from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's A
     OPT_SIZES,
     ModelShape,
     OptShape,
+    attention_width,
     embed_dim,
+    gated_mlp,
+    head_dim,
+    kv_heads,
     largest_layer_params,
     param_count,
 )
@@ -168,10 +172,17 @@ def activation_bytes(
     the second term and "eager" keeps it. Checkpointing each layer keeps only its 16-bit input
     (2 sbh) plus one layer's full activations during its recompute. fp32 doubles the 2-byte terms.
     Logits and the loss's fp32 log-softmax (LOGIT_BYTES per element) come on top either way.
+    Gated (Llama-shaped) layers keep, per token in 16-bit: 2 norm inputs 4h, attention 2h + 2(a*d)
+    + 4 kv*d (input, q, k, v) + 2(a*d) (output), MLP 2h + 8f (input; gate, up, SiLU(gate), product)
+    and no dropout masks (shapes.gated_mlp).
     """
     s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
     scores = 5 * a * s * s * b if attention == "eager" else 0
-    per_layer = (34 * s * b * h + scores) * dtype_bytes // 2
+    per_token = 34 * h  # bytes in 16-bit
+    if gated_mlp(model):
+        q, kv = attention_width(model), kv_heads(model) * head_dim(model)
+        per_token = 4 * h + (2 * h + 4 * q + 4 * kv) + (2 * h + 8 * model.ffn_dim)
+    per_layer = (per_token * s * b + scores) * dtype_bytes // 2
     layers = (
         model.num_layers * 2 * s * b * h * dtype_bytes // 2 + per_layer
         if checkpointing

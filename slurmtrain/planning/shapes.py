@@ -1,13 +1,27 @@
-"""OPT model shapes and their parameter counts: what every planner (memory, FLOPs) reads.
+"""Model shapes and their parameters, module by module: what every planner (memory, FLOPs) reads.
 
-Counts match transformers' OPTForCausalLM (tied lm_head counted once); tests compare them with
-DeepSpeed's own counter and with conf/model/*.yaml.
+Counted by arithmetic for the families slurmtrain ships configs for: OPT (learned positions,
+LayerNorm with biases, fc1/fc2 MLP, tied lm_head) and the Llama-shaped decoders (llama, mistral,
+qwen2: RMSNorm, RoPE, GQA/MQA key-value heads, a gated SwiGLU MLP, tied or untied lm_head; qwen2
+adds q/k/v biases). Any other family transformers ships (a `model.config` folder) is counted by
+building it on the meta device once (no memory, no weights; transformers imported only then).
+Counts equal transformers' `num_parameters()` (a tied lm_head counted once); tests check every
+shipped config and DeepSpeed's own counter.
+
+OPT_SIZES (the planning table) is read from conf/model/*.yaml, not kept beside it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Protocol
+import functools
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional, Protocol
+
+# Families counted by arithmetic below, with their attention biases (q, k, v); the rest is measured.
+LLAMA_LIKE = {"llama": False, "mistral": False, "qwen2": True}
+ARITHMETIC_FAMILIES = ("opt", *LLAMA_LIKE)
 
 
 class ModelShape(Protocol):
@@ -23,8 +37,8 @@ class ModelShape(Protocol):
 
 
 @dataclass(frozen=True)
-class OptShape:
-    """An OPT architecture (Zhang et al. 2022, table 1): the reference table tests check against."""
+class Shape:
+    """A model architecture as the schema's `model` group holds it (planning tables, tests)."""
 
     name: str
     num_layers: int
@@ -35,46 +49,198 @@ class OptShape:
     max_positions: int = 2048
     word_embed_proj_dim: Optional[int] = None
     layer_norm_before: bool = True
+    family: str = "opt"
+    num_kv_heads: Optional[int] = None
+    tie_embeddings: bool = True
+    hf_extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
-OPT_SIZES: dict[str, OptShape] = {
-    s.name: s
-    for s in (
-        OptShape("opt125m", 12, 768, 12, 3072),
-        OptShape("opt350m", 24, 1024, 16, 4096, word_embed_proj_dim=512, layer_norm_before=False),
-        OptShape("opt1.3b", 24, 2048, 32, 8192),
-        OptShape("opt2.7b", 32, 2560, 32, 10240),
-        OptShape("opt6.7b", 32, 4096, 32, 16384),
-        OptShape("opt13b", 40, 5120, 40, 20480),
-        OptShape("opt30b", 48, 7168, 56, 28672),
-        OptShape("opt66b", 64, 9216, 72, 36864),
-    )
-}
+OptShape = Shape  # the name the OPT-only planner had
+
+
+def family(model: ModelShape) -> str:
+    return getattr(model, "family", None) or "opt"
+
+
+def extra(model: ModelShape) -> Mapping[str, Any]:
+    return getattr(model, "hf_extra", None) or {}
 
 
 def embed_dim(model: ModelShape) -> int:
     return getattr(model, "word_embed_proj_dim", None) or model.hidden_size
 
 
-def param_count(model: ModelShape) -> int:
-    """Parameters of Hugging Face's OPTForCausalLM of this shape (lm_head tied to the embedding)."""
+def kv_heads(model: ModelShape) -> int:
+    return getattr(model, "num_kv_heads", None) or model.num_heads
+
+
+def head_dim(model: ModelShape) -> int:
+    """Per-head width: config.json's head_dim when it sets one, else hidden / heads."""
+    return int(extra(model).get("head_dim") or model.hidden_size // model.num_heads)
+
+
+def attention_width(model: ModelShape) -> int:
+    """Query heads x head width: the size of q and of the attention output (h for OPT)."""
+    return model.num_heads * head_dim(model)
+
+
+def gated_mlp(model: ModelShape) -> bool:
+    """SwiGLU-style MLP (gate, up, down: three h x ffn matrices) rather than fc1/fc2."""
+    return family(model) in LLAMA_LIKE
+
+
+def modules(model: ModelShape) -> list[list[int]]:
+    """Elements of each module's own parameters, module by module (tied lm_head listed once)."""
+    fam = family(model)
+    if fam == "opt":
+        return _opt_modules(model)
+    if fam in LLAMA_LIKE:
+        return _llama_modules(model)
+    return list(_measured(_spec(model))[0])
+
+
+def _opt_modules(model: ModelShape) -> list[list[int]]:
     h, f, e = model.hidden_size, model.ffn_dim, embed_dim(model)
-    layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 2 * 2 * h  # attention, MLP, 2 layernorms
-    total = model.vocab_size * e + (model.max_positions + 2) * h + model.num_layers * layer
+    layer = [[h * h, h]] * 4 + [[h * f, f], [f * h, h]] + [[h, h]] * 2  # q k v out, fc1 fc2, 2 LN
+    out = [[model.vocab_size * e], [(model.max_positions + 2) * h]] + layer * model.num_layers
     if e != h:
-        total += 2 * e * h  # project_in / project_out, no bias
+        out += [[e * h], [e * h]]  # project_in / project_out, no bias
     if getattr(model, "layer_norm_before", True):
-        total += 2 * h  # final layernorm (absent in post-LN OPT-350m)
-    return total
+        out.append([h, h])  # final layer norm (absent in post-LN OPT-350m)
+    return out
+
+
+def _llama_modules(model: ModelShape) -> list[list[int]]:
+    h, f, v = model.hidden_size, model.ffn_dim, model.vocab_size
+    q, kv = attention_width(model), kv_heads(model) * head_dim(model)
+    fam, more = family(model), extra(model)
+    qkv_bias = LLAMA_LIKE[fam] if fam == "qwen2" else bool(more.get("attention_bias", False))
+    o_bias = fam != "qwen2" and bool(more.get("attention_bias", False))
+    mlp_bias = fam == "llama" and bool(more.get("mlp_bias", False))
+
+    def linear(n_in: int, n_out: int, bias: bool) -> list[int]:
+        return [n_in * n_out] + ([n_out] if bias else [])
+
+    layer = [
+        linear(h, q, qkv_bias),
+        linear(h, kv, qkv_bias),
+        linear(h, kv, qkv_bias),
+        linear(q, h, o_bias),
+        linear(h, f, mlp_bias),  # gate
+        linear(h, f, mlp_bias),  # up
+        linear(f, h, mlp_bias),  # down
+        [h],  # input RMSNorm (weight only)
+        [h],  # post-attention RMSNorm
+    ]
+    out = [[v * h]] + layer * model.num_layers + [[h]]  # embedding, layers, final norm
+    if not getattr(model, "tie_embeddings", True):
+        out.append([v * h])  # untied lm_head
+    return out
+
+
+def param_count(model: ModelShape) -> int:
+    """Parameters of transformers' model of this shape (a tied lm_head counted once)."""
+    return sum(sum(m) for m in modules(model))
 
 
 def largest_layer_params(model: ModelShape) -> int:
     """Params of the biggest single module, as DeepSpeed's stage3 `model_to_params` counts them."""
-    h, f = model.hidden_size, model.ffn_dim
-    return max(
-        model.vocab_size * embed_dim(model),
-        (model.max_positions + 2) * h,
-        h * f + f,
-        f * h + h,
-        h * h + h,
+    return max(sum(m) for m in modules(model))
+
+
+def tensor_sizes(model: ModelShape) -> list[int]:
+    """Elements of every parameter tensor (ZeRO-3 keeps the small ones whole)."""
+    return [n for m in modules(model) for n in m]
+
+
+def matmul_params(model: ModelShape) -> int:
+    """Weights used in matrix multiplies, once per token (no biases, norms or lookups): the lm_head
+    (vocab x embed, tied or not) is one; embeddings and positions are lookups."""
+    fam = family(model)
+    h, f, v = model.hidden_size, model.ffn_dim, model.vocab_size
+    if fam == "opt":
+        e = embed_dim(model)
+        proj = 2 * e * h if e != h else 0
+        return model.num_layers * (4 * h * h + 2 * h * f) + v * e + proj
+    if fam in LLAMA_LIKE:
+        q, kv = attention_width(model), kv_heads(model) * head_dim(model)
+        return model.num_layers * (2 * h * q + 2 * h * kv + 3 * h * f) + v * h
+    return _measured(_spec(model))[1]
+
+
+# -- any other family: counted on the meta device ---------------------------------------------------
+
+
+def _spec(model: ModelShape) -> str:
+    """The model's config as canonical JSON (a cache key; what compute/model.py builds from)."""
+    keys = ("num_layers", "hidden_size", "num_heads", "ffn_dim", "vocab_size", "max_positions")
+    view = {k: getattr(model, k) for k in keys}
+    view.update(
+        family=family(model),
+        num_kv_heads=getattr(model, "num_kv_heads", None),
+        tie_embeddings=getattr(model, "tie_embeddings", True),
+        hf_extra=_plain(extra(model)),
     )
+    return json.dumps(view, sort_keys=True)
+
+
+def _plain(value: Any) -> Any:
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    except ValueError:  # already a plain dict
+        return dict(value)
+
+
+@functools.lru_cache(maxsize=16)
+def _measured(spec: str) -> tuple[tuple[list[int], ...], int]:
+    """(each module's parameter sizes, matmul weights) of the model built on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slurmtrain.common.hf_config import family_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(family_config(json.loads(spec)))
+    seen: set[int] = set()
+    out = []
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        if own:
+            out.append([p.numel() for p in own])
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return tuple(out), matmul
+
+
+# -- the shipped configs ----------------------------------------------------------------------------
+
+
+def conf_models() -> Path:
+    from slurmtrain.common.schema import conf_dir
+
+    return Path(conf_dir()) / "model"
+
+
+@functools.lru_cache(maxsize=1)
+def shipped() -> dict[str, Shape]:
+    """Every conf/model/*.yaml with its own shape (model=hf, which reads a folder, left out)."""
+    from omegaconf import OmegaConf
+
+    names = {f.name for f in fields(Shape)}
+    out = {}
+    for path in sorted(conf_models().glob("*.yaml")):
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        if "num_layers" not in data:
+            continue
+        out[data["name"]] = Shape(**{k: v for k, v in data.items() if k in names})
+    return out
+
+
+def _opt_sizes() -> dict[str, Shape]:
+    sizes = [s for s in shipped().values() if s.family == "opt" and s.name != "opt_tiny"]
+    return {s.name: s for s in sorted(sizes, key=param_count)}
+
+
+OPT_SIZES: dict[str, Shape] = _opt_sizes()  # the OPT paper's sizes, smallest first

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from slurmtrain.common import ds_config
-from slurmtrain.planning.shapes import ModelShape, embed_dim, largest_layer_params, param_count
+from slurmtrain.planning import shapes
+from slurmtrain.planning.shapes import ModelShape, largest_layer_params, param_count
 
 # DeepSpeed's defaults (runtime/zero/config.py), for keys a zero section does not set.
 DS_PREFETCH_BUCKET = 50_000_000
@@ -36,15 +37,8 @@ def settings(model: ModelShape, zero: Optional[Mapping[str, Any]] = None) -> dic
 
 
 def tensor_sizes(model: ModelShape) -> list[int]:
-    """Elements of every parameter tensor of Hugging Face's OPTForCausalLM of this shape."""
-    h, f, e = model.hidden_size, model.ffn_dim, embed_dim(model)
-    layer = [h * h, h] * 4 + [h * f, f, f * h, h] + [h, h] * 2  # q k v out, fc1 fc2, 2 norms
-    sizes = [model.vocab_size * e, (model.max_positions + 2) * h] + layer * model.num_layers
-    if e != h:
-        sizes += [e * h, e * h]  # project_in / project_out
-    if getattr(model, "layer_norm_before", True):
-        sizes += [h, h]  # the final layer norm
-    return sizes
+    """Elements of every parameter tensor of transformers' model of this shape (any family)."""
+    return shapes.tensor_sizes(model)
 
 
 def persistent_elements(model: ModelShape, threshold: int) -> int:

@@ -100,6 +100,19 @@ def test_resolve_refuses_another_shape_a_missing_step_and_a_short_run(tmp_path):
         branch.resolve(_child_cfg(tmp_path / "b", "nosuchrun"))
 
 
+def test_a_parent_written_before_the_model_families_branches_and_another_family_is_refused(
+    tmp_path,
+):
+    parent = _parent(tmp_path)  # its config.yaml has no model.family/num_kv_heads/hf_extra
+    cfg = _child_cfg(tmp_path, f"{parent}:step_5")
+    cfg.model.update(family="opt", num_kv_heads=None, tie_embeddings=True, hf_extra={})
+    branch.resolve(cfg)
+    other = _child_cfg(tmp_path, f"{parent}:step_5")
+    other.model.family = "llama"
+    with pytest.raises(ConfigError, match=r"model.family \(opt there, llama here\)"):
+        branch.resolve(other)
+
+
 def test_skip_samples_without_a_branch_is_refused(tmp_path):
     cfg = _child_cfg(tmp_path, None)
     cfg.data.skip_samples = 64

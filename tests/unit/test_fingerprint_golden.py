@@ -34,6 +34,12 @@ GOLDEN = [
     ("opt125m", ("train.max_steps=20", "optim.lr=3e-4"), "c067143413bc"),
     ("opt13b", ("deepspeed=zero3", "model.activation_checkpointing=true"), "ec48a72e2a25"),
     ("opt1.3b", ("data.seq_len=1024", "model.dropout=0.0"), "dfcf0448c525"),
+    # issue 21's families and the Llama recipe (chosen with recipe=, not by the model's name)
+    ("llama_tiny", (), "4aa4c710a781"),
+    ("llama_tiny", ("recipe=llama",), "838a78b09683"),
+    ("qwen2_tiny", (), "8cd18423e741"),
+    ("llama3_8b", ("recipe=llama",), "85d1921ab1dd"),
+    ("mistral_7b", (), "86462f992717"),
 ]
 
 
@@ -56,7 +62,9 @@ def test_every_shipped_recipe_is_pinned():
     from pathlib import Path
 
     recipes = {p.stem for p in (Path(schema.conf_dir()) / "recipe").glob("*.yaml")}
-    assert recipes and recipes <= {model for model, _, _ in GOLDEN}  # a new recipe: pin it here
+    chosen = {o.split("=", 1)[1] for _, overrides, _ in GOLDEN for o in overrides if "recipe=" in o}
+    pinned = {model for model, _, _ in GOLDEN} | chosen
+    assert recipes and recipes <= pinned  # a new recipe: pin it here
 
 
 @pytest.mark.parametrize("model,overrides,golden", GOLDEN)

@@ -22,9 +22,12 @@ from slurmtrain.planning.memory import (
     recommend,
     summary,
 )
+from slurmtrain.planning.shapes import shipped
 
 LAYOUTS = [(1, 8), (8, 8)]  # (nodes, gpus_per_node)
 TOL = 0.05
+# The OPT sizes and the Llama-/Mistral-shaped planning configs (GQA, gated MLP, untied head).
+PLANNED = {**OPT_SIZES, **{n: shipped()[n] for n in ("llama3_8b", "mistral_7b")}}
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +106,9 @@ def test_opt_table_agrees_with_the_model_configs():
 @pytest.mark.parametrize("nodes,gpus", LAYOUTS)
 @pytest.mark.parametrize("offload", [False, True])
 @pytest.mark.parametrize("stage", [1, 2])
-@pytest.mark.parametrize("name", list(OPT_SIZES))
+@pytest.mark.parametrize("name", list(PLANNED))
 def test_stage_1_2_model_states_match_deepspeed(name, stage, offload, nodes, gpus, ds_estimators):
-    model, est = OPT_SIZES[name], ds_estimators[0].estimate_zero2_model_states_mem_needs
+    model, est = PLANNED[name], ds_estimators[0].estimate_zero2_model_states_mem_needs
     p, n = param_count(model), nodes * gpus
     cpu_ref, gpu_ref = est(
         total_params=p, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload
@@ -122,9 +125,9 @@ def test_stage_1_2_model_states_match_deepspeed(name, stage, offload, nodes, gpu
 
 @pytest.mark.parametrize("nodes,gpus", LAYOUTS)
 @pytest.mark.parametrize("offload", ["none", "optimizer", "optimizer+param"])
-@pytest.mark.parametrize("name", list(OPT_SIZES))
+@pytest.mark.parametrize("name", list(PLANNED))
 def test_stage_3_model_states_match_deepspeed(name, offload, nodes, gpus, ds_estimators):
-    model = OPT_SIZES[name]
+    model = PLANNED[name]
     opt, prm = offload != "none", offload == "optimizer+param"
     cpu_ref, gpu_ref, _ = ds_estimators[1].estimate_zero3_model_states_mem_needs(
         total_params=param_count(model),
