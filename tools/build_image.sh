@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Build the OCI bundle the container tests (and a user) run: a Debian 12 rootfs from Debian's own
+# packages (debootstrap) + python3 + Slurm's client (the supervisor and rank 0 call scontrol) +
+# slurmtrain's dependencies (the same torch CPU wheel and pins as .venv, from pip's configured
+# find-links/indexes) + slurmtrain itself, all in the image's system Python: Slurm gives the
+# container the job's environment (the host's PATH), so plain `python3` must find them. Root only
+# (debootstrap, chroot). Prints the bundle path on its last line; build time and size on stderr.
+#
+# Cached per machine, keyed by its inputs, so CI builds it once:
+#   $CACHE/rootfs-<deps key>/   Debian + python3 + dependencies: key = this script + pyproject.toml
+#   $CACHE/bundle-<deps key>-<src key>/{config.json,rootfs/}   a standard OCI bundle: a hard-linked
+#   copy of that rootfs (seconds, no space) plus slurmtrain at this source, and runc's spec adjusted
+#   (tools/oci_spec.py). A source change costs a copy and a 1 s install, not a new rootfs.
+# Usage: tools/build_image.sh [--print]   (--print: only print the path the bundle would have)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE=${SLURMTRAIN_IMAGE_CACHE:-/var/cache/slurmtrain/images}
+SUITE=bookworm
+MIRROR=${SLURMTRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+deps_key=$(cat tools/build_image.sh pyproject.toml | sha256sum | cut -c1-12)
+# The package's source as pip would install it (tracked + untracked, not ignored).
+src_key=$( (git ls-files -co --exclude-standard -- slurmtrain conf sbatch_templates hydra_plugins \
+    pyproject.toml | LC_ALL=C sort | xargs -d '\n' sha256sum) | sha256sum | cut -c1-12)
+rootfs=$CACHE/rootfs-$deps_key
+bundle=$CACHE/bundle-$deps_key-$src_key
+if [ "${1:-}" = "--print" ]; then
+    echo "$bundle"
+    exit 0
+fi
+[ "$(id -u)" -eq 0 ] || { echo "build_image: needs root (debootstrap, chroot)" >&2; exit 2; }
+for tool in debootstrap runc; do
+    command -v "$tool" >/dev/null || { echo "build_image: $tool missing: apt-get install -y debootstrap runc" >&2; exit 2; }
+done
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock-$deps_key"
+flock 9  # one builder per key on this machine; the others wait, then find it built
+if [ -f "$bundle/config.json" ]; then
+    echo "$bundle"
+    exit 0
+fi
+start=$(date +%s)
+
+in_root() {  # a command inside the rootfs, with pip's local wheel sources and the host's DNS
+    local m
+    for m in /proc /opt/wheels /opt/pypi /opt/pypi-more; do
+        [ -d "$m" ] || continue
+        mkdir -p "$rootfs$m"
+        mountpoint -q "$rootfs$m" || mount --bind "$m" "$rootfs$m"
+    done
+    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+    [ -f /etc/pip.conf ] && cp /etc/pip.conf "$rootfs/etc/pip.conf"
+    # pip trusts what the host's pip trusts (a site's proxy CA), for the build only
+    local ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
+    cp "$ca" "$rootfs/tmp/build-ca.crt"
+    local rc=0
+    chroot "$rootfs" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+        PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 PIP_CERT=/tmp/build-ca.crt \
+        "$@" || rc=$?
+    rm -f "$rootfs/tmp/build-ca.crt"
+    for m in /opt/pypi-more /opt/pypi /opt/wheels /proc; do
+        mountpoint -q "$rootfs$m" && umount "$rootfs$m"
+    done
+    return "$rc"
+}
+
+if [ ! -f "$rootfs/.complete" ]; then
+    if [ ! -f "$rootfs/.debootstrapped" ]; then  # the slow half (~5 min here): kept on a pip failure
+        rm -rf "$rootfs" "$rootfs.tmp"
+        echo "build_image: debootstrap $SUITE into $rootfs" >&2
+        debootstrap --variant=minbase --include=python3,python3-pip,ca-certificates,slurm-client \
+            "$SUITE" "$rootfs.tmp" "$MIRROR" >&2
+        mv "$rootfs.tmp" "$rootfs"
+        touch "$rootfs/.debootstrapped"
+    fi
+    # Dependencies only (the package itself goes in per source key below), from pyproject.toml.
+    mapfile -t deps < <(python3 -c 'import sys, tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+    in_root python3 -m pip install --quiet --break-system-packages "${deps[@]}" >&2
+    in_root python3 -c 'import torch, deepspeed, transformers; print("build_image: torch", torch.__version__, "deepspeed", deepspeed.__version__)' >&2
+    rm -rf "$rootfs/root/.cache" "$rootfs/var/cache/apt/archives"/*.deb
+    touch "$rootfs/.complete"
+fi
+
+# slurmtrain at this source: a wheel built on the host, installed without dependencies.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 -m pip wheel --quiet --no-deps --no-build-isolation -w "$work" . >&2 2>/dev/null \
+    || .venv/bin/python -m pip wheel --quiet --no-deps --no-build-isolation -w "$work" . >&2
+rm -rf "$bundle.tmp"
+mkdir -p "$bundle.tmp"
+cp -al "$rootfs" "$bundle.tmp/rootfs"  # hard links: pip below only adds files
+base=$rootfs
+rootfs=$bundle.tmp/rootfs  # in_root now works in the copy
+cp "$work"/slurmtrain-*.whl "$rootfs/tmp/"
+in_root python3 -m pip install --quiet --no-deps --break-system-packages /tmp/slurmtrain-*.whl >&2
+rm -f "$rootfs"/tmp/slurmtrain-*.whl "$rootfs/.complete"
+# runc's default spec, adjusted for training ranks (tools/oci_spec.py says what and why).
+(cd "$bundle.tmp" && runc spec)
+python3 tools/oci_spec.py "$bundle.tmp/config.json"
+mv "$bundle.tmp" "$bundle"
+end=$(date +%s)
+size=$(du -sh "$base" | cut -f1)
+echo "build_image: bundle $bundle (rootfs $base, $size) in $((end - start)) s" >&2
+echo "$bundle"
