@@ -36,8 +36,18 @@ def adjust(spec: dict) -> dict:
         {"destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind"]},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
         # Slurm hands the container the job's HOME: caches (torch, triton) need it writable
-        {"destination": "/root", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
-        {"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts", "options": ["rbind", "ro"]},
+        {
+            "destination": "/root",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev"],
+        },
+        {
+            "destination": "/etc/hosts",
+            "type": "bind",
+            "source": "/etc/hosts",
+            "options": ["rbind", "ro"],
+        },
         {
             "destination": "/etc/resolv.conf",
             "type": "bind",

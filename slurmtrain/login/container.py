@@ -21,7 +21,9 @@ from slurmtrain.common.errors import ConfigError
 BUNDLE_DIR = "oci"  # RUN_DIR/oci: the run's bundle (config.json only; the root stays in the image)
 IMAGE_PYTHON = "python3"  # found on the job's PATH inside the image (Slurm passes the job's env)
 PATH_DIRS = ("usr/local/bin", "usr/bin", "bin")
-FIX = "build one with tools/build_image.sh, or point cluster.image at a bundle whose root has python3"
+FIX = (
+    "build one with tools/build_image.sh, or point cluster.image at a bundle whose root has python3"
+)
 
 
 def _spec(image: str) -> dict:
