@@ -91,9 +91,10 @@ mkdir -p "$bundle.tmp"
 cp -al "$rootfs" "$bundle.tmp/rootfs"  # hard links: pip below only adds files
 base=$rootfs
 rootfs=$bundle.tmp/rootfs  # in_root now works in the copy
-cp "$work"/slurmtrain-*.whl "$rootfs/tmp/"
-in_root python3 -m pip install --quiet --no-deps --break-system-packages /tmp/slurmtrain-*.whl >&2
-rm -f "$rootfs"/tmp/slurmtrain-*.whl "$rootfs/.complete"
+wheel=$(cd "$work" && echo slurmtrain-*.whl)
+cp "$work/$wheel" "$rootfs/tmp/"
+in_root python3 -m pip install --quiet --no-deps --break-system-packages "/tmp/$wheel" >&2
+rm -f "$rootfs/tmp/$wheel" "$rootfs/.complete"
 # runc's default spec, adjusted for training ranks (tools/oci_spec.py says what and why).
 (cd "$bundle.tmp" && runc spec)
 python3 tools/oci_spec.py "$bundle.tmp/config.json"

@@ -25,7 +25,7 @@ def adjust(spec: dict) -> dict:
     proc["args"] = ["python3"]
     proc["cwd"] = "/"
     proc["env"] = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp"]
-    proc["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}]
+    proc.pop("rlimits", None)  # the task's own limits (Slurm propagates them); raising them fails
     linux = spec["linux"]
     linux["namespaces"] = [
         ns for ns in linux["namespaces"] if ns["type"] not in HOST_NAMESPACES_SHARED

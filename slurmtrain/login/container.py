@@ -66,7 +66,11 @@ def check_image(cfg: DictConfig) -> dict:
     """The image's config.json, or one line naming cluster.image, what is wrong and the fix.
     Checked on the login node at the dry run and at submission: nothing is queued that cannot
     start its Python."""
-    image = cfg.cluster.image
+    return check_image_path(cfg.cluster.image)
+
+
+def check_image_path(image: str | None) -> dict:
+    """check_image for a bundle path (the doctor's --image)."""
     if not image:
         raise ConfigError(
             "cluster.image=None: cluster.container=oci needs an OCI bundle; set "

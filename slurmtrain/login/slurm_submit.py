@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import shlex
-import sys
 import time
 import uuid
 from importlib.resources import files
@@ -131,8 +130,10 @@ def render_script(
     """
     run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags.checked("runs_root", run_dir))
     logs = '"$RUN_DIR"/logs' if array_map else shlex.quote(f"{run_dir}/logs")
-    oci_bundle = f'"$RUN_DIR"/{container.BUNDLE_DIR}' if array_map else shlex.quote(
-        f"{run_dir}/{container.BUNDLE_DIR}"
+    oci_bundle = (
+        f'"$RUN_DIR"/{container.BUNDLE_DIR}'
+        if array_map
+        else shlex.quote(f"{run_dir}/{container.BUNDLE_DIR}")
     )
     srun = ["--unbuffered", "--open-mode=append", *flags.srun_args(cfg)]
     # cluster.env and secret-named keys: sourced from the run's 0600 secrets.env, never written

@@ -122,3 +122,28 @@ def test_an_image_without_python_is_refused_in_one_line(tmp_path):
     missing = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={tmp_path}/nothing")
     with pytest.raises(ConfigError, match=r"cluster.image=.*not an OCI bundle"):
         backend.render_sbatch(missing, locate(missing))
+
+
+def test_doctor_reads_an_oci_image_before_anything_is_queued(tmp_path):
+    from slurmtrain.cli.doctor.image_checks import check_image
+
+    image = _bundle(tmp_path)
+    site = image / "rootfs/usr/local/lib/python3.11/dist-packages"
+    (site / "torch-2.13.0+cpu.dist-info").mkdir(parents=True)
+    (site / "torch-2.13.0+cpu.dist-info/WHEEL").write_text(
+        "Tag: cp311-cp311-manylinux_2_28_x86_64\n"
+    )
+    (site / "torch").mkdir()
+    (site / "torch/version.py").write_text(
+        "__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n"
+    )
+    libc = image / "rootfs/usr/lib/x86_64-linux-gnu/libc.so.6"
+    libc.parent.mkdir(parents=True)
+    libc.write_bytes(b"\0GLIBC_2.17\0GLIBC_2.36\0")
+    ok = check_image("oci", str(image), 5)
+    assert ok.status == "ok" and "torch 2.13.0+cpu" in ok.value and "GLIBC 2.36" in ok.value
+    libc.write_bytes(b"\0GLIBC_2.17\0")
+    old = check_image("oci", str(image), 5)
+    assert old.status == "fail" and "2.28 that its torch wheel needs" in old.value
+    (image / "rootfs/usr/bin/python3").unlink()
+    assert "has no python3" in check_image("oci", str(image), 5).value
