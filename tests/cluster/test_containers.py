@@ -46,7 +46,7 @@ def oci_image(slurm_cluster) -> Path:
 
 
 def _host_cannot_import(module: str) -> bool:
-    probe = subprocess.run([BARE_PYTHON, "-c", f"import {module}"], capture_output=True)
+    probe = subprocess.run([BARE_PYTHON, "-c", f"import {module}"], capture_output=True, cwd="/")
     return probe.returncode != 0
 
 

@@ -35,7 +35,11 @@ def _glibc(root: Path) -> Optional[tuple[int, int]]:
 
 
 def _dist(root: Path, name: str) -> Optional[Path]:
-    hits = sorted(root.glob(f"usr/*lib*/python3*/*-packages/{name}-*.dist-info"))
+    hits = sorted(
+        p
+        for site in ("usr/lib", "usr/local/lib", "opt/*/lib")
+        for p in root.glob(f"{site}/python3*/*-packages/{name}-*.dist-info")
+    )
     return hits[-1] if hits else None
 
 
@@ -66,7 +70,7 @@ def check_oci(image: str, timeout: float) -> CheckResult:
         return CheckResult(
             "image", "fail", f"{image}: python3 but no torch", "install torch into the image"
         )
-    bits = [f"torch {torch.name.split('-')[1]}"]
+    bits = [f"torch {torch.name.removesuffix('.dist-info').split('-')[1]}"]
     need = (2, 17)  # manylinux2014 at least
     wheel = (torch / "WHEEL").read_text() if (torch / "WHEEL").exists() else ""
     tag = re.search(r"manylinux_(\d+)_(\d+)", wheel)
@@ -88,7 +92,7 @@ def check_oci(image: str, timeout: float) -> CheckResult:
     nccl = _dist(root, "nvidia_nccl_cu*")
     bits.append(f"CUDA {'.'.join(map(str, image_cuda)) if image_cuda else 'none (CPU build)'}")
     if nccl:
-        bits.append(f"NCCL {nccl.name.split('-')[1]}")
+        bits.append(f"NCCL {nccl.name.removesuffix('.dist-info').split('-')[1]}")
     driver = _driver_cuda(timeout)
     if image_cuda and driver and image_cuda > driver:
         return CheckResult(
