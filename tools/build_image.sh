@@ -41,6 +41,15 @@ if [ -f "$bundle/config.json" ]; then
 fi
 start=$(date +%s)
 
+# pip inside the image uses the host pip's configuration (find-links with the CPU torch wheel,
+# local indexes): `pip config list` lines like global.find-links='/opt/wheels' -> PIP_FIND_LINKS.
+pip_env=()
+while IFS= read -r line; do
+    key=${line%%=*} val=${line#*=}
+    val=${val#\'} val=${val%\'}
+    pip_env+=("PIP_$(echo "${key#*.}" | tr 'a-z-' 'A-Z_')=$val")
+done < <(python3 -m pip config list 2>/dev/null || true)
+
 in_root() {  # a command inside the rootfs, with pip's local wheel sources and the host's DNS
     local m
     for m in /proc /opt/wheels /opt/pypi /opt/pypi-more; do
@@ -50,11 +59,12 @@ in_root() {  # a command inside the rootfs, with pip's local wheel sources and t
     done
     cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
     [ -f /etc/pip.conf ] && cp /etc/pip.conf "$rootfs/etc/pip.conf"
+    [ -d /etc/xdg/pip ] && mkdir -p "$rootfs/etc/xdg" && cp -r /etc/xdg/pip "$rootfs/etc/xdg/"  # constraints
     # pip trusts what the host's pip trusts (a site's proxy CA), for the build only
     local ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
     cp "$ca" "$rootfs/tmp/build-ca.crt"
     local rc=0
-    chroot "$rootfs" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+    chroot "$rootfs" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "${pip_env[@]}" \
         PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 PIP_CERT=/tmp/build-ca.crt \
         "$@" || rc=$?
     rm -f "$rootfs/tmp/build-ca.crt"
