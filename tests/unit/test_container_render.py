@@ -147,3 +147,14 @@ def test_doctor_reads_an_oci_image_before_anything_is_queued(tmp_path):
     assert old.status == "fail" and "2.28 that its torch wheel needs" in old.value
     (image / "rootfs/usr/bin/python3").unlink()
     assert "has no python3" in check_image("oci", str(image), 5).value
+
+
+@pytest.mark.parametrize("kind", ["none", "oci"])
+def test_the_rendered_script_is_valid_bash(tmp_path, kind):
+    import subprocess
+
+    extra = ["cluster.container=oci", f"cluster.image={_bundle(tmp_path)}"] if kind == "oci" else []
+    cfg = _cfg(tmp_path, *extra)
+    script = tmp_path / "job.sbatch"
+    script.write_text(backend.render_sbatch(cfg, locate(cfg)))
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
