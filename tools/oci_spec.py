@@ -1,7 +1,7 @@
 """Adjust `runc spec`'s default config.json for training ranks (used by tools/build_image.sh).
 
 Why each change: ranks rendezvous over TCP (gloo/NCCL) on the node's address, so the container
-shares the host's network, hostname and IPC (no network/uts/ipc namespaces; host /dev/shm, not
+shares the host's network, hostname, IPC and pids (no network/uts/ipc/pid namespaces; host /dev/shm, not
 runc's 64 KB one); Slurm starts it non-interactively (no terminal) and sets the environment; the
 image is shared by every rank and run, so its root is read-only with a private /tmp; Slurm's
 client (scontrol for requeues) reaches the host's controller through /etc/slurm and /run/munge. The run
@@ -15,7 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
-HOST_NAMESPACES_SHARED = {"network", "uts", "ipc"}
+# pid too: ranks record their pids in the ledger (stack dumps, the node-failure drill signal them);
+# in a pid namespace every rank would be pid 1 of its own container.
+HOST_NAMESPACES_SHARED = {"network", "uts", "ipc", "pid"}
 
 
 def adjust(spec: dict) -> dict:

@@ -235,7 +235,9 @@ class Cluster:
                     f'RunTimeQuery="{runc} state {cid}"',
                     f'RunTimeKill="{runc} kill -a {cid} SIGTERM"',
                     f'RunTimeDelete="{runc} delete --force {cid}"',
-                    f'RunTimeRun="{runc} run {cid} -b %b"',
+                    # exec: slurmstepd runs the pattern with /bin/sh -c, and a step's signal
+                    # (USR2 at the time limit) killed that shell, masking the ranks' exit codes
+                    f'RunTimeRun="exec {runc} run {cid} -b %b"',
                 ]
             )
             + "\n"

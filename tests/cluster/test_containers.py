@@ -17,13 +17,15 @@ import pytest
 
 from tests.cluster.helpers import (
     events,
+    node_killed,
     set_time_limit,
     steps_by_attempt,
     submit_run,
     time_limit_soon,
     wait_event,
+    wait_until,
 )
-from tests.conftest import run_cli
+from tests.conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +47,26 @@ def oci_image(slurm_cluster) -> Path:
     return bundle
 
 
+def _in_image(image: Path) -> list[str]:
+    return [
+        "cluster=slurm",
+        "cluster.container=oci",
+        f"cluster.image={image}",
+        f"cluster.host_python={BARE_PYTHON}",
+        "train.log_interval=1",
+        "checkpoint.interval_steps=5",
+    ]
+
+
+def _ranks_ran_the_images_python(run: Path) -> None:
+    records = [json.loads(p.read_text()) for p in (run / "provenance").glob("*.json")]
+    ranks = [r for r in records if "torch" in r.get("versions", {})]
+    assert ranks and all(r["versions"]["torch"].startswith("2.13.0") for r in ranks)
+    assert {r["versions"]["python"] for r in ranks} == {"3.11.2"} != {sys.version.split()[0]}
+    batch = "".join(p.read_text() for p in (run / "logs").glob("*.batch.out"))
+    assert "the supervisor runs inside the image" in batch
+
+
 def _host_cannot_import(module: str) -> bool:
     probe = subprocess.run([BARE_PYTHON, "-c", f"import {module}"], capture_output=True, cwd="/")
     return probe.returncode != 0
@@ -55,14 +77,7 @@ def test_container_run_is_requeued_at_its_time_limit_and_resumes_inside_the_imag
 ):
     assert _host_cannot_import("torch") and _host_cannot_import("slurmtrain")
     run = submit_run(
-        [
-            "cluster=slurm",
-            "cluster.container=oci",
-            f"cluster.image={oci_image}",
-            f"cluster.host_python={BARE_PYTHON}",
-            "train.log_interval=1",
-            "checkpoint.interval_steps=5",
-        ],
+        _in_image(oci_image),
         workdir,
         "oci_timelimit",
         ["nodes=1", "cluster.time=3", "cluster.signal_lead_s=30", "train.max_steps=80"],
@@ -80,12 +95,36 @@ def test_container_run_is_requeued_at_its_time_limit_and_resumes_inside_the_imag
     flat = [s for a in sorted(steps_by_attempt(run)) for s in steps_by_attempt(run)[a]]
     assert flat == list(range(1, 81))  # resumed from its checkpoint: no step lost or repeated
     # The ranks ran the image's Python (Debian's 3.11.2 + torch), not this test's interpreter.
-    records = [json.loads(p.read_text()) for p in (run / "provenance").glob("*.json")]
-    ranks = [r for r in records if "torch" in r.get("versions", {})]
-    assert ranks and all(r["versions"]["torch"].startswith("2.13.0") for r in ranks)
-    assert {r["versions"]["python"] for r in ranks} == {"3.11.2"} != {sys.version.split()[0]}
-    batch = "".join(p.read_text() for p in (run / "logs").glob("*.batch.out"))
-    assert "the supervisor runs inside the image" in batch
+    _ranks_ran_the_images_python(run)
+
+
+def test_node_failure_with_a_spare_restarts_inside_the_container(slurm_cluster, oci_image, workdir):
+    run = submit_run(
+        _in_image(oci_image),
+        workdir,
+        "oci_spare",
+        ["nodes=2", "faults.spare_nodes=1", "train.max_steps=40", "faults.health_check=false"],
+        inject="step_delay=0.5",
+    )
+    wait_until(
+        lambda: (
+            (run / "metrics.jsonl").exists()
+            and max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) >= 12
+        ),
+        400,
+        "step 12",
+    )
+    first = [e for e in events(run) if e["event"] == "started"][0]
+    with node_killed(slurm_cluster, first, 1) as victim:  # the batch shell is on rank 0's node
+        wait_event(run, "finished", timeout=400, fail_on=())
+    ev = events(run)
+    started = [e for e in ev if e["event"] == "started"]
+    assert len({e["job_id"] for e in started}) == 1 and len(started) == 2  # same job, no queue
+    assert victim not in started[1]["hosts"]
+    [moved] = [e for e in ev if e["event"] == "restarted_in_allocation"]
+    assert moved["left_out"] == [victim] and moved["reason"] == "node_failure"
+    assert not any(e["event"] == "requeued" for e in ev)
+    _ranks_ran_the_images_python(run)
 
 
 def test_an_image_without_python_is_refused_by_the_dry_run_in_one_line(
