@@ -11,20 +11,35 @@
 #   $CACHE/bundle-<deps key>-<src key>/{config.json,rootfs/}   a standard OCI bundle: a hard-linked
 #   copy of that rootfs (seconds, no space) plus slurmtrain at this source, and runc's spec adjusted
 #   (tools/oci_spec.py). A source change costs a copy and a 1 s install, not a new rootfs.
-# Usage: tools/build_image.sh [--print]   (--print: only print the path the bundle would have)
+# Usage: tools/build_image.sh [--mount DIR]... [--print]
+#   --mount DIR: bind-mount DIR read-write at the same path (your runs_root: Slurm's --container
+#                mounts nothing itself, and slurmtrain refuses an image that does not mount it);
+#                default: $SLURMTRAIN_RUNS_ROOT, else /tmp (the tests' runs roots live there)
+#   --print:     only print the path the bundle would have
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${SLURMTRAIN_IMAGE_CACHE:-/var/cache/slurmtrain/images}
 SUITE=bookworm
 MIRROR=${SLURMTRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
+mounts=() print=
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --mount) mounts+=("$(realpath -m "$2")"); shift 2 ;;
+        --print) print=1; shift ;;
+        *) echo "build_image: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+    esac
+done
+[ "${#mounts[@]}" -gt 0 ] || mounts=("$(realpath -m "${SLURMTRAIN_RUNS_ROOT:-/tmp}")")
 deps_key=$(cat tools/build_image.sh pyproject.toml | sha256sum | cut -c1-12)
-# The package's source as pip would install it (tracked + untracked, not ignored).
+# The package's source as pip would install it (tracked + untracked, not ignored), the spec
+# script and the mounts: what the bundle (not the shared rootfs) depends on.
 src_key=$( (git ls-files -co --exclude-standard -- slurmtrain conf sbatch_templates hydra_plugins \
-    pyproject.toml | LC_ALL=C sort | xargs -d '\n' sha256sum) | sha256sum | cut -c1-12)
+    pyproject.toml tools/oci_spec.py | LC_ALL=C sort | xargs -d '\n' sha256sum; \
+    printf '%s\n' "${mounts[@]}") | sha256sum | cut -c1-12)
 rootfs=$CACHE/rootfs-$deps_key
 bundle=$CACHE/bundle-$deps_key-$src_key
-if [ "${1:-}" = "--print" ]; then
+if [ -n "$print" ]; then
     echo "$bundle"
     exit 0
 fi
@@ -107,8 +122,10 @@ in_root python3 -m pip install --quiet --no-deps --break-system-packages "/tmp/$
 rm -f "$rootfs/tmp/$wheel" "$rootfs/.complete"
 # runc's default spec, adjusted for training ranks (tools/oci_spec.py says what and why).
 (cd "$bundle.tmp" && runc spec)
-python3 tools/oci_spec.py "$bundle.tmp/config.json"
+python3 tools/oci_spec.py "$bundle.tmp/config.json" "${mounts[@]/#/--mount=}"
 mv "$bundle.tmp" "$bundle"
+# Old source versions: keep the newest few (a run queued a while ago may still start from one).
+ls -dt "$CACHE"/bundle-* | tail -n +6 | xargs -r rm -rf
 end=$(date +%s)
 size=$(du -sh "$base" | cut -f1)
 echo "build_image: bundle $bundle (rootfs $base, $size) in $((end - start)) s" >&2

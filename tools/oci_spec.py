@@ -4,8 +4,8 @@ Why each change: ranks rendezvous over TCP (gloo/NCCL) on the node's address, so
 shares the host's network, hostname, IPC and pids (no network/uts/ipc/pid namespaces; host /dev/shm, not
 runc's 64 KB one); Slurm starts it non-interactively (no terminal) and sets the environment; the
 image is shared by every rank and run, so its root is read-only with a private /tmp; Slurm's
-client (scontrol for requeues) reaches the host's controller through /etc/slurm and /run/munge. The run
-directory is bind-mounted per run by the login side (slurmtrain/login/container.py).
+client (scontrol for requeues) reaches the host's controller through /etc/slurm and /run/munge. The runs
+roots (--mount) are bind-mounted read-write at the same path (slurmtrain/login/container.py).
 Standalone (stdlib only): it runs with the host's python3 before any venv exists.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 HOST_NAMESPACES_SHARED = {"network", "uts", "ipc", "pid"}
 
 
-def adjust(spec: dict) -> dict:
+def adjust(spec: dict, extra: list[str]) -> dict:
     spec["root"] = {"path": "rootfs", "readonly": True}
     proc = spec["process"]
     proc["terminal"] = False
@@ -60,6 +60,10 @@ def adjust(spec: dict) -> dict:
     # Slurm's client in the image talks to the host's controller: its config and munge socket.
     for path in ("/etc/slurm", "/run/munge"):
         mounts.append({"destination": path, "type": "bind", "source": path, "options": ["rbind"]})
+    # The runs roots, read-write at the same path: checkpoints, ledger and logs are written there.
+    mounts += [
+        {"destination": d, "type": "bind", "source": d, "options": ["rbind", "rw"]} for d in extra
+    ]
     spec["mounts"] = mounts
     return spec
 
@@ -67,8 +71,9 @@ def adjust(spec: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", type=Path)
+    p.add_argument("--mount", action="append", default=[], help="a directory to bind read-write")
     a = p.parse_args()
-    spec = adjust(json.loads(a.config.read_text()))
+    spec = adjust(json.loads(a.config.read_text()), a.mount)
     a.config.write_text(json.dumps(spec, indent=2) + "\n")
 
 

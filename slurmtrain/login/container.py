@@ -1,11 +1,12 @@
 """Slurm's native OCI containers (cluster.container=oci): the image check and the run's bundle.
 
-`cluster.image` names an OCI bundle (a directory with config.json and a root filesystem, e.g. from
+`cluster.image` names an OCI bundle (a directory with config.json and rootfs/, e.g. from
 tools/build_image.sh) on a path every node sees. Slurm 22.05's `srun --container=DIR` runs each
 task in DIR's config.json (through the runtime oci.conf names) with the job's environment and
-argv, and mounts nothing else; so each run gets its own bundle, RUN_DIR/oci/config.json: the
-image's config with its root made absolute and the runs root bind-mounted at the same path (what
-pyxis' --container-mounts and Apptainer's --bind do for the other two runtimes).
+argv, and mounts nothing of its own. So the bundle's config.json must bind-mount the runs root at
+the same path (what pyxis' --container-mounts and Apptainer's --bind do per job); this is checked
+here, before anything is queued. A per-run bundle cannot do it: Slurm always runs DIR/rootfs
+(whatever root.path says) and runc refuses a rootfs that is a symlink (both verified on 22.05).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
 
-BUNDLE_DIR = "oci"  # RUN_DIR/oci: the run's bundle (config.json only; the root stays in the image)
 IMAGE_PYTHON = "python3"  # found on the job's PATH inside the image (Slurm passes the job's env)
 PATH_DIRS = ("usr/local/bin", "usr/bin", "bin")
 FIX = (
@@ -66,7 +66,15 @@ def check_image(cfg: DictConfig) -> dict:
     """The image's config.json, or one line naming cluster.image, what is wrong and the fix.
     Checked on the login node at the dry run and at submission: nothing is queued that cannot
     start its Python."""
-    return check_image_path(cfg.cluster.image)
+    spec = check_image_path(cfg.cluster.image)
+    runs_root = str(Path(str(cfg.runs_root)).resolve())
+    if not mounts_runs_root(spec, runs_root):
+        raise ConfigError(
+            f"cluster.image={cfg.cluster.image}: its config.json does not bind-mount "
+            f"runs_root={runs_root} (read-write, same path), so checkpoints would be lost; "
+            f"rebuild it with tools/build_image.sh --mount {runs_root}, or add that mount"
+        )
+    return spec
 
 
 def check_image_path(image: str | None) -> dict:
@@ -90,28 +98,14 @@ def check_image_path(image: str | None) -> dict:
     return spec
 
 
-def run_bundle(cfg: DictConfig, spec: dict) -> dict:
-    """The run's config.json: the image's, root made absolute, the runs root mounted read-write
-    at the same path (checkpoints, ledger and logs are written there from inside)."""
-    spec = json.loads(json.dumps(spec))  # a deep copy of plain JSON
-    spec["root"]["path"] = str(rootfs(str(cfg.cluster.image), spec))
-    runs_root = str(Path(str(cfg.runs_root)).resolve())
-    mounts = [m for m in spec.get("mounts", []) if m.get("destination") != runs_root]
-    mounts.append(
-        {"destination": runs_root, "type": "bind", "source": runs_root, "options": ["rbind", "rw"]}
-    )
-    spec["mounts"] = mounts
-    return spec
-
-
-def write_bundle(cfg: DictConfig, run_dir: Path) -> None:
-    """RUN_DIR/oci/config.json for cluster.container=oci (nothing otherwise); written with the
-    batch script, so a hand `sbatch job.sbatch` finds it too."""
-    if cfg.cluster.container != "oci":
-        return
-    spec = run_bundle(cfg, check_image(cfg))
-    target = Path(run_dir) / BUNDLE_DIR / "config.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(spec, indent=1) + "\n")
-    tmp.replace(target)
+def mounts_runs_root(spec: dict, runs_root: str) -> bool:
+    """Whether a bind mount in the bundle shows `runs_root` at the same path inside."""
+    root = Path(runs_root).resolve()
+    for m in spec.get("mounts", []):
+        options = m.get("options", [])
+        if m.get("type") != "bind" and not {"bind", "rbind"} & set(options):
+            continue
+        src, dst = Path(str(m.get("source", ""))), Path(str(m.get("destination", "")))
+        if src == dst and (root == src or src in root.parents):
+            return "ro" not in options
+    return False

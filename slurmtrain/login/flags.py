@@ -267,12 +267,12 @@ def python_command(cfg: DictConfig) -> list[str]:
     return [sys.executable]
 
 
-def container_srun_args(cfg: DictConfig, oci_bundle: str) -> list[str]:
+def container_srun_args(cfg: DictConfig) -> list[str]:
     """srun's own container flags (the ranks' step and the in-image supervisor's): pyxis'
-    image and mounts, or Slurm's OCI bundle (`oci_bundle`: the run's RUN_DIR/oci, as the shell
-    must read it); apptainer wraps the command instead (python_command)."""
+    image and mounts, or Slurm's OCI bundle; apptainer wraps the command instead
+    (python_command)."""
     if cfg.cluster.container == "oci":
-        return [f"--container={oci_bundle}"]
+        return [f"--container={cfg.cluster.image}"]
     return [a for a in srun_args(cfg) if a.startswith("--container-")]
 
 

@@ -16,7 +16,6 @@ from hydra import compose, initialize_config_dir
 from slurmtrain.common import schema as config
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import locate
-from slurmtrain.login import container
 from slurmtrain.login import slurm_submit as backend
 from slurmtrain.login.prepare import resolve
 
@@ -31,8 +30,9 @@ def _cfg(tmp_path, *overrides):
     return resolve(cfg)
 
 
-def _bundle(tmp_path, python=True):
-    """A minimal OCI bundle: config.json and a rootfs with (or without) /usr/bin/python3."""
+def _bundle(tmp_path, python=True, mounts=True):
+    """A minimal OCI bundle: config.json (mounting the runs root, or not) and a rootfs with (or
+    without) /usr/bin/python3."""
     bundle = tmp_path / "image"
     (bundle / "rootfs/usr/bin").mkdir(parents=True)
     if python:
@@ -40,7 +40,9 @@ def _bundle(tmp_path, python=True):
         exe.write_text("#!/bin/sh\n")
         exe.chmod(0o755)
         (bundle / "rootfs/usr/bin/python3").symlink_to("python3.11")
-    spec = {"root": {"path": "rootfs", "readonly": True}, "mounts": [], "process": {}}
+    runs = str(tmp_path.resolve())
+    bind = {"destination": runs, "type": "bind", "source": runs, "options": ["rbind", "rw"]}
+    spec = {"root": {"path": "rootfs"}, "mounts": [bind] if mounts else [], "process": {}}
     (bundle / "config.json").write_text(json.dumps(spec))
     return bundle
 
@@ -50,20 +52,22 @@ def _rank_line(text: str) -> list[str]:
     return shlex.split(line.removesuffix(" &"))
 
 
-def test_oci_ranks_run_in_the_runs_bundle_with_the_images_python(tmp_path):
+def test_oci_ranks_run_in_the_bundle_with_the_images_python(tmp_path):
     image = _bundle(tmp_path)
     cfg = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={image}")
     run = locate(cfg)
     argv = _rank_line(backend.render_sbatch(cfg, run))
-    assert f"--container={run.path}/oci" in argv
+    assert f"--container={image}" in argv
     assert argv[-5:] == ["python3", "-u", "-m", "slurmtrain.compute.attempt", str(run.path)]
 
-    container.write_bundle(cfg, run.path)
-    spec = json.loads((run.path / "oci/config.json").read_text())
-    assert spec["root"]["path"] == str(image.resolve() / "rootfs")
-    runs_root = str((tmp_path / "runs").resolve())
-    assert {"destination": runs_root, "type": "bind", "source": runs_root,
-            "options": ["rbind", "rw"]} in spec["mounts"]  # fmt: skip
+
+def test_an_image_that_does_not_mount_the_runs_root_is_refused(tmp_path):
+    image = _bundle(tmp_path, mounts=False)
+    cfg = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={image}")
+    with pytest.raises(ConfigError) as err:
+        backend.render_sbatch(cfg, locate(cfg))
+    assert str(err.value).startswith(f"cluster.image={image}: its config.json does not bind-mount")
+    assert f"tools/build_image.sh --mount {(tmp_path / 'runs').resolve()}" in str(err.value)
 
 
 def test_supervisor_runs_on_the_host_else_inside_the_image(tmp_path):
@@ -79,7 +83,7 @@ def test_supervisor_runs_on_the_host_else_inside_the_image(tmp_path):
     assert "if /usr/bin/python3 -c 'import slurmtrain.batch.supervise'" in text
     inside = next(ln for ln in text.splitlines() if "supervise() { srun" in ln)
     assert "--nodes=1 --ntasks=1 --overlap" in inside
-    assert f"--container={run.path}/oci python3 -m" in inside
+    assert f"--container={image} python3 -m" in inside
     # every supervisor call goes through the one function that knows where it runs
     assert not re.search(r"python3? -m slurmtrain\.batch\.supervise ", text)
     assert "supervise supervise" in text
