@@ -57,7 +57,7 @@ def _version(text: Optional[str]) -> Optional[tuple[int, int]]:
     return (int(m[1]), int(m[2])) if m else None
 
 
-def check_oci(image: str, timeout: float) -> CheckResult:
+def check_oci(image: str, timeout: float, runs_root: Optional[str] = None) -> CheckResult:
     from slurmtrain.login import container  # pure path/JSON code, no heavy imports
 
     try:
@@ -65,6 +65,13 @@ def check_oci(image: str, timeout: float) -> CheckResult:
     except ConfigError as err:
         return CheckResult("image", "fail", str(err), "fix cluster.image before submitting")
     root = container.rootfs(image, spec)
+    if runs_root and not container.mounts_runs_root(spec, runs_root):
+        return CheckResult(
+            "image",
+            "fail",
+            f"{image}: config.json does not bind-mount the runs root {runs_root}",
+            f"rebuild with tools/build_image.sh --mount {runs_root}, or add the mount",
+        )
     torch = _dist(root, "torch")
     if torch is None:
         return CheckResult(
@@ -106,13 +113,15 @@ def check_oci(image: str, timeout: float) -> CheckResult:
     return CheckResult("image", "ok", "; ".join(bits))
 
 
-def check_image(kind: str, image: Optional[str], timeout: float) -> CheckResult:
+def check_image(
+    kind: str, image: Optional[str], timeout: float, runs_root: Optional[str] = None
+) -> CheckResult:
     if kind == "none":
         return CheckResult("image", "ok", "no container")
     if not image:
         return CheckResult("image", "fail", "no image given", "pass --image (cluster.image)")
     if kind == "oci":
-        return check_oci(image, timeout)
+        return check_oci(image, timeout, runs_root)
     if kind == "apptainer" and shutil.which("apptainer"):
         cmd = run_cmd(["apptainer", "exec", image, "python", "-c", PROBE], max(timeout, 60))
         if not cmd.ok:

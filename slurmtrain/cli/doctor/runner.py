@@ -37,7 +37,7 @@ def _groups(o: DoctorOptions) -> list[tuple[tuple[str, ...], Callable[[], list[C
         (("slurm_accounting",), lambda: [slurm_checks.check_slurm_accounting(t)]),
         (("partition",), lambda: [slurm_checks.check_partition(o.partition, t)]),
         (("container",), lambda: [slurm_checks.check_container(o.container, t)]),
-        (("image",), lambda: [image_checks.check_image(o.container, o.image, t)]),
+        (("image",), lambda: [image_checks.check_image(o.container, o.image, t, str(o.runs_root))]),
         (
             ("run_root", "disk_space"),
             lambda: [
