@@ -1,12 +1,13 @@
-"""Slurm's native OCI containers (cluster.container=oci): the image check and the run's bundle.
+"""OCI containers (cluster.container=oci): the image check and the run's runc bundle.
 
-`cluster.image` names an OCI bundle (a directory with config.json and rootfs/, e.g. from
-tools/build_image.sh) on a path every node sees. Slurm 22.05's `srun --container=DIR` runs each
-task in DIR's config.json (through the runtime oci.conf names) with the job's environment and
-argv, and mounts nothing of its own. So the bundle's config.json must bind-mount the runs root at
-the same path (what pyxis' --container-mounts and Apptainer's --bind do per job); this is checked
-here, before anything is queued. A per-run bundle cannot do it: Slurm always runs DIR/rootfs
-(whatever root.path says) and runc refuses a rootfs that is a symlink (both verified on 22.05).
+`cluster.image` names an OCI bundle (config.json + rootfs/, e.g. from tools/build_image.sh) on a
+path every node sees. Each task of a step runs its own `runc run` (job.sbatch.j2 `oci_task`) on a
+per-run config, RUN_DIR/oci/config.json: the image's, its root made absolute, the runs root and
+/dev/shm bind-mounted at the same paths, the process a script the task writes (its environment,
+then the command). Not Slurm 22.05's `srun --container`, which (verified here, oci.conf with runc)
+starts one task per node ("_modify_config: unexpected number of tasks 2 > 1"), hides the task's
+SLURM_PROCID/LOCALID/NODEID from the container, and always runs BUNDLE/rootfs (runc refuses a
+symlinked one), so neither 8 ranks per node nor a per-run mount would work.
 """
 
 from __future__ import annotations
@@ -66,15 +67,7 @@ def check_image(cfg: DictConfig) -> dict:
     """The image's config.json, or one line naming cluster.image, what is wrong and the fix.
     Checked on the login node at the dry run and at submission: nothing is queued that cannot
     start its Python."""
-    spec = check_image_path(cfg.cluster.image)
-    runs_root = str(Path(str(cfg.runs_root)).resolve())
-    if not mounts_runs_root(spec, runs_root):
-        raise ConfigError(
-            f"cluster.image={cfg.cluster.image}: its config.json does not bind-mount "
-            f"runs_root={runs_root} (read-write, same path), so checkpoints would be lost; "
-            f"rebuild it with tools/build_image.sh --mount {runs_root}, or add that mount"
-        )
-    return spec
+    return check_image_path(cfg.cluster.image)
 
 
 def check_image_path(image: str | None) -> dict:
@@ -98,14 +91,38 @@ def check_image_path(image: str | None) -> dict:
     return spec
 
 
-def mounts_runs_root(spec: dict, runs_root: str) -> bool:
-    """Whether a bind mount in the bundle shows `runs_root` at the same path inside."""
-    root = Path(runs_root).resolve()
-    for m in spec.get("mounts", []):
-        options = m.get("options", [])
-        if m.get("type") != "bind" and not {"bind", "rbind"} & set(options):
-            continue
-        src, dst = Path(str(m.get("source", ""))), Path(str(m.get("destination", "")))
-        if src == dst and (root == src or src in root.parents):
-            return "ro" not in options
-    return False
+TASK_DIR = "@TASK_DIR@"  # replaced per task by its node-local directory (oci_task, in /dev/shm)
+BUNDLE_DIR = "oci"  # RUN_DIR/oci/config.json
+
+
+def _bind(path: str, mode: str = "rw") -> dict:
+    return {"destination": path, "type": "bind", "source": path, "options": ["rbind", mode]}
+
+
+def run_bundle(cfg: DictConfig, spec: dict) -> dict:
+    """The run's config.json: the image's, root absolute, the runs root (checkpoints, ledger,
+    logs) and the host's /dev/shm (the task's script; gloo/NCCL shared memory) mounted at the
+    same paths, the process the task's script; terminal off (srun has no tty)."""
+    spec = json.loads(json.dumps(spec))  # a deep copy of plain JSON
+    spec["root"]["path"] = str(rootfs(str(cfg.cluster.image), spec))
+    runs_root = str(Path(str(cfg.runs_root)).resolve())
+    keep = [
+        m for m in spec.get("mounts", []) if m.get("destination") not in (runs_root, "/dev/shm")
+    ]
+    spec["mounts"] = [*keep, _bind("/dev/shm"), _bind(runs_root)]
+    process = spec.setdefault("process", {})
+    process.update(terminal=False, args=["/bin/bash", f"{TASK_DIR}/run"], cwd="/")
+    return spec
+
+
+def write_bundle(cfg: DictConfig, run_dir: Path) -> None:
+    """RUN_DIR/oci/config.json for cluster.container=oci (nothing otherwise); written with the
+    batch script, so a hand `sbatch job.sbatch` finds it too."""
+    if cfg.cluster.container != "oci":
+        return
+    spec = run_bundle(cfg, check_image(cfg))
+    target = Path(run_dir) / BUNDLE_DIR / "config.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec, indent=1) + "\n")
+    tmp.replace(target)

@@ -268,11 +268,8 @@ def python_command(cfg: DictConfig) -> list[str]:
 
 
 def container_srun_args(cfg: DictConfig) -> list[str]:
-    """srun's own container flags (the ranks' step and the in-image supervisor's): pyxis'
-    image and mounts, or Slurm's OCI bundle; apptainer wraps the command instead
-    (python_command)."""
-    if cfg.cluster.container == "oci":
-        return [f"--container={cfg.cluster.image}"]
+    """srun's own container flags for the in-image supervisor's step: pyxis' image and mounts
+    (apptainer wraps the command, python_command; oci runs the job script's oci_task)."""
     return [a for a in srun_args(cfg) if a.startswith("--container-")]
 
 

@@ -1,4 +1,4 @@
-"""A run whose Python exists only in an OCI image, started by Slurm's own `srun --container`.
+"""A run whose Python exists only in an OCI image: each task a `runc run` under srun.
 
 The image (tools/build_image.sh: Debian 12 + python3 3.11.2 + the wheels + slurmtrain) is built
 once per machine and cached; the batch shell's Python is Debian's bare /usr/bin/python3, which
@@ -83,7 +83,7 @@ def test_container_run_is_requeued_at_its_time_limit_and_resumes_inside_the_imag
         ["nodes=1", "cluster.time=3", "cluster.signal_lead_s=30", "train.max_steps=80"],
         inject="step_delay=0.5",
     )
-    assert f"--container={oci_image}" in (run / "job.sbatch").read_text()
+    assert 'bash -c "$oci_task" oci-task python3' in (run / "job.sbatch").read_text()
     assert time_limit_soon(run) == 1
     [requeued] = wait_event(run, "requeued", timeout=400)
     set_time_limit(str(requeued["new_job_id"]), 3)

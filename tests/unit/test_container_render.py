@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from slurmtrain.common import schema as config
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import locate
+from slurmtrain.login import container
 from slurmtrain.login import slurm_submit as backend
 from slurmtrain.login.prepare import resolve
 
@@ -52,22 +53,25 @@ def _rank_line(text: str) -> list[str]:
     return shlex.split(line.removesuffix(" &"))
 
 
-def test_oci_ranks_run_in_the_bundle_with_the_images_python(tmp_path):
-    image = _bundle(tmp_path)
-    cfg = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={image}")
-    run = locate(cfg)
-    argv = _rank_line(backend.render_sbatch(cfg, run))
-    assert f"--container={image}" in argv
-    assert argv[-5:] == ["python3", "-u", "-m", "slurmtrain.compute.attempt", str(run.path)]
-
-
-def test_an_image_that_does_not_mount_the_runs_root_is_refused(tmp_path):
+def test_oci_ranks_each_run_runc_on_the_runs_bundle_with_the_images_python(tmp_path):
     image = _bundle(tmp_path, mounts=False)
     cfg = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={image}")
-    with pytest.raises(ConfigError) as err:
-        backend.render_sbatch(cfg, locate(cfg))
-    assert str(err.value).startswith(f"cluster.image={image}: its config.json does not bind-mount")
-    assert f"tools/build_image.sh --mount {(tmp_path / 'runs').resolve()}" in str(err.value)
+    run = locate(cfg)
+    text = backend.render_sbatch(cfg, run)
+    argv = _rank_line(text)
+    assert argv[-9:] == ["bash", "-c", "$oci_task", "oci-task", "python3", "-u", "-m",
+                         "slurmtrain.compute.attempt", str(run.path)]  # fmt: skip
+    assert f"export SLURMTRAIN_OCI_CONFIG={run.path}/oci/config.json" in text
+    assert 'runc --root=/run/slurmtrain-runc run -b "$d"' in text
+
+    container.write_bundle(cfg, run.path)
+    spec = json.loads((run.path / "oci/config.json").read_text())
+    assert spec["root"]["path"] == str(image.resolve() / "rootfs")
+    assert spec["process"]["args"] == ["/bin/bash", "@TASK_DIR@/run"]
+    runs_root = str((tmp_path / "runs").resolve())
+    for path in (runs_root, "/dev/shm"):
+        assert {"destination": path, "type": "bind", "source": path,
+                "options": ["rbind", "rw"]} in spec["mounts"]  # fmt: skip
 
 
 def test_supervisor_runs_on_the_host_else_inside_the_image(tmp_path):
@@ -83,7 +87,7 @@ def test_supervisor_runs_on_the_host_else_inside_the_image(tmp_path):
     assert "if /usr/bin/python3 -c 'import slurmtrain.batch.supervise'" in text
     inside = next(ln for ln in text.splitlines() if "supervise() { srun" in ln)
     assert "--nodes=1 --ntasks=1 --overlap" in inside
-    assert f"--container={image} python3 -m" in inside
+    assert 'bash -c "$oci_task" oci-task python3 -m' in inside
     # every supervisor call goes through the one function that knows where it runs
     assert not re.search(r"python3? -m slurmtrain\.batch\.supervise ", text)
     assert "supervise supervise" in text

@@ -65,13 +65,6 @@ def check_oci(image: str, timeout: float, runs_root: Optional[str] = None) -> Ch
     except ConfigError as err:
         return CheckResult("image", "fail", str(err), "fix cluster.image before submitting")
     root = container.rootfs(image, spec)
-    if runs_root and not container.mounts_runs_root(spec, runs_root):
-        return CheckResult(
-            "image",
-            "fail",
-            f"{image}: config.json does not bind-mount the runs root {runs_root}",
-            f"rebuild with tools/build_image.sh --mount {runs_root}, or add the mount",
-        )
     torch = _dist(root, "torch")
     if torch is None:
         return CheckResult(
