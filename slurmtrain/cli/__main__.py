@@ -1,5 +1,5 @@
 """`python -m slurmtrain.cli COMMAND ...`: status, logs, report, doctor, plan-table, export, sample,
-cancel.
+cancel, sync.
 
 Commands that need torch live in compute/ and are reached here by module name only (login/cli code
 never imports compute/): each module has `main(argv) -> int`."""
@@ -16,6 +16,7 @@ COMMANDS = {
     "doctor": "slurmtrain.cli.doctor",
     "plan-table": "slurmtrain.cli.plan_table",
     "cancel": "slurmtrain.cli.cancel",
+    "sync": "slurmtrain.cli.sync",  # offline W&B runs up from a login node
     "export": "slurmtrain.compute.export",
     "sample": "slurmtrain.compute.sample",
 }

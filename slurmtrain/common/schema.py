@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema_logger import LoggerConfig
 
 # Batch keys are derived from train.*; a user passing them through deepspeed.extra would silently
 # disagree with the sampler, so they are refused.
@@ -152,7 +153,7 @@ class ClusterConfig:
     gpu_type: str = "H100"  # for the plan's peak TFLOPS and ETA when nothing was measured yet
     gpu_mem_gb: float = 80.0  # what the memory plan must fit into, per GPU
     cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
-    container: str = "none"  # none | apptainer | pyxis | oci (Slurm's srun --container=BUNDLE)
+    container: str = "none"  # none | apptainer | pyxis | oci (an OCI bundle, one runc per task)
     image: Optional[str] = None  # .sif (apptainer), REGISTRY#IMAGE/.sqsh (pyxis), bundle dir (oci)
     # The batch shell's Python (runs the supervisor when it can import slurmtrain; else, with a
     # container, the supervisor runs inside the image). None: the Python that submitted.
@@ -270,6 +271,7 @@ class RootConfig:
     cluster: ClusterConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # trackers: metrics, events
     name: str = "demo"
     runs_root: str = "runs"
     nodes: Any = 1  # an int, or a range "2-4" that Slurm may start at any size within
@@ -326,6 +328,7 @@ NON_RESULT_KEYS = (
     "train.memory_check_step",
     "train.straggler_factor",
     "checkpoint",
+    "logger",  # where metrics are mirrored: changing trackers keeps the run (and its W&B id)
 )
 
 

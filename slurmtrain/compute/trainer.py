@@ -69,11 +69,13 @@ class Trainer:
             self.memory.stop()
             self.metrics.close()
             code = self.stopped()
+            self.metrics.finish()
             self.teardown()
             return code
         self.watchdog.phase("step", self.deadlines.step_s, "start-up")
         outcome = self.loop()
         code = self.outcome(outcome)
+        self.metrics.finish()  # trackers: after the outcome's events (finished, signal)
         self.teardown()
         return code
 
@@ -120,6 +122,7 @@ class Trainer:
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
+        from slurmtrain.compute.observe.trackers import open_trackers, tensorboard_on
 
         cfg, run, limits = self.cfg, self.run, self.deadlines
         self.ds_config = ds_config.build(cfg, self.world, profile_dir=str(run.profile))
@@ -165,12 +168,17 @@ class Trainer:
         self.checkpointer.attach(self.engine)
         self.data = data.load(cfg.data)  # training windows + sampler, held-out windows
         self.tokens, self.sampler = self.data.train, self.data.sampler
+        n, rows = self.attempt.number, self.attempt.rows
         self.metrics = MetricsWriter(
             run.metrics,
             self.rank == 0,
-            self.attempt.number,
-            run.tensorboard / f"attempt_{self.attempt.number}",
+            n,
+            run.tensorboard / f"attempt_{n}" if tensorboard_on(cfg) else None,
             print_lines=self.rank == 0,
+            # W&B/MLflow (logger=): rank 0 only, one tracker run across attempts
+            trackers=open_trackers(cfg, run.path, run.metrics, n, rows, self.attempt.record)
+            if self.rank == 0
+            else None,
         )
 
     def universal(self, found: Any) -> Any:

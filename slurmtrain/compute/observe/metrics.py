@@ -73,9 +73,11 @@ class MetricsWriter:
         attempt: int,
         tensorboard_dir: Optional[Path],
         print_lines: bool,
+        trackers: Any = None,
     ) -> None:
         self.path, self.enabled, self.attempt = path, enabled, attempt
         self.print_lines = print_lines
+        self.trackers = trackers  # rank 0's W&B/MLflow (observe/trackers.py), or None
         self.tb: Any = None
         if enabled and tensorboard_dir is not None:
             try:
@@ -99,9 +101,19 @@ class MetricsWriter:
                 ),
                 step,
             )
+        if self.trackers is not None:
+            self.trackers.log(step, scalars(values))
         if self.print_lines:
             print(summary_line(step, max_steps, values), file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
+
+    def finish(self) -> None:
+        """After the attempt's outcome is recorded: the trackers get its last events and close."""
+        self.close()
+        trackers, self.trackers = self.trackers, None
+        if trackers is not None:
+            trackers.close()

@@ -1,0 +1,143 @@
+"""`python -m slurmtrain.cli sync RUN_DIR|NAME [--dry-run] [--mlflow-uri URI]`: upload a run's offline trackers.
+
+Compute nodes seldom reach the internet, so W&B writes offline under RUN_DIR/wandb/: one
+offline-run-* folder per attempt, all with the run's one id. From a login node `wandb sync` uploads
+them; given every folder of the run it sends them in start order into ONE W&B run, and skips the
+folders it uploaded before (so sync again after more attempts). MLflow's default is a file store
+in RUN_DIR/mlruns: this says where it is and how to look at it, and `--mlflow-uri URI` copies its
+run to a server (params once, tags, artifacts, each metric's steps past those already there: sync
+again after more attempts); with logger.mlflow.tracking_uri set the ranks logged there already.
+No torch, and wandb/mlflow are imported only when there is something to sync (the upload is
+wandb's own command, in a child process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from slurmtrain.common.rundir import RunDir, runs_named
+
+
+def offline_dirs(run: RunDir) -> list[Path]:
+    """The run's W&B offline folders (one per attempt), oldest first."""
+    return sorted(p for p in (run.path / "wandb").glob("offline-run-*") if p.is_dir())
+
+
+def _logger(run: RunDir) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(run.config.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data.get("logger") or {}
+
+
+def sync_wandb(run: RunDir, dry_run: bool) -> int:
+    dirs = offline_dirs(run)
+    if not dirs:
+        print(f"sync: {run.path}: no offline W&B runs (wandb/offline-run-*)")
+        return 0
+    if importlib.util.find_spec("wandb") is None:
+        print(
+            "sync: the wandb package is not installed here; pip install 'slurmtrain[wandb]'",
+            file=sys.stderr,
+        )
+        return 2
+    command = [sys.executable, "-m", "wandb", "sync", *(["--dry-run"] if dry_run else [])]
+    print(f"sync: {run.path}: {len(dirs)} offline W&B folder(s) -> one run")
+    return subprocess.run([*command, *map(str, dirs)], check=False).returncode
+
+
+def show_mlflow(run: RunDir, chosen: dict[str, Any]) -> None:
+    uri = (chosen.get("mlflow") or {}).get("tracking_uri")
+    store = run.path / "mlruns"
+    if uri:
+        print(f"sync: {run.path}: MLflow logged to {uri} from the compute nodes; nothing to do")
+    elif store.is_dir():
+        print(
+            f"sync: {run.path}: MLflow file store {store} (nothing to upload); look at it with "
+            f"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {store.resolve().as_uri()}"
+        )
+
+
+RUN_TAG = "slurmtrain_run_id"  # compute/observe/tracker_backends.py: the tag that finds a run
+
+
+def copy_mlflow(run: RunDir, uri: str) -> int:
+    """Copy the run's file-store MLflow run(s) to `uri`, found there again by RUN_TAG."""
+    if importlib.util.find_spec("mlflow") is None:
+        print("sync: the mlflow package is not installed here; pip install 'slurmtrain[mlflow]'")
+        return 2
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading our own file store
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    src = MlflowClient(tracking_uri=(run.path / "mlruns").resolve().as_uri())
+    dst = MlflowClient(tracking_uri=uri)
+    for exp in src.search_experiments():
+        there = dst.get_experiment_by_name(exp.name)
+        exp_id = there.experiment_id if there else dst.create_experiment(exp.name)
+        for r in src.search_runs([exp.experiment_id]):
+            tag = r.data.tags.get(RUN_TAG, r.info.run_id)
+            found = dst.search_runs([exp_id], f"tags.{RUN_TAG} = '{tag}'", max_results=1)
+            if found:
+                run_id = found[0].info.run_id
+            else:
+                run_id = dst.create_run(exp_id, run_name=r.info.run_name).info.run_id
+                params = [Param(k, v) for k, v in r.data.params.items()]
+                for i in range(0, len(params), 100):
+                    dst.log_batch(run_id, params=params[i : i + 100])
+            for key, value in {**r.data.tags, RUN_TAG: tag}.items():
+                if not key.startswith("mlflow."):
+                    dst.set_tag(run_id, key, value)
+            sent = 0
+            for key in r.data.metrics:
+                last = max((m.step for m in dst.get_metric_history(run_id, key)), default=0)
+                new = [m for m in src.get_metric_history(r.info.run_id, key) if m.step > last]
+                for i in range(0, len(new), 1000):
+                    batch = [Metric(m.key, m.value, m.timestamp, m.step) for m in new[i : i + 1000]]
+                    dst.log_batch(run_id, metrics=batch)
+                sent += len(new)
+            artifacts = Path(r.info.artifact_uri.removeprefix("file://"))
+            if artifacts.is_dir() and any(artifacts.iterdir()):
+                dst.log_artifacts(run_id, str(artifacts))
+            dst.set_terminated(run_id, status=r.info.status)
+            print(f"sync: MLflow run {r.info.run_name} -> {uri} run {run_id} ({sent} new points)")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli sync", description=__doc__)
+    parser.add_argument("run", help="a run directory, or a run name under --runs-root")
+    parser.add_argument("--runs-root", default=None)
+    parser.add_argument("--dry-run", action="store_true", help="say what would be uploaded")
+    parser.add_argument("--mlflow-uri", help="copy the MLflow file store's run to this server")
+    parser.add_argument("--only", choices=("wandb", "mlflow"), help="sync one tracker only")
+    args = parser.parse_args(argv)
+    found, root = runs_named(args.run, args.runs_root)
+    if not found:
+        print(
+            f"sync: RUN_DIR={args.run!r}: no config.yaml there and no run of that name under "
+            f"{root}; pass a run directory (runs/NAME/FINGERPRINT) or --runs-root",
+            file=sys.stderr,
+        )
+        return 2
+    rc = 0
+    for run in found:
+        chosen = _logger(run)
+        if args.only != "mlflow" and (chosen.get("wandb") is not None or offline_dirs(run)):
+            rc = max(rc, sync_wandb(run, args.dry_run))
+        if args.only == "wandb":
+            continue
+        if args.mlflow_uri and (run.path / "mlruns").is_dir() and not args.dry_run:
+            rc = max(rc, copy_mlflow(run, args.mlflow_uri))
+        else:
+            show_mlflow(run, chosen)
+    return rc

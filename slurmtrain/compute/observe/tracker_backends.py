@@ -1,0 +1,204 @@
+"""The W&B and MLflow ends of compute/observe/trackers.py, through the libraries themselves.
+
+W&B: offline by default, under RUN_DIR/wandb/ (one offline-run-* folder per attempt, all with the
+run's id and resume="allow": `wandb sync` uploads them in start order into ONE run). MLflow: a file
+store in RUN_DIR/mlruns unless the user names a tracking URI; the run is found again by its tag
+`slurmtrain_run_id`, attempts are tags. Both get the config (secrets as references), the plan,
+each attempt's provenance, the metrics on the step axis and the ledger's events. Imported on rank
+0 only, and only when a tracker is chosen (the packages are the optional extras).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import OmegaConf
+
+from slurmtrain.common import secrets
+
+RUN_TAG = "slurmtrain_run_id"  # MLflow: the tag that finds the run again
+MLFLOW_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics, 100 params
+
+
+@dataclass
+class RunContext:
+    cfg: Any
+    path: Path  # the run directory
+    run_id: str  # trackers.tracker_run_id
+    fingerprint: str
+    attempt: int
+    rows: list[dict[str, Any]]  # rank 0's run tier
+
+    def config(self) -> dict[str, Any]:
+        """The resolved config with every secret as a reference (what config.yaml holds)."""
+        return secrets.referenced(OmegaConf.to_container(self.cfg, resolve=True))
+
+    def plan(self) -> dict[str, Any]:
+        """The login node's plan again (pure arithmetic): parameters, memory per rank, ETA lines."""
+        from slurmtrain.common.schema import node_range
+        from slurmtrain.planning import memory
+        from slurmtrain.planning import report as planning
+
+        out: dict[str, Any] = {}
+        try:
+            out["params"] = memory.param_count(self.cfg.model)
+            low = node_range(self.cfg.nodes)[0]
+            out["memory_per_rank_bytes"] = planning.memory_plan(self.cfg, low).total
+            out["text"] = planning.report(self.cfg).text
+        except Exception as err:  # a plan the login node printed; here it is only a record
+            out["error"] = f"{type(err).__name__}: {err}"
+        return out
+
+    def provenance(self) -> dict[str, Any]:
+        """This attempt's provenance record (written, redacted, by rank 0 before training)."""
+        path = self.path / "provenance" / f"attempt_{self.attempt}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def started(self) -> dict[str, Any]:
+        for row in reversed(self.rows):
+            if row.get("event") == "started" and row.get("attempt") == self.attempt:
+                return row
+        return {}
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(data, dict):
+        out: dict[str, str] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): json.dumps(data) if not isinstance(data, str) else data}
+
+
+def _outcome(kept: list[dict[str, Any]]) -> str:
+    """How the attempt ended, for the tracker's run status."""
+    names = {row.get("event") for row in kept}
+    if "finished" in names:
+        return "finished"
+    return "failed" if names & {"failed", "stopped"} else "paused"
+
+
+class Failed:
+    """A tracker that could not open (kept for its name in the error line)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+class WandbBackend:
+    kind = "wandb"
+
+    def __init__(self, ctx: RunContext) -> None:
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        c = ctx.cfg.logger.wandb
+        self.ctx = ctx
+        self.run = wandb.init(
+            project=c.project,
+            entity=c.entity,
+            id=c.id or ctx.run_id,
+            resume="allow",
+            mode=c.mode,
+            dir=str(ctx.path),  # RUN_DIR/wandb/
+            name=ctx.run_id,
+            tags=list(c.tags) or None,
+            config={"config": ctx.config(), "plan": ctx.plan()},
+            # Slurm keeps the logs; provenance/ keeps the git state, redacted (a remote URL may
+            # carry a token, which W&B's own git capture would record)
+            settings=wandb.Settings(console="off", save_code=False, disable_git=True),
+        )
+        self.run.config.update(
+            {"provenance": ctx.provenance(), "attempt": ctx.attempt}, allow_val_change=True
+        )
+        self.run.summary.update({"attempt": ctx.attempt, "fingerprint": ctx.fingerprint})
+
+    def log(self, step: int, row: dict[str, float], events: list[dict[str, Any]]) -> None:
+        if events:
+            self.run.summary.update({f"last/{e['event']}": e for e in events})
+        self.run.log(row, step=step)
+
+    def close(self, step: int, kept: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+        if events:
+            self.run.summary.update({f"last/{e['event']}": e for e in events})
+        # the attempt's events beside the run's files (uploaded by `wandb sync`)
+        name = Path(self.run.dir) / f"events_attempt_{self.ctx.attempt}.jsonl"
+        name.write_text("".join(json.dumps(e, default=str) + "\n" for e in kept))
+        self.run.finish(exit_code=0 if _outcome(kept) != "failed" else 1)
+
+
+class MlflowBackend:
+    kind = "mlflow"
+
+    def __init__(self, ctx: RunContext) -> None:
+        c = ctx.cfg.logger.mlflow
+        uri = c.tracking_uri or (ctx.path / "mlruns").resolve().as_uri()
+        if uri.startswith("file:"):
+            # MLflow 3 keeps its file store "in maintenance" behind this switch; a run directory
+            # on a shared filesystem is where a file store belongs (SQLite there is not safe).
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+
+        self.Metric, self.ctx = Metric, ctx
+        self.client = client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(c.experiment)
+        exp_id = experiment.experiment_id if experiment else client.create_experiment(c.experiment)
+        found = client.search_runs(
+            [exp_id], filter_string=f"tags.{RUN_TAG} = '{ctx.run_id}'", max_results=1
+        )
+        if found:
+            self.run_id = found[0].info.run_id
+            client.update_run(self.run_id, status="RUNNING")
+        else:
+            tags = {RUN_TAG: ctx.run_id, "fingerprint": ctx.fingerprint, "run_dir": str(ctx.path)}
+            self.run_id = client.create_run(exp_id, run_name=ctx.run_id, tags=tags).info.run_id
+            # params are write-once in MLflow: the config as first submitted (config.yaml keeps
+            # later versions; each attempt's is an artifact below)
+            params = [Param(k, v[:6000]) for k, v in _flat(ctx.config()).items()]
+            for i in range(0, len(params), 100):
+                client.log_batch(self.run_id, params=params[i : i + 100])
+        started = ctx.started()
+        n = ctx.attempt
+        attempt_tags = {
+            "attempt": str(n),
+            f"attempt.{n}.job_id": str(started.get("job_id", "")),
+            f"attempt.{n}.world_size": str(started.get("world_size", "")),
+        }
+        for key, value in attempt_tags.items():
+            client.set_tag(self.run_id, key, value)
+        client.log_dict(self.run_id, ctx.config(), f"config/attempt_{n}.yaml")
+        client.log_dict(self.run_id, ctx.plan(), f"plan/attempt_{n}.json")
+        client.log_dict(self.run_id, ctx.provenance(), f"provenance/attempt_{n}.json")
+
+    def log(self, step: int, row: dict[str, float], events: list[dict[str, Any]]) -> None:
+        stamp = int(time.time() * 1000)
+        metrics = [self.Metric(k, float(v), stamp, step) for k, v in row.items()]
+        for i in range(0, len(metrics), MLFLOW_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + MLFLOW_BATCH])
+        for e in events:
+            if e.get("class"):  # the failure class of the newest failure, at a glance
+                self.client.set_tag(self.run_id, f"last_{e['event']}_class", str(e["class"]))
+
+    def close(self, step: int, kept: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+        n = self.ctx.attempt
+        text = "".join(json.dumps(e, default=str) + "\n" for e in kept)
+        self.client.log_text(self.run_id, text, f"events/attempt_{n}.jsonl")
+        outcome = _outcome(kept)
+        self.client.set_tag(self.run_id, f"attempt.{n}.outcome", outcome)
+        status = {"finished": "FINISHED", "failed": "FAILED"}.get(outcome, "KILLED")
+        self.client.set_terminated(self.run_id, status=status)
+
+
+OPENERS: dict[str, Callable[[RunContext], Any]] = {
+    "wandb": WandbBackend,
+    "mlflow": MlflowBackend,
+}

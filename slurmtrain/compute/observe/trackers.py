@@ -1,0 +1,225 @@
+"""Experiment trackers (W&B, MLflow) that see one run however many jobs train it.
+
+Rank 0 mirrors what MetricsWriter logs (metrics.jsonl stays the record) to the trackers chosen with
+`logger=` (conf/logger/). Every attempt, requeue, world-size change and in-allocation restart
+continues ONE tracker run, found by the run's fingerprint (tracker_backends.py). Steps repeat after
+a rollback or a resume from a checkpoint older than the last logged step; a tracker's step axis
+must only grow, so StepAxis passes each step once: the first time it is trained past the highest
+step any attempt logged (metrics.jsonl's tail says which, at the start). The ledger's events
+(checkpoint saved, restart, rollback, failure class) go along, as counters on the step axis and
+as rows the trackers keep. Nothing a tracker does stops training: a failing tracker is reported
+once, on stderr and in the ledger, and dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from slurmtrain.common import secrets
+
+TAIL_BYTES = 1 << 20  # metrics.jsonl's tail read for the highest logged step: O(1), not O(steps)
+
+# Ledger events worth a mark on the tracker: the attempt's life and the run's failures.
+TRACKED_EVENTS = frozenset(
+    {
+        "started",
+        "checkpoint_loaded",
+        "checkpoint_saved",
+        "checkpoint_failed",
+        "checkpoint_skipped",
+        "checkpoint_unloadable",
+        "rollback",
+        "signal",
+        "failed",
+        "stopped",
+        "paused",
+        "finished",
+        "memory_checked",
+        "straggler",
+    }
+)
+# What ends an attempt, written after it by the supervisor or the next start: the next attempt's
+# tracker reports them (the attempt they close had no chance to).
+CLOSING_EVENTS = frozenset(
+    {
+        "attempt_ended",
+        "requeued",
+        "resubmitting",
+        "node_lost",
+        "restarted_in_allocation",
+        "relaunch_abandoned",
+    }
+)
+
+
+def tracker_run_id(name: str, fingerprint: str) -> str:
+    """One tracker run per slurmtrain run: `<name>-<fingerprint>` (W&B ids: <= 64 characters,
+    none of / \\ # ? % :; run names are [A-Za-z0-9._-] already)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return f"{safe[: 63 - len(fingerprint)]}-{fingerprint}"
+
+
+def last_logged_step(metrics: Path) -> int:
+    """The highest step in metrics.jsonl's last TAIL_BYTES (0: none): what trackers have seen."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read()
+    except FileNotFoundError:
+        return 0
+    lines = tail.split(b"\n")
+    if size > TAIL_BYTES:
+        lines = lines[1:]  # the first line may be cut
+    best = 0
+    for line in lines:
+        try:
+            best = max(best, int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line (a killed writer), or not a row
+    return best
+
+
+class StepAxis:
+    """Passes each step once and in increasing order: `accept(step)` is True for a step past
+    every step accepted before (this attempt's and, through `last`, earlier attempts')."""
+
+    def __init__(self, last: int = 0) -> None:
+        self.last = last
+
+    def accept(self, step: int) -> bool:
+        if step <= self.last:
+            return False
+        self.last = step
+        return True
+
+
+def event_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A ledger row as a tracker keeps it: credentials redacted (errors may quote them)."""
+    return {
+        k: secrets.redact_text(v) if isinstance(v, str) else v
+        for k, v in row.items()
+        if k not in ("nodes", "hosts", "pids")  # O(nodes) lists: the ledger has them
+    }
+
+
+def event_counts(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Counters for a metrics row: `event/<name>` and, for a row with a failure class,
+    `failure_class/<class>` = how many (never a key below another: MLflow's file store makes
+    each key a file, so `event/failed` and `event/failed/crash` cannot both exist)."""
+    out: dict[str, float] = {}
+    for row in rows:
+        keys = [f"event/{row['event']}"]
+        if row.get("class"):
+            keys.append(f"failure_class/{row['class']}")
+        for key in keys:
+            out[key] = out.get(key, 0.0) + 1.0
+    return out
+
+
+def wanted(cfg: Any) -> list[str]:
+    """The trackers `logger=` chose, besides TensorBoard (MetricsWriter's own)."""
+    chosen = cfg.get("logger") or {}
+    return [kind for kind in ("wandb", "mlflow") if chosen.get(kind) is not None]
+
+
+def tensorboard_on(cfg: Any) -> bool:
+    """TensorBoard is on when chosen, and when no tracker is (configs from before `logger`)."""
+    chosen = cfg.get("logger") or {}
+    kinds = ("tensorboard", "wandb", "mlflow")
+    return chosen.get("tensorboard") is not None or all(chosen.get(k) is None for k in kinds)
+
+
+class Trackers:
+    """Rank 0's trackers for one attempt: metrics rows on a monotonic step axis, ledger events."""
+
+    def __init__(
+        self,
+        backends: list[Any],
+        axis: StepAxis,
+        rows: list[dict[str, Any]],
+        attempt: int,
+        record: Optional[Callable[..., None]] = None,
+    ) -> None:
+        self.backends, self.axis, self.rows, self.attempt = backends, axis, rows, attempt
+        self.record = record
+        # The events of the attempt before (its end, written by others) and this one's so far.
+        self.pending = [
+            r
+            for r in rows
+            if (r.get("attempt") == attempt - 1 and r.get("event") in CLOSING_EVENTS)
+            or (r.get("attempt") == attempt and r.get("event") in TRACKED_EVENTS)
+        ]
+        self.seen = len(rows)
+        self.kept: list[dict[str, Any]] = []  # this attempt's events, saved with the tracker run
+
+    def _new_events(self) -> list[dict[str, Any]]:
+        fresh = [r for r in self.rows[self.seen :] if r.get("event") in TRACKED_EVENTS]
+        self.seen = len(self.rows)
+        out, self.pending = [*self.pending, *fresh], []
+        return [event_row(r) for r in out]
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        if not self.backends or not self.axis.accept(step):
+            return  # a step logged before (rollback, resume): its events wait for a new step
+        events = self._new_events()
+        self.kept += events
+        self._each("log", step, {**values, **event_counts(events)}, events)
+
+    def close(self) -> None:
+        events = self._new_events()
+        self.kept += events
+        self._each("close", self.axis.last, self.kept, events)
+
+    def _each(self, method: str, *args: Any) -> None:
+        for backend in list(self.backends):
+            try:
+                getattr(backend, method)(*args)
+            except Exception as err:  # a tracker never stops training: metrics.jsonl has it all
+                self.drop(backend, f"{method}: {type(err).__name__}: {err}")
+
+    def drop(self, backend: Any, error: str) -> None:
+        self.backends.remove(backend)
+        error = secrets.redact_text(error)[:2000]
+        print(f"slurmtrain: tracker {backend.kind} dropped: {error}", file=sys.stderr, flush=True)
+        if self.record is not None:
+            self.record("tracker_failed", tracker=backend.kind, error=error)
+
+
+def open_trackers(
+    cfg: Any,
+    run_path: Path,
+    metrics: Path,
+    attempt: int,
+    rows: list[dict[str, Any]],
+    record: Optional[Callable[..., None]] = None,
+) -> Optional[Trackers]:
+    """Rank 0: the trackers `logger=` chose, each resuming the run's one tracker run (None:
+    none chosen)."""
+    if not wanted(cfg):
+        return None
+    from slurmtrain.compute.observe import tracker_backends as backends
+
+    run_path = Path(run_path)
+    axis = StepAxis(last_logged_step(metrics))
+    out = Trackers([], axis, rows, attempt, record)
+    context = backends.RunContext(
+        cfg=cfg,
+        path=run_path,
+        run_id=tracker_run_id(run_path.parent.name, run_path.name),
+        fingerprint=run_path.name,
+        attempt=attempt,
+        rows=rows,
+    )
+    for kind in wanted(cfg):
+        try:
+            out.backends.append(backends.OPENERS[kind](context))
+        except Exception as err:
+            out.backends.append(backends.Failed(kind))
+            out.drop(out.backends[-1], f"open: {type(err).__name__}: {err}")
+    return out

@@ -1,0 +1,161 @@
+"""Trackers (logger=): one tracker run per slurmtrain run, a step axis that only grows, events
+that follow the metrics, bad input refused on the login node, the default's fingerprint kept."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from slurmtrain.common import schema
+from slurmtrain.common import validation_login as checks
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.rundir import fingerprint
+from slurmtrain.compute.observe import trackers
+from slurmtrain.login.prepare import resolve
+
+schema.register()
+
+
+def _cfg(tmp_path, *overrides: str):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[f"runs_root={tmp_path}", "cluster=local", "gpus_per_node=0", *overrides],
+        )
+    return resolve(cfg)
+
+
+def test_run_id_is_the_fingerprint_and_fits_wandb():
+    assert trackers.tracker_run_id("demo", "34307bf8b1dd") == "demo-34307bf8b1dd"
+    long = trackers.tracker_run_id("x" * 100, "34307bf8b1dd")
+    assert len(long) <= 64 and long.endswith("-34307bf8b1dd")
+    assert not re.search(r"[/\\#?%:]", trackers.tracker_run_id("a:b/c", "f"))
+
+
+def test_step_axis_passes_each_step_once_in_order():
+    axis = trackers.StepAxis(last=3)  # steps 1-3 logged by an earlier attempt
+    trained = [2, 3, 4, 5, 6, 4, 5, 6, 7, 8]  # resume from step 1, a rollback from 6 to 3
+    assert [s for s in trained if axis.accept(s)] == [4, 5, 6, 7, 8]
+
+
+def test_last_logged_step_reads_only_the_tail(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    assert trackers.last_logged_step(path) == 0
+    rows = [{"step": s, "loss": 1.0} for s in (1, 2, 3, 7, 8, 5, 6)]  # rolled back from 8
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "lo')  # torn
+    assert trackers.last_logged_step(path) == 8
+    monkeypatch.setattr(trackers, "TAIL_BYTES", 100)  # rows 8, 5, 6 and a cut row 7
+    assert trackers.last_logged_step(path) == 8
+
+
+class Recorder:
+    kind = "fake"
+
+    def __init__(self):
+        self.logged, self.closed = [], None
+
+    def log(self, step, row, events):
+        self.logged.append((step, row, [e["event"] for e in events]))
+
+    def close(self, step, kept, events):
+        self.closed = (step, [e["event"] for e in kept])
+
+
+def test_events_ride_on_the_next_new_step_and_close_keeps_the_attempts_rows():
+    rows = [
+        {"event": "started", "attempt": 1},
+        {"event": "attempt_ended", "attempt": 1, "class": "timed_out"},
+        {"event": "requeued", "attempt": 1},
+        {"event": "started", "attempt": 2, "error": "token hf_abcdefghijklmnopqrstuvwxyz"},
+    ]
+    fake = Recorder()
+    t = trackers.Trackers([fake], trackers.StepAxis(10), rows, attempt=2)
+    t.log(10, {"loss": 1.0})  # seen before: nothing sent, the events wait
+    assert fake.logged == []
+    t.log(11, {"loss": 0.9})
+    step, row, names = fake.logged[0]
+    assert step == 11 and names == ["attempt_ended", "requeued", "started"]
+    assert row["failure_class/timed_out"] == 1.0 and row["loss"] == 0.9
+    rows.append({"event": "rollback", "attempt": 2, "step": 9})
+    t.log(9, {"loss": 2.0})  # after the rollback: an old step, not sent
+    t.log(12, {"loss": 0.8})
+    assert [s for s, _, _ in fake.logged] == [11, 12] and fake.logged[1][2] == ["rollback"]
+    rows.append({"event": "finished", "attempt": 2, "step": 12})
+    t.close()
+    assert fake.closed == (12, ["attempt_ended", "requeued", "started", "rollback", "finished"])
+
+
+def test_an_event_row_never_carries_a_secret():
+    row = trackers.event_row({"event": "failed", "error": "401 for key hf_" + "a" * 30})
+    assert "hf_" not in json.dumps(row)
+
+
+def test_a_failing_tracker_is_dropped_and_recorded_not_raised():
+    class Broken(Recorder):
+        kind = "broken"
+
+        def log(self, step, row, events):
+            raise RuntimeError("disk full")
+
+    recorded, good = [], Recorder()
+    t = trackers.Trackers(
+        [Broken(), good], trackers.StepAxis(), [], 1, record=lambda *a, **k: recorded.append((a, k))
+    )
+    t.log(1, {"loss": 1.0})
+    t.log(2, {"loss": 1.0})
+    assert [s for s, _, _ in good.logged] == [1, 2]
+    assert recorded == [
+        (("tracker_failed",), {"tracker": "broken", "error": "log: RuntimeError: disk full"})
+    ]
+
+
+def test_logger_choices_compose_and_keep_the_default_fingerprint(tmp_path):
+    default = _cfg(tmp_path)
+    assert trackers.tensorboard_on(default) and trackers.wanted(default) == []
+    both = _cfg(tmp_path, "logger=[wandb,mlflow]")
+    assert not trackers.tensorboard_on(both) and trackers.wanted(both) == ["wandb", "mlflow"]
+    assert both.logger.wandb.mode == "offline"
+    three = _cfg(tmp_path, "logger=[tensorboard,wandb,mlflow]", "logger.wandb.project=p")
+    assert trackers.tensorboard_on(three) and three.logger.wandb.project == "p"
+    # trackers do not change the weights: the same run (and the same W&B/MLflow run)
+    assert fingerprint(default) == fingerprint(both) == fingerprint(three) == "34307bf8b1dd"
+
+
+def test_a_config_from_before_logger_keeps_tensorboard(tmp_path):
+    path = tmp_path / "config.yaml"
+    cfg = _cfg(tmp_path)
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data.pop("logger")
+    path.write_text(OmegaConf.to_yaml(data))
+    old = schema.load_run_config(str(path))
+    assert trackers.tensorboard_on(old) and trackers.wanted(old) == []
+
+
+def test_a_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path, "logger=[tensorboard,mlflow]")
+    monkeypatch.setattr(checks, "_installed", lambda package: package != "mlflow")
+    with pytest.raises(ConfigError) as err:
+        checks.check_trackers(cfg)
+    assert "pip install 'slurmtrain[mlflow]'" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bad_wandb_mode_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"logger.wandb.mode='sometimes'"):
+        checks.check_trackers(_cfg(tmp_path, "logger=wandb", "logger.wandb.mode=sometimes"))
+
+
+def test_no_counter_key_lies_below_another():
+    # MLflow's file store makes each metric key a file: `event/failed` beside
+    # `event/failed/crash` failed with "Not a directory" (seen on the cluster test's 2nd attempt)
+    rows = [
+        {"event": "failed", "class": "crash"},
+        {"event": "attempt_ended", "class": "timed_out"},
+        {"event": "rollback"},
+    ]
+    keys = set(trackers.event_counts(rows))
+    assert not [a for a in keys for b in keys if b.startswith(a + "/")], keys
