@@ -7,7 +7,7 @@
 # (debootstrap, chroot). Prints the bundle path on its last line; build time and size on stderr.
 #
 # Cached per machine, keyed by its inputs, so CI builds it once:
-#   $CACHE/rootfs-<deps key>/   Debian + python3 + dependencies: key = this script + pyproject.toml
+#   $CACHE/rootfs-<deps key>/   Debian + python3 + dependencies: key = this script + pyproject's deps
 #   $CACHE/bundle-<deps key>-<src key>/{config.json,rootfs/}   a standard OCI bundle: a hard-linked
 #   copy of that rootfs (seconds, no space) plus slurmtrain at this source, and runc's spec adjusted
 #   (tools/oci_spec.py). A source change costs a copy and a 1 s install, not a new rootfs.
@@ -31,7 +31,9 @@ while [ "$#" -gt 0 ]; do
     esac
 done
 [ "${#mounts[@]}" -gt 0 ] || mounts=("$(realpath -m "${SLURMTRAIN_RUNS_ROOT:-/tmp}")")
-deps_key=$(cat tools/build_image.sh pyproject.toml | sha256sum | cut -c1-12)
+# The rootfs depends on this script and pyproject's dependency list only (not its other tables).
+deps=$(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+deps_key=$( (cat tools/build_image.sh; echo "$deps") | sha256sum | cut -c1-12)
 # The package's source as pip would install it (tracked + untracked, not ignored), the spec
 # script and the mounts: what the bundle (not the shared rootfs) depends on.
 src_key=$( (git ls-files -co --exclude-standard -- slurmtrain conf sbatch_templates hydra_plugins \
@@ -99,8 +101,8 @@ if [ ! -f "$rootfs/.complete" ]; then
         touch "$rootfs/.debootstrapped"
     fi
     # Dependencies only (the package itself goes in per source key below), from pyproject.toml.
-    mapfile -t deps < <(python3 -c 'import sys, tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
-    in_root python3 -m pip install --quiet --break-system-packages "${deps[@]}" >&2
+    mapfile -t dep_list <<<"$deps"
+    in_root python3 -m pip install --quiet --break-system-packages "${dep_list[@]}" >&2
     in_root python3 -c 'import torch, deepspeed, transformers; print("build_image: torch", torch.__version__, "deepspeed", deepspeed.__version__)' >&2
     rm -rf "$rootfs/root/.cache" "$rootfs/var/cache/apt/archives"/*.deb
     touch "$rootfs/.complete"
