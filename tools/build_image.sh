@@ -67,6 +67,13 @@ while IFS= read -r line; do
     pip_env+=("PIP_$(echo "${key#*.}" | tr 'a-z-' 'A-Z_')=$val")
 done < <(python3 -m pip config list 2>/dev/null || true)
 
+unmount_under() {  # before any rm -rf: a killed build leaves the host's dirs bind-mounted inside
+    local m
+    for m in $(awk -v d="$1" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+        umount "$m" || { echo "build_image: cannot unmount $m; not deleting $1" >&2; return 1; }
+    done
+}
+
 in_root() {  # a command inside the rootfs, with pip's local wheel sources and the host's DNS
     local m
     for m in /proc /opt/wheels /opt/pypi /opt/pypi-more; do
@@ -85,15 +92,13 @@ in_root() {  # a command inside the rootfs, with pip's local wheel sources and t
         PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 PIP_CERT=/tmp/build-ca.crt \
         "$@" || rc=$?
     rm -f "$rootfs/tmp/build-ca.crt"
-    for m in /opt/pypi-more /opt/pypi /opt/wheels /proc; do
-        mountpoint -q "$rootfs$m" && umount "$rootfs$m"
-    done
+    unmount_under "$rootfs/" || return 1
     return "$rc"
 }
 
 if [ ! -f "$rootfs/.complete" ]; then
     if [ ! -f "$rootfs/.debootstrapped" ]; then  # the slow half (~5 min here): kept on a pip failure
-        rm -rf "$rootfs" "$rootfs.tmp"
+        unmount_under "$rootfs/" && unmount_under "$rootfs.tmp/" && rm -rf "$rootfs" "$rootfs.tmp"
         echo "build_image: debootstrap $SUITE into $rootfs" >&2
         debootstrap --variant=minbase --include=python3,python3-pip,ca-certificates,slurm-client \
             "$SUITE" "$rootfs.tmp" "$MIRROR" >&2
@@ -113,7 +118,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m pip wheel --quiet --no-deps --no-build-isolation -w "$work" . >&2 2>/dev/null \
     || .venv/bin/python -m pip wheel --quiet --no-deps --no-build-isolation -w "$work" . >&2
-rm -rf "$bundle.tmp"
+unmount_under "$bundle.tmp/" && rm -rf "$bundle.tmp"
 mkdir -p "$bundle.tmp"
 cp -al "$rootfs" "$bundle.tmp/rootfs"  # hard links: pip below only adds files
 base=$rootfs
@@ -126,8 +131,14 @@ rm -f "$rootfs/tmp/$wheel" "$rootfs/.complete"
 (cd "$bundle.tmp" && runc spec)
 python3 tools/oci_spec.py "$bundle.tmp/config.json" "${mounts[@]/#/--mount=}"
 mv "$bundle.tmp" "$bundle"
-# Old source versions: keep the newest few (a run queued a while ago may still start from one).
+# Old source versions: keep the newest few (a run queued a while ago may still start from one);
+# rootfs of other dependency sets go (1.6 GB each), unless their builder holds its lock now.
 ls -dt "$CACHE"/bundle-* | tail -n +6 | xargs -r rm -rf
+for old in "$CACHE"/rootfs-*; do
+    [ "$old" = "$base" ] && continue
+    key=${old##*/rootfs-} key=${key%.tmp}
+    (flock -n 8 && unmount_under "$old/" && rm -rf "$old") 8>"$CACHE/.lock-$key" || true
+done
 end=$(date +%s)
 size=$(du -sh "$base" | cut -f1)
 echo "build_image: bundle $bundle (rootfs $base, $size) in $((end - start)) s" >&2
