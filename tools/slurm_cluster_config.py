@@ -221,6 +221,28 @@ class Cluster:
             + "\n"
         )
 
+    def oci_conf(self) -> str:
+        """`srun --container=BUNDLE` through runc (Debian's; crun refuses this host's hybrid
+        cgroups). RunTimeRun: one foreground `runc run` per task, which forwards the signals Slurm
+        sends the task (USR2, TERM) to the Python inside; Kill/Delete clean up after a failed
+        step. Container ids carry the node name: many slurmd share this machine's runc state."""
+        runc = f"runc --root={self.run}/runc"
+        cid = "%n.%u.%j.%s.%t"
+        return (
+            "\n".join(
+                [
+                    MARK,
+                    f'RunTimeQuery="{runc} state {cid}"',
+                    f'RunTimeKill="{runc} kill -a {cid} SIGTERM"',
+                    f'RunTimeDelete="{runc} delete --force {cid}"',
+                    # exec: slurmstepd runs the pattern with /bin/sh -c, and a step's signal
+                    # (USR2 at the time limit) killed that shell, masking the ranks' exit codes
+                    f'RunTimeRun="exec {runc} run {cid} -b %b"',
+                ]
+            )
+            + "\n"
+        )
+
     def dbd_conf(self) -> str:
         d = self.dir
         return (
@@ -255,6 +277,7 @@ class Cluster:
             ("slurm.conf", self.slurm_conf()),
             ("slurmdbd.conf", self.dbd_conf()),
             ("gres.conf", self.gres_conf()),
+            ("oci.conf", self.oci_conf()),  # read at each container step: no restart needed
         ]:
             (self.etc / fname).write_text(text)
             target = ETC / fname
@@ -271,7 +294,7 @@ class Cluster:
         return changed
 
     def uninstall_confs(self) -> None:
-        for fname in ["slurm.conf", "slurmdbd.conf", "gres.conf"]:
+        for fname in ["slurm.conf", "slurmdbd.conf", "gres.conf", "oci.conf"]:
             target, backup = ETC / fname, ETC / (fname + ".slurmtrain-backup")
             if target.exists() and MARK in target.read_text():
                 target.unlink()

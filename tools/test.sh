@@ -8,6 +8,10 @@ bash tools/setup.sh --test
 .venv/bin/python tools/slurm_cluster.py install
 .venv/bin/python tools/slurm_cluster.py start --nodes 4 --gpu-nodes 2 --big-nodes 18
 export SLURMTRAIN_CLUSTER_STARTED=1
+# The OCI image for tests/cluster/test_containers.py, cached per machine (~10 min when its inputs
+# change, seconds otherwise): built beside lint and the unit tests; the tests' fixture waits on it.
+apt-get install -y -qq debootstrap runc >/dev/null
+bash tools/build_image.sh >/tmp/slurmtrain-image-build.log 2>&1 &
 # Lint and format first (pyproject.toml [tool.ruff]): a style slip fails CI like a test does.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

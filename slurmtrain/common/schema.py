@@ -161,8 +161,11 @@ class ClusterConfig:
     gpu_type: str = "H100"  # for the plan's peak TFLOPS and ETA when nothing was measured yet
     gpu_mem_gb: float = 80.0  # what the memory plan must fit into, per GPU
     cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
-    container: str = "none"  # none | apptainer | pyxis
-    image: Optional[str] = None
+    container: str = "none"  # none | apptainer | pyxis | oci (an OCI bundle, one runc per task)
+    image: Optional[str] = None  # .sif (apptainer), REGISTRY#IMAGE/.sqsh (pyxis), bundle dir (oci)
+    # The batch shell's Python (runs the supervisor when it can import slurmtrain; else, with a
+    # container, the supervisor runs inside the image). None: the Python that submitted.
+    host_python: Optional[str] = None
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
     srun_extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)

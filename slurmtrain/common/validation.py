@@ -259,7 +259,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false"
         )
     _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
-    _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis"))
+    _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis", "oci"))
     _choice("data.kind", cfg.data.kind, ("synthetic", "tokens", "blend"))
     _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))

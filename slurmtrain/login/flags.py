@@ -259,7 +259,23 @@ def python_command(cfg: DictConfig) -> list[str]:
         ]
     if cfg.cluster.container == "pyxis":
         return ["python"]
+    if cfg.cluster.container == "oci":
+        from slurmtrain.login import container
+
+        container.check_image(cfg)  # one line now, not a job that cannot start its Python
+        return [container.IMAGE_PYTHON]
     return [sys.executable]
+
+
+def container_srun_args(cfg: DictConfig) -> list[str]:
+    """srun's own container flags for the in-image supervisor's step: pyxis' image and mounts
+    (apptainer wraps the command, python_command; oci runs the job script's oci_task)."""
+    return [a for a in srun_args(cfg) if a.startswith("--container-")]
+
+
+def host_python(cfg: DictConfig) -> str:
+    """The batch shell's Python: cluster.host_python, else the one submitting (shared /home)."""
+    return str(cfg.cluster.host_python or sys.executable)
 
 
 def quote_all(args: list[str]) -> str:

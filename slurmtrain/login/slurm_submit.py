@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import shlex
-import sys
 import time
 import uuid
 from importlib.resources import files
@@ -26,7 +25,7 @@ from slurmtrain.common import slurm_text as slurm
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
-from slurmtrain.login import flags
+from slurmtrain.login import container, flags
 from slurmtrain.login.submit import Submission
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
@@ -150,9 +149,13 @@ def render_script(
         batch_log=batch_log,
         env=env,
         secrets_file=secrets_file,
-        python_path=sys.executable,
+        python_path=flags.host_python(cfg),
         logs=logs,
         srun_args=flags.quote_all(srun),
+        container_args=flags.quote_all(flags.container_srun_args(cfg)),
+        oci=cfg.cluster.container == "oci",
+        oci_config=('"$RUN_DIR"' if array_map else shlex.quote(run_dir))
+        + f"/{container.BUNDLE_DIR}/config.json",
         python=flags.quote_all(flags.python_command(cfg)),
         run_arg=run_arg,
         exit_requeue=EXIT_REQUEUE,
@@ -269,6 +272,7 @@ def prepare(cfg: DictConfig, run: RunDir) -> None:
     """Everything before queueing: cluster check (cached) and the hand-resubmittable job.sbatch."""
     check_cluster(cfg)
     run.sbatch.write_text(render_sbatch(cfg, run))
+    container.write_bundle(cfg, run.path)  # cluster.container=oci: RUN_DIR/oci/config.json
 
 
 def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: Any) -> Submission:
@@ -312,6 +316,8 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
         scripts.append((run.sbatch, render_sbatch(cfg, run, own)))
     # Nothing written unless every point could be rendered; then written side by side.
     in_parallel(lambda script: script[0].write_text(script[1]), scripts)
+    for cfg, run in items:
+        container.write_bundle(cfg, run.path)
     # Array tasks share one script: the supervisor finds its run by SLURM_ARRAY_TASK_ID in this map.
     folder.mkdir(parents=True, exist_ok=True)
     mapping = folder / f"sweep-{int(time.time() * 1000)}.json"

@@ -113,6 +113,7 @@ def test_check_names_are_the_documented_set():
         "slurm_accounting",
         "partition",
         "container",
+        "image",
         "run_root",
         "disk_space",
     ]

@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--container", choices=CONTAINERS, default="none", help="container runtime the job will use"
     )
+    p.add_argument("--image", default=None, help="the container image (cluster.image) to inspect")
     p.add_argument(
         "--planned-checkpoint-gb",
         type=_positive(float, "--planned-checkpoint-gb"),
@@ -107,6 +108,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runs_root=args.runs_root or default_runs_root(),
         partition=args.partition,
         container=args.container,
+        image=args.image,
         planned_checkpoint_gb=args.planned_checkpoint_gb,
         command_timeout=args.timeout,
         probe_timeout=args.probe_timeout,

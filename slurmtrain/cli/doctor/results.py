@@ -15,7 +15,7 @@ from slurmtrain.common.commands import Cmd, run_cmd  # noqa: F401  (the doctor's
 
 Status = Literal["ok", "warn", "fail"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail")
-CONTAINERS = ("none", "apptainer", "pyxis")
+CONTAINERS = ("none", "apptainer", "pyxis", "oci")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class DoctorOptions:
     runs_root: Path = field(default_factory=default_runs_root)
     partition: Optional[str] = None
     container: str = "none"
+    image: Optional[str] = None  # cluster.image: checked before anything is queued
     planned_checkpoint_gb: Optional[float] = None
     site_paths: Optional[list[str]] = None
     command_timeout: float = 8.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import python_env, slurm_checks, storage, torch_stack, wheels
+from . import image_checks, python_env, slurm_checks, storage, torch_stack, wheels
 from .results import CheckResult, DoctorOptions
 
 REPO_ROOT = (
@@ -37,6 +37,7 @@ def _groups(o: DoctorOptions) -> list[tuple[tuple[str, ...], Callable[[], list[C
         (("slurm_accounting",), lambda: [slurm_checks.check_slurm_accounting(t)]),
         (("partition",), lambda: [slurm_checks.check_partition(o.partition, t)]),
         (("container",), lambda: [slurm_checks.check_container(o.container, t)]),
+        (("image",), lambda: [image_checks.check_image(o.container, o.image, t, str(o.runs_root))]),
         (
             ("run_root", "disk_space"),
             lambda: [
@@ -161,6 +162,8 @@ def srun_argv(o: DoctorOptions, nodes: int, marker: Optional[Path]) -> list[str]
         argv += ["--partition", o.partition]
     if o.planned_checkpoint_gb is not None:
         argv += ["--planned-checkpoint-gb", str(o.planned_checkpoint_gb)]
+    if o.image:
+        argv += ["--image", o.image]
     if marker is not None:
         argv += ["--shared-marker", str(marker)]
     return argv

@@ -47,6 +47,19 @@ def safe_types() -> list[Any]:
     ]
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """`builtins.getattr` in a checkpoint: how Python 3.11.2 (Debian 12, container images) and
+    3.12+ pickle an enum member. Only a member of an allow-listed enum resolves; anything else
+    is refused, so the name grants no general attribute access."""
+    import enum
+    import pickle
+
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and cls in safe_types():
+        if name in cls.__members__:
+            return cls[name]
+    raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not an allowed enum member")
+
+
 def enforce() -> None:
     """Every torch.load of this process (and its children) weights-only, the allow-list known.
     Idempotent; called before the first load of a checkpoint."""
@@ -55,7 +68,7 @@ def enforce() -> None:
         return
     import torch
 
-    torch.serialization.add_safe_globals(safe_types())
+    torch.serialization.add_safe_globals([*safe_types(), (_enum_member, "builtins.getattr")])
     os.environ[FORCE] = "1"
     os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # torch refuses both at once
     _enforced = True
