@@ -65,7 +65,9 @@ def test_submitit_submission_file_equals_job_sbatch_field_by_field(tmp_path):
     assert f"--output={run.logs}/%j_%t.out" in srun and f"--error={run.logs}/%j_%t.err" in srun
     assert "--cpu-bind=cores" in srun
     supervisor = " ".join(ours["after_srun"])
-    assert f"-m slurmtrain.batch.supervise {run.path}" in supervisor
+    # The supervisor is a shell function (host Python, or the image as a one-task step)
+    assert f"supervise supervise {run.path}" in supervisor
+    assert '-m "slurmtrain.batch.$1"' in backend.render_sbatch(cfg, run)
 
 
 def test_array_tasks_run_the_same_srun_line_on_their_own_run(tmp_path):
