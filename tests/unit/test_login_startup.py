@@ -61,3 +61,14 @@ def test_the_shipped_config_leaves_hydra_mode_to_the_command_line():
 
     config = OmegaConf.load(ROOT / "conf" / "config.yaml")
     assert OmegaConf.select(config, "hydra.mode") is None
+
+
+def test_the_schema_imports_no_hydra():
+    """Workers and the `cli` commands load run configs through the schema; only composing (the
+    login command, its sweeps) needs Hydra's config store, ~90 ms of imports."""
+    code = "import sys, slurmtrain.common.schema; print(sorted(m for m in sys.modules if m.split('.')[0] == 'hydra'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=slurmtrain_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
