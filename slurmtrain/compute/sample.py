@@ -2,10 +2,10 @@
 
 From a run directory it consolidates a checkpoint in memory (newest valid or --step N, DeepSpeed's
 zero_to_fp32 as in export.py); from an export folder it uses `from_pretrained`. Decoding samples at
-temperature 0.8 from the top 40 tokens, seeded (--seed): a small model's likeliest next byte is
+temperature 0.7 from the top 20 tokens, seeded (--seed): a small model's likeliest next byte is
 often one more space, so greedy decoding loops on whitespace and unrestricted sampling wanders into
 byte soup. --temperature 0 is greedy, guarded against verbatim loops (no n-gram twice, transformers'
-no_repeat_ngram_size). CPU, or one GPU when there is one (--device).
+no_repeat_ngram_size); byte-level text never runs more than 16 spaces. CPU, or one GPU (--device).
 Tokens: the run's tokenizer folder when its token file was made with one (an export carries the
 tokenizer files), else bytes: the demo corpus is UTF-8 bytes, ids 0-255 of a larger embedding, so
 ids >= 256 are never generated and 0 (prepare_data's byte-level end of document) ends the text.
@@ -22,11 +22,14 @@ from slurmtrain.common.rundir import RunDir
 from slurmtrain.compute.export import ExportError, find_run, quiet
 
 BYTE_VOCAB = 256
-DEFAULT_TEMPERATURE = 0.8
-DEFAULT_TOP_K = 40
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_K = 20
 # Greedy's loop guard, about 24 bytes whichever the codec: long enough that indentation and common
 # line starts may repeat, short enough that no line or run of spaces repeats verbatim.
 GREEDY_NO_REPEAT_NGRAM = {"bytes": 24, "tokens": 6}
+# Byte-level models learn late where indentation ends; until then they extend a run of spaces with
+# high probability at every step. Capped at four indentation levels (transformers' sequence_bias).
+MAX_SPACE_RUN = 16
 
 
 class ByteCodec:
@@ -93,10 +96,20 @@ def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
 
 def decoding(codec: Any, temperature: float, top_k: int, top_p: float) -> dict[str, Any]:
     """transformers generate() keywords: sampling when temperature > 0, else guarded greedy."""
+    byte_level = isinstance(codec, ByteCodec)
+    extra: dict[str, Any] = {}
+    if byte_level:  # the (MAX_SPACE_RUN + 1)-th space in a row is never chosen
+        extra["sequence_bias"] = {(ord(" "),) * (MAX_SPACE_RUN + 1): -1e4}
     if temperature > 0:
-        return {"do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-    unit = "bytes" if isinstance(codec, ByteCodec) else "tokens"
-    return {"do_sample": False, "no_repeat_ngram_size": GREEDY_NO_REPEAT_NGRAM[unit]}
+        return {
+            "do_sample": True,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            **extra,
+        }
+    unit = "bytes" if byte_level else "tokens"
+    return {"do_sample": False, "no_repeat_ngram_size": GREEDY_NO_REPEAT_NGRAM[unit], **extra}
 
 
 def generate(
