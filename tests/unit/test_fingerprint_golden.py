@@ -34,6 +34,7 @@ GOLDEN = [
     ("opt125m", ("train.max_steps=20", "optim.lr=3e-4"), "c067143413bc"),
     ("opt13b", ("deepspeed=zero3", "model.activation_checkpointing=true"), "ec48a72e2a25"),
     ("opt1.3b", ("data.seq_len=1024", "model.dropout=0.0"), "dfcf0448c525"),
+    ("opt_demo", (), "f7dbb3f0ad95"),  # tools/demo.sh's model and recipe, as first shipped
 ]
 
 
