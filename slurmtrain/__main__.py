@@ -1,7 +1,8 @@
 """`python -m slurmtrain [KEY=VALUE ...]`: compose -> validate -> plan -> run directory -> submit.
 
 Login-node code: nothing imported here pulls in torch, deepspeed or transformers, so a dry run takes
-under half a second (bench/dry_run_speed.py). Every user mistake ends as one line (key, value, fix) and exit code 2.
+under half a second (bench/dry_run_speed.py). Every user mistake ends as one line (key, value, fix)
+and exit code 2.
 """
 
 from __future__ import annotations
