@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
@@ -343,6 +342,8 @@ NON_RESULT_KEYS = (
 
 def register() -> None:
     """The schema under conf/config.yaml's defaults: every group file is typed against it."""
+    from hydra.core.config_store import ConfigStore  # composing only: workers load without Hydra
+
     ConfigStore.instance().store(name="slurmtrain_schema", node=RootConfig)
 
 

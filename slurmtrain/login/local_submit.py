@@ -14,6 +14,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -75,12 +77,28 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         print(f"slurmtrain: worker logs: {run.logs}/{job.job_id}_*.err")
     done = any(r["event"] == "finished" for r in run.run_events())
     if done:  # what to do with the model just trained
+        _print_sample(run)
         print(f"sample: python -m slurmtrain.cli sample {run.path} --prompt 'def '")
         print(f"export: python -m slurmtrain.cli export {run.path} --out exports/{cfg.name}")
     stopped = [e for e in run.run_events("stopped") if str(e.get("job_id")) == str(job.job_id)]
     if stopped:  # diverged, checkpoint_unreadable, a budget: the attempt said why
         print(f"slurmtrain: run stopped ({stopped[-1].get('class')}): {stopped[-1].get('error')}")
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
+
+
+def _print_sample(run: RunDir) -> None:
+    """tools/demo.sh's closing sample (SLURMTRAIN_SAMPLE_PROMPT set): the model just trained
+    continues the prompt, in a child process so that this login-side one never imports torch."""
+    prompt = os.environ.get("SLURMTRAIN_SAMPLE_PROMPT")
+    if not prompt:
+        return
+    cmd = [sys.executable, "-m", "slurmtrain.cli", "sample", str(run.path), "--prompt", prompt]
+    done = subprocess.run([*cmd, "--tokens", "400"], capture_output=True, text=True)
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"slurmtrain: no sample: {why}")
+        return
+    print(f"the model's continuation of {prompt!r}:\n{done.stdout.rstrip()}\n")
 
 
 def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:

@@ -97,7 +97,7 @@ def test_sample_prints_text_from_a_run_and_from_its_export(z3_run, tmp_path):
         ["sample", str(tmp_path / "hf"), "--prompt", "def ", "--tokens", "16"], tmp_path
     )
     assert from_export.returncode == 0, from_export.stderr
-    assert from_export.stdout == from_run.stdout  # greedy, same weights (step 8)
+    assert from_export.stdout == from_run.stdout  # the same weights (step 8), the same seed
     sampled = _cli(
         [
             "sample",

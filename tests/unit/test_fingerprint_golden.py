@@ -34,12 +34,13 @@ GOLDEN = [
     ("opt125m", ("train.max_steps=20", "optim.lr=3e-4"), "c067143413bc"),
     ("opt13b", ("deepspeed=zero3", "model.activation_checkpointing=true"), "ec48a72e2a25"),
     ("opt1.3b", ("data.seq_len=1024", "model.dropout=0.0"), "dfcf0448c525"),
-    # issue 21's families and the Llama recipe (chosen with recipe=, not by the model's name)
+    # the model families and the Llama recipe (chosen with recipe=, not by the model's name)
     ("llama_tiny", (), "4aa4c710a781"),
     ("llama_tiny", ("recipe=llama",), "838a78b09683"),
     ("qwen2_tiny", (), "8cd18423e741"),
     ("llama3_8b", ("recipe=llama",), "85d1921ab1dd"),
     ("mistral_7b", (), "86462f992717"),
+    ("opt_demo", (), "f7dbb3f0ad95"),  # tools/demo.sh's model and recipe, as first shipped
 ]
 
 
