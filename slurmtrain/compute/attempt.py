@@ -35,6 +35,7 @@ from slurmtrain.compute.distributed import (
 from slurmtrain.compute.faults import inject, owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
+from slurmtrain.compute.startup import StartupClock
 from slurmtrain.compute.trainer import Trainer
 from slurmtrain.planning import deadlines as phases
 
@@ -65,6 +66,7 @@ class Attempt:
         self.rows: list[dict[str, Any]] = rows if rows is not None else []
 
     step: Optional[int] = None  # the step being trained, for failure records
+    startup: Optional[StartupClock] = None  # the start-up's phases, recorded after the first step
 
     def record(self, event: str, **fields: Any) -> None:
         """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
@@ -237,6 +239,8 @@ def _startup_hang(
 
 def run(run_dir: str, master_port: Optional[int] = None) -> int:
     """Train this run until it finishes or is told to stop; returns the process exit code."""
+    clock = StartupClock()  # from the process's exec: interpreter and imports count
+    clock.mark("launch")
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
     _quiet_environment(cfg.gpus_per_node == 0)
@@ -261,7 +265,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     ).start()
     inject.wedge_before_rendezvous(where.rank, run.path, bool(cfg.faults.allow_inject))
     try:
-        return _run(run, cfg, where, flags, watchdog, arrival)
+        return _run(run, cfg, where, flags, watchdog, arrival, clock)
     finally:
         watchdog.stop()
 
@@ -273,6 +277,7 @@ def _run(
     flags: Any,
     watchdog: Watchdog,
     arrival: dict[str, float],
+    clock: StartupClock,
 ) -> int:
     cpu = cfg.gpus_per_node == 0
     allowed = bool(cfg.faults.allow_inject)  # SLURMTRAIN_INJECT only where the run opted in
@@ -284,6 +289,7 @@ def _run(
     from slurmtrain.compute.checkpoint import safe_load
 
     safe_load.enforce()  # every checkpoint load weights-only, DeepSpeed's own too (safe_load.py)
+    clock.mark("imports")
 
     # Every start-up failure (device, rendezvous, claim) is recorded: no attempt number yet, so
     # its row names the job id and restart count, and the node.
@@ -344,6 +350,8 @@ def _run(
         )
         raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
+    clock.mark("rendezvous")
+    attempt.startup = clock if where.rank == 0 else None
     if where.rank == 0:
         provenance.write(
             run.provenance,
@@ -365,6 +373,7 @@ def _run(
         watchdog.phase(phases.HEALTH, cfg.faults.startup_timeout_s)
         if cfg.faults.health_check and not _healthy(cfg, run, where, attempt, injector):
             return errors.EXIT_BAD_NODE
+        clock.mark("health")
         code = Trainer(cfg, run, where, attempt, flags, injector, watchdog).fit()
     except Exception as err:  # the failing rank records its error and class, then re-raises
         error, trace = f"{type(err).__name__}: {err}", traceback.format_exc()

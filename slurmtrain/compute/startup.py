@@ -1,0 +1,92 @@
+"""An attempt's start-up, phase by phase: from the process's own start to its first optimizer step.
+
+Rank 0 keeps the clock and records one `startup` row per attempt after its first step (O(1): one
+row, one write), with the seconds of each phase in order:
+  launch          the process's start (exec by srun or the local executor) to attempt.run()
+                  (the interpreter and slurmtrain's own imports; where the environment was staged
+                  node-locally, that copy's imports)
+  imports         torch and deepspeed
+  rendezvous      init_distributed, the host gather, the run's claim and `started`
+  health          the health gate (and the budget check before it)
+  choose          which checkpoint (verification of its files when checksums are on)
+  build           the model (on the meta device when a checkpoint overwrites it: trainer.py)
+  deepspeed_init  deepspeed.initialize and the checkpointer, data and metrics set-up
+  load            the checkpoint's load (0 on a fresh start)
+  first_step      the first optimizer step (its forward, backward, all-reduce and update)
+`torch_from`: the file torch was imported from; `staged_env`: the node-local copy of the environment
+the ranks run from (cluster.stage_env), else None.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+PHASES = (
+    "launch",
+    "imports",
+    "rendezvous",
+    "health",
+    "choose",
+    "build",
+    "deepspeed_init",
+    "load",
+    "first_step",
+)
+
+
+def process_started_at() -> float:
+    """Unix time this process was exec'd (Linux /proc; the tick is 10 ms): what `launch` counts
+    from, so interpreter start and the imports before our first line are in the record too."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22 of proc(5): starttime, in clock ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(age, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+
+
+class StartupClock:
+    """Seconds per start-up phase; `mark(name)` closes the phase that ran since the last mark."""
+
+    def __init__(self, began: Optional[float] = None) -> None:
+        self.began = process_started_at() if began is None else began
+        self.last = self.began
+        self.seconds: dict[str, float] = {}
+        self.done = False
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + max(now - self.last, 0.0), 3)
+        self.last = now
+
+    def row(self) -> dict[str, Any]:
+        """The `startup` row's fields: phases in order (missing ones 0), total, where torch is."""
+        phases = {p: self.seconds.get(p, 0.0) for p in PHASES}
+        phases.update({k: v for k, v in self.seconds.items() if k not in phases})
+        return {
+            "phases": phases,
+            "seconds": round(self.last - self.began, 3),
+            "process_started_at": self.began,
+            "torch_from": _torch_file(),
+            "python": sys.executable,
+            # the node-local copy this process runs from (the batch script's staging block)
+            "staged_env": os.environ.get("SLURMTRAIN_STAGED_ENV") or None,
+        }
+
+    def finish(self, record: Callable[..., Any]) -> None:
+        """After the first step: the one `startup` row (rank 0 writes: Attempt.record)."""
+        if self.done:
+            return
+        self.done = True
+        self.mark("first_step")
+        record("startup", **self.row())
+
+
+def _torch_file() -> Optional[str]:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__file__", None) if torch is not None else None
