@@ -157,6 +157,13 @@ class ClusterConfig:
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
     srun_extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # Import storms at scale: every rank runs Python from a node-local copy of the submitting venv,
+    # packed once on the login node and unpacked once per node (login/stage_env.py, README).
+    stage_env: bool = False
+    stage_env_dir: str = "/tmp"  # the node-local directory each node's copy goes in
+    stage_env_cache: Optional[str] = (
+        None  # the packs (read by every node); None: runs_root/.env_packs
+    )
 
 
 @dataclass

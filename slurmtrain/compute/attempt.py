@@ -24,6 +24,7 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
+from slurmtrain.compute import startup
 from slurmtrain.compute.distributed import (
     Placement,
     broadcast,
@@ -35,7 +36,6 @@ from slurmtrain.compute.distributed import (
 from slurmtrain.compute.faults import inject, owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
-from slurmtrain.compute.startup import StartupClock
 from slurmtrain.compute.trainer import Trainer
 from slurmtrain.planning import deadlines as phases
 
@@ -66,7 +66,7 @@ class Attempt:
         self.rows: list[dict[str, Any]] = rows if rows is not None else []
 
     step: Optional[int] = None  # the step being trained, for failure records
-    startup: Optional[StartupClock] = None  # the start-up's phases, recorded after the first step
+    clock: Optional[startup.StartupClock] = None  # rank 0: start-up phases (compute/startup.py)
 
     def record(self, event: str, **fields: Any) -> None:
         """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
@@ -239,7 +239,7 @@ def _startup_hang(
 
 def run(run_dir: str, master_port: Optional[int] = None) -> int:
     """Train this run until it finishes or is told to stop; returns the process exit code."""
-    clock = StartupClock()  # from the process's exec: interpreter and imports count
+    clock = startup.StartupClock()  # from the process's exec: interpreter and imports count
     clock.mark("launch")
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
@@ -277,7 +277,7 @@ def _run(
     flags: Any,
     watchdog: Watchdog,
     arrival: dict[str, float],
-    clock: StartupClock,
+    clock: startup.StartupClock,
 ) -> int:
     cpu = cfg.gpus_per_node == 0
     allowed = bool(cfg.faults.allow_inject)  # SLURMTRAIN_INJECT only where the run opted in
@@ -290,6 +290,7 @@ def _run(
 
     safe_load.enforce()  # every checkpoint load weights-only, DeepSpeed's own too (safe_load.py)
     clock.mark("imports")
+    startup.say_staged(where.rank, where.node)
 
     # Every start-up failure (device, rendezvous, claim) is recorded: no attempt number yet, so
     # its row names the job id and restart count, and the node.
@@ -351,7 +352,7 @@ def _run(
         raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
     clock.mark("rendezvous")
-    attempt.startup = clock if where.rank == 0 else None
+    attempt.clock = clock if where.rank == 0 else None
     if where.rank == 0:
         provenance.write(
             run.provenance,

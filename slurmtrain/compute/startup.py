@@ -9,7 +9,8 @@ row, one write), with the seconds of each phase in order:
   rendezvous      init_distributed, the host gather, the run's claim and `started`
   health          the health gate (and the budget check before it)
   choose          which checkpoint (verification of its files when checksums are on)
-  build           the model (on the meta device when a checkpoint overwrites it: trainer.py)
+  build           the model (meta device, no init, when a checkpoint overwrites it:
+                  resume_build.py; the row's build_skipped_init says which)
   deepspeed_init  deepspeed.initialize and the checkpointer, data and metrics set-up
   load            the checkpoint's load (0 on a fresh start)
   first_step      the first optimizer step (its forward, backward, all-reduce and update)
@@ -57,9 +58,11 @@ class StartupClock:
         self.began = process_started_at() if began is None else began
         self.last = self.began
         self.seconds: dict[str, float] = {}
+        self.facts: dict[str, Any] = {}  # what a phase did (e.g. build_skipped_init)
         self.done = False
 
-    def mark(self, name: str) -> None:
+    def mark(self, name: str, **facts: Any) -> None:
+        self.facts.update(facts)
         now = time.time()
         self.seconds[name] = round(self.seconds.get(name, 0.0) + max(now - self.last, 0.0), 3)
         self.last = now
@@ -76,6 +79,7 @@ class StartupClock:
             "python": sys.executable,
             # the node-local copy this process runs from (the batch script's staging block)
             "staged_env": os.environ.get("SLURMTRAIN_STAGED_ENV") or None,
+            **self.facts,
         }
 
     def finish(self, record: Callable[..., Any]) -> None:
@@ -90,3 +94,12 @@ class StartupClock:
 def _torch_file() -> Optional[str]:
     torch = sys.modules.get("torch")
     return getattr(torch, "__file__", None) if torch is not None else None
+
+
+def say_staged(rank: int, node: str) -> None:
+    """cluster.stage_env: each rank's log names the copy its torch came from (one line)."""
+    staged = os.environ.get("SLURMTRAIN_STAGED_ENV")
+    if staged:
+        print(
+            f"slurmtrain: rank {rank} on {node}: staged {staged}, torch {_torch_file()}", flush=True
+        )

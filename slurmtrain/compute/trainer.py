@@ -143,7 +143,7 @@ class Trainer:
         self.memory.start()
         skip = resume_build.skips_init(cfg, self.found.path is not None, self.same_world)
         self.net = resume_build.build(cfg, self.ds_config, self.device, skip_init=skip)
-        self._mark("build")
+        self._mark("build", build_skipped_init=skip)
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.net,
             model_parameters=self.net.parameters(),
@@ -262,14 +262,14 @@ class Trainer:
             "signal", signal=name, step=step, received_at=self.flags.received_at, before_save=True
         )
 
-    def _mark(self, phase: str) -> None:
+    def _mark(self, phase: str, **facts: Any) -> None:
         """Rank 0 closes a start-up phase (compute/startup.py); a no-op once training runs."""
-        clock = getattr(self.attempt, "startup", None)
+        clock = getattr(self.attempt, "clock", None)
         if clock is not None and not clock.done:
-            clock.mark(phase)
+            clock.mark(phase, **facts)
 
     def on_step(self, step: int, seconds: float) -> None:
-        clock = getattr(self.attempt, "startup", None)
+        clock = getattr(self.attempt, "clock", None)
         if clock is not None and not clock.done:  # the first step: the start-up's one row
             clock.finish(self.attempt.record)
         self.attempt.step = step

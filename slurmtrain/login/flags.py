@@ -259,6 +259,10 @@ def python_command(cfg: DictConfig) -> list[str]:
         ]
     if cfg.cluster.container == "pyxis":
         return ["python"]
+    if cfg.cluster.get("stage_env"):  # each node's own copy of the venv (login/stage_env.py)
+        from slurmtrain.login import stage_env
+
+        return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 
 
