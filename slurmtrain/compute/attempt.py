@@ -32,6 +32,7 @@ from slurmtrain.compute.distributed import (
     export,
     placement,
     rank_device,
+    wait_for_store,
 )
 from slurmtrain.compute.faults import inject, owner, signals
 from slurmtrain.compute.faults.inject import Injector
@@ -303,6 +304,7 @@ def _run(
         # The rendezvous deadline counts from here (imports done); the row of a hang says when.
         arrival["at"] = time.time()
         watchdog.phase(phases.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
+        wait_for_store(where, cfg.faults.startup_timeout_s)  # no fixed back-off (distributed.py)
         deepspeed.init_distributed(
             dist_backend="gloo" if cpu else "nccl",
             verbose=False,
