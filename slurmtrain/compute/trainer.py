@@ -118,7 +118,7 @@ class Trainer:
         import deepspeed
 
         from slurmtrain.common import ds_config
-        from slurmtrain.compute import data, resume_build
+        from slurmtrain.compute import data, resume_build, startup
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
@@ -144,6 +144,7 @@ class Trainer:
         skip = resume_build.skips_init(cfg, self.found.path is not None, self.same_world)
         self.net = resume_build.build(cfg, self.ds_config, self.device, skip_init=skip)
         self._mark("build", build_skipped_init=skip)
+        startup.skip_muon_compile()  # DeepSpeed's Muon import compiles kernels: seconds per start
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.net,
             model_parameters=self.net.parameters(),

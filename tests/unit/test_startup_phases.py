@@ -109,3 +109,26 @@ def test_a_rank_waiting_for_rank_0s_store_returns_once_it_listens():
     waited = wait_for_store(where, timeout_s=120)
     assert listening.is_set() and waited >= 0.5  # it waited for the listener, and no longer
     assert wait_for_store(Placement(0, 0, 2, "127.0.0.1", port, None, "n1"), 120) == 0.0
+
+
+def test_deepspeeds_optimizer_check_no_longer_compiles_muons_kernels():
+    """Before: deepspeed.initialize imported DeepSpeed's Muon (torch.compile at import: inductor,
+    seconds per rank). After skip_muon_compile the check still accepts AdamW, inductor unloaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
+        "import torch, deepspeed\n"
+        "from unittest import mock\n"
+        "from slurmtrain.compute import startup\n"
+        "from deepspeed.runtime.zero import utils\n"
+        "startup.skip_muon_compile()\n"
+        "opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])\n"
+        "with mock.patch.object(utils.dist, 'get_rank', return_value=1):\n"
+        "    assert utils.is_zero_supported_optimizer(opt)\n"
+        "print('inductor' if 'torch._inductor.compile_fx' in sys.modules else 'no inductor')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("no inductor")
