@@ -72,8 +72,12 @@ def measure(restart: str, workdir: Path) -> tuple[float, float, dict]:
         ]
         if after and started and startup:
             subprocess.run(["scancel", "-n", f"st-{name}"])
+            # The way from the signal to the next process: save, supervisor, sbatch, Slurm, srun.
+            t0, began = signal["received_at"], startup[0]["process_started_at"]
+            between = [e for e in ledger if t0 <= e["time"] <= began and e is not signal]
             phases = {
-                "USR2 -> process start": startup[0]["process_started_at"] - signal["received_at"],
+                **{f"  +{e['event']}": e["time"] - t0 for e in between},
+                "USR2 -> process start": began - t0,
                 **startup[0]["phases"],
             }
             return (

@@ -400,7 +400,10 @@ def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m slurmtrain.compute.attempt RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
-    raise SystemExit(run(sys.argv[1]))
+    code = run(sys.argv[1])
+    from slurmtrain.compute.quick_exit import leave
+
+    leave(code)  # no module teardown: seconds per rank between a save and the next attempt
 
 
 if __name__ == "__main__":

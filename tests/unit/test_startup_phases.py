@@ -132,3 +132,20 @@ def test_deepspeeds_optimizer_check_no_longer_compiles_muons_kernels():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("no inductor")
+
+
+def test_the_quick_exit_still_flushes_and_runs_atexit(tmp_path):
+    import subprocess
+    import sys
+
+    marker = tmp_path / "atexit"
+    code = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        "from slurmtrain.compute.quick_exit import leave\n"
+        "leave(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 3 and done.stdout == "buffered, no newline"
+    assert marker.read_text() == "ran"
