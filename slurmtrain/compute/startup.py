@@ -105,26 +105,35 @@ def say_staged(rank: int, node: str) -> None:
         )
 
 
-MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+MUON = "deepspeed.runtime.zero.muon"  # its two modules below torch.compile kernels at import
+
+
+def _never_called(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("DeepSpeed's Muon is stubbed by slurmtrain (compute/startup.py): AdamW only")
 
 
 def skip_muon_compile() -> None:
-    """deepspeed.initialize's ZeRO check (and each ZeRO-1/2 step's reduce) imports DeepSpeed's
-    Muon optimizer only to ask `isinstance(opt, MuonWithAuxAdam)`, and that module torch.compiles
-    its kernels at import: inductor's imports, 2-4 s per rank at every start (measured here:
-    initialize 4.6 s -> 0.16 s without it). slurmtrain trains AdamW only (optim.name), so a stub
-    module answers the question (nothing is an instance of its class); where DeepSpeed has no
-    Muon, or it was imported already, nothing changes."""
-    if MUON in sys.modules:
-        return
+    """DeepSpeed imports its Muon modules on AdamW runs too: deepspeed.initialize's ZeRO check
+    (`isinstance(opt, MuonWithAuxAdam)`) and each ZeRO-1/2 step's gradient copy (`muon_update`,
+    called only for Muon parameters); both modules torch.compile kernels at import: inductor's
+    imports, 2-4 s per rank at every start (measured here: initialize 4.6 s -> 0.16 s, and as much
+    again in the first step). slurmtrain trains AdamW only (optim.name), so stub modules answer:
+    nothing is an instance of the stub class, the stub function raises if ever called. Where
+    DeepSpeed has no Muon, or a module was imported already, nothing changes."""
     import importlib.util
     import types
 
     try:
         if importlib.util.find_spec(MUON) is None:
             return
-    except ImportError:  # its parent package is missing: a DeepSpeed without Muon
+    except ImportError:  # a DeepSpeed without Muon
         return
-    stub = types.ModuleType(MUON, "slurmtrain's stand-in: Muon is never used (startup.py)")
-    stub.MuonWithAuxAdam = type("MuonWithAuxAdam", (), {})  # type: ignore[attr-defined]
-    sys.modules[MUON] = stub
+    names = {
+        f"{MUON}.muon_optimizer": {"MuonWithAuxAdam": type("MuonWithAuxAdam", (), {})},
+        f"{MUON}.original_muon": {"muon_update": _never_called},
+    }
+    for name, attrs in names.items():
+        if name not in sys.modules:
+            stub = types.ModuleType(name, "slurmtrain's stand-in: Muon is never used (startup.py)")
+            stub.__dict__.update(attrs)
+            sys.modules[name] = stub
