@@ -58,7 +58,8 @@ def measure(restart: str, workdir: Path) -> tuple[float, float, dict]:
     deadline = time.time() + 600
     while time.time() < deadline:
         ledger, metrics = RunDir(run).events(), rows(run / "metrics.jsonl")
-        signal = next((e for e in ledger if e["event"] == "signal"), None)
+        # the ranks' row of the time-limit signal (a batch-shell row has no received_at)
+        signal = next((e for e in ledger if e["event"] == "signal" and e.get("received_at")), None)
         after = [m for m in metrics if signal and m["attempt"] == signal["attempt"] + 1]
         started = [
             e
