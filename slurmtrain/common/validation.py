@@ -265,6 +265,11 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"cluster.stage_env=true with cluster.container={cfg.cluster.container}: the image is "
             f"the environment (stage the image instead); set cluster.stage_env=false"
         )
+    if submitting and cfg.cluster.stage_env and cfg.cluster.kind != "slurm":
+        raise ConfigError(
+            f"cluster.stage_env=true: the batch script stages the environment on Slurm nodes; use "
+            f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or cluster.stage_env=false"
+        )
     if cfg.cluster.stage_env and not str(cfg.cluster.stage_env_dir).startswith("/"):
         raise ConfigError(
             f"cluster.stage_env_dir={cfg.cluster.stage_env_dir!r}: must be an absolute node-local "

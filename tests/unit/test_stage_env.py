@@ -103,13 +103,14 @@ def test_the_batch_script_stages_once_per_node_before_the_ranks_start(tmp_path, 
     [
         ("cluster.container=apptainer", "cluster.stage_env=true with cluster.container"),
         ("cluster.stage_env_dir=tmp", "cluster.stage_env_dir='tmp'"),
+        ("cluster=local", "cluster.stage_env=true: the batch script stages"),
     ],
 )
 def test_bad_staging_settings_fail_with_one_line(tmp_path, override, key):
     from tests.conftest import run_cli
 
     done = run_cli(
-        ["cluster=slurm", "cluster.stage_env=true", override, "cluster.image=x.sif"],
+        ["cluster=slurm", "cluster.stage_env=true", "cluster.image=x.sif", override],
         cwd=tmp_path,
         env={"SLURMTRAIN_AUTO": "off"},
     )
