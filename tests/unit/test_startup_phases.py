@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from omegaconf import OmegaConf
 
 from slurmtrain.cli.startup_phases import format_startup
@@ -151,3 +152,27 @@ def test_the_quick_exit_still_flushes_and_runs_atexit(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 3 and done.stdout == "buffered, no newline"
     assert marker.read_text() == "ran"
+
+
+def test_goodput_counts_start_up_from_the_process_start_the_startup_row_names():
+    """rendezvous_done counts from after the imports; the `startup` row's process start is the
+    real beginning (interpreter, imports): 10 s more of start-up, taken from queue wait."""
+    from slurmtrain.cli.goodput import analyze
+
+    def ev(event, t, attempt, **kw):
+        return {"event": event, "time": float(t), "attempt": attempt, "job_id": "1", **kw}
+
+    ledger = [
+        ev("submitted", 0, None),
+        ev("started", 100, 1, step=0),
+        ev("rendezvous_done", 100, 1, seconds=5),
+        ev("finished", 200, 1, step=10),
+    ]
+    metrics = [
+        {"step": s, "time": 110.0 + 9 * s, "attempt": 1, "step_time": 9.0} for s in range(1, 11)
+    ]
+    without = analyze(ledger, metrics).goodput
+    row = ev("startup", 111, 1, phases={"launch": 15.0}, process_started_at=80.0, seconds=31.0)
+    with_row = analyze([*ledger[:3], row, ledger[3]], metrics).goodput
+    assert with_row.startup == pytest.approx(without.startup + 15.0)
+    assert with_row.queue_wait == pytest.approx(without.queue_wait - 15.0)
