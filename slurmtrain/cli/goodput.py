@@ -179,6 +179,8 @@ def analyze(
         for e in a.events:
             if e["event"] == "rendezvous_done" and (sec := _num(e.get("seconds"))) is not None:
                 a.begin = min(a.begin, e["time"] - max(sec, 0.0))
+            if e["event"] == "startup" and (t := _num(e.get("process_started_at"))) is not None:
+                a.begin = min(a.begin, t)  # the process's exec: interpreter and imports too
 
     start = min([start, *(a.begin for a in chain)])
     last = chain[-1] if chain else None

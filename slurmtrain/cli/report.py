@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
+from slurmtrain.cli.startup_phases import format_startup
 from slurmtrain.common.rundir import RunDir, read_jsonl
 
 PART_COLORS = {
@@ -88,6 +89,7 @@ def summary(
             f"failures  {fail}",
             "",
             format_table(g),
+            *(["", startup] if (startup := format_startup(ledger)) else []),
         ]
     )
 

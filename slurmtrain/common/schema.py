@@ -15,6 +15,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema_cluster import ClusterConfig
 from slurmtrain.common.schema_logger import LoggerConfig
 
 # Batch keys are derived from train.*; a user passing them through deepspeed.extra would silently
@@ -132,42 +133,6 @@ class CheckpointConfig:
     on_save_error: str = "continue"  # a failed save (disk full...): continue (retry next) | stop
     publish_timeout_minutes: float = 30.0  # async: rank 0 gives up on a rank's files after this
     final_save: bool = True  # false: no save at max_steps (benchmarks; the run is not resumable)
-
-
-@dataclass
-class ClusterConfig:
-    kind: str = "local"  # auto (Slurm when it answers, else local) | local | slurm
-    cpu_tasks_per_node: int = 2  # tasks per node when gpus_per_node == 0
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    # auto: the partition's MaxTime capped at time_cap (the cap when the partition is unknown);
-    # time_from says which (filled on the login node, planning/policy.py).
-    time: str = "auto"
-    time_cap: str = "48:00:00"
-    time_from: Optional[str] = None
-    # None: on Slurm GPU runs the node's cores per GPU (partition CPUs / GPUs), else 1; passed to
-    # srun too (Slurm 22.05-23.02 srun does not inherit it) with --cpu-bind=cores.
-    cpus_per_task: Optional[int] = None
-    mem: Optional[str] = None  # --mem per node; set it or mem_per_gpu
-    mem_per_gpu: Optional[str] = None  # None on Slurm GPU runs: the node's memory over its GPUs
-    cpu_bind: str = "cores"  # srun --cpu-bind (none: leave binding to the site)
-    constraint: Optional[str] = None
-    exclude: Optional[str] = None
-    exclusive: bool = False
-    signal_lead_s: int = 120
-    array_parallelism: int = 16  # %N throttle of a sweep's job array
-    gpu_type: str = "H100"  # for the plan's peak TFLOPS and ETA when nothing was measured yet
-    gpu_mem_gb: float = 80.0  # what the memory plan must fit into, per GPU
-    cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
-    container: str = "none"  # none | apptainer | pyxis | oci (an OCI bundle, one runc per task)
-    image: Optional[str] = None  # .sif (apptainer), REGISTRY#IMAGE/.sqsh (pyxis), bundle dir (oci)
-    # The batch shell's Python (runs the supervisor when it can import slurmtrain; else, with a
-    # container, the supervisor runs inside the image). None: the Python that submitted.
-    host_python: Optional[str] = None
-    sbatch_extra: dict[str, Any] = field(default_factory=dict)
-    srun_extra: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -260,6 +260,21 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
         )
     _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
     _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis", "oci"))
+    if cfg.cluster.stage_env and cfg.cluster.container != "none":
+        raise ConfigError(
+            f"cluster.stage_env=true with cluster.container={cfg.cluster.container}: the image is "
+            f"the environment (stage the image instead); set cluster.stage_env=false"
+        )
+    if submitting and cfg.cluster.stage_env and cfg.cluster.kind != "slurm":
+        raise ConfigError(
+            f"cluster.stage_env=true: the batch script stages the environment on Slurm nodes; use "
+            f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or cluster.stage_env=false"
+        )
+    if cfg.cluster.stage_env and not str(cfg.cluster.stage_env_dir).startswith("/"):
+        raise ConfigError(
+            f"cluster.stage_env_dir={cfg.cluster.stage_env_dir!r}: must be an absolute node-local "
+            f"directory; e.g. cluster.stage_env_dir=/tmp"
+        )
     _choice("data.kind", cfg.data.kind, ("synthetic", "tokens", "blend"))
     _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
     _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))

@@ -24,6 +24,7 @@ from slurmtrain.common import ledger as faults
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
+from slurmtrain.compute import startup
 from slurmtrain.compute.distributed import (
     Placement,
     broadcast,
@@ -31,6 +32,7 @@ from slurmtrain.compute.distributed import (
     export,
     placement,
     rank_device,
+    wait_for_store,
 )
 from slurmtrain.compute.faults import inject, owner, signals
 from slurmtrain.compute.faults.inject import Injector
@@ -65,6 +67,7 @@ class Attempt:
         self.rows: list[dict[str, Any]] = rows if rows is not None else []
 
     step: Optional[int] = None  # the step being trained, for failure records
+    clock: Optional[startup.StartupClock] = None  # rank 0: start-up phases (compute/startup.py)
 
     def record(self, event: str, **fields: Any) -> None:
         """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
@@ -237,6 +240,8 @@ def _startup_hang(
 
 def run(run_dir: str, master_port: Optional[int] = None) -> int:
     """Train this run until it finishes or is told to stop; returns the process exit code."""
+    clock = startup.StartupClock()  # from the process's exec: interpreter and imports count
+    clock.mark("launch")
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
     _quiet_environment(cfg.gpus_per_node == 0)
@@ -261,7 +266,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     ).start()
     inject.wedge_before_rendezvous(where.rank, run.path, bool(cfg.faults.allow_inject))
     try:
-        return _run(run, cfg, where, flags, watchdog, arrival)
+        return _run(run, cfg, where, flags, watchdog, arrival, clock)
     finally:
         watchdog.stop()
 
@@ -273,6 +278,7 @@ def _run(
     flags: Any,
     watchdog: Watchdog,
     arrival: dict[str, float],
+    clock: startup.StartupClock,
 ) -> int:
     cpu = cfg.gpus_per_node == 0
     allowed = bool(cfg.faults.allow_inject)  # SLURMTRAIN_INJECT only where the run opted in
@@ -284,6 +290,8 @@ def _run(
     from slurmtrain.compute.checkpoint import safe_load
 
     safe_load.enforce()  # every checkpoint load weights-only, DeepSpeed's own too (safe_load.py)
+    clock.mark("imports")
+    startup.say_staged(where.rank, where.node)
 
     # Every start-up failure (device, rendezvous, claim) is recorded: no attempt number yet, so
     # its row names the job id and restart count, and the node.
@@ -296,6 +304,7 @@ def _run(
         # The rendezvous deadline counts from here (imports done); the row of a hang says when.
         arrival["at"] = time.time()
         watchdog.phase(phases.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
+        wait_for_store(where, cfg.faults.startup_timeout_s)  # no fixed back-off (distributed.py)
         deepspeed.init_distributed(
             dist_backend="gloo" if cpu else "nccl",
             verbose=False,
@@ -344,6 +353,8 @@ def _run(
         )
         raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
+    clock.mark("rendezvous")
+    attempt.clock = clock if where.rank == 0 else None
     if where.rank == 0:
         provenance.write(
             run.provenance,
@@ -365,6 +376,7 @@ def _run(
         watchdog.phase(phases.HEALTH, cfg.faults.startup_timeout_s)
         if cfg.faults.health_check and not _healthy(cfg, run, where, attempt, injector):
             return errors.EXIT_BAD_NODE
+        clock.mark("health")
         code = Trainer(cfg, run, where, attempt, flags, injector, watchdog).fit()
     except Exception as err:  # the failing rank records its error and class, then re-raises
         error, trace = f"{type(err).__name__}: {err}", traceback.format_exc()
@@ -388,7 +400,10 @@ def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m slurmtrain.compute.attempt RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
-    raise SystemExit(run(sys.argv[1]))
+    code = run(sys.argv[1])
+    from slurmtrain.compute.quick_exit import leave
+
+    leave(code)  # no module teardown: seconds per rank between a save and the next attempt
 
 
 if __name__ == "__main__":

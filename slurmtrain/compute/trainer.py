@@ -61,10 +61,12 @@ class Trainer:
     def fit(self) -> int:
         """The whole attempt; returns the process exit code for the batch-shell supervisor."""
         self.choose()
+        self._mark("choose")
         if self.stop is not None:  # nothing is built, nothing trained
             return self.stopped()
         self.build()
         self.resume()
+        self._mark("load")
         if self.stop is not None:  # no checkpoint left that loads
             self.memory.stop()
             self.metrics.close()
@@ -118,7 +120,7 @@ class Trainer:
         import deepspeed
 
         from slurmtrain.common import ds_config
-        from slurmtrain.compute import data, model
+        from slurmtrain.compute import data, resume_build, startup
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
@@ -136,11 +138,16 @@ class Trainer:
             self.load_dir = self.universal(self.found)
             self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
             self.same_world = False
+        if not self.same_world:
+            self._mark("convert")  # the universal form, converted once per world size
         state_bytes = phases.planned_state_bytes(cfg, self.world)
         self.watchdog.phase(phases.BUILD, limits.build_s(state_bytes))
         self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
         self.memory.start()
-        self.net = model.build(cfg, self.ds_config, self.device)
+        skip = resume_build.skips_init(cfg, self.found.path is not None, self.same_world)
+        self.net = resume_build.build(cfg, self.ds_config, self.device, skip_init=skip)
+        self._mark("build", build_skipped_init=skip)
+        startup.skip_muon_compile()  # DeepSpeed's Muon import compiles kernels: seconds per start
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.net,
             model_parameters=self.net.parameters(),
@@ -180,6 +187,7 @@ class Trainer:
             if self.rank == 0
             else None,
         )
+        self._mark("deepspeed_init")
 
     def universal(self, found: Any) -> Any:
         """`found`'s universal form (collective; converted once, cached), in its own phase."""
@@ -263,7 +271,16 @@ class Trainer:
             "signal", signal=name, step=step, received_at=self.flags.received_at, before_save=True
         )
 
+    def _mark(self, phase: str, **facts: Any) -> None:
+        """Rank 0 closes a start-up phase (compute/startup.py); a no-op once training runs."""
+        clock = getattr(self.attempt, "clock", None)
+        if clock is not None and not clock.done:
+            clock.mark(phase, **facts)
+
     def on_step(self, step: int, seconds: float) -> None:
+        clock = getattr(self.attempt, "clock", None)
+        if clock is not None and not clock.done:  # the first step: the start-up's one row
+            clock.finish(self.attempt.record)
         self.attempt.step = step
         self.watchdog.beat(f"step {step}")
         self.memory.after_step(step)

@@ -264,6 +264,10 @@ def python_command(cfg: DictConfig) -> list[str]:
 
         container.check_image(cfg)  # one line now, not a job that cannot start its Python
         return [container.IMAGE_PYTHON]
+    if cfg.cluster.get("stage_env"):  # each node's own copy of the venv (login/stage_env.py)
+        from slurmtrain.login import stage_env
+
+        return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 
 

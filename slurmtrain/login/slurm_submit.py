@@ -25,7 +25,7 @@ from slurmtrain.common import slurm_text as slurm
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
-from slurmtrain.login import container, flags
+from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.submit import Submission
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
@@ -167,6 +167,7 @@ def render_script(
         tasks_per_node=tasks_per_node(cfg),
         per_task=flags.per_task_text(cfg),
         trace=flags.flight_recorder(cfg),
+        stage_env=stage_env.script_values(cfg),  # None unless cluster.stage_env
     )
 
 
@@ -271,6 +272,8 @@ def _no_task() -> None:
 def prepare(cfg: DictConfig, run: RunDir) -> None:
     """Everything before queueing: cluster check (cached) and the hand-resubmittable job.sbatch."""
     check_cluster(cfg)
+    if cfg.cluster.stage_env:  # packed once here (cached by its hash): the script names the pack
+        stage_env.ensure_pack(cfg)
     run.sbatch.write_text(render_sbatch(cfg, run))
     container.write_bundle(cfg, run.path)  # cluster.container=oci: RUN_DIR/oci/config.json
 
@@ -303,6 +306,8 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     if not items:
         return []
     first = items[0][0]
+    if first.cluster.stage_env:  # one pack for every point (cached by its hash)
+        stage_env.ensure_pack(first)
     base = flags.sbatch_options(first, job_name(first))
     scripts = []
     for cfg, run in items:  # every point was checked against the cluster (prepare.check)

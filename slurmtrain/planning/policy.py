@@ -208,3 +208,24 @@ def resolve_checkpoint(cfg: DictConfig, saves: Iterable[dict] = ()) -> None:
     if not c.interval_minutes:
         plan = checkpoints(cfg, node_range(cfg.nodes)[1], saves)  # the most nodes fail most
         c.interval_minutes = float(max(1, round(plan.interval_s / 60)))
+
+
+# From this many nodes the ranks' imports from the shared filesystem become a storm worth staging
+# around (thousands of files x ranks at once; the headline's 64 nodes are well past it).
+STAGE_ENV_ADVISED_NODES = 16
+
+
+def stage_env_advice(cfg: Any) -> Optional[str]:
+    """The plan's line when cluster.stage_env is advisable and off (None otherwise)."""
+    from slurmtrain.common.schema import node_range, tasks_per_node
+
+    c, nodes = cfg.cluster, node_range(cfg.nodes)[1]
+    if c.kind != "slurm" or c.stage_env or c.container != "none":
+        return None
+    if nodes < STAGE_ENV_ADVISED_NODES:
+        return None
+    return (
+        f"plan: {nodes * tasks_per_node(cfg)} ranks on {nodes} nodes import torch/deepspeed from "
+        f"the shared filesystem at once; cluster.stage_env=true runs them from a node-local copy "
+        f"(packed once, unpacked once per node: README, import storms)"
+    )

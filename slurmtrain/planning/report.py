@@ -254,6 +254,9 @@ def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
     line = eta_line(cfg, low * per_node, measured_tps, checkpoints)
     if line:
         out.lines.append(line)
+    advice = policy.stage_env_advice(cfg)  # many nodes: stage the environment node-locally
+    if advice:
+        out.lines.append(advice)
     warning = corpus_warning(cfg)  # a recipe's tokens over the built-in corpus: say so, once
     if warning:
         out.lines.append(warning)

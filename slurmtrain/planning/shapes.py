@@ -239,7 +239,8 @@ def shipped() -> dict[str, Shape]:
 
 
 def _opt_sizes() -> dict[str, Shape]:
-    sizes = [s for s in shipped().values() if s.family == "opt" and s.name != "opt_tiny"]
+    # Byte-level vocabularies are the CPU models (opt_tiny, opt_demo), not rows of the paper's table
+    sizes = [s for s in shipped().values() if s.family == "opt" and s.vocab_size > 512]
     return {s.name: s for s in sorted(sizes, key=param_count)}
 
 

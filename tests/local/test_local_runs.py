@@ -84,3 +84,6 @@ def test_sigkill_mid_run_then_rerun_resumes_bitwise(workdir):
     assert loaded["attempt"] == 2 and loaded["step"] in (20, 30)
     assert ledger[-1]["event"] == "finished"
     assert losses_by_step(run) == losses_by_step(ref_run)  # bitwise: fp32 on CPU
+    # ... though the resume built the model without initialising it (the load overwrites it)
+    startups = {e["attempt"]: e for e in ledger if e["event"] == "startup"}
+    assert startups[2]["build_skipped_init"] is True and startups[2]["phases"]["load"] > 0

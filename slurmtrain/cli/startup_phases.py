@@ -1,0 +1,59 @@
+"""Each attempt's start-up, phase by phase (the `startup` rows rank 0 records after its first
+step: compute/startup.py), as the text table `report` prints. Login node: no torch."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+# The compute side's order (compute/startup.py PHASES); a phase not listed goes after them.
+ORDER = (
+    "launch",
+    "imports",
+    "rendezvous",
+    "health",
+    "choose",
+    "convert",
+    "build",
+    "deepspeed_init",
+    "load",
+    "first_step",
+)
+SHORT = {"deepspeed_init": "ds_init", "first_step": "1st step", "rendezvous": "rendezv"}
+
+
+def startup_rows(ledger: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One `startup` row per attempt (the first, should a record be repeated)."""
+    seen: dict[Any, dict[str, Any]] = {}
+    for e in ledger:
+        if e.get("event") == "startup" and isinstance(e.get("phases"), dict):
+            seen.setdefault(e.get("attempt"), e)
+    return list(seen.values())
+
+
+def format_startup(ledger: list[dict[str, Any]]) -> Optional[str]:
+    """Seconds per phase, one line per attempt, and where its torch came from when staged."""
+    rows = startup_rows(ledger)
+    if not rows:
+        return None
+    names = [p for p in ORDER if any(p in r["phases"] for r in rows)]
+    names += sorted({p for r in rows for p in r["phases"]} - set(names))
+    head = ["attempt", *(SHORT.get(p, p) for p in names), "total"]
+    body = [
+        [
+            str(r.get("attempt", "?")),
+            *(_sec(r["phases"].get(p)) for p in names),
+            _sec(r.get("seconds")),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    out = ["start-up (seconds, process start to first step)", line(head), *map(line, body)]
+    staged = [r for r in rows if r.get("staged_env")]
+    if staged:
+        out.append(f"staged environment: torch from {staged[-1].get('torch_from')}")
+    return "\n".join(out)
+
+
+def _sec(value: Any) -> str:
+    return f"{float(value):.2f}" if isinstance(value, (int, float)) else "-"

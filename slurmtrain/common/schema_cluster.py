@@ -1,0 +1,51 @@
+"""The `cluster` section of the schema: where and how the job runs (Slurm flags, containers, the
+batch shell's Python, node-local environments). Split from schema.py, which re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ClusterConfig:
+    kind: str = "local"  # auto (Slurm when it answers, else local) | local | slurm
+    cpu_tasks_per_node: int = 2  # tasks per node when gpus_per_node == 0
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    # auto: the partition's MaxTime capped at time_cap (the cap when the partition is unknown);
+    # time_from says which (filled on the login node, planning/policy.py).
+    time: str = "auto"
+    time_cap: str = "48:00:00"
+    time_from: Optional[str] = None
+    # None: on Slurm GPU runs the node's cores per GPU (partition CPUs / GPUs), else 1; passed to
+    # srun too (Slurm 22.05-23.02 srun does not inherit it) with --cpu-bind=cores.
+    cpus_per_task: Optional[int] = None
+    mem: Optional[str] = None  # --mem per node; set it or mem_per_gpu
+    mem_per_gpu: Optional[str] = None  # None on Slurm GPU runs: the node's memory over its GPUs
+    cpu_bind: str = "cores"  # srun --cpu-bind (none: leave binding to the site)
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    exclusive: bool = False
+    signal_lead_s: int = 120
+    array_parallelism: int = 16  # %N throttle of a sweep's job array
+    gpu_type: str = "H100"  # for the plan's peak TFLOPS and ETA when nothing was measured yet
+    gpu_mem_gb: float = 80.0  # what the memory plan must fit into, per GPU
+    cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
+    container: str = "none"  # none | apptainer | pyxis | oci (an OCI bundle, one runc per task)
+    image: Optional[str] = None  # .sif (apptainer), REGISTRY#IMAGE/.sqsh (pyxis), bundle dir (oci)
+    # The batch shell's Python (runs the supervisor when it can import slurmtrain; else, with a
+    # container, the supervisor runs inside the image). None: the Python that submitted.
+    host_python: Optional[str] = None
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    srun_extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    # Import storms at scale: every rank runs Python from a node-local copy of the submitting venv,
+    # packed once on the login node and unpacked once per node (login/stage_env.py, README).
+    stage_env: bool = False
+    stage_env_dir: str = "/tmp"  # the node-local directory each node's copy goes in
+    stage_env_cache: Optional[str] = (
+        None  # the packs (read by every node); None: runs_root/.env_packs
+    )

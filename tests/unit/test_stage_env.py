@@ -1,0 +1,133 @@
+"""cluster.stage_env without Slurm: the pack (made once, reused by its hash), the batch script's
+staging block, the ranks' wrapper (staged python, else the shared one), validation, the plan's
+advice. The 2-node run is tests/cluster/test_stage_env.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.login import stage_env
+
+
+def _venv(root: Path) -> Path:
+    """A tiny stand-in environment: one package in site-packages, a python that says its name."""
+    site = root / "lib" / "python3.11" / "site-packages" / "torch"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("")
+    (root / "bin").mkdir()
+    python = root / "bin" / "python"
+    python.write_text('#!/bin/sh\necho "python of $0 with $* staged=$SLURMTRAIN_STAGED_ENV"\n')
+    python.chmod(0o755)
+    return root
+
+
+def _cfg(tmp_path: Path, **cluster):
+    base = {"stage_env": True, "stage_env_dir": str(tmp_path / "local"), "stage_env_cache": None}
+    return OmegaConf.create({"runs_root": str(tmp_path / "runs"), "cluster": {**base, **cluster}})
+
+
+def test_the_pack_is_made_once_and_reused_until_the_environment_changes(tmp_path, monkeypatch):
+    env = _venv(tmp_path / "venv")
+    monkeypatch.setattr(sys, "prefix", str(env))
+    cfg = _cfg(tmp_path)
+    first = stage_env.ensure_pack(cfg)
+    assert first.parent == tmp_path / "runs" / ".env_packs" and first.exists()
+    made = first.stat().st_mtime_ns
+    assert stage_env.ensure_pack(cfg) == first and first.stat().st_mtime_ns == made  # reused
+    (env / "lib" / "python3.11" / "site-packages" / "numpy").mkdir()  # an install
+    assert stage_env.ensure_pack(cfg) != first
+
+
+def test_a_python_outside_any_venv_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix)
+    with pytest.raises(ConfigError, match=r"cluster.stage_env=true: .*not in a virtual env"):
+        stage_env.ensure_pack(_cfg(tmp_path))
+
+
+def test_unpack_then_run_uses_this_nodes_copy_and_falls_back_to_the_shared_python(
+    tmp_path, monkeypatch
+):
+    env = _venv(tmp_path / "venv")
+    monkeypatch.setattr(sys, "prefix", str(env))
+    cfg = _cfg(tmp_path)
+    values = stage_env.script_values(cfg, pack=True)
+    (tmp_path / "local").mkdir()
+    shared = tmp_path / "shared-python"
+    shared.write_text('#!/bin/sh\necho "shared python with $*"\n')
+    shared.chmod(0o755)
+    wrapper = stage_env.python_command(cfg, [str(shared)])
+
+    def on(node: str, argv: list[str]) -> str:
+        task = dict(os.environ, SLURMD_NODENAME=node, SLURM_JOB_ID="7")
+        done = subprocess.run(argv, env=task, capture_output=True, text=True, check=True)
+        return done.stdout
+
+    on("n1", ["/bin/sh", "-c", values["unpack"], values["stem"], values["archive"]])
+    copy = f"{values['stem']}n1"
+    assert Path(copy, "bin", "python").exists() and not Path(f"{values['stem']}n2").exists()
+    on("n1", ["/bin/sh", "-c", values["unpack"], values["stem"], values["archive"]])  # idempotent
+    assert [p.name for p in (tmp_path / "local").iterdir()] == [Path(copy).name]  # no partials
+    assert on("n1", [*wrapper, "-u", "-m", "x y"]) == (
+        f"python of {copy}/bin/python with -u -m x y staged={copy}\n"
+    )
+    assert on("n2", [*wrapper, "-u"]) == "shared python with -u\n"  # n2 never unpacked
+
+
+def test_the_batch_script_stages_once_per_node_before_the_ranks_start(tmp_path, monkeypatch):
+    from slurmtrain.common.rundir import locate
+    from slurmtrain.login import slurm_submit
+    from tests.unit.test_launch_path import _cfg as composed
+
+    monkeypatch.setattr(sys, "prefix", str(_venv(tmp_path / "venv")))
+    cfg = composed(tmp_path, "nodes=2", "cluster.stage_env=true", "cluster.stage_env_dir=/l d")
+    script = slurm_submit.render_sbatch(cfg, locate(cfg))
+    stage = script.index('srun --nodes="$SLURM_JOB_NUM_NODES"')
+    assert stage < script.index("-m slurmtrain.compute.attempt")
+    assert "--ntasks-per-node=1" in script[stage : stage + 200]
+    assert "'/l d/slurmtrain-env-" in script  # config values quoted for the shell
+    check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert check.returncode == 0, check.stderr
+    plain = slurm_submit.render_sbatch(composed(tmp_path, "nodes=2"), locate(cfg))
+    assert "slurmtrain-env-" not in plain and "SLURMD_NODENAME" not in plain
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("cluster.container=apptainer", "cluster.stage_env=true with cluster.container"),
+        ("cluster.stage_env_dir=tmp", "cluster.stage_env_dir='tmp'"),
+        ("cluster=local", "cluster.stage_env=true: the batch script stages"),
+    ],
+)
+def test_bad_staging_settings_fail_with_one_line(tmp_path, override, key):
+    from tests.conftest import run_cli
+
+    done = run_cli(
+        ["cluster=slurm", "cluster.stage_env=true", "cluster.image=x.sif", override],
+        cwd=tmp_path,
+        env={"SLURMTRAIN_AUTO": "off"},
+    )
+    assert done.returncode != 0 and key in done.stderr + done.stdout
+
+
+def test_the_plan_advises_staging_from_16_nodes():
+    from slurmtrain.planning import policy
+
+    def cfg(nodes, **cluster):
+        c = {"kind": "slurm", "stage_env": False, "container": "none", **cluster}
+        return OmegaConf.create(
+            {"nodes": nodes, "gpus_per_node": 8, "cluster": {"cpu_tasks_per_node": 2, **c}}
+        )
+
+    assert "cluster.stage_env=true" in policy.stage_env_advice(cfg(64))
+    assert "512 ranks on 64 nodes" in policy.stage_env_advice(cfg(64))
+    assert policy.stage_env_advice(cfg(4)) is None
+    assert policy.stage_env_advice(cfg(64, stage_env=True)) is None
+    assert policy.stage_env_advice(cfg(64, kind="local")) is None
