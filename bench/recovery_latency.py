@@ -92,7 +92,8 @@ def measure(restart: str, workdir: Path) -> tuple[float, float, dict]:
 
 def main() -> None:
     only = "--resubmit-only" in sys.argv  # the goal's figure alone (half the time)
-    with tempfile.TemporaryDirectory() as tmp:
+    # the cancelled jobs may still be writing their logs while the folder goes
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         ours = measure("resubmit", Path(tmp))
         requeue = None if only else measure("requeue", Path(tmp))
     print("USR2 -> next attempt started / first step of the next attempt:")

@@ -62,8 +62,8 @@ def _is_export(path: Path) -> bool:
     return (path / "config.json").is_file() and not RunDir(path).config.is_file()
 
 
-def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
-    """(model in fp32 on CPU, codec, description)."""
+def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str, Optional[int]]:
+    """(model in fp32 on CPU, codec, description, the sequence length it was trained on or None)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -73,7 +73,7 @@ def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
             str(path), dtype=torch.float32, local_files_only=True
         )
         has_tok = any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
-        return model, HFCodec(path) if has_tok else ByteCodec(), f"export {path}"
+        return model, HFCodec(path) if has_tok else ByteCodec(), f"export {path}", None
     from slurmtrain.common.schema import load_run_config
     from slurmtrain.compute import export
     from slurmtrain.compute.model import model_class, model_config
@@ -91,7 +91,8 @@ def load(arg: str, step: Optional[int]) -> tuple[Any, Any, str]:
         )
     model.tie_weights()
     tok = export.tokenizer_dir(cfg)
-    return model, HFCodec(tok) if tok else ByteCodec(), f"{ckpt_dir} (step {manifest['step']})"
+    what = f"{ckpt_dir} (step {manifest['step']})"
+    return model, HFCodec(tok) if tok else ByteCodec(), what, int(cfg.data.seq_len)
 
 
 def decoding(codec: Any, temperature: float, top_k: int, top_p: float) -> dict[str, Any]:
@@ -122,7 +123,11 @@ def generate(
     device: str,
     top_k: int = DEFAULT_TOP_K,
     top_p: float = 1.0,
+    context: Optional[int] = None,
 ) -> str:
+    """`tokens` new tokens after `prompt`. Past `context` (the trained sequence length) the model
+    sees only the last window, as in training: learned positions past it were never trained, and
+    a model run there degenerates into loops after a hundred bytes or so."""
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -134,26 +139,33 @@ def generate(
     ids = codec.encode(prompt)
     if not ids:
         raise ExportError("--prompt='': empty; give some text to continue, e.g. --prompt 'def '")
-    limit = int(model.config.max_position_embeddings) - len(ids)
-    if limit < 1:
+    window = min(int(model.config.max_position_embeddings), context or 1 << 30)
+    if len(ids) >= window:
         raise ExportError(
-            f"--prompt: {len(ids)} tokens, the model takes at most "
-            f"{model.config.max_position_embeddings}; shorten it"
+            f"--prompt: {len(ids)} tokens, the model was trained on {window}; shorten it"
         )
     torch.manual_seed(seed)
     model.to(device).eval()
     model.config.use_cache = True
     processors = LogitsProcessorList([OnlyBytes()] if isinstance(codec, ByteCodec) else [])
+    keep = max(len(ids), window * 3 // 4)  # context carried into each next chunk
+    new: list[int] = []
     with torch.no_grad():
-        out = model.generate(
-            torch.tensor([ids], device=device),
-            max_new_tokens=min(tokens, limit),
-            logits_processor=processors,
-            eos_token_id=codec.eos_token_id,
-            pad_token_id=codec.eos_token_id or 0,
-            **decoding(codec, temperature, top_k, top_p),
-        )
-    return codec.decode(out[0, len(ids) :].tolist())
+        while len(new) < tokens:
+            seen = (ids + new)[-keep:]
+            out = model.generate(
+                torch.tensor([seen], device=device),
+                max_new_tokens=min(tokens - len(new), window - len(seen)),
+                logits_processor=processors,
+                eos_token_id=codec.eos_token_id,
+                pad_token_id=codec.eos_token_id or 0,
+                **decoding(codec, temperature, top_k, top_p),
+            )
+            chunk = out[0, len(seen) :].tolist()
+            new += chunk
+            if not chunk or (codec.eos_token_id is not None and chunk[-1] == codec.eos_token_id):
+                break
+    return codec.decode(new)
 
 
 def _bad_argument(args: argparse.Namespace) -> Optional[str]:
@@ -197,7 +209,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        model, codec, what = load(args.source, args.step)
+        model, codec, what, context = load(args.source, args.step)
         text = generate(
             model,
             codec,
@@ -208,6 +220,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             device,
             top_k=args.top_k,
             top_p=args.top_p,
+            context=context,
         )
     except ExportError as err:
         print(f"slurmtrain sample: {err}", file=sys.stderr)

@@ -36,7 +36,7 @@ def test_the_demo_prints_a_sample_that_reads_as_python(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = _continuation(done.stdout)
     words = re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text)
-    keywords = [w for w in words if keyword.iskeyword(w)]
+    keywords = sorted({w for w in words if keyword.iskeyword(w)})  # distinct ones
     longest_spaces = max((len(run) for run in re.findall(r" +", text)), default=0)
     print(f"demo: {seconds:.0f} s with set-up; its sample:\ndef {text}")
     assert len(keywords) >= 3, f"Python keywords in the sample: {keywords}\n{text}"

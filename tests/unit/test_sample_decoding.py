@@ -83,3 +83,20 @@ def test_bad_decoding_arguments_are_one_line(tmp_path, args, key, capsys):
     assert sample.main([str(tmp_path), "--prompt", "x", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and key in err[0], err
+
+
+def test_text_longer_than_the_trained_context_is_made_from_its_last_window():
+    """A model trained on 32-byte windows never runs past position 31 while sampling 100 bytes:
+    past the window it continues from the last 24 bytes, as nanoGPT's sampler does."""
+    model = _tiny_opt()
+    calls, original = [], model.generate
+
+    def generate(input_ids, max_new_tokens, **kwargs):
+        out = original(input_ids, max_new_tokens=max_new_tokens, **kwargs)
+        calls.append(out.shape[1])  # prompt window + what this call added
+        return out
+
+    model.generate = generate
+    text = sample.generate(model, sample.ByteCodec(), "def ", 100, 0.8, 0, "cpu", context=32)
+    assert len(calls) > 1 and max(calls) <= 32, calls
+    assert len(text) >= 60, repr(text)  # bytes >= 128 decode with replacement: count loosely
