@@ -283,7 +283,8 @@ def _run(
     cpu = cfg.gpus_per_node == 0
     allowed = bool(cfg.faults.allow_inject)  # SLURMTRAIN_INJECT only where the run opted in
     started = time.time()
-    import deepspeed
+    with startup.deepspeed_without_mlflow(cfg):
+        import deepspeed
     import torch
     import torch.distributed as dist
 
