@@ -68,6 +68,13 @@ def test_a_start_after_a_cancel_trains_only_after_a_user_submission():
     assert cancelled_start(rows, {"8"}, lambda: 3.0) == "cancelled"
     # a hand job submitted after the cancel: a user submission, it lifts the cancel
     assert cancelled_start(rows, {"8"}, lambda: 6.0) == "lifted"
+    # submitted in the cancel's own second (SubmitTime has whole seconds): maybe before it, and
+    # missed by it (an untagged job): fail closed; the next second is after it
+    assert cancelled_start(rows, {"8"}, lambda: 5.0) == "cancelled"
+    assert (
+        cancelled_start(rows[:-1] + [_e("cancelled", 5.4, job_ids=["7"])], {"8"}, lambda: 5.0)
+        == "cancelled"
+    )
     # Slurm cannot say when: fail closed
     assert cancelled_start(rows, {"8"}, lambda: None) == "cancelled"
     # a supervisor's resubmission racing the cancel does not lift it

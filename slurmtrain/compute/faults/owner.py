@@ -89,9 +89,9 @@ def cancelled_start(
     when = submit_time()
     if when is None:  # fail closed: a run the user stopped does not start on a guess
         return CANCELLED
-    # SubmitTime has whole seconds: a job submitted in the cancel's second counts as after it
-    # (one queued before the cancel carries the run's tag, and the cancel found it).
-    return LIFTED if when >= int(at) else CANCELLED
+    # SubmitTime has whole seconds: a job submitted in the cancel's own second may have come
+    # before it (an untagged job the cancel missed), so only a later second lifts: fail closed.
+    return LIFTED if when >= int(at) + 1 else CANCELLED
 
 
 def submit_time(job_id: str) -> Optional[float]:
