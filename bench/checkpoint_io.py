@@ -145,9 +145,9 @@ def evict(directory: Path) -> None:
 
 def newest(run: Path) -> Path:
     sys.path.insert(0, str(ROOT))
-    from slurmtrain.common import checkpoint_format as ckpt
+    from slurmtrain.common import checkpoint_format
 
-    found = ckpt.find_resumable(run / "checkpoints", full=False)
+    found = checkpoint_format.find_resumable(run / "checkpoints", full=False)
     assert found.path is not None, f"no checkpoint in {run}"
     return found.path
 
@@ -163,10 +163,10 @@ def load_figures(run: Path) -> dict[str, Any]:
 
 def universal_seconds(run: Path) -> float:
     sys.path.insert(0, str(ROOT))
-    from slurmtrain.common import checkpoint_format as ckpt
+    from slurmtrain.common import checkpoint_format as checkpoint_format
     from slurmtrain.compute.checkpoint import reshape
 
-    found = ckpt.find_resumable(run / "checkpoints", full=False)
+    found = checkpoint_format.find_resumable(run / "checkpoints", full=False)
     assert found.path is not None, f"no checkpoint in {run}"
     return reshape.convert(found.path, found.manifest).seconds
 

@@ -63,8 +63,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
 
-    from slurmtrain.common import ds_config
-    from slurmtrain.common import schema as config
+    from slurmtrain.common import ds_config, schema
     from slurmtrain.common.schema import grad_accumulation
     from slurmtrain.compute import data, loop, model
     from slurmtrain.compute.faults.signals import SignalFlags
@@ -74,8 +73,8 @@ def rank_main(args: argparse.Namespace) -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     rank, world = dist.get_rank(), dist.get_world_size()
-    config.register()
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    schema.register()
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         base = compose(
             "config",
             overrides=[
@@ -86,7 +85,7 @@ def rank_main(args: argparse.Namespace) -> None:
                 f"cluster.cpu_tasks_per_node={world}",
             ],
         )
-    config.validate(base, submitting=False)
+    schema.validate(base, submitting=False)
     tokens = data.load_tokens(base.data.kind, None, base.data.max_corpus_bytes)
     sampler = data.Sampler(len(tokens), base.data.seq_len, base.data.seed)
     tmp = Path(tempfile.mkdtemp(prefix="perf_overhead_"))
@@ -99,7 +98,7 @@ def rank_main(args: argparse.Namespace) -> None:
         eng, *_ = deepspeed.initialize(
             model=net,
             model_parameters=net.parameters(),
-            config=ds,
+            schema=ds,
             lr_scheduler=ds_config.lr_scheduler(cfg),  # the schedule slurmtrain trains with
         )
         return eng

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Sequence
 
 try:
-    from slurmtrain.planning import ckpt_interval as ci
+    from slurmtrain.planning import ckpt_interval
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from slurmtrain.planning import ckpt_interval as ci
+    from slurmtrain.planning import ckpt_interval
 
 
 def _positive(kind: type):
@@ -225,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--failures-per-node-day",
         type=_positive(float),
-        default=ci.LLAMA3_FAILURES_PER_NODE_DAY,
+        default=ckpt_interval.LLAMA3_FAILURES_PER_NODE_DAY,
         help="default: Llama 3, 419 interruptions / (54 days * 2048 nodes)",
     )
     p.add_argument("--ckpt-cost-s", type=_positive(float), default=60.0, help="blocking save time")
@@ -269,11 +269,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def table(args: argparse.Namespace) -> str:
-    mtbf = ci.job_mtbf_seconds(args.nodes, args.failures_per_node_day)
-    wall = args.days * ci.DAY
-    yd = ci.young_daly_interval(args.ckpt_cost_s, mtbf)
+    mtbf = ckpt_interval.job_mtbf_seconds(args.nodes, args.failures_per_node_day)
+    wall = args.days * ckpt_interval.DAY
+    yd = ckpt_interval.young_daly_interval(args.ckpt_cost_s, mtbf)
     rows = [(f"{m:g} min", m * 60) for m in args.intervals] + [("young-daly", yd)]
-    sims = ci.monte_carlo(
+    sims = ckpt_interval.monte_carlo(
         [tau for _, tau in rows],
         args.ckpt_cost_s,
         args.restart_cost_s,
@@ -282,7 +282,7 @@ def table(args: argparse.Namespace) -> str:
         args.trials,
         args.seed,
     )
-    best = ci.optimal_interval(args.ckpt_cost_s, args.restart_cost_s, mtbf)
+    best = ckpt_interval.optimal_interval(args.ckpt_cost_s, args.restart_cost_s, mtbf)
     gpus = args.nodes * args.gpus_per_node
     lines = [
         f"{args.nodes} nodes x {args.gpus_per_node} GPUs = {gpus} GPUs, {args.days:g} days, "
@@ -290,7 +290,7 @@ def table(args: argparse.Namespace) -> str:
         f"({wall / mtbf:.1f} failures expected)",
         f"save {args.ckpt_cost_s:g} s, restart {args.restart_cost_s:g} s; Young/Daly tau = sqrt(2*save*MTBF)"
         f" = {yd / 60:.1f} min; exact optimum of the model {best / 60:.1f} min "
-        f"(goodput {100 * ci.interval_goodput(best, args.ckpt_cost_s, args.restart_cost_s, mtbf):.2f}%)",
+        f"(goodput {100 * ckpt_interval.interval_goodput(best, args.ckpt_cost_s, args.restart_cost_s, mtbf):.2f}%)",
         f"Monte Carlo: {args.trials} trials, seed {args.seed}; analytic = expectation of the same model",
         "",
     ]
@@ -308,7 +308,7 @@ def table(args: argparse.Namespace) -> str:
     )
     body = []
     for (label, tau), (mc, sd) in zip(rows, sims):
-        an = ci.analytic(tau, args.ckpt_cost_s, args.restart_cost_s, mtbf, wall)
+        an = ckpt_interval.analytic(tau, args.ckpt_cost_s, args.restart_cost_s, mtbf, wall)
         body.append(
             (
                 label,
@@ -330,14 +330,14 @@ def table(args: argparse.Namespace) -> str:
 
 
 def spares_table(args: argparse.Namespace) -> str:
-    mtbf = ci.job_mtbf_seconds(args.nodes, args.failures_per_node_day)
+    mtbf = ckpt_interval.job_mtbf_seconds(args.nodes, args.failures_per_node_day)
     tau = (
         args.interval_min * 60
         if args.interval_min
-        else ci.young_daly_interval(args.ckpt_cost_s, mtbf)
+        else ckpt_interval.young_daly_interval(args.ckpt_cost_s, mtbf)
     )
     base = SpareModel(
-        args.nodes, 0, args.days * ci.DAY, args.failures_per_node_day / ci.DAY, tau,
+        args.nodes, 0, args.days * ckpt_interval.DAY, args.failures_per_node_day / ckpt_interval.DAY, tau,
         args.ckpt_cost_s, args.detect_s, args.in_alloc_restart_s, args.restart_cost_s,
         args.repair_h * 3600,
     )  # fmt: skip

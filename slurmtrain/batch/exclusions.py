@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from slurmtrain.common import slurm_cmd
-from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common import slurm_cmd, slurm_text
 from slurmtrain.common.rundir import RunDir, read_jsonl
 from slurmtrain.common.schema import node_range
 
@@ -70,7 +69,7 @@ def fit(
     again = [n for n in order if n in members and int(failed[n].get("jobs") or 1) >= 2]
     left = members - set(user) - set(again)
     if len(left) < needed:
-        why = [f"cluster.exclude={slurm.compress_hostlist(user)}"] if user else []
+        why = [f"cluster.exclude={slurm_text.compress_hostlist(user)}"] if user else []
         if again:
             why.append(f"{', '.join(sorted(again))} failed again after a retry")
         return Exclusions(
@@ -96,13 +95,13 @@ def plan(run: RunDir, cfg: Any, now: Optional[float] = None) -> Exclusions:
     """The exclusions of the next attempt of this run."""
     now = time.time() if now is None else now
     failed = active(read_jsonl(run.bad_nodes), float(cfg.faults.exclude_hours), now)
-    user = slurm.expand_hostlist(cfg.cluster.exclude) if cfg.cluster.exclude else []
+    user = slurm_text.expand_hostlist(cfg.cluster.exclude) if cfg.cluster.exclude else []
     spares = int(cfg.faults.spare_nodes)  # held beside `nodes` (login/flags.py): they must fit too
     needed = node_range(cfg.nodes)[0] + spares
     asked = f"nodes+faults.spare_nodes={needed}" if spares else ""
     try:
         parts = slurm_cmd.query_partitions()
-    except slurm.SlurmError:
+    except slurm_text.SlurmError:
         parts = {}
     name = cfg.cluster.partition or next((p for p, i in parts.items() if i.default), None)
     info = parts.get(name) if name else None

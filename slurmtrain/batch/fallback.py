@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.batch import next_job
-from slurmtrain.common import errors
-from slurmtrain.common import ledger as faults
+from slurmtrain.common import errors, ledger
 from slurmtrain.common.rundir import RunDir
 
 SUPERVISOR_ERROR = "supervisor_error"  # the stop class when neither supervisor nor fallback could
@@ -52,7 +51,7 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
         events, verdict = [], None
     if verdict is not None:
         return verdict
-    attempt = faults.attempt_of(events, job_id, restart, relaunch) if events else None
+    attempt = ledger.attempt_of(events, job_id, restart, relaunch) if events else None
     record["attempt"] = attempt
     try:
         if attempt is not None and not any(
@@ -61,7 +60,7 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
             run.record(
                 "attempt_ended",
                 **record,
-                **{"class": faults.CRASH, "exit_code": rc, "supervisor_error": error},
+                **{"class": ledger.CRASH, "exit_code": rc, "supervisor_error": error},
             )
         new_id = next_job.submit_held(run, job_id, [], record, reason=SUPERVISOR_ERROR)
         run.record("requeued", **record, reason=SUPERVISOR_ERROR, new_job_id=new_id, how="resubmit")
@@ -87,14 +86,14 @@ def _decide(
         return 0
     if any(e["event"] == "finished" for e in events):
         return 0
-    if faults.current_stop(events) is not None:
+    if ledger.current_stop(events) is not None:
         return next_job.EXIT_STOPPED
-    attempt = faults.attempt_of(events, job_id, restart, relaunch)
-    if faults.cancelled_since(events, job_id, attempt):
+    attempt = ledger.attempt_of(events, job_id, restart, relaunch)
+    if ledger.cancelled_since(events, job_id, attempt):
         return 0
 
     def mine(e: dict[str, Any]) -> bool:  # a row of this start: (job id, restart, relaunch)
-        return faults.attempt_key(e) == (job_id, restart, relaunch)
+        return ledger.attempt_key(e) == (job_id, restart, relaunch)
 
     made = [e for e in events if e["event"] == "requeued" and mine(e)]
     intents = [i for i, e in enumerate(events) if e["event"] == "resubmitting" and mine(e)]

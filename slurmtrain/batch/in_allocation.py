@@ -1,7 +1,7 @@
 """Restart inside the job's allocation: which healthy nodes run the next attempt, without the queue.
 
 Why: at hundreds of nodes a run fails every few hours, and a trip through a busy queue is where the
-time goes. A job that holds spare nodes with `--no-kill` (faults.spare_nodes) survives a node's
+time goes. A job that holds spare nodes with `--no-kill` (ledger.spare_nodes) survives a node's
 death; Slurm shrinks the allocation to the survivors and a new srun starts at once on them. So after
 a node failure, hang, crash or bad node the supervisor names the next step's nodes: the previous
 step's healthy nodes first (ranks keep their hosts), a spare for each failed one, the same world
@@ -20,14 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common import ledger as faults
-from slurmtrain.common import slurm_cmd
-from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common import ledger, slurm_cmd, slurm_text
 from slurmtrain.common.schema import node_range, restarts_in_allocation
 
 # Classes a fresh srun on other nodes can cure. Time limit and preemption end the allocation; an
 # OOM, divergence, unreadable checkpoints or a config error would fail again on any nodes.
-RELAUNCH_CLASSES = (faults.NODE_FAILURE, faults.HANG, faults.CRASH)
+RELAUNCH_CLASSES = (ledger.NODE_FAILURE, ledger.HANG, ledger.CRASH)
 
 
 @dataclass
@@ -41,7 +39,7 @@ class Relaunch:
 
     def write(self, path: str) -> None:
         """`HOSTLIST COUNT` for the batch script's `read -r hosts n`."""
-        Path(path).write_text(f"{slurm.compress_hostlist(self.nodes)} {len(self.nodes)}\n")
+        Path(path).write_text(f"{slurm_text.compress_hostlist(self.nodes)} {len(self.nodes)}\n")
 
 
 def _drill_term_race(env: dict[str, str]) -> None:
@@ -70,10 +68,10 @@ def allocation_nodes(job_id: str, env: dict[str, str]) -> list[str]:
     _drill_term_race(env)
     try:
         listed = slurm_cmd.job_info(job_id).get("NodeList", "")
-    except slurm.SlurmError:
+    except slurm_text.SlurmError:
         listed = ""
     listed = listed if listed and listed != "(null)" else env.get("SLURM_JOB_NODELIST", "")
-    return slurm.expand_hostlist(listed) if listed else []
+    return slurm_text.expand_hostlist(listed) if listed else []
 
 
 def step_hosts(events: list[dict[str, Any]], attempt: Optional[int]) -> list[str]:
@@ -89,10 +87,10 @@ def suspects(
 ) -> list[str]:
     """Nodes the failure points at: those the verdict named; for a crash whose real errors all
     come from one node, that node (swapped out only while a spare is at hand)."""
-    if named or cls != faults.CRASH:
+    if named or cls != ledger.CRASH:
         return sorted(set(named))
-    real = faults.real_errors([e for e in rows if e["event"] == "failed"])
-    nodes = {faults.row_node(e, events) for e in real} - {None}
+    real = ledger.real_errors([e for e in rows if e["event"] == "failed"])
+    nodes = {ledger.row_node(e, events) for e in real} - {None}
     return sorted(nodes) if len(nodes) == 1 else []  # type: ignore[arg-type]
 
 
@@ -163,13 +161,13 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
         restart=restart,
         relaunch=last.get("relaunch"),
     )
-    cls = str(last.get("reason") or faults.CRASH)
+    cls = str(last.get("reason") or ledger.CRASH)
     if next_job.past_time_limit(job_id):
-        why = faults.TIMED_OUT
+        why = ledger.TIMED_OUT
     elif next_job.preempted(job_id):
-        why = faults.PREEMPTED
+        why = ledger.PREEMPTED
     else:  # scancel: never restarted
-        run.record("relaunch_abandoned", **record, **{"class": faults.CANCELLED, "reason": cls})
+        run.record("relaunch_abandoned", **record, **{"class": ledger.CANCELLED, "reason": cls})
         return 0
     run.record("relaunch_abandoned", **record, **{"class": why, "reason": cls})
     cfg = load_run_config(str(run.config))
@@ -177,13 +175,13 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
     if excl.problem:
         return next_job.stop_no_nodes(run, record, excl, excl.problem)
     try:
-        if why == faults.PREEMPTED:  # same job id, as the supervisor requeues a preempted job
+        if why == ledger.PREEMPTED:  # same job id, as the supervisor requeues a preempted job
             slurm_cmd.requeue(job_id)
             new_id, how = job_id, "requeue"
         else:  # the time limit: a new job that starts once this one has ended
             new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, record, after=job_id)
             how = "resubmit"
-    except slurm.SlurmError as err:
+    except slurm_text.SlurmError as err:
         return next_job.stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
     run.record(
         "requeued", **record, reason=cls, excluded=excl.nodes, new_job_id=new_id, how=how, at=why

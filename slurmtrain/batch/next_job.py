@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.batch import exclusions
-from slurmtrain.common import inject_spec, slurm_cmd
-from slurmtrain.common import ledger as faults
-from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common import inject_spec, ledger, slurm_cmd, slurm_text
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 
@@ -29,7 +27,7 @@ RELEASE_TRIES = 5  # `scontrol release` + check, 1+2+4+8 s apart: ~15 s beyond S
 def preempted(job_id: str) -> bool:
     try:
         return slurm_cmd.is_preempted(job_id)
-    except slurm.SlurmError:
+    except slurm_text.SlurmError:
         return False
 
 
@@ -38,7 +36,7 @@ def past_time_limit(job_id: str, margin_s: float = 5.0) -> bool:
     a cancelled job's EndTime is the cancel time, so StartTime + TimeLimit is compared)."""
     try:
         info = slurm_cmd.job_info(job_id)
-    except slurm.SlurmError:
+    except slurm_text.SlurmError:
         return False
     if info.get("JobState") == "TIMEOUT":
         return True
@@ -46,8 +44,8 @@ def past_time_limit(job_id: str, margin_s: float = 5.0) -> bool:
         return False
     try:
         start = datetime.strptime(info.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S").timestamp()
-        limit = slurm.parse_time(info.get("TimeLimit", ""))
-    except (ValueError, slurm.SlurmError):
+        limit = slurm_text.parse_time(info.get("TimeLimit", ""))
+    except (ValueError, slurm_text.SlurmError):
         return False
     return limit is not None and time.time() >= start + limit - margin_s
 
@@ -80,14 +78,14 @@ def restart_job(
     A new job is submitted held, recorded (`submitted`), then released: it cannot start before
     the ledger names it the run's owner. `resubmitting` is recorded first, so a supervisor killed
     mid-way leaves its intent (and at worst a held job nobody can start by accident)."""
-    if not after and (cfg.faults.restart == "requeue" or cls == faults.NODE_FAILURE and not bad):
+    if not after and (cfg.faults.restart == "requeue" or cls == ledger.NODE_FAILURE and not bad):
         slurm_cmd.requeue(job_id)
         if bad:
             slurm_cmd.exclude_nodes(job_id, bad)
         return job_id
     args = []
     if bad:
-        args.append(f"--exclude={slurm.compress_hostlist(bad)}")
+        args.append(f"--exclude={slurm_text.compress_hostlist(bad)}")
     if after:  # starts only once this job has ended: never beside it
         args.append(f"--dependency=afterany:{after}")
     return submit_held(run, job_id, args, record, reason=cls, excluded=bad, after=after)
@@ -131,7 +129,7 @@ def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEA
     for i in range(tries):
         try:
             slurm_cmd.run(["scontrol", "release", job_id])  # retried on transient errors
-        except slurm.SlurmError as err:
+        except slurm_text.SlurmError as err:
             error = str(err)
             print(f"slurmtrain: scontrol release {job_id}: {err}", file=sys.stderr)
         if held(job_id) is False:
@@ -171,27 +169,29 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
         return 0
     relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
     events = run.run_events()  # only whether the attempt is closed: no rank's row is needed
-    attempt = faults.attempt_of(events, job_id, restart, relaunch)
-    rows = faults.attempt_rows(events, job_id, restart, attempt, relaunch)
+    attempt = ledger.attempt_of(events, job_id, restart, relaunch)
+    rows = ledger.attempt_rows(events, job_id, restart, attempt, relaunch)
     if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
         return 0
     nodes = (
-        slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+        slurm_text.expand_hostlist(env["SLURM_JOB_NODELIST"])
+        if env.get("SLURM_JOB_NODELIST")
+        else []
     )
     record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
-    run.record("attempt_ended", **record, **{"class": faults.TIMED_OUT, "at": "time limit"})
-    if faults.over_budget(run.run_events(), cfg.faults) is not None:
-        run.record("stopped", **record, **{"class": faults.TIMED_OUT, "error": "time-limit budget"})
+    run.record("attempt_ended", **record, **{"class": ledger.TIMED_OUT, "at": "time limit"})
+    if ledger.over_budget(run.run_events(), cfg.faults) is not None:
+        run.record("stopped", **record, **{"class": ledger.TIMED_OUT, "error": "time-limit budget"})
         return EXIT_STOPPED
     excl = exclusions.plan(run, cfg)
     try:
-        new_id = restart_job(run, job_id, excl.nodes, cfg, faults.TIMED_OUT, record, after=job_id)
-    except slurm.SlurmError as err:
+        new_id = restart_job(run, job_id, excl.nodes, cfg, ledger.TIMED_OUT, record, after=job_id)
+    except slurm_text.SlurmError as err:
         return stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
     run.record(
         "requeued",
         **record,
-        reason=faults.TIMED_OUT,
+        reason=ledger.TIMED_OUT,
         excluded=excl.nodes,
         new_job_id=new_id,
         how="resubmit",

@@ -42,9 +42,7 @@ from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tes
     node_check_s,
     verdict_of,
 )
-from slurmtrain.common import errors, slurm_cmd
-from slurmtrain.common import ledger as faults
-from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common import errors, ledger, slurm_cmd, slurm_text
 from slurmtrain.common.jsonl import merge_rows
 from slurmtrain.common.rundir import RunDir, append_jsonl
 from slurmtrain.common.schema import load_run_config, restarts_in_allocation
@@ -68,7 +66,9 @@ def supervise(
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
     nodes = (
-        slurm.expand_hostlist(env["SLURM_JOB_NODELIST"]) if env.get("SLURM_JOB_NODELIST") else []
+        slurm_text.expand_hostlist(env["SLURM_JOB_NODELIST"])
+        if env.get("SLURM_JOB_NODELIST")
+        else []
     )
     if rc == errors.EXIT_DUPLICATE:  # another live job owns the run: leave it alone
         print(f"slurmtrain: job {job_id} did not train {run.path}: another job holds it")
@@ -83,8 +83,8 @@ def supervise(
     record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart, relaunch=relaunch)
     if attempt is not None and any(e["event"] == "attempt_ended" for e in rows):
         return 0  # closed already: by on_sigterm's early restart, or by `cli cancel`
-    if faults.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart it
-        run.record("attempt_ended", **record, **{"class": faults.CANCELLED, "exit_code": rc})
+    if ledger.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart it
+        run.record("attempt_ended", **record, **{"class": ledger.CANCELLED, "exit_code": rc})
         return 0
     rc = _effective_rc(rc, rows)
     if rc == 0:
@@ -95,18 +95,18 @@ def supervise(
         # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited
         # first, so it requeues itself (same job id: no second copy can appear). A scancel is final.
         if not next_job.preempted(job_id):
-            run.record("attempt_ended", **record, **{"class": faults.CANCELLED, "exit_code": rc})
+            run.record("attempt_ended", **record, **{"class": ledger.CANCELLED, "exit_code": rc})
             return 0
-        run.record("attempt_ended", **record, **{"class": faults.PREEMPTED, "exit_code": rc})
-        if faults.over_budget(run.run_events(), cfg.faults) is not None:
+        run.record("attempt_ended", **record, **{"class": ledger.PREEMPTED, "exit_code": rc})
+        if ledger.over_budget(run.run_events(), cfg.faults) is not None:
             run.record(
                 "stopped",
                 **record,
-                **{"class": faults.PREEMPTED, "error": "preemption budget exhausted"},
+                **{"class": ledger.PREEMPTED, "error": "preemption budget exhausted"},
             )
             return EXIT_STOPPED
         slurm_cmd.requeue(job_id)
-        run.record("requeued", **record, reason=faults.PREEMPTED, new_job_id=job_id, how="requeue")
+        run.record("requeued", **record, reason=ledger.PREEMPTED, new_job_id=job_id, how="requeue")
         return 0
     failed = [e for e in rows if e["event"] == "failed"]
     # In-allocation: a dead node is found by probing its slurmd now, not by waiting for Slurm.
@@ -115,10 +115,10 @@ def supervise(
     verdict = judge(view, rc, hosts, 0.0 if inside else node_check_s(cfg), probe=inside)
     cls = verdict.cls
     if attempt is None:  # a start that failed before `started` may be the user's after a stop
-        faults.open_window(run, run.run_events(), job_id)
+        ledger.open_window(run, run.run_events(), job_id)
     steps = [e.get("step") for e in failed]
     extra: dict[str, Any] = {"before_started": True} if attempt is None else {}
-    if verdict.nodes and cls != faults.NODE_FAILURE:
+    if verdict.nodes and cls != ledger.NODE_FAILURE:
         extra["failed_nodes"] = verdict.nodes
     run.record(
         "attempt_ended",
@@ -126,7 +126,7 @@ def supervise(
         **{"class": cls, "exit_code": rc, "step": next((s for s in steps if s is not None), None)},
         **extra,
     )
-    lost = verdict.nodes if cls == faults.NODE_FAILURE else []
+    lost = verdict.nodes if cls == ledger.NODE_FAILURE else []
     for node in lost:
         run.record("node_lost", **record, node=node)
     for node, reason in verdict.exclude.items():
@@ -144,8 +144,8 @@ def supervise(
             durable=True,
         )
     events = merge_rows([run.run_events(), view.rank])  # with what was just recorded
-    stop = faults.over_budget(events, cfg.faults)
-    if stop is not None or cls == faults.CONFIG_ERROR:
+    stop = ledger.over_budget(events, cfg.faults)
+    if stop is not None or cls == ledger.CONFIG_ERROR:
         error = _last_error(events, rows) or f"exit code {rc}"
         run.record("stopped", **record, **{"class": stop or cls, "error": error})
         print(
@@ -178,7 +178,7 @@ def supervise(
             )
             print(
                 f"slurmtrain: {cls}: next attempt inside job {job_id} on "
-                f"{slurm.compress_hostlist(step.nodes)} (left out: "
+                f"{slurm_text.compress_hostlist(step.nodes)} (left out: "
                 f"{', '.join(step.failed) or 'none'}; spares left: {step.spares_left})",
                 file=sys.stderr,
             )
@@ -187,7 +187,7 @@ def supervise(
         return next_job.stop_no_nodes(run, record, excl, excl.problem)
     try:
         new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, record)
-    except slurm.SlurmError as err:
+    except slurm_text.SlurmError as err:
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
         return next_job.stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
     run.record(
@@ -211,10 +211,10 @@ def _last_error(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Opt
     """The attempt's last real error (an all-rank failure: the one rank with a cause of its own,
     not the last of its peers' connection errors), else its last error, else the run's."""
     errs = [e for e in rows if e["event"] == "failed" and e.get("error")]
-    errs = faults.real_errors(errs) or errs
+    errs = ledger.real_errors(errs) or errs
     if errs:
         return str(errs[-1]["error"]).strip().splitlines()[-1]
-    return faults.last_error(events, rows[0].get("attempt") if rows else None)
+    return ledger.last_error(events, rows[0].get("attempt") if rows else None)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -257,7 +257,7 @@ def _attempt_number(run_dir: str, env: dict[str, str]) -> Optional[int]:
     events = RunDir(Path(run_dir).resolve()).run_events()
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
-    return faults.attempt_of(events, env.get("SLURM_JOB_ID", ""), restart, relaunch)
+    return ledger.attempt_of(events, env.get("SLURM_JOB_ID", ""), restart, relaunch)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from slurmtrain.batch import in_allocation
-from slurmtrain.common import errors, slurm_cmd
-from slurmtrain.common import ledger as faults
-from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common import errors, ledger, slurm_cmd, slurm_text
 from slurmtrain.common.jsonl import merge_rows
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import deadlines
 
 
 @dataclass
@@ -44,7 +42,7 @@ def _effective_rc(rc: int, rows: list[dict[str, Any]]) -> int:
 
 
 def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:
-    return sorted({n for n in (faults.row_node(e, events) for e in rows) if n})
+    return sorted({n for n in (ledger.row_node(e, events) for e in rows) if n})
 
 
 def never_joined(hung: list[dict[str, Any]]) -> list[str]:
@@ -52,7 +50,7 @@ def never_joined(hung: list[dict[str, Any]]) -> list[str]:
     waiting: a node wedged in start-up or dead. Its ranks may write rows later (Slurm's SIGCONT and
     SIGTERM at the kill wake a stopped one), so a row counts only if it joined in time. When no
     rank joined in time, the cause is not one node's (a shared filesystem, say): none is named."""
-    waiting = [e for e in hung if e.get("phase") == phases.RENDEZVOUS and e.get("step_nodes")]
+    waiting = [e for e in hung if e.get("phase") == deadlines.RENDEZVOUS and e.get("step_nodes")]
     if not waiting:
         return []
     gave_up = min(float(e.get("time") or 0) for e in waiting)
@@ -71,8 +69,8 @@ def node_check_s(cfg: Any) -> float:
     if cfg.faults.node_check_s > 0:
         return float(cfg.faults.node_check_s)
     try:
-        timeout = slurm.slurmd_timeout_s(slurm_cmd.run(["scontrol", "show", "config"]))
-    except slurm.SlurmError:
+        timeout = slurm_text.slurmd_timeout_s(slurm_cmd.run(["scontrol", "show", "config"]))
+    except slurm_text.SlurmError:
         timeout = None
     return float((timeout if timeout is not None else 300) + 30)
 
@@ -113,42 +111,42 @@ def classify(
     len(poll_delays(wait_s)) + 1 `sinfo` calls, each naming every node (15 at wait_s = 330 s).
     Other classes make none. The caller adds one `scontrol show config` when
     faults.node_check_s is 0."""
-    if rc in faults.EXIT_CLASS and rc != errors.EXIT_HANG:
-        return Verdict(faults.EXIT_CLASS[rc])
-    real = faults.real_errors(failed)
-    oom = [e for e in real if faults.is_oom(e)]
+    if rc in ledger.EXIT_CLASS and rc != errors.EXIT_HANG:
+        return Verdict(ledger.EXIT_CLASS[rc])
+    real = ledger.real_errors(failed)
+    oom = [e for e in real if ledger.is_oom(e)]
     if oom:
-        return Verdict(faults.OOM, _nodes_of(oom, events))
-    device = [e for e in real if faults.is_device_error(e)]
+        return Verdict(ledger.OOM, _nodes_of(oom, events))
+    device = [e for e in real if ledger.is_device_error(e)]
     if device:
         named = _nodes_of(device, events)
         why = str(device[0].get("error", "")).strip().splitlines()[-1:] or ["device error"]
         return Verdict(
-            faults.NODE_FAILURE, named, {n: f"device error: {why[0][:200]}" for n in named}
+            ledger.NODE_FAILURE, named, {n: f"device error: {why[0][:200]}" for n in named}
         )
     if real:
-        return Verdict(real[0].get("class") or faults.CRASH)
-    hung = [e for e in failed if e.get("class") == faults.HANG]
+        return Verdict(real[0].get("class") or ledger.CRASH)
+    hung = [e for e in failed if e.get("class") == ledger.HANG]
     if hung or rc == errors.EXIT_HANG:
         if started:
-            return Verdict(faults.HANG)
+            return Verdict(ledger.HANG)
         named = _nodes_of(hung, events)
         if named:
-            return Verdict(faults.HANG, named, {n: "hang before started" for n in named})
+            return Verdict(ledger.HANG, named, {n: "hang before started" for n in named})
         absent = never_joined(hung)
         return Verdict(
-            faults.HANG, absent, {n: "its ranks never joined the rendezvous" for n in absent}
+            ledger.HANG, absent, {n: "its ranks never joined the rendezvous" for n in absent}
         )
     # Nobody raised a real error: a peer or node died. Ask its slurmd (`probe`), or give Slurm
     # time to notice.
     dead = slurm_cmd.unreachable_nodes(nodes) if probe else []
     if dead:  # excluded like a bad node: the next job must not land on it before Slurm sees it
-        return Verdict(faults.NODE_FAILURE, dead, {n: "slurmd unreachable" for n in dead})
+        return Verdict(ledger.NODE_FAILURE, dead, {n: "slurmd unreachable" for n in dead})
     down = _poll_down(nodes, wait_s)
     if down:
-        return Verdict(faults.NODE_FAILURE, down)
+        return Verdict(ledger.NODE_FAILURE, down)
     classes = [e.get("class") for e in failed if e.get("class")]
-    return Verdict(classes[0] if classes else faults.CRASH)
+    return Verdict(classes[0] if classes else ledger.CRASH)
 
 
 @dataclass
@@ -167,8 +165,8 @@ class AttemptView:
 def attempt_view(run: RunDir, job_id: str, restart: int, relaunch: int) -> AttemptView:
     rank = run.rank_rows(job_id, restart, relaunch)
     events = merge_rows([run.run_events(), rank])
-    attempt = faults.attempt_of(events, job_id, restart, relaunch)
-    rows = faults.attempt_rows(events, job_id, restart, attempt, relaunch)
+    attempt = ledger.attempt_of(events, job_id, restart, relaunch)
+    rows = ledger.attempt_rows(events, job_id, restart, attempt, relaunch)
     return AttemptView(events, attempt, rows, rank)
 
 

@@ -23,9 +23,15 @@ from typing import Any, Iterable, Iterator, Optional
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import fingerprint as fingerprints
 from slurmtrain.common import runlock
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.fingerprint import (
+    ADDED_RESULT_KEYS,
+    digest,
+    drop,
+    drop_defaults,
+    legacy_fingerprints,
+)
 from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: metrics, bad nodes
     FATE_EVENTS,
     LEDGER_DIR,
@@ -64,13 +70,13 @@ def result_view(
     data = OmegaConf.to_container(cfg, resolve=True) if data is None else copy.deepcopy(data)
     assert isinstance(data, dict)
     for key in NON_RESULT_KEYS:
-        fingerprints.drop(data, key)
-    return fingerprints.drop_defaults(data) if registered else data
+        drop(data, key)
+    return drop_defaults(data) if registered else data
 
 
 def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
     """The run's directory name: stable across versions (common/fingerprint.py has the rule)."""
-    return fingerprints.digest(result_view(cfg, data))
+    return digest(result_view(cfg, data))
 
 
 DEFAULT_RUN_DIR_MODE = "0750"  # schema.RootConfig.run_dir_mode's default
@@ -281,8 +287,8 @@ def locate(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> RunDir:
 def _made_before_registration(cfg: DictConfig, data: Optional[dict], base: Path) -> RunDir:
     """This config's run from a version that hashed a since-registered key at its default (one
     existence check per registered key); else `base`, a new run."""
-    if fingerprints.ADDED_RESULT_KEYS:
-        for name in fingerprints.legacy_fingerprints(result_view(cfg, data, registered=False)):
+    if ADDED_RESULT_KEYS:
+        for name in legacy_fingerprints(result_view(cfg, data, registered=False)):
             if (base.parent / name / "config.yaml").is_file():
                 return RunDir(base.parent / name)
     return RunDir(base)

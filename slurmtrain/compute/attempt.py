@@ -19,8 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common import errors, provenance
-from slurmtrain.common import ledger as faults
+from slurmtrain.common import errors, ledger, provenance
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
@@ -38,7 +37,7 @@ from slurmtrain.compute.faults import inject, owner, signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.compute.trainer import Trainer
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import deadlines
 
 
 def _quiet_environment(cpu: bool) -> None:
@@ -100,28 +99,28 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     """An attempt that ended without its supervisor (Slurm requeued the job itself after a
     preemption or a node failure, or the batch host died) is closed here, with the nodes lost.
     Reads the previous start's rank rows only (its errors say why it ended)."""
-    prev = faults.unended_attempt(attempt.rows)
+    prev = ledger.unended_attempt(attempt.rows)
     if prev is None:
         return
-    events = run.attempt_events(*faults.attempt_key(prev), run_rows=attempt.rows)
-    cls = faults.vanished_class(events, prev["attempt"])
+    events = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
+    cls = ledger.vanished_class(events, prev["attempt"])
     record = dict(job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", []))
     closed = run.record("attempt_ended", **record, **{"class": cls, "closed_by": attempt.number})
     attempt.rows.append(closed)
     lost = sorted(set(prev.get("nodes", [])) - set(attempt.nodes))
-    if cls == faults.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
+    if cls == ledger.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
         from slurmtrain.common.slurm_cmd import down_nodes
 
         lost = down_nodes(prev.get("nodes", []))
-    for node in lost if cls == faults.NODE_FAILURE else []:
+    for node in lost if cls == ledger.NODE_FAILURE else []:
         attempt.rows.append(run.record("node_lost", **record, node=node))
 
 
 def _last_error(run: RunDir, rows: list[dict[str, Any]], number: int) -> Optional[str]:
     """The last error of the run up to the start before attempt `number` (its rank rows too)."""
-    prev = faults.started_row(rows, number - 1)
-    events = run.attempt_events(*faults.attempt_key(prev), run_rows=rows) if prev else rows
-    return faults.last_error(events)
+    prev = ledger.started_row(rows, number - 1)
+    events = run.attempt_events(*ledger.attempt_key(prev), run_rows=rows) if prev else rows
+    return ledger.last_error(events)
 
 
 def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector: Any) -> bool:
@@ -195,7 +194,7 @@ def _claim(
         **row,
         restart=_restart(),
         relaunch=_relaunch(),
-        **{"class": faults.CRASH, "error": f"cannot claim the run: {why}"},
+        **{"class": ledger.CRASH, "error": f"cannot claim the run: {why}"},
     )
     print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
     return 1
@@ -218,7 +217,7 @@ def _startup_hang(
     the step's nodes and when it joined (`arrived_at`, None: it never got there), not a `node` to
     blame (every healthy rank writes one); the supervisor blames the step's nodes none of whose
     ranks had joined when the first rank gave up (batch/supervise.py never_joined)."""
-    waiting = watchdog.current == phases.RENDEZVOUS
+    waiting = watchdog.current == deadlines.RENDEZVOUS
     step_nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     late = " (waiting for ranks to join)" if arrived_at is not None else " (before joining)"
     run.record_rank(
@@ -234,7 +233,7 @@ def _startup_hang(
         phase=watchdog.current,
         step_nodes=expand_hostlist(step_nodes) if waiting and step_nodes else None,
         arrived_at=arrived_at if waiting else None,
-        **{"class": faults.HANG, "error": why + (late if waiting else "")},
+        **{"class": ledger.HANG, "error": why + (late if waiting else "")},
     )
 
 
@@ -261,7 +260,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         dump,
         lambda why: _startup_hang(run, where, watchdog, why, arrival.get("at")),
         errors.EXIT_HANG,
-        phase=phases.RENDEZVOUS,
+        phase=deadlines.RENDEZVOUS,
         rank=where.rank,  # one block of its node's file
     ).start()
     inject.wedge_before_rendezvous(where.rank, run.path, bool(cfg.faults.allow_inject))
@@ -304,7 +303,7 @@ def _run(
             torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
         # The rendezvous deadline counts from here (imports done); the row of a hang says when.
         arrival["at"] = time.time()
-        watchdog.phase(phases.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
+        watchdog.phase(deadlines.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
         wait_for_store(where, cfg.faults.startup_timeout_s)  # no fixed back-off (distributed.py)
         deepspeed.init_distributed(
             dist_backend="gloo" if cpu else "nccl",
@@ -330,7 +329,7 @@ def _run(
             if where.rank == 0:
                 _close_previous_attempt(run, attempt)
                 # the user's resubmission after a stop: budgets count again from here (#20)
-                faults.open_window(run, attempt.rows, where.job_id)
+                ledger.open_window(run, attempt.rows, where.job_id)
             attempt.record(
                 "started",
                 world_size=where.world_size,
@@ -350,7 +349,7 @@ def _run(
             nodes=[where.node],
             rank=where.rank,
             phase="start-up",
-            **{"class": faults.CRASH, "error": f"{type(err).__name__}: {err}"},
+            **{"class": ledger.CRASH, "error": f"{type(err).__name__}: {err}"},
         )
         raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
@@ -362,7 +361,7 @@ def _run(
             f"attempt_{attempt.number}",
             extra={"nodes": nodes, "world_size": where.world_size},
         )
-    stop = broadcast(faults.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
+    stop = broadcast(ledger.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
         error = _last_error(run, attempt.rows, attempt.number) if where.rank == 0 else None
         attempt.record("stopped", **{"class": stop, "error": error or f"{stop} budget exhausted"})
@@ -371,10 +370,10 @@ def _run(
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed)
     watchdog.stacks = run.hang_dump(attempt.number, where.node)
     watchdog.on_hang = lambda why: attempt.record_any(
-        "failed", **{"class": faults.HANG, "error": why, "phase": watchdog.current}
+        "failed", **{"class": ledger.HANG, "error": why, "phase": watchdog.current}
     )
     try:
-        watchdog.phase(phases.HEALTH, cfg.faults.startup_timeout_s)
+        watchdog.phase(deadlines.HEALTH, cfg.faults.startup_timeout_s)
         if cfg.faults.health_check and not _healthy(cfg, run, where, attempt, injector):
             return errors.EXIT_BAD_NODE
         clock.mark("health")
@@ -383,10 +382,10 @@ def _run(
         error, trace = f"{type(err).__name__}: {err}", traceback.format_exc()
         attempt.record_any(
             "failed",
-            **{"class": faults.CRASH, "error": error, "step": attempt.step},
+            **{"class": ledger.CRASH, "error": error, "step": attempt.step},
             traceback=trace[-4000:],
         )
-        if faults.is_peer_error([{"error": error}]):
+        if ledger.is_peer_error([{"error": error}]):
             watchdog.dump_after_peer_failure(f"peer failure: {error}\n{trace}\n")
         raise
     finally:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import deadlines
 
 
 @dataclass(frozen=True)
@@ -232,9 +232,9 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
 #   writes or converts for as long as it beats while the others wait in a barrier or broadcast)
 #   have no fixed bound, so for them the timeout is lifted to LIFTED_S (follow_phase): the
 #   watchdog's beats are the only clock, and a 2-hour conversion never races NCCL.
-MARGIN_S, MARGIN_FRACTION = phases.MARGIN_S, phases.MARGIN_FRACTION
+MARGIN_S, MARGIN_FRACTION = deadlines.MARGIN_S, deadlines.MARGIN_FRACTION
 LIFTED_S = 7 * 24 * 3600.0
-BEATING_PHASES = (phases.SAVE, phases.VERIFY, phases.CONVERT, phases.LOAD)
+BEATING_PHASES = (deadlines.SAVE, deadlines.VERIFY, deadlines.CONVERT, deadlines.LOAD)
 _timeouts: dict[str, float] = {}  # "base": set at init; "now": the process group's current one
 
 

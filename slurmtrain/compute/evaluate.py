@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from slurmtrain.compute.data import Data, share
 from slurmtrain.compute.faults.signals import NONE, TERMINATE, TIME_LIMIT, SignalFlags
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import deadlines
 
 
 class Evaluator:
@@ -72,7 +72,7 @@ class Evaluator:
         engine.eval()
         batches = self.plan()
         phase = (
-            self.watchdog.during(phases.EVAL, self.deadline_s, "eval")
+            self.watchdog.during(deadlines.EVAL, self.deadline_s, "eval")
             if self.watchdog is not None
             else contextlib.nullcontext()
         )

@@ -74,11 +74,11 @@ def find_run(arg: str) -> Path:
 
 def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any]]:
     """`step_N/` (validated) or the newest checkpoint that validates, with its manifest."""
-    from slurmtrain.common import checkpoint_format as ckpt
+    from slurmtrain.common import checkpoint_format
 
     root = RunDir(run).checkpoints
     if step is None:
-        found = ckpt.find_resumable(root)
+        found = checkpoint_format.find_resumable(root)
         for path, reason in found.skipped:
             print(f"slurmtrain export: skipping {path}: {reason}", file=sys.stderr)
         if found.path is None:
@@ -87,12 +87,12 @@ def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any
                 f"further or pick one with --step N"
             )
         return found.path, found.manifest
-    path = root / ckpt.tag(step)
-    reason = ckpt.validate(path) if path.is_dir() else "no such checkpoint"
+    path = root / checkpoint_format.tag(step)
+    reason = checkpoint_format.validate(path) if path.is_dir() else "no such checkpoint"
     if reason is not None:
-        have = ", ".join(p.name for p in ckpt.step_dirs(root)) or "none"
+        have = ", ".join(p.name for p in checkpoint_format.step_dirs(root)) or "none"
         raise ExportError(f"--step={step}: {path}: {reason}; checkpoints: {have}")
-    return path, ckpt.read_manifest(path)
+    return path, checkpoint_format.read_manifest(path)
 
 
 def lazy_state_dict(ckpt_dir: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common import ledger as faults
+from slurmtrain.common import ledger
 from slurmtrain.compute.checkpoint.rng import set_rng_state
 from slurmtrain.compute.distributed import broadcast
 
@@ -81,7 +81,7 @@ def load_resumed(t: Any) -> Optional[dict[str, Any]]:
         )
         if found.path is None:
             t.stop = (
-                faults.CHECKPOINT_UNREADABLE,
+                ledger.CHECKPOINT_UNREADABLE,
                 f"{t.found.path.name} failed to load ({error}) and no older checkpoint validates; "
                 f"pass resume=none to start from step 0",
             )
@@ -107,7 +107,7 @@ def rollback(t: Any, d: Any) -> bool:
 
     cfg = t.cfg
     t.checkpointer.settle()  # an async save in flight is published (or failed) first
-    previous = faults.rollbacks(t.attempt.rows) if t.rank == 0 else []  # every attempt's
+    previous = ledger.rollbacks(t.attempt.rows) if t.rank == 0 else []  # every attempt's
     before = broadcast(divergence.deeper_than(d, previous, cfg.faults) if t.rank == 0 else None)
     while True:
         found = verify.newest_valid(
@@ -125,7 +125,7 @@ def rollback(t: Any, d: Any) -> bool:
             )
         plan = broadcast(plan)
         if plan.stop is not None:
-            t.stop = (faults.DIVERGED, plan.stop)
+            t.stop = (ledger.DIVERGED, plan.stop)
             t.attempt.step = d.step
             return False
         t0 = time.time()

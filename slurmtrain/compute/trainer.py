@@ -17,8 +17,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from slurmtrain.common import errors
-from slurmtrain.common import ledger as faults
+from slurmtrain.common import errors, ledger
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import grad_accumulation
 from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
@@ -26,7 +25,14 @@ from slurmtrain.compute.distributed import Placement, broadcast
 from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.compute.faults.watchdog import Watchdog
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning.deadlines import (
+    BUILD,
+    CONVERT,
+    EVAL,
+    listed,
+    planned_save,
+    planned_state_bytes,
+)
 
 
 class Trainer:
@@ -104,11 +110,11 @@ class Trainer:
         if choice.applied is not None:
             self.attempt.record("resume_applied", **choice.applied)
         if choice.stop is not None:
-            self.stop = (faults.CHECKPOINT_UNREADABLE, choice.stop)
+            self.stop = (ledger.CHECKPOINT_UNREADABLE, choice.stop)
 
     def stopped(self) -> int:
         """Stop the run (`stopped`, its class and error line): the supervisor does not restart it."""
-        cls, error = self.stop or (faults.CRASH, "?")
+        cls, error = self.stop or (ledger.CRASH, "?")
         self.attempt.record("stopped", **{"class": cls, "error": error, "step": self.attempt.step})
         if self.rank == 0:
             print(f"slurmtrain: stopping the run ({cls}): {error}", file=sys.stderr)
@@ -140,8 +146,8 @@ class Trainer:
             self.same_world = False
         if not self.same_world:
             self._mark("convert")  # the universal form, converted once per world size
-        state_bytes = phases.planned_state_bytes(cfg, self.world)
-        self.watchdog.phase(phases.BUILD, limits.build_s(state_bytes))
+        state_bytes = planned_state_bytes(cfg, self.world)
+        self.watchdog.phase(BUILD, limits.build_s(state_bytes))
         self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
         self.memory.start()
         skip = resume_build.skips_init(cfg, self.found.path is not None, self.same_world)
@@ -169,8 +175,8 @@ class Trainer:
             timeout_s=c.publish_timeout_minutes * 60,
             watchdog=self.watchdog,
             deadlines=limits,
-            planned_bytes=phases.planned_save(cfg, self.world, limits.nodes),  # the plan's bytes
-            protect=faults.rolled_back_to(self.attempt.rows),  # rank 0 prunes: it has the rows
+            planned_bytes=planned_save(cfg, self.world, limits.nodes),  # the plan's bytes
+            protect=ledger.rolled_back_to(self.attempt.rows),  # rank 0 prunes: it has the rows
         )
         self.checkpointer.attach(self.engine)
         self.data = data.load(cfg.data)  # training windows + sampler, held-out windows
@@ -193,8 +199,8 @@ class Trainer:
         """`found`'s universal form (collective; converted once, cached), in its own phase."""
         from slurmtrain.compute.checkpoint import reshape
 
-        self.watchdog.phase(phases.CONVERT, self.deadlines.convert_s(phases.listed(found.manifest)))
-        beat = self.watchdog.progress(phases.CONVERT, "converting to universal")
+        self.watchdog.phase(CONVERT, self.deadlines.convert_s(listed(found.manifest)))
+        beat = self.watchdog.progress(CONVERT, "converting to universal")
         verify = self.cfg.checkpoint.verify
         return reshape.for_world(found, self.rank, self.world, self.attempt.record, verify, beat)
 
@@ -231,7 +237,7 @@ class Trainer:
 
         own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
         events = self.attempt.rows if self.rank == 0 else []  # the run tier, read at the start
-        return int(broadcast(resumed_skip(own, int(manifest["step"]), faults.rollbacks(events))))
+        return int(broadcast(resumed_skip(own, int(manifest["step"]), ledger.rollbacks(events))))
 
     # ---- loop ----------------------------------------------------------------------------------
     def save(self, step: int, loss: float) -> Optional[str]:
@@ -314,7 +320,7 @@ class Trainer:
                 self.world,
                 self.device,
                 watchdog=self.watchdog,
-                deadline_s=self.deadlines.fixed(phases.EVAL),
+                deadline_s=self.deadlines.fixed(EVAL),
             )
             while True:
                 state = loop.LoopState(self.start_step, self.start_step, time.time())
@@ -374,7 +380,7 @@ class Trainer:
             self.attempt.record(
                 "failed",
                 **{
-                    "class": faults.CRASH,
+                    "class": ledger.CRASH,
                     "step": outcome.step,
                     "error": f"final checkpoint not saved: {final.error}",
                 },

@@ -22,8 +22,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import checkpoint_format as ckpt
-from slurmtrain.common import checkpoint_pins as pins
+from slurmtrain.common import checkpoint_format, checkpoint_pins
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import RunDir, runs_named
 from slurmtrain.common.schema import (
@@ -95,7 +94,7 @@ def _step_dir(parent: RunDir, step: Optional[int], spec: str) -> Path:
     the ranks checksum it again before loading)."""
     root = parent.checkpoints
     if step is None:
-        found = ckpt.find_resumable(root, full=False)
+        found = checkpoint_format.find_resumable(root, full=False)
         if found.path is None:
             why = "; ".join(f"{Path(p).name}: {r}" for p, r in found.skipped) or "none saved"
             raise ConfigError(
@@ -103,10 +102,18 @@ def _step_dir(parent: RunDir, step: Optional[int], spec: str) -> Path:
                 f"branch from a run that saved one"
             )
         return found.path
-    directory = root / ckpt.tag(step)
-    reason = "no such checkpoint" if not directory.is_dir() else ckpt.validate(directory, False)
+    directory = root / checkpoint_format.tag(step)
+    reason = (
+        "no such checkpoint"
+        if not directory.is_dir()
+        else checkpoint_format.validate(directory, False)
+    )
     if reason is not None:
-        valid = [d.name for d in ckpt.step_dirs(root) if ckpt.validate(d, False) is None]
+        valid = [
+            d.name
+            for d in checkpoint_format.step_dirs(root)
+            if checkpoint_format.validate(d, False) is None
+        ]
         raise ConfigError(
             f"resume_from={spec}: {directory}: {reason}; the parent's valid checkpoints: "
             f"{', '.join(valid) or 'none'}"
@@ -170,7 +177,7 @@ def resolve(cfg: DictConfig) -> None:
             f"branch with the parent's model group and deepspeed.stage"
         )
     directory = _step_dir(parent, step, spec)
-    manifest = ckpt.read_manifest(directory)
+    manifest = checkpoint_format.read_manifest(directory)
     at = int(manifest["step"])
     if cfg.train.max_steps is not None and int(cfg.train.max_steps) <= at:
         raise ConfigError(
@@ -178,8 +185,8 @@ def resolve(cfg: DictConfig) -> None:
             f"(resume_from={spec}); set train.max_steps above {at}"
         )
     _same_world(cfg, int(manifest.get("world_size", 0)), spec, at)
-    cfg.resume_from = f"{parent.path}:{ckpt.tag(at)}"
-    cfg.branch_of = f"{parent.path.name}:{ckpt.tag(at)}"
+    cfg.resume_from = f"{parent.path}:{checkpoint_format.tag(at)}"
+    cfg.branch_of = f"{parent.path.name}:{checkpoint_format.tag(at)}"
 
 
 def _same_world(cfg: DictConfig, saved: int, spec: str, at: int) -> None:
@@ -190,7 +197,7 @@ def _same_world(cfg: DictConfig, saved: int, spec: str, at: int) -> None:
     if saved and saved not in sizes:
         per_node = tasks_per_node(cfg)
         raise ConfigError(
-            f"nodes={cfg.nodes}: the parent's {ckpt.tag(at)} (resume_from={spec}) was saved by "
+            f"nodes={cfg.nodes}: the parent's {checkpoint_format.tag(at)} (resume_from={spec}) was saved by "
             f"{saved} ranks and this branch runs {'/'.join(map(str, sorted(sizes)))}; branch on "
             f"the parent's world size (nodes x {per_node} tasks = {saved})"
         )
@@ -206,9 +213,13 @@ def pin(cfg: Any, child: RunDir) -> None:
     """Before the branch is recorded: keep the parent's step from its prune, then make sure it is
     still there (the parent may have pruned it since `resolve` looked)."""
     parent, step = parent_of(cfg)
-    pins.pin(parent.checkpoints, step, child.path.name)
-    directory = parent.checkpoints / ckpt.tag(step)
-    reason = "no such checkpoint" if not directory.is_dir() else ckpt.validate(directory, False)
+    checkpoint_pins.pin(parent.checkpoints, step, child.path.name)
+    directory = parent.checkpoints / checkpoint_format.tag(step)
+    reason = (
+        "no such checkpoint"
+        if not directory.is_dir()
+        else checkpoint_format.validate(directory, False)
+    )
     if reason is not None:
         raise ConfigError(f"resume_from={cfg.resume_from}: {directory}: {reason}")
 
@@ -240,6 +251,7 @@ def lineage_line(events: list[dict[str, Any]]) -> Optional[str]:
     if row is None:
         return None
     changed = ", ".join(f"{k} {a}->{b}" for k, (a, b) in (row.get("changed") or {}).items())
-    return f"branched from {row.get('parent')} at {ckpt.tag(int(row.get('step', 0)))}" + (
-        f" (changed: {changed})" if changed else ""
+    return (
+        f"branched from {row.get('parent')} at {checkpoint_format.tag(int(row.get('step', 0)))}"
+        + (f" (changed: {changed})" if changed else "")
     )

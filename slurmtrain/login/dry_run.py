@@ -17,17 +17,16 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from slurmtrain.common import rundir as runs
-from slurmtrain.common import secrets
+from slurmtrain.common import rundir, secrets
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.slurm_text import SlurmError
-from slurmtrain.planning import report as planning
+from slurmtrain.planning import preflight
 
 TEST_ONLY_TIMEOUT_S = 20.0
 
 
-def refusal(cfg: DictConfig, report: planning.PlanReport) -> Optional[str]:
+def refusal(cfg: DictConfig, report: preflight.PlanReport) -> Optional[str]:
     """The line a real submission would refuse with, or None: the plan gate, then the cluster's
     partitions (Slurm)."""
     try:
@@ -62,17 +61,17 @@ def show(cfg: DictConfig, out=None) -> int:
 
     announce()
     print(secrets.redacted_yaml(cfg), file=out)  # secrets as references, never values
-    report = planning.report(cfg)
+    report = preflight.report(cfg)
     planned_time = cfg.cluster.time
     refused = refusal(cfg, report)
     if cfg.cluster.time != planned_time:  # cluster.time=auto planned again from the partition
         print(f"slurmtrain: cluster.time={cfg.cluster.time} ({cfg.cluster.time_from})", file=out)
-        report = planning.report(cfg)
+        report = preflight.report(cfg)
     print(report.text, file=out)
     if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
         from slurmtrain.login.slurm_submit import render_sbatch
 
-        script = render_sbatch(cfg, runs.locate(cfg, secrets.referenced(cfg)))
+        script = render_sbatch(cfg, rundir.locate(cfg, secrets.referenced(cfg)))
         print("slurmtrain: dry run: the batch script that would be submitted:", file=out)
         print(script.rstrip("\n"), file=out)
         try:

@@ -16,12 +16,11 @@ from typing import Callable, Iterable, Mapping, Optional, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import pretrained, schema, secrets
-from slurmtrain.common import rundir as runs
+from slurmtrain.common import pretrained, rundir, schema, secrets
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.login import branch
 from slurmtrain.login.placement import announce, resolve_auto
-from slurmtrain.planning import report as planning
+from slurmtrain.planning import preflight
 
 T = TypeVar("T")
 
@@ -29,7 +28,7 @@ T = TypeVar("T")
 @dataclass
 class Prepared:
     cfg: DictConfig
-    run: runs.RunDir
+    run: rundir.RunDir
     resumed: bool
     data: Optional[dict] = None  # cfg as fingerprinted (resolved container): what record writes
 
@@ -82,7 +81,7 @@ def check(
     it until the `submitted` event is recorded, so two shells submitting the same config at once
     queue one job. The state check fails closed: when Slurm cannot say whether the run's job is
     alive, StateUnknown (a ConfigError: one line, exit 2) refuses instead of resubmitting."""
-    report = planning.report(cfg, measured_tps=None)
+    report = preflight.report(cfg, measured_tps=None)
     report.enforce(cfg)  # before printing: a refusal is one line
     if cfg.cluster.kind == "slurm":
         from slurmtrain.login.slurm_submit import check_cluster
@@ -90,14 +89,14 @@ def check(
         planned_time = cfg.cluster.time
         check_cluster(cfg)
         if cfg.cluster.time != planned_time:  # auto planned again from the partition's MaxTime
-            report = planning.report(cfg, measured_tps=None)
+            report = preflight.report(cfg, measured_tps=None)
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
     # Fingerprinted, then written (record): secrets as references, so neither config.yaml nor the
     # run's name depends on a key's value (a rotated token resumes the same run).
     data = secrets.referenced(OmegaConf.to_container(cfg, resolve=True))
-    run = runs.locate(cfg, data)
+    run = rundir.locate(cfg, data)
     if locks is not None:
         try:
             locks.enter_context(run.locked())  # the first thing made under runs_root
@@ -106,22 +105,22 @@ def check(
                 f"runs_root={cfg.runs_root!r}: cannot create {run.path} ({err.strerror}); "
                 f"use a directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
             ) from None
-    warning = planning.lead_warning(cfg, run.run_events("checkpoint_saved"))
+    warning = preflight.lead_warning(cfg, run.run_events("checkpoint_saved"))
     if warning:
         print(f"slurmtrain: {warning}")
     state = run.state()
-    if state == runs.FINISHED:
+    if state == rundir.FINISHED:
         print(
             f"slurmtrain: this run already finished: {run.path}\n"
             f"slurmtrain: nothing to train; pass new_run=true to train the same config again"
         )
         return None
-    if state == runs.RUNNING:
+    if state == rundir.RUNNING:
         print(f"slurmtrain: this run is already queued or running: {run.path}")
         return None
-    if state == runs.STOPPED:
+    if state == rundir.STOPPED:
         print(f"slurmtrain: resuming unfinished run {run.path}")
-    return Prepared(cfg, run, resumed=state == runs.STOPPED, data=data)
+    return Prepared(cfg, run, resumed=state == rundir.STOPPED, data=data)
 
 
 def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
@@ -135,7 +134,7 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
     data = p.data if p.data is not None else secrets.referenced(p.cfg)
     if p.cfg.resume_from:  # the parent's step is pinned before the branch exists
         branch.pin(p.cfg, p.run)
-    runs.create(p.run, p.cfg, overrides, durable=durable, data=data)
+    rundir.create(p.run, p.cfg, overrides, durable=durable, data=data)
     secrets.write_env_file(p.run.path, p.cfg)
     if p.cfg.resume_from:
         branch.record(p.cfg, data, p.run)

@@ -20,8 +20,7 @@ from typing import Any, Optional, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from omegaconf import DictConfig
 
-from slurmtrain.common import secrets, slurm_cmd
-from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common import secrets, slurm_cmd, slurm_text
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
@@ -45,7 +44,7 @@ def check_cluster(cfg: DictConfig) -> None:
     """Refuse, before anything is queued, what this cluster's partitions cannot run."""
     try:
         known = partitions()
-    except slurm.SlurmError as err:
+    except slurm_text.SlurmError as err:
         raise ConfigError(
             f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
             f"or use cluster=local"
@@ -56,7 +55,7 @@ def check_cluster(cfg: DictConfig) -> None:
     part = chosen_partition(cfg.cluster.partition, known)
     policy.replan_time(cfg, part)  # cluster.time=auto planned without the partition: its MaxTime
     spares = int(cfg.faults.spare_nodes)
-    errors = slurm.validate_request(
+    errors = slurm_text.validate_request(
         cfg.cluster.partition,
         node_range(cfg.nodes)[1] + spares,
         cfg.cluster.time,

@@ -18,11 +18,9 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import ledger as faults
-from slurmtrain.common import rundir as runs
-from slurmtrain.common import schema
+from slurmtrain.common import ledger, rundir, schema
 from slurmtrain.login.prepare import Prepared, record
-from slurmtrain.planning import report as planning
+from slurmtrain.planning import preflight
 
 SMOKE_STEPS = 20
 SMOKE_SAVE_STEP = 10  # the first smoke job saves here and stops; the second loads it
@@ -48,8 +46,8 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     small.checkpoint.interval_minutes = 0.0
     # Same work per rank and step as the big run (same memory profile), on one node.
     small.train.global_batch_size = cfg.train.micro_batch_size * accum * schema.world_size(small, 1)
-    for cls in faults.FAILURE_CLASSES:
-        if cls != faults.PREEMPTED:  # a preempted smoke is requeued under the same job id
+    for cls in ledger.FAILURE_CLASSES:
+        if cls != ledger.PREEMPTED:  # a preempted smoke is requeued under the same job id
             small.faults[f"max_{cls}"] = 0
     schema.validate(small, submitting=True)
     return small
@@ -68,43 +66,43 @@ def smoke_overrides(overrides: list[str], small: DictConfig) -> list[str]:
             f"checkpoint.interval_steps={SMOKE_SAVE_STEP}",
             f"train.global_batch_size={small.train.global_batch_size}",
         ]
-        + [f"faults.max_{c}=0" for c in faults.FAILURE_CLASSES if c != faults.PREEMPTED]
+        + [f"ledger.max_{c}=0" for c in ledger.FAILURE_CLASSES if c != ledger.PREEMPTED]
     )
 
 
-def locate_smoke(small: DictConfig) -> tuple[runs.RunDir, bool]:
+def locate_smoke(small: DictConfig) -> tuple[rundir.RunDir, bool]:
     """(run directory, already passed). A smoke that did not finish is never resumed: its budgets
     are spent; a fresh replica runs instead."""
-    planning.report(small, measured_tps=None).enforce(small)
-    run = runs.locate(small)
+    preflight.report(small, measured_tps=None).enforce(small)
+    run = rundir.locate(small)
     state = run.state()
-    if state == runs.FINISHED and not small.new_run:
+    if state == rundir.FINISHED and not small.new_run:
         return run, True
-    if state != runs.NEW:
+    if state != rundir.NEW:
         small.new_run = True
-        run = runs.locate(small)
+        run = rundir.locate(small)
     return run, False
 
 
 def submit_chain(big: Prepared, overrides: list[str]) -> int:
     """Smoke jobs, then the big job after them. `big` is checked, not yet recorded."""
-    from slurmtrain.login import slurm_submit as backend
+    from slurmtrain.login import slurm_submit
 
     small = smoke_config(big.cfg)
     smoke_run, passed = locate_smoke(small)
     if passed:
         print(f"slurmtrain: smoke test of this config already passed: {smoke_run.path}")
         record(big, overrides)
-        backend.submit(big.cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None)
+        slurm_submit.submit(big.cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None)
         return 0
     prepared = Prepared(small, smoke_run, resumed=False)
     record(prepared, smoke_overrides(overrides, small))
-    first = backend.submit(small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
-    second = backend.submit(
+    first = slurm_submit.submit(small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
+    second = slurm_submit.submit(
         small, smoke_run, after=first.job_id, smoke_of=str(big.run.path), smoke_part=2
     )
     record(big, overrides)
-    backend.submit(
+    slurm_submit.submit(
         big.cfg,
         big.run,
         after=second.job_id,
@@ -129,19 +127,19 @@ def blocked(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     last = subs[-1]
     if any(e["event"] == "started" and e["time"] >= last["time"] for e in events):
         return None
-    smoke = runs.RunDir(Path(last["smoke_run"]))
+    smoke = rundir.RunDir(Path(last["smoke_run"]))
     rows = smoke.events()
     if any(e["event"] == "finished" for e in rows):
         return None
     stops = [e for e in rows if e["event"] in ("stopped", "failed")]
-    if not stops and smoke.state() == runs.RUNNING:
+    if not stops and smoke.state() == rundir.RUNNING:
         return {
             "state": "waiting: smoke test",
             "class": None,
             "error": None,
             "smoke_run": str(smoke.path),
         }
-    error = faults.last_error(rows) or (stops[-1].get("error") if stops else None)
+    error = ledger.last_error(rows) or (stops[-1].get("error") if stops else None)
     cls = next((e.get("class") for e in reversed(stops) if e.get("class")), None)
     return {
         "state": "blocked: smoke failed",

@@ -6,7 +6,7 @@ save of `save` seconds. Failures of the whole job arrive as a Poisson process of
 job pays `restart` seconds (requeue, start-up, load; itself interruptible) and recomputes the
 segment. Used by planning/policy.py (the default interval on GPUs and its cost in the plan),
 tools/goodput_sim.py (compare intervals) and, for the measured save time, by the plan's
-signal-lead check (planning/report.py).
+signal-lead check (planning/preflight.py).
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo, format_time
-from slurmtrain.planning import ckpt_interval, flops
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import ckpt_interval, deadlines, flops
 
 AUTO = "auto"
 CPU_INTERVAL_STEPS = 25  # demos and tests on CPU ranks: the interval they always had
@@ -92,13 +91,13 @@ def _per_node(cfg: Any) -> int:
     return int(cfg.gpus_per_node) if cfg.gpus_per_node > 0 else int(cfg.cluster.cpu_tasks_per_node)
 
 
-def checkpoint_layout(cfg: Any, nodes: int) -> phases.Layout:
+def checkpoint_layout(cfg: Any, nodes: int) -> deadlines.Layout:
     """The bytes each IO phase of this run's checkpoint moves on `nodes` nodes."""
-    return phases.config_layout(cfg, nodes * _per_node(cfg), nodes)
+    return deadlines.config_layout(cfg, nodes * _per_node(cfg), nodes)
 
 
-def attempt_deadlines(cfg: Any, nodes: int, events: Iterable[dict] = ()) -> phases.Deadlines:
-    return phases.from_config(cfg.faults, events, nodes * _per_node(cfg), nodes)
+def attempt_deadlines(cfg: Any, nodes: int, events: Iterable[dict] = ()) -> deadlines.Deadlines:
+    return deadlines.from_config(cfg.faults, events, nodes * _per_node(cfg), nodes)
 
 
 def tokens_per_step(cfg: Any, world: int) -> Optional[float]:
@@ -131,7 +130,7 @@ class CheckpointPlan:
     mtbf_s: float  # the job's
     interval_s: float  # Young/Daly's optimum
     step_s: Optional[float]  # planned step time (None: no throughput guess)
-    layout: phases.Layout
+    layout: deadlines.Layout
 
     def chosen_s(self, cfg: Any) -> Optional[float]:
         """The interval the run will use (whichever of steps and minutes comes first)."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_format
 from slurmtrain.common.rundir import STOPPED, RunDir
 from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import run_cli
@@ -57,7 +57,7 @@ def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluste
     assert not _queued("cancelme")
     assert "finished" not in after
     assert RunDir(run).state() == STOPPED
-    resume = ckpt.find_resumable(run / "checkpoints")
+    resume = checkpoint_format.find_resumable(run / "checkpoints")
     assert resume.path is not None
     print(
         f"cancel took {took:.1f} s; events after it: {after}; newest checkpoint {resume.path.name}"

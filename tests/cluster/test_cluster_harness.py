@@ -18,8 +18,7 @@ from typing import Callable
 
 import pytest
 
-from slurmtrain.common import slurm_cmd
-from slurmtrain.common import slurm_text as slurm
+from slurmtrain.common import slurm_cmd, slurm_text
 
 pytestmark = pytest.mark.slurm
 UP = {"idle", "mix", "alloc", "comp"}
@@ -153,13 +152,13 @@ def test_query_partitions_reads_the_real_partitions(slurm_cluster):
     assert debug.node_names == high.node_names == tuple(slurm_cluster.nodes)
     assert debug.preempt_mode == "REQUEUE" and debug.grace_time_s == 20
     assert high.priority_tier > debug.priority_tier
-    errors = slurm.validate_request("debug", 8, "03:00:00", 1, parts)
+    errors = slurm_text.validate_request("debug", 8, "03:00:00", 1, parts)
     assert [e.split(":")[0] for e in errors] == [
         "cluster.nodes",
         "cluster.time",
         "cluster.gpus_per_node",
     ]
-    assert slurm.validate_request("high", 4, "03:00:00", 0, parts) == []
+    assert slurm_text.validate_request("high", 4, "03:00:00", 0, parts) == []
 
 
 def task_script(tmp_path, name: str, on_term: str) -> str:

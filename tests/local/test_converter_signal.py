@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_format
 from tests.conftest import PYTHON, ledger_events, run_cli, run_dirs, slurmtrain_env
 
 BASE = [
@@ -75,7 +75,7 @@ def test_signal_during_a_world_size_conversion_does_not_kill_it(workdir):
     [converted] = events(run, "checkpoint_converted")
     assert converted["step"] == 20 and converted["cached"] is False, out
     universal = run / "checkpoints" / "step_20_universal"
-    assert ckpt.validate(universal, full=True) is None
+    assert checkpoint_format.validate(universal, full=True) is None
     [sig] = events(run, "signal")
     assert sig["signal"] == "SIGUSR2"
     assert not events(run, "failed"), out

@@ -16,8 +16,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from slurmtrain.common import checkpoint_format as ckpt
-from slurmtrain.common import rundir as runs
+from slurmtrain.common import checkpoint_format, rundir
 from tests.conftest import ledger_events, read_jsonl, run_cli
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
@@ -36,7 +35,7 @@ def _run_dir(args: list[str], cwd: Path) -> Path:
     dry = run_cli(args + ["dry_run=true"], cwd=cwd)
     assert dry.returncode == 0, dry.stderr
     cfg = OmegaConf.create(yaml.safe_load(dry.stdout.split("\nplan:")[0]))
-    return Path(cfg.runs_root) / cfg.name / runs.fingerprint(cfg)
+    return Path(cfg.runs_root) / cfg.name / rundir.fingerprint(cfg)
 
 
 @pytest.fixture
@@ -82,7 +81,7 @@ def test_disk_full_fails_the_save_keeps_earlier_checkpoints_and_training_goes_on
     assert "checkpoint step_20 NOT saved" in _worker_log(run)
     checkpoints = run / "checkpoints"
     assert (checkpoints / "latest").read_text() == "step_10"
-    assert ckpt.validate(checkpoints / "step_10") is None
+    assert checkpoint_format.validate(checkpoints / "step_10") is None
     assert not list(checkpoints.glob("step_*.tmp"))
     first_losses = losses_by_step(run)
     assert max(first_losses) == 40  # training went on after the failed saves

@@ -8,7 +8,7 @@ import os
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
+from slurmtrain.common import schema
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -28,8 +28,8 @@ def test_output_projections_are_scaled_by_one_over_sqrt_2L(monkeypatch):
     from slurmtrain.common import ds_config
     from slurmtrain.compute import model
 
-    config.register()
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    schema.register()
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[
@@ -43,7 +43,7 @@ def test_output_projections_are_scaled_by_one_over_sqrt_2L(monkeypatch):
                 "model.scaled_init=true",
             ],
         )
-    config.validate(cfg, submitting=False)
+    schema.validate(cfg, submitting=False)
     net = model.build(cfg, ds_config.build(cfg, 1))
     scaled = 0.006 / math.sqrt(2 * 4)
     projections = model.output_projections(net)

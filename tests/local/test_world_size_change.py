@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_format
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 BASE = [
@@ -59,9 +59,9 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses(stage, wor
     assert loaded["step"] == 20 and loaded["world_size_changed"] is True
     assert loaded["path"].endswith("/step_20_universal")
     universal = run / "checkpoints" / "step_20_universal"
-    assert ckpt.validate(universal) is None
-    assert ckpt.read_manifest(universal)["source"]["step"] == 20
-    assert ckpt.read_manifest(run / "checkpoints" / "step_40")["world_size"] == 1
+    assert checkpoint_format.validate(universal) is None
+    assert checkpoint_format.read_manifest(universal)["source"]["step"] == 20
+    assert checkpoint_format.read_manifest(run / "checkpoints" / "step_40")["world_size"] == 1
 
     want, got = losses_by_step(ref_run), losses_by_step(run)
     assert sorted(got) == list(range(1, 41))

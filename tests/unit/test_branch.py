@@ -10,18 +10,17 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from slurmtrain.common import checkpoint_format as ckpt
-from slurmtrain.common import checkpoint_pins as pins
+from slurmtrain.common import checkpoint_format, checkpoint_pins
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.compute.checkpoint import select
 from slurmtrain.login import branch
 
 
 def _publish(root: Path, step: int, **meta) -> Path:
-    tmp = root / f"{ckpt.tag(step)}.tmp"
+    tmp = root / f"{checkpoint_format.tag(step)}.tmp"
     tmp.mkdir(parents=True)
     (tmp / "shard_rank0.pt").write_bytes(b"x" * 64)
-    return ckpt.publish(root, step, {"world_size": 2, **meta}, "checksum")
+    return checkpoint_format.publish(root, step, {"world_size": 2, **meta}, "checksum")
 
 
 def _parent(tmp_path: Path, steps=(5, 10), **model) -> Path:
@@ -124,16 +123,20 @@ def test_prune_keeps_a_pinned_step(tmp_path):
     root = tmp_path / "checkpoints"
     for step in (10, 20, 30, 40):
         _publish(root, step)
-    pins.pin(root, 10, "bbbbbbbbbbbb")
-    ckpt.prune(root, keep_last=2)
-    assert sorted(d.name for d in ckpt.step_dirs(root)) == ["step_10", "step_30", "step_40"]
-    assert pins.pinned_steps(root) == {10: ["bbbbbbbbbbbb"]}
+    checkpoint_pins.pin(root, 10, "bbbbbbbbbbbb")
+    checkpoint_format.prune(root, keep_last=2)
+    assert sorted(d.name for d in checkpoint_format.step_dirs(root)) == [
+        "step_10",
+        "step_30",
+        "step_40",
+    ]
+    assert checkpoint_pins.pinned_steps(root) == {10: ["bbbbbbbbbbbb"]}
 
 
 def test_a_branch_starts_at_the_parent_step_until_it_has_its_own(tmp_path):
     parent = _parent(tmp_path)
     own = tmp_path / "child" / "checkpoints"
-    pins.pin(parent / "checkpoints", 5, "child")
+    checkpoint_pins.pin(parent / "checkpoints", 5, "child")
     spec = (f"{parent}:step_5", 64)
     choice = select.choose(own, [], "auto", True, branch=spec)
     assert choice.stop is None and choice.found.path == parent / "checkpoints" / "step_5"
@@ -146,7 +149,9 @@ def test_a_branch_starts_at_the_parent_step_until_it_has_its_own(tmp_path):
     saved = [{"event": "checkpoint_saved", "step": 7}]
     choice = select.choose(own, saved, "auto", True, branch=spec)
     assert choice.found.path == own / "step_7"  # its own checkpoints take precedence
-    assert pins.pinned_steps(parent / "checkpoints") == {}  # and the parent's step is released
+    assert (
+        checkpoint_pins.pinned_steps(parent / "checkpoints") == {}
+    )  # and the parent's step is released
 
     again = select.choose(own, saved, "none", True, branch=spec)  # resume=none: the branch point
     assert again.found.path == parent / "checkpoints" / "step_5" and again.applied["moved"]

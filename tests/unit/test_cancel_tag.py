@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
+from slurmtrain.common import schema
 from slurmtrain.common.rundir import locate
-from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login import slurm_submit
 from slurmtrain.login.prepare import resolve
 
-config.register()
+schema.register()
 
 
 def _cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=slurm", f"runs_root={tmp_path}", *overrides])
     return resolve(cfg)
 
@@ -29,16 +29,18 @@ def test_job_sbatch_carries_the_run_tag_and_a_sweep_array_does_not(tmp_path):
 
     cfg = _cfg(tmp_path)
     run = locate(cfg)
-    script = backend.render_sbatch(cfg, run)
-    tag = backend.run_tag(run.path)
+    script = slurm_submit.render_sbatch(cfg, run)
+    tag = slurm_submit.run_tag(run.path)
     assert f"#SBATCH --comment={tag}\n" in script
     assert tag.startswith("slurmtrain:") and run.path.name in tag
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert script_comment(str(path)) == tag  # what sbatch() keeps beside its retry token
     other = _cfg(tmp_path, "name=other")
-    assert backend.run_tag(locate(other).path) != tag
-    array = backend.render_script(cfg, str(run.path), {"job-name": "x"}, "log", array_map="m.json")
+    assert slurm_submit.run_tag(locate(other).path) != tag
+    array = slurm_submit.render_script(
+        cfg, str(run.path), {"job-name": "x"}, "log", array_map="m.json"
+    )
     assert "--comment" not in array  # one array, many runs: its tasks are found by the ledger
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.common import checkpoint_format as ckpt
-from slurmtrain.compute.checkpoint import manager as checkpointer
+from slurmtrain.common import checkpoint_format
+from slurmtrain.compute.checkpoint import manager
 
 
 def _stage(root: Path, step: int, files: dict[str, bytes]) -> Path:
@@ -22,17 +22,17 @@ def _stage(root: Path, step: int, files: dict[str, bytes]) -> Path:
 
 def _save(root: Path, step: int, payload: bytes = b"x" * 100) -> Path:
     _stage(root, step, {"shard_rank0.pt": payload, "shard_rank1.pt": payload[::-1] + b"!"})
-    return ckpt.publish(root, step, {"world_size": 2}, "checksum")
+    return checkpoint_format.publish(root, step, {"world_size": 2}, "checksum")
 
 
 def test_publish_writes_manifest_renames_and_points_latest(tmp_path):
     final = _save(tmp_path, 10)
     assert final == tmp_path / "step_10" and not (tmp_path / "step_10.tmp").exists()
     assert (tmp_path / "latest").read_text() == "step_10"
-    manifest = ckpt.read_manifest(final)
+    manifest = checkpoint_format.read_manifest(final)
     assert manifest["step"] == 10 and manifest["world_size"] == 2
     assert set(manifest["files"]) == {"shard_rank0.pt", "shard_rank1.pt"}
-    assert ckpt.validate(final) is None
+    assert checkpoint_format.validate(final) is None
     assert not list(tmp_path.glob(".latest*"))
 
 
@@ -45,8 +45,8 @@ def test_publish_uses_the_writers_reports_and_hashes_only_unlisted_files(tmp_pat
         "files": {"a.pt": {"size": 4, "crc32": "reported-by-rank-1"}},
     }
     (tmp_path / "step_5.tmp" / ".done_rank1.json").write_text(json.dumps(report))
-    final = ckpt.publish(tmp_path, 5, {}, "checksum", [report])
-    files = ckpt.read_manifest(final)["files"]
+    final = checkpoint_format.publish(tmp_path, 5, {}, "checksum", [report])
+    files = checkpoint_format.read_manifest(final)["files"]
     assert files["a.pt"]["crc32"] == "reported-by-rank-1"  # not re-read by rank 0
     assert len(files["b.pt"]["crc32"]) == 8  # written outside our engine: hashed here
     assert not (final / ".done_rank1.json").exists()  # markers do not outlive the save
@@ -57,7 +57,7 @@ def test_a_lost_write_fails_the_publish_and_changes_nothing_visible(tmp_path):
     _stage(tmp_path, 20, {"a.pt": b"short"})
     report = {"rank": 0, "ok": True, "error": None, "files": {"a.pt": {"size": 999}}}
     with pytest.raises(OSError, match="999"):
-        ckpt.publish(tmp_path, 20, {}, "size", [report])
+        checkpoint_format.publish(tmp_path, 20, {}, "size", [report])
     assert (tmp_path / "latest").read_text() == "step_10"
     assert not (tmp_path / "step_20").exists() and not list(tmp_path.glob(".latest*"))
 
@@ -65,7 +65,7 @@ def test_a_lost_write_fails_the_publish_and_changes_nothing_visible(tmp_path):
 def test_republishing_a_step_replaces_the_stale_copy_whole(tmp_path):
     _save(tmp_path, 10, b"old" * 10)
     _stage(tmp_path, 10, {"only_new.pt": b"new"})
-    final = ckpt.publish(tmp_path, 10, {}, "checksum")
+    final = checkpoint_format.publish(tmp_path, 10, {}, "checksum")
     assert sorted(p.name for p in final.iterdir()) == ["manifest.json", "only_new.pt"]
     assert not (tmp_path / "step_10.old").exists()
 
@@ -77,9 +77,14 @@ def test_flipped_bytes_are_a_checksum_mismatch_and_a_zero_byte_shard_a_size_mism
     data[40] ^= 0xFF
     shard.write_bytes(bytes(data))
     (empty / "shard_rank1.pt").write_bytes(b"")
-    assert "checksum mismatch" in ckpt.validate(flipped)
-    assert ckpt.validate(flipped, full=False) is None  # verify=size cannot see flipped bytes
-    assert ckpt.validate(empty, full=False) == "shard_rank1.pt: 0 bytes, manifest says 101"
+    assert "checksum mismatch" in checkpoint_format.validate(flipped)
+    assert (
+        checkpoint_format.validate(flipped, full=False) is None
+    )  # verify=size cannot see flipped bytes
+    assert (
+        checkpoint_format.validate(empty, full=False)
+        == "shard_rank1.pt: 0 bytes, manifest says 101"
+    )
 
 
 def test_find_resumable_walks_back_and_says_why_it_skipped(tmp_path):
@@ -89,7 +94,7 @@ def test_find_resumable_walks_back_and_says_why_it_skipped(tmp_path):
     (newest / "shard_rank0.pt").write_bytes(b"y" * 100)
     (tmp_path / "step_20" / "manifest.json").unlink()
     _stage(tmp_path, 40, {"half.pt": b"h"})  # an unfinished save: never a candidate
-    found = ckpt.find_resumable(tmp_path)
+    found = checkpoint_format.find_resumable(tmp_path)
     assert found.path == tmp_path / "step_10" and found.manifest["step"] == 10
     assert [(Path(p).name, r) for p, r in found.skipped] == [
         ("step_30", "shard_rank0.pt: checksum mismatch (corrupt)"),
@@ -98,8 +103,8 @@ def test_find_resumable_walks_back_and_says_why_it_skipped(tmp_path):
 
 
 def test_find_resumable_on_a_missing_or_empty_root_finds_nothing(tmp_path):
-    assert ckpt.find_resumable(tmp_path / "nope").path is None
-    assert ckpt.find_resumable(tmp_path).path is None
+    assert checkpoint_format.find_resumable(tmp_path / "nope").path is None
+    assert checkpoint_format.find_resumable(tmp_path).path is None
 
 
 def test_prune_keeps_the_last_k_every_nth_and_latest_and_drops_leftovers(tmp_path):
@@ -109,7 +114,7 @@ def test_prune_keeps_the_last_k_every_nth_and_latest_and_drops_leftovers(tmp_pat
     (tmp_path / "step_40_universal").mkdir()
     _stage(tmp_path, 60, {"half.pt": b"h"})
     (tmp_path / ".step_60.tmp.failed_rank3").touch()
-    removed = ckpt.prune(tmp_path, keep_last=2, keep_every=20)
+    removed = checkpoint_format.prune(tmp_path, keep_last=2, keep_every=20)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["latest", "step_20", "step_40", "step_40_universal", "step_50"]
     assert sorted(p.name for p in removed) == ["step_10", "step_30"]
@@ -120,18 +125,18 @@ def test_markers_round_trip_and_a_failed_rank_is_reported(tmp_path):
     tmp.mkdir()
     done = {"rank": 1, "ok": True, "error": None, "files": {"f.pt": {"size": 3}}}
     failed = {"rank": 2, "ok": False, "error": "ENOSPC", "files": {}}
-    assert checkpointer._read_marker(tmp, 1) is None
-    checkpointer._write_marker(tmp, done)
-    checkpointer._write_marker(tmp, failed)
-    assert checkpointer._read_marker(tmp, 1) == done
-    assert checkpointer._read_marker(tmp, 2) == failed
+    assert manager._read_marker(tmp, 1) is None
+    manager._write_marker(tmp, done)
+    manager._write_marker(tmp, failed)
+    assert manager._read_marker(tmp, 1) == done
+    assert manager._read_marker(tmp, 2) == failed
     assert not list(tmp.glob("*.part"))
 
 
 def test_a_rank_that_cannot_write_into_the_directory_leaves_a_marker_beside_it(tmp_path):
     tmp = tmp_path / "step_7.tmp"  # never created (mkdir failed on that rank)
-    checkpointer._write_marker(tmp, {"rank": 3, "ok": False, "error": "ENOSPC", "files": {}})
-    assert checkpointer._read_marker(tmp, 3)["ok"] is False
+    manager._write_marker(tmp, {"rank": 3, "ok": False, "error": "ENOSPC", "files": {}})
+    assert manager._read_marker(tmp, 3)["ok"] is False
 
 
 def test_host_copy_keeps_views_shared_metadata_and_is_independent_of_the_source():
@@ -191,7 +196,9 @@ def test_shard_writer_keeps_a_write_error_instead_of_raising(tmp_path):
     writer.makedirs(str(target), exist_ok=True)
     writer.save({"t": torch.ones(3)}, str(target / "ok.pt"))
     entry = writer.report(0)["files"]["ok.pt"]
-    assert entry["crc32"] == ckpt._digest(target / "ok.pt")  # hashed on the way, not re-read
+    assert entry["crc32"] == checkpoint_format._digest(
+        target / "ok.pt"
+    )  # hashed on the way, not re-read
     assert entry["size"] == (target / "ok.pt").stat().st_size
     writer.save({"t": torch.ones(3)}, str(target / "gone" / "bad.pt"))  # this write fails
     writer.save({"t": torch.ones(3)}, str(target / "after.pt"))  # skipped: the save failed
@@ -205,12 +212,12 @@ def test_a_universal_conversion_is_reused_only_if_made_from_this_very_save(tmp_p
     from slurmtrain.compute.checkpoint import reshape
 
     step = _save(tmp_path, 20)
-    source = ckpt.read_manifest(step)
+    source = checkpoint_format.read_manifest(step)
     assert reshape.cached(step, source) is None
     tmp = tmp_path / "step_20_universal.tmp"
     tmp.mkdir()
     (tmp / "zero.pt").write_bytes(b"z")
-    ckpt.seal(
+    checkpoint_format.seal(
         tmp, reshape.universal_dir(step), {"source": {"step": 20, "time": source["time"]}}, "size"
     )
     assert reshape.cached(step, source) == tmp_path / "step_20_universal"
@@ -228,7 +235,7 @@ def test_manifests_written_with_sha256_still_verify(tmp_path):
         entry.pop("crc32")
         entry["sha256"] = hashlib.sha256((final / name).read_bytes()).hexdigest()
     (final / "manifest.json").write_text(json.dumps(manifest))
-    assert ckpt.validate(final) is None
+    assert checkpoint_format.validate(final) is None
     shard = final / "shard_rank0.pt"
     shard.write_bytes(b"y" + shard.read_bytes()[1:])
-    assert "checksum mismatch" in ckpt.validate(final)
+    assert "checksum mismatch" in checkpoint_format.validate(final)

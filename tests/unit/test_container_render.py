@@ -13,18 +13,17 @@ import shlex
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
+from slurmtrain.common import schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import locate
-from slurmtrain.login import container
-from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login import container, slurm_submit
 from slurmtrain.login.prepare import resolve
 
-config.register()
+schema.register()
 
 
 def _cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose(
             "config", overrides=["cluster=slurm", f"runs_root={tmp_path}/runs", *overrides]
         )
@@ -57,7 +56,7 @@ def test_oci_ranks_each_run_runc_on_the_runs_bundle_with_the_images_python(tmp_p
     image = _bundle(tmp_path, mounts=False)
     cfg = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={image}")
     run = locate(cfg)
-    text = backend.render_sbatch(cfg, run)
+    text = slurm_submit.render_sbatch(cfg, run)
     argv = _rank_line(text)
     assert argv[-9:] == ["bash", "-c", "$oci_task", "oci-task", "python3", "-u", "-m",
                          "slurmtrain.compute.attempt", str(run.path)]  # fmt: skip
@@ -83,7 +82,7 @@ def test_supervisor_runs_on_the_host_else_inside_the_image(tmp_path):
         "cluster.host_python=/usr/bin/python3",
     )
     run = locate(cfg)
-    text = backend.render_sbatch(cfg, run)
+    text = slurm_submit.render_sbatch(cfg, run)
     assert "if /usr/bin/python3 -c 'import slurmtrain.batch.supervise'" in text
     inside = next(ln for ln in text.splitlines() if "supervise() { srun" in ln)
     assert "--nodes=1 --ntasks=1 --overlap" in inside
@@ -99,7 +98,7 @@ def test_pyxis_and_apptainer_supervisor_steps_as_text(tmp_path):
     )
     inside = next(
         ln
-        for ln in backend.render_sbatch(pyx, locate(pyx)).splitlines()
+        for ln in slurm_submit.render_sbatch(pyx, locate(pyx)).splitlines()
         if "supervise() { srun" in ln
     )
     assert (
@@ -109,19 +108,19 @@ def test_pyxis_and_apptainer_supervisor_steps_as_text(tmp_path):
     app = _cfg(tmp_path, "cluster.container=apptainer", "cluster.image=/images/train.sif")
     inside = next(
         ln
-        for ln in backend.render_sbatch(app, locate(app)).splitlines()
+        for ln in slurm_submit.render_sbatch(app, locate(app)).splitlines()
         if "supervise() { srun" in ln
     )
     assert f"apptainer exec --nv --bind {tmp_path}/runs /images/train.sif python -m" in inside
     bare = _cfg(tmp_path)
-    assert "supervise() { srun" not in backend.render_sbatch(bare, locate(bare))
+    assert "supervise() { srun" not in slurm_submit.render_sbatch(bare, locate(bare))
 
 
 def test_an_image_without_python_is_refused_in_one_line(tmp_path):
     image = _bundle(tmp_path, python=False)
     cfg = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={image}")
     with pytest.raises(ConfigError) as err:
-        backend.render_sbatch(cfg, locate(cfg))
+        slurm_submit.render_sbatch(cfg, locate(cfg))
     text = str(err.value)
     assert "\n" not in text
     assert text.startswith(f"cluster.image={image}: the image has no python3")
@@ -129,7 +128,7 @@ def test_an_image_without_python_is_refused_in_one_line(tmp_path):
 
     missing = _cfg(tmp_path, "cluster.container=oci", f"cluster.image={tmp_path}/nothing")
     with pytest.raises(ConfigError, match=r"cluster.image=.*not an OCI bundle"):
-        backend.render_sbatch(missing, locate(missing))
+        slurm_submit.render_sbatch(missing, locate(missing))
 
 
 def test_doctor_reads_an_oci_image_before_anything_is_queued(tmp_path):
@@ -164,5 +163,5 @@ def test_the_rendered_script_is_valid_bash(tmp_path, kind):
     extra = ["cluster.container=oci", f"cluster.image={_bundle(tmp_path)}"] if kind == "oci" else []
     cfg = _cfg(tmp_path, *extra)
     script = tmp_path / "job.sbatch"
-    script.write_text(backend.render_sbatch(cfg, locate(cfg)))
+    script.write_text(slurm_submit.render_sbatch(cfg, locate(cfg)))
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

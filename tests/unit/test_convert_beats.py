@@ -11,7 +11,7 @@ from pathlib import Path
 
 from slurmtrain.compute.checkpoint.reshape import FOLLOW, RELAY, WALK, growing, shared_note
 from slurmtrain.compute.faults.watchdog import Watchdog
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import deadlines
 
 
 def _writer(folder: Path, files: int, every_s: float) -> threading.Thread:
@@ -29,7 +29,7 @@ def _writer(folder: Path, files: int, every_s: float) -> threading.Thread:
 
 def _converting(tmp_path: Path, deadline_s: float) -> Watchdog:
     watchdog = Watchdog(deadline_s, tmp_path / "hang.txt", lambda why: None, 99)
-    watchdog.phase(phases.CONVERT, deadline_s, "converting")
+    watchdog.phase(deadlines.CONVERT, deadline_s, "converting")
     return watchdog
 
 
@@ -38,7 +38,7 @@ def test_a_conversion_that_keeps_writing_outlives_its_deadline(tmp_path):
     watchdog = _converting(tmp_path, deadline_s=0.8)
     writer = _writer(folder, files=12, every_s=0.2)  # 2.4 s of writing: 3x the deadline
     overdue = []
-    with growing(folder, watchdog.progress(phases.CONVERT, "converting"), every_s=0.1):
+    with growing(folder, watchdog.progress(deadlines.CONVERT, "converting"), every_s=0.1):
         writer.start()
         while writer.is_alive():
             overdue.append(watchdog.overdue())
@@ -51,21 +51,21 @@ def test_a_conversion_that_stops_writing_still_trips_the_watchdog(tmp_path):
     folder = tmp_path / "step_40_universal.tmp"
     watchdog = _converting(tmp_path, deadline_s=0.8)
     writer = _writer(folder, files=2, every_s=0.1)
-    with growing(folder, watchdog.progress(phases.CONVERT, "converting"), every_s=0.1):
+    with growing(folder, watchdog.progress(deadlines.CONVERT, "converting"), every_s=0.1):
         writer.start()
         writer.join()
         time.sleep(1.5)  # nothing more written: no beat
         why = watchdog.overdue()
-    assert why is not None and f"phase {phases.CONVERT}" in why
+    assert why is not None and f"phase {deadlines.CONVERT}" in why
 
 
 def test_growth_beats_only_the_conversion_phase(tmp_path):
     """A rank that has left the conversion (its load started) is not kept alive by the folder."""
     folder = tmp_path / "step_40_universal.tmp"
     watchdog = _converting(tmp_path, deadline_s=0.8)
-    watchdog.phase(phases.BUILD, 0.8, "building")
+    watchdog.phase(deadlines.BUILD, 0.8, "building")
     writer = _writer(folder, files=10, every_s=0.2)
-    with growing(folder, watchdog.progress(phases.CONVERT, "converting"), every_s=0.1):
+    with growing(folder, watchdog.progress(deadlines.CONVERT, "converting"), every_s=0.1):
         writer.start()
         writer.join()
     assert watchdog.overdue() is not None and watchdog.what == "building"
@@ -83,7 +83,7 @@ def test_a_rank_on_another_host_beats_through_its_hosts_reader(tmp_path):
     overdue = []
     with contextlib.ExitStack() as stack:
         for dog, (role, note) in zip(dogs, roles):
-            beat = dog.progress(phases.CONVERT, "converting")
+            beat = dog.progress(deadlines.CONVERT, "converting")
             stack.enter_context(growing(folder, beat, every_s=0.1, role=role, note=note))
         writer.start()
         while writer.is_alive():
@@ -107,7 +107,7 @@ def test_a_host_whose_reader_is_gone_is_not_kept_alive(tmp_path):
     folder = tmp_path / "step_40_universal.tmp"
     dog = _converting(tmp_path, deadline_s=0.8)
     writer = _writer(folder, files=10, every_s=0.2)
-    beat = dog.progress(phases.CONVERT, "converting")
+    beat = dog.progress(deadlines.CONVERT, "converting")
     with growing(folder, lambda n: None, every_s=0.1, role=WALK, note=tmp_path / "shm0"):
         with growing(folder, beat, every_s=0.1, role=FOLLOW, note=tmp_path / "shm1"):
             writer.start()

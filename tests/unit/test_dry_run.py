@@ -22,16 +22,15 @@ def test_login_path_does_not_import_heavy_modules(workdir):
     code = f"""
 import sys
 from hydra import compose, initialize_config_dir
-import slurmtrain.__main__ as main
-from slurmtrain.common import schema as config
-from slurmtrain.planning import report as planning
-from slurmtrain.common import rundir as runs
-with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+from slurmtrain.common import schema
+from slurmtrain.planning import preflight
+from slurmtrain.common import rundir
+with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
     cfg = compose("config", overrides=["model=opt13b", "nodes=64", "cluster=local",
                                        "gpus_per_node=0"])
-config.validate(cfg, submitting=False)
-planning.report(cfg)
-runs.fingerprint(cfg)
+schema.validate(cfg, submitting=False)
+preflight.report(cfg)
+rundir.fingerprint(cfg)
 import slurmtrain.login.submit, slurmtrain.login.local_submit
 print(sorted(m for m in {HEAVY!r} if m in sys.modules))
 """

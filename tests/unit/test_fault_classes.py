@@ -14,12 +14,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from slurmtrain.batch import exclusions, supervise
-from slurmtrain.common import ledger
-from slurmtrain.common import schema as config
+from slurmtrain.common import ledger, schema
 from slurmtrain.common.rundir import RunDir, StateUnknown, create, locate
 from slurmtrain.login.prepare import resolve
 
-config.register()
+schema.register()
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 PEER = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
@@ -48,7 +47,7 @@ def test_a_real_error_outranks_hang_rows_and_oom_is_its_own_class_with_node_and_
     cpu = _failed(0, "crash", "RuntimeError: DefaultCPUAllocator: can't allocate memory")
     assert supervise.classify(1, [cpu], [STARTED, cpu], [], 0).cls == "oom"
     assert ledger.vanished_class([STARTED, *rows], 1) == "oom"
-    assert ledger.budgets(config.FaultsConfig())["oom"] == 3
+    assert ledger.budgets(schema.FaultsConfig())["oom"] == 3
 
 
 def test_a_local_cuda_error_names_and_excludes_its_node_instead_of_counting_as_a_peer_error():
@@ -123,7 +122,7 @@ def test_node_check_default_follows_the_clusters_slurmd_timeout():
     from slurmtrain.batch import supervise
     from slurmtrain.common.slurm_text import slurmd_timeout_s
 
-    assert config.FaultsConfig().node_check_s == 0  # 0: SlurmdTimeout + 30 s of this cluster
+    assert schema.FaultsConfig().node_check_s == 0  # 0: SlurmdTimeout + 30 s of this cluster
     text = "SlurmctldTimeout        = 120 sec\nSlurmdTimeout           = 300 sec\n"
     assert slurmd_timeout_s(text) == 300 and slurmd_timeout_s("") is None
     cfg = OmegaConf.create({"faults": {"node_check_s": 45.0}})
@@ -131,7 +130,7 @@ def test_node_check_default_follows_the_clusters_slurmd_timeout():
 
 
 def _cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=slurm", f"runs_root={tmp_path}", *overrides])
     return resolve(cfg)
 

@@ -8,13 +8,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from slurmtrain.common import fingerprint as fp
-from slurmtrain.common import schema
-from slurmtrain.common.rundir import create, fingerprint, locate
+from slurmtrain.common import fingerprint, rundir, schema
+from slurmtrain.common.rundir import create, locate
 from slurmtrain.login.prepare import resolve
 from tests.conftest import run_cli
 
-SHIPPED = dict(fp.ADDED_RESULT_KEYS)  # the keys this version registers, oldest first
+SHIPPED = dict(fingerprint.ADDED_RESULT_KEYS)  # the keys this version registers, oldest first
 
 schema.register()
 
@@ -70,7 +69,7 @@ def test_every_shipped_recipe_is_pinned():
 
 @pytest.mark.parametrize("model,overrides,golden", GOLDEN)
 def test_each_shipped_recipe_keeps_its_fingerprint(tmp_path, model, overrides, golden):
-    assert fingerprint(_cfg(tmp_path, model, *overrides)) == golden
+    assert rundir.fingerprint(_cfg(tmp_path, model, *overrides)) == golden
 
 
 def test_the_command_line_composes_the_same_fingerprint(tmp_path):
@@ -80,7 +79,7 @@ def test_the_command_line_composes_the_same_fingerprint(tmp_path):
     assert done.returncode == 0, done.stderr
     shown = done.stdout.split("\nplan: ", 1)[0]  # the resolved config, as a run directory has it
     (tmp_path / "config.yaml").write_text(shown)
-    assert fingerprint(schema.load_run_config(str(tmp_path / "config.yaml"))) == golden
+    assert rundir.fingerprint(schema.load_run_config(str(tmp_path / "config.yaml"))) == golden
 
 
 def _with(cfg, key: str, value):
@@ -93,43 +92,45 @@ def _with(cfg, key: str, value):
 
 def test_a_result_key_added_with_its_default_leaves_every_fingerprint_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        fp,
+        fingerprint,
         "ADDED_RESULT_KEYS",
         {**SHIPPED, "train.label_smoothing": 0.0, "lora": {"rank": 0, "alpha": 16.0}},
     )
     for model, overrides, golden in GOLDEN:
         later = _with(_cfg(tmp_path, model, *overrides), "train.label_smoothing", 0.0)
         later = _with(later, "lora", {"rank": 0, "alpha": 16.0})
-        assert fingerprint(later) == golden, (model, overrides)
+        assert rundir.fingerprint(later) == golden, (model, overrides)
     base = _cfg(tmp_path, "opt13b")
-    smoothed = fingerprint(_with(base, "train.label_smoothing", 0.1))
-    lora = fingerprint(_with(base, "lora", {"rank": 8, "alpha": 16.0}))
-    assert len({smoothed, lora, fingerprint(base)}) == 3  # another value is another run
-    assert fingerprint(_with(base, "train.label_smoothing", 0)) != fingerprint(base)  # int != 0.0
+    smoothed = rundir.fingerprint(_with(base, "train.label_smoothing", 0.1))
+    lora = rundir.fingerprint(_with(base, "lora", {"rank": 8, "alpha": 16.0}))
+    assert len({smoothed, lora, rundir.fingerprint(base)}) == 3  # another value is another run
+    assert rundir.fingerprint(_with(base, "train.label_smoothing", 0)) != rundir.fingerprint(
+        base
+    )  # int != 0.0
 
 
 def test_an_unregistered_new_key_would_have_renamed_the_run(tmp_path, monkeypatch):
     # What the registry prevents (and the guard test catches): the same upgrade, unregistered.
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", dict(SHIPPED))
+    monkeypatch.setattr(fingerprint, "ADDED_RESULT_KEYS", dict(SHIPPED))
     base = _cfg(tmp_path, "opt13b")
-    assert fingerprint(_with(base, "train.label_smoothing", 0.0)) != fingerprint(base)
+    assert rundir.fingerprint(_with(base, "train.label_smoothing", 0.0)) != rundir.fingerprint(base)
 
 
 def test_a_run_made_before_its_key_was_registered_is_resumed_not_restarted(tmp_path, monkeypatch):
     # A version that had train.label_smoothing but hashed it (not registered yet) made this run.
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", dict(SHIPPED))
+    monkeypatch.setattr(fingerprint, "ADDED_RESULT_KEYS", dict(SHIPPED))
     old = _with(_cfg(tmp_path, "opt13b"), "train.label_smoothing", 0.0)
     made = locate(old)
     create(made, old, ["model=opt13b"])
     assert made.path.name != "93d967570535"
     # After the upgrade that registers it, the same command finds that directory.
     registered = {**SHIPPED, "train.label_smoothing": 0.0, "lora": {"rank": 0}}  # oldest first
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", registered)
+    monkeypatch.setattr(fingerprint, "ADDED_RESULT_KEYS", registered)
     now = _with(_cfg(tmp_path, "opt13b"), "train.label_smoothing", 0.0)
     now = _with(now, "lora", {"rank": 0})
-    assert fingerprint(now) == "93d967570535" and locate(now).path == made.path
+    assert rundir.fingerprint(now) == "93d967570535" and locate(now).path == made.path
     # A run under today's name wins over the legacy one; another config matches neither.
     create(locate(_cfg(tmp_path, "opt13b")), _cfg(tmp_path, "opt13b"), [])
     assert locate(now).path.name == "93d967570535"
     other = _with(_cfg(tmp_path, "opt125m"), "train.label_smoothing", 0.0)
-    assert locate(other).path.name == fingerprint(other) == "0498a1a7a313"
+    assert locate(other).path.name == rundir.fingerprint(other) == "0498a1a7a313"

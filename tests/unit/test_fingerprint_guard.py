@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.common import fingerprint as fp
+from slurmtrain.common import fingerprint
 from slurmtrain.common.schema import RootConfig, TrainConfig
 
-SHIPPED = dict(fp.ADDED_RESULT_KEYS)  # the keys this version registers
+SHIPPED = dict(fingerprint.ADDED_RESULT_KEYS)  # the keys this version registers
 
 BASELINE = json.loads((Path(__file__).parent / "fingerprint_baseline_keys.json").read_text())
 BASELINE_KEYS: list[str] = BASELINE["result_keys"]
 
 
 def test_every_result_key_of_the_schema_is_in_the_baseline_or_registered():
-    problems = fp.registry_problems(BASELINE_KEYS)
+    problems = fingerprint.registry_problems(BASELINE_KEYS)
     assert not problems, "\n".join(problems)
 
 
@@ -58,8 +58,8 @@ class _FutureRoot(RootConfig):
 
 
 def test_a_new_result_key_not_registered_is_named_with_what_to_do(monkeypatch):
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", dict(SHIPPED))
-    problems = fp.registry_problems(BASELINE_KEYS, _FutureRoot)
+    monkeypatch.setattr(fingerprint, "ADDED_RESULT_KEYS", dict(SHIPPED))
+    problems = fingerprint.registry_problems(BASELINE_KEYS, _FutureRoot)
     assert len(problems) == 3, problems
     line = next(p for p in problems if "train.label_smoothing" in p)
     assert "slurmtrain/common/fingerprint.py ADDED_RESULT_KEYS" in line
@@ -69,15 +69,15 @@ def test_a_new_result_key_not_registered_is_named_with_what_to_do(monkeypatch):
 
 def test_registered_keys_pass_and_a_wrong_default_is_named(monkeypatch):
     monkeypatch.setattr(
-        fp,
+        fingerprint,
         "ADDED_RESULT_KEYS",
         {**SHIPPED, "train.label_smoothing": 0.0, "lora": {"rank": 0, "alpha": 16.0}},
     )
-    assert fp.registry_problems(BASELINE_KEYS, _FutureRoot) == []
+    assert fingerprint.registry_problems(BASELINE_KEYS, _FutureRoot) == []
     monkeypatch.setattr(
-        fp, "ADDED_RESULT_KEYS", {**SHIPPED, "train.label_smoothing": 0.1, "lora": {}}
+        fingerprint, "ADDED_RESULT_KEYS", {**SHIPPED, "train.label_smoothing": 0.1, "lora": {}}
     )
-    problems = fp.registry_problems(BASELINE_KEYS, _FutureRoot)
+    problems = fingerprint.registry_problems(BASELINE_KEYS, _FutureRoot)
     assert any("'train.label_smoothing'] = 0.1" in p and "0.0" in p for p in problems), problems
 
 
@@ -85,8 +85,8 @@ def test_registered_keys_pass_and_a_wrong_default_is_named(monkeypatch):
     "entry", ["train.micro_batch_size", "cluster.partition", "train.no_such_key"]
 )
 def test_registering_a_baseline_non_result_or_unknown_key_is_refused(monkeypatch, entry):
-    monkeypatch.setattr(fp, "ADDED_RESULT_KEYS", {**SHIPPED, entry: 1})
-    problems = fp.registry_problems(BASELINE_KEYS)
+    monkeypatch.setattr(fingerprint, "ADDED_RESULT_KEYS", {**SHIPPED, entry: 1})
+    problems = fingerprint.registry_problems(BASELINE_KEYS)
     assert problems and f"ADDED_RESULT_KEYS[{entry!r}]" in problems[0], problems
 
 
@@ -94,7 +94,7 @@ def test_reclassifying_or_removing_a_baseline_key_is_named(monkeypatch):
     from slurmtrain.common import schema
 
     monkeypatch.setattr(schema, "NON_RESULT_KEYS", (*schema.NON_RESULT_KEYS, "model.dropout"))
-    problems = fp.registry_problems(BASELINE_KEYS)
+    problems = fingerprint.registry_problems(BASELINE_KEYS)
     assert problems == [
         "config key model.dropout is now a non-result key: every run's fingerprint changes "
         "(users' unfinished runs restart from step 0); keep it a result key with its default"

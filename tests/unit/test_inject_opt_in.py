@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
+from slurmtrain.common import schema
 from slurmtrain.common.rundir import locate
 from slurmtrain.compute.faults.inject import Injector
-from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login import slurm_submit
 from slurmtrain.login.prepare import resolve
 from tests.conftest import run_cli
 
-config.register()
+schema.register()
 INJECT = {"SLURMTRAIN_INJECT": "crash_at_step=3"}
 
 
 def _cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=slurm", f"runs_root={tmp_path}", *overrides])
     return resolve(cfg)
 
@@ -40,11 +40,11 @@ def test_inject_with_opt_in_is_accepted(tmp_path):
 
 def test_job_script_unsets_inject_unless_the_run_opted_in(tmp_path):
     cfg = _cfg(tmp_path)
-    script = backend.render_sbatch(cfg, locate(cfg))
+    script = slurm_submit.render_sbatch(cfg, locate(cfg))
     body = script.split("\n    srun ")[0]
     assert "unset SLURMTRAIN_INJECT" in body  # before the step and the supervisor's resubmissions
     opted = _cfg(tmp_path, "faults.allow_inject=true")
-    assert "unset SLURMTRAIN_INJECT" not in backend.render_sbatch(opted, locate(opted))
+    assert "unset SLURMTRAIN_INJECT" not in slurm_submit.render_sbatch(opted, locate(opted))
 
 
 def test_injector_ignores_the_variable_unless_the_run_opted_in():

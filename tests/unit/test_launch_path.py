@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from slurmtrain.common import schema
 from slurmtrain.common.rundir import locate
-from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login import slurm_submit
 from slurmtrain.login.prepare import resolve
 
 schema.register()
@@ -49,14 +49,14 @@ def test_submitit_submission_file_equals_job_sbatch_field_by_field(tmp_path):
         "cluster.srun_extra=['--cpu-bind=cores']",
     )
     run = locate(cfg)
-    ours = _fields(backend.render_sbatch(cfg, run))
-    ex = backend.executor(cfg, tmp_path / "submitit", [str(run.path)])
+    ours = _fields(slurm_submit.render_sbatch(cfg, run))
+    ex = slurm_submit.executor(cfg, tmp_path / "submitit", [str(run.path)])
     theirs = _fields(ex._make_submission_file_text("unused", "uid"))
     assert theirs["srun"] == ours["srun"]
     assert theirs["env"] == ours["env"] and "NCCL_IB_HCA" not in ours["env"]
     # cluster.env: sourced from the run's 0600 secrets.env by both (common/secrets.py)
     sourced = f". {run.path}/secrets.env || {{"
-    assert sourced in backend.render_sbatch(cfg, run)
+    assert sourced in slurm_submit.render_sbatch(cfg, run)
     assert sourced in ex._make_submission_file_text("unused", "uid")
     assert theirs["sbatch"] == ours["sbatch"]
     assert theirs["after_srun"] == ours["after_srun"]
@@ -67,15 +67,15 @@ def test_submitit_submission_file_equals_job_sbatch_field_by_field(tmp_path):
     supervisor = " ".join(ours["after_srun"])
     # The supervisor is a shell function (host Python, or the image as a one-task step)
     assert f"supervise supervise {run.path}" in supervisor
-    assert '-m "slurmtrain.batch.$1"' in backend.render_sbatch(cfg, run)
+    assert '-m "slurmtrain.batch.$1"' in slurm_submit.render_sbatch(cfg, run)
 
 
 def test_array_tasks_run_the_same_srun_line_on_their_own_run(tmp_path):
     cfg = _cfg(tmp_path, "nodes=2")
     run = locate(cfg)
-    single = _fields(backend.render_sbatch(cfg, run))
+    single = _fields(slurm_submit.render_sbatch(cfg, run))
     mapping = tmp_path / "sweep.json"
-    ex = backend.executor(cfg, tmp_path / "s", [], parallelism=4, array_map=str(mapping))
+    ex = slurm_submit.executor(cfg, tmp_path / "s", [], parallelism=4, array_map=str(mapping))
     ex.parameters["map_count"] = 3
     text = ex._make_submission_file_text("unused", "uid")
     array = _fields(text)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from slurmtrain.common import jsonl, ledger
 from slurmtrain.common.rundir import RunDir, read_jsonl
-from slurmtrain.compute import attempt as compute_attempt
+from slurmtrain.compute.attempt import Attempt, _close_previous_attempt
 from slurmtrain.compute.distributed import Placement
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -19,7 +19,7 @@ PEER = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection
 
 def _attempt(run: RunDir, rank: int, node: str, job: str = "77", number: int = 3):
     where = Placement(rank, rank % 8, 16, "n1", 29500, job, node)
-    return compute_attempt.Attempt(run, where, ["n1", "n2"], number)
+    return Attempt(run, where, ["n1", "n2"], number)
 
 
 def _rank_fails(path: str, rank: int) -> None:
@@ -113,7 +113,7 @@ def test_rank_zero_closes_a_vanished_attempt_from_its_rank_rows(tmp_path: Path) 
     nxt = _attempt(run, 0, "n1", job="78", number=4)
     nxt.rows = run.run_events()
     assert not any(e["event"] == "failed" for e in nxt.rows)  # the OOM is in the rank tier
-    compute_attempt._close_previous_attempt(run, nxt)
+    _close_previous_attempt(run, nxt)
     [ended] = run.run_events("attempt_ended")
     assert ended["class"] == "oom" and ended["attempt"] == 3
     assert nxt.rows[-1] == ended  # rank 0's list is kept up to date, not re-read

@@ -19,19 +19,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKER = r"""
 import os, sys, threading, time, types
 import torch, torch.distributed as dist
-from slurmtrain.compute import distributed as d
+from slurmtrain.compute import distributed
 
 rank = int(os.environ["RANK"])
 faults = types.SimpleNamespace(startup_timeout_s=1800, hang_timeout_s=600, collective_timeout_s=1800)
-dist.init_process_group("gloo", rank=rank, world_size=3, timeout=d.collective_timeout(faults))
+dist.init_process_group("gloo", rank=rank, world_size=3, timeout=distributed.collective_timeout(faults))
 x = torch.ones(4)
 for _ in range(3):
     dist.all_reduce(x)
-d.follow_phase("startup:convert", 300)  # rank 0 converts, the others wait in its broadcast
+distributed.follow_phase("startup:convert", 300)  # rank 0 converts, the others wait in its broadcast
 dist.broadcast(x, 0)
-d.follow_phase("step", 600)
+distributed.follow_phase("step", 600)
 if rank == 2:  # never joins the fifth collective
-    d.dump_collectives()
+    distributed.dump_collectives()
     # stay connected until ranks 0-1 have dumped (a busy box may take seconds): leaving earlier
     # breaks their all-reduce before their watchdogs fire
     prefix = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
@@ -42,7 +42,7 @@ if rank == 2:  # never joins the fifth collective
     os._exit(0)
 def watchdog():  # fires while the main thread waits in the all-reduce
     time.sleep(3)
-    d.dump_collectives()
+    distributed.dump_collectives()
     os._exit(0)
 threading.Thread(target=watchdog, daemon=True).start()
 dist.all_reduce(x)

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_format
 from tests.conftest import slurmtrain_env
 
 FILES = {
@@ -26,21 +26,21 @@ def _checkpoint(root: Path, step: int) -> Path:
     tmp.mkdir(parents=True)
     for i, (name, size) in enumerate(FILES.items()):
         (tmp / name).write_bytes(bytes([(step + i) % 251]) * size)
-    return ckpt.publish(root, step, {"world_size": 2}, "checksum")
+    return checkpoint_format.publish(root, step, {"world_size": 2}, "checksum")
 
 
 def test_each_rank_gets_its_own_files_and_together_they_cover_every_file_once():
     files = {name: {"size": size} for name, size in FILES.items()}
-    shares = [ckpt.files_for_rank(files, r, 2) for r in range(2)]
+    shares = [checkpoint_format.files_for_rank(files, r, 2) for r in range(2)]
     assert sorted(shares[0] + shares[1]) == sorted(FILES)
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt" in shares[0] and "rng_rank0.pt" in shares[0]
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in shares[1] and "rng_rank1.pt" in shares[1]
     # a smaller world: the files of ranks no longer there are shared out, balanced by size
     four = {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt": {"size": 100} for r in range(4)}
-    one, other = (ckpt.files_for_rank(four, r, 2) for r in range(2))
+    one, other = (checkpoint_format.files_for_rank(four, r, 2) for r in range(2))
     assert len(one) == len(other) == 2 and not set(one) & set(other)
     # what a rank reads when it loads: its own partition and every shared file
-    assert ckpt.read_bytes(files, 1, 2) == 3000 + 5000 + 100
+    assert checkpoint_format.read_bytes(files, 1, 2) == 3000 + 5000 + 100
 
 
 RANK = textwrap.dedent(
@@ -52,18 +52,18 @@ RANK = textwrap.dedent(
     import torch.distributed as dist
 
     from slurmtrain.common.schema import FaultsConfig
-    from slurmtrain.common import checkpoint_format as ckpt
+    from slurmtrain.common import checkpoint_format
     from slurmtrain.compute.checkpoint import verify
     from slurmtrain.compute.faults.watchdog import Watchdog
 
     root, out, rank = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     dist.init_process_group("gloo", rank=rank, world_size=2)
     read = []
-    digest = ckpt._digest
-    def spy(path, kind=ckpt.CHECKSUM, progress=None):
+    digest = checkpoint_format._digest
+    def spy(path, kind=checkpoint_format.CHECKSUM, progress=None):
         read.append(f"{path.parent.name}/{path.name}")
         return digest(path, kind, progress)
-    ckpt._digest = spy
+    checkpoint_format._digest = spy
     records = []
     cfg = SimpleNamespace(faults=FaultsConfig(), checkpoint=SimpleNamespace(verify="checksum"),
                           resume="auto")

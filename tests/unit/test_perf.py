@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import ds_config
-from slurmtrain.common import schema as config
+from slurmtrain.common import ds_config, schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.compute.observe.metrics import scalars, summary_line
 
@@ -19,10 +18,10 @@ perf = pytest.importorskip("slurmtrain.compute.observe.perf")
 
 
 def _cfg(*overrides: str):
-    config.register()
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    schema.register()
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=local", "gpus_per_node=0", *overrides])
-    config.validate(cfg, submitting=False)
+    schema.validate(cfg, submitting=False)
     return cfg
 
 

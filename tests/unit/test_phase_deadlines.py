@@ -14,7 +14,7 @@ import pytest
 from slurmtrain.common.schema import FaultsConfig
 from slurmtrain.compute.checkpoint.beats import Beats
 from slurmtrain.compute.faults.watchdog import Watchdog
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning import deadlines
 from tests.conftest import run_cli, slurmtrain_env
 
 MB = 1_000_000
@@ -42,11 +42,11 @@ def test_io_deadlines_come_from_the_bytes_a_phase_moves_at_the_per_node_rate_tim
     """opt13b, ZeRO-2, bf16 on 64 x 8: a save is the sum of the ranks' shards (12 bytes a
     parameter over 512 ranks; the module file holds no weights) written at once at 1 GB/s per
     node x 64 nodes: seconds, not hours."""
-    d = phases.from_config(FaultsConfig(), [], world=512, nodes=64)
+    d = deadlines.from_config(FaultsConfig(), [], world=512, nodes=64)
     assert not d.write_measured and not d.read_measured
     assert d.write_bps == 1000 * MB and d.read_bps == 2000 * MB  # per node
-    assert d.save_s(0) == 300 and d.fixed("step") == 600 and d.fixed(phases.HEALTH) == 1800
-    lay = phases.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
+    assert d.save_s(0) == 300 and d.fixed("step") == 600 and d.fixed(deadlines.HEALTH) == 1800
+    lay = deadlines.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
     assert lay.save.total == pytest.approx(12 * OPT13B, rel=1e-6)  # the sum, not max x world
     assert lay.save.rank == pytest.approx(12 * OPT13B / 512, rel=1e-6)  # 301 MB
     assert lay.save.node == pytest.approx(8 * 12 * OPT13B / 512, rel=1e-6)
@@ -57,25 +57,25 @@ def test_io_deadlines_come_from_the_bytes_a_phase_moves_at_the_per_node_rate_tim
     assert d.save_s(lay.save) == pytest.approx(300 + 3 * save)
     assert d.save_s(lay.save) < 10 * 60 and d.read_s(lay.load) < 20 * 60
     # without ZeRO rank 0 writes the whole module once, and every rank reads it
-    zero0 = phases.layout(OPT13B, world=512, per_node=8, zero_stage=0, weight_bytes=2)
+    zero0 = deadlines.layout(OPT13B, world=512, per_node=8, zero_stage=0, weight_bytes=2)
     assert zero0.save.total == pytest.approx(14 * OPT13B, rel=1e-6)
     assert d.build_s(lay.save.rank) == d.startup_s  # building moves no bulk IO
     assert d.convert_s(lay.save.total) < 60 * 60  # one node reads and writes it all
     # ten times the nodes: the same busiest node, the same deadline (O(1) in the world size)
-    big = phases.from_config(FaultsConfig(), [], world=5120, nodes=640)
-    wide = phases.layout(OPT13B, world=5120, per_node=8, zero_stage=2, weight_bytes=2)
+    big = deadlines.from_config(FaultsConfig(), [], world=5120, nodes=640)
+    wide = deadlines.layout(OPT13B, world=5120, per_node=8, zero_stage=2, weight_bytes=2)
     assert big.save_s(wide.save) <= d.save_s(lay.save)
 
 
 def test_a_save_stuck_for_three_times_its_planned_time_is_caught():
-    d = phases.from_config(FaultsConfig(io_floor_s=10.0), [], world=512, nodes=64)
-    lay = phases.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
+    d = deadlines.from_config(FaultsConfig(io_floor_s=10.0), [], world=512, nodes=64)
+    lay = deadlines.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
     planned = d.seconds(lay.save, write=True)
     deadline = d.save_s(lay.save)
     assert deadline == pytest.approx(10 + 3 * planned)  # faults.io_safety=3
     clock = Clock()
     dog = _watchdog(clock)
-    dog.phase(phases.SAVE, deadline, "saving step_3000")
+    dog.phase(deadlines.SAVE, deadline, "saving step_3000")
     clock.now += 3 * planned  # slow, still within its allowance
     assert dog.overdue() is None
     clock.now += 10 + 1  # no beat for 3x its planned time plus the floor: a hang
@@ -99,16 +99,16 @@ def test_a_rank_s_bytes_alone_still_give_minutes_on_the_compute_side():
         gpus_per_node=8,
     )
     started = {"event": "started", "world_size": 512, "nodes": [f"g{i}" for i in range(64)]}
-    d = phases.from_config(FaultsConfig(), [started], world=512)
+    d = deadlines.from_config(FaultsConfig(), [started], world=512)
     assert d.nodes == 64 and d.summary()["node_count"] == 64
-    rank = phases.planned_state_bytes(cfg, 512)
+    rank = deadlines.planned_state_bytes(cfg, 512)
     # ZeRO-2: the fp32 partitions and moments only (the module file holds no weights): 301 MB
     assert rank == pytest.approx(12 * OPT13B / 512, rel=1e-3)
     assert d.save_s(rank) < 30 * 60 and d.read_s(rank) < 30 * 60
-    assert phases.from_config(FaultsConfig(), [], world=512).save_s(rank) > d.save_s(rank)
+    assert deadlines.from_config(FaultsConfig(), [], world=512).save_s(rank) > d.save_s(rank)
     # given what the whole save moves (planned_save), the trainer's deadline is the plan's
-    whole = phases.planned_save(cfg, 512, 64)
-    lay = phases.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
+    whole = deadlines.planned_save(cfg, 512, 64)
+    lay = deadlines.layout(OPT13B, world=512, per_node=8, zero_stage=2, weight_bytes=2)
     assert whole == lay.save and d.save_s(whole) < 10 * 60
 
 
@@ -148,7 +148,7 @@ def test_measured_rates_replace_the_planned_ones():
             "nodes": two,
         },
     ]
-    d = phases.from_config(FaultsConfig(), events, world=2, nodes=2)
+    d = deadlines.from_config(FaultsConfig(), events, world=2, nodes=2)
     assert d.write_measured and d.write_bps == 50 * MB  # 400 MB / 4 s / 2 nodes
     assert d.read_measured and d.read_bps == pytest.approx(300 * MB)  # median; failed one ignored
     assert d.summary()["write_rate"] == "measured"
@@ -164,7 +164,7 @@ def test_measured_rates_replace_the_planned_ones():
 def test_a_phase_has_its_own_deadline_and_a_hang_report_names_it():
     clock = Clock()
     dog = _watchdog(clock)
-    dog.phase(phases.VERIFY, 100.0, "verifying step_20")
+    dog.phase(deadlines.VERIFY, 100.0, "verifying step_20")
     clock.now += 50  # past the step's 10 s: not a hang while verifying
     assert dog.overdue() is None
     clock.now += 51
@@ -180,12 +180,12 @@ def test_a_phase_has_its_own_deadline_and_a_hang_report_names_it():
 def test_beats_extend_the_phase_and_during_gives_the_previous_phase_back():
     clock = Clock()
     dog = _watchdog(clock)
-    with dog.during(phases.SAVE, 30.0):
+    with dog.during(deadlines.SAVE, 30.0):
         for _ in range(5):  # 100 s of saving in all, a beat every 20 s
             clock.now += 20
             dog.beat("shard")
             assert dog.overdue() is None
-        assert dog.current == phases.SAVE
+        assert dog.current == deadlines.SAVE
     assert dog.current == "step" and dog.deadline_s == 10.0
     clock.now += 11
     assert "phase step" in dog.overdue()
@@ -195,11 +195,11 @@ def test_io_progress_beats_only_its_own_phase():
     """A background writer must not keep a stalled step alive."""
     clock = Clock()
     dog = _watchdog(clock)
-    beat = dog.progress(phases.SAVE, "writing shards")
+    beat = dog.progress(deadlines.SAVE, "writing shards")
     clock.now += 11
     beat(1 << 20)
     assert "phase step" in dog.overdue()
-    dog.phase(phases.SAVE, 30.0)
+    dog.phase(deadlines.SAVE, 30.0)
     clock.now += 29
     beat(2 << 20)
     clock.now += 29
@@ -252,14 +252,14 @@ class OldWriter:
 def test_the_writer_gets_progress_only_when_its_engine_takes_it_and_its_hook_beats():
     clock = Clock()
     dog = _watchdog(clock)
-    beats = Beats(dog, phases.from_config(FaultsConfig()))
+    beats = Beats(dog, deadlines.from_config(FaultsConfig()))
     assert set(beats.writer_kwargs(NewWriter)) == {"progress"}
     assert beats.writer_kwargs(OldWriter) == {}
     assert Beats(None, None).writer_kwargs(NewWriter) == {}
     progress = beats.writer_kwargs(NewWriter)["progress"]
     shards: list[str] = []
     hook = beats.hook(lambda step, name: shards.append(name))
-    with beats.phase(phases.SAVE, lambda d: 30.0):
+    with beats.phase(deadlines.SAVE, lambda d: 30.0):
         clock.now += 25
         progress(4096)  # the new writer's per-chunk beat
         clock.now += 25
@@ -271,7 +271,7 @@ def test_the_writer_gets_progress_only_when_its_engine_takes_it_and_its_hook_bea
 def test_the_loader_beats_per_file_and_the_engine_gets_its_own_load_back(tmp_path):
     clock = Clock()
     dog = _watchdog(clock)
-    beats = Beats(dog, phases.from_config(FaultsConfig()))
+    beats = Beats(dog, deadlines.from_config(FaultsConfig()))
 
     class Engine:
         def load(self, path, map_location=None):
@@ -280,7 +280,7 @@ def test_the_loader_beats_per_file_and_the_engine_gets_its_own_load_back(tmp_pat
 
     engine = SimpleNamespace(checkpoint_engine=Engine())
     assert beats.load_phase() == "load"  # a rollback; `startup:load` while starting
-    with beats.phase(phases.LOAD, lambda d: 30.0), beats.loading(engine, phases.LOAD):
+    with beats.phase(deadlines.LOAD, lambda d: 30.0), beats.loading(engine, deadlines.LOAD):
         for name in ("a.pt", "b.pt", "c.pt"):
             assert engine.checkpoint_engine.load(str(tmp_path / name)) == str(tmp_path / name)
             assert dog.overdue() is None

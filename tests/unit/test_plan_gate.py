@@ -28,20 +28,20 @@ def test_signal_lead_below_twice_the_save_time_warns(workdir):
     from hydra import compose, initialize_config_dir
 
     sys.path.insert(0, str(__import__("tests.conftest").conftest.ROOT))
-    from slurmtrain.common import schema as config
-    from slurmtrain.planning import report as planning
+    from slurmtrain.common import schema
+    from slurmtrain.planning import preflight
 
-    config.register()
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    schema.register()
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose(
             "config", overrides=["cluster=slurm", "gpus_per_node=0", "cluster.signal_lead_s=60"]
         )
-    assert planning.lead_warning(cfg, [{"total_seconds": 10.0}]) is None
-    line = planning.lead_warning(cfg, [{"total_seconds": 40.0}])
+    assert preflight.lead_warning(cfg, [{"total_seconds": 10.0}]) is None
+    line = preflight.lead_warning(cfg, [{"total_seconds": 40.0}])
     assert "cluster.signal_lead_s=60" in line and "measured" in line and ">=81" in line
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         big = compose("config", overrides=["cluster=slurm", "model=opt66b", "gpus_per_node=8"])
-    line = planning.lead_warning(big, [])  # before any save: estimated from the checkpoint size
+    line = preflight.lead_warning(big, [])  # before any save: estimated from the checkpoint size
     assert line is not None and "estimated" in line
 
 
@@ -52,11 +52,11 @@ def test_the_plan_uses_the_buckets_the_run_trains_with(workdir):
 
     sys.path.insert(0, str(__import__("tests.conftest").conftest.ROOT))
     from slurmtrain.common import ds_config
-    from slurmtrain.common import schema as config
-    from slurmtrain.planning import report as planning
+    from slurmtrain.common import schema as schema
+    from slurmtrain.planning import preflight
 
-    config.register()
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    schema.register()
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[
@@ -67,4 +67,4 @@ def test_the_plan_uses_the_buckets_the_run_trains_with(workdir):
             ],
         )
     assert ds_config.zero_section(cfg)["reduce_bucket_size"] == 2e8  # what DeepSpeed gets
-    assert planning.memory_plan(cfg, 1).buffers == 2 * 2 * 10**8  # bf16, one whole bucket
+    assert preflight.memory_plan(cfg, 1).buffers == 2 * 2 * 10**8  # bf16, one whole bucket

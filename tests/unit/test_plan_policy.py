@@ -11,14 +11,14 @@ from typing import Optional
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
+from slurmtrain.common import schema
 from slurmtrain.common.rundir import fingerprint
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import placement
 from slurmtrain.login.prepare import resolve
-from slurmtrain.planning import report as planning
+from slurmtrain.planning import preflight
 
-config.register()
+schema.register()
 HEADLINE = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=slurm", "dry_run=true"]
 MIN = 60.0
 
@@ -33,7 +33,7 @@ def _no_slurm(monkeypatch):
 
 
 def _compose(tmp_path, *overrides: str):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         return compose("config", overrides=[f"runs_root={tmp_path}", *overrides])
 
 
@@ -72,7 +72,7 @@ def _minutes(text: str, name: str) -> float:
 
 
 def test_the_headline_plan_prints_every_phase_deadline_in_minutes(tmp_path):
-    text = planning.report(_headline(tmp_path)).text
+    text = preflight.report(_headline(tmp_path)).text
     for phase in ("save", "verify", "load", "build", "convert"):
         assert 1 <= _minutes(text, phase) < 60, (phase, text)
     # the save: sum of the shards (+ the module once) at 1 GB/s x 64 nodes, the busiest node
@@ -97,7 +97,7 @@ def test_the_headline_interval_is_young_daly_in_minutes_with_its_cost(tmp_path):
     # saved by time (robust to a wrong MFU guess); never by steps unless set by hand
     assert cfg.checkpoint.interval_steps == 0
     assert cfg.checkpoint.interval_minutes == round(plan.interval_s / MIN)
-    text = planning.report(cfg).text
+    text = preflight.report(cfg).text
     line = next(ln for ln in text.splitlines() if ln.startswith("plan: checkpoints"))
     assert f"every {round(plan.interval_s / MIN)} min" in line
     assert "Young/Daly" in line and "% of wall time" in line
@@ -119,7 +119,7 @@ def test_the_node_mtbf_default_is_llama3_s_published_rate():
 
 def test_async_saves_are_on_by_default_on_gpus_and_off_on_cpus(tmp_path):
     assert _headline(tmp_path).checkpoint.async_save is True
-    assert "async" in planning.report(_headline(tmp_path)).text
+    assert "async" in preflight.report(_headline(tmp_path)).text
     cpu = resolve(_compose(tmp_path, "cluster=local", "dry_run=true"))
     assert cpu.checkpoint.async_save is False
     assert _headline(tmp_path, "checkpoint.async_save=false").checkpoint.async_save is False
@@ -129,7 +129,9 @@ def test_an_interval_set_by_hand_wins_and_cpu_runs_keep_today_s_default(tmp_path
     cfg = _headline(tmp_path, "checkpoint.interval_steps=500")
     assert (cfg.checkpoint.interval_steps, cfg.checkpoint.interval_minutes) == (500, 0)
     line = next(
-        ln for ln in planning.report(cfg).text.splitlines() if ln.startswith("plan: checkpoints")
+        ln
+        for ln in preflight.report(cfg).text.splitlines()
+        if ln.startswith("plan: checkpoints")
     )
     assert "checkpoint.interval_steps=500" in line and "Young/Daly" in line
     by_time = _headline(tmp_path, "checkpoint.interval_minutes=30")
@@ -171,13 +173,13 @@ def test_the_plan_uses_the_partition_s_max_time_and_shows_attempts_and_restart_c
     note = policy.resolve_time(cfg, _partition(24 * 3600))
     assert cfg.cluster.time == "1-00:00:00" and "MaxTime" in note
     cfg = resolve(cfg)
-    text = planning.report(cfg).text
+    text = preflight.report(cfg).text
     eta = next(ln for ln in text.splitlines() if ln.startswith("plan: ETA"))
     attempts = int(re.search(r"(\d+) attempts? of 1d00h", eta)[1])
     assert 1 <= attempts <= 3, eta  # not 35 one-hour trips through the queue
     restarts = re.search(r"restarts (\S+?);", eta)[1]
     assert restarts != "0s" and "m" in restarts, eta
-    unknown = planning.report(_headline(tmp_path)).text
+    unknown = preflight.report(_headline(tmp_path)).text
     assert "cluster.time=2-00:00:00" in unknown and "partition unknown" in unknown
 
 

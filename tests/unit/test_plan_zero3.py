@@ -7,8 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from slurmtrain.common import ds_config, schema
-from slurmtrain.planning import report as planning
-from slurmtrain.planning import zero3_params
+from slurmtrain.planning import preflight, zero3_params
 from slurmtrain.planning.memory import plan_memory
 from slurmtrain.planning.shapes import OPT_SIZES, largest_layer_params, param_count
 
@@ -40,13 +39,13 @@ def test_opt66b_plans_the_prefetch_and_persistence_deepspeed_is_given():
     ahead = min(layer, zero["stage3_max_live_parameters"] - largest_layer_params(m))
     persistent = m.num_layers * 13 * h + 2 * h
     assert zero3_params.extra_gathered(m, zero) == ahead + persistent
-    plan = planning.memory_plan(cfg, 64)
+    plan = preflight.memory_plan(cfg, 64)
     assert plan.buffers == 2 * (zero["reduce_bucket_size"] + ahead + persistent)  # bf16
 
 
 def test_deepspeed_extra_stage3_values_reach_the_plan():
-    base = planning.memory_plan(_cfg("model=opt66b"), 64)
-    small = planning.memory_plan(
+    base = preflight.memory_plan(_cfg("model=opt66b"), 64)
+    small = preflight.memory_plan(
         _cfg("model=opt66b", "+deepspeed.extra.zero_optimization.stage3_prefetch_bucket_size=2e8"),
         64,
     )

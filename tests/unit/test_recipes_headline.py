@@ -13,7 +13,7 @@ from slurmtrain.common.rundir import locate
 from slurmtrain.common.slurm_text import parse_partitions
 from slurmtrain.login import dry_run, placement, slurm_submit
 from slurmtrain.login.prepare import resolve
-from slurmtrain.planning import report as planning
+from slurmtrain.planning import preflight
 
 schema.register()
 
@@ -70,7 +70,7 @@ def _dry_run(tmp_path, model: str, nodes: int, *extra: str):
 @pytest.mark.parametrize("model,nodes,extra", HEADLINE)
 def test_each_recipe_dry_runs_at_its_headline_scale(tmp_path, model, nodes, extra):
     cfg = _dry_run(tmp_path, model, nodes, *extra)
-    report = planning.report(cfg)
+    report = preflight.report(cfg)
     assert dry_run.refusal(cfg, report) is None, report.text
     assert "plan: fits" in report.text
     script = slurm_submit.render_sbatch(cfg, locate(cfg))
@@ -82,5 +82,5 @@ def test_opt66b_at_64x8_is_refused_only_for_memory_naming_zero3(tmp_path):
     # plan's one line names the fix, ZeRO-3.
     cfg = _dry_run(tmp_path, "opt66b", 64)
     assert cfg.train.micro_batch_size * 512 * 2 == cfg.train.global_batch_size == 1024
-    refused = dry_run.refusal(cfg, planning.report(cfg))
+    refused = dry_run.refusal(cfg, preflight.report(cfg))
     assert refused and "plan does not fit" in refused and "fits with deepspeed=zero3 " in refused

@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import ds_config
-from slurmtrain.common import schema as config
+from slurmtrain.common import ds_config, schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import parse_partitions
 from slurmtrain.compute.distributed import DeviceError, device_index
 from slurmtrain.login import flags, placement
 from tests.conftest import run_cli
 
-config.register()
+schema.register()
 M = 1024 * 1024
 # (size, peak lr, batch in M tokens) from metaseq/launcher/opt_job_constants.py MODEL_SIZES.
 OPT = [
@@ -29,9 +28,9 @@ OPT = [
 
 
 def _cfg(*overrides: str):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=local", "gpus_per_node=0", *overrides])
-    config.validate(cfg, submitting=False)
+    schema.validate(cfg, submitting=False)
     return cfg
 
 
@@ -88,17 +87,17 @@ def test_a_batch_in_tokens_that_is_not_whole_sequences_is_one_line():
 
 
 def test_unresolved_auto_is_refused_naming_the_keys():
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config")
     assert cfg.cluster.kind == "auto" and cfg.gpus_per_node == "auto"
     with pytest.raises(ConfigError, match="auto: not resolved"):
-        config.validate(cfg)
+        schema.validate(cfg)
 
 
 def test_auto_off_is_the_embedded_default(monkeypatch):
     monkeypatch.setenv("SLURMTRAIN_AUTO", "off")
     monkeypatch.setattr(placement, "_probe_cache", {})
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config")
     placement.resolve_auto(cfg)
     assert (cfg.cluster.kind, cfg.gpus_per_node, cfg.cluster.cpu_tasks_per_node) == ("local", 0, 2)

@@ -10,15 +10,14 @@ import shlex
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
+from slurmtrain.common import schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import locate
 from slurmtrain.common.slurm_text import parse_partitions
-from slurmtrain.login import flags, placement
-from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login import flags, placement, slurm_submit
 from slurmtrain.planning.shapes import param_count
 
-config.register()
+schema.register()
 
 # 64 nodes of 8 GPUs, 2 sockets x 56 cores, 2 TB each.
 GPU64 = (
@@ -33,7 +32,7 @@ CPU_DEFAULT = (
 
 
 def _cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=["cluster=slurm", f"runs_root={tmp_path}", "checkpoint.interval_steps=25"]
@@ -84,7 +83,7 @@ def test_a_distribution_of_the_users_wins(tmp_path):
 
 def test_the_dry_run_script_shows_cpus_and_memory_per_task(tmp_path):
     cfg = _headline(tmp_path)
-    script = backend.render_sbatch(cfg, locate(cfg))
+    script = slurm_submit.render_sbatch(cfg, locate(cfg))
     line = next(ln for ln in script.splitlines() if ln.startswith("# Per task:"))
     assert "14 CPUs" in line and "all of each node's memory (--mem=0)" in line
     assert "8 tasks" in line and "block:block" in line
@@ -148,11 +147,11 @@ def test_a_big_model_on_a_partition_without_gpus_is_refused(tmp_path, model, ins
 def test_check_cluster_refuses_the_cpu_plan_of_opt13b(tmp_path, monkeypatch):
     # The cluster's answer given as parsed partitions: the default one has no GPUs.
     parts = parse_partitions(CPU_DEFAULT + GPU64)
-    monkeypatch.setattr(backend, "partitions", lambda: parts)
+    monkeypatch.setattr(slurm_submit, "partitions", lambda: parts)
     cfg = _cfg(tmp_path, "model=opt13b", "gpus_per_node=0")
     with pytest.raises(ConfigError, match=r"partition 'cpu' has no GPUs.*to insist"):
-        backend.check_cluster(cfg)
+        slurm_submit.check_cluster(cfg)
     tiny = _cfg(tmp_path, "model=opt_tiny", "gpus_per_node=0")
-    backend.check_cluster(tiny)  # the CPU test path
+    slurm_submit.check_cluster(tiny)  # the CPU test path
     gpu = _cfg(tmp_path, "model=opt13b", "gpus_per_node=8", "cluster.partition=gpu")
-    backend.check_cluster(gpu)
+    slurm_submit.check_cluster(gpu)

@@ -9,17 +9,17 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema as config
+from slurmtrain.common import schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import locate
-from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login import slurm_submit
 from slurmtrain.login.prepare import resolve
 
-config.register()
+schema.register()
 
 
 def _cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=slurm", f"runs_root={tmp_path}", *overrides])
     return resolve(cfg)
 
@@ -49,8 +49,8 @@ def test_job_sbatch_and_submitit_script_carry_the_same_flags(tmp_path):
         "cluster.signal_lead_s=300",
     )
     run = locate(cfg)
-    ours = _sbatch_flags(backend.render_sbatch(cfg, run))
-    ex = backend.executor(cfg, tmp_path / "submitit", [str(run.path)])
+    ours = _sbatch_flags(slurm_submit.render_sbatch(cfg, run))
+    ex = slurm_submit.executor(cfg, tmp_path / "submitit", [str(run.path)])
     theirs = _sbatch_flags(ex._make_submission_file_text("true", "uid"))
     for key, value in ours.items():
         if key != "output":
@@ -60,19 +60,19 @@ def test_job_sbatch_and_submitit_script_carry_the_same_flags(tmp_path):
     assert ours["open-mode"] == "append" and ours["exclusive"] is True
     for arg in ("--kill-on-bad-exit=1", "--wait=60"):
         assert arg in ex.parameters["srun_args"] and arg in _srun_line(
-            backend.render_sbatch(cfg, run)
+            slurm_submit.render_sbatch(cfg, run)
         )
 
 
 def test_bare_metal_apptainer_and_pyxis_command_lines(tmp_path):
     bare = _cfg(tmp_path)
     run = locate(bare)
-    assert _srun_line(backend.render_sbatch(bare, run)).endswith(
+    assert _srun_line(slurm_submit.render_sbatch(bare, run)).endswith(
         f"{shlex.quote(sys.executable)} -u -m slurmtrain.compute.attempt {run.path}"
     )
 
     app = _cfg(tmp_path, "cluster.container=apptainer", "cluster.image=/images/train.sif")
-    line = _srun_line(backend.render_sbatch(app, locate(app)))
+    line = _srun_line(slurm_submit.render_sbatch(app, locate(app)))
     assert line.endswith(
         f"--kill-on-bad-exit=1 --wait=60 apptainer exec --nv --bind {tmp_path} "
         f"/images/train.sif python -u -m slurmtrain.compute.attempt {locate(app).path}"
@@ -81,7 +81,7 @@ def test_bare_metal_apptainer_and_pyxis_command_lines(tmp_path):
     pyx = _cfg(
         tmp_path, "cluster.container=pyxis", "cluster.image='nvcr.io#nvidia/pytorch:24.05-py3'"
     )
-    argv = shlex.split(_srun_line(backend.render_sbatch(pyx, locate(pyx))))
+    argv = shlex.split(_srun_line(slurm_submit.render_sbatch(pyx, locate(pyx))))
     assert argv[-9:] == [
         "--kill-on-bad-exit=1",
         "--wait=60",
@@ -106,12 +106,12 @@ def test_bare_metal_apptainer_and_pyxis_command_lines(tmp_path):
 def test_values_that_cannot_be_quoted_in_sbatch_lines_are_refused(tmp_path, override, key):
     with pytest.raises(ConfigError, match=re.escape(key)):  # by validation, for any cluster kind
         cfg = _cfg(tmp_path, override)
-        backend.render_sbatch(cfg, locate(cfg))
+        slurm_submit.render_sbatch(cfg, locate(cfg))
 
 
 def test_body_values_are_shell_quoted(tmp_path):
     cfg = _cfg(tmp_path, "+cluster.env.NOTE='$(touch /tmp/x); `id`'")
-    text = backend.render_sbatch(cfg, locate(cfg))
+    text = slurm_submit.render_sbatch(cfg, locate(cfg))
     # cluster.env values live in the run's 0600 secrets.env (common/secrets.py), quoted there.
     assert "NOTE" not in text and "touch" not in text
     from slurmtrain.common.secrets import write_env_file

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_format
 from slurmtrain.compute.checkpoint import manager, reshape
 
 EVERY = 0.0123  # the watchers' poll period in these tests: their waits are counted, not timed
@@ -104,7 +104,7 @@ def polls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Counter:
 def test_conversion_watchers_cost_the_shared_filesystem_per_host_not_per_rank(tmp_path, polls):
     one_per_host = _conversion_polls(tmp_path, polls, hosts=8, per_host=1)
     eight_per_host = _conversion_polls(tmp_path, polls, hosts=8, per_host=8)
-    ckpt.dir_bytes(tmp_path / "shared" / "checkpoints" / "step_40_universal.tmp")
+    checkpoint_format.dir_bytes(tmp_path / "shared" / "checkpoints" / "step_40_universal.tmp")
     walk = polls.take()  # one look at the folder
     assert eight_per_host == one_per_host, (one_per_host, eight_per_host)
     assert eight_per_host <= walk + 8, (walk, eight_per_host)  # + a read of the note per host
@@ -264,7 +264,6 @@ class _Group:
 
 def test_every_rank_takes_part_in_the_conversions_collectives_and_one_walks(tmp_path, monkeypatch):
     dist = pytest.importorskip("torch.distributed")
-    from slurmtrain.common import checkpoint_format as fmt
     from slurmtrain.compute import distributed
 
     group = _Group(["a", "a", "b", "b"])
@@ -286,7 +285,7 @@ def test_every_rank_takes_part_in_the_conversions_collectives_and_one_walks(tmp_
 
     monkeypatch.setattr(reshape, "convert", convert)
     monkeypatch.setattr(reshape, "growing", growing)
-    found, paths = fmt.Resume(step, {"world_size": 1, "step": 20}), {}
+    found, paths = checkpoint_format.Resume(step, {"world_size": 1, "step": 20}), {}
 
     def rank(r: int) -> None:
         group.me.rank = r

@@ -66,8 +66,7 @@ def _cfg(tmp_path, *overrides):
 
 
 def test_sbatch_sources_a_0600_file_and_config_holds_references(tmp_path):
-    from slurmtrain.common import rundir as runs
-    from slurmtrain.common import secrets
+    from slurmtrain.common import rundir, secrets
     from slurmtrain.login.slurm_submit import render_sbatch
 
     cfg = _cfg(
@@ -75,11 +74,11 @@ def test_sbatch_sources_a_0600_file_and_config_holds_references(tmp_path):
         f"+cluster.env.WANDB_API_KEY={HEX40}",
         "+cluster.env.NCCL_SOCKET_IFNAME=ib0",
     )
-    run = runs.locate(cfg)
+    run = rundir.locate(cfg)
     old = os.umask(0)  # umask-proof: the modes do not come from the caller's umask
     try:
         data = secrets.referenced(cfg)
-        runs.create(run, cfg, [], data=data)
+        rundir.create(run, cfg, [], data=data)
         secrets.write_env_file(run.path, cfg)
     finally:
         os.umask(old)

@@ -6,20 +6,19 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from slurmtrain.batch import supervise
-from slurmtrain.common import ledger as faults
-from slurmtrain.common import schema as config
+from slurmtrain.common import ledger, schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import create, fingerprint, locate
 from slurmtrain.compute.faults.inject import Injector
-from slurmtrain.login import slurm_submit as backend
+from slurmtrain.login import slurm_submit
 from slurmtrain.login.prepare import resolve
 from slurmtrain.login.smoke import blocked, smoke_config
 
-config.register()
+schema.register()
 
 
 def _cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=slurm", f"runs_root={tmp_path}", *overrides])
     return resolve(cfg)
 
@@ -39,15 +38,15 @@ def test_smoke_is_one_node_two_layers_twenty_steps_with_a_save_and_no_retries(tm
     assert (small.name, small.nodes, small.model.num_layers) == ("big-smoke", 1, 2)
     assert (small.train.max_steps, small.train.pause_at_step) == (20, 10)
     assert small.checkpoint.interval_steps == 10 and not small.smoke
-    assert config.grad_accumulation(small, config.world_size(small)) == 2  # same work per rank
+    assert schema.grad_accumulation(small, schema.world_size(small)) == 2  # same work per rank
     assert small.model.hidden_size == big.model.hidden_size and small.data == big.data
-    assert all(small.faults[f"max_{c}"] == 0 for c in faults.FAILURE_CLASSES if c != "preempted")
+    assert all(small.faults[f"max_{c}"] == 0 for c in ledger.FAILURE_CLASSES if c != "preempted")
     assert fingerprint(small) != fingerprint(big)
 
 
 def test_smoke_flag_does_not_change_the_fingerprint_and_needs_slurm(tmp_path):
     assert fingerprint(_cfg(tmp_path, "smoke=true")) == fingerprint(_cfg(tmp_path))
-    with initialize_config_dir(config_dir=config.conf_dir(), version_base="1.3"):
+    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         local = compose("config", overrides=[f"runs_root={tmp_path}", "smoke=true"])
     with pytest.raises(ConfigError, match=r"smoke=true: .* cluster=slurm"):
         resolve(local)
@@ -56,13 +55,15 @@ def test_smoke_flag_does_not_change_the_fingerprint_and_needs_slurm(tmp_path):
 def test_dependency_is_passed_at_submission_only(tmp_path):
     cfg = _cfg(tmp_path, "nodes=2")
     run = locate(cfg)
-    script = backend.executor(cfg, tmp_path / "s", [str(run.path)], after="123")
+    script = slurm_submit.executor(cfg, tmp_path / "s", [str(run.path)], after="123")
     text = script._make_submission_file_text("true", "uid")
     assert "#SBATCH --dependency=afterok:123" in text and "--kill-on-invalid-dep=yes" in text
-    plain = backend.executor(cfg, tmp_path / "s", [str(run.path)])._make_submission_file_text(
+    plain = slurm_submit.executor(cfg, tmp_path / "s", [str(run.path)])._make_submission_file_text(
         "true", "uid"
     )
-    assert "--dependency" not in plain and "--dependency" not in backend.render_sbatch(cfg, run)
+    assert "--dependency" not in plain and "--dependency" not in slurm_submit.render_sbatch(
+        cfg, run
+    )
 
 
 def test_injection_confined_to_runs_by_name_suffix():

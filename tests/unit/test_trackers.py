@@ -9,8 +9,7 @@ import re
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema
-from slurmtrain.common import validation_login as checks
+from slurmtrain.common import schema, validation_login
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import fingerprint
 from slurmtrain.compute.observe import trackers
@@ -138,15 +137,17 @@ def test_a_config_from_before_logger_keeps_tensorboard(tmp_path):
 
 def test_a_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path, "logger=[tensorboard,mlflow]")
-    monkeypatch.setattr(checks, "_installed", lambda package: package != "mlflow")
+    monkeypatch.setattr(validation_login, "_installed", lambda package: package != "mlflow")
     with pytest.raises(ConfigError) as err:
-        checks.check_trackers(cfg)
+        validation_login.check_trackers(cfg)
     assert "pip install 'slurmtrain[mlflow]'" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_bad_wandb_mode_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"logger.wandb.mode='sometimes'"):
-        checks.check_trackers(_cfg(tmp_path, "logger=wandb", "logger.wandb.mode=sometimes"))
+        validation_login.check_trackers(
+            _cfg(tmp_path, "logger=wandb", "logger.wandb.mode=sometimes")
+        )
 
 
 def test_no_counter_key_lies_below_another():

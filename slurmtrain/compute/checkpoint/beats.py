@@ -13,13 +13,13 @@ import inspect
 import os
 from typing import Any, Callable, Iterator, Optional
 
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning.deadlines import LOAD, SAVE, Deadlines
 
 Hook = Callable[[int, str], None]
 
 
 class Beats:
-    def __init__(self, watchdog: Any, deadlines: Optional[phases.Deadlines]) -> None:
+    def __init__(self, watchdog: Any, deadlines: Optional[Deadlines]) -> None:
         self.watchdog, self.deadlines = watchdog, deadlines
         self.on = watchdog is not None and deadlines is not None
 
@@ -28,13 +28,13 @@ class Beats:
         constructor takes one (checked on its signature, so either version of writer.py works)."""
         if not self.on or "progress" not in inspect.signature(engine_class).parameters:
             return {}
-        return {"progress": self.watchdog.progress(phases.SAVE, "writing shards")}
+        return {"progress": self.watchdog.progress(SAVE, "writing shards")}
 
     def hook(self, hook: Optional[Hook]) -> Optional[Hook]:
         """The writer's per-shard hook, beating the save phase before `hook` (any writer)."""
         if not self.on:
             return hook
-        beat = self.watchdog.progress(phases.SAVE, "writing shards")
+        beat = self.watchdog.progress(SAVE, "writing shards")
 
         def after_shard(step: int, name: str) -> None:
             beat(0)
@@ -44,7 +44,7 @@ class Beats:
         return after_shard
 
     @contextlib.contextmanager
-    def phase(self, name: str, seconds: Callable[[phases.Deadlines], float]) -> Iterator[None]:
+    def phase(self, name: str, seconds: Callable[[Deadlines], float]) -> Iterator[None]:
         """The watchdog's phase `name` for the block; the phase before it resumes afterwards."""
         if not self.on:
             yield
@@ -56,7 +56,7 @@ class Beats:
         """`startup:load` while starting, `load` in a rollback."""
         if self.on and not str(self.watchdog.current).startswith("startup"):
             return "load"
-        return phases.LOAD
+        return LOAD
 
     @contextlib.contextmanager
     def loading(self, engine: Any, phase: str) -> Iterator[None]:

@@ -31,7 +31,7 @@ from slurmtrain.common.checkpoint_format import (
 )
 from slurmtrain.compute.checkpoint import markers
 from slurmtrain.compute.checkpoint.beats import Beats
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning.deadlines import SAVE, Deadlines
 
 Record = Callable[..., Any]
 
@@ -78,7 +78,7 @@ class Checkpointer:
         hook: Optional[Callable[[int, str], None]] = None,
         timeout_s: float = 1800.0,
         watchdog: Any = None,
-        deadlines: Optional[phases.Deadlines] = None,
+        deadlines: Optional[Deadlines] = None,
         planned_bytes: Any = 0,
         protect: Optional[set[int]] = None,
     ) -> None:
@@ -143,7 +143,7 @@ class Checkpointer:
         loss = meta.get("loss")
         if loss is not None and not math.isfinite(float(loss)):
             raise ValueError(f"refusing to save {tag(step)}: its loss is {loss}")
-        with self.beats.phase(phases.SAVE, lambda d: d.save_s(self.save_bytes)):
+        with self.beats.phase(SAVE, lambda d: d.save_s(self.save_bytes)):
             self._save(engine, step, meta, rng)
 
     def _save(self, engine: Any, step: int, meta: dict[str, Any], rng: dict[str, Any]) -> None:
@@ -198,7 +198,7 @@ class Checkpointer:
         """Wait for the in-flight async save; every rank learns its outcome (collective)."""
         if self._thread is None:
             return None
-        with self.beats.phase(phases.SAVE, lambda d: d.save_s(self.save_bytes)):
+        with self.beats.phase(SAVE, lambda d: d.save_s(self.save_bytes)):
             self._thread.join()
         self._thread = None
         outcome, self._outcome = self._outcome, None

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_format
 
 SUFFIX = "_universal"
 
@@ -61,9 +61,9 @@ def _tmp(out: Path) -> Path:
 def cached(step_dir: Path, source: dict[str, Any], full: bool = False) -> Optional[Path]:
     """The converted folder if it is complete and made from this very save of the step."""
     out = universal_dir(step_dir)
-    if not out.is_dir() or ckpt.validate(out, full) is not None:
+    if not out.is_dir() or checkpoint_format.validate(out, full) is not None:
         return None
-    made_from = ckpt.read_manifest(out).get("source", {})
+    made_from = checkpoint_format.read_manifest(out).get("source", {})
     if made_from.get("time") != source.get("time") or made_from.get("step") != source.get("step"):
         return None
     return out
@@ -115,7 +115,7 @@ def convert(
         "source": {"path": step_dir.name, "step": source.get("step"), "time": source.get("time")},
         "cores": cores,
     }
-    ckpt.seal(tmp, out, fields, verify)
+    checkpoint_format.seal(tmp, out, fields, verify)
     return Converted(out, time.time() - started, False)
 
 
@@ -254,7 +254,7 @@ def growing(
         while not stop.wait(every_s):
             if role == WALK:
                 try:
-                    size = ckpt.dir_bytes(folder)
+                    size = checkpoint_format.dir_bytes(folder)
                 except OSError:  # a file renamed or removed between the listing and its stat
                     continue
                 if size == seen:
@@ -283,7 +283,7 @@ def growing(
 
 
 def for_world(
-    resume: ckpt.Resume,
+    resume: checkpoint_format.Resume,
     rank: int,
     world: int,
     record: Callable[..., Any],

@@ -22,8 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common import checkpoint_pins as pins
-from slurmtrain.common import ledger
+from slurmtrain.common import checkpoint_pins, ledger
 from slurmtrain.common.checkpoint_format import (
     LATEST,
     Check,
@@ -189,6 +188,6 @@ def release(resume_from: str, child: str) -> None:
     goes (a branch's `resume=none` then needs that step to still be there; it says so if not)."""
     parent, _, step = resume_from.rpartition(":")
     try:
-        pins.unpin(Path(parent) / "checkpoints", int(step.removeprefix("step_")), child)
+        checkpoint_pins.unpin(Path(parent) / "checkpoints", int(step.removeprefix("step_")), child)
     except (OSError, ValueError):
         pass  # the parent's directory is read-only or gone: the pin costs it one kept step

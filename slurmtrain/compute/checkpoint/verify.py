@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from slurmtrain.common import checkpoint_format as ckpt
+from slurmtrain.common import checkpoint_format
 from slurmtrain.compute.distributed import broadcast
-from slurmtrain.planning import deadlines as phases
+from slurmtrain.planning.deadlines import VERIFY, Deadlines, from_config
 
 
 class ParallelVerify:
@@ -29,7 +29,7 @@ class ParallelVerify:
         rank: int,
         world: int,
         watchdog: Any,
-        deadlines: phases.Deadlines,
+        deadlines: Deadlines,
         record: Callable[..., Any],
     ) -> None:
         self.rank, self.world, self.watchdog = rank, world, watchdog
@@ -51,18 +51,18 @@ class ParallelVerify:
 
         t0 = time.time()
         try:
-            listed = ckpt.read_manifest(directory).get("files") or {}
+            listed = checkpoint_format.read_manifest(directory).get("files") or {}
         except (OSError, ValueError) as err:
             listed, mine, reason = {}, [], f"unreadable manifest: {err}"
         else:
-            mine = ckpt.files_for_rank(listed, self.rank, self.world)
+            mine = checkpoint_format.files_for_rank(listed, self.rank, self.world)
             reason = None
         nbytes = sum(int(listed[n].get("size", 0)) for n in mine)
         if reason is None:
             what = f"verifying {directory.name}"
-            with self.watchdog.during(phases.VERIFY, self.deadlines.read_s(nbytes), what):
-                beat = self.watchdog.progress(phases.VERIFY, what)
-                reason = ckpt.verify_files(directory, mine, beat)
+            with self.watchdog.during(VERIFY, self.deadlines.read_s(nbytes), what):
+                beat = self.watchdog.progress(VERIFY, what)
+                reason = checkpoint_format.verify_files(directory, mine, beat)
         verdicts: list[Any] = [None] * self.world
         dist.all_gather_object(verdicts, (reason, nbytes, time.time() - t0, len(mine)))
         bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
@@ -89,7 +89,7 @@ def choose(
     watchdog: Any,
     record: Callable[..., Any],
     events: Optional[list[dict[str, Any]]] = None,
-) -> tuple[Any, phases.Deadlines]:
+) -> tuple[Any, Deadlines]:
     """Collective: this attempt's phase deadlines (rank 0 reads the ledger's measured rates) and
     the checkpoint to start from (select.choose on rank 0, the checksums on every rank).
     `events`: rank 0's run tier when the caller has it (no rank's row is needed here)."""
@@ -98,9 +98,9 @@ def choose(
     if rank == 0 and events is None:  # (a stand-in `run` with events() alone still works)
         events = getattr(run, "run_events", run.events)()
     events = events if rank == 0 else []
-    limits = broadcast(phases.from_config(cfg.faults, events, world) if rank == 0 else None)
+    limits = broadcast(from_config(cfg.faults, events, world) if rank == 0 else None)
     record("deadlines", **limits.summary())
-    watchdog.phase(phases.VERIFY, limits.startup_s)
+    watchdog.phase(VERIFY, limits.startup_s)
     checks = ParallelVerify(rank, world, watchdog, limits, record)
     full = cfg.checkpoint.verify == "checksum"
     choice = None
@@ -123,7 +123,7 @@ def newest_valid(
     rank: int,
     world: int,
     watchdog: Any,
-    deadlines: phases.Deadlines,
+    deadlines: Deadlines,
     record: Callable[..., Any],
     before: Optional[int] = None,
 ) -> Any:
@@ -145,7 +145,7 @@ def newest_valid(
     found = None
     if rank == 0:
         try:
-            found = ckpt.find_resumable(run.checkpoints, full, candidate)
+            found = checkpoint_format.find_resumable(run.checkpoints, full, candidate)
             if found.path is None and getattr(cfg, "resume_from", None):  # a branch, unsaved
                 from slurmtrain.compute.checkpoint.select import branch_point
 

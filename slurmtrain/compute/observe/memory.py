@@ -69,7 +69,7 @@ class MemoryCheck:
 
     def _report(self, measured: int, step: int) -> None:
         from slurmtrain.common.schema import tasks_per_node
-        from slurmtrain.planning.report import memory_plan
+        from slurmtrain.planning.preflight import memory_plan
 
         # The nodes this attempt really got (a `nodes=2-4` range may start on any of them).
         plan = memory_plan(self.cfg, max(1, self.world // tasks_per_node(self.cfg)))

@@ -41,15 +41,14 @@ class RunContext:
     def plan(self) -> dict[str, Any]:
         """The login node's plan again (pure arithmetic): parameters, memory per rank, ETA lines."""
         from slurmtrain.common.schema import node_range
-        from slurmtrain.planning import memory
-        from slurmtrain.planning import report as planning
+        from slurmtrain.planning import memory, preflight
 
         out: dict[str, Any] = {}
         try:
             out["params"] = memory.param_count(self.cfg.model)
             low = node_range(self.cfg.nodes)[0]
-            out["memory_per_rank_bytes"] = planning.memory_plan(self.cfg, low).total
-            out["text"] = planning.report(self.cfg).text
+            out["memory_per_rank_bytes"] = preflight.memory_plan(self.cfg, low).total
+            out["text"] = preflight.report(self.cfg).text
         except Exception as err:  # a plan the login node printed; here it is only a record
             out["error"] = f"{type(err).__name__}: {err}"
         return out

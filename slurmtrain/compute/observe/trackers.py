@@ -140,13 +140,13 @@ class Trackers:
 
     def __init__(
         self,
-        backends: list[Any],
+        tracker_backends: list[Any],
         axis: StepAxis,
         rows: list[dict[str, Any]],
         attempt: int,
         record: Optional[Callable[..., None]] = None,
     ) -> None:
-        self.backends, self.axis, self.rows, self.attempt = backends, axis, rows, attempt
+        self.backends, self.axis, self.rows, self.attempt = tracker_backends, axis, rows, attempt
         self.record = record
         # The events of the attempt before (its end, written by others) and this one's so far.
         self.pending = [
@@ -203,12 +203,12 @@ def open_trackers(
     none chosen)."""
     if not wanted(cfg):
         return None
-    from slurmtrain.compute.observe import tracker_backends as backends
+    from slurmtrain.compute.observe import tracker_backends
 
     run_path = Path(run_path)
     axis = StepAxis(last_logged_step(metrics))
     out = Trackers([], axis, rows, attempt, record)
-    context = backends.RunContext(
+    context = tracker_backends.RunContext(
         cfg=cfg,
         path=run_path,
         run_id=tracker_run_id(run_path.parent.name, run_path.name),
@@ -218,8 +218,8 @@ def open_trackers(
     )
     for kind in wanted(cfg):
         try:
-            out.backends.append(backends.OPENERS[kind](context))
+            out.backends.append(tracker_backends.OPENERS[kind](context))
         except Exception as err:
-            out.backends.append(backends.Failed(kind))
+            out.backends.append(tracker_backends.Failed(kind))
             out.drop(out.backends[-1], f"open: {type(err).__name__}: {err}")
     return out

@@ -17,9 +17,7 @@ from omegaconf import DictConfig
 from slurmtrain.common import ds_config
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import grad_accumulation, node_range, resolved_dtype, tasks_per_node
-from slurmtrain.planning import deadlines as phases
-from slurmtrain.planning import eta, policy
-from slurmtrain.planning import memory as plan
+from slurmtrain.planning import deadlines, eta, memory, policy
 from slurmtrain.planning.corpus_warning import corpus_warning
 
 
@@ -37,9 +35,9 @@ class PlanReport:
             raise ConfigError(f"{self.misfit} (force=true submits anyway)")
 
 
-def _setting(cfg: DictConfig) -> plan.Setting:
+def _setting(cfg: DictConfig) -> memory.Setting:
     ds = cfg.deepspeed
-    return plan.Setting(
+    return memory.Setting(
         ds.stage,
         ds.offload_optimizer,
         ds.offload_param,
@@ -52,7 +50,7 @@ def _buckets(cfg: DictConfig) -> dict:
     """The ZeRO buckets DeepSpeed will allocate for this run (ds_config is what it trains with)."""
     zero = ds_config.zero_section(cfg)
     buckets = {
-        "reduce_bucket": int(zero.get("reduce_bucket_size", plan.REDUCE_BUCKET)),
+        "reduce_bucket": int(zero.get("reduce_bucket_size", memory.REDUCE_BUCKET)),
         "overlap_comm": bool(zero.get("overlap_comm", cfg.deepspeed.stage == 3)),
     }
     if cfg.deepspeed.stage == 3:  # its prefetch, live and persistence settings
@@ -60,9 +58,9 @@ def _buckets(cfg: DictConfig) -> dict:
     return buckets
 
 
-def memory_plan(cfg: DictConfig, nodes: int) -> plan.MemoryPlan:
+def memory_plan(cfg: DictConfig, nodes: int) -> memory.MemoryPlan:
     """Memory per rank of this run on `nodes` nodes: per GPU, or per CPU rank on CPUs."""
-    return plan.plan_memory(
+    return memory.plan_memory(
         cfg.model,
         nodes=nodes,
         gpus_per_node=tasks_per_node(cfg),
@@ -76,10 +74,10 @@ def memory_plan(cfg: DictConfig, nodes: int) -> plan.MemoryPlan:
 
 def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
     gpus, dtype = cfg.gpus_per_node, resolved_dtype(cfg)
-    seq, gpu_mem = cfg.data.seq_len, int(cfg.cluster.gpu_mem_gb * plan.GiB)
-    cpu_mem = int(cfg.cluster.cpu_mem_gb * plan.GiB) if cfg.cluster.cpu_mem_gb else None
+    seq, gpu_mem = cfg.data.seq_len, int(cfg.cluster.gpu_mem_gb * memory.GiB)
+    cpu_mem = int(cfg.cluster.cpu_mem_gb * memory.GiB) if cfg.cluster.cpu_mem_gb else None
     mine = memory_plan(cfg, nodes)
-    g = plan.GiB
+    g = memory.GiB
     out.lines.append(
         f"plan: memory/GPU {mine.total / g:.1f} GiB of {cfg.cluster.gpu_mem_gb:g} GiB = params "
         f"{mine.params / g:.1f} + grads {mine.grads / g:.1f} + optimizer {mine.optimizer / g:.1f} "
@@ -89,7 +87,7 @@ def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
     if mine.fits(gpu_mem, cpu_mem):
         out.lines.append(f"plan: fits ({mine.total / g:.1f} <= {cfg.cluster.gpu_mem_gb:g} GiB/GPU)")
         return
-    best = plan.recommend(
+    best = memory.recommend(
         cfg.model,
         nodes=nodes,
         gpus_per_node=gpus,
@@ -100,7 +98,7 @@ def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
         global_batch_size=cfg.train.global_batch_size,
         **_buckets(cfg),
     )
-    out.misfit = f"plan does not fit: {plan.summary(mine, gpu_mem, best)}"
+    out.misfit = f"plan does not fit: {memory.summary(mine, gpu_mem, best)}"
     out.lines.append(out.misfit)
 
 
@@ -118,7 +116,7 @@ def deadline_line(cfg: DictConfig, nodes: int) -> str:
         "load": d.read_s(lay.load),
         "build": d.build_s(),
         "convert": d.convert_s(lay.convert.total),
-        "step": d.fixed(phases.STEP),
+        "step": d.fixed(deadlines.STEP),
     }
     return (
         "plan: deadlines (no heartbeat for): "
@@ -226,7 +224,7 @@ def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
     per_node = tasks_per_node(cfg)
     out = PlanReport()
     device = f"{cfg.gpus_per_node} GPUs" if cfg.gpus_per_node else "CPU"
-    n = plan.param_count(cfg.model)
+    n = memory.param_count(cfg.model)
     size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
     out.lines.append(
         f"plan: {cfg.model.name} ({size} params), "
