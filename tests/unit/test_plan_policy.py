@@ -129,9 +129,7 @@ def test_an_interval_set_by_hand_wins_and_cpu_runs_keep_today_s_default(tmp_path
     cfg = _headline(tmp_path, "checkpoint.interval_steps=500")
     assert (cfg.checkpoint.interval_steps, cfg.checkpoint.interval_minutes) == (500, 0)
     line = next(
-        ln
-        for ln in preflight.report(cfg).text.splitlines()
-        if ln.startswith("plan: checkpoints")
+        ln for ln in preflight.report(cfg).text.splitlines() if ln.startswith("plan: checkpoints")
     )
     assert "checkpoint.interval_steps=500" in line and "Young/Daly" in line
     by_time = _headline(tmp_path, "checkpoint.interval_minutes=30")
