@@ -98,7 +98,7 @@ def rank_main(args: argparse.Namespace) -> None:
         eng, *_ = deepspeed.initialize(
             model=net,
             model_parameters=net.parameters(),
-            schema=ds,
+            config=ds,
             lr_scheduler=ds_config.lr_scheduler(cfg),  # the schedule slurmtrain trains with
         )
         return eng

@@ -22,6 +22,7 @@ def test_login_path_does_not_import_heavy_modules(workdir):
     code = f"""
 import sys
 from hydra import compose, initialize_config_dir
+import slurmtrain.__main__  # registers the schema with Hydra
 from slurmtrain.common import schema
 from slurmtrain.planning import preflight
 from slurmtrain.common import rundir
