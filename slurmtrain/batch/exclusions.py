@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 
 from slurmtrain.common import events, slurm_cmd, slurm_text
 from slurmtrain.common.events import Row
-from slurmtrain.common.rundir import RunDir, read_jsonl
+from slurmtrain.common.jsonl import read_jsonl
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, node_range
 
 

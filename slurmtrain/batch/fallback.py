@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from slurmtrain.batch import next_job
-from slurmtrain.common import errors, events, ledger
+from slurmtrain.common import errors, events, ledger, windows
 from slurmtrain.common.events import FailureClass, Row, Where
 from slurmtrain.common.rundir import RunDir
 
@@ -84,7 +84,7 @@ def _decide(
         return 0
     if any(e["event"] == "finished" for e in run_rows):
         return 0
-    if ledger.current_stop(run_rows) is not None:
+    if windows.current_stop(run_rows) is not None:
         return next_job.EXIT_STOPPED
     attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch)
     if ledger.cancelled_since(run_rows, job_id, attempt):

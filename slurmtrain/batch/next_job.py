@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TypedDict, Unpack
 
 from slurmtrain.batch import exclusions
 from slurmtrain.common import events, inject_spec, ledger, slurm_cmd, slurm_text
@@ -90,13 +90,24 @@ def restart_job(
     return submit_held(run, job_id, args, where, reason=cls, excluded=bad, after=after)
 
 
+class Intent(TypedDict, total=False):
+    """Why the supervisor resubmits (its `resubmitting` row)."""
+
+    reason: str
+    excluded: list[str]
+
+
+class After(TypedDict, total=False):
+    after: str  # the job the new one starts after (absent: it starts when Slurm lets it)
+
+
 def submit_held(
     run: RunDir,
     job_id: str,
     args: list[str],
     where: Where,
     after: Optional[str] = None,
-    **intent: object,
+    **intent: Unpack[Intent],
 ) -> str:
     """`sbatch --hold job.sbatch`, recorded as the run's owner (`submitted`, `requeue_of` this
     job), then released and checked (`release`); `resubmitting` (with `intent`) first."""
@@ -109,7 +120,7 @@ def submit_held(
         executor="slurm",
         fingerprint=run.path.name,
         requeue_of=job_id,
-        **({"after": after} if after else {}),
+        **(After(after=after) if after else After()),
     )
     if injected("skip_release", where):  # a drill: the supervisor dies before the release
         return new_id

@@ -42,9 +42,9 @@ from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tes
     node_check_s,
     verdict_of,
 )
-from slurmtrain.common import errors, events, ledger, slurm_cmd, slurm_text
-from slurmtrain.common.jsonl import merge_rows
-from slurmtrain.common.rundir import RunDir, append_jsonl
+from slurmtrain.common import errors, events, ledger, slurm_cmd, slurm_text, windows
+from slurmtrain.common.jsonl import append_jsonl, merge_rows
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config, restarts_in_allocation
 
 EXIT_STOPPED = next_job.EXIT_STOPPED
@@ -113,7 +113,7 @@ def supervise(
     verdict = judge(view, rc, hosts, 0.0 if inside else node_check_s(cfg), probe=inside)
     cls = verdict.cls
     if attempt is None:  # a start that failed before `started` may be the user's after a stop
-        ledger.open_window(run, run.run_events(), job_id)
+        windows.open_window(run, run.run_events(), job_id)
     steps = [e.get("step") for e in failed]
     extra: dict[str, object] = {"before_started": True} if attempt is None else {}
     if verdict.nodes and cls != ledger.NODE_FAILURE:

@@ -182,13 +182,15 @@ R = TypeVar("R", bound=Mapping[str, object])
 
 
 class Where(TypedDict, total=False):
-    """Which start wrote a row: the batch-side writers pass it to `record` as keywords."""
+    """Which start (and rank) wrote a row: writers pass it to `record` as keywords."""
 
     job_id: Optional[str]
     attempt: Optional[int]
     nodes: list[str]
     restart: int
     relaunch: Optional[int]
+    rank: int
+    node: Optional[str]
 
 
 class Event(NamedTuple):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from slurmtrain.common import errors, events
-from slurmtrain.common.events import (  # noqa: F401  EXIT_CLASS: read through this module
+from slurmtrain.common.events import (
     EXIT_CLASS,
     FAILURE_CLASSES,
     FailureClass,
@@ -22,11 +22,19 @@ from slurmtrain.common.events import (  # noqa: F401  EXIT_CLASS: read through t
     Row,
 )
 from slurmtrain.common.schema import FaultsConfig
-from slurmtrain.common.windows import (  # noqa: F401  budget windows; shared through this module
-    current_stop,
-    new_window,
-    open_window,
-    user_submission,
+from slurmtrain.common.windows import (  # re-exported: readers find budget windows here too
+    current_stop as current_stop,
+)
+from slurmtrain.common.windows import (
+    new_window as new_window,
+)
+from slurmtrain.common.windows import (
+    open_window as open_window,
+)
+from slurmtrain.common.windows import (
+    user_submission as user_submission,
+)
+from slurmtrain.common.windows import (
     window,
 )
 

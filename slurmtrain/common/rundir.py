@@ -23,8 +23,9 @@ from typing import Any, Iterable, Iterator, Optional
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import events, runlock
+from slurmtrain.common import runlock
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import Event
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
     digest,
@@ -202,7 +203,7 @@ class RunDir:
 
     def record(
         self,
-        event: str | events.Event,
+        event: str | Event,
         *,
         job_id: Optional[str] = None,
         attempt: Optional[int] = None,
@@ -212,9 +213,7 @@ class RunDir:
     ) -> dict[str, object]:
         """Append one run-tier row: `event` is a kind, or an events constructor's Event whose
         fields follow the caller's."""
-        kind, fixed = (
-            (event.kind.value, event.fields) if isinstance(event, events.Event) else (event, {})
-        )
+        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
         row: dict[str, object] = {
             "event": kind,
             "time": time.time(),
@@ -232,7 +231,7 @@ class RunDir:
 
     def record_rank(
         self,
-        event: str | events.Event,
+        event: str | Event,
         *,
         job_id: Optional[str],
         restart: int,
@@ -242,9 +241,7 @@ class RunDir:
     ) -> dict[str, object]:
         """A row any rank writes (a failure, a hang) into the rank tier: the file of its node
         `on_node` (also the row's `node` unless `fields` name another, or None)."""
-        kind, fixed = (
-            (event.kind.value, event.fields) if isinstance(event, events.Event) else (event, {})
-        )
+        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
         row: dict[str, object] = dict(
             event=kind, time=time.time(), job_id=job_id, attempt=None, node=on_node
         )
