@@ -126,7 +126,7 @@ TRAITS: dict[FailureClass, Traits] = {
     FailureClass.diverged: Traits(True, False, None, "#bcbd22"),
     FailureClass.checkpoint_unreadable: Traits(True, False, None, "#17becf"),
     # The user stopped it: no budget, no restart.
-    FailureClass.cancelled: Traits(False, False, None, "#7f7f7f"),
+    FailureClass.cancelled: Traits(False, False, None, "#c49c94"),
     # Stop classes only: no node set can run the job; neither supervisor nor fallback could go on.
     FailureClass.no_nodes: Traits(False, False, None, "#393b79"),
     FailureClass.supervisor_error: Traits(False, False, None, "#843c39"),
