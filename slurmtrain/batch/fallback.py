@@ -1,12 +1,10 @@
 """The supervisor's last resort: whatever fails inside it, the run is not left without a job.
 
-An exception in the supervisor (a KeyError on a damaged row, an OSError on the shared filesystem,
-a bug) used to end the batch script with no restart and no `stopped` row: nothing trained while
-status said running. `recover` records what failed (`supervisor_failed`, with the exception),
-closes this job's open attempt as a crash, and resubmits job.sbatch plainly (held, recorded,
-released: next_job.submit_held), unless the ledger shows the run ended, stopped or cancelled, or
-the restart already made. Budgets still hold: the next start checks them. When even the resubmit
-fails, `stopped` says why, so status shows it and the user's resubmission opens a new window.
+On an exception in the supervisor (a damaged row, an OSError on the shared filesystem, a bug),
+`recover` records it (`supervisor_failed`), closes this job's open attempt as a crash and
+resubmits job.sbatch plainly (held, recorded, released: next_job.submit_held), unless the ledger
+shows the run ended, stopped or cancelled, or the restart already made. The next start checks
+the budgets. When even the resubmit fails, `stopped` says why, so status shows it.
 """
 
 from __future__ import annotations

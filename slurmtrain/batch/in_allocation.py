@@ -1,7 +1,7 @@
 """Restart inside the job's allocation: which healthy nodes run the next attempt, without the queue.
 
 Why: at hundreds of nodes a run fails every few hours, and a trip through a busy queue is where the
-time goes. A job that holds spare nodes with `--no-kill` (ledger.spare_nodes) survives a node's
+time goes. A job that holds spare nodes with `--no-kill` (faults.spare_nodes) survives a node's
 death; Slurm shrinks the allocation to the survivors and a new srun starts at once on them. So after
 a node failure, hang, crash or bad node the supervisor names the next step's nodes: the previous
 step's healthy nodes first (ranks keep their hosts), a spare for each failed one, the same world
@@ -34,9 +34,6 @@ from slurmtrain.common.schema import (
     restarts_in_allocation,
 )
 
-# RELAUNCH_CLASSES (events.TRAITS): what a fresh srun on other nodes can cure. Time limit and
-# preemption end the allocation; an OOM, divergence, unreadable checkpoints or a config error
-# would fail again on any nodes.
 
 
 @dataclass

@@ -1,24 +1,22 @@
 """The batch shell's supervisor: `python -m slurmtrain.batch.supervise RUN_DIR --rc CODE` after srun.
 
-Why in the batch shell: it runs outside any container (scontrol is there), once per attempt, after
-every rank has exited, so it sees the attempt's real outcome. It classifies the exit, records
-`attempt_ended`, and within the failure budgets starts the next attempt; past a budget it records
-`stopped`. Light on purpose: no torch import.
+It runs in the batch shell, outside any container (scontrol is there), once per attempt after
+every rank has exited, so it sees the attempt's real outcome: it classifies the exit (verdict.py),
+records `attempt_ended`, and within the failure budgets starts the next attempt; past a budget it
+records `stopped`. No torch import.
 
 Next attempt, `faults.restart`:
 - `resubmit` (default): `sbatch job.sbatch` (new job id, bad nodes excluded), then this job ends.
-  Measured here: `scontrol requeue` + `StartTime=now` restarts the job at once, but on a node that
-  ran it within `cred_expire` (120 s by default) slurmd refuses it ("Job credential revoked") and the
-  job ends FAILED; without lifting, the requeued job waits 121 s. A new job id has neither problem.
+  A requeued job restarted at once on a node that ran it within `cred_expire` is refused by slurmd
+  ("Job credential revoked"), and otherwise waits that long; a new job id has neither problem.
 - `requeue`: `scontrol requeue` (same job id, Slurm's own restart count), paying the site's delay.
 
 An attempt is (job id, SLURM_RESTART_COUNT): a start that died before `started` gets its own
 `attempt_ended` (class crash, `before_started`), never the previous start's outcome. Slurm's
-SIGTERM reaches the batch shell too (time limit, scancel, preemption): the script traps it and this
-process ignores it, so the restart still happens; a new job is submitted held, recorded, then
-released, so it never starts before the ledger knows it (compute/faults/owner.py checks that).
-Whatever this process raises, `main` records it (`supervisor_failed`) and falls back to a plain
-resubmit (batch/fallback.py): a supervisor bug never ends a run silently.
+SIGTERM reaches the batch shell too: the script traps it and this process ignores it, so the
+restart still happens. A new job is submitted held, recorded, then released, so it never starts
+before the ledger names it (compute/faults/owner.py checks that). Whatever this process raises,
+`main` records it (`supervisor_failed`) and falls back to a plain resubmit (batch/fallback.py).
 """
 
 from __future__ import annotations

@@ -107,7 +107,10 @@ class Traits:
     """What a failure class implies."""
 
     budgeted: bool  # bounded by faults.max_<class> (budget_key); else never counted
-    relaunch: bool  # a fresh srun on other nodes of the allocation can cure it
+    # A fresh srun on other nodes of the allocation can cure it. Time limit and preemption end
+    # the allocation; an OOM, divergence, unreadable checkpoints or a config error would fail
+    # again on any nodes.
+    relaunch: bool
     exit_code: Optional[int]  # the step's exit code that means it, if one does
     colour: str  # its marker in cli/report.py
 
