@@ -35,7 +35,6 @@ from slurmtrain.common.schema import (
 )
 
 
-
 @dataclass
 class Relaunch:
     """The next step inside this allocation: its nodes, and what changed since the last one."""
