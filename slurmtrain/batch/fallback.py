@@ -19,7 +19,8 @@ from slurmtrain.common import errors, events, ledger, windows
 from slurmtrain.common.events import FailureClass, Row, Where
 from slurmtrain.common.rundir import RunDir
 
-SUPERVISOR_ERROR = FailureClass.supervisor_error  # neither supervisor nor fallback could go on
+# The stop class when neither the supervisor nor this fallback could go on.
+SUPERVISOR_ERROR = FailureClass.supervisor_error.value
 
 
 def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> int:
@@ -59,7 +60,7 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
             ended = events.attempt_ended(ledger.CRASH, exit_code=rc, supervisor_error=error)
             run.record(ended, **where)
         new_id = next_job.submit_held(run, job_id, [], where, reason=SUPERVISOR_ERROR)
-        run.record("requeued", **where, reason=SUPERVISOR_ERROR, new_job_id=new_id, how="resubmit")
+        run.record(events.requeued(SUPERVISOR_ERROR, new_id, "resubmit"), **where)
         print(f"slurmtrain: fallback restart of job {job_id} -> {new_id}", file=sys.stderr)
         return 0
     except Exception as why:  # noqa: BLE001  nothing else can restart it: say so in `stopped`

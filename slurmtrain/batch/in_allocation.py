@@ -181,9 +181,7 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
             how = "resubmit"
     except slurm_text.SlurmError as err:
         return next_job.stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
-    run.record(
-        "requeued", **where, reason=cls, excluded=excl.nodes, new_job_id=new_id, how=how, at=why
-    )
+    run.record(events.requeued(cls, new_id, how, excluded=excl.nodes, at=why), **where)
     print(f"slurmtrain: {why} during an in-allocation restart: job {job_id} -> {new_id}")
     return 0
 

@@ -21,7 +21,7 @@ from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 
 EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
-NO_NODES = FailureClass.no_nodes  # the stop class when no node set can run the job
+NO_NODES = FailureClass.no_nodes.value  # the stop class when no node set can run the job
 RELEASE_TRIES = 5  # `scontrol release` + check, 1+2+4+8 s apart: ~15 s beyond Slurm's own retries
 
 
@@ -199,15 +199,10 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
         new_id = restart_job(run, job_id, excl.nodes, cfg, ledger.TIMED_OUT, where, after=job_id)
     except slurm_text.SlurmError as err:
         return stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
-    run.record(
-        "requeued",
-        **where,
-        reason=ledger.TIMED_OUT,
-        excluded=excl.nodes,
-        new_job_id=new_id,
-        how="resubmit",
-        at="time limit",
+    resubmitted = events.requeued(
+        ledger.TIMED_OUT, new_id, "resubmit", excluded=excl.nodes, at="time limit"
     )
+    run.record(resubmitted, **where)
     print(
         f"slurmtrain: time limit: job {job_id} -> {new_id} (after this job ends)", file=sys.stderr
     )

@@ -102,7 +102,7 @@ def supervise(
             run.record(events.stopped(ledger.PREEMPTED, "preemption budget exhausted"), **where)
             return EXIT_STOPPED
         slurm_cmd.requeue(job_id)
-        run.record("requeued", **where, reason=ledger.PREEMPTED, new_job_id=job_id, how="requeue")
+        run.record(events.requeued(ledger.PREEMPTED, job_id, "requeue"), **where)
         return 0
     failed = [e for e in rows if e["event"] == "failed"]
     # In-allocation: a dead node is found by probing its slurmd now, not by waiting for Slurm.
@@ -182,15 +182,11 @@ def supervise(
     except slurm_text.SlurmError as err:
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
         return next_job.stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
-    run.record(
-        "requeued",
-        **where,
-        reason=cls,
-        excluded=excl.nodes,
-        exclusions_dropped=excl.dropped,
-        new_job_id=new_id,
-        how="requeue" if new_id == job_id else "resubmit",
+    how = "requeue" if new_id == job_id else "resubmit"
+    restarted = events.requeued(
+        cls, new_id, how, excluded=excl.nodes, exclusions_dropped=excl.dropped
     )
+    run.record(restarted, **where)
     print(
         f"slurmtrain: restart of job {job_id} -> {new_id} ({cls}); excluded: "
         f"{excl.describe() or 'none'}",

@@ -137,8 +137,8 @@ TRAITS: dict[FailureClass, Traits] = {
 
 FAILURE_CLASSES: tuple[FailureClass, ...] = tuple(c for c, t in TRAITS.items() if t.budgeted)
 RELAUNCH_CLASSES: tuple[FailureClass, ...] = tuple(c for c, t in TRAITS.items() if t.relaunch)
-EXIT_CLASS: dict[int, FailureClass] = {
-    t.exit_code: c for c, t in TRAITS.items() if t.exit_code is not None
+EXIT_CLASS: dict[int, str] = {
+    t.exit_code: c.value for c, t in TRAITS.items() if t.exit_code is not None
 }
 
 
@@ -235,6 +235,28 @@ def failed(cls: str, error: str, **fields: object) -> Event:
 
 def relaunch_abandoned(cls: str, reason: str) -> Event:
     return Event(Kind.relaunch_abandoned, {"class": str(cls), "reason": reason})
+
+
+def requeued(
+    reason: str,
+    new_job_id: str,
+    how: str,
+    *,
+    excluded: Optional[list[str]] = None,
+    exclusions_dropped: Optional[list[str]] = None,
+    at: Optional[str] = None,
+) -> Event:
+    """The run's next job exists: `how` requeue (same id) or resubmit; `at` names the time
+    limit or preemption that made a restart outside the supervisor's normal path."""
+    fields: dict[str, object] = {"reason": str(reason)}
+    if excluded is not None:
+        fields["excluded"] = excluded
+    if exclusions_dropped is not None:
+        fields["exclusions_dropped"] = exclusions_dropped
+    fields.update(new_job_id=new_job_id, how=how)
+    if at is not None:
+        fields["at"] = at
+    return Event(Kind.requeued, fields)
 
 
 def text(row: Row, key: str) -> Optional[str]:

@@ -38,17 +38,17 @@ from slurmtrain.common.windows import (
     window,
 )
 
-# The classes by their old names: writers and readers across the code use them.
-PREEMPTED = FailureClass.preempted
-TIMED_OUT = FailureClass.timed_out
-NODE_FAILURE = FailureClass.node_failure
-HANG = FailureClass.hang
-CRASH = FailureClass.crash
-CONFIG_ERROR = FailureClass.config_error
-OOM = FailureClass.oom
-DIVERGED = FailureClass.diverged
-CHECKPOINT_UNREADABLE = FailureClass.checkpoint_unreadable
-CANCELLED = FailureClass.cancelled
+# The classes as plain strings, as rows hold them (writers and readers across the code use them).
+PREEMPTED = FailureClass.preempted.value
+TIMED_OUT = FailureClass.timed_out.value
+NODE_FAILURE = FailureClass.node_failure.value
+HANG = FailureClass.hang.value
+CRASH = FailureClass.crash.value
+CONFIG_ERROR = FailureClass.config_error.value
+OOM = FailureClass.oom.value
+DIVERGED = FailureClass.diverged.value
+CHECKPOINT_UNREADABLE = FailureClass.checkpoint_unreadable.value
+CANCELLED = FailureClass.cancelled.value
 
 
 def budgets(faults_cfg: FaultsConfig) -> dict[FailureClass, int]:
@@ -67,7 +67,7 @@ def over_budget(rows: Sequence[Row], faults_cfg: FaultsConfig) -> Optional[str]:
     counts = ended_classes(rows)
     for cls, limit in budgets(faults_cfg).items():
         if limit >= 0 and counts.get(cls, 0) > limit:
-            return cls
+            return str(cls)
     ended = [e for e in rows if e["event"] == "attempt_ended"]
     loop = int(faults_cfg.crash_loop)
     tail = ended[-loop:] if loop > 0 else []
