@@ -137,7 +137,7 @@ def supervise(
         )
     ledger_rows = merge_rows([run.run_events(), view.rank])  # with what was just recorded
     stop = ledger.over_budget(ledger_rows, cfg.faults)
-    if stop is not None or cls == ledger.CONFIG_ERROR:
+    if stop is not None or not events.restarts(cls):
         error = _last_error(ledger_rows, rows) or f"exit code {rc}"
         run.record(events.stopped(stop or cls, error), **where)
         print(

@@ -107,6 +107,7 @@ class Traits:
     """What a failure class implies."""
 
     budgeted: bool  # bounded by faults.max_<class> (budget_key); else never counted
+    restarts: bool  # the supervisor starts the next attempt (within budget); else the run stops
     # A fresh srun on other nodes of the allocation can cure it. Time limit and preemption end
     # the allocation; an OOM, divergence, unreadable checkpoints or a config error would fail
     # again on any nodes.
@@ -116,23 +117,24 @@ class Traits:
 
 
 TRAITS: dict[FailureClass, Traits] = {
-    FailureClass.preempted: Traits(True, False, None, "#8c564b"),
-    FailureClass.timed_out: Traits(True, False, EXIT_REQUEUE, "#ff7f0e"),
-    FailureClass.node_failure: Traits(True, True, EXIT_BAD_NODE, "#d62728"),
-    FailureClass.hang: Traits(True, True, EXIT_HANG, "#e377c2"),
-    FailureClass.crash: Traits(True, True, None, "#000000"),
-    FailureClass.config_error: Traits(True, False, EXIT_CONFIG, "#1f77b4"),
+    # class: Traits(budgeted, restarts, relaunch, exit_code, colour)
+    FailureClass.preempted: Traits(True, True, False, None, "#8c564b"),
+    FailureClass.timed_out: Traits(True, True, False, EXIT_REQUEUE, "#ff7f0e"),
+    FailureClass.node_failure: Traits(True, True, True, EXIT_BAD_NODE, "#d62728"),
+    FailureClass.hang: Traits(True, True, True, EXIT_HANG, "#e377c2"),
+    FailureClass.crash: Traits(True, True, True, None, "#000000"),
+    FailureClass.config_error: Traits(True, False, False, EXIT_CONFIG, "#1f77b4"),
     # A memory plan that does not fit will not heal on other nodes: its own budget.
-    FailureClass.oom: Traits(True, False, None, "#9467bd"),
+    FailureClass.oom: Traits(True, True, False, None, "#9467bd"),
     # Recorded by the attempt itself as `stopped`: rollbacks did not cure the loss, or no
     # published checkpoint validates. Budgeted too (max_diverged, max_checkpoint_unreadable).
-    FailureClass.diverged: Traits(True, False, None, "#bcbd22"),
-    FailureClass.checkpoint_unreadable: Traits(True, False, None, "#17becf"),
+    FailureClass.diverged: Traits(True, False, False, None, "#bcbd22"),
+    FailureClass.checkpoint_unreadable: Traits(True, False, False, None, "#17becf"),
     # The user stopped it: no budget, no restart.
-    FailureClass.cancelled: Traits(False, False, None, "#c49c94"),
+    FailureClass.cancelled: Traits(False, False, False, None, "#c49c94"),
     # Stop classes only: no node set can run the job; neither supervisor nor fallback could go on.
-    FailureClass.no_nodes: Traits(False, False, None, "#393b79"),
-    FailureClass.supervisor_error: Traits(False, False, None, "#843c39"),
+    FailureClass.no_nodes: Traits(False, False, False, None, "#393b79"),
+    FailureClass.supervisor_error: Traits(False, False, False, None, "#843c39"),
 }
 
 FAILURE_CLASSES: tuple[FailureClass, ...] = tuple(c for c, t in TRAITS.items() if t.budgeted)
@@ -140,6 +142,15 @@ RELAUNCH_CLASSES: tuple[FailureClass, ...] = tuple(c for c, t in TRAITS.items() 
 EXIT_CLASS: dict[int, str] = {
     t.exit_code: c.value for c, t in TRAITS.items() if t.exit_code is not None
 }
+
+
+def restarts(cls: str) -> bool:
+    """Whether an attempt that ended `cls` is followed by another (a class this version does not
+    know, written by a newer one, is restarted: the budgets still bound it)."""
+    try:
+        return TRAITS[FailureClass(cls)].restarts
+    except ValueError:
+        return True
 
 
 def budget_key(cls: FailureClass) -> str:

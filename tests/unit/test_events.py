@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from slurmtrain.cli import report
-from slurmtrain.common import events, jsonl, ledger, schema
+from slurmtrain.common import errors, events, jsonl, ledger, schema
 from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 
@@ -97,3 +97,15 @@ def test_one_classification_for_supervisor_and_next_attempt() -> None:
     assert ledger.vanished_class([term], 1) == "preempted"
     assert ledger.vanished_class([], 1) == "node_failure"
     assert ledger.classify([], rc=1).cls is None
+
+
+def test_what_each_class_implies() -> None:
+    assert not events.restarts("config_error") and events.restarts("oom")
+    assert events.restarts("a_class_from_a_newer_version")
+    assert set(events.RELAUNCH_CLASSES) == {"node_failure", "hang", "crash"}
+    assert events.EXIT_CLASS == {
+        errors.EXIT_REQUEUE: "timed_out",
+        errors.EXIT_BAD_NODE: "node_failure",
+        errors.EXIT_HANG: "hang",
+        errors.EXIT_CONFIG: "config_error",
+    }
