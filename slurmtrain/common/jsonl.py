@@ -49,29 +49,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-# Events whose loss would change what the run does next: fsynced before record() returns.
-FATE_EVENTS = frozenset(
-    {
-        "submitted",
-        "submit_intent",
-        "submit_confirmed",
-        "started",
-        "attempt_ended",
-        "stopped",
-        "finished",
-        "failed",
-        "signal",
-        "requeued",
-        "rollback",
-        "diverged",
-        "checkpoint_saved",
-        "checkpoint_unreadable",
-        "duplicate_refused",
-        "cancelled",
-        "node_lost",
-        "bad_node",
-    }
-)
+from slurmtrain.common import events
+
+FATE_EVENTS = events.DURABLE_KINDS  # fsynced before record() returns
 
 _reported: set[tuple[str, int]] = set()
 _token = secrets.token_hex(3)

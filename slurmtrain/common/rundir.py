@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import runlock
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import Event
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
     digest,
@@ -202,35 +203,49 @@ class RunDir:
 
     def record(
         self,
-        event: str,
+        event: str | Event,
         *,
         job_id: Optional[str] = None,
         attempt: Optional[int] = None,
         nodes: Iterable[str] = (),
         durable: Optional[bool] = None,
-        **fields: Any,
-    ) -> dict[str, Any]:
-        row = {
-            "event": event,
+        **fields: object,
+    ) -> dict[str, object]:
+        """Append one run-tier row: `event` is a kind, or an events constructor's Event whose
+        fields follow the caller's."""
+        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
+        row: dict[str, object] = {
+            "event": kind,
             "time": time.time(),
             "job_id": job_id,
             "attempt": attempt,
             "nodes": list(nodes),
             **fields,
+            **fixed,
         }
         # This process's own file (no other process ever writes it); fate-deciding events fsynced
         # (durable=False: the caller syncs many at once, as a sweep does its `submitted` events).
-        durable = event in FATE_EVENTS if durable is None else durable
+        durable = kind in FATE_EVENTS if durable is None else durable
         append_own(self.ledger_dir, row, durable=durable)
         return row
 
     def record_rank(
-        self, event: str, *, job_id: Any, restart: int, relaunch: int, on_node: str, **fields: Any
-    ) -> dict[str, Any]:
+        self,
+        event: str | Event,
+        *,
+        job_id: Optional[str],
+        restart: int,
+        relaunch: int,
+        on_node: str,
+        **fields: object,
+    ) -> dict[str, object]:
         """A row any rank writes (a failure, a hang) into the rank tier: the file of its node
         `on_node` (also the row's `node` unless `fields` name another, or None)."""
-        row = dict(event=event, time=time.time(), job_id=job_id, attempt=None, node=on_node)
-        row.update(restart=restart, relaunch=relaunch, **fields)
+        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
+        row: dict[str, object] = dict(
+            event=kind, time=time.time(), job_id=job_id, attempt=None, node=on_node
+        )
+        row.update(restart=restart, relaunch=relaunch, **fields, **fixed)
         append_rank_row(self.path, rank_key(job_id, restart, relaunch), str(on_node or "_"), row)
         return row
 

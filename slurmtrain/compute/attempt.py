@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
-from slurmtrain.common import errors, ledger, provenance
+from slurmtrain.common import errors, events, ledger, provenance
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
@@ -68,7 +68,7 @@ class Attempt:
     step: Optional[int] = None  # the step being trained, for failure records
     clock: Optional[startup.StartupClock] = None  # rank 0: start-up phases (compute/startup.py)
 
-    def record(self, event: str, **fields: Any) -> None:
+    def record(self, event: str | events.Event, **fields: Any) -> None:
         """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
         if self.where.rank == 0:
             fields.setdefault("rank", self.where.rank)
@@ -79,7 +79,7 @@ class Attempt:
                 )
             )
 
-    def record_any(self, event: str, **fields: Any) -> None:
+    def record_any(self, event: str | events.Event, **fields: Any) -> None:
         """Any rank: failures are recorded by the rank that saw them, in its node's file of the
         rank tier (one file per node, not per rank: common/jsonl.py)."""
         fields.setdefault("rank", self.where.rank)
@@ -102,10 +102,12 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     prev = ledger.unended_attempt(attempt.rows)
     if prev is None:
         return
-    events = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
-    cls = ledger.vanished_class(events, prev["attempt"])
-    record = dict(job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", []))
-    closed = run.record("attempt_ended", **record, **{"class": cls, "closed_by": attempt.number})
+    prev_rows = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
+    cls = ledger.vanished_class(prev_rows, prev["attempt"])
+    record = events.Where(
+        job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", [])
+    )
+    closed = run.record(events.attempt_ended(cls, closed_by=attempt.number), **record)
     attempt.rows.append(closed)
     lost = sorted(set(prev.get("nodes", [])) - set(attempt.nodes))
     if cls == ledger.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
@@ -176,7 +178,9 @@ def _claim(
             relaunch=_relaunch(),
         )
         return 0 if stop else None
-    row = dict(job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node)
+    row = events.Where(
+        job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node
+    )
     other = (own or {}).get("job_id")
     if verdict == owner.DUPLICATE:
         run.record(
@@ -189,13 +193,8 @@ def _claim(
         )
         return errors.EXIT_DUPLICATE
     why = (own or {}).get("why") or f"neither squeue nor sacct says whether job {other} is alive"
-    run.record(
-        "failed",
-        **row,
-        restart=_restart(),
-        relaunch=_relaunch(),
-        **{"class": ledger.CRASH, "error": f"cannot claim the run: {why}"},
-    )
+    claim_failed = events.failed(ledger.CRASH, f"cannot claim the run: {why}")
+    run.record(claim_failed, **row, restart=_restart(), relaunch=_relaunch())
     print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
     return 1
 
@@ -221,7 +220,7 @@ def _startup_hang(
     step_nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     late = " (waiting for ranks to join)" if arrived_at is not None else " (before joining)"
     run.record_rank(
-        "failed",
+        events.failed(ledger.HANG, why + (late if waiting else "")),
         job_id=where.job_id,
         restart=_restart(),
         relaunch=_relaunch(),
@@ -233,7 +232,6 @@ def _startup_hang(
         phase=watchdog.current,
         step_nodes=expand_hostlist(step_nodes) if waiting and step_nodes else None,
         arrived_at=arrived_at if waiting else None,
-        **{"class": ledger.HANG, "error": why + (late if waiting else "")},
     )
 
 
@@ -341,7 +339,7 @@ def _run(
             )
     except Exception as err:  # every rank that fails writes a row: the rank tier
         run.record_rank(
-            "failed",
+            events.failed(ledger.CRASH, f"{type(err).__name__}: {err}"),
             job_id=where.job_id,
             restart=_restart(),
             relaunch=_relaunch(),
@@ -349,7 +347,6 @@ def _run(
             nodes=[where.node],
             rank=where.rank,
             phase="start-up",
-            **{"class": ledger.CRASH, "error": f"{type(err).__name__}: {err}"},
         )
         raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
@@ -364,13 +361,13 @@ def _run(
     stop = broadcast(ledger.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
         error = _last_error(run, attempt.rows, attempt.number) if where.rank == 0 else None
-        attempt.record("stopped", **{"class": stop, "error": error or f"{stop} budget exhausted"})
+        attempt.record(events.stopped(stop, error or f"{stop} budget exhausted"))
         dist.destroy_process_group()
         return 0
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed)
     watchdog.stacks = run.hang_dump(attempt.number, where.node)
     watchdog.on_hang = lambda why: attempt.record_any(
-        "failed", **{"class": ledger.HANG, "error": why, "phase": watchdog.current}
+        events.failed(ledger.HANG, why, phase=watchdog.current)
     )
     try:
         watchdog.phase(deadlines.HEALTH, cfg.faults.startup_timeout_s)
@@ -381,9 +378,7 @@ def _run(
     except Exception as err:  # the failing rank records its error and class, then re-raises
         error, trace = f"{type(err).__name__}: {err}", traceback.format_exc()
         attempt.record_any(
-            "failed",
-            **{"class": ledger.CRASH, "error": error, "step": attempt.step},
-            traceback=trace[-4000:],
+            events.failed(ledger.CRASH, error, step=attempt.step), traceback=trace[-4000:]
         )
         if ledger.is_peer_error([{"error": error}]):
             watchdog.dump_after_peer_failure(f"peer failure: {error}\n{trace}\n")

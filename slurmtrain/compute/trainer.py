@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from slurmtrain.common import errors, ledger
+from slurmtrain.common import errors, events, ledger
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import grad_accumulation
 from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
@@ -115,7 +115,7 @@ class Trainer:
     def stopped(self) -> int:
         """Stop the run (`stopped`, its class and error line): the supervisor does not restart it."""
         cls, error = self.stop or (ledger.CRASH, "?")
-        self.attempt.record("stopped", **{"class": cls, "error": error, "step": self.attempt.step})
+        self.attempt.record(events.stopped(cls, error, step=self.attempt.step))
         if self.rank == 0:
             print(f"slurmtrain: stopping the run ({cls}): {error}", file=sys.stderr)
         return 0
@@ -377,14 +377,8 @@ class Trainer:
             return 0
         if not stopped and final is not None and not final.ok and final.step == outcome.step:
             # Training reached its end but its final state is not on disk: not finished.
-            self.attempt.record(
-                "failed",
-                **{
-                    "class": ledger.CRASH,
-                    "step": outcome.step,
-                    "error": f"final checkpoint not saved: {final.error}",
-                },
-            )
+            not_saved = f"final checkpoint not saved: {final.error}"
+            self.attempt.record(events.failed(ledger.CRASH, not_saved, step=outcome.step))
             return 1
         if not stopped and outcome.step < self.cfg.train.max_steps:
             self.attempt.record(

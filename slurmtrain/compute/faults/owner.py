@@ -21,7 +21,7 @@ import sys
 from datetime import datetime
 from typing import Any, Callable, Mapping, Optional
 
-from slurmtrain.common import ledger
+from slurmtrain.common import events, ledger
 from slurmtrain.common.rundir import RunDir, slurm_job_alive
 
 FREE, DUPLICATE, UNKNOWN = "free", "duplicate", "unknown"
@@ -124,7 +124,7 @@ def honour_cancel(run: RunDir, mine: set[str], rows: list[dict[str, Any]], **row
         )
         return False
     fields = dict(attempt=None, nodes=[row["node"]], rank=0, closed_by="start", **row)
-    rows.append(run.record("attempt_ended", **fields, **{"class": ledger.CANCELLED}))
+    rows.append(run.record(events.attempt_ended(ledger.CANCELLED), **fields))
     print(
         f"slurmtrain: job {job_id} does not train {run.path}: the run was cancelled "
         f"(`cli cancel`) and not submitted again since; submit it again to resume",
