@@ -15,9 +15,17 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from datetime import timedelta
+from typing import TYPE_CHECKING, Mapping, Optional, TypeVar
 
 from slurmtrain.planning import deadlines
+
+if TYPE_CHECKING:
+    import torch
+
+    from slurmtrain.common.schema import FaultsConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -88,9 +96,9 @@ def export(p: Placement, env: Optional[Mapping[str, str]] = None) -> None:
 def wait_for_store(p: Placement, timeout_s: float) -> float:
     """Non-zero ranks: return as soon as rank 0's TCPStore listens (seconds waited). torch's own
     client retries a refused connect only after a back-off of about a second, so every rank that
-    arrives before rank 0 (it imports as slowly as they do) lost 0.4-1.0 s (measured here, gloo,
-    2 ranks); a connect probe every 20 ms (100 ms past 512 ranks: fewer refused SYNs at rank 0's
-    host) ends the wait within a poll. Gives up silently at `timeout_s`: init then reports."""
+    arrives before rank 0 loses up to a second; a connect probe every 20 ms (100 ms past 512 ranks:
+    fewer refused SYNs at rank 0's host) ends the wait within a poll. Gives up silently at
+    `timeout_s`: init then reports."""
     if p.rank == 0:
         return 0.0
     t0 = time.time()
@@ -191,7 +199,7 @@ def device_index(env: Mapping[str, str], visible_count: int, local_rank: int) ->
 CPU_STAND_IN = "SLURMTRAIN_VISIBLE_DEVICES"
 
 
-def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> Any:
+def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> torch.device:
     """The torch device of this rank. GPU ranks: cuda:device_index(...), and os.environ's
     LOCAL_RANK is set to that index (what DeepSpeed will set_device and pass as device_id).
     CPU ranks: the CPU; when SLURMTRAIN_VISIBLE_DEVICES is set (a list like CUDA_VISIBLE_DEVICES,
@@ -238,7 +246,7 @@ BEATING_PHASES = (deadlines.SAVE, deadlines.VERIFY, deadlines.CONVERT, deadlines
 _timeouts: dict[str, float] = {}  # "base": set at init; "now": the process group's current one
 
 
-def collective_timeout_s(faults: Any) -> float:
+def collective_timeout_s(faults: FaultsConfig) -> float:
     """The process group's timeout (init_process_group): see the rule above."""
     fixed = max(float(faults.startup_timeout_s), float(faults.hang_timeout_s))
     rule = fixed + max(MARGIN_S, MARGIN_FRACTION * fixed)
@@ -246,10 +254,8 @@ def collective_timeout_s(faults: Any) -> float:
     return _timeouts["base"]
 
 
-def collective_timeout(faults: Any) -> Any:
+def collective_timeout(faults: FaultsConfig) -> timedelta:
     """collective_timeout_s as the timedelta init_process_group takes."""
-    from datetime import timedelta
-
     return timedelta(seconds=collective_timeout_s(faults))
 
 
@@ -266,8 +272,6 @@ def follow_phase(name: str, deadline_s: float) -> None:
     if want == _timeouts.get("now"):
         return
     try:
-        from datetime import timedelta
-
         import torch.distributed as dist
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
@@ -313,8 +317,8 @@ def dump_collectives(rank: Optional[int] = None) -> Optional[str]:
     return path
 
 
-def broadcast(obj: Any) -> Any:
-    """Rank 0's (picklable) object on every rank."""
+def broadcast(obj: T) -> T:
+    """Rank 0's (picklable) object on every rank (what the others pass is only a placeholder)."""
     import torch.distributed as dist
 
     box = [obj]
@@ -329,7 +333,7 @@ def host_leads(host: Optional[str] = None) -> list[int]:
     number of hosts, not of ranks."""
     import torch.distributed as dist
 
-    names: list[Any] = [None] * dist.get_world_size()
+    names: list[str] = [""] * dist.get_world_size()
     dist.all_gather_object(names, host or socket.gethostname())
     return leads_of(names)
 
