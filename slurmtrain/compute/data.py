@@ -27,13 +27,13 @@ import math
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import NotRequired, Optional, Sequence, TypedDict, Union
 
 import numpy as np
 
-PERIOD = (
-    10_000  # length of a blend's interleaving schedule (mixture error <= 1 / PERIOD per period)
-)
+from slurmtrain.common.schema import DataConfig
+
+PERIOD = 10_000  # length of a blend's interleaving schedule (mixture error <= 1 / PERIOD)
 
 
 def stdlib_corpus(max_bytes: int) -> np.ndarray:
@@ -97,12 +97,22 @@ class Windows:
 
 
 Tokens = Union[np.ndarray, Windows]
+Seed = Union[int, Sequence[int]]
+
+
+class DataPosition(TypedDict):
+    """Where the data stands after some samples (checkpoint meta, ledger)."""
+
+    consumed_samples: int
+    epoch: NotRequired[int]  # one source
+    per_source: NotRequired[dict[str, int]]  # a blend: samples drawn from each source
+    epochs: NotRequired[dict[str, int]]
 
 
 class Sampler:
     """Maps (step, micro step, rank) to sample indices; samples are non-overlapping windows."""
 
-    def __init__(self, n_tokens: int, seq_len: int, seed: Any) -> None:
+    def __init__(self, n_tokens: int, seq_len: int, seed: Seed) -> None:
         self.seq_len = seq_len
         self.num_samples = (n_tokens - 1) // seq_len
         if self.num_samples < 1:
@@ -130,7 +140,7 @@ class Sampler:
         first = self.skip + step * global_batch + (micro_step * world + rank) * micro_batch
         return [self.sample(first + i) for i in range(micro_batch)]
 
-    def position(self, consumed: int) -> dict[str, Any]:
+    def position(self, consumed: int) -> DataPosition:
         """Where the data stands after `consumed` samples (checkpoint meta, ledger)."""
         return {"consumed_samples": consumed, "epoch": consumed // self.num_samples}
 
@@ -181,7 +191,7 @@ class BlendSampler(Sampler):
         local = whole * int(self.per_period[k]) + int(self.prefix[part][k])
         return int(self.windows.offsets[k]) + self.sources[k].sample(local)
 
-    def position(self, consumed: int) -> dict[str, Any]:
+    def position(self, consumed: int) -> DataPosition:
         counts = self.counts(consumed)
         return {
             "consumed_samples": consumed,
@@ -215,16 +225,16 @@ class Data:
     valid_ids: Optional[list[int]] = None
 
 
-def _sources(d: Any) -> list[tuple[str, float]]:
+def _sources(d: DataConfig) -> list[tuple[str, float]]:
     if d.kind == "blend":
         return [(str(s.path), float(s.weight)) for s in d.sources]
     return [(str(d.path), 1.0)]
 
 
-def load(d: Any) -> Data:
+def load(d: DataConfig) -> Data:
     """The config's `data` section -> training windows, their sampler, the validation windows."""
-    fraction = float(d.get("valid_fraction", 0.0) or 0.0)
-    valid_path = d.get("valid_path")
+    fraction = float(d.valid_fraction or 0.0)
+    valid_path = d.valid_path
     cut = 0.0 if valid_path else fraction
     if d.kind == "blend":
         names = [p for p, _ in _sources(d)]
@@ -250,7 +260,7 @@ def load(d: Any) -> Data:
             f"held-out data ({sum(len(h) for h in held)} tokens) is shorter than one window of "
             f"data.seq_len + 1 = {d.seq_len + 1} tokens; raise data.valid_fraction or set it to 0"
         )
-    return Data(train, sampler, valid, valid_ids(len(valid), int(d.get("valid_windows", 64))))
+    return Data(train, sampler, valid, valid_ids(len(valid), int(d.valid_windows)))
 
 
 def batch(tokens: Tokens, sample_ids: list[int], seq_len: int) -> np.ndarray:

@@ -19,15 +19,20 @@ pinned to PyTorch's SDPA. The loss never makes a full-vocabulary fp32 copy of 16
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Mapping, Union
 
 import torch
-from omegaconf import DictConfig
 
 from slurmtrain.common.hf_config import family_config
+from slurmtrain.common.schema import RootConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+DsConfig = Mapping[str, object]  # the DeepSpeed config dict (common/ds_config.py)
 
 
-def opt_config(cfg: DictConfig) -> Any:
+def opt_config(cfg: RootConfig) -> PretrainedConfig:
     from transformers import OPTConfig
 
     m = cfg.model
@@ -55,31 +60,40 @@ def opt_config(cfg: DictConfig) -> Any:
     )
 
 
-def model_config(cfg: DictConfig) -> Any:
+def model_config(cfg: RootConfig) -> PretrainedConfig:
     """The transformers config of the run's model: OPT's as it always was, else family_config."""
     return opt_config(cfg) if cfg.model.family == "opt" else family_config(cfg.model)
 
 
-def model_class(cfg: DictConfig) -> Any:
+def model_class(cfg: RootConfig) -> type[PreTrainedModel]:
     """The causal LM class transformers maps the run's config to (OPTForCausalLM for OPT)."""
     from transformers import OPTForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    if cfg.model.family == "opt":
-        return OPTForCausalLM
-    return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config(cfg))]
+    cls: type[PreTrainedModel] = (
+        OPTForCausalLM
+        if cfg.model.family == "opt"
+        else MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config(cfg))]
+    )
+    return cls
 
 
-def train_dtype(ds_config: dict[str, Any]) -> torch.dtype:
+def train_dtype(ds_config: DsConfig) -> torch.dtype:
     """The dtype DeepSpeed trains the module in (bf16/fp16 sections of the DeepSpeed config)."""
-    if (ds_config.get("bf16") or {}).get("enabled"):
+    if _enabled(ds_config.get("bf16")):
         return torch.bfloat16
-    if (ds_config.get("fp16") or {}).get("enabled"):
+    if _enabled(ds_config.get("fp16")):
         return torch.float16
     return torch.float32
 
 
-def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> torch.nn.Module:
+def _enabled(section: object) -> bool:
+    return isinstance(section, Mapping) and bool(section.get("enabled"))
+
+
+def build(
+    cfg: RootConfig, ds_config: DsConfig, device: Union[str, torch.device] = "cpu"
+) -> torch.nn.Module:
     """ZeRO-3: no rank ever holds the whole model. ZeRO 0-2: built on `device` in the training
     dtype (CPU fp32 runs are bitwise what they were: same generator, same order)."""
     torch.manual_seed(cfg.train.seed)
@@ -110,7 +124,7 @@ def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> to
     return model
 
 
-def _fresh(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+def _fresh(cfg: RootConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """A new model allocated (and initialised) directly on `device` in `dtype`."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -122,7 +136,7 @@ def _fresh(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> torch.n
 
 
 def _pretrained(
-    cfg: DictConfig, ds_config: dict[str, Any], device: torch.device, dtype: torch.dtype
+    cfg: RootConfig, ds_config: DsConfig, device: torch.device, dtype: torch.dtype
 ) -> torch.nn.Module:
     """`model.pretrained_path` (an export or any local folder of the run's family), in the
     training dtype.
@@ -131,7 +145,7 @@ def _pretrained(
     into its partitions (a bare zero.Init around it would load into empty partitions)."""
     path = cfg.model.pretrained_path
     # This run's dropout, not the source's (from_pretrained applies these to its config).
-    kwargs: dict[str, Any] = dict(
+    kwargs: dict[str, object] = dict(
         local_files_only=True, dtype=dtype, attn_implementation="sdpa", use_cache=False
     )
     if cfg.model.family == "opt":
@@ -159,7 +173,7 @@ def _pretrained(
     return cls.from_pretrained(path, **kwargs).to(device)
 
 
-def scaled_std(cfg: DictConfig) -> float:
+def scaled_std(cfg: RootConfig) -> float:
     """The output projections' std: init_std / sqrt(2 * num_layers) (0.006 -> 0.00067 for 40 layers)."""
     return cfg.model.init_std / math.sqrt(2 * cfg.model.num_layers)
 
@@ -233,12 +247,12 @@ def _ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
 
 
-def params_finite(module: Any, device: Any) -> bool:
+def params_finite(module: torch.nn.Module, device: torch.device) -> bool:
     """Every rank's parameters (its ZeRO-3 partition) are finite: one pass, one all-reduce (a
     save refuses non-finite weights: nothing non-finite is ever published)."""
     import torch.distributed as dist
 
-    by_device: dict[Any, list[Any]] = {}  # offloaded partitions live on the host
+    by_device: dict[torch.device, list[torch.Tensor]] = {}  # offloaded partitions: on the host
     for p in module.parameters():
         t = getattr(p, "ds_tensor", p)
         if t.numel():
@@ -247,4 +261,4 @@ def params_finite(module: Any, device: Any) -> bool:
     for flags in by_device.values():
         bad += torch.stack(flags).logical_not().any().to(device, torch.float64)
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return bad.item() == 0
+    return bool(bad.item() == 0)
