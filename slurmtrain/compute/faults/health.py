@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,14 @@ class RankHealth:
     allreduce_s: float
     allreduce_gbps: float = 0.0  # bus bandwidth of the timed all-reduce (nccl-tests' busbw)
     free_gib: float = -1.0  # device memory free before loading (-1: not a GPU)
+
+
+class BadNode(TypedDict):
+    """A node the gate failed: a row of the run's bad-node ledger."""
+
+    node: str
+    rank: int
+    reason: str
 
 
 MATMUL_N = 512
@@ -59,7 +67,7 @@ class _Timer:
             self.t0 = time.perf_counter()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.cuda:
             self.end.record()
             self.end.synchronize()
@@ -141,12 +149,12 @@ def check_rank(
     return RankHealth(node, rank, ok, "" if ok else reason, seconds, allreduce, gbps, free)
 
 
-def gate(mine: RankHealth, world: int, slow_factor: float) -> list[dict[str, Any]]:
+def gate(mine: RankHealth, world: int, slow_factor: float) -> list[BadNode]:
     """Gather every rank's result; the nodes that fail (or are `slow_factor` x the median)."""
-    everyone: list[Any] = [None] * world
+    everyone = [mine] * world  # each entry replaced by that rank's
     dist.all_gather_object(everyone, mine)
     median = statistics.median(h.matmul_s for h in everyone)
-    bad: dict[str, dict[str, Any]] = {}
+    bad: dict[str, BadNode] = {}
     for h in everyone:
         if not h.ok:
             bad.setdefault(h.node, {"node": h.node, "rank": h.rank, "reason": h.reason})

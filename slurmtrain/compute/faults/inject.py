@@ -10,9 +10,9 @@ rank `nan_rank`, default every rank: once per process, or every time with `nan_r
 `fail_before_start=1` (every rank raises after the rendezvous, before the attempt's `started`
 event: a start-up failure), `absent_rank=R` (rank R stops itself, SIGSTOP, before the rendezvous,
 once per run: a node wedged in start-up, whose ranks never join). `attempts=1` (or `1+2`) confines
-every injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke` confines them to runs whose name
-ends so (the smoke job of a smoke=true chain, not the big one: both inherit the submitting
-shell's environment).
+every injection to those attempts, so a drill can fail once and then recover; `name_suffix=-smoke`
+to runs whose name ends so (the smoke job of a smoke=true chain: both jobs inherit the shell's
+environment).
 
 Only a run whose command says `faults.allow_inject=true` is injected (`allowed`): the login node
 refuses the variable without it (login/prepare.py) and the batch script unsets it, so a

@@ -5,8 +5,7 @@ own and burns the allocation until the time limit. Each phase of an attempt (sta
 health gate, verification, build, load; steps; saves) has its own deadline, scaled from the bytes
 it moves (planning/deadlines.py); past it without a beat, every thread's stack goes to its node's
 `<run>/hangs/attempt{A}.{node}.txt` (one O_APPEND write per rank under a `==== rank R ====` line:
-an all-rank hang of 512 ranks makes 64 files, not 512), the hang is recorded naming the phase, and
-the process exits with EXIT_HANG so the supervisor restarts the run (class: hang).
+one file per node, not per rank), the hang is recorded naming the phase, and the process exits with EXIT_HANG so the supervisor restarts the run (class: hang).
 
 The exit never waits on the filesystem: a hang is often the filesystem itself (an NFS server that
 stopped answering), and a watchdog that blocks in `open()` or `write()` would hang with the rank it
@@ -30,7 +29,7 @@ from slurmtrain.compute.distributed import dump_collectives, follow_phase
 WRITE_S = 10.0  # each filesystem write of the exit path (stacks, record) gets at most this
 
 
-def bounded(fn: Callable[[], None], seconds: float, what: str) -> bool:
+def bounded(fn: Callable[[], object], seconds: float, what: str) -> bool:
     """Run `fn` in a daemon thread; True if it finished within `seconds` (else it is abandoned:
     the process is about to `os._exit`, which ends the thread wherever it is blocked)."""
     done = threading.Event()
@@ -113,7 +112,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._watch, name="slurmtrain-watchdog", daemon=True)
 
     @property
-    def timeout_s(self) -> float:  # the current phase's deadline (the name of old)
+    def timeout_s(self) -> float:  # the current phase's deadline
         return self.deadline_s
 
     def start(self) -> "Watchdog":
