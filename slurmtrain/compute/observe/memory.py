@@ -11,11 +11,13 @@ OOM on a bigger machine.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
-Record = Callable[..., None]
+from slurmtrain.common.schema import RootConfig
+
+Record = Callable[..., object]  # the attempt's ledger write
 TOLERANCE = 0.25  # a measured peak above the plan by more than this gets a warning
 
 
@@ -23,7 +25,7 @@ class MemoryCheck:
     """Start before the model is built; `after_step` on every rank; done at step `at`."""
 
     def __init__(
-        self, cfg: Any, device: torch.device, rank: int, world: int, record: Record
+        self, cfg: RootConfig, device: torch.device, rank: int, world: int, record: Record
     ) -> None:
         self.cfg, self.device, self.rank, self.world, self.record = cfg, device, rank, world, record
         self.at = int(cfg.train.memory_check_step)
@@ -99,7 +101,7 @@ class MemoryCheck:
         print(line, file=sys.stderr, flush=True)
 
 
-def cpu_peak(prof: Any) -> int:
+def cpu_peak(prof: torch.profiler.profile) -> int:
     """Largest running sum of the CPU allocations and frees the profiler saw (bytes).
 
     Frees of tensors allocated before profiling started are not reported by PyTorch, so the sum
