@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, TypedDict
 
 from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.planning.deadlines import LOAD, SAVE, Deadlines
@@ -22,12 +22,16 @@ Hook = Callable[[int, str], None]
 Progress = Callable[[int], None]
 
 
+class WriterKwargs(TypedDict, total=False):
+    progress: Progress  # the shard writer's per-chunk heartbeat
+
+
 class Beats:
     def __init__(self, watchdog: Optional[Watchdog], deadlines: Optional[Deadlines]) -> None:
         self.watchdog, self.deadlines = watchdog, deadlines
         self.on = watchdog is not None and deadlines is not None
 
-    def writer_kwargs(self, engine_class: type) -> dict[str, Progress]:
+    def writer_kwargs(self, engine_class: type) -> WriterKwargs:
         """`progress=` for the shard writer's engine: a heartbeat per chunk written, when its
         constructor takes one (checked on its signature, so either version of writer.py works)."""
         if self.watchdog is None or not self.on:
