@@ -1,23 +1,18 @@
 """Token sources, the held-out split, blends, and the deterministic sampler that resumes exactly.
 
-Sample order depends only on (seed, epoch), and the global batch of step `s` is samples
-[skip + s*G, skip + (s+1)*G) of that order, laid out micro-step-major then rank — so the batch a
-step sees is the same whatever the world size, and resuming needs nothing but the number of
-consumed samples and `skip`: the samples skipped after divergences (a checkpoint's
-`data_position.skipped_samples`), plus a branch's `data.skip_samples`, added once at its branch
-point (compute/checkpoint/select.py branch_point).
+Sample order depends only on (seed, epoch); the global batch of step `s` is samples
+[skip + s*G, skip + (s+1)*G) of it, laid out micro-step-major then rank, so a step sees the same
+batch whatever the world size and a resume needs only the consumed samples and `skip` (samples
+skipped after divergences, plus a branch's `data.skip_samples`, checkpoint/select.py branch_point).
 
-Held-out data: with `data.valid_fraction` the last fraction of every source's tokens is cut off
-before any window is formed, so no training window shares a token with a validation window; with
-`data.valid_path` a separate file is the held-out set and the corpus trains whole. Validation uses a
-fixed list of `data.valid_windows` windows evenly spaced over the held-out tokens: the same list
-whatever the world size or restart, each rank evaluating the strided share `ids[rank::world]`.
+Held-out data: `data.valid_fraction` cuts the last fraction of every source before any window is
+formed (no training window shares a token with a validation one), or `data.valid_path` is a
+separate file. Validation uses `data.valid_windows` fixed windows evenly spaced over it, each rank
+evaluating `ids[rank::world]`.
 
-Blends (`data=blend`, `data.sources=[{path, weight}, ...]`): sample index g goes to source
-`schedule[g % PERIOD]`, a fixed interleaving that keeps every prefix within one sample of the
-weights (Megatron's greedy blending), and to that source's own shuffled order at position
-`(g // PERIOD) * per_period[k] + prefix[k][g % PERIOD]`: the mixture and the position in every
-source follow from the sample index alone, so a blend resumes by consumed samples like one file.
+Blends: sample g comes from source `schedule[g % PERIOD]`, a fixed greedy interleaving that keeps
+every prefix within one sample of the weights, at a position in that source's own order that
+follows from g alone: a blend resumes by consumed samples like one file.
 """
 
 from __future__ import annotations

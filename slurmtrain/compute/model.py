@@ -1,19 +1,14 @@
 """The model, built from config with transformers' classes: nothing is downloaded.
 
-OPT (model.family=opt) through OPTConfig exactly as before; any other family (llama, mistral,
-qwen2, or whatever model_type a `model.config` folder names) through AutoConfig.for_model and the
-causal LM class transformers maps it to.
+OPT (model.family=opt) through OPTConfig; any other family through AutoConfig.for_model and the
+causal LM class transformers maps it to. Weights ~ N(0, model.init_std); with model.scaled_init the
+residual branches' output projections get init_std / sqrt(2 * num_layers) (metaseq's OPT init), so
+the residual stream's variance does not grow with depth.
 
-Initialisation follows the config: weights ~ N(0, model.init_std) (transformers' OPT init), and with
-model.scaled_init the residual branches' output projections (attention out_proj, fc2) get
-init_std / sqrt(2 * num_layers), as metaseq's --full-megatron-init trains OPT: each of the 2L
-residual additions then adds variance ~1/(2L), so the residual stream does not grow with depth.
-
-Where the weights live: ZeRO 0-2 build the model on the rank's device in the training dtype (never a
-whole fp32 copy on the host per rank); ZeRO-3 builds under `deepspeed.zero.Init` (a fresh model) or
-loads `model.pretrained_path` through transformers' DeepSpeed integration (`HfDeepSpeedConfig`
-alive during `from_pretrained`: transformers then partitions each tensor as it loads). Attention is
-pinned to PyTorch's SDPA. The loss never makes a full-vocabulary fp32 copy of 16-bit logits.
+ZeRO 0-2 build on the rank's device in the training dtype (never a whole fp32 copy per rank);
+ZeRO-3 builds under `deepspeed.zero.Init`, or loads `model.pretrained_path` with `HfDeepSpeedConfig`
+alive (transformers partitions each tensor as it loads). Attention is pinned to PyTorch's SDPA;
+the loss never makes a full-vocabulary fp32 copy of 16-bit logits.
 """
 
 from __future__ import annotations
@@ -61,7 +56,7 @@ def opt_config(cfg: RootConfig) -> PretrainedConfig:
 
 
 def model_config(cfg: RootConfig) -> PretrainedConfig:
-    """The transformers config of the run's model: OPT's as it always was, else family_config."""
+    """The transformers config of the run's model: OPTConfig for OPT, else family_config."""
     return opt_config(cfg) if cfg.model.family == "opt" else family_config(cfg.model)
 
 
@@ -95,7 +90,7 @@ def build(
     cfg: RootConfig, ds_config: DsConfig, device: Union[str, torch.device] = "cpu"
 ) -> torch.nn.Module:
     """ZeRO-3: no rank ever holds the whole model. ZeRO 0-2: built on `device` in the training
-    dtype (CPU fp32 runs are bitwise what they were: same generator, same order)."""
+    dtype (the seed is set first: the same config draws the same weights)."""
     torch.manual_seed(cfg.train.seed)
     device = torch.device(device)
     dtype = train_dtype(ds_config)
@@ -104,8 +99,7 @@ def build(
     elif cfg.deepspeed.stage == 3:
         import deepspeed
 
-        # Imported before zero.Init: it patches tensor construction, which torch._dynamo's
-        # import (pulled in by transformers' modeling modules) refuses.
+        # imported before zero.Init, whose patched tensor construction torch._dynamo's import refuses
         cls, config = model_class(cfg), model_config(cfg)
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = cls(config)
@@ -138,11 +132,9 @@ def _fresh(cfg: RootConfig, device: torch.device, dtype: torch.dtype) -> torch.n
 def _pretrained(
     cfg: RootConfig, ds_config: DsConfig, device: torch.device, dtype: torch.dtype
 ) -> torch.nn.Module:
-    """`model.pretrained_path` (an export or any local folder of the run's family), in the
-    training dtype.
-
-    ZeRO-3: `HfDeepSpeedConfig` makes `from_pretrained` build under zero.Init and load each tensor
-    into its partitions (a bare zero.Init around it would load into empty partitions)."""
+    """`model.pretrained_path` (an export or any local folder of the run's family), in the training
+    dtype. ZeRO-3: `HfDeepSpeedConfig` makes `from_pretrained` load into the partitions (a bare
+    zero.Init around it would load into empty ones)."""
     path = cfg.model.pretrained_path
     # This run's dropout, not the source's (from_pretrained applies these to its config).
     kwargs: dict[str, object] = dict(
@@ -201,10 +193,8 @@ RESIDUAL_OUTPUTS = (
 
 
 def _init_partitioned(model: torch.nn.Module, scaled: float | None = None) -> None:
-    """Hugging Face's weight init ran on ZeRO-3's empty partitions; redo it one module at a time,
-    gathering only that module's parameters (memory: the largest layer, never the whole model).
-    Rank 0 initialises (modifier_rank=0) and DeepSpeed re-partitions its values to every rank, so
-    the scaled projections are scaled the same everywhere."""
+    """Hugging Face's init ran on ZeRO-3's empty partitions: redo it one module at a time (memory:
+    the largest layer), rank 0 initialising and DeepSpeed re-partitioning its values to all."""
     import deepspeed
 
     projections = {id(m) for m in output_projections(model)} if scaled is not None else set()
@@ -219,16 +209,13 @@ def _init_partitioned(model: torch.nn.Module, scaled: float | None = None) -> No
                     module.weight.normal_(0.0, scaled)
 
 
-# Tokens per chunk of the 16-bit loss: each chunk's fp32 log-softmax lives only inside its own
-# forward and is recomputed in backward, so the loss holds chunk x vocab fp32 values, not b*s x vocab.
+# Tokens per chunk of the 16-bit loss: it holds chunk x vocab fp32 values at a time, not b*s x vocab
 LOSS_CHUNK_TOKENS = 4096
 
 
 def loss_fn(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:].
-
-    fp32 logits: one cross entropy (no copy). 16-bit logits: summed over token chunks, each upcast
-    to fp32 inside a checkpointed function (fp32 accumulation, one chunk of fp32 at a time)."""
+    """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:]. 16-bit logits:
+    summed over token chunks, each upcast to fp32 inside a checkpointed function."""
     logits = model(input_ids=window[:, :-1]).logits
     flat = logits.reshape(-1, logits.size(-1))
     labels = window[:, 1:].reshape(-1)

@@ -94,7 +94,7 @@ class DirectFile:
         self.submitted = 0  # file offset of the next buffer handed to the writer threads
         self.written = 0  # bytes the disk has taken (what `progress` is told)
         self.hash_seconds = self.write_seconds = self.wait_seconds = 0.0
-        self.direct = True  # until a write is refused (EINVAL): then the page cache, as before
+        self.direct = True  # until a write is refused (EINVAL): then the page cache
 
     def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")

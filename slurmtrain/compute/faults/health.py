@@ -1,13 +1,10 @@
 """The health gate: a quick check of every node before the model is loaded.
 
-A node with a broken GPU, wrong arithmetic or a slow link costs a whole job; finding it takes
-seconds here. Each rank checks its devices, a matmul against a float64 reference, free device
-memory, and times an all-reduce; results are gathered, and a failing or much slower node goes to
-the run's bad-node ledger (`bad_nodes.jsonl`) so the next attempt excludes it.
-
-It must not flag healthy nodes: every timed call is warmed up first (the first cuBLAS/NCCL call
-pays set-up), times come from device events on GPUs (perf_counter on CPUs) after a synchronize,
-the all-reduce starts after a barrier, and the matmul tolerance admits TF32 (a site may force it).
+A node with a broken GPU, wrong arithmetic or a slow link costs a whole job. Each rank checks its
+devices, a matmul against a float64 reference, free device memory, and times an all-reduce; a
+failing or much slower node goes to the run's bad-node ledger so the next attempt excludes it.
+Healthy nodes must pass: timed calls are warmed up, timed with device events after a synchronize,
+the all-reduce starts after a barrier, and the matmul tolerance admits TF32.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """One run, one job: rank 0 claims the run before training, or refuses while another job holds it.
 
-The ledger's newest `submitted`/`started` event names the run's owner. A job that is not the owner
-trains only once Slurm says the owner is gone (ended, or forgotten); while the owner lives, the
-newcomer records `duplicate_refused` and exits with EXIT_DUPLICATE, before touching checkpoints.
-The check and this attempt's `started` event are made under the run's lock (RunDir.locked), so two
-jobs starting at once cannot both see the run free. When Slurm cannot be asked, the attempt fails
-(class crash, within its budget) instead of guessing.
+The ledger's newest `submitted`/`started` event names the owner. A job that is not the owner
+trains only once Slurm says the owner is gone; meanwhile it records `duplicate_refused` and exits
+with EXIT_DUPLICATE, before touching checkpoints. The check and the `started` event are made under
+the run's lock, so two jobs starting at once cannot both see the run free; when Slurm cannot be
+asked, the attempt fails (class crash) instead of guessing.
 
-A free run may still be cancelled (`cli cancel`): a job the cancel named, or one queued before it
-that it missed, records `attempt_ended{cancelled}` and exits without training or resubmitting. A
-user submission after the cancel lifts it: the same command again (recorded at the login node), or
-a hand `sbatch job.sbatch`, which the start records as `submitted` (by=hand) since slurmtrain did
-not: Slurm's SubmitTime says it came after the cancel.
+A run cancelled with `cli cancel` does not train: a job the cancel named, or one queued before it,
+records `attempt_ended{cancelled}` and exits. A submission after the cancel lifts it (the same
+command again, or a hand `sbatch`, recorded at start as `submitted` by=hand).
 """
 
 from __future__ import annotations

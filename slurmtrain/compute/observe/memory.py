@@ -1,11 +1,9 @@
-"""The planner checked against this run: peak tensor memory from model build to step N vs the plan.
+"""The planner checked against this run: peak tensor memory up to step N vs the plan.
 
-`train.memory_check_step=N` measures what every rank allocated (GPUs: the caching allocator's peak,
-`torch.cuda.max_memory_allocated`; CPUs: PyTorch's profiler, which sees every CPU tensor allocation
-and free, so its running sum is the CPU twin of that figure). The ranks agree on the largest peak;
-rank 0 records it in the ledger (`memory_checked`) beside the planner's estimate for this very
-configuration, and warns when the plan was low: a plan that under-estimates is a job that dies of
-OOM on a bigger machine.
+`train.memory_check_step=N` measures what every rank allocated (GPUs: the caching allocator's
+peak; CPUs: the profiler's running sum of CPU allocations). Rank 0 records the largest peak
+(`memory_checked`) beside the planner's estimate and warns when the plan was low: an
+under-estimate is a job that dies of OOM on a bigger machine.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Where a step's time goes: DeepSpeed's timers, FLOPs and MFU, peak memory, stragglers.
 
-Every log interval each rank sends one small vector (its own time per step, the DeepSpeed timer
-split, its peak memory) in one all_gather; rank 0 turns the world's vectors into flat metrics
-fields and flags stragglers. A rank's *own* time is its wall time minus the time it spent waiting
-on peers: in the loop's collectives (`Perf.waiting`) and in DeepSpeed's gradient reduce and
-parameter all-gather (its timers). A slow GPU makes its peers wait inside those collectives, so
-only own time tells the slow rank from the ones waiting for it; with `train.timers=false`
-DeepSpeed's waits are unknown and straggler detection is off.
+Every log interval each rank sends one small vector (its own time per step, the timer split, its
+peak memory) in one all_gather, and rank 0 turns them into metrics fields and flags stragglers. A
+rank's *own* time is its wall time minus the time it waited on peers (the loop's collectives,
+DeepSpeed's gradient reduce and parameter all-gather): a slow GPU makes its peers wait inside
+those collectives, so only own time tells it apart. Without `train.timers` straggler detection is off.
 
-Time split per step (seconds, mean over ranks), from DeepSpeed's `wall_clock_breakdown` timers:
+Split per step (seconds, mean over ranks), from DeepSpeed's `wall_clock_breakdown` timers:
     time_forward = fwd                  time_backward = bwd - bwd_allreduce
     time_optimizer = step - optimizer_allgather
     time_comm = bwd_allreduce + optimizer_allgather
-They add up to DeepSpeed's share of step_time (the rest: data, the loop's all-reduce, logging).
-Gradient buckets reduced *during* backward (models larger than reduce_bucket_size) and ZeRO-3's
-forward all-gathers count as compute here.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The W&B and MLflow ends of compute/observe/trackers.py, through the libraries themselves.
 
-W&B: offline by default, under RUN_DIR/wandb/ (one offline-run-* folder per attempt, all with the
-run's id and resume="allow": `wandb sync` uploads them in start order into ONE run). MLflow: a file
-store in RUN_DIR/mlruns unless the user names a tracking URI; the run is found again by its tag
-`slurmtrain_run_id`, attempts are tags. Both get the config (secrets as references), the plan,
-each attempt's provenance, the metrics on the step axis and the ledger's events. Imported on rank
-0 only, and only when a tracker is chosen (the packages are the optional extras).
+W&B: offline by default under RUN_DIR/wandb/, every attempt with the run's id and resume="allow",
+so `wandb sync` uploads them into ONE run. MLflow: a file store in RUN_DIR/mlruns unless a tracking
+URI is named; the run is found again by its tag `slurmtrain_run_id`. Both get the config (secrets
+as references), the plan, each attempt's provenance, the metrics and the ledger's events. Imported
+on rank 0 only when a tracker is chosen (the packages are optional extras).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Experiment trackers (W&B, MLflow) that see one run however many jobs train it.
 
-Rank 0 mirrors what MetricsWriter logs (metrics.jsonl stays the record) to the trackers chosen with
-`logger=` (conf/logger/). Every attempt, requeue, world-size change and in-allocation restart
-continues ONE tracker run, found by the run's fingerprint (tracker_backends.py). Steps repeat after
-a rollback or a resume from a checkpoint older than the last logged step; a tracker's step axis
-must only grow, so StepAxis passes each step once: the first time it is trained past the highest
-step any attempt logged (metrics.jsonl's tail says which, at the start). The ledger's events
-(checkpoint saved, restart, rollback, failure class) go along, as counters on the step axis and
-as rows the trackers keep. Nothing a tracker does stops training: a failing tracker is reported
-once, on stderr and in the ledger, and dropped.
+Rank 0 mirrors what MetricsWriter logs (metrics.jsonl stays the record) to the trackers `logger=`
+chose; every attempt continues ONE tracker run, found by the run's fingerprint. A tracker's step
+axis must only grow, so StepAxis passes each step once, past the highest step any attempt logged.
+The ledger's events go along as counters and rows. A failing tracker never stops training: it is
+reported once (stderr, ledger) and dropped.
 """
 
 from __future__ import annotations
