@@ -68,9 +68,8 @@ class DirectFile:
     """What torch.save writes into (the `_RawFile` interface): buffers, hashes, writes aligned.
 
     `write_seconds`: copying into the buffers; `wait_seconds`: waiting for the disk to free one;
-    `hash_seconds`: waiting for the CRC-32 of a buffer (its own thread, in order, while the disk
-    writes it and the next one fills: what that overlap did not hide). Keeps the OSError in
-    `error`. Call `finish` before fsync, `close` always.
+    `hash_seconds`: waiting for a buffer's CRC-32 (what the overlap did not hide). Keeps the
+    OSError in `error`. Call `finish` before fsync, `close` always.
     """
 
     def __init__(

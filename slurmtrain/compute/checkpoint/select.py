@@ -1,16 +1,12 @@
 """Which checkpoint an attempt starts from, and when it must refuse to start at all.
 
-`resume=auto`: the newest checkpoint that validates. When the ledger shows published checkpoints
-and none validates now (flipped bytes, an unmounted or flaky filesystem), the attempt stops with
-class `checkpoint_unreadable`, naming each checkpoint and why, instead of training from step 0.
-`resume=none` (start from step 0) and `resume=step_N` (that checkpoint) are explicit and apply
-once, to the first attempt after the submission that asked: the checkpoints not kept move to
-`checkpoints/discarded/<time>/` (nothing is deleted) and `resume_applied` records it.
-A checkpoint that validated but failed to load (DeepSpeed rejected its contents) carries an
-`unloadable.json` marker, written by the attempt that tried: every later choice skips it without
-loading it again, naming the error.
-Rank 0 only; pure file operations (no torch). With checksums, `check` is the ranks' collective
-checksum of a candidate (checkpoint/verify.py): each rank reads only its own files.
+`resume=auto`: the newest checkpoint that validates; when the ledger shows published checkpoints
+and none validates now, the attempt stops (`checkpoint_unreadable`, naming each and why) instead
+of training from step 0. `resume=none` and `resume=step_N` apply once, to the first attempt after
+the submission that asked: newer checkpoints move to `checkpoints/discarded/<time>/` (nothing is
+deleted). A checkpoint that validated but failed to load carries an `unloadable.json` marker, and
+is skipped from then on. Rank 0 only, pure file operations; with checksums `check` is the ranks'
+collective checksum (checkpoint/verify.py).
 """
 
 from __future__ import annotations
