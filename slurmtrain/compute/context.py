@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Record(Protocol):
     """A ledger write: the event's kind and its fields (rank 0 writes one copy: Attempt.record)."""
 
-    def __call__(self, event: str, /, **fields: object) -> None: ...
+    def __call__(self, event: str, **fields: object) -> None: ...
 
 
 def restart_count() -> int:

@@ -28,8 +28,8 @@ from slurmtrain.common.checkpoint_format import (
     read_manifest,
     tag,
 )
-from slurmtrain.compute.checkpoint import markers
 from slurmtrain.common.schema import CheckpointConfig
+from slurmtrain.compute.checkpoint import markers
 from slurmtrain.compute.checkpoint.beats import Beats, Hook
 from slurmtrain.compute.context import RankContext, Record
 from slurmtrain.planning.deadlines import SAVE, Moved
