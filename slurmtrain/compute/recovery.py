@@ -57,6 +57,18 @@ class Resuming(Protocol):
     def universal(self, found: Resume) -> Path: ...
 
 
+def data_skip(t: Resuming, manifest: dict[str, object]) -> int:
+    """The sampler offset of a checkpoint (and of a rollback that returned to it)."""
+    from slurmtrain.compute.divergence import resumed_skip
+
+    position = manifest.get("data_position")
+    own = int(position.get("skipped_samples", 0)) if isinstance(position, dict) else 0
+    events = t.attempt.rows if t.rank == 0 else []  # the run tier, read at the start
+    step = manifest["step"]
+    assert isinstance(step, (int, str))  # a manifest's step: an int in JSON
+    return int(broadcast(resumed_skip(own, int(step), ledger.rollbacks(events))))
+
+
 def try_load(
     t: Resuming, directory: Path, restore_rng: bool = True
 ) -> tuple[Optional[str], dict[str, object]]:

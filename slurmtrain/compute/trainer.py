@@ -25,7 +25,6 @@ from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, grad_accumulation
 from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
 from slurmtrain.compute.context import Attempt, RankContext
-from slurmtrain.compute.distributed import broadcast
 from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.planning.deadlines import (
@@ -96,12 +95,9 @@ class Trainer:
             self.memory.stop()
             self.metrics.close()
             code = self.stopped()
-            self.metrics.finish()
-            self.teardown()
-            return code
-        self.watchdog.phase("step", self.deadlines.step_s, "start-up")
-        outcome = self.loop()
-        code = self.outcome(outcome)
+        else:
+            self.watchdog.phase("step", self.deadlines.step_s, "start-up")
+            code = self.outcome(self.loop())
         self.metrics.finish()  # trackers: after the outcome's events (finished, signal)
         self.teardown()
         return code
@@ -159,13 +155,12 @@ class Trainer:
             self.found.path is not None
             and int(self.found.manifest.get("world_size", self.world)) != self.world
         ):
-            # Written by another world size: load DeepSpeed's universal form (converted once,
+            # Another world size's checkpoint: load DeepSpeed's universal form (converted once,
             # cached); the global batch is fixed, grad accumulation adjusted; RNG is per rank.
             self.load_dir = self.universal(self.found)
             self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
             self.same_world = False
-        if not self.same_world:
-            self._mark("convert")  # the universal form, converted once per world size
+            self._mark("convert")
         state_bytes = planned_state_bytes(cfg, self.world)
         self.watchdog.phase(BUILD, limits.build_s(state_bytes))
         self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
@@ -228,7 +223,7 @@ class Trainer:
             return
         set_rng_state(rng)
         self.start_step = int(self.found.manifest["step"])
-        self.sampler.skip = self._data_skip(self.found.manifest)
+        self.sampler.skip = recovery.data_skip(self, self.found.manifest)
         self.watchdog.beat("checkpoint load")
         self.attempt.record(
             "checkpoint_loaded",
@@ -240,17 +235,6 @@ class Trainer:
             world_size_changed=not self.same_world,
             skipped_samples=self.sampler.skip,
         )
-
-    def _data_skip(self, manifest: dict[str, object]) -> int:
-        """The sampler offset of a checkpoint (and of a rollback that returned to it)."""
-        from slurmtrain.compute.divergence import resumed_skip
-
-        position = manifest.get("data_position")
-        own = int(position.get("skipped_samples", 0)) if isinstance(position, dict) else 0
-        events = self.attempt.rows if self.rank == 0 else []  # the run tier, read at the start
-        step = manifest["step"]
-        assert isinstance(step, (int, str))  # a manifest's step: an int in JSON
-        return int(broadcast(resumed_skip(own, int(step), ledger.rollbacks(events))))
 
     # ---- loop ----------------------------------------------------------------------------------
     def save(self, step: int, loss: float) -> Optional[str]:
