@@ -10,7 +10,6 @@ Evaluation is its own watchdog phase (`eval`), every batch a heartbeat: a long p
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
@@ -18,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute.context import RankContext
 from slurmtrain.compute.data import Data, share
 from slurmtrain.compute.faults.signals import NONE, TERMINATE, TIME_LIMIT, SignalFlags
-from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.compute.observe.perf import Perf
 from slurmtrain.planning import deadlines
 
@@ -29,24 +28,24 @@ if TYPE_CHECKING:
 
 
 class Evaluator:
+    """`data`'s held-out windows, evaluated in the watchdog's `eval` phase (deadline `deadline_s`);
+    `on_batch`: called after each batch's forward (tests)."""
+
     def __init__(
         self,
         data: Data,
         cfg: RootConfig,
-        rank: int,
-        world: int,
-        device: torch.device,
-        on_batch: Optional[Callable[[], None]] = None,
-        watchdog: Optional[Watchdog] = None,
+        ctx: RankContext,
         deadline_s: float = 0.0,
+        on_batch: Optional[Callable[[], None]] = None,
     ) -> None:
-        self.data, self.rank, self.world, self.device = data, rank, world, device
-        self.watchdog, self.deadline_s = watchdog, deadline_s  # the `eval` phase (trainer's)
+        self.data, self.rank, self.world, self.device = data, ctx.rank, ctx.world, ctx.device
+        self.watchdog, self.deadline_s = ctx.watchdog, deadline_s
         self.interval = int(cfg.train.eval_interval or 0)
         self.max_steps = int(cfg.train.max_steps or 0)
         self.micro = int(cfg.train.micro_batch_size)
         self.seq = int(cfg.data.seq_len)
-        self.on_batch = on_batch  # tests: called after each batch's forward
+        self.on_batch = on_batch
 
     @property
     def enabled(self) -> bool:
@@ -75,20 +74,14 @@ class Evaluator:
         was_training = engine.training
         engine.eval()
         batches = self.plan()
-        phase = (
-            self.watchdog.during(deadlines.EVAL, self.deadline_s, "eval")
-            if self.watchdog is not None
-            else contextlib.nullcontext()
-        )
         try:
-            with torch.no_grad(), phase:
+            with torch.no_grad(), self.watchdog.during(deadlines.EVAL, self.deadline_s, "eval"):
                 for n, (ids, weights) in enumerate(batches, 1):
                     assert self.data.valid is not None  # valid_ids index the held-out windows
                     window = torch.from_numpy(batch(self.data.valid, ids, self.seq)).to(self.device)
                     per_window = window_losses(engine, window)
                     w = torch.tensor(weights, dtype=torch.float64, device=per_window.device)
-                    if self.watchdog is not None:
-                        self.watchdog.beat(f"eval batch {n}/{len(batches)}")
+                    self.watchdog.beat(f"eval batch {n}/{len(batches)}")
                     if self.on_batch is not None:
                         self.on_batch()
                     shared = torch.tensor(

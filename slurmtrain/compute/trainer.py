@@ -308,15 +308,7 @@ class Trainer:
                 self.attempt.record,
                 self.run.path,
             )
-            evaluator = Evaluator(
-                self.data,
-                cfg,
-                self.rank,
-                self.world,
-                self.device,
-                watchdog=self.watchdog,
-                deadline_s=self.deadlines.fixed(EVAL),
-            )
+            evaluator = Evaluator(self.data, cfg, ctx, self.deadlines.fixed(EVAL))
             hooks = loop.LoopHooks(
                 self.save,
                 self.flags,
