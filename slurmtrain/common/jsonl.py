@@ -49,6 +49,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
+from slurmtrain.common.durable import fsync_dir
+
 # Events whose loss would change what the run does next: fsynced before record() returns.
 FATE_EVENTS = frozenset(
     {
@@ -329,17 +331,3 @@ def _makedirs_durable(directory: Path) -> list[Path]:
         except FileExistsError:
             pass
     return made
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a new directory entry durable (a no-op where the filesystem cannot fsync a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -24,6 +24,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import runlock
+from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
@@ -80,18 +81,6 @@ def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
 
 
 DEFAULT_RUN_DIR_MODE = "0750"  # schema.RootConfig.run_dir_mode's default
-
-
-def atomic_write(path: Path, text: str, durable: bool = True) -> None:
-    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one.
-    Created 0640 at most (the umask may take more): a run's records are not world-readable."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640), "w") as f:
-        f.write(text)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -356,8 +345,11 @@ def create(
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
         stamp = time.strftime("%Y%m%d-%H%M%S")
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
-    atomic_write(run.config, text, durable=durable)
-    atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)
+    # 0640 at most: a run's records are not world-readable
+    replace_atomically(run.config, text, mode=0o640, durable=durable)
+    replace_atomically(
+        run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), mode=0o640, durable=False
+    )
 
 
 def _set_mode(path: Path, mode: int) -> None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Optional
 
+from slurmtrain.common import durable
+
 FLOCK, LEASE = "flock", "lease"
 BEAT_S, STALE_S = 5.0, 60.0
 LEASE_NAME = ".owner.lease"
@@ -205,13 +207,9 @@ class Lease:
 
     def try_acquire(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            durable.write_synced(self.path, json.dumps(self.owner()), mode=0o644, exclusive=True)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.owner()))
-            f.flush()
-            os.fsync(f.fileno())
         return True
 
     def _dead_here(self, holder: dict) -> bool:

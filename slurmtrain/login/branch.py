@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import checkpoint_format, checkpoint_pins
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
 from slurmtrain.common.rundir import RunDir, runs_named
 from slurmtrain.common.schema import (
     NON_RESULT_KEYS,
@@ -55,8 +56,6 @@ _SPEC = re.compile(r"([^:].*?)(?::(?:step_)?(\d+))?")
 
 def _value(cfg: Any, key: str) -> Any:
     """`key` of a config; a key added since a parent's was written holds its registered default."""
-    from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
-
     return OmegaConf.select(cfg, key, default=ADDED_RESULT_KEYS.get(key))
 
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.slurm_text import PartitionInfo
+from slurmtrain.login import container, stage_env
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -260,13 +261,9 @@ def python_command(cfg: DictConfig) -> list[str]:
     if cfg.cluster.container == "pyxis":
         return ["python"]
     if cfg.cluster.container == "oci":
-        from slurmtrain.login import container
-
         container.check_image(cfg)  # one line now, not a job that cannot start its Python
         return [container.IMAGE_PYTHON]
     if cfg.cluster.get("stage_env"):  # each node's own copy of the venv (login/stage_env.py)
-        from slurmtrain.login import stage_env
-
         return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 

@@ -28,6 +28,7 @@ from slurmtrain.common import slurm_cmd
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError, mem_mb
+from slurmtrain.login.flags import task_defaults
 from slurmtrain.planning import policy
 
 ENV = "SLURMTRAIN_AUTO"
@@ -116,8 +117,6 @@ def node_resources(part: PartitionInfo) -> tuple[int, Optional[int], int]:
 def slurm_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
     """Per-task resources left unset, from the partition: login/flags.task_defaults (cores per
     task, --mem=0 or memory per GPU)."""
-    from slurmtrain.login.flags import task_defaults
-
     task_defaults(cfg, part)
 
 

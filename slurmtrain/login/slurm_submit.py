@@ -20,72 +20,16 @@ from typing import Any, Optional, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from omegaconf import DictConfig
 
-from slurmtrain.common import secrets, slurm_cmd, slurm_text
+from slurmtrain.common import secrets, slurm_cmd
+from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.login import container, flags, stage_env
-from slurmtrain.login.submit import Submission
+from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.submission import Submission
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
-
-
-@functools.lru_cache(maxsize=1)
-def partitions() -> dict:
-    """The cluster's partitions, asked once per process (a sweep checks every point): those the
-    cluster=auto probe read already, else Slurm's answer now."""
-    from slurmtrain.login import placement
-
-    known = placement.probe_slurm().partitions
-    return known if known is not None else slurm_cmd.query_partitions()
-
-
-def check_cluster(cfg: DictConfig) -> None:
-    """Refuse, before anything is queued, what this cluster's partitions cannot run."""
-    try:
-        known = partitions()
-    except slurm_text.SlurmError as err:
-        raise ConfigError(
-            f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
-            f"or use cluster=local"
-        ) from None
-    from slurmtrain.login.placement import chosen_partition
-    from slurmtrain.planning import policy
-
-    part = chosen_partition(cfg.cluster.partition, known)
-    policy.replan_time(cfg, part)  # cluster.time=auto planned without the partition: its MaxTime
-    spares = int(cfg.faults.spare_nodes)
-    errors = slurm_text.validate_request(
-        cfg.cluster.partition,
-        node_range(cfg.nodes)[1] + spares,
-        cfg.cluster.time,
-        cfg.gpus_per_node,
-        known,
-        keys={
-            "nodes": "nodes+faults.spare_nodes" if spares else "nodes",
-            "gpus_per_node": "gpus_per_node",
-        },
-    )
-    if errors:
-        raise ConfigError(errors[0])
-    if part is not None:
-        from slurmtrain.planning.shapes import param_count
-
-        refused = flags.cpu_plan_refusal(cfg, part, param_count(cfg.model), _insisted_cpu())
-        if refused:
-            raise ConfigError(refused)
-
-
-def _insisted_cpu() -> bool:
-    """Did the user pass gpus_per_node=0 (not `auto` resolved to 0)? Read from Hydra's
-    overrides of this command; False outside Hydra's main."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        given = list(HydraConfig.get().overrides.task)
-    except (ImportError, ValueError):
-        return False
-    return any(o.lstrip("+").replace(" ", "") == "gpus_per_node=0" for o in given)
 
 
 def job_name(cfg: DictConfig) -> str:
@@ -298,10 +242,8 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     """One `sbatch --array` for every sweep point (they must share their Slurm flags).
 
     The points' configs and the array's map are made durable together before sbatch, their
-    `submitted` events together after it (login/prepare.persist: the fsyncs run side by side
+    `submitted` events together after it (common/durable.persist: the fsyncs run side by side
     instead of one after the other), so a crash cannot lose what was queued."""
-    from slurmtrain.login.prepare import in_parallel, persist
-
     if not items:
         return []
     first = items[0][0]

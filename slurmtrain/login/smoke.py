@@ -86,7 +86,7 @@ def locate_smoke(small: DictConfig) -> tuple[rundir.RunDir, bool]:
 
 def submit_chain(big: Prepared, overrides: list[str]) -> int:
     """Smoke jobs, then the big job after them. `big` is checked, not yet recorded."""
-    from slurmtrain.login import slurm_submit
+    from slurmtrain.login import slurm_submit  # start-up speed: jinja2, for a smoke chain only
 
     small = smoke_config(big.cfg)
     smoke_run, passed = locate_smoke(small)

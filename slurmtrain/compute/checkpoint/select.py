@@ -32,8 +32,8 @@ from slurmtrain.common.checkpoint_format import (
     step_dirs,
     tag,
     validate,
-    write_synced,
 )
+from slurmtrain.common.durable import write_synced
 
 DISCARDED = "discarded"
 UNLOADABLE = "unloadable.json"  # inside step_N/: moved or pruned with it
