@@ -23,7 +23,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Collection, Final, Mapping, Optional, Sequence, TypedDict, Union
 
 from slurmtrain.common import durable
 from slurmtrain.common.checkpoint_pins import pinned_steps
@@ -44,7 +44,15 @@ def tag(step: int) -> str:
 # zlib's CRC-32 (4.2 GB/s on one core here, sha256 1.8 GB/s: at 1 GB/rank it was 13% of a save):
 # it catches flipped bytes, zeroed pages and truncation, which is what disks and filesystems do;
 # it is no defence against someone forging a checkpoint. Manifests that list sha256 still verify.
-CHECKSUM = "crc32"
+CHECKSUM: Final = "crc32"
+
+
+class FileEntry(TypedDict, total=False):
+    """One file of a manifest: its size, and its checksum when the save was verified."""
+
+    size: int
+    crc32: str
+    sha256: str  # manifests of older saves
 
 
 class Crc32:
@@ -53,7 +61,7 @@ class Crc32:
     def __init__(self) -> None:
         self.value = 0
 
-    def update(self, data: Any) -> None:
+    def update(self, data: Union[bytes, bytearray, memoryview]) -> None:
         self.value = zlib.crc32(data, self.value)
 
     def hexdigest(self) -> str:
@@ -84,26 +92,31 @@ def _files(directory: Path) -> list[Path]:
 def seal(
     tmp: Path,
     final: Path,
-    fields: dict[str, Any],
+    fields: Mapping[str, object],
     verify: str,
-    reports: Optional[list[dict[str, Any]]] = None,
+    reports: Optional[Sequence[Mapping[str, object]]] = None,
 ) -> dict[str, Any]:
     """Manifest into `tmp`, then rename it to `final` (a previous `final` is replaced whole).
 
     Files listed in `reports` were fsynced and hashed by the rank that wrote them; any other file
     (written outside our engine) is fsynced and hashed here.
     """
-    listed: dict[str, dict[str, Any]] = {}
+    listed: dict[str, FileEntry] = {}
     for report in reports or []:
-        listed.update(report["files"])
-    files = {}
+        reported = report["files"]
+        if not isinstance(reported, dict):
+            raise TypeError(f"a writer's report lists its files as {type(reported).__name__}")
+        listed.update(reported)
+    files: dict[str, FileEntry] = {}
     for path in _files(tmp):
         name = str(path.relative_to(tmp))
         size = path.stat().st_size
         entry = listed.get(name)
         if entry is None:
             durable.fsync_path(path)
-            entry = {"size": size, **({CHECKSUM: _digest(path)} if verify == "checksum" else {})}
+            entry = FileEntry(size=size)
+            if verify == "checksum":
+                entry[CHECKSUM] = _digest(path)
         elif entry["size"] != size:
             raise OSError(f"{name}: {size} bytes on disk, its writer reported {entry['size']}")
         files[name] = entry
@@ -127,9 +140,9 @@ def seal(
 def publish(
     root: Path,
     step: int,
-    meta: dict[str, Any],
+    meta: Mapping[str, object],
     verify: str,
-    reports: Optional[list[dict[str, Any]]] = None,
+    reports: Optional[Sequence[Mapping[str, object]]] = None,
 ) -> Path:
     """Rank 0, after every rank finished writing `step_N.tmp/`: manifest, rename, `latest`.
 
@@ -170,7 +183,7 @@ def validate(directory: Path, full: bool = True) -> Optional[str]:
 def _check_file(
     directory: Path,
     name: str,
-    entry: dict[str, Any],
+    entry: FileEntry,
     full: bool,
     progress: Optional[Progress] = None,
 ) -> Optional[str]:
@@ -180,13 +193,15 @@ def _check_file(
     size = path.stat().st_size
     if size != entry["size"]:
         return f"{name}: {size} bytes, manifest says {entry['size']}"
-    kind = next((k for k in (CHECKSUM, "sha256") if k in entry), None)
-    if full and kind is not None and _digest(path, kind, progress) != entry[kind]:
+    kind, expected = (
+        (CHECKSUM, entry.get(CHECKSUM)) if CHECKSUM in entry else ("sha256", entry.get("sha256"))
+    )
+    if full and expected is not None and _digest(path, kind, progress) != expected:
         return f"{name}: checksum mismatch (corrupt)"
     return None
 
 
-def files_for_rank(files: dict[str, dict[str, Any]], rank: int, world: int) -> list[str]:
+def files_for_rank(files: Mapping[str, FileEntry], rank: int, world: int) -> list[str]:
     """The manifest's files rank `rank` of `world` checksums: the ones it wrote (its ZeRO
     partition, its RNG state) and a share of the rest (shared files, and those of ranks that are
     no longer there), balanced by size. Every rank computes the same split; together they cover
@@ -209,7 +224,7 @@ def files_for_rank(files: dict[str, dict[str, Any]], rank: int, world: int) -> l
     return sorted(n for n, r in owner.items() if r == rank)
 
 
-def read_bytes(files: dict[str, dict[str, Any]], rank: int, world: int) -> int:
+def read_bytes(files: Mapping[str, FileEntry], rank: int, world: int) -> int:
     """What rank `rank` reads of a checkpoint when loading it: its own partition and RNG state
     and every shared file (a universal checkpoint's are all shared)."""
     total = 0
@@ -249,7 +264,9 @@ def verify_files(
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    return json.loads((directory / MANIFEST).read_text())
+    """files (`FileEntry` each), verify, time, and the saver's own fields (step, world size...)."""
+    manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
+    return manifest
 
 
 def step_dirs(root: Path) -> list[Path]:
