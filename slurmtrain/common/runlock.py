@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Optional
+from typing import IO, Callable, Iterator, Mapping, Optional, TypedDict
 
 from slurmtrain.common import durable
 
@@ -170,6 +170,17 @@ def _flocked(path: Path, timeout: float, busy: Callable[[str], Exception]) -> IO
         raise
 
 
+class LeaseOwner(TypedDict):
+    """What a lease file says about its holder."""
+
+    host: str
+    pid: int
+    job: Optional[str]
+    token: str
+    time: float
+    flock: bool
+
+
 class Lease:
     """An O_EXCL lease file renewed by a heartbeat thread (module docstring)."""
 
@@ -189,7 +200,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def owner(self) -> dict:
+    def owner(self) -> LeaseOwner:
         return {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -199,11 +210,13 @@ class Lease:
             "flock": self.under_flock,
         }
 
-    def _read(self, path: Optional[Path] = None) -> Optional[dict]:
+    def _read(self, path: Optional[Path] = None) -> Optional[dict[str, object]]:
+        """The lease's holder as written (`LeaseOwner`), {} for an empty file, None if unreadable."""
         try:
-            return json.loads((path or self.path).read_text() or "{}")
+            holder = json.loads((path or self.path).read_text() or "{}")
         except (OSError, ValueError):
             return None
+        return holder if isinstance(holder, dict) else None
 
     def try_acquire(self) -> bool:
         try:
@@ -212,18 +225,18 @@ class Lease:
             return False
         return True
 
-    def _dead_here(self, holder: dict) -> bool:
+    def _dead_here(self, holder: Mapping[str, object]) -> bool:
         if holder.get("host") != socket.gethostname() or not holder.get("pid"):
             return False
         try:
-            os.kill(int(holder["pid"]), 0)
+            os.kill(int(str(holder["pid"])), 0)
         except ProcessLookupError:
             return True
         except (OSError, ValueError):
             return False
         return False
 
-    def _take_over(self, holder: dict) -> bool:
+    def _take_over(self, holder: Mapping[str, object]) -> bool:
         """Rename the stale lease aside (one contender wins), then create ours."""
         aside = self.path.with_name(f"{self.path.name}.stale.{self.token}")
         try:
@@ -241,7 +254,7 @@ class Lease:
 
     def acquire(self, timeout: float, busy: Callable[[str], Exception]) -> None:
         deadline = time.monotonic() + timeout
-        seen: Optional[tuple[Optional[str], float]] = None  # (token, mtime) and since when
+        seen: Optional[tuple[object, float]] = None  # (token, mtime) and since when
         since = time.monotonic()
         while not self.try_acquire():
             holder = self._read() or {}
