@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Optional
+from typing import Optional, TextIO
 
 from omegaconf import DictConfig
 
@@ -55,7 +55,7 @@ def test_only(script: str) -> str:
         os.unlink(f.name)
 
 
-def show(cfg: DictConfig, out=None) -> int:
+def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
     """Print config, plan, and on Slurm the batch script and Slurm's answer; 0 or EXIT_CONFIG."""
     out = out or sys.stdout
     announce()

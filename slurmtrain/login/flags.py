@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -52,7 +52,7 @@ GPU_DEFAULTS = {
 Flag = Union[str, bool]
 
 
-def checked(key: str, value: Any) -> str:
+def checked(key: str, value: object) -> str:
     text = str(value)
     if not SAFE_SBATCH_VALUE.match(text):
         shown = text.replace("\n", "\\n")
@@ -100,9 +100,10 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         opts["exclusive"] = True
     extra = OmegaConf.to_container(c.sbatch_extra, resolve=True)
     assert isinstance(extra, dict)
-    for key, value in extra.items():
-        name = checked("cluster.sbatch_extra", str(key).replace("_", "-"))
-        opts[name] = True if value is True else checked(f"cluster.sbatch_extra.{key}", value)
+    for extra_key, value in extra.items():
+        given = str(extra_key)
+        option = checked("cluster.sbatch_extra", given.replace("_", "-"))
+        opts[option] = True if value is True else checked(f"cluster.sbatch_extra.{given}", value)
     return opts
 
 

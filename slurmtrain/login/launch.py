@@ -11,16 +11,16 @@ import os
 import threading
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
 from slurmtrain.common import provenance
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.ledger import current_stop
 from slurmtrain.common.secrets import redact_overrides
+from slurmtrain.common.windows import current_stop
 from slurmtrain.login import cluster_check, placement, smoke
-from slurmtrain.login.prepare import check, record, resolve
+from slurmtrain.login.prepare import Prepared, check, record, resolve
 from slurmtrain.login.submit import submit
 
 Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
@@ -111,7 +111,7 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
     return code
 
 
-def _new_window(prepared: Any) -> None:
+def _new_window(prepared: Prepared) -> None:
     """A resumed run that a budget stopped: say why it stopped and that this submission starts
     the failure budgets again (its first start records `budget_window`, common/windows.py)."""
     if not prepared.resumed:
@@ -138,7 +138,7 @@ def dry_run(points: Sequence[Point]) -> int:
     return code
 
 
-def _submit_array(todo: list, total: int) -> int:
+def _submit_array(todo: list[tuple[Prepared, list[str]]], total: int) -> int:
     from slurmtrain.login.slurm_submit import submit_array  # start-up speed: jinja2, submitit
 
     folder = Path(todo[0][0].cfg.runs_root) / ".sweeps" / "submitit"

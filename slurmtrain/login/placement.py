@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, TextIO
 
 from omegaconf import DictConfig
 
@@ -181,7 +181,7 @@ def resolve_auto(cfg: DictConfig) -> None:
         _pending.append(line)
 
 
-def announce(out=None) -> None:
+def announce(out: Optional[TextIO] = None) -> None:
     """Print the pending "which and why" line (once), when the command goes ahead; on stderr, so
     a dry run's stdout stays the config (YAML) and the plan."""
     while _pending:

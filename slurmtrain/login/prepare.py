@@ -27,7 +27,9 @@ class Prepared:
     cfg: DictConfig
     run: rundir.RunDir
     resumed: bool
-    data: Optional[dict] = None  # cfg as fingerprinted (resolved container): what record writes
+    data: Optional[dict[str, object]] = (
+        None  # cfg as fingerprinted (resolved container): what record writes
+    )
 
 
 def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:

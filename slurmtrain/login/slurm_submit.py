@@ -15,9 +15,9 @@ import time
 import uuid
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, TypedDict, Unpack
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 from omegaconf import DictConfig
 
 from slurmtrain.common import secrets, slurm_cmd
@@ -28,6 +28,20 @@ from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_p
 from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.submission import Submission
+
+if TYPE_CHECKING:
+    from submitit import SlurmExecutor
+
+
+class SmokeLink(TypedDict, total=False):
+    """What ties a smoke chain's jobs together in their `submitted` rows (login/smoke.py)."""
+
+    smoke_run: str  # on the big run: the smoke run that gates it
+    smoke_job_id: Optional[str]
+    smoke_of: str  # on a smoke job: the big run it gates
+    smoke_part: int
+    smoke_job_ids: list[str]  # on the big run: both smoke jobs
+
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
 
@@ -47,7 +61,7 @@ def run_tag(run_dir: str | Path) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _template():
+def _template() -> Template:
     """Compiled once per process (a 64-point sweep renders it 65 times)."""
     env = Environment(
         loader=FileSystemLoader(str(files(TEMPLATES))),
@@ -114,7 +128,9 @@ def render_script(
     )
 
 
-def render_sbatch(cfg: DictConfig, run: RunDir, options: Optional[dict] = None) -> str:
+def render_sbatch(
+    cfg: DictConfig, run: RunDir, options: Optional[dict[str, flags.Flag]] = None
+) -> str:
     """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array).
     `options`: flags.sbatch_options(cfg, job_name(cfg)) when the caller has them already."""
     logs = flags.checked("runs_root", str(run.logs))
@@ -133,7 +149,7 @@ def executor(
     parallelism: int = 0,
     after: Optional[str] = None,
     array_map: Optional[str] = None,
-):
+) -> SlurmExecutor:
     """submitit's SlurmExecutor submitting slurmtrain's own batch script (`render_script`).
 
     submitit keeps what it is good at: sbatch, job ids, job arrays, job objects. Its generated
@@ -141,7 +157,7 @@ def executor(
     environment and supervisor that every restart and a hand `sbatch job.sbatch` run.
     `target`: [run_dir]. `after`: a job id this one waits for (afterok); at submission only:
     job.sbatch never carries it, so a hand resubmission does not wait for a job long gone."""
-    import submitit
+    import submitit  # start-up speed: only when queueing
     from submitit.core.utils import JobPaths
     from submitit.slurm.slurm import SlurmJob
 
@@ -162,7 +178,7 @@ def executor(
         else f"{flags.checked('runs_root', run_dir)}/logs/%j.batch.out"
     )
 
-    class _Executor(submitit.SlurmExecutor):
+    class _Executor(submitit.SlurmExecutor):  # type: ignore[misc]  # submitit: not followed
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             opts = dict(options)
             count = self.parameters.get("map_count")
@@ -170,7 +186,7 @@ def executor(
                 opts["array"] = f"0-{count - 1}%{min(count, parallelism or 256)}"
             return render_script(cfg, run_dir, opts, batch_log, array_map)
 
-        def _submit_command(self, command: str):
+        def _submit_command(self, command: str) -> SlurmJob:
             """submitit's own, with sbatch retried on transient errors and never twice queued
             (common/slurm_cmd.sbatch: a unique --comment token checked before each retry)."""
             uid = uuid.uuid4().hex
@@ -183,7 +199,7 @@ def executor(
             job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
             return job
 
-        def _internal_process_submissions(self, delayed):
+        def _internal_process_submissions(self, delayed: list[object]) -> list[SlurmJob]:
             # Nothing to pickle: the script runs `python -m slurmtrain.compute.attempt RUN_DIR`.
             Path(self.folder).mkdir(parents=True, exist_ok=True)
             if len(delayed) == 1:
@@ -221,7 +237,9 @@ def prepare(cfg: DictConfig, run: RunDir) -> None:
     container.write_bundle(cfg, run.path)  # cluster.container=oci: RUN_DIR/oci/config.json
 
 
-def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: Any) -> Submission:
+def submit(
+    cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: Unpack[SmokeLink]
+) -> Submission:
     """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
     prepare(cfg, run)
     job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(_no_task)

@@ -14,7 +14,7 @@ the smoke run's last error. Login node: no torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -118,7 +118,7 @@ def submit_chain(big: Prepared, overrides: list[str]) -> int:
     return 0
 
 
-def blocked(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def blocked(events: rundir.Rows) -> Optional[dict[str, object]]:
     """Why a big run that has not started waits or will never start, from its smoke run:
     {"state", "class", "error", "smoke_run"}; None when no smoke holds it (or it passed)."""
     subs = [e for e in events if e["event"] == "submitted"]
