@@ -50,7 +50,7 @@ def _compose_once(args: list[str]) -> None:
         return
     from hydra._internal.hydra import Hydra
 
-    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]  # patched on purpose (docstring)
+    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]  # on purpose
 
 
 def main() -> None:

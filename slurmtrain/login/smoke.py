@@ -14,7 +14,7 @@ the smoke run's last error. Login node: no torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TypedDict
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -118,9 +118,17 @@ def submit_chain(big: Prepared, overrides: list[str]) -> int:
     return 0
 
 
-def blocked(events: rundir.Rows) -> Optional[dict[str, object]]:
-    """Why a big run that has not started waits or will never start, from its smoke run:
-    {"state", "class", "error", "smoke_run"}; None when no smoke holds it (or it passed)."""
+# Why a big run waits for (or was cancelled by) its smoke run: what `cli status` shows.
+SmokeHold = TypedDict(
+    "SmokeHold",
+    {"state": str, "class": Optional[str], "error": Optional[str], "smoke_run": str},
+    total=False,  # merged into a status row
+)
+
+
+def blocked(events: rundir.Rows) -> Optional[SmokeHold]:
+    """Why a big run that has not started waits or will never start, from its smoke run; None
+    when no smoke holds it (or it passed)."""
     subs = [e for e in events if e["event"] == "submitted"]
     if not subs or not subs[-1].get("smoke_run") or not subs[-1].get("smoke_job_id"):
         return None
