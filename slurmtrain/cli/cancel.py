@@ -23,10 +23,11 @@ import getpass
 import socket
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from slurmtrain.common import ledger, slurm_cmd
-from slurmtrain.common.rundir import ACTIVE_SLURM_STATES, RunDir, runs_named
+from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
+from slurmtrain.common.rundir import Rows, RunDir, runs_named
 from slurmtrain.common.slurm_text import SlurmError
 from slurmtrain.login.slurm_submit import run_tag
 
@@ -65,7 +66,7 @@ def _fail(line: str) -> None:
     raise SystemExit(2)
 
 
-def job_ids(events: list[dict[str, Any]]) -> list[str]:
+def job_ids(events: Rows) -> list[str]:
     """Every Slurm job id the run ever had, oldest first (submissions, requeues, resubmissions)."""
     ids: list[str] = []
     for e in events:

@@ -19,9 +19,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, TypedDict
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from slurmtrain.common.rundir import RunDir, runs_named
 
@@ -31,12 +31,24 @@ def offline_dirs(run: RunDir) -> list[Path]:
     return sorted(p for p in (run.path / "wandb").glob("offline-run-*") if p.is_dir())
 
 
-def _logger(run: RunDir) -> dict[str, Any]:
+class MlflowKeys(TypedDict, total=False):
+    tracking_uri: Optional[str]
+
+
+class LoggerKeys(TypedDict, total=False):
+    """The run's config.yaml `logger` section, as far as sync reads it."""
+
+    wandb: Optional[dict[str, object]]
+    mlflow: Optional[MlflowKeys]
+
+
+def _logger(run: RunDir) -> LoggerKeys:
     try:
         data = yaml.safe_load(run.config.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return {}
-    return data.get("logger") or {}
+    section: LoggerKeys = data.get("logger") or LoggerKeys()
+    return section
 
 
 def sync_wandb(run: RunDir, dry_run: bool) -> int:
@@ -55,8 +67,8 @@ def sync_wandb(run: RunDir, dry_run: bool) -> int:
     return subprocess.run([*command, *map(str, dirs)], check=False).returncode
 
 
-def show_mlflow(run: RunDir, chosen: dict[str, Any]) -> None:
-    uri = (chosen.get("mlflow") or {}).get("tracking_uri")
+def show_mlflow(run: RunDir, chosen: LoggerKeys) -> None:
+    uri = (chosen.get("mlflow") or MlflowKeys()).get("tracking_uri")
     store = run.path / "mlruns"
     if uri:
         print(f"sync: {run.path}: MLflow logged to {uri} from the compute nodes; nothing to do")
