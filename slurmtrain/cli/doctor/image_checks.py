@@ -13,9 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
 
-from .results import CheckResult, run_cmd
+from .results import CheckResult
 
 PROBE = (
     "import platform, torch; print(platform.python_version(), torch.__version__, "
