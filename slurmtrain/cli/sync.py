@@ -88,7 +88,7 @@ def copy_mlflow(run: RunDir, uri: str) -> int:
         print("sync: the mlflow package is not installed here; pip install 'slurmtrain[mlflow]'")
         return 2
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading our own file store
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # optional dependency, checked above
     from mlflow.tracking import MlflowClient
 
     src = MlflowClient(tracking_uri=(run.path / "mlruns").resolve().as_uri())

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Optional, cast
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 
 from slurmtrain.common import runlock
 from slurmtrain.common.durable import replace_atomically
@@ -324,8 +325,6 @@ _SECTIONS: dict[str, str] = {}  # config_yaml's texts of top-level sections, by 
 
 @functools.lru_cache(maxsize=1)
 def _yaml_dumper() -> Optional[type]:
-    from omegaconf._utils import get_omega_conf_dumper
-
     base = getattr(yaml, "CDumper", None)
     if base is None:
         return None

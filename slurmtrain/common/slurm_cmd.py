@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import getpass
 import os
+import socket
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Iterable, Optional, Sequence, Union
 
 from slurmtrain.common.commands import Cmd, run_cmd
@@ -258,8 +260,6 @@ def poll_delays(wait_s: float) -> list[float]:
 
 
 def _accepts(addr: str, port: int, timeout_s: float) -> bool:
-    import socket
-
     try:
         socket.create_connection((addr, port), timeout=timeout_s).close()
         return True
@@ -298,8 +298,6 @@ def probe_slurmds(
 ) -> list[str]:
     """Names of the (name, addr, port) targets that refuse or time out a TCP connect, probed
     PROBE_WORKERS at a time; a probe not done by `deadline_s` names nothing."""
-    from concurrent.futures import ThreadPoolExecutor, wait
-
     if not targets:
         return []
     pool = ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(targets)))
