@@ -1,16 +1,10 @@
 """Which rank and collective a hung job waited on, from the flight recorder's dumps in RUN_DIR/logs.
 
-Each rank's dump (torch's flight recorder pickle: `entries`, `pg_config`, `version`, written by
-our watchdog on a hang (compute/distributed.dump_collectives) or by NCCL on its timeout) lists
-its last collectives: per process group a `collective_seq_id`, the op (`profiling_name`, e.g.
-`nccl:all_reduce`), sizes, and whether it finished (`state` "completed" or `retired`). The
-collective every other rank waited in is the highest sequence number some rank entered and did
-not finish; the ranks whose last sequence number is lower never joined it: they are the ones to
-look at (their stacks are in logs/hang.*). The file names come from job.sbatch.j2:
-`nccl_trace.<job>.<restart>.<relaunch>.rank_<rank>`; the newest attempt with dumps is read.
-
-Login-side: no torch import; the pickles are read with an unpickler that refuses every class
-(the format holds only dicts, lists, tuples, strings and numbers).
+Each rank's dump (`nccl_trace.<job>.<restart>.<relaunch>.rank_<rank>`, written by our watchdog or
+by NCCL on its timeout) lists its last collectives per process group. The collective the others
+waited in is the highest sequence number some rank entered and did not finish; ranks whose last
+number is lower never joined it: those are the ones to look at (logs/hang.*). No torch: the
+pickles are read with an unpickler that refuses every class (they hold only plain data).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """`python -m slurmtrain.cli sync RUN_DIR|NAME [--dry-run] [--mlflow-uri URI]`: upload a run's offline trackers.
 
-Compute nodes seldom reach the internet, so W&B writes offline under RUN_DIR/wandb/: one
-offline-run-* folder per attempt, all with the run's one id. From a login node `wandb sync` uploads
-them; given every folder of the run it sends them in start order into ONE W&B run, and skips the
-folders it uploaded before (so sync again after more attempts). MLflow's default is a file store
-in RUN_DIR/mlruns: this says where it is and how to look at it, and `--mlflow-uri URI` copies its
-run to a server (params once, tags, artifacts, each metric's steps past those already there: sync
-again after more attempts); with logger.mlflow.tracking_uri set the ranks logged there already.
-No torch, and wandb/mlflow are imported only when there is something to sync (the upload is
-wandb's own command, in a child process).
+Compute nodes seldom reach the internet: W&B writes one offline folder per attempt under
+RUN_DIR/wandb/, which `wandb sync` (in a child process) uploads in start order into ONE W&B run,
+skipping folders sent before. MLflow's file store RUN_DIR/mlruns is shown, or copied to a server
+with `--mlflow-uri` (only what is not there yet). wandb/mlflow are imported only when needed.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Checkpoints that are never half-written, never silently corrupt, and never stop training.
+"""The on-disk checkpoint protocol: never half-written, never silently corrupt (no torch).
 
-Protocol (README, "Checkpoints"): every rank writes its shards into `step_N.tmp/` through DeepSpeed (our
-`ShardWriter` engine: each rank fsyncs and hashes its own files); rank 0 writes `manifest.json`
-(files, sizes, checksums, world size, step, consumed samples, data position), renames the directory
-to `step_N/`, then atomically replaces `latest` (temp file + rename; DeepSpeed's one-line format).
-A directory without a manifest, or whose files do not match it, is never loaded: `find_resumable`
-walks back to the newest valid one.
-
-This module is the on-disk protocol (pure file operations, no torch), in common/ because the login
-node reads it too (branching a run checks the parent's checkpoint); the collective save around a
-DeepSpeed engine, async saves and disk errors live in compute/checkpoint/manager.py.
+Every rank writes and fsyncs its shards into `step_N.tmp/`; rank 0 writes `manifest.json` (files,
+sizes, checksums, step, world size...), renames the directory to `step_N/`, then replaces `latest`
+atomically. A directory whose files do not match its manifest is never loaded: `find_resumable`
+walks back to the newest valid one. In common/ because the login node reads it too (branching);
+the collective save lives in compute/checkpoint/manager.py.
 """
 
 from __future__ import annotations

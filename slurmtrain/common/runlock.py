@@ -1,22 +1,13 @@
 """The run's exclusive lock: flock(2) where the filesystem makes it coherent, else a lease file.
 
-flock on a shared filesystem excludes across nodes only where the client forwards it: Lustre's
-`flock` mount option and NFSv4 (or v3 with lockd) do; Lustre `localflock` and NFS `local_lock=all`
-or `local_lock=flock` (and NFSv3 `nolock`) grant every node its own lock, which excludes nothing;
-Lustre `noflock` (its default) raises ENOSYS. Which one a directory gets is read from the mount
-options in /proc/self/mountinfo (`choose`), and a flock that raises ENOLCK/EOPNOTSUPP/ENOSYS falls
-back at run time.
-
-The lease: `.owner.lease` created with O_EXCL (atomic on NFSv3+ and Lustre) holding the owner's
-host, pid, job and a random token; a thread renews its mtime every BEAT_S. A contender takes it
-over when it is stale: its holder is a dead pid on this host, or its mtime did not move for STALE_S
-as the contender's own clock sees it (no cross-node clock comparison). Take-over renames the stale
-file to a private name first, so of two contenders only one wins; one that finds it renamed a live
-lease (another token) puts it back.
-
-Where flock is coherent it is taken first and the lease beside it: login and compute nodes may
-mount the same filesystem differently (compute nodes with localflock), and those see only the
-lease. A lease left by a flock holder is stale at once for the next flock holder.
+flock excludes across nodes only where the client forwards it (Lustre `flock`, NFSv4, NFSv3 with
+lockd); `localflock`/`local_lock` mounts grant every node its own lock, so `choose` reads the
+mount options from /proc/self/mountinfo, and a flock that raises ENOLCK/EOPNOTSUPP/ENOSYS falls
+back at run time. The lease (`.owner.lease`, O_EXCL) names its holder and a random token; a thread
+renews its mtime every BEAT_S. It is stale when its holder is a dead pid on this host or its mtime
+stood still for STALE_S on the contender's own clock; take-over renames it aside first, so only
+one contender wins. Under a coherent flock the lease is taken too: compute nodes may mount the
+same filesystem with localflock and see only the lease.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Branch a run: `resume_from=RUN[:step_N]` starts a new run from another run's checkpoint.
 
-The OPT logbook's most common intervention (after a divergence: go back to an earlier checkpoint
-with a lower lr, or past a bad data range) as a run of its own: its own fingerprint and directory,
-the parent's weights, optimizer state and step count, this command's overrides.
-
-Login node, no torch: `resolve` finds the parent (a run directory, a run name or a fingerprint),
-the step (named, or the parent's newest valid checkpoint), checks the model shape matches and
-rewrites `resume_from` to `PARENT_DIR:step_N` and `branch_of` to `<parent dir name>:step_N` (in
-the fingerprint: two branches from different steps are different runs; the same command again
-finds this one and resumes it). `record` pins the parent's step (its prune keeps it:
-common/checkpoint_pins.py) and writes the `branched` row: parent, step and the changed keys.
-The compute side starts from the parent's step until the branch has checkpoints of its own
-(compute/checkpoint/select.py branch_point).
+(Going back after a divergence with a lower lr, or past a bad data range.) `resolve` finds the
+parent and step, checks the model shape, and rewrites `resume_from` to `PARENT_DIR:step_N` and
+`branch_of` (fingerprinted: branches from different steps are different runs); `pin` keeps the
+parent's step from its prune (common/checkpoint_pins.py); `record` writes the `branched` row with
+the changed keys. No torch: the login node.
 """
 
 from __future__ import annotations

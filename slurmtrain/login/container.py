@@ -1,13 +1,9 @@
 """OCI containers (cluster.container=oci): the image check and the run's runc bundle.
 
-`cluster.image` names an OCI bundle (config.json + rootfs/, e.g. from tools/build_image.sh) on a
-path every node sees. Each task of a step runs its own `runc run` (job.sbatch.j2 `oci_task`) on a
-per-run config, RUN_DIR/oci/config.json: the image's, its root made absolute, the runs root and
-/dev/shm bind-mounted at the same paths, the process a script the task writes (its environment,
-then the command). Not Slurm 22.05's `srun --container`, which (verified here, oci.conf with runc)
-starts one task per node ("_modify_config: unexpected number of tasks 2 > 1"), hides the task's
-SLURM_PROCID/LOCALID/NODEID from the container, and always runs BUNDLE/rootfs (runc refuses a
-symlinked one), so neither 8 ranks per node nor a per-run mount would work.
+`cluster.image` is an OCI bundle every node sees; each task runs its own `runc run` on
+RUN_DIR/oci/config.json: the image's, root absolute, runs root and /dev/shm bind-mounted at the
+same paths. Not Slurm 22.05's `srun --container`: it starts one task per node, hides the task's
+SLURM_PROCID/LOCALID/NODEID and cannot take a per-run mount.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Where a run goes when the user did not say: `cluster=auto` and `gpus_per_node=auto`.
 
-Why: the mission's command (`python -m slurmtrain model=opt13b nodes=64`) has no `cluster=` key, so
-on a login node it must reach Slurm, and on a laptop it must run here. Slurm is used when it
-answers (sbatch on PATH and the controller responds within seconds); otherwise this machine. GPUs
-per node come from the chosen partition's GRES/TRES on Slurm, from `nvidia-smi -L` locally (never a
-torch import: the login path stays around a second), else 0 (CPU ranks). One line says which and
-why. Slurm's per-task resources left unset (cpus per task, memory per GPU) default from the same
-partition, so the batch script asks for them explicitly, and `cluster.time=auto` becomes its
-MaxTime (capped at `cluster.time_cap`; the cap when the partition is unknown, said so).
-
-`SLURMTRAIN_AUTO=off` turns detection off: auto means this machine and CPU ranks, the embedded
-default before detection existed (tests and tools/demo.sh use it on machines that run Slurm).
+`python -m slurmtrain model=opt13b nodes=64` must reach Slurm on a login node and run here on a
+laptop: Slurm is used when it answers within seconds, else this machine. GPUs per node come from
+the partition's GRES/TRES, or `nvidia-smi -L` locally (never a torch import: the login path stays
+around a second), else 0; unset per-task resources and `cluster.time=auto` come from the same
+partition. One line says which and why. `SLURMTRAIN_AUTO=off`: this machine and CPU ranks (tests
+and tools/demo.sh on machines that run Slurm).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""`smoke=true`: think before you train. A small job first; the big one starts only if it passed.
+"""`smoke=true`: a small job first; the big one starts only if it passed.
 
-The smoke run is the same code, data and model family at a size that starts at once: 1 node, at
-most 2 layers, 20 steps, the same micro batch and gradient accumulation per rank. It is two Slurm
-jobs on one run directory: the first saves at step 10 and stops (`train.pause_at_step`), the second
-(`afterok` on the first) resumes from that checkpoint in fresh processes and finishes, so the save
-AND the load are proven through the real resume path. Every failure budget except preemption's is
-0: any failure stops the smoke run, and the supervisor then exits non-zero (the job is FAILED).
-The big job is queued with `--dependency=afterok:<second smoke job>` and `--kill-on-invalid-dep`:
-when the smoke fails Slurm cancels it before it ever starts, and `status` shows it blocked with
-the smoke run's last error. Login node: no torch.
+The smoke run is the same code, data and model family at 1 node, at most 2 layers, 20 steps. It is
+two jobs on one run directory: the first saves at step 10 and stops, the second (`afterok`)
+resumes in fresh processes and finishes, so save AND load are proven through the real resume path;
+every failure budget but preemption's is 0. The big job waits with `afterok` and
+`--kill-on-invalid-dep`: Slurm cancels it if the smoke fails, and `status` shows why.
 """
 
 from __future__ import annotations

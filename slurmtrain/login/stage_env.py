@@ -1,19 +1,12 @@
 """cluster.stage_env: the ranks run Python from a node-local copy of the environment.
 
-At scale every rank imports torch, deepspeed and transformers (thousands of files, ~2 GB of
-metadata and reads) from the shared filesystem at the same second: an import storm that slows
-every start and the filesystem for everyone. With the option on:
-- the login node packs the environment (the venv `sys.prefix` of the submitting python) once into
-  `<stage_env_cache>/<key>.tar.zst` (zstd when installed, else a plain tar); the key hashes the
-  prefix, the Python version and the site-packages listing, so resubmissions reuse the pack;
-- the batch script runs one task per node that unpacks it into
-  `<stage_env_dir>/slurmtrain-env-<key>-<node>` unless that node already has it (an earlier
-  attempt or job): the node name in the path keeps nodes that share one disk (the local test
-  cluster's fake nodes) apart; on a real cluster each node's /tmp is its own anyway;
-- every rank execs that copy's python (its site-packages: torch from node-local disk); a node whose
-  copy is missing (unpack failed: disk full, no zstd) runs the shared python, which still works.
-The Python standard library stays where the base interpreter is (the venv links to it); slurmtrain
-itself, when installed editable, is still read from its source tree (a few files).
+Thousands of ranks importing torch from the shared filesystem at the same second slow every start
+(and the filesystem for everyone). With the option on, the login node packs the venv once
+(`<stage_env_cache>/<key>.tar.zst`, the key hashing prefix, Python version and site-packages, so
+resubmissions reuse it); the batch script unpacks it once per node into
+`<stage_env_dir>/slurmtrain-env-<key>-<node>` (the node name keeps nodes sharing one disk apart),
+and every rank execs that copy's python. A node without a copy runs the shared python, which
+still works.
 """
 
 from __future__ import annotations
