@@ -12,11 +12,12 @@ the dry-run output carry references or `<redacted>`, never a value.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shlex
 from pathlib import Path
 from typing import Any, Iterable, Optional
+
+from slurmtrain.common.durable import replace_atomically
 
 REDACTED = "<redacted>"
 ENV_FILE = "secrets.env"
@@ -130,16 +131,8 @@ def write_env_file(run_path: Path, cfg: Any) -> Optional[Path]:
     if not found:
         return None
     path = Path(run_path) / ENV_FILE
-    tmp = path.with_name(f".{ENV_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # an old temp file of ours keeps its mode through O_CREAT
-        text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(found.items()))
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(found.items()))
+    replace_atomically(path, text, mode=0o600, exact_mode=True)
     return path
 
 

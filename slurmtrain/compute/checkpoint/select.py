@@ -28,8 +28,8 @@ from slurmtrain.common.checkpoint_format import (
     step_dirs,
     tag,
     validate,
-    write_synced,
 )
+from slurmtrain.common.durable import write_synced
 
 DISCARDED = "discarded"
 Rows = list[dict[str, object]]  # the ledger's run tier
