@@ -31,9 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, TypeVar
 
-from slurmtrain.common.durable import fsync_dir
-
 from slurmtrain.common import events
+from slurmtrain.common.durable import fsync_dir
 
 FATE_EVENTS = events.DURABLE_KINDS  # fsynced before record() returns
 
