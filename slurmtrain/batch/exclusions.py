@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from slurmtrain.common import slurm_cmd, slurm_text
 from slurmtrain.common.rundir import RunDir, read_jsonl
-from slurmtrain.common.schema import node_range
+from slurmtrain.common.derived import node_range
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slurmtrain.common import ledger, slurm_cmd, slurm_text
-from slurmtrain.common.schema import node_range, restarts_in_allocation
+from slurmtrain.common.derived import node_range, restarts_in_allocation
 
 # Classes a fresh srun on other nodes can cure. Time limit and preemption end the allocation; an
 # OOM, divergence, unreadable checkpoints or a config error would fail again on any nodes.

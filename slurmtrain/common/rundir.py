@@ -54,7 +54,7 @@ from slurmtrain.common.liveness import (  # noqa: F401  where callers have alway
     pid_start,
     slurm_job_alive,
 )
-from slurmtrain.common.schema import NON_RESULT_KEYS
+from slurmtrain.common.schema import NON_RESULT_KEYS, plain
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
 Rows = list[dict[str, Any]]
@@ -65,9 +65,9 @@ def result_view(
 ) -> dict[str, Any]:
     """The config as a plain dict without the keys that do not change what is computed, nor the
     result keys added since the baseline that hold their registered default (common/fingerprint.py
-    says why; `registered=False` keeps them). `data`: OmegaConf.to_container(cfg, resolve=True)
+    says why; `registered=False` keeps them). `data`: schema.plain(cfg)
     when the caller has it (copied here)."""
-    data = OmegaConf.to_container(cfg, resolve=True) if data is None else copy.deepcopy(data)
+    data = plain(cfg) if data is None else copy.deepcopy(data)
     assert isinstance(data, dict)
     for key in NON_RESULT_KEYS:
         drop(data, key)
@@ -302,7 +302,7 @@ def config_yaml(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
     if dumper is None:
         return OmegaConf.to_yaml(cfg, resolve=True)
     if data is None:
-        data = OmegaConf.to_container(cfg, resolve=True)
+        data = plain(cfg)
     assert isinstance(data, dict)
     style = dict(Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
     if not data:
@@ -347,7 +347,7 @@ def create(
 ) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
-    mode = int(str(cfg.get("run_dir_mode") or DEFAULT_RUN_DIR_MODE), 8)
+    mode = int(str(getattr(cfg, "run_dir_mode", None) or DEFAULT_RUN_DIR_MODE), 8)
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
         _set_mode(sub, mode)

@@ -1,22 +1,64 @@
-"""The one typed config schema both worlds share, and its validation.
+"""The one typed config schema the login and compute sides share.
 
-Dataclasses are registered with Hydra's ConfigStore so that Hydra type-checks every override; the
-checks Hydra cannot express (batch divisibility, ranges, files that must exist) live in `validate`,
-which raises `ConfigError` with one line naming the key, the value and the fix. Nothing here imports
-torch: the login node composes and validates in well under a second.
+Dataclasses registered with Hydra's ConfigStore, so Hydra type-checks every override and an Enum
+field refuses a value outside its choices at compose time; the checks types cannot express live in
+common/validation.py. Nothing here imports torch: the login node composes in well under a second.
+
+Enum members are named as users type them (`data.kind=tokens`), and each is a `str` equal to its
+name, so `cfg.data.kind == "tokens"` holds, config.yaml stores the name and fingerprints hash it.
+Fields typed `Any` hold an int or a string (OmegaConf 2.3 has no Union), or are dicts passed through
+to a library (OmegaConf refuses `object` as a value type).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema_cluster import ClusterConfig
-from slurmtrain.common.schema_logger import LoggerConfig
+from slurmtrain.common.schema_cluster import ClusterConfig, ClusterKind, Container
+from slurmtrain.common.schema_logger import LoggerConfig, WandbMode
+
+__all__ = ["ClusterConfig", "ClusterKind", "Container", "LoggerConfig", "WandbMode"]
+
+
+class DataKind(StrEnum):
+    synthetic = "synthetic"  # stdlib text as bytes, on every machine
+    tokens = "tokens"  # one .bin file (data.path)
+    blend = "blend"  # weighted .bin files (data.sources)
+
+
+class OptimName(StrEnum):
+    adamw = "adamw"
+
+
+class LrDecay(StrEnum):
+    linear = "linear"  # metaseq
+    cosine = "cosine"  # Llama
+
+
+class Dtype(StrEnum):
+    auto = "auto"  # bf16 on GPUs, fp32 on CPUs
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class VerifyMode(StrEnum):
+    checksum = "checksum"  # CRC-32 of every file (checkpoint.CHECKSUM)
+    size = "size"  # sizes only
+
+
+# `continue` is a keyword, so the functional form: members still named as users type them.
+OnSaveError = StrEnum("OnSaveError", [("continue", "continue"), ("stop", "stop")])
+
+
+class RestartMode(StrEnum):
+    resubmit = "resubmit"  # a new job at once
+    requeue = "requeue"  # scontrol requeue (the site's requeue delay applies)
+
 
 # Batch keys are derived from train.*; a user passing them through deepspeed.extra would silently
 # disagree with the sampler, so they are refused.
@@ -54,7 +96,7 @@ class ModelConfig:
     family: str = "opt"
     num_kv_heads: Optional[int] = None
     tie_embeddings: bool = True  # lm_head shares the token embedding (OPT always does)
-    hf_extra: dict[str, Any] = field(default_factory=dict)
+    hf_extra: dict[str, Any] = field(default_factory=dict)  # passed through to transformers
     config: Optional[str] = None  # model=hf: a local config.json or its folder, read at login
 
 
@@ -66,8 +108,7 @@ class DataSource:
 
 @dataclass
 class DataConfig:
-    # synthetic: stdlib text as bytes, on every machine | tokens: a .bin file | blend: data.sources
-    kind: str = "synthetic"
+    kind: DataKind = DataKind.synthetic
     path: Optional[str] = None  # tokens: the .bin written by tools/prepare_data.py
     sources: list[DataSource] = field(default_factory=list)  # blend: [{path: a.bin, weight: 0.7}]
     seq_len: int = 128
@@ -85,7 +126,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: OptimName = OptimName.adamw
     lr: float = 1e-3  # peak
     # Linear warm-up from 0 to `lr` (update n at lr x n / warmup), then linear decay to min_lr at the
     # last step (metaseq's; ds_config.lr_at). None: min_lr_ratio x lr (OPT: 10% of peak).
@@ -99,7 +140,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
-    decay: str = "linear"  # after warm-up, to min_lr: linear (metaseq) | cosine (Llama)
+    decay: LrDecay = LrDecay.linear  # after warm-up, to min_lr
 
 
 @dataclass
@@ -107,7 +148,7 @@ class DeepSpeedConfig:
     stage: int = 2
     offload_optimizer: bool = False
     offload_param: bool = False
-    dtype: str = "auto"  # auto: bf16 on GPUs, fp32 on CPUs | bf16 | fp16 | fp32
+    dtype: Dtype = Dtype.auto
     extra: dict[str, Any] = field(default_factory=dict)  # passed through to the DeepSpeed config
 
 
@@ -124,13 +165,12 @@ class CheckpointConfig:
     # interval covers; with 1000 one such checkpoint is at most ~2000 steps behind, for
     # max_steps / 1000 extra checkpoints on disk.
     keep_every: int = 1000
-    verify: str = (
-        "checksum"  # checksum: CRC-32 of every file (checkpoint.CHECKSUM) | size: sizes only
-    )
+    verify: VerifyMode = VerifyMode.checksum
     # Block the loop only for the copy of the state to host memory (2x host memory for the state);
     # files, fsync, manifest and publish happen in a background thread per rank.
     async_save: Any = "auto"  # auto: on GPUs (true), off on CPUs (false)
-    on_save_error: str = "continue"  # a failed save (disk full...): continue (retry next) | stop
+    # A failed save (disk full...): continue (retry at the next) or stop.
+    on_save_error: OnSaveError = OnSaveError["continue"]
     publish_timeout_minutes: float = 30.0  # async: rank 0 gives up on a rank's files after this
     final_save: bool = True  # false: no save at max_steps (benchmarks; the run is not resumable)
 
@@ -173,9 +213,7 @@ class FaultsConfig:
     # after a node failure, hang, crash or bad node the next attempt starts inside the allocation
     # on healthy nodes (a spare replacing the failed one), without a trip through the queue.
     spare_nodes: int = 0
-    restart: str = (
-        "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
-    )
+    restart: RestartMode = RestartMode.resubmit
     # Divergence (non-finite loss or grad norm, or a loss spike): roll back in-process to the
     # newest valid checkpoint and skip the data window that diverged (PaLM's practice).
     max_diverged: int = 0  # attempts ended `diverged` before the run stops (0: the first)
@@ -322,66 +360,18 @@ def conf_dir() -> str:
     return str(files(CONF_PACKAGE))
 
 
-def node_range(nodes: Any) -> tuple[int, int]:
-    """`nodes` as (min, max): 4 -> (4, 4); "2-4" -> (2, 4). Raises ConfigError otherwise."""
-    text = str(nodes).strip()
-    match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
-    if isinstance(nodes, bool) or not match:
-        raise ConfigError(
-            f"nodes={nodes!r}: not a node count; use a positive integer (nodes=4) "
-            f"or a range (nodes=2-4)"
-        )
-    low, high = int(match[1]), int(match[2] or match[1])
-    if low < 1 or high < low:
-        raise ConfigError(
-            f"nodes={nodes!r}: must be >= 1 (and min <= max in a range); e.g. nodes=1"
-        )
-    return low, high
-
-
-def tasks_per_node(cfg: DictConfig) -> int:
-    return cfg.gpus_per_node if cfg.gpus_per_node > 0 else cfg.cluster.cpu_tasks_per_node
-
-
-def restarts_in_allocation(cfg: Any) -> bool:
-    """Restarts may happen inside the job's allocation: it holds spares, or `nodes` is a range
-    (a failed node's survivors can still run it, smaller, through the universal checkpoint)."""
-    low, high = node_range(cfg.nodes)
-    return cfg.cluster.kind == "slurm" and (int(cfg.faults.spare_nodes) > 0 or low < high)
-
-
-def world_size(cfg: DictConfig, nodes: Optional[int] = None) -> int:
-    return (nodes or node_range(cfg.nodes)[1]) * tasks_per_node(cfg)
-
-
-def grad_accumulation(cfg: DictConfig, world: int) -> int:
-    """Global batch = micro batch x grad accumulation x data-parallel size; only accumulation moves."""
-    per_step = cfg.train.micro_batch_size * world
-    gbs = cfg.train.global_batch_size
-    if gbs % per_step:
-        raise ConfigError(
-            f"train.global_batch_size={gbs}: not divisible by micro batch x world size "
-            f"= {cfg.train.micro_batch_size} x {world} = {per_step}; use a multiple of {per_step} "
-            f"(e.g. train.global_batch_size={per_step * max(1, gbs // per_step)})"
-        )
-    return gbs // per_step
-
-
-def resolved_dtype(cfg: DictConfig) -> str:
-    if cfg.deepspeed.dtype == "auto":
-        return "bf16" if cfg.gpus_per_node > 0 else "fp32"
-    return cfg.deepspeed.dtype
-
-
-def validate(cfg: DictConfig, submitting: bool = True) -> None:
-    """Every check Hydra's types cannot do (common/validation.py); the first raises one ConfigError."""
-    from slurmtrain.common.validation import validate_config
-
-    validate_config(cfg, submitting)
-
-
-def load_run_config(path: str) -> DictConfig:
+def load_run_config(path: str) -> RootConfig:
     """A run directory's config.yaml, typed against the schema again (compute node)."""
-    cfg = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(path))
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(path))
+    config = OmegaConf.to_object(merged)
+    assert isinstance(config, RootConfig)
+    return config
+
+
+def plain(cfg: RootConfig | DictConfig, resolve: bool = True) -> dict[str, object]:
+    """The config as plain dicts, lists and scalars, Enums as their names: what config.yaml stores
+    and the fingerprint hashes. A DictConfig (login side) and a RootConfig (compute side) alike."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    data = OmegaConf.to_container(node, resolve=resolve, enum_to_str=True)
+    assert isinstance(data, dict)
+    return {str(key): value for key, value in data.items()}

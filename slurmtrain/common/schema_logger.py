@@ -7,7 +7,16 @@ run given `logger=wandb` on its next submission must stay the same run (and the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Optional
+
+
+class WandbMode(StrEnum):
+    # Compute nodes seldom reach the internet: offline writes under RUN_DIR/wandb/, uploaded by
+    # `python -m slurmtrain.cli sync RUN_DIR`.
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
 
 
 @dataclass
@@ -17,9 +26,7 @@ class TensorboardLogger:
 
 @dataclass
 class WandbLogger:
-    # offline: written under RUN_DIR/wandb/ (compute nodes seldom reach the internet), uploaded by
-    # `python -m slurmtrain.cli sync RUN_DIR` | online | disabled
-    mode: str = "offline"
+    mode: WandbMode = WandbMode.offline
     project: str = "slurmtrain"
     entity: Optional[str] = None
     id: Optional[str] = None  # None: <name>-<fingerprint>, one W&B run for every attempt

@@ -166,26 +166,16 @@ def _unwritable(root: str) -> str:
     return ""
 
 
-WANDB_MODES = ("offline", "online", "disabled")
-
-
 def _installed(package: str) -> bool:
     """Whether `package` can be imported, without importing it (wandb takes ~1 s)."""
     return importlib.util.find_spec(package) is not None
 
 
-def check_trackers(cfg: DictConfig) -> None:
-    """The trackers `logger=` chose are installed here (the compute nodes share the venv) and
-    W&B's mode is one it has: a missing extra fails before anything is queued, not on rank 0."""
-    chosen = cfg.get("logger") or {}
-    wandb = chosen.get("wandb")
-    if wandb is not None and wandb.mode not in WANDB_MODES:
-        raise ConfigError(
-            f"logger.wandb.mode={wandb.mode!r}: not a W&B mode; use offline (the default; "
-            f"upload with python -m slurmtrain.cli sync RUN_DIR), online or disabled"
-        )
+def check_trackers(cfg: RootConfig) -> None:
+    """The trackers `logger=` chose are installed here (the compute nodes share the venv): a
+    missing extra fails before anything is queued, not on rank 0 (WandbMode checks W&B's mode)."""
     for kind in ("wandb", "mlflow"):
-        if chosen.get(kind) is not None and not _installed(kind):
+        if getattr(cfg.logger, kind) is not None and not _installed(kind):
             raise ConfigError(
                 f"logger={kind}: the {kind} package is not installed; "
                 f"pip install 'slurmtrain[{kind}]' (or leave {kind} out of logger=)"

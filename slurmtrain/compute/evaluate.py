@@ -38,7 +38,7 @@ class Evaluator:
     ) -> None:
         self.data, self.rank, self.world, self.device = data, rank, world, device
         self.watchdog, self.deadline_s = watchdog, deadline_s  # the `eval` phase (trainer's)
-        self.interval = int(cfg.train.get("eval_interval", 0) or 0)
+        self.interval = int(getattr(cfg.train, "eval_interval", 0) or 0)
         self.max_steps = int(cfg.train.max_steps)
         self.micro = int(cfg.train.micro_batch_size)
         self.seq = int(cfg.data.seq_len)

@@ -64,7 +64,7 @@ def train(
     poison: Optional[Callable[[int], bool]] = None,
 ) -> Outcome:
     """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes).
-    `accum`: micro steps per optimizer step (schema.grad_accumulation for this world size).
+    `accum`: micro steps per optimizer step (derived.grad_accumulation for this world size).
     `save(step, loss)` returns why it refused (non-finite state: a divergence), else None;
     `on_stop(step, code)` runs when the ranks agree to stop, before their save; `poison(step)`
     (fault injection) makes that step's loss NaN."""

@@ -145,8 +145,7 @@ def deepspeed_without_mlflow(cfg: Any) -> Iterator[None]:
     """`import deepspeed` imports mlflow when it is installed (its autotuner, which slurmtrain never
     runs): 0.7 s per rank at every start. Unless this run logs to MLflow (logger=mlflow), the
     import inside is told mlflow is absent; afterwards mlflow imports normally again."""
-    logger = cfg.get("logger") or {}
-    if logger.get("mlflow") is not None or "mlflow" in sys.modules:
+    if getattr(getattr(cfg, "logger", None), "mlflow", None) is not None or "mlflow" in sys.modules:
         yield
         return
     sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError

@@ -25,13 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from slurmtrain.common import checkpoint_format, checkpoint_pins
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import RunDir, runs_named
-from slurmtrain.common.schema import (
-    NON_RESULT_KEYS,
-    load_run_config,
-    node_range,
-    tasks_per_node,
-    world_size,
-)
+from slurmtrain.common.derived import node_range, tasks_per_node, world_size
+from slurmtrain.common.schema import NON_RESULT_KEYS, load_run_config, plain
 
 # What a checkpoint's tensors are shaped by: a branch must match its parent in each.
 ARCHITECTURE_KEYS = (
@@ -230,10 +225,10 @@ def record(cfg: Any, data: Optional[dict[str, Any]], child: RunDir) -> None:
         return
     parent, step = parent_of(cfg)
     try:  # merged over the schema: a key the parent's version did not have reads as its default
-        theirs = OmegaConf.to_container(load_run_config(str(parent.config)), resolve=True)
+        theirs = plain(load_run_config(str(parent.config)))
     except Exception:  # noqa: BLE001  a key this version no longer has: compare as written
         theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
-    ours = data if data is not None else OmegaConf.to_container(cfg, resolve=True)
+    ours = data if data is not None else plain(cfg)
     assert isinstance(theirs, dict) and isinstance(ours, dict)
     child.record(
         "branched",

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from slurmtrain.common import ledger, secrets
 from slurmtrain.common.rundir import RunDir, pid_start
-from slurmtrain.common.schema import tasks_per_node
+from slurmtrain.common.derived import tasks_per_node
 from slurmtrain.login.submit import Submission, TrainTask
 
 

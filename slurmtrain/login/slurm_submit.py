@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from slurmtrain.common import secrets, slurm_cmd, slurm_text
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
+from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.submit import Submission
 

@@ -36,11 +36,11 @@ class RunContext:
 
     def config(self) -> dict[str, Any]:
         """The resolved config with every secret as a reference (what config.yaml holds)."""
-        return secrets.referenced(OmegaConf.to_container(self.cfg, resolve=True))
+        return secrets.referenced(self.cfg)
 
     def plan(self) -> dict[str, Any]:
         """The login node's plan again (pure arithmetic): parameters, memory per rank, ETA lines."""
-        from slurmtrain.common.schema import node_range
+        from slurmtrain.common.derived import node_range
         from slurmtrain.planning import memory, preflight
 
         out: dict[str, Any] = {}

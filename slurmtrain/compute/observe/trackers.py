@@ -124,15 +124,16 @@ def event_counts(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def wanted(cfg: Any) -> list[str]:
     """The trackers `logger=` chose, besides TensorBoard (MetricsWriter's own)."""
-    chosen = cfg.get("logger") or {}
-    return [kind for kind in ("wandb", "mlflow") if chosen.get(kind) is not None]
+    chosen = getattr(cfg, "logger", None)
+    return [kind for kind in ("wandb", "mlflow") if getattr(chosen, kind, None) is not None]
 
 
 def tensorboard_on(cfg: Any) -> bool:
     """TensorBoard is on when chosen, and when no tracker is (configs from before `logger`)."""
-    chosen = cfg.get("logger") or {}
+    chosen = getattr(cfg, "logger", None)
     kinds = ("tensorboard", "wandb", "mlflow")
-    return chosen.get("tensorboard") is not None or all(chosen.get(k) is None for k in kinds)
+    on = [getattr(chosen, kind, None) is not None for kind in kinds]
+    return on[0] or not any(on)
 
 
 class Trackers:
