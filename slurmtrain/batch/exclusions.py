@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from slurmtrain.common import slurm_cmd, slurm_text
-from slurmtrain.common.rundir import RunDir, read_jsonl
 from slurmtrain.common.derived import node_range
+from slurmtrain.common.rundir import RunDir, read_jsonl
 
 
 @dataclass

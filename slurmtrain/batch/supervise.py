@@ -43,9 +43,9 @@ from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tes
     verdict_of,
 )
 from slurmtrain.common import errors, ledger, slurm_cmd, slurm_text
+from slurmtrain.common.derived import restarts_in_allocation
 from slurmtrain.common.jsonl import merge_rows
 from slurmtrain.common.rundir import RunDir, append_jsonl
-from slurmtrain.common.derived import restarts_in_allocation
 from slurmtrain.common.schema import load_run_config
 
 EXIT_STOPPED = next_job.EXIT_STOPPED

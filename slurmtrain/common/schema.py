@@ -12,6 +12,8 @@ to a library (OmegaConf refuses `object` as a value type).
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
@@ -360,9 +362,29 @@ def conf_dir() -> str:
     return str(files(CONF_PACKAGE))
 
 
+_ENV_REFERENCE = re.compile(r"\$\{oc\.env:([^,}]+)\}")
+
+
+def _unset_references_kept(node: object) -> object:
+    """config.yaml's secret references (common/secrets.py) whose variable is not set here, escaped
+    so they stay as written: the typed config resolves every value at load, and a reader without
+    the job's secrets.env (export, sample) must not fail on a secret it never reads."""
+    if isinstance(node, dict):
+        return {key: _unset_references_kept(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_unset_references_kept(value) for value in node]
+    if isinstance(node, str):
+        found = _ENV_REFERENCE.fullmatch(node)
+        if found and found[1] not in os.environ:
+            return "\\" + node
+    return node
+
+
 def load_run_config(path: str) -> RootConfig:
     """A run directory's config.yaml, typed against the schema again (compute node)."""
-    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(path))
+    written = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    kept = OmegaConf.create(_unset_references_kept(written))
+    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), kept)
     config = OmegaConf.to_object(merged)
     assert isinstance(config, RootConfig)
     return config

@@ -70,9 +70,11 @@ def check_data(cfg: RootConfig) -> None:
         _token_file("data.valid_path", d.valid_path, vocab)
     elif d.valid_fraction > 0:
         for key, count in counts:
-            held = -(-count * d.valid_fraction // 1) if count is not None else None
+            if count is None:
+                continue
+            held = -(-count * d.valid_fraction // 1)
             # (a corpus shorter than one window is the sampler's error, on the compute node)
-            if held is not None and held < d.seq_len + 1 <= count - held:
+            if held < d.seq_len + 1 <= count - held:
                 raise ConfigError(
                     f"data.valid_fraction={d.valid_fraction}: holds out {int(held)} tokens of "
                     f"{key} ({count} tokens), less than one window of data.seq_len + 1 = "

@@ -18,8 +18,8 @@ import time
 from typing import Any, Optional
 
 from slurmtrain.common import errors, ledger
-from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.derived import grad_accumulation
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
 from slurmtrain.compute.distributed import Placement, broadcast
 from slurmtrain.compute.faults import signals

@@ -23,9 +23,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import checkpoint_format, checkpoint_pins
+from slurmtrain.common.derived import node_range, tasks_per_node, world_size
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import RunDir, runs_named
-from slurmtrain.common.derived import node_range, tasks_per_node, world_size
 from slurmtrain.common.schema import NON_RESULT_KEYS, load_run_config, plain
 
 # What a checkpoint's tensors are shaped by: a branch must match its parent in each.

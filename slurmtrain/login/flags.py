@@ -15,8 +15,8 @@ from typing import Any, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
+from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.

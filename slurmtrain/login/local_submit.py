@@ -25,8 +25,8 @@ from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slurmtrain.common import ledger, secrets
-from slurmtrain.common.rundir import RunDir, pid_start
 from slurmtrain.common.derived import tasks_per_node
+from slurmtrain.common.rundir import RunDir, pid_start
 from slurmtrain.login.submit import Submission, TrainTask
 
 

@@ -21,9 +21,9 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from omegaconf import DictConfig
 
 from slurmtrain.common import secrets, slurm_cmd, slurm_text
+from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.submit import Submission
 

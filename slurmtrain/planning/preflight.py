@@ -15,8 +15,8 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from slurmtrain.common import ds_config
-from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dtype, tasks_per_node
+from slurmtrain.common.errors import ConfigError
 from slurmtrain.planning import deadlines, eta, memory, policy
 from slurmtrain.planning.corpus_warning import corpus_warning
 

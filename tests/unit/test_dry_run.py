@@ -23,6 +23,7 @@ def test_login_path_does_not_import_heavy_modules(workdir):
 import sys
 from hydra import compose, initialize_config_dir
 from slurmtrain.common import schema, validation
+schema.register()
 from slurmtrain.planning import preflight
 from slurmtrain.common import rundir
 with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):

@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from slurmtrain.common.rundir import RunDir, append_jsonl
 from slurmtrain.common.derived import resolved_dtype
+from slurmtrain.common.rundir import RunDir, append_jsonl
 from slurmtrain.planning import flops
 
 # DeepSpeed's timer names (deepspeed/utils/timer.py, runtime/zero/stage_1_and_2.py).

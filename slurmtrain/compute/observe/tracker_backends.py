@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import OmegaConf
-
 from slurmtrain.common import secrets
 
 RUN_TAG = "slurmtrain_run_id"  # MLflow: the tag that finds the run again
