@@ -104,7 +104,7 @@ def model_keys(data: dict[str, object]) -> dict[str, object]:
     for attribute, key in STANDARD.items():
         out[key] = getattr(config, attribute, None)
     ffn = next((getattr(config, n) for n in FFN_NAMES if getattr(config, n, None)), None)
-    out["ffn_dim"] = int(ffn or 4 * getattr(config, "hidden_size", None))
+    out["ffn_dim"] = int(ffn or 4 * config.hidden_size)
     out["num_kv_heads"] = getattr(config, "num_key_value_heads", None)
     out["init_std"] = float(getattr(config, "initializer_range", None) or 0.02)
     out["tie_embeddings"] = bool(out["tie_embeddings"])

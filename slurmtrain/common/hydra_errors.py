@@ -48,8 +48,7 @@ def one_line(err: BaseException) -> Optional[str]:
         r"Key '([^']+)' (?:is not in struct|not in)", text
     )
     if m:
-        key = m[1]
-        return f"{key}: unknown key; check the spelling (python -m slurmtrain --cfg job lists all keys)"
+        return f"{m[1]}: unknown key; check the spelling (python -m slurmtrain --cfg job lists all keys)"
     m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
     if m:
         where = key[1] if key else "a key"

@@ -382,8 +382,9 @@ def _unset_references_kept(node: object) -> object:
 
 def load_run_config(path: str) -> RootConfig:
     """A run directory's config.yaml, typed against the schema again (compute node)."""
-    written = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    kept = OmegaConf.create(_unset_references_kept(written))
+    written = _unset_references_kept(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+    assert isinstance(written, dict), f"{path}: not a config"
+    kept = OmegaConf.create(written)
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), kept)
     config = OmegaConf.to_object(merged)
     assert isinstance(config, RootConfig)

@@ -87,10 +87,10 @@ def _ranges(cfg: RootConfig) -> None:
     budgets = (f.name for f in dataclasses.fields(FaultsConfig) if f.name.startswith("max_"))
     for key in budgets:
         _in_range(f"faults.{key}", getattr(cfg.faults, key), -1, True, " (-1: unlimited)", "3")
-    for beta, example in (("optim.beta1", 0.9), ("optim.beta2", 0.95)):
+    for beta, typical in (("optim.beta1", 0.9), ("optim.beta2", 0.95)):
         value = _value(cfg, beta)
         if not (isinstance(value, (int, float)) and 0 <= value < 1):
-            raise ConfigError(f"{beta}={value!r}: must be >= 0 and < 1; e.g. {beta}={example}")
+            raise ConfigError(f"{beta}={value!r}: must be >= 0 and < 1; e.g. {beta}={typical}")
     hours = cfg.faults.exclude_hours
     if not (math.isfinite(hours) and (hours >= 0 or hours == -1)):
         raise ConfigError(

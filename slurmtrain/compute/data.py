@@ -223,8 +223,8 @@ def _sources(d: Any) -> list[tuple[str, float]]:
 
 def load(d: Any) -> Data:
     """The config's `data` section -> training windows, their sampler, the validation windows."""
-    fraction = float(d.get("valid_fraction", 0.0) or 0.0)
-    valid_path = d.get("valid_path")
+    fraction = float(getattr(d, "valid_fraction", 0.0) or 0.0)
+    valid_path = getattr(d, "valid_path", None)
     cut = 0.0 if valid_path else fraction
     if d.kind == "blend":
         names = [p for p, _ in _sources(d)]
@@ -250,7 +250,7 @@ def load(d: Any) -> Data:
             f"held-out data ({sum(len(h) for h in held)} tokens) is shorter than one window of "
             f"data.seq_len + 1 = {d.seq_len + 1} tokens; raise data.valid_fraction or set it to 0"
         )
-    return Data(train, sampler, valid, valid_ids(len(valid), int(d.get("valid_windows", 64))))
+    return Data(train, sampler, valid, valid_ids(len(valid), int(getattr(d, "valid_windows", 64))))
 
 
 def batch(tokens: Tokens, sample_ids: list[int], seq_len: int) -> np.ndarray:

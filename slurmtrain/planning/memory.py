@@ -30,7 +30,7 @@ the job; we use the per-node count (like its own stage-3 code), so the two agree
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Mapping, NamedTuple, Optional, TypedDict
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
@@ -64,6 +64,16 @@ CPU_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
 LOGIT_BYTES = {2: 2 + 4 + 4, 4: 4 + 4 + 4}
 
 
+class Knobs(TypedDict):
+    """A Setting as `plan_memory` keyword arguments."""
+
+    stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    micro_batch: int
+    activation_checkpointing: bool
+
+
 @dataclass(frozen=True)
 class Setting:
     """The knobs the planner may turn: what `recommend` returns and the summary names."""
@@ -74,7 +84,7 @@ class Setting:
     micro_batch: int = 1
     activation_checkpointing: bool = False
 
-    def knobs(self) -> dict:
+    def knobs(self) -> Knobs:
         """This setting as `plan_memory` keyword arguments."""
         return {
             "stage": self.stage,
@@ -233,7 +243,7 @@ def plan_memory(
     reduce_bucket: int = REDUCE_BUCKET,
     overlap_comm: bool = False,
     device: str = "cuda",
-    zero3: Optional[Mapping[str, Any]] = None,
+    zero3: Optional[Mapping[str, object]] = None,
 ) -> MemoryPlan:
     """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
 
@@ -251,7 +261,12 @@ def plan_memory(
     d = DTYPE_BYTES[dtype]
     p, big, n = param_count(model), largest_layer_params(model), nodes * gpus_per_node
     master = 0 if (dtype == "fp32" and stage == 0) else 4  # ZeRO always keeps an fp32 copy
-    host = 0  # offloaded bytes per GPU
+    params: float
+    grads: float
+    optim: float
+    buffers: float
+    cpu: float
+    host: float = 0  # offloaded bytes per GPU
     if stage == 0:
         params, grads, optim = d * p, (d + master) * p, (8 + master) * p
     elif stage in (1, 2):
@@ -335,7 +350,7 @@ def recommend(
     attention: str = "sdpa",
     reduce_bucket: int = REDUCE_BUCKET,
     overlap_comm: bool = False,
-    zero3: Optional[Mapping[str, Any]] = None,
+    zero3: Optional[Mapping[str, object]] = None,
 ) -> Optional[Recommendation]:
     """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
 
