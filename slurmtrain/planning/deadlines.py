@@ -1,25 +1,14 @@
 """Phase deadlines of an attempt: how long each phase may go without a heartbeat (else: a hang).
 
-A single hang window cannot fit both a training step (seconds) and a 66B start-up (a load, a
-universal conversion, a save of minutes). Each phase gets its own deadline:
-
-- `step`, `eval`: `faults.hang_timeout_s` (no step progress for this long);
-- start-up phases without bulk IO (rendezvous, health gate, model build): `faults.startup_timeout_s`;
-- IO phases (verify, convert, load, save): `faults.io_floor_s + seconds * faults.io_safety`, where
-  `seconds` is the bytes the phase really moves at the job's aggregate rate. The planned rates
-  `faults.io_write_mb_per_s` / `faults.io_read_mb_per_s` are per node (what one node's ranks get
-  together from the shared filesystem), so the job's rate is that x nodes. All ranks move their own
-  bytes at once: the phase takes max(total bytes / (rate x nodes), busiest node's bytes / rate).
-  Under ZeRO-1/2 a save's total is the sum of the ranks' shards (`layout`; the module file holds
-  no weights), not the busiest rank x world. Once the run measured its IO (ledger rows
-  `checkpoint_saved`, `checkpoint_verified`, `checkpoint_loaded`: `bytes` = all ranks',
-  `rank_bytes` = the busiest rank's), the measured rates replace the planned ones: a save is
-  timed by its busiest rank's measured rate (the next save has the same layout); reads keep the
-  per-node model (a verification's layout, one rank checking the module file, is not a load's,
-  every rank reading it, so the busiest rank's rate of one would misjudge the other).
-
-A heartbeat within a phase (a shard writer's chunk, a loader's file) starts its deadline over.
-Pure arithmetic: no torch, no filesystem.
+One hang window cannot fit both a training step (seconds) and a 66B start-up (minutes of IO), so:
+- `step`, `eval`: `faults.hang_timeout_s`;
+- start-up phases without bulk IO (rendezvous, health gate, build): `faults.startup_timeout_s`;
+- IO phases (verify, convert, load, save): `faults.io_floor_s + seconds x faults.io_safety`, the
+  seconds being the bytes the phase moves at the job's rate: the per-node `faults.io_*_mb_per_s`
+  x nodes, all ranks at once, so max(total / (rate x nodes), busiest node's bytes / rate).
+Once the ledger has measured IO, its rates replace the planned ones: a save is timed by its
+busiest rank's measured rate; reads keep the per-node model (a verification's layout is not a
+load's). A heartbeat within a phase starts its deadline over. Pure arithmetic.
 """
 
 from __future__ import annotations
