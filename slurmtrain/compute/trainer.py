@@ -142,7 +142,9 @@ class Trainer:
             # Written by another world size: load DeepSpeed's universal form (converted once,
             # cached); the global batch is fixed, grad accumulation adjusted; RNG is per rank.
             self.load_dir = self.universal(self.found)
-            self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
+            section = self.ds_config.setdefault("checkpoint", {})
+            assert isinstance(section, dict)
+            section["load_universal"] = True
             self.same_world = False
         if not self.same_world:
             self._mark("convert")  # the universal form, converted once per world size

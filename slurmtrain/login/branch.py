@@ -225,7 +225,7 @@ def record(cfg: Any, data: Optional[dict[str, Any]], child: RunDir) -> None:
         return
     parent, step = parent_of(cfg)
     try:  # merged over the schema: a key the parent's version did not have reads as its default
-        theirs = plain(load_run_config(str(parent.config)))
+        theirs: object = plain(load_run_config(str(parent.config)))
     except Exception:  # noqa: BLE001  a key this version no longer has: compare as written
         theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
     ours = data if data is not None else plain(cfg)

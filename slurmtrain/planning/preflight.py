@@ -10,7 +10,7 @@ that does not fit the GPUs (exit 2, one line with the numbers and the setting th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, TypedDict
+from typing import Optional, Sequence, TypedDict
 
 from slurmtrain.common import ds_config
 from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dtype, tasks_per_node
@@ -207,7 +207,7 @@ def eta_line(
     return f"plan: {eta.format_eta(est)} (at {tps:,.0f} tok/s, {source})"
 
 
-def save_seconds(cfg: RootConfig, saves: list[Row]) -> tuple[float, str]:
+def save_seconds(cfg: RootConfig, saves: Sequence[Row]) -> tuple[float, str]:
     """The time a full (synchronous) save takes for this run: measured (ledger) or planned from
     the bytes it moves over the aggregate write rate (planning/policy.py)."""
     low, _ = node_range(cfg.nodes)
@@ -215,7 +215,7 @@ def save_seconds(cfg: RootConfig, saves: list[Row]) -> tuple[float, str]:
     return plan.save_s, "measured" if plan.save_how == "measured" else "estimated"
 
 
-def lead_warning(cfg: RootConfig, saves: list[Row]) -> Optional[str]:
+def lead_warning(cfg: RootConfig, saves: Sequence[Row]) -> Optional[str]:
     """USR2 comes `signal_lead_s` before the time limit; the save must finish well inside it."""
     if cfg.cluster.kind != "slurm":
         return None
