@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from slurmtrain.common.secrets import redact_overrides
+
 
 def one_line(err: BaseException) -> Optional[str]:
     """A one-line message for a composition error, or None if `err` is not one."""
@@ -19,8 +21,6 @@ def one_line(err: BaseException) -> Optional[str]:
     text = "\n".join(str(e) for e in chain)
     override = getattr(err, "override", None)
     if override is not None:  # a cluster.env.X=... override is echoed with a reference instead
-        from slurmtrain.common.secrets import redact_overrides
-
         override = redact_overrides([str(override)])[0]
     if override is not None and ("Exception" in text or "mismatched input" in text):
         return (

@@ -16,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
+from importlib.resources import files
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -327,8 +328,6 @@ CONF_PACKAGE = "slurmtrain.conf"  # the repository's conf/, mapped into the pack
 
 def conf_dir() -> str:
     """The config directory on disk, found through the package mapping: wheel or editable install."""
-    from importlib.resources import files
-
     return str(files(CONF_PACKAGE))
 
 

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping, Optional, Protocol
 
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common.hf_config import family_config
 from slurmtrain.common.schema import conf_dir
 
 # Families counted by arithmetic below, with their attention biases (q, k, v); the rest is measured.
@@ -201,8 +204,6 @@ def _spec(model: ModelShape) -> str:
 
 def _plain(value: Mapping[str, object]) -> dict[str, object]:
     """hf_extra as a plain dict: a DictConfig on the login side, a dict elsewhere."""
-    from omegaconf import DictConfig, OmegaConf  # only for a DictConfig's hf_extra
-
     data = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
     return {str(key): item for key, item in data.items()} if isinstance(data, Mapping) else {}
 
@@ -212,8 +213,6 @@ def _measured(spec: str) -> tuple[tuple[list[int], ...], int]:
     """(each module's parameter sizes, matmul weights) of the model built on the meta device."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from slurmtrain.common.hf_config import family_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(family_config(json.loads(spec)))
@@ -238,8 +237,6 @@ def conf_models() -> Path:
 @functools.lru_cache(maxsize=1)
 def shipped() -> dict[str, Shape]:
     """Every conf/model/*.yaml with its own shape (model=hf, which reads a folder, left out)."""
-    from omegaconf import OmegaConf
-
     names = {f.name for f in fields(Shape)}
     out = {}
     for path in sorted(conf_models().glob("*.yaml")):
