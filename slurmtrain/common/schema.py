@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from enum import StrEnum
 from importlib.resources import files
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from slurmtrain.common.schema_cluster import ClusterConfig, ClusterKind, Container
+from slurmtrain.common.schema_cluster import ClusterConfig, ClusterKind, Container, StrEnum
 from slurmtrain.common.schema_logger import LoggerConfig, WandbMode
 
 __all__ = ["ClusterConfig", "ClusterKind", "Container", "LoggerConfig", "WandbMode"]

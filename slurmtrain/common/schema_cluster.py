@@ -4,9 +4,21 @@ batch shell's Python, node-local environments).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Optional
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pyproject.toml allows 3.10: the same str-valued members, printed as their values
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+__all__ = ["ClusterConfig", "ClusterKind", "Container", "StrEnum"]
 
 
 class ClusterKind(StrEnum):

@@ -7,8 +7,9 @@ run given `logger=wandb` on its next submission must stay the same run (and the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Optional
+
+from slurmtrain.common.schema_cluster import StrEnum
 
 
 class WandbMode(StrEnum):
