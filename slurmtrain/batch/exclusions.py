@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from slurmtrain.common import events, slurm_cmd, slurm_text
+from slurmtrain.common.derived import node_range
 from slurmtrain.common.events import Row
 from slurmtrain.common.jsonl import read_jsonl
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import RootConfig, node_range
+from slurmtrain.common.schema import RootConfig
 
 
 @dataclass

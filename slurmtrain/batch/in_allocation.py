@@ -25,14 +25,10 @@ from typing import Optional, Sequence
 
 from slurmtrain.batch import exclusions, next_job
 from slurmtrain.common import events, inject_spec, ledger, slurm_cmd, slurm_text
+from slurmtrain.common.derived import node_range, restarts_in_allocation
 from slurmtrain.common.events import RELAUNCH_CLASSES, Row, Where
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import (
-    RootConfig,
-    load_run_config,
-    node_range,
-    restarts_in_allocation,
-)
+from slurmtrain.common.schema import RootConfig, load_run_config
 
 
 @dataclass

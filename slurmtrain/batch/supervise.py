@@ -41,9 +41,10 @@ from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tes
     verdict_of,
 )
 from slurmtrain.common import errors, events, ledger, slurm_cmd, slurm_text, windows
+from slurmtrain.common.derived import restarts_in_allocation
 from slurmtrain.common.jsonl import append_jsonl, merge_rows
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import load_run_config, restarts_in_allocation
+from slurmtrain.common.schema import load_run_config
 
 EXIT_STOPPED = next_job.EXIT_STOPPED
 

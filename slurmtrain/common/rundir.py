@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, cast
+from typing import Any, Iterable, Iterator, Optional
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from omegaconf import DictConfig, OmegaConf
@@ -57,17 +57,10 @@ from slurmtrain.common.liveness import (  # noqa: F401  where callers have alway
     pid_start,
     slurm_job_alive,
 )
-from slurmtrain.common.schema import NON_RESULT_KEYS
+from slurmtrain.common.schema import NON_RESULT_KEYS, plain
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
 Rows = list[dict[str, Any]]
-
-
-def plain(cfg: DictConfig) -> dict[str, object]:
-    """The resolved config as plain containers (a schema config's keys are strings)."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    return cast(dict[str, object], data)
 
 
 def result_view(
@@ -75,7 +68,7 @@ def result_view(
 ) -> dict[str, object]:
     """The config as a plain dict without the keys that do not change what is computed, nor the
     result keys added since the baseline that hold their registered default (common/fingerprint.py
-    says why; `registered=False` keeps them). `data`: OmegaConf.to_container(cfg, resolve=True)
+    says why; `registered=False` keeps them). `data`: schema.plain(cfg)
     when the caller has it (copied here)."""
     view = plain(cfg) if data is None else copy.deepcopy(data)
     for key in NON_RESULT_KEYS:
@@ -360,7 +353,7 @@ def create(
 ) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
-    mode = int(str(cfg.get("run_dir_mode") or DEFAULT_RUN_DIR_MODE), 8)
+    mode = int(str(getattr(cfg, "run_dir_mode", None) or DEFAULT_RUN_DIR_MODE), 8)
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
         _set_mode(sub, mode)

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Optional
 
 from slurmtrain.common import errors, events, ledger
 from slurmtrain.common.checkpoint_format import Resume
+from slurmtrain.common.derived import grad_accumulation
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import RootConfig, grad_accumulation
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
 from slurmtrain.compute.context import Attempt, RankContext
 from slurmtrain.compute.faults import signals
@@ -158,7 +159,9 @@ class Trainer:
             # Another world size's checkpoint: load DeepSpeed's universal form (converted once,
             # cached); the global batch is fixed, grad accumulation adjusted; RNG is per rank.
             self.load_dir = self.universal(self.found)
-            self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
+            section = self.ds_config.setdefault("checkpoint", {})
+            assert isinstance(section, dict)
+            section["load_universal"] = True
             self.same_world = False
             self._mark("convert")
         state_bytes = planned_state_bytes(cfg, self.world)

@@ -16,16 +16,11 @@ from typing import Iterable, Mapping, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slurmtrain.common import checkpoint_format, checkpoint_pins
+from slurmtrain.common.derived import node_range, tasks_per_node, world_size
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
 from slurmtrain.common.rundir import Rows, RunDir, runs_named
-from slurmtrain.common.schema import (
-    NON_RESULT_KEYS,
-    load_run_config,
-    node_range,
-    tasks_per_node,
-    world_size,
-)
+from slurmtrain.common.schema import NON_RESULT_KEYS, load_run_config, plain
 
 # What a checkpoint's tensors are shaped by: a branch must match its parent in each.
 ARCHITECTURE_KEYS = (
@@ -224,10 +219,10 @@ def record(cfg: DictConfig, data: Optional[dict[str, object]], child: RunDir) ->
         return
     parent, step = parent_of(cfg)
     try:  # merged over the schema: a key the parent's version did not have reads as its default
-        theirs = OmegaConf.to_container(load_run_config(str(parent.config)), resolve=True)
+        theirs: object = plain(load_run_config(str(parent.config)))
     except Exception:  # noqa: BLE001  a key this version no longer has: compare as written
         theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
-    ours = data if data is not None else OmegaConf.to_container(cfg, resolve=True)
+    ours = data if data is not None else plain(cfg)
     assert isinstance(theirs, dict) and isinstance(ours, dict)
     child.record(
         "branched",

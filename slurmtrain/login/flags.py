@@ -15,8 +15,8 @@ from typing import Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import container, stage_env
 

@@ -25,9 +25,9 @@ from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slurmtrain.common import ledger, secrets
+from slurmtrain.common.derived import tasks_per_node
 from slurmtrain.common.liveness import pid_start
 from slurmtrain.common.rundir import Rows, RunDir
-from slurmtrain.common.schema import tasks_per_node
 from slurmtrain.login.submission import Submission, TrainTask
 
 

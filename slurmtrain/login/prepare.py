@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import pretrained, provenance, rundir, schema, secrets
+from slurmtrain.common import pretrained, provenance, rundir, schema, secrets, validation
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.login import branch, flags
 from slurmtrain.login.cluster_check import check_cluster
@@ -44,7 +44,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     pretrained.resolve_config(cfg)  # model=hf: model.config read into the model keys
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
-    schema.validate(cfg, submitting=not cfg.dry_run)
+    validation.validate_config(cfg, submitting=not cfg.dry_run)
     _check_slurm_values(cfg)
     refuse_inject_unless_allowed(bool(cfg.faults.allow_inject))
     branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
@@ -90,7 +90,7 @@ def check(
         print(report.text)
     # Fingerprinted, then written (record): secrets as references, so neither config.yaml nor the
     # run's name depends on a key's value (a rotated token resumes the same run).
-    data = secrets.referenced(OmegaConf.to_container(cfg, resolve=True))
+    data = secrets.referenced(schema.plain(cfg))
     run = rundir.locate(cfg, data)
     if locks is not None:
         try:

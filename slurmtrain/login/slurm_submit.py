@@ -21,10 +21,10 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 from omegaconf import DictConfig
 
 from slurmtrain.common import secrets, slurm_cmd
+from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.submission import Submission

@@ -14,7 +14,7 @@ from typing import Optional, TypedDict
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import ledger, rundir, schema
+from slurmtrain.common import derived, ledger, rundir, validation
 from slurmtrain.login.prepare import Prepared, record
 from slurmtrain.planning import preflight
 
@@ -27,8 +27,8 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     """The smoke run's config, derived from the big run's resolved one."""
     small = cfg.copy()
     OmegaConf.set_readonly(small, False)
-    world_big = schema.world_size(cfg)
-    accum = schema.grad_accumulation(cfg, world_big)
+    world_big = derived.world_size(cfg)
+    accum = derived.grad_accumulation(cfg, world_big)
     small.name = f"{cfg.name}{SMOKE_SUFFIX}"
     small.smoke = False
     small.nodes = 1
@@ -41,11 +41,13 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     small.checkpoint.interval_steps = SMOKE_SAVE_STEP
     small.checkpoint.interval_minutes = 0.0
     # Same work per rank and step as the big run (same memory profile), on one node.
-    small.train.global_batch_size = cfg.train.micro_batch_size * accum * schema.world_size(small, 1)
+    small.train.global_batch_size = (
+        cfg.train.micro_batch_size * accum * derived.world_size(small, 1)
+    )
     for cls in ledger.FAILURE_CLASSES:
         if cls != ledger.PREEMPTED:  # a preempted smoke is requeued under the same job id
             small.faults[f"max_{cls}"] = 0
-    schema.validate(small, submitting=True)
+    validation.validate_config(small, submitting=True)
     return small
 
 

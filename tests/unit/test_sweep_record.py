@@ -102,7 +102,7 @@ def test_config_yaml_is_the_whole_config_written_at_once(tmp_path):
             cfg = compose(
                 "config", overrides=["cluster=local", f"runs_root={tmp_path}", *overrides]
             )
-            data = OmegaConf.to_container(cfg, resolve=True)
+            data = schema.plain(cfg)  # Enums as their names, as config.yaml stores them
             whole = yaml.dump(
                 data, Dumper=Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False
             )

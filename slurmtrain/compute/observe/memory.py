@@ -68,7 +68,7 @@ class MemoryCheck:
         return cpu_peak(prof)
 
     def _report(self, measured: int, step: int) -> None:
-        from slurmtrain.common.schema import tasks_per_node
+        from slurmtrain.common.derived import tasks_per_node
         from slurmtrain.planning.preflight import memory_plan
 
         # The nodes this attempt really got (a `nodes=2-4` range may start on any of them).

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from slurmtrain.common.derived import resolved_dtype
 from slurmtrain.common.jsonl import append_jsonl
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import RootConfig, resolved_dtype
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.observe.metrics import MetricValue
 from slurmtrain.planning import flops
 

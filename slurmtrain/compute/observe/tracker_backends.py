@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from omegaconf import OmegaConf
-
 from slurmtrain.common import secrets
 from slurmtrain.common.schema import RootConfig
 
@@ -44,11 +42,11 @@ class RunContext:
 
     def config(self) -> dict[str, object]:
         """The resolved config with every secret as a reference (what config.yaml holds)."""
-        return secrets.referenced(OmegaConf.to_container(self.cfg, resolve=True))
+        return secrets.referenced(self.cfg)
 
     def plan(self) -> dict[str, object]:
         """The login node's plan again (pure arithmetic): parameters, memory per rank, ETA lines."""
-        from slurmtrain.common.schema import node_range
+        from slurmtrain.common.derived import node_range
         from slurmtrain.planning import memory, preflight
 
         out: dict[str, object] = {}
