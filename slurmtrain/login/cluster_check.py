@@ -7,8 +7,8 @@ import functools
 from omegaconf import DictConfig
 
 from slurmtrain.common import slurm_cmd, slurm_text
+from slurmtrain.common.derived import node_range
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import node_range
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import flags, placement
 from slurmtrain.planning import policy
