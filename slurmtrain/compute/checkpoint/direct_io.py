@@ -17,14 +17,13 @@ import mmap
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from slurmtrain.common.checkpoint_format import Crc32
 
-if TYPE_CHECKING:
-    from typing_extensions import Buffer
+Bytes = Union[bytes, bytearray, memoryview]  # what torch.save hands a file's write()
 
 ALIGN = 4096  # O_DIRECT alignment of memory, offsets and lengths on every filesystem we meet
 BUFFER = 16 << 20  # bytes per O_DIRECT write: large enough for network filesystems' stripes
@@ -95,7 +94,7 @@ class DirectFile:
         self.hash_seconds = self.write_seconds = self.wait_seconds = 0.0
         self.direct = True  # until a write is refused (EINVAL): then the page cache
 
-    def write(self, data: Buffer) -> int:
+    def write(self, data: Bytes) -> int:
         view = memoryview(data).cast("B")
         source, done, total = _address(view), 0, len(view)
         while done < total:
