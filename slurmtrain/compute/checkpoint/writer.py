@@ -35,7 +35,6 @@ from slurmtrain.compute.checkpoint.markers import FileEntry, RankReport
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
-    from typing_extensions import Buffer
 
 Hook = Callable[[int, str], None]  # (step, file name) after each shard is on disk
 Progress = Callable[[int], None]  # bytes this rank wrote in the current save so far, per chunk
@@ -92,7 +91,7 @@ class _RawFile:
         self.windows: list[tuple[int, int]] = []  # handed to the disk, not yet waited for
         self.writeback = _SYNC_RANGE
 
-    def write(self, data: Buffer) -> int:
+    def write(self, data: direct_io.Bytes) -> int:
         view = memoryview(data).cast("B")
         if self.checksum is not None and len(view) < _CHUNK:  # headers, pickle: hash inline
             self._write(view)
