@@ -11,8 +11,8 @@ save creates one marker per host, O(hosts) where a marker per rank and a look pe
 
 A marker is a message to rank 0, not state: what it vouches for (the shards) was fsynced before it
 was written, and a save whose ranks are gone is abandoned (`step_N.tmp/` is removed on the next
-try or by `prune`), so markers are not fsynced. The names match format.py's MARKER: never listed
-in a manifest, removed by `seal`. A rank that cannot append its line (full disk, no directory)
+try or by `prune`), so markers are not fsynced. The names match common/checkpoint_format.py's
+MARKER: never listed in a manifest, removed by `seal`. A rank that cannot append its line (full disk, no directory)
 touches `.step_N.tmp.failed_rank{r}` beside the directory (`prune` removes those); a rank that
 says nothing at all is reported failed when rank 0's wait runs out.
 """

@@ -3,7 +3,7 @@
 A checkpoint is a pickle, and `torch.load(weights_only=False)` runs whatever its `__reduce__`
 names: anyone who can write into the runs root (a shared project directory) could run code in
 every rank of the next resume. Our own loads pass `weights_only=True`; DeepSpeed 0.19 hard-codes
-`weights_only=False` in its universal-checkpoint load (checkpoint/universal_checkpoint.py), its
+`weights_only=False` in its universal-checkpoint load (deepspeed/checkpoint/universal_checkpoint.py), its
 converter (ds_to_universal) and zero_to_fp32, so `enforce()` also sets torch's documented
 override, TORCH_FORCE_WEIGHTS_ONLY_LOAD=1, for this process and the ones it starts (the converter
 runs as `python -m slurmtrain.compute.checkpoint.safe_load deepspeed.checkpoint.ds_to_universal`).
