@@ -1,4 +1,4 @@
-"""The shard writer (issue 14 item 8): one pass over the bytes, torch.load-compatible files,
+"""The shard writer: one pass over the bytes, torch.load-compatible files,
 progress per chunk, and async copies that leave the loop but never race an optimizer step."""
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def _cached_pages(path) -> int:
 
 
 def test_a_shard_goes_around_the_page_cache(tmp_path):
-    """Issue 19: the kernel's page-cache copy (allocate, copy, write back, reclaim a page per
-    4 KiB) was what a synchronous save spent its time on; O_DIRECT writes from aligned buffers
-    leave at most the file's last page in the cache."""
+    """O_DIRECT writes from aligned buffers leave at most the file's last page in the page cache,
+    whose copy (allocate, copy, write back, reclaim a page per 4 KiB) is what a synchronous save
+    would spend its time on."""
     if direct_io.open_direct(str(tmp_path / "probe")) is None:
         pytest.skip("this filesystem has no O_DIRECT")
     writer = ShardWriter(True, "checksum")
