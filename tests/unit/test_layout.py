@@ -22,7 +22,7 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, ast.Module]:
-    out = {}
+    out: dict[str, ast.Module] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         out[_module_name(path)] = ast.parse(path.read_text(), str(path))
     return out
@@ -30,7 +30,7 @@ def _modules() -> dict[str, ast.Module]:
 
 def _imports(tree: ast.Module) -> set[str]:
     """Every module a file imports, at any depth (function-level imports count too)."""
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -44,7 +44,7 @@ def _under(name: str, packages: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def test_login_batch_and_cli_never_import_compute_and_compute_never_imports_them():
+def test_login_batch_and_cli_never_import_compute_and_compute_never_imports_them() -> None:
     for name, tree in _modules().items():
         imported = _imports(tree)
         if _under(name, LOGIN_SIDE):
@@ -58,7 +58,7 @@ def test_login_batch_and_cli_never_import_compute_and_compute_never_imports_them
             assert not bad, f"{name} (shared) imports a world's modules: {bad}"
 
 
-def test_nothing_on_the_login_path_imports_torch_at_import_time():
+def test_nothing_on_the_login_path_imports_torch_at_import_time() -> None:
     names = [
         n
         for n in _modules()
@@ -75,7 +75,7 @@ def test_nothing_on_the_login_path_imports_torch_at_import_time():
     assert done.stdout.strip() == "[]", f"heavy modules imported on the login path: {done.stdout}"
 
 
-def test_every_module_says_its_one_job_and_stays_readable():
+def test_every_module_says_its_one_job_and_stays_readable() -> None:
     for name, tree in _modules().items():
         doc = ast.get_docstring(tree)
         assert doc and doc.splitlines()[0].strip(), f"{name}: no docstring saying its job"
@@ -111,7 +111,7 @@ def _import_graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {}
     for module, tree in modules.items():
-        targets = set()
+        targets: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 targets.update(nearest(alias.name) for alias in node.names)
@@ -166,14 +166,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle_among_the_package_modules():
+def test_no_import_cycle_among_the_package_modules() -> None:
     """Modules form layers: no cycle, function-level and TYPE_CHECKING imports included."""
     cycles = _cycles(_import_graph())
     listing = "\n".join(" <-> ".join(cycle) for cycle in cycles)
     assert not cycles, f"import cycles among slurmtrain modules:\n{listing}"
 
 
-def test_package_modules_are_imported_by_their_own_names():
+def test_package_modules_are_imported_by_their_own_names() -> None:
     """`from slurmtrain.x import mod as y` and `import slurmtrain.x as y` rename a module; a
     reader then greps for a name that is not there. Names that are not modules may be renamed."""
     modules = set(_modules())
@@ -207,7 +207,7 @@ CITED_PATH = re.compile(
 CITING_FILES = (".py", ".sh", ".j2", ".yaml", ".md", ".toml", "")
 
 
-def test_every_cited_repository_file_exists():
+def test_every_cited_repository_file_exists() -> None:
     """Every `folder/file.ext` a docstring, comment or README names is a file of the repository.
 
     A citation resolves against the repository root, slurmtrain/, slurmtrain/compute/ (home of
@@ -240,7 +240,7 @@ def test_every_cited_repository_file_exists():
     assert not missing, "cited files that do not exist:\n" + "\n".join(missing)
 
 
-def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package():
+def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package() -> None:
     for path in ("pyproject.toml", "conf", "sbatch_templates", "slurmtrain", "tests", "tools"):
         assert (ROOT / path).exists(), path
     assert not (PACKAGE / "conf").exists() and not (PACKAGE / "sbatch_templates").exists()
@@ -258,7 +258,7 @@ def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package():
     assert project["package-dir"]["slurmtrain.sbatch_templates"] == "sbatch_templates"
 
 
-def test_config_yaml_is_omegaconf_text(tmp_path):
+def test_config_yaml_is_omegaconf_text(tmp_path: Path) -> None:
     """The fast writer of config.yaml gives exactly OmegaConf's text (tricky strings too)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
