@@ -220,7 +220,16 @@ def test_every_cited_repository_file_exists() -> None:
     folders |= {p.name for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"}
     folders -= {"build", "dist", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
     citing = [ROOT / "README.md", ROOT / "pyproject.toml"]
-    for folder in ("slurmtrain", "tests", "tools", "bench", "sbatch_templates", "conf"):
+    for folder in (
+        "slurmtrain",
+        "hydra_plugins",
+        "tests",
+        "tools",
+        "bench",
+        "sbatch_templates",
+        "conf",
+        ".ci",
+    ):
         citing += [
             p
             for p in sorted((ROOT / folder).rglob("*"))
