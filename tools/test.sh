@@ -13,7 +13,7 @@ export SLURMTRAIN_CLUSTER_STARTED=1
 apt-get install -y -qq debootstrap runc >/dev/null
 bash tools/build_image.sh >/tmp/slurmtrain-image-build.log 2>&1 &
 # Lint, format and types first (pyproject.toml [tool.ruff], [tool.mypy]): a style slip or a type
-# error fails CI like a test does. The Any count is printed, not enforced: it shows what mypy cannot see.
+# error fails CI like a test does. The Any count is printed, not enforced: what mypy cannot see.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python -m mypy
