@@ -8,7 +8,7 @@ it trains until that file exists and reports the wall time after each step (benc
 --concurrent times it over the very seconds slurmtrain's timed steps ran).
 
 Same as slurmtrain's run in RUN_DIR: the DeepSpeed config dict (ds_config.build, timers included:
-`train.timers` decides for both), micro batch, grad accumulation (schema.grad_accumulation), the
+`train.timers` decides for both), micro batch, grad accumulation (derived.grad_accumulation), the
 training windows and sampler (data.load: the held-out split cut off as ours does), the loss and the
 batch copy (loop.to_device). The loop itself is what a DeepSpeed user writes: forward, backward,
 step, and one all_reduce of the loss per step for logging.
@@ -34,7 +34,7 @@ def main(run_dir: str, warmup: int, until: str = "") -> None:
     import torch.distributed as dist
 
     from slurmtrain.common import ds_config
-    from slurmtrain.common.schema import grad_accumulation
+    from slurmtrain.common.derived import grad_accumulation
     from slurmtrain.compute import data, loop, model
 
     if gpu:

@@ -163,7 +163,7 @@ def load_figures(run: Path) -> dict[str, Any]:
 
 def universal_seconds(run: Path) -> float:
     sys.path.insert(0, str(ROOT))
-    from slurmtrain.common import checkpoint_format as checkpoint_format
+    from slurmtrain.common import checkpoint_format
     from slurmtrain.compute.checkpoint import reshape
 
     found = checkpoint_format.find_resumable(run / "checkpoints", full=False)

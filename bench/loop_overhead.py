@@ -182,7 +182,8 @@ def bare_in_window(stamps: list[float], window: tuple[float, float], warmup: int
 def same_settings(run: Path, bare_settings: dict) -> None:
     """The bare loop trained with slurmtrain's micro batch, accumulation, batch and timers."""
     from slurmtrain.common import ds_config
-    from slurmtrain.common.schema import grad_accumulation, load_run_config
+    from slurmtrain.common.derived import grad_accumulation
+    from slurmtrain.common.schema import load_run_config
 
     cfg = load_run_config(str(run / "config.yaml"))
     world = bare_settings["world"]

@@ -63,8 +63,8 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
 
-    from slurmtrain.common import ds_config, schema
-    from slurmtrain.common.schema import grad_accumulation
+    from slurmtrain.common import ds_config, schema, validation
+    from slurmtrain.common.derived import grad_accumulation
     from slurmtrain.compute import data, loop, model
     from slurmtrain.compute.faults.signals import SignalFlags
     from slurmtrain.compute.observe.metrics import MetricsWriter
@@ -85,7 +85,7 @@ def rank_main(args: argparse.Namespace) -> None:
                 f"cluster.cpu_tasks_per_node={world}",
             ],
         )
-    schema.validate(base, submitting=False)
+    validation.validate_config(base, submitting=False)
     tokens = data.load_tokens(base.data.kind, None, base.data.max_corpus_bytes)
     sampler = data.Sampler(len(tokens), base.data.seq_len, base.data.seed)
     tmp = Path(tempfile.mkdtemp(prefix="perf_overhead_"))
@@ -98,7 +98,7 @@ def rank_main(args: argparse.Namespace) -> None:
         eng, *_ = deepspeed.initialize(
             model=net,
             model_parameters=net.parameters(),
-            schema=ds,
+            config=ds,
             lr_scheduler=ds_config.lr_scheduler(cfg),  # the schedule slurmtrain trains with
         )
         return eng

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import typing
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -33,7 +34,9 @@ def _overrides() -> list[str]:
 @hydra.main(version_base="1.3", config_path="pkg://slurmtrain.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     try:
-        code = launch_one(cfg, _overrides())
+        # The one DictConfig -> RootConfig boundary: Hydra composed it against the registered
+        # schema, so its attributes are RootConfig's (Hydra's pattern for structured configs).
+        code = launch_one(typing.cast(schema.RootConfig, cfg), _overrides())
     except ConfigError as err:  # exit here: Hydra would print its own banner first
         print(f"slurmtrain: error: {redact_text(str(err))}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
@@ -48,9 +51,9 @@ def _compose_once(args: list[str]) -> None:
     own fallback turns into RUN, or MULTIRUN with -m. Saves ~70 ms, a seventh of a dry run."""
     if any("hydra" in a or a.startswith(("--config", "-c")) for a in args):
         return
-    from hydra._internal.hydra import Hydra
+    from hydra._internal.hydra import Hydra  # private API: only when the patch applies
 
-    Hydra.get_mode = lambda self, config_name, overrides: None
+    Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]  # on purpose
 
 
 def main() -> None:

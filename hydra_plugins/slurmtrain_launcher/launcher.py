@@ -10,11 +10,14 @@ submits the rest as a single `sbatch --array` (cluster=slurm) or runs them one a
 import atexit
 import functools
 import gc
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
@@ -32,13 +35,13 @@ ConfigStore.instance().store(
 
 
 class SlurmtrainLauncher(Launcher):
-    def __init__(self, **_: Any) -> None:
+    def __init__(self, **_: object) -> None:
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self._cache: dict[tuple[str, ...], bytes] = {}  # composed base per structural overrides
-        self._parsed: dict[str, Any] = {}
+        self._parsed: dict[str, Override] = {}
         self._groups: Optional[set[str]] = None
-        self._parser: Any = None
+        self._parser: Optional[OverridesParser] = None
         self._cli: Optional[tuple[Optional[tuple[str, ...]]]] = None  # see _command_line
 
     def setup(
@@ -55,7 +58,7 @@ class SlurmtrainLauncher(Launcher):
         composed (launch.warm_up), and Python's cyclic garbage collector is paused meanwhile: every
         point's config stays alive until the sweep is queued, so its passes would find nothing to
         free and only re-walk all of them, again and again (~10% of a 64-point sweep)."""
-        from slurmtrain.login import launch
+        from slurmtrain.login import launch  # start-up speed: Hydra imports every plugin
 
         assert self.config is not None and self.hydra_context is not None
         _skip_final_collection()
@@ -73,6 +76,7 @@ class SlurmtrainLauncher(Launcher):
     def _kind(self) -> str:
         """cluster.kind as the sweep's command line set it (a point may still change it)."""
         try:
+            assert self.config is not None
             return str(OmegaConf.select(self.config, "cluster.kind", default=""))
         except Exception:  # noqa: BLE001  an unresolvable value: each point reports it
             return ""
@@ -83,8 +87,6 @@ class SlurmtrainLauncher(Launcher):
         command line's, which Hydra has composed already, or one composed here): a clone of it (a
         pickle round trip: typed nodes and flags kept, ~4x cheaper than DictConfig.copy) with the
         point's values set through OmegaConf (so typed keys still check and convert them)."""
-        import pickle
-
         assert self.config is not None and self.hydra_context is not None
         parsed = [self._parse(line) for line in overrides]
         plain = [o for o in parsed if self._is_plain(o)]
@@ -99,7 +101,7 @@ class SlurmtrainLauncher(Launcher):
             base.pop("hydra", None)  # big, unused by us, and every copy would pay for it
             OmegaConf.set_struct(base, True)
             blob = self._cache[structural] = pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)
-        cfg = pickle.loads(blob)
+        cfg: DictConfig = pickle.loads(blob)
         for o in plain:
             OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
         return cfg
@@ -129,28 +131,25 @@ class SlurmtrainLauncher(Launcher):
 
     def _clone_command_line(self) -> Optional[DictConfig]:
         """A copy of Hydra's composition of the command line (None: Hydra composes instead)."""
-        import pickle
-
         try:
-            return pickle.loads(pickle.dumps(self.config, protocol=pickle.HIGHEST_PROTOCOL))
+            clone: DictConfig = pickle.loads(
+                pickle.dumps(self.config, protocol=pickle.HIGHEST_PROTOCOL)
+            )
+            return clone
         except Exception:  # noqa: BLE001  e.g. an unpicklable value: let Hydra compose it
             return None
 
-    def _parse(self, line: str) -> Any:
+    def _parse(self, line: str) -> Override:
         """One parsed override per distinct text: a sweep's points share all but a few."""
         if line not in self._parsed:
-            from hydra.core.override_parser.overrides_parser import OverridesParser
-
             if self._parser is None:
                 self._parser = OverridesParser.create()
             [self._parsed[line]] = self._parser.parse_overrides([line])
         return self._parsed[line]
 
-    def _is_plain(self, o: Any) -> bool:
+    def _is_plain(self, o: Override) -> bool:
         """A plain value for a config key (not a config group, a package, a deletion, hydra.*)."""
-        from hydra.core.override_parser.types import OverrideType, ValueType
-
-        from slurmtrain.common.schema import conf_dir
+        from slurmtrain.common.schema import conf_dir  # start-up speed, as in launch()
 
         if self._groups is None:
             self._groups = {p.name for p in Path(conf_dir()).iterdir() if p.is_dir()}

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional, Sequence
 
-from slurmtrain.common import slurm_cmd, slurm_text
-from slurmtrain.common.rundir import RunDir, read_jsonl
-from slurmtrain.common.schema import node_range
+from slurmtrain.common import events, slurm_cmd, slurm_text
+from slurmtrain.common.derived import node_range
+from slurmtrain.common.events import Row
+from slurmtrain.common.jsonl import read_jsonl
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
 
 
 @dataclass
@@ -32,27 +35,27 @@ class Exclusions:
         return ", ".join(f"{n} ({self.reasons.get(n, 'cluster.exclude')})" for n in self.nodes)
 
 
-def active(rows: list[dict[str, Any]], hours: float, now: float) -> dict[str, dict[str, Any]]:
+def active(rows: Sequence[Row], hours: float, now: float) -> dict[str, dict[str, object]]:
     """node -> its newest failure row, for failures newer than `hours` (stragglers left out),
     with `jobs`: how many attempts (job id, restart, relaunch, attempt) it failed in then."""
-    newest: dict[str, dict[str, Any]] = {}
+    newest: dict[str, Row] = {}
     jobs: dict[str, set[tuple[str, ...]]] = {}
     for row in rows:
         if row.get("reason") == "straggler" or not row.get("node"):
             continue
-        when = float(row.get("time") or 0)
+        when = events.number(row, "time")
         if hours >= 0 and when < now - hours * 3600:
             continue
-        node = row["node"]
+        node = str(row["node"])
         which = tuple(str(row.get(k)) for k in ("job_id", "restart", "relaunch", "attempt"))
         jobs.setdefault(node, set()).add(which)
-        if node not in newest or when >= float(newest[node].get("time") or 0):
+        if node not in newest or when >= events.number(newest[node], "time"):
             newest[node] = row
     return {node: {**row, "jobs": len(jobs[node])} for node, row in newest.items()}
 
 
 def fit(
-    failed: dict[str, dict[str, Any]],
+    failed: dict[str, dict[str, object]],
     user: list[str],
     partition_nodes: Optional[list[str]],
     needed: int,
@@ -62,11 +65,11 @@ def fit(
     failed again after a retry (`jobs` >= 2) are always kept. `asked`: how the request reads in
     the problem line (default `nodes=<needed>`)."""
     reasons = {n: str(r.get("reason") or "failed") for n, r in failed.items()}
-    order = sorted(failed, key=lambda n: float(failed[n].get("time") or 0), reverse=True)
+    order = sorted(failed, key=lambda n: events.number(failed[n], "time"), reverse=True)
     if partition_nodes is None:  # the partition is unknown: trust the rows
         return Exclusions(sorted(set(order) | set(user)), [], reasons)
     members = set(partition_nodes)
-    again = [n for n in order if n in members and int(failed[n].get("jobs") or 1) >= 2]
+    again = [n for n in order if n in members and (events.integer(failed[n], "jobs") or 1) >= 2]
     left = members - set(user) - set(again)
     if len(left) < needed:
         why = [f"cluster.exclude={slurm_text.compress_hostlist(user)}"] if user else []
@@ -91,7 +94,7 @@ def fit(
     return Exclusions(sorted(set(kept) | set(user)), dropped, reasons)
 
 
-def plan(run: RunDir, cfg: Any, now: Optional[float] = None) -> Exclusions:
+def plan(run: RunDir, cfg: RootConfig, now: Optional[float] = None) -> Exclusions:
     """The exclusions of the next attempt of this run."""
     now = time.time() if now is None else now
     failed = active(read_jsonl(run.bad_nodes), float(cfg.faults.exclude_hours), now)

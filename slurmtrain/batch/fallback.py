@@ -1,12 +1,10 @@
 """The supervisor's last resort: whatever fails inside it, the run is not left without a job.
 
-An exception in the supervisor (a KeyError on a damaged row, an OSError on the shared filesystem,
-a bug) used to end the batch script with no restart and no `stopped` row: nothing trained while
-status said running. `recover` records what failed (`supervisor_failed`, with the exception),
-closes this job's open attempt as a crash, and resubmits job.sbatch plainly (held, recorded,
-released: next_job.submit_held), unless the ledger shows the run ended, stopped or cancelled, or
-the restart already made. Budgets still hold: the next start checks them. When even the resubmit
-fails, `stopped` says why, so status shows it and the user's resubmission opens a new window.
+On an exception in the supervisor (a damaged row, an OSError on the shared filesystem, a bug),
+`recover` records it (`supervisor_failed`), closes this job's open attempt as a crash and
+resubmits job.sbatch plainly (held, recorded, released: next_job.submit_held), unless the ledger
+shows the run ended, stopped or cancelled, or the restart already made. The next start checks
+the budgets. When even the resubmit fails, `stopped` says why, so status shows it.
 """
 
 from __future__ import annotations
@@ -14,13 +12,15 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, Sequence
 
 from slurmtrain.batch import next_job
-from slurmtrain.common import errors, ledger
+from slurmtrain.common import errors, events, ledger, windows
+from slurmtrain.common.events import FailureClass, Row, Where
 from slurmtrain.common.rundir import RunDir
 
-SUPERVISOR_ERROR = "supervisor_error"  # the stop class when neither supervisor nor fallback could
+# The stop class when neither the supervisor nor this fallback could go on.
+SUPERVISOR_ERROR = FailureClass.supervisor_error.value
 
 
 def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> int:
@@ -31,11 +31,11 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
     relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
     error = f"{type(err).__name__}: {err}"
     print(f"slurmtrain: the supervisor failed: {error}; falling back", file=sys.stderr)
-    record: dict[str, Any] = dict(job_id=job_id, restart=restart, relaunch=relaunch)
+    where = Where(job_id=job_id, restart=restart, relaunch=relaunch)
     try:  # the ledger itself may be what failed: then only the batch log says so
         run.record(
             "supervisor_failed",
-            **record,
+            **where,
             error=error,
             traceback=traceback.format_exc()[-4000:],
             exit_code=rc,
@@ -44,66 +44,63 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
     except Exception as why:  # noqa: BLE001
         print(f"slurmtrain: cannot record supervisor_failed: {why}", file=sys.stderr)
     try:
-        events = run.run_events()
-        verdict = _decide(run, events, job_id, restart, relaunch, rc)
+        run_rows: Sequence[Row] = run.run_events()
+        verdict = _decide(run, run_rows, job_id, restart, relaunch, rc)
     except Exception as why:  # noqa: BLE001  an unreadable ledger: resubmit, the start decides
         print(f"slurmtrain: ledger unreadable ({why}): resubmitting", file=sys.stderr)
-        events, verdict = [], None
+        run_rows, verdict = [], None
     if verdict is not None:
         return verdict
-    attempt = ledger.attempt_of(events, job_id, restart, relaunch) if events else None
-    record["attempt"] = attempt
+    attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch) if run_rows else None
+    where["attempt"] = attempt
     try:
         if attempt is not None and not any(
-            e["event"] == "attempt_ended" and e.get("attempt") == attempt for e in events
+            e["event"] == "attempt_ended" and e.get("attempt") == attempt for e in run_rows
         ):
-            run.record(
-                "attempt_ended",
-                **record,
-                **{"class": ledger.CRASH, "exit_code": rc, "supervisor_error": error},
-            )
-        new_id = next_job.submit_held(run, job_id, [], record, reason=SUPERVISOR_ERROR)
-        run.record("requeued", **record, reason=SUPERVISOR_ERROR, new_job_id=new_id, how="resubmit")
+            ended = events.attempt_ended(ledger.CRASH, exit_code=rc, supervisor_error=error)
+            run.record(ended, **where)
+        new_id = next_job.submit_held(run, job_id, [], where, reason=SUPERVISOR_ERROR)
+        run.record(events.requeued(SUPERVISOR_ERROR, new_id, "resubmit"), **where)
         print(f"slurmtrain: fallback restart of job {job_id} -> {new_id}", file=sys.stderr)
         return 0
     except Exception as why:  # noqa: BLE001  nothing else can restart it: say so in `stopped`
         text = f"supervisor failed ({error}); fallback resubmit failed: {why}"
         print(f"slurmtrain: stopping the run: {text}", file=sys.stderr)
         try:
-            run.record("stopped", **record, **{"class": SUPERVISOR_ERROR, "error": text})
+            run.record(events.stopped(SUPERVISOR_ERROR, text), **where)
         except Exception:  # noqa: BLE001
             pass
         return next_job.EXIT_STOPPED
 
 
 def _decide(
-    run: RunDir, events: list[dict[str, Any]], job_id: str, restart: int, relaunch: int, rc: int
+    run: RunDir, run_rows: Sequence[Row], job_id: str, restart: int, relaunch: int, rc: int
 ) -> Optional[int]:
     """The exit code when no resubmit is needed, else None: the step exited cleanly, another job
     holds the run, the run finished, stopped or was cancelled, or this attempt's restart exists
     already (then only made sure to be released)."""
     if rc in (0, errors.EXIT_DUPLICATE):
         return 0
-    if any(e["event"] == "finished" for e in events):
+    if any(e["event"] == "finished" for e in run_rows):
         return 0
-    if ledger.current_stop(events) is not None:
+    if windows.current_stop(run_rows) is not None:
         return next_job.EXIT_STOPPED
-    attempt = ledger.attempt_of(events, job_id, restart, relaunch)
-    if ledger.cancelled_since(events, job_id, attempt):
+    attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch)
+    if ledger.cancelled_since(run_rows, job_id, attempt):
         return 0
 
-    def mine(e: dict[str, Any]) -> bool:  # a row of this start: (job id, restart, relaunch)
+    def mine(e: Row) -> bool:  # a row of this start: (job id, restart, relaunch)
         return ledger.attempt_key(e) == (job_id, restart, relaunch)
 
-    made = [e for e in events if e["event"] == "requeued" and mine(e)]
-    intents = [i for i, e in enumerate(events) if e["event"] == "resubmitting" and mine(e)]
-    later = events[intents[-1] :] if intents else []
+    made = [e for e in run_rows if e["event"] == "requeued" and mine(e)]
+    intents = [i for i, e in enumerate(run_rows) if e["event"] == "resubmitting" and mine(e)]
+    later = run_rows[intents[-1] :] if intents else []
     subs = [e for e in later if e["event"] == "submitted" and str(e.get("requeue_of")) == job_id]
     if subs:  # the supervisor got as far as submitting: make sure its job is released
         from slurmtrain.common.liveness import held
 
         new_id = str(subs[-1]["job_id"])
         if held(new_id) is not False:
-            next_job.release(run, new_id, dict(job_id=job_id, attempt=attempt))
+            next_job.release(run, new_id, Where(job_id=job_id, attempt=attempt))
         return 0
     return 0 if made else None

@@ -1,7 +1,7 @@
 """Restart inside the job's allocation: which healthy nodes run the next attempt, without the queue.
 
 Why: at hundreds of nodes a run fails every few hours, and a trip through a busy queue is where the
-time goes. A job that holds spare nodes with `--no-kill` (ledger.spare_nodes) survives a node's
+time goes. A job that holds spare nodes with `--no-kill` (faults.spare_nodes) survives a node's
 death; Slurm shrinks the allocation to the survivors and a new srun starts at once on them. So after
 a node failure, hang, crash or bad node the supervisor names the next step's nodes: the previous
 step's healthy nodes first (ranks keep their hosts), a spare for each failed one, the same world
@@ -15,17 +15,20 @@ error, health gate, a rank stuck before `started`), or its slurmd does not answe
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, Sequence
 
-from slurmtrain.common import ledger, slurm_cmd, slurm_text
-from slurmtrain.common.schema import node_range, restarts_in_allocation
-
-# Classes a fresh srun on other nodes can cure. Time limit and preemption end the allocation; an
-# OOM, divergence, unreadable checkpoints or a config error would fail again on any nodes.
-RELAUNCH_CLASSES = (ledger.NODE_FAILURE, ledger.HANG, ledger.CRASH)
+from slurmtrain.batch import exclusions, next_job
+from slurmtrain.common import events, inject_spec, ledger, slurm_cmd, slurm_text
+from slurmtrain.common.derived import node_range, restarts_in_allocation
+from slurmtrain.common.events import RELAUNCH_CLASSES, Row, Where
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig, load_run_config
 
 
 @dataclass
@@ -45,11 +48,7 @@ class Relaunch:
 def _drill_term_race(env: dict[str, str]) -> None:
     """`SLURMTRAIN_INJECT=relaunch_delay=S`: the relaunch decision waits up to S s for a SIGTERM
     (then goes on at once, inside KillWait), so a drill can land the TERM in the decision."""
-    import signal
-
-    from slurmtrain.common.inject_spec import parse
-
-    delay = float(parse(env).get("relaunch_delay") or 0)
+    delay = float(inject_spec.parse(env).get("relaunch_delay") or 0)
     if delay <= 0:
         return
     got: list[int] = []
@@ -74,34 +73,32 @@ def allocation_nodes(job_id: str, env: dict[str, str]) -> list[str]:
     return slurm_text.expand_hostlist(listed) if listed else []
 
 
-def step_hosts(events: list[dict[str, Any]], attempt: Optional[int]) -> list[str]:
+def step_hosts(rows: Sequence[Row], attempt: Optional[int]) -> list[str]:
     """The finished step's nodes in rank order (its `started` row), empty if it never started."""
-    for e in reversed(events):
+    for e in reversed(rows):
         if e["event"] == "started" and attempt is not None and e.get("attempt") == attempt:
-            return list(dict.fromkeys(str(h) for h in e.get("hosts") or []))
+            return list(dict.fromkeys(events.strings(e, "hosts")))
     return []
 
 
-def suspects(
-    cls: str, named: list[str], rows: list[dict[str, Any]], events: list[dict[str, Any]]
-) -> list[str]:
+def suspects(cls: str, named: list[str], rows: Sequence[Row], run_rows: Sequence[Row]) -> list[str]:
     """Nodes the failure points at: those the verdict named; for a crash whose real errors all
     come from one node, that node (swapped out only while a spare is at hand)."""
     if named or cls != ledger.CRASH:
         return sorted(set(named))
     real = ledger.real_errors([e for e in rows if e["event"] == "failed"])
-    nodes = {ledger.row_node(e, events) for e in real} - {None}
-    return sorted(nodes) if len(nodes) == 1 else []  # type: ignore[arg-type]
+    nodes = {n for n in (ledger.row_node(e, run_rows) for e in real) if n is not None}
+    return sorted(nodes) if len(nodes) == 1 else []
 
 
 def plan(
-    cfg: Any,
+    cfg: RootConfig,
     cls: str,
     allocation: list[str],
     previous: list[str],
     failed: list[str],
     excluded: list[str],
-    optional: list[str] = (),  # type: ignore[assignment]
+    optional: Sequence[str] = (),
 ) -> Optional[Relaunch]:
     """Nodes for the next attempt in this allocation, or None when it cannot hold the run.
 
@@ -136,30 +133,27 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
     here, as it would have without the relaunch: the next job after this one at the time limit,
     a requeue when preempted; a scancel is final and recorded `cancelled`. Idempotent: a
     decision already abandoned, or followed by a started step, is left alone."""
-    from slurmtrain.batch import exclusions, next_job
-    from slurmtrain.common.rundir import RunDir
-    from slurmtrain.common.schema import load_run_config
-
     run = RunDir(Path(run_dir).resolve())
     job_id = env.get("SLURM_JOB_ID", "")
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    events = run.run_events()
     mine = [
-        e for e in events if e.get("job_id") == job_id and int(e.get("restart") or 0) == restart
+        e
+        for e in run.run_events()
+        if e.get("job_id") == job_id and ledger.restart_count(e) == restart
     ]
     decided = [e for e in mine if e["event"] == "restarted_in_allocation"]
     if not decided:
         return 0
     last = decided[-1]
-    after = [e for e in mine if e["time"] >= last["time"]]
+    after = [e for e in mine if events.number(e, "time") >= events.number(last, "time")]
     if any(e["event"] in ("started", "relaunch_abandoned", "stopped", "finished") for e in after):
         return 0
-    record = dict(
+    where = Where(
         job_id=job_id,
-        attempt=last.get("attempt"),
-        nodes=last.get("nodes") or [],
+        attempt=events.integer(last, "attempt"),
+        nodes=events.strings(last, "nodes"),
         restart=restart,
-        relaunch=last.get("relaunch"),
+        relaunch=events.integer(last, "relaunch"),
     )
     cls = str(last.get("reason") or ledger.CRASH)
     if next_job.past_time_limit(job_id):
@@ -167,34 +161,28 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
     elif next_job.preempted(job_id):
         why = ledger.PREEMPTED
     else:  # scancel: never restarted
-        run.record("relaunch_abandoned", **record, **{"class": ledger.CANCELLED, "reason": cls})
+        run.record(events.relaunch_abandoned(ledger.CANCELLED, cls), **where)
         return 0
-    run.record("relaunch_abandoned", **record, **{"class": why, "reason": cls})
+    run.record(events.relaunch_abandoned(why, cls), **where)
     cfg = load_run_config(str(run.config))
     excl = exclusions.plan(run, cfg)
     if excl.problem:
-        return next_job.stop_no_nodes(run, record, excl, excl.problem)
+        return next_job.stop_no_nodes(run, where, excl, excl.problem)
     try:
         if why == ledger.PREEMPTED:  # same job id, as the supervisor requeues a preempted job
             slurm_cmd.requeue(job_id)
             new_id, how = job_id, "requeue"
         else:  # the time limit: a new job that starts once this one has ended
-            new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, record, after=job_id)
+            new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, where, after=job_id)
             how = "resubmit"
     except slurm_text.SlurmError as err:
-        return next_job.stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
-    run.record(
-        "requeued", **record, reason=cls, excluded=excl.nodes, new_job_id=new_id, how=how, at=why
-    )
+        return next_job.stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
+    run.record(events.requeued(cls, new_id, how, excluded=excl.nodes, at=why), **where)
     print(f"slurmtrain: {why} during an in-allocation restart: job {job_id} -> {new_id}")
     return 0
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    import argparse
-    import os
-    import signal
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # called after the TERM: finish the successor
     parser = argparse.ArgumentParser(prog="python -m slurmtrain.batch.in_allocation")
     parser.add_argument("run_dir")

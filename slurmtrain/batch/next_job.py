@@ -12,15 +12,16 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, TypedDict, Unpack
 
 from slurmtrain.batch import exclusions
-from slurmtrain.common import inject_spec, ledger, slurm_cmd, slurm_text
+from slurmtrain.common import events, inject_spec, ledger, slurm_cmd, slurm_text
+from slurmtrain.common.events import FailureClass, Where
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import load_run_config
+from slurmtrain.common.schema import RootConfig, load_run_config
 
 EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
-NO_NODES = "no_nodes"  # the stop class when no node set can run the job
+NO_NODES = FailureClass.no_nodes.value  # the stop class when no node set can run the job
 RELEASE_TRIES = 5  # `scontrol release` + check, 1+2+4+8 s apart: ~15 s beyond Slurm's own retries
 
 
@@ -50,14 +51,12 @@ def past_time_limit(job_id: str, margin_s: float = 5.0) -> bool:
     return limit is not None and time.time() >= start + limit - margin_s
 
 
-def stop_no_nodes(
-    run: RunDir, record: dict[str, Any], excl: exclusions.Exclusions, why: str
-) -> int:
+def stop_no_nodes(run: RunDir, where: Where, excl: exclusions.Exclusions, why: str) -> int:
     """The run cannot go on: say why, with every exclusion, in `stopped` (status shows it)."""
     error = f"{why}; excluded: {excl.describe() or 'none'}"
     if excl.dropped:
         error += f"; not excluded (the job needs them): {', '.join(excl.dropped)}"
-    run.record("stopped", **record, **{"class": NO_NODES, "error": error})
+    run.record(events.stopped(NO_NODES, error), **where)
     print(f"slurmtrain: stopping the run: {error}", file=sys.stderr)
     return EXIT_STOPPED
 
@@ -66,9 +65,9 @@ def restart_job(
     run: RunDir,
     job_id: str,
     bad: list[str],
-    cfg: Any,
+    cfg: RootConfig,
     cls: str,
-    record: dict[str, Any],
+    where: Where,
     after: Optional[str] = None,
 ) -> str:
     """Start the next attempt; returns its job id.
@@ -88,20 +87,31 @@ def restart_job(
         args.append(f"--exclude={slurm_text.compress_hostlist(bad)}")
     if after:  # starts only once this job has ended: never beside it
         args.append(f"--dependency=afterany:{after}")
-    return submit_held(run, job_id, args, record, reason=cls, excluded=bad, after=after)
+    return submit_held(run, job_id, args, where, reason=cls, excluded=bad, after=after)
+
+
+class Intent(TypedDict, total=False):
+    """Why the supervisor resubmits (its `resubmitting` row)."""
+
+    reason: str
+    excluded: list[str]
+
+
+class After(TypedDict, total=False):
+    after: str  # the job the new one starts after (absent: it starts when Slurm lets it)
 
 
 def submit_held(
     run: RunDir,
     job_id: str,
     args: list[str],
-    record: dict[str, Any],
+    where: Where,
     after: Optional[str] = None,
-    **intent: Any,
+    **intent: Unpack[Intent],
 ) -> str:
     """`sbatch --hold job.sbatch`, recorded as the run's owner (`submitted`, `requeue_of` this
     job), then released and checked (`release`); `resubmitting` (with `intent`) first."""
-    run.record("resubmitting", **record, **intent)
+    run.record("resubmitting", **where, **intent)
     # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
     new_id = slurm_cmd.sbatch(["--hold", *args], str(run.sbatch))
     run.record(
@@ -110,15 +120,15 @@ def submit_held(
         executor="slurm",
         fingerprint=run.path.name,
         requeue_of=job_id,
-        **({"after": after} if after else {}),
+        **(After(after=after) if after else After()),
     )
-    if injected("skip_release", record):  # a drill: the supervisor dies before the release
+    if injected("skip_release", where):  # a drill: the supervisor dies before the release
         return new_id
-    release(run, new_id, record)
+    release(run, new_id, where)
     return new_id
 
 
-def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEASE_TRIES) -> bool:
+def release(run: RunDir, job_id: str, where: Where, tries: int = RELEASE_TRIES) -> bool:
     """`scontrol release` the held job, then ask squeue that it is no longer held; again with
     backoff (1, 2, 4, ... s) up to `tries` times. False, with `release_failed` recorded, when it
     stays held (or squeue cannot say): the liveness check releases or drops a held owner older
@@ -139,19 +149,20 @@ def release(run: RunDir, job_id: str, record: dict[str, Any], tries: int = RELEA
             delay *= 2
     run.record(
         "release_failed",
-        **{**record, "new_job_id": job_id},
+        **where,
+        new_job_id=job_id,
         error=error or f"job {job_id} still held after {tries} releases",
     )
     return False
 
 
-def injected(key: str, record: dict[str, Any]) -> bool:
+def injected(key: str, where: Where) -> bool:
     """A drill's fault in the supervisor itself, from SLURMTRAIN_INJECT (the compute nodes'
     syntax, compute/faults/inject.py, read here without importing compute: `key=1`, and
     `attempts=1` confines it to those attempts)."""
     cfg = inject_spec.parse(os.environ)
     only = cfg.get("attempts")
-    if only and str(record.get("attempt")) not in only.split("+"):
+    if only and str(where.get("attempt")) not in only.split("+"):
         return False
     return bool(cfg.get(key))
 
@@ -168,9 +179,9 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
     if not past_time_limit(job_id):
         return 0
     relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
-    events = run.run_events()  # only whether the attempt is closed: no rank's row is needed
-    attempt = ledger.attempt_of(events, job_id, restart, relaunch)
-    rows = ledger.attempt_rows(events, job_id, restart, attempt, relaunch)
+    run_rows = run.run_events()  # only whether the attempt is closed: no rank's row is needed
+    attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch)
+    rows = ledger.attempt_rows(run_rows, job_id, restart, attempt, relaunch)
     if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
         return 0
     nodes = (
@@ -178,25 +189,20 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
         if env.get("SLURM_JOB_NODELIST")
         else []
     )
-    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
-    run.record("attempt_ended", **record, **{"class": ledger.TIMED_OUT, "at": "time limit"})
+    where = Where(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
+    run.record(events.attempt_ended(ledger.TIMED_OUT, at="time limit"), **where)
     if ledger.over_budget(run.run_events(), cfg.faults) is not None:
-        run.record("stopped", **record, **{"class": ledger.TIMED_OUT, "error": "time-limit budget"})
+        run.record(events.stopped(ledger.TIMED_OUT, "time-limit budget"), **where)
         return EXIT_STOPPED
     excl = exclusions.plan(run, cfg)
     try:
-        new_id = restart_job(run, job_id, excl.nodes, cfg, ledger.TIMED_OUT, record, after=job_id)
+        new_id = restart_job(run, job_id, excl.nodes, cfg, ledger.TIMED_OUT, where, after=job_id)
     except slurm_text.SlurmError as err:
-        return stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
-    run.record(
-        "requeued",
-        **record,
-        reason=ledger.TIMED_OUT,
-        excluded=excl.nodes,
-        new_job_id=new_id,
-        how="resubmit",
-        at="time limit",
+        return stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
+    resubmitted = events.requeued(
+        ledger.TIMED_OUT, new_id, "resubmit", excluded=excl.nodes, at="time limit"
     )
+    run.record(resubmitted, **where)
     print(
         f"slurmtrain: time limit: job {job_id} -> {new_id} (after this job ends)", file=sys.stderr
     )

@@ -1,24 +1,22 @@
 """The batch shell's supervisor: `python -m slurmtrain.batch.supervise RUN_DIR --rc CODE` after srun.
 
-Why in the batch shell: it runs outside any container (scontrol is there), once per attempt, after
-every rank has exited, so it sees the attempt's real outcome. It classifies the exit, records
-`attempt_ended`, and within the failure budgets starts the next attempt; past a budget it records
-`stopped`. Light on purpose: no torch import.
+It runs in the batch shell, outside any container (scontrol is there), once per attempt after
+every rank has exited, so it sees the attempt's real outcome: it classifies the exit (verdict.py),
+records `attempt_ended`, and within the failure budgets starts the next attempt; past a budget it
+records `stopped`. No torch import.
 
 Next attempt, `faults.restart`:
 - `resubmit` (default): `sbatch job.sbatch` (new job id, bad nodes excluded), then this job ends.
-  Measured here: `scontrol requeue` + `StartTime=now` restarts the job at once, but on a node that
-  ran it within `cred_expire` (120 s by default) slurmd refuses it ("Job credential revoked") and the
-  job ends FAILED; without lifting, the requeued job waits 121 s. A new job id has neither problem.
+  A requeued job restarted at once on a node that ran it within `cred_expire` is refused by slurmd
+  ("Job credential revoked"), and otherwise waits that long; a new job id has neither problem.
 - `requeue`: `scontrol requeue` (same job id, Slurm's own restart count), paying the site's delay.
 
 An attempt is (job id, SLURM_RESTART_COUNT): a start that died before `started` gets its own
 `attempt_ended` (class crash, `before_started`), never the previous start's outcome. Slurm's
-SIGTERM reaches the batch shell too (time limit, scancel, preemption): the script traps it and this
-process ignores it, so the restart still happens; a new job is submitted held, recorded, then
-released, so it never starts before the ledger knows it (compute/faults/owner.py checks that).
-Whatever this process raises, `main` records it (`supervisor_failed`) and falls back to a plain
-resubmit (batch/fallback.py): a supervisor bug never ends a run silently.
+SIGTERM reaches the batch shell too: the script traps it and this process ignores it, so the
+restart still happens. A new job is submitted held, recorded, then released, so it never starts
+before the ledger names it (compute/faults/owner.py checks that). Whatever this process raises,
+`main` records it (`supervisor_failed`) and falls back to a plain resubmit (batch/fallback.py).
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, Sequence
 
 from slurmtrain.batch import exclusions, fallback, in_allocation, next_job
 from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tests import them here
@@ -42,10 +40,11 @@ from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tes
     node_check_s,
     verdict_of,
 )
-from slurmtrain.common import errors, ledger, slurm_cmd, slurm_text
-from slurmtrain.common.jsonl import merge_rows
-from slurmtrain.common.rundir import RunDir, append_jsonl
-from slurmtrain.common.schema import load_run_config, restarts_in_allocation
+from slurmtrain.common import errors, events, ledger, slurm_cmd, slurm_text, windows
+from slurmtrain.common.derived import restarts_in_allocation
+from slurmtrain.common.jsonl import append_jsonl, merge_rows
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import load_run_config
 
 EXIT_STOPPED = next_job.EXIT_STOPPED
 
@@ -74,17 +73,19 @@ def supervise(
         print(f"slurmtrain: job {job_id} did not train {run.path}: another job holds it")
         return 0
     view = attempt_view(run, job_id, restart, relaunch)
-    events, attempt, rows = view.events, view.attempt, view.rows
+    ledger_rows, attempt, rows = view.events, view.attempt, view.rows
     closing = [e["event"] for e in rows if e["event"] in ("finished", "stopped")]
     if attempt is not None and closing:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
         # of a smoke chain) would start after a run that failed.
         return EXIT_STOPPED if "stopped" in closing else 0
-    record = dict(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart, relaunch=relaunch)
+    where = events.Where(
+        job_id=job_id, attempt=attempt, nodes=nodes, restart=restart, relaunch=relaunch
+    )
     if attempt is not None and any(e["event"] == "attempt_ended" for e in rows):
         return 0  # closed already: by on_sigterm's early restart, or by `cli cancel`
-    if ledger.cancelled_since(events, job_id, attempt):  # `cli cancel`: never restart it
-        run.record("attempt_ended", **record, **{"class": ledger.CANCELLED, "exit_code": rc})
+    if ledger.cancelled_since(ledger_rows, job_id, attempt):  # `cli cancel`: never restart it
+        run.record(events.attempt_ended(ledger.CANCELLED, exit_code=rc), **where)
         return 0
     rc = _effective_rc(rc, rows)
     if rc == 0:
@@ -95,40 +96,32 @@ def supervise(
         # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited
         # first, so it requeues itself (same job id: no second copy can appear). A scancel is final.
         if not next_job.preempted(job_id):
-            run.record("attempt_ended", **record, **{"class": ledger.CANCELLED, "exit_code": rc})
+            run.record(events.attempt_ended(ledger.CANCELLED, exit_code=rc), **where)
             return 0
-        run.record("attempt_ended", **record, **{"class": ledger.PREEMPTED, "exit_code": rc})
+        run.record(events.attempt_ended(ledger.PREEMPTED, exit_code=rc), **where)
         if ledger.over_budget(run.run_events(), cfg.faults) is not None:
-            run.record(
-                "stopped",
-                **record,
-                **{"class": ledger.PREEMPTED, "error": "preemption budget exhausted"},
-            )
+            run.record(events.stopped(ledger.PREEMPTED, "preemption budget exhausted"), **where)
             return EXIT_STOPPED
         slurm_cmd.requeue(job_id)
-        run.record("requeued", **record, reason=ledger.PREEMPTED, new_job_id=job_id, how="requeue")
+        run.record(events.requeued(ledger.PREEMPTED, job_id, "requeue"), **where)
         return 0
     failed = [e for e in rows if e["event"] == "failed"]
     # In-allocation: a dead node is found by probing its slurmd now, not by waiting for Slurm.
     inside = relaunch_file is not None and restarts_in_allocation(cfg) and not terminated
-    hosts = in_allocation.step_hosts(events, attempt) or nodes  # the step's nodes
+    hosts = in_allocation.step_hosts(ledger_rows, attempt) or nodes  # the step's nodes
     verdict = judge(view, rc, hosts, 0.0 if inside else node_check_s(cfg), probe=inside)
     cls = verdict.cls
     if attempt is None:  # a start that failed before `started` may be the user's after a stop
-        ledger.open_window(run, run.run_events(), job_id)
+        windows.open_window(run, run.run_events(), job_id)
     steps = [e.get("step") for e in failed]
-    extra: dict[str, Any] = {"before_started": True} if attempt is None else {}
+    extra: dict[str, object] = {"before_started": True} if attempt is None else {}
     if verdict.nodes and cls != ledger.NODE_FAILURE:
         extra["failed_nodes"] = verdict.nodes
-    run.record(
-        "attempt_ended",
-        **record,
-        **{"class": cls, "exit_code": rc, "step": next((s for s in steps if s is not None), None)},
-        **extra,
-    )
+    step = next((s for s in steps if s is not None), None)
+    run.record(events.attempt_ended(cls, exit_code=rc, step=step, **extra), **where)
     lost = verdict.nodes if cls == ledger.NODE_FAILURE else []
     for node in lost:
-        run.record("node_lost", **record, node=node)
+        run.record("node_lost", **where, node=node)
     for node, reason in verdict.exclude.items():
         append_jsonl(
             run.bad_nodes,
@@ -143,11 +136,11 @@ def supervise(
             },
             durable=True,
         )
-    events = merge_rows([run.run_events(), view.rank])  # with what was just recorded
-    stop = ledger.over_budget(events, cfg.faults)
-    if stop is not None or cls == ledger.CONFIG_ERROR:
-        error = _last_error(events, rows) or f"exit code {rc}"
-        run.record("stopped", **record, **{"class": stop or cls, "error": error})
+    ledger_rows = merge_rows([run.run_events(), view.rank])  # with what was just recorded
+    stop = ledger.over_budget(ledger_rows, cfg.faults)
+    if stop is not None or not events.restarts(cls):
+        error = _last_error(ledger_rows, rows) or f"exit code {rc}"
+        run.record(events.stopped(stop or cls, error), **where)
         print(
             f"slurmtrain: stopping the run: {stop or cls} budget exhausted; last error: {error}",
             file=sys.stderr,
@@ -162,14 +155,14 @@ def supervise(
             hosts,
             failed=sorted(set(lost) | set(verdict.exclude)),
             excluded=excl.nodes,
-            optional=in_allocation.suspects(cls, verdict.nodes, rows, events),
+            optional=in_allocation.suspects(cls, verdict.nodes, rows, ledger_rows),
         )
         if step is not None:
             assert relaunch_file is not None
             step.write(relaunch_file)
             run.record(
                 "restarted_in_allocation",
-                **record,
+                **where,
                 reason=cls,
                 left_out=step.failed,
                 swapped_in=step.swapped_in,
@@ -184,21 +177,17 @@ def supervise(
             )
             return errors.EXIT_RELAUNCH
     if excl.problem:
-        return next_job.stop_no_nodes(run, record, excl, excl.problem)
+        return next_job.stop_no_nodes(run, where, excl, excl.problem)
     try:
-        new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, record)
+        new_id = next_job.restart_job(run, job_id, excl.nodes, cfg, cls, where)
     except slurm_text.SlurmError as err:
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
-        return next_job.stop_no_nodes(run, record, excl, f"Slurm refused the restart: {err}")
-    run.record(
-        "requeued",
-        **record,
-        reason=cls,
-        excluded=excl.nodes,
-        exclusions_dropped=excl.dropped,
-        new_job_id=new_id,
-        how="requeue" if new_id == job_id else "resubmit",
+        return next_job.stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
+    how = "requeue" if new_id == job_id else "resubmit"
+    restarted = events.requeued(
+        cls, new_id, how, excluded=excl.nodes, exclusions_dropped=excl.dropped
     )
+    run.record(restarted, **where)
     print(
         f"slurmtrain: restart of job {job_id} -> {new_id} ({cls}); excluded: "
         f"{excl.describe() or 'none'}",
@@ -207,14 +196,14 @@ def supervise(
     return 0
 
 
-def _last_error(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Optional[str]:
+def _last_error(run_rows: Sequence[events.Row], rows: Sequence[events.Row]) -> Optional[str]:
     """The attempt's last real error (an all-rank failure: the one rank with a cause of its own,
     not the last of its peers' connection errors), else its last error, else the run's."""
     errs = [e for e in rows if e["event"] == "failed" and e.get("error")]
     errs = ledger.real_errors(errs) or errs
     if errs:
         return str(errs[-1]["error"]).strip().splitlines()[-1]
-    return ledger.last_error(events, rows[0].get("attempt") if rows else None)
+    return ledger.last_error(run_rows, events.integer(rows[0], "attempt") if rows else None)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -254,10 +243,10 @@ def _attempt_number(run_dir: str, env: dict[str, str]) -> Optional[int]:
     """This job start's attempt number (None before `started`): for a drill's `attempts=`."""
     if "supervisor_raise" not in env.get("SLURMTRAIN_INJECT", ""):
         return None  # read the ledger only for the drill
-    events = RunDir(Path(run_dir).resolve()).run_events()
+    run_rows = RunDir(Path(run_dir).resolve()).run_events()
     restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
-    return ledger.attempt_of(events, env.get("SLURM_JOB_ID", ""), restart, relaunch)
+    return ledger.attempt_of(run_rows, env.get("SLURM_JOB_ID", ""), restart, relaunch)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional, Sequence
 
 from slurmtrain.batch import in_allocation
-from slurmtrain.common import errors, ledger, slurm_cmd, slurm_text
+from slurmtrain.common import errors, events, ledger, slurm_cmd, slurm_text
+from slurmtrain.common.events import Row
 from slurmtrain.common.jsonl import merge_rows
 from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.planning import deadlines
 
 
@@ -27,7 +29,7 @@ class Verdict:
     exclude: dict[str, str] = field(default_factory=dict)
 
 
-def _effective_rc(rc: int, rows: list[dict[str, Any]]) -> int:
+def _effective_rc(rc: int, rows: Sequence[Row]) -> int:
     """What the attempt meant to exit with. After a collective stop every rank exits with the same
     code, but srun --kill-on-bad-exit may kill the slower ranks first, so srun's own code can be
     a signal's; the ledger's `signal` and `bad_node` events say what really happened."""
@@ -41,11 +43,11 @@ def _effective_rc(rc: int, rows: list[dict[str, Any]]) -> int:
     return rc
 
 
-def _nodes_of(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:
-    return sorted({n for n in (ledger.row_node(e, events) for e in rows) if n})
+def _nodes_of(rows: Sequence[Row], run_rows: Sequence[Row]) -> list[str]:
+    return sorted({n for n in (ledger.row_node(e, run_rows) for e in rows) if n})
 
 
-def never_joined(hung: list[dict[str, Any]]) -> list[str]:
+def never_joined(hung: Sequence[Row]) -> list[str]:
     """The step's nodes none of whose ranks had joined the rendezvous when the first rank gave up
     waiting: a node wedged in start-up or dead. Its ranks may write rows later (Slurm's SIGCONT and
     SIGTERM at the kill wake a stopped one), so a row counts only if it joined in time. When no
@@ -53,17 +55,17 @@ def never_joined(hung: list[dict[str, Any]]) -> list[str]:
     waiting = [e for e in hung if e.get("phase") == deadlines.RENDEZVOUS and e.get("step_nodes")]
     if not waiting:
         return []
-    gave_up = min(float(e.get("time") or 0) for e in waiting)
+    gave_up = min(events.number(e, "time") for e in waiting)
     joined = {
         str(e.get("host"))
         for e in waiting
-        if e.get("arrived_at") is not None and float(e["arrived_at"]) <= gave_up
+        if e.get("arrived_at") is not None and events.number(e, "arrived_at") <= gave_up
     }
-    step_nodes = {str(n) for e in waiting for n in e["step_nodes"]}
+    step_nodes = {n for e in waiting for n in events.strings(e, "step_nodes")}
     return sorted(step_nodes - joined) if joined else []
 
 
-def node_check_s(cfg: Any) -> float:
+def node_check_s(cfg: RootConfig) -> float:
     """How long to wait for Slurm to mark a dead node down: faults.node_check_s, or (0) this
     cluster's SlurmdTimeout + 30 s."""
     if cfg.faults.node_check_s > 0:
@@ -92,8 +94,8 @@ def _poll_down(nodes: list[str], wait_s: float) -> list[str]:
 
 def classify(
     rc: int,
-    failed: list[dict[str, Any]],
-    events: list[dict[str, Any]],
+    failed: Sequence[Row],
+    run_rows: Sequence[Row],
     nodes: list[str],
     wait_s: float,
     started: bool = True,
@@ -101,36 +103,30 @@ def classify(
 ) -> Verdict:
     """The verdict on a job step that exited with `rc` != 0, from its ranks' `failed` rows.
 
-    A real error outranks hang rows and peers' communication errors: an OOM is `oom` (node and
-    step named, not excluded); a local CUDA/NCCL/ECC error is a node failure of the node that
-    recorded it (excluded); a hang before `started` is attributed to the stuck ranks' nodes, and
-    a rendezvous that timed out to the step's nodes none of whose ranks joined it.
+    The rows decide first (ledger.classify: exit code, OOM, device error, a real error); this
+    adds the nodes to name and exclude: an OOM's nodes (named, not excluded), a device error's
+    (excluded), a hang before `started` the stuck ranks' nodes, or a rendezvous that timed out
+    the step's nodes none of whose ranks joined it.
 
     Slurm calls for an unexplained failure (no real error, the costliest decision): with `probe`,
     one `scontrol show node` plus a TCP connect per node (64 at a time, 30 s at most); then at most
     len(poll_delays(wait_s)) + 1 `sinfo` calls, each naming every node (15 at wait_s = 330 s).
     Other classes make none. The caller adds one `scontrol show config` when
     faults.node_check_s is 0."""
-    if rc in ledger.EXIT_CLASS and rc != errors.EXIT_HANG:
-        return Verdict(ledger.EXIT_CLASS[rc])
-    real = ledger.real_errors(failed)
-    oom = [e for e in real if ledger.is_oom(e)]
-    if oom:
-        return Verdict(ledger.OOM, _nodes_of(oom, events))
-    device = [e for e in real if ledger.is_device_error(e)]
-    if device:
-        named = _nodes_of(device, events)
-        why = str(device[0].get("error", "")).strip().splitlines()[-1:] or ["device error"]
-        return Verdict(
-            ledger.NODE_FAILURE, named, {n: f"device error: {why[0][:200]}" for n in named}
-        )
-    if real:
-        return Verdict(real[0].get("class") or ledger.CRASH)
+    found = ledger.classify(failed, rc)
+    if found.cls == ledger.OOM:
+        return Verdict(found.cls, _nodes_of(found.rows, run_rows))
+    if found.cls == ledger.NODE_FAILURE and found.rows:
+        named = _nodes_of(found.rows, run_rows)
+        why = str(found.rows[0].get("error", "")).strip().splitlines()[-1:] or ["device error"]
+        return Verdict(found.cls, named, {n: f"device error: {why[0][:200]}" for n in named})
+    if found.cls is not None:
+        return Verdict(found.cls)
     hung = [e for e in failed if e.get("class") == ledger.HANG]
     if hung or rc == errors.EXIT_HANG:
         if started:
             return Verdict(ledger.HANG)
-        named = _nodes_of(hung, events)
+        named = _nodes_of(hung, run_rows)
         if named:
             return Verdict(ledger.HANG, named, {n: "hang before started" for n in named})
         absent = never_joined(hung)
@@ -145,7 +141,7 @@ def classify(
     down = _poll_down(nodes, wait_s)
     if down:
         return Verdict(ledger.NODE_FAILURE, down)
-    classes = [e.get("class") for e in failed if e.get("class")]
+    classes = [str(e["class"]) for e in failed if e.get("class")]
     return Verdict(classes[0] if classes else ledger.CRASH)
 
 
@@ -156,18 +152,18 @@ class AttemptView:
     rows, and its rank rows alone (`rank`). O(attempts + nodes) files, never every rank's rows of
     every attempt."""
 
-    events: list[dict[str, Any]]
+    events: list[dict[str, object]]
     attempt: Optional[int]
-    rows: list[dict[str, Any]]
-    rank: list[dict[str, Any]]
+    rows: list[dict[str, object]]
+    rank: list[dict[str, object]]
 
 
 def attempt_view(run: RunDir, job_id: str, restart: int, relaunch: int) -> AttemptView:
     rank = run.rank_rows(job_id, restart, relaunch)
-    events = merge_rows([run.run_events(), rank])
-    attempt = ledger.attempt_of(events, job_id, restart, relaunch)
-    rows = ledger.attempt_rows(events, job_id, restart, attempt, relaunch)
-    return AttemptView(events, attempt, rows, rank)
+    run_rows = merge_rows([run.run_events(), rank])
+    attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch)
+    rows = ledger.attempt_rows(run_rows, job_id, restart, attempt, relaunch)
+    return AttemptView(run_rows, attempt, rows, rank)
 
 
 def verdict_of(

@@ -1,19 +1,11 @@
 """`python -m slurmtrain.cli cancel RUN_DIR|NAME`: stop every queued or running job of a run, for good.
 
-Every job of the run is found in one `squeue` of this user's jobs: those carrying the run's tag
-(`#SBATCH --comment=`, written into job.sbatch, so a hand `sbatch job.sbatch` carries it too:
-login/slurm_submit.run_tag) and those the ledger names (a sweep point's array task). Pending,
-held and running alike are cancelled, with one `scancel`.
-
-Order matters: `cancelled` goes into the ledger first, then `scancel`. The batch-shell supervisor
-(slurmtrain.batch.supervise) reads the ledger after srun returns and does not restart an attempt
-that a `cancelled` event postdates; a job the supervisor submitted anyway (it read the ledger just
-before the event) carries the tag too, so squeue is asked again and new ids are cancelled until
-every job of the run has left the queue. A job that escapes all this (submitted from a job.sbatch
-written before tags) does not train: every start checks for the cancel (compute/faults/owner.py).
-Checkpoints are kept: `cancelled` is not `finished`, so submitting the same config again (or
-`sbatch job.sbatch` after the cancel) resumes from the newest valid checkpoint.
-No torch: runs on a login node in a fraction of a second.
+The run's jobs are found in one `squeue`: those carrying its tag (`--comment`, in job.sbatch too:
+login/slurm_submit.run_tag) and those the ledger names. `cancelled` is recorded before `scancel`,
+so the supervisor never restarts an attempt the cancel postdates; a job it submitted meanwhile
+carries the tag, so squeue is asked again until the run's jobs have left the queue (and every
+start checks for the cancel: compute/faults/owner.py). Checkpoints are kept: submitting the same
+config again resumes. No torch: a login node, a fraction of a second.
 """
 
 from __future__ import annotations
@@ -23,10 +15,11 @@ import getpass
 import socket
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from slurmtrain.common import ledger, slurm_cmd
-from slurmtrain.common.rundir import ACTIVE_SLURM_STATES, RunDir, runs_named
+from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
+from slurmtrain.common.rundir import Rows, RunDir, runs_named
 from slurmtrain.common.slurm_text import SlurmError
 from slurmtrain.login.slurm_submit import run_tag
 
@@ -65,7 +58,7 @@ def _fail(line: str) -> None:
     raise SystemExit(2)
 
 
-def job_ids(events: list[dict[str, Any]]) -> list[str]:
+def job_ids(events: Rows) -> list[str]:
     """Every Slurm job id the run ever had, oldest first (submissions, requeues, resubmissions)."""
     ids: list[str] = []
     for e in events:

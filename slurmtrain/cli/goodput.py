@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
-from slurmtrain.common.rundir import RunDir, read_jsonl
+from slurmtrain.common.jsonl import merge_jsonl, merge_rows, rank_keys, rank_tier_files, read_jsonl
+from slurmtrain.common.ledger import real_errors
+from slurmtrain.common.rundir import Rows, RunDir
 from slurmtrain.planning.eta import format_duration
 
 # Display order; PRECEDENCE decides who owns a second claimed by two rules.
@@ -98,8 +100,8 @@ class _Attempt:
     started: Optional[float] = None
     start_step: Optional[int] = None
     loaded_step: Optional[int] = None
-    events: list[dict[str, Any]] = field(default_factory=list)
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    events: Rows = field(default_factory=list)
+    steps: Rows = field(default_factory=list)  # metrics rows
 
     def see(self, t: float) -> None:
         self.begin, self.end = min(self.begin, t), max(self.end, t)
@@ -110,6 +112,7 @@ class _Attempt:
     def resume_step(self) -> Optional[int]:
         """Steps above this were (re)computed here. An attempt that started without loading a
         checkpoint began at step 0; the first step logged bounds it when the ledger is incomplete."""
+        r: Optional[int]
         if self.loaded_step is not None:
             r = self.loaded_step
         else:
@@ -124,20 +127,18 @@ class _Attempt:
         return min(known) if known else None
 
 
-def _num(x: Any) -> Optional[float]:
+def _num(x: object) -> Optional[float]:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     return float(x) if math.isfinite(x) else None
 
 
-def _int(x: Any) -> Optional[int]:
+def _int(x: object) -> Optional[int]:
     v = _num(x)
     return int(v) if v is not None else None
 
 
-def analyze(
-    ledger: Iterable[dict[str, Any]], metrics: Iterable[dict[str, Any]], now: Optional[float] = None
-) -> Analysis:
+def analyze(ledger: Rows, metrics: Rows, now: Optional[float] = None) -> Analysis:
     """Goodput parts and the painted timeline. `now` extends a live run (queued or running) to now."""
     events = sorted(
         (e for e in ledger if _num(e.get("time")) is not None and isinstance(e.get("event"), str)),
@@ -191,7 +192,7 @@ def analyze(
     if live and now is not None:
         end = max(end, now)
     last_running = last is not None and live and not resubmitted and "requeued" not in kinds
-    if last_running:
+    if last_running and last is not None:
         last.end = end
 
     claims: list[tuple[float, float, int]] = []
@@ -204,16 +205,17 @@ def analyze(
     # Queue wait: submitted -> first start; after each attempt, the gap until the next start (from a
     # resubmission inside the gap, if any: before it nobody asked for the run, that is "other").
     prev_end: Optional[float] = None
-    gaps = [(a.begin, a) for a in chain] + ([] if last_running else [(end, None)])
-    for begin, a in gaps:
+    gaps: list[tuple[float, Optional[_Attempt]]] = [(a.begin, a) for a in chain]
+    gaps += [] if last_running else [(end, None)]
+    for begin, ended in gaps:
         lo = prev_end if prev_end is not None else -math.inf
         subs = [s for s in submitted if lo <= s <= begin]
         if subs:
             claim(min(subs), begin, "queue_wait")
         elif prev_end is not None:
             claim(prev_end, begin, "queue_wait")
-        if a is not None:
-            prev_end = a.end
+        if ended is not None:
+            prev_end = ended.end
 
     # Steps above a later attempt's resume point were recomputed there: work lost.
     cutoffs: dict[int, float] = {}
@@ -316,13 +318,10 @@ def _paint(claims: list[tuple[float, float, int]], start: float, end: float) -> 
     return [Segment(*x) for x in zip(starts, ends, parts)]
 
 
-def ledger_rows(rd: RunDir) -> list[dict[str, Any]]:
+def ledger_rows(rd: RunDir) -> Rows:
     """The run tier, and one `failed` row per start in the rank tier (its first real error, else
     its first row): what goodput and report show of failures. An all-rank failure is one
     failure, not 4,096 rows (each rank file is read once, one open at a time)."""
-    from slurmtrain.common.jsonl import merge_jsonl, merge_rows, rank_keys, rank_tier_files
-    from slurmtrain.common.ledger import real_errors
-
     firsts = []
     for key in sorted(rank_keys(rd.path)):
         rows = merge_jsonl(rank_tier_files(rd.path, key), shared=True)
@@ -363,7 +362,10 @@ def format_table(g: Goodput) -> str:
     rows.append(("wall", format_duration(g.wall), f"{g.wall:.1f}", "100.0%" if g.wall else "-"))
     head = ("part", "time", "seconds", "share")
     w = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
-    line = lambda r: f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}"  # noqa: E731
+
+    def line(r: tuple[str, str, str, str]) -> str:
+        return f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}"
+
     body = [
         line(head),
         "-" * (sum(w) + 6),

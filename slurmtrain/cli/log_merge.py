@@ -18,9 +18,11 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.rundir import Rows, RunDir
+
+MergeKey = tuple[int, float, int, int]  # (attempt, timestamp, file index, line number)
 
 LOG_SUFFIXES = (".log", ".out", ".err")
 BIG_RUN = 64  # more log files than this: the newest attempt alone, unless asked for more
@@ -74,7 +76,7 @@ class LogLine:
 class Traceback:
     attempt: Optional[int]
     rank: Optional[int]
-    key: tuple  # merge-order key of its first line: earlier key = earlier error
+    key: MergeKey  # of its first line: earlier key = earlier error
     path: Path
     lineno: int
     lines: list[str] = field(default_factory=list)
@@ -145,7 +147,7 @@ def scan_logs(logs_dir: Path) -> list[LogFile]:
     return sorted((describe(Path(p)) for p, _ in _scan(logs_dir)), key=_file_order)
 
 
-def _file_order(f: LogFile) -> tuple:
+def _file_order(f: LogFile) -> tuple[int, int, str]:
     return (f.attempt or 0, -1 if f.rank is None else f.rank, str(f.path))
 
 
@@ -153,10 +155,10 @@ def find_logs(run_dir: Path) -> list[LogFile]:
     return scan_logs(RunDir(Path(run_dir)).logs)
 
 
-def attempt_windows(ledger: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+def attempt_windows(ledger: Rows) -> dict[str, list[tuple[int, float]]]:
     """Per job id, its attempts and the time up to which a log line belongs to each: the middle of the
     queue gap before the next attempt (a requeued Slurm job keeps its id and appends to its files)."""
-    spans: dict[int, list] = {}
+    spans: dict[int, tuple[Optional[str], float, float]] = {}  # attempt -> (job, begin, end)
     for e in ledger:
         n, t = e.get("attempt"), e.get("time")
         if (
@@ -165,15 +167,15 @@ def attempt_windows(ledger: list[dict[str, Any]]) -> dict[str, list[tuple[int, f
             or not isinstance(t, (int, float))
         ):
             continue
-        s = spans.setdefault(n, [None, math.inf, -math.inf])
-        s[0] = s[0] or (str(e["job_id"]) if e.get("job_id") is not None else None)
-        s[1] = t if e.get("event") == "started" else min(s[1], t)
-        s[2] = max(s[2], t)
+        job, begin, end = spans.get(n, (None, math.inf, -math.inf))
+        job = job or (str(e["job_id"]) if e.get("job_id") is not None else None)
+        begin = t if e.get("event") == "started" else min(begin, t)
+        spans[n] = (job, begin, max(end, t))
     by_job: dict[str, list[tuple[int, float, float]]] = {}
     for n, (job, begin, end) in sorted(spans.items()):
         if job is not None:
             by_job.setdefault(job, []).append((n, begin, end))
-    out = {}
+    out: dict[str, list[tuple[int, float]]] = {}
     for job, rows in by_job.items():
         out[job] = [
             (n, (end + rows[i + 1][1]) / 2 if i + 1 < len(rows) else math.inf)
@@ -186,12 +188,18 @@ class _TracebackTracker:
     """Cuts one file's lines into tracebacks (chained ones stay one block)."""
 
     def __init__(self, done: Callable[[Traceback], None]) -> None:
-        self.done, self.cur, self.state = done, None, "none"  # none | tb | after | chain
+        self.done = done
+        self.cur: Optional[Traceback] = None
+        self.state = "none"  # none | tb | after | chain
+
+    def _open(self) -> Traceback:
+        assert self.cur is not None, "a block is open in every state but none"
+        return self.cur
 
     def feed(self, text: str, make: Callable[[], Traceback]) -> bool:
         body = _SRUN_PREFIX.sub("", text, count=1)
         if self.state == "tb":
-            self.cur.lines.append(text)
+            self._open().lines.append(text)
             if body.strip() and not body[0].isspace() and TB_START not in body:
                 self.state = "after"  # the exception line closes the block
             return True
@@ -199,17 +207,17 @@ class _TracebackTracker:
             if not body.strip():
                 return False
             if body.startswith(CHAIN):
-                self.cur.lines += ["", text]
+                self._open().lines += ["", text]
                 self.state = "chain"
                 return True
             if self.state == "chain" and TB_START in body:
-                self.cur.lines.append(text)
+                self._open().lines.append(text)
                 self.state = "tb"
                 return True
             self.close()
         if TB_START in body:
             self.cur, self.state = make(), "tb"
-            self.cur.lines.append(text)
+            self._open().lines.append(text)
             return True
         return False
 
@@ -276,12 +284,12 @@ class LogMerger:
         job's rank among the run's job ids (no ledger), else unknown (None)."""
         if attempt is not None:
             return (attempt,)
-        return self.by_job.get(job or "") or (self.ordinal.get(job),)
+        return self.by_job.get(job or "") or (self.ordinal.get(job or ""),)
 
     def _keep(self, attempt: Optional[int]) -> bool:
         return self.attempt is None or attempt == self.attempt
 
-    def _file_lines(self, idx: int, f: LogFile) -> list[tuple[tuple, LogLine]]:
+    def _file_lines(self, idx: int, f: LogFile) -> list[tuple[MergeKey, LogLine]]:
         """The shown lines of one file, read start to end and closed before the next is opened.
         An appended job file is cut into attempts by time (attempt_windows)."""
         windows = [] if f.attempt is not None else self.windows.get(f.job_id or "", [])

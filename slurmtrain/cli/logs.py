@@ -28,12 +28,13 @@ from slurmtrain.cli.log_merge import (  # noqa: F401  (the names callers and tes
     parse_timestamp,
     scan_logs,
 )
+from slurmtrain.cli.nccl_dumps import summary
 from slurmtrain.common.rundir import RunDir
 
 
 def _print_first_error(m: LogMerger) -> None:
     """A red rule naming where, then the block unwrapped (copy-pasteable), then a closing rule."""
-    from rich.console import Console
+    from rich.console import Console  # start-up speed: rich only for a first error
     from rich.text import Text
 
     console = Console(highlight=False)
@@ -82,9 +83,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 write(f"{line.tag} {line.text}\n")
         sys.stdout.flush()
         _print_first_error(m)
-        from slurmtrain.cli.nccl_dumps import summary  # NCCL's flight recorder, when it dumped
-
-        for text in summary(RunDir(args.run_dir).logs):
+        for text in summary(RunDir(args.run_dir).logs):  # NCCL's flight recorder, if it dumped
             print(text)
     except BrokenPipeError:  # `| head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

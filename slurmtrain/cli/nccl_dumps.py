@@ -1,16 +1,10 @@
 """Which rank and collective a hung job waited on, from the flight recorder's dumps in RUN_DIR/logs.
 
-Each rank's dump (torch's flight recorder pickle: `entries`, `pg_config`, `version`, written by
-our watchdog on a hang (compute/distributed.dump_collectives) or by NCCL on its timeout) lists
-its last collectives: per process group a `collective_seq_id`, the op (`profiling_name`, e.g.
-`nccl:all_reduce`), sizes, and whether it finished (`state` "completed" or `retired`). The
-collective every other rank waited in is the highest sequence number some rank entered and did
-not finish; the ranks whose last sequence number is lower never joined it: they are the ones to
-look at (their stacks are in logs/hang.*). The file names come from job.sbatch.j2:
-`nccl_trace.<job>.<restart>.<relaunch>.rank_<rank>`; the newest attempt with dumps is read.
-
-Login-side: no torch import; the pickles are read with an unpickler that refuses every class
-(the format holds only dicts, lists, tuples, strings and numbers).
+Each rank's dump (`nccl_trace.<job>.<restart>.<relaunch>.rank_<rank>`, written by our watchdog or
+by NCCL on its timeout) lists its last collectives per process group. The collective the others
+waited in is the highest sequence number some rank entered and did not finish; ranks whose last
+number is lower never joined it: those are the ones to look at (logs/hang.*). No torch: the
+pickles are read with an unpickler that refuses every class (they hold only plain data).
 """
 
 from __future__ import annotations
@@ -21,23 +15,40 @@ import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Iterable, NoReturn, Optional, Sequence, TypedDict, cast
 
 NAME = re.compile(r"^nccl_trace\.(?P<attempt>[^/]+?)\.rank_(?P<rank>\d+)$")
 
 
+class TraceEntry(TypedDict, total=False):
+    """One collective in a rank's dump (the keys read here)."""
+
+    collective_seq_id: int
+    profiling_name: str
+    input_sizes: list[list[int]]
+    process_group: Sequence[str]  # (name, description)
+    state: str
+    retired: bool
+    is_p2p: bool
+
+
+class Dump(TypedDict, total=False):
+    entries: list[TraceEntry]
+    pg_config: dict[str, dict[str, object]]  # group -> {"desc", "ranks", ...}
+
+
 class _DataOnly(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> NoReturn:
         raise pickle.UnpicklingError(f"{module}.{name}: not part of a flight recorder dump")
 
 
-def read(path: Path) -> dict[str, Any]:
+def read(path: Path) -> Dump:
     """One rank's dump as a dict (`entries`, `pg_config`, ...)."""
     with open(path, "rb") as f:
         data = _DataOnly(io.BytesIO(f.read())).load()
     if not isinstance(data, dict) or "entries" not in data:
         raise ValueError(f"{path}: not a flight recorder dump")
-    return data
+    return cast(Dump, data)  # a dict with entries: checked above
 
 
 def find(logs: Path) -> dict[str, dict[int, Path]]:
@@ -57,7 +68,7 @@ class Stall:
     group: str
     seq: int
     op: str
-    sizes: Any
+    sizes: Optional[list[list[int]]]
     waited: list[int]
     behind: dict[int, str] = field(default_factory=dict)  # rank -> its last collective
     no_dump: list[int] = field(default_factory=list)
@@ -86,16 +97,17 @@ class Stall:
         return text
 
 
-def _sizes(sizes: Any) -> str:
+def _sizes(sizes: Optional[list[list[int]]]) -> str:
     try:
         return "x".join(str(n) for n in sizes[0]) if sizes and sizes[0] else "[]"
     except (TypeError, IndexError):
         return str(sizes)
 
 
-def ranges(ranks: Any) -> str:
+def ranges(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5"."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for r in sorted(ranks):
         if run and r != run[-1] + 1:
             out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
@@ -106,16 +118,16 @@ def ranges(ranks: Any) -> str:
     return ",".join(out)
 
 
-def _finished(entry: dict[str, Any]) -> bool:
+def _finished(entry: TraceEntry) -> bool:
     return bool(entry.get("retired")) or entry.get("state") == "completed"
 
 
-def _group(entry: dict[str, Any]) -> str:
+def _group(entry: TraceEntry) -> str:
     name, desc = (list(entry.get("process_group") or ("?", "")) + [""])[:2]
     return desc if desc and desc != "undefined" else f"group {name}"
 
 
-def _members(dumps: dict[int, dict[str, Any]], group: str) -> Optional[set[int]]:
+def _members(dumps: dict[int, Dump], group: str) -> Optional[set[int]]:
     """The group's ranks from any dump's pg_config (None: not recorded)."""
     for dump in dumps.values():
         for cfg in (dump.get("pg_config") or {}).values():
@@ -127,9 +139,9 @@ def _members(dumps: dict[int, dict[str, Any]], group: str) -> Optional[set[int]]
     return None
 
 
-def analyse(dumps: dict[int, dict[str, Any]], world: Optional[int] = None) -> list[Stall]:
+def analyse(dumps: dict[int, Dump], world: Optional[int] = None) -> list[Stall]:
     """The stalled collective of each process group with one (default group first)."""
-    lasts: dict[str, dict[int, dict[str, Any]]] = {}
+    lasts: dict[str, dict[int, TraceEntry]] = {}
     for rank, dump in dumps.items():
         for e in dump.get("entries") or []:
             if e.get("is_p2p"):
@@ -137,7 +149,7 @@ def analyse(dumps: dict[int, dict[str, Any]], world: Optional[int] = None) -> li
             mine = lasts.setdefault(_group(e), {})
             if rank not in mine or e["collective_seq_id"] >= mine[rank]["collective_seq_id"]:
                 mine[rank] = e
-    stalls = []
+    stalls: list[Stall] = []
     for group, last in lasts.items():
         top = max(e["collective_seq_id"] for e in last.values())
         at_top = {r: e for r, e in last.items() if e["collective_seq_id"] == top}
@@ -176,7 +188,8 @@ def summary(logs: Path, world: Optional[int] = None) -> list[str]:
     if not found:
         return []
     key = max(found, key=lambda k: max(p.stat().st_mtime for p in found[k].values()))
-    dumps, bad = {}, []
+    dumps: dict[int, Dump] = {}
+    bad: list[str] = []
     for rank, path in sorted(found[key].items()):
         try:
             dumps[rank] = read(path)

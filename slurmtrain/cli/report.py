@@ -1,8 +1,9 @@
 """`python -m slurmtrain.cli.report RUN_DIR [--out PNG] [--live]`: a run over wall time in one PNG.
 
 Panels: loss (train, and the held-out valid_loss as its own line), tokens/s, MFU (or TFLOP/s per
-GPU), goodput breakdown (cumulative share and a timeline strip), all with markers for attempts, requeues, failures (by class) and saved checkpoints. A short
-text summary goes to stdout. Login node: matplotlib with the Agg backend, no torch.
+GPU), goodput breakdown (cumulative share and a timeline strip), all with markers for attempts,
+requeues, failures (by class, coloured from common/events.py's table) and saved checkpoints. A
+short text summary goes to stdout. Login node: matplotlib with the Agg backend, no torch.
 """
 
 from __future__ import annotations
@@ -11,11 +12,19 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, NotRequired, Optional, Sequence, TypedDict
 
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
 from slurmtrain.cli.startup_phases import format_startup
-from slurmtrain.common.rundir import RunDir, read_jsonl
+from slurmtrain.common.events import TRAITS, Row
+from slurmtrain.common.jsonl import read_jsonl
+from slurmtrain.common.rundir import RunDir
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.lines import Line2D
+
+Rows = list[dict[str, object]]
 
 PART_COLORS = {
     "productive": "#2ca02c",
@@ -38,18 +47,21 @@ STACK = (
     "other",
     "queue_wait",
 )
-CLASS_COLORS = {
-    "preempted": "#8c564b",
-    "timed_out": "#ff7f0e",
-    "node_failure": "#d62728",
-    "hang": "#e377c2",
-    "crash": "#000000",
-    "config_error": "#1f77b4",
-}
-MARKERS = {
-    "started": dict(color="#2ca02c", ls="--", lw=1.0, alpha=0.8),
-    "requeued": dict(color="#ff7f0e", ls=":", lw=1.4, alpha=0.9),
-    "checkpoint_saved": dict(color="#1f77b4", ls="-", lw=0.6, alpha=0.35),
+CLASS_COLORS: dict[str, str] = {cls.value: traits.colour for cls, traits in TRAITS.items()}
+UNKNOWN_CLASS_COLOR = "#7f7f7f"  # a class this version does not know (a newer writer's)
+
+
+class Style(TypedDict):
+    color: str
+    ls: str
+    lw: float
+    alpha: NotRequired[float]
+
+
+MARKERS: dict[str, Style] = {
+    "started": Style(color="#2ca02c", ls="--", lw=1.0, alpha=0.8),
+    "requeued": Style(color="#ff7f0e", ls=":", lw=1.4, alpha=0.9),
+    "checkpoint_saved": Style(color="#1f77b4", ls="-", lw=0.6, alpha=0.35),
 }
 
 
@@ -61,13 +73,11 @@ def _unit(wall: float) -> tuple[float, str]:
     return 86400.0, "days"
 
 
-def summary(
-    run_dir: Path, a: Analysis, ledger: list[dict[str, Any]], metrics: list[dict[str, Any]]
-) -> str:
+def summary(run_dir: Path, a: Analysis, ledger: Rows, metrics: Rows) -> str:
     """Steps, attempts, failures by class and the goodput table, as plain text."""
     kinds = Counter(e.get("event") for e in ledger)
     failures = Counter(str(e.get("class", "?")) for e in ledger if e.get("event") == "failed")
-    steps = [m["step"] for m in metrics if isinstance(m.get("step"), int)]
+    steps = [step for m in metrics if isinstance(step := m.get("step"), int)]
     g = a.goodput
     fail = ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none"
     valid = [m for m in metrics if isinstance(m.get("valid_loss"), (int, float))]
@@ -95,41 +105,50 @@ def summary(
 
 
 def _series(
-    metrics: list[dict[str, Any]], key: str, t0: float, unit: float
-) -> dict[int, tuple[list, list]]:
+    metrics: Sequence[Row], key: str, t0: float, unit: float
+) -> dict[int, tuple[list[float], list[float]]]:
     """Per attempt (so lines never join across a restart): x in `unit` since t0, y."""
-    out: dict[int, tuple[list, list]] = {}
+    out: dict[int, tuple[list[float], list[float]]] = {}
     for m in metrics:
         v, t = m.get(key), m.get("time")
         if isinstance(v, (int, float)) and isinstance(t, (int, float)):
-            xs, ys = out.setdefault(int(m.get("attempt") or 1), ([], []))
+            xs, ys = out.setdefault(_attempt_of(m), ([], []))
             xs.append((t - t0) / unit)
             ys.append(float(v))
     return out
 
 
+def _attempt_of(m: Row) -> int:
+    attempt = m.get("attempt")
+    return int(attempt) if isinstance(attempt, (int, float)) and attempt else 1
+
+
 def _metric_panel(
-    ax,
-    metrics,
+    ax: Axes,
+    metrics: Sequence[Row],
     key: str,
     label: str,
     t0: float,
     unit: float,
     scale: float = 1.0,
-    lost: frozenset = frozenset(),
+    lost: frozenset[tuple[int, int]] = frozenset(),
 ) -> bool:
     series = _series(metrics, key, t0, unit)
     for _attempt, (xs, ys) in sorted(series.items()):
         ax.plot(xs, [y * scale for y in ys], lw=1.2, color="#1f77b4")
     if lost:
         pts = [
-            ((m["time"] - t0) / unit, m[key] * scale)
+            ((t - t0) / unit, v * scale)
             for m in metrics
-            if (int(m.get("attempt") or 1), m.get("step")) in lost
-            and isinstance(m.get(key), (int, float))
+            if (_attempt_of(m), m.get("step")) in lost
+            and isinstance(v := m.get(key), (int, float))
+            and isinstance(t := m.get("time"), (int, float))
         ]
         if pts:
-            ax.scatter(*zip(*pts), s=14, color="#d62728", zorder=3, label="recomputed later (lost)")
+            xs_lost, ys_lost = [x for x, _ in pts], [y for _, y in pts]
+            ax.scatter(
+                xs_lost, ys_lost, s=14, color="#d62728", zorder=3, label="recomputed later (lost)"
+            )
             ax.legend(loc="upper right", fontsize=7)
     ax.set_ylabel(label)
     if not series:
@@ -145,7 +164,7 @@ def _metric_panel(
     return bool(series)
 
 
-def _valid_line(ax, metrics, t0: float, unit: float) -> bool:
+def _valid_line(ax: Axes, metrics: Sequence[Row], t0: float, unit: float) -> bool:
     """The held-out loss (valid_loss) on the loss panel: its own line and points, per attempt."""
     series = _series(metrics, "valid_loss", t0, unit)
     for i, (_attempt, (xs, ys)) in enumerate(sorted(series.items())):
@@ -157,7 +176,7 @@ def _valid_line(ax, metrics, t0: float, unit: float) -> bool:
     return bool(series)
 
 
-def _cumulative(ax, a: Analysis, t0: float, unit: float) -> None:
+def _cumulative(ax: Axes, a: Analysis, t0: float, unit: float) -> None:
     """Share of elapsed wall time per part, stacked to 100% (the bottom band is running goodput)."""
     import numpy as np
 
@@ -178,7 +197,7 @@ def _cumulative(ax, a: Analysis, t0: float, unit: float) -> None:
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
 
 
-def _strip(ax, a: Analysis, t0: float, unit: float) -> None:
+def _strip(ax: Axes, a: Analysis, t0: float, unit: float) -> None:
     for part in PARTS:
         bars = [
             ((s.start - t0) / unit, (s.end - s.start) / unit) for s in a.segments if s.part == part
@@ -189,44 +208,42 @@ def _strip(ax, a: Analysis, t0: float, unit: float) -> None:
     ax.set_ylabel("timeline", rotation=0, ha="right", va="center")
 
 
-def _markers(axes, ledger: list[dict[str, Any]], t0: float, unit: float) -> list:
+MARKER_NAMES = {
+    "started": "attempt started",
+    "requeued": "requeued",
+    "checkpoint_saved": "checkpoint saved",
+}
+
+
+def class_color(cls: str) -> str:
+    """A failure class's marker colour (events.TRAITS)."""
+    return CLASS_COLORS.get(cls, UNKNOWN_CLASS_COLOR)
+
+
+def _markers(axes: Sequence[Axes], ledger: Sequence[Row], t0: float, unit: float) -> list[Line2D]:
     from matplotlib.lines import Line2D
 
     seen: dict[str, Line2D] = {}
     for e in ledger:
-        kind, t = e.get("event"), e.get("time")
+        kind, t = str(e.get("event")), e.get("time")
         if not isinstance(t, (int, float)):
             continue
+        style: Style
         if kind == "failed":
             cls = str(e.get("class", "?"))
-            style, name = (
-                dict(color=CLASS_COLORS.get(cls, "#7f7f7f"), ls="-", lw=1.6),
-                f"failed: {cls}",
-            )
+            style, name = Style(color=class_color(cls), ls="-", lw=1.6), f"failed: {cls}"
         elif kind in MARKERS:
-            style, name = (
-                MARKERS[kind],
-                {
-                    "started": "attempt started",
-                    "requeued": "requeued",
-                    "checkpoint_saved": "checkpoint saved",
-                }[kind],
-            )
+            style, name = MARKERS[kind], MARKER_NAMES[kind]
         else:
             continue
+        color, ls, lw, alpha = style["color"], style["ls"], style["lw"], style.get("alpha")
         for ax in axes:
-            ax.axvline((t - t0) / unit, **style)
-        seen.setdefault(name, Line2D([], [], **style, label=name))
+            ax.axvline((t - t0) / unit, color=color, ls=ls, lw=lw, alpha=alpha)
+        seen.setdefault(name, Line2D([], [], color=color, ls=ls, lw=lw, alpha=alpha, label=name))
     return list(seen.values())
 
 
-def plot(
-    run_dir: Path,
-    out: Path,
-    a: Analysis,
-    ledger: list[dict[str, Any]],
-    metrics: list[dict[str, Any]],
-) -> Path:
+def plot(run_dir: Path, out: Path, a: Analysis, ledger: Rows, metrics: Rows) -> Path:
     """Write the report PNG to `out` and return it."""
     import matplotlib
 
@@ -244,7 +261,7 @@ def plot(
     _valid_line(ax_loss, metrics, t0, unit)
     _metric_panel(ax_tps, metrics, "tokens_per_s", "tokens/s", t0, unit)
     if any(isinstance(m.get("mfu"), (int, float)) for m in metrics):
-        vals = [m["mfu"] for m in metrics if isinstance(m.get("mfu"), (int, float))]
+        vals = [v for m in metrics if isinstance(v := m.get("mfu"), (int, float))]
         _metric_panel(
             ax_mfu, metrics, "mfu", "MFU %", t0, unit, scale=100.0 if max(vals) <= 1.0 else 1.0
         )
@@ -278,7 +295,7 @@ def plot(
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m slurmtrain.cli.report", description=__doc__.split("\n\n")[0]
+        prog="python -m slurmtrain.cli.report", description=(__doc__ or "").split("\n\n")[0]
     )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/report.png)")

@@ -3,7 +3,9 @@ step: compute/startup.py), as the text table `report` prints. Login node: no tor
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
+
+from slurmtrain.common.rundir import Rows
 
 # The compute side's order (compute/startup.py PHASES); a phase not listed goes after them.
 ORDER = (
@@ -21,16 +23,19 @@ ORDER = (
 SHORT = {"deepspeed_init": "ds_init", "first_step": "1st step", "rendezvous": "rendezv"}
 
 
-def startup_rows(ledger: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def startup_rows(ledger: Rows) -> Rows:
     """One `startup` row per attempt (the first, should a record be repeated)."""
-    seen: dict[Any, dict[str, Any]] = {}
+    rows: Rows = []
+    seen: set[object] = set()  # attempts
     for e in ledger:
         if e.get("event") == "startup" and isinstance(e.get("phases"), dict):
-            seen.setdefault(e.get("attempt"), e)
-    return list(seen.values())
+            if e.get("attempt") not in seen:
+                seen.add(e.get("attempt"))
+                rows.append(e)
+    return rows
 
 
-def format_startup(ledger: list[dict[str, Any]]) -> Optional[str]:
+def format_startup(ledger: Rows) -> Optional[str]:
     """Seconds per phase, one line per attempt, and where its torch came from when staged."""
     rows = startup_rows(ledger)
     if not rows:
@@ -47,7 +52,10 @@ def format_startup(ledger: list[dict[str, Any]]) -> Optional[str]:
         for r in rows
     ]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
     out = ["start-up (seconds, process start to first step)", line(head), *map(line, body)]
     staged = [r for r in rows if r.get("staged_env")]
     if staged:
@@ -55,5 +63,5 @@ def format_startup(ledger: list[dict[str, Any]]) -> Optional[str]:
     return "\n".join(out)
 
 
-def _sec(value: Any) -> str:
+def _sec(value: object) -> str:
     return f"{float(value):.2f}" if isinstance(value, (int, float)) else "-"

@@ -9,16 +9,62 @@ with the smoke run's last error). Reads only run directories (and squeue for liv
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, TypedDict
 
-from slurmtrain.common.ledger import current_stop, real_errors, window
-from slurmtrain.common.rundir import RunDir, read_jsonl
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
+
+from slurmtrain.cli.goodput import analyze
+from slurmtrain.common import ledger
+from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
+from slurmtrain.common.ledger import real_errors
+from slurmtrain.common.liveness import StateUnknown
+from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.common.windows import current_stop, window
+from slurmtrain.login.branch import lineage_line
+from slurmtrain.login.smoke import blocked
 
 # Events that end an attempt without finishing the run: what status shows as the reason.
 STOP_EVENTS = ("failed", "stopped", "signal", "requeued", "node_lost")
+
+
+class SpareNodes(TypedDict):
+    held: int
+    idle: int
+    used: int
+    lost: int
+
+
+# One run's status row (`--json` prints it; tests read it). "class" is a keyword: functional form.
+StatusRow = TypedDict(
+    "StatusRow",
+    {
+        "run": str,
+        "name": str,
+        "state": str,
+        "attempts": int,
+        "step": int,
+        "valid_loss": Optional[float],
+        "checkpoint": Optional[str],
+        "job_id": Optional[str],
+        "nodes": list[str],
+        "class": Optional[str],
+        "error": Optional[str],
+        "goodput": Optional[float],
+        "last_event": Optional[str],
+        "rollbacks": int,
+        "last_rollback": Optional[str],
+        "spares": Optional[SpareNodes],
+        "branched_from": Optional[str],
+        "window": int,
+        "window_after": Optional[str],
+        "smoke_run": str,
+    },
+    total=False,
+)
 
 
 def find_runs(paths: list[Path]) -> list[RunDir]:
@@ -31,21 +77,16 @@ def find_runs(paths: list[Path]) -> list[RunDir]:
     return found
 
 
-def _state(run: RunDir, rows: list[dict[str, Any]]) -> str:
-    from slurmtrain.common.rundir import StateUnknown
-
+def _state(run: RunDir, rows: Rows) -> str:
     try:
         return run.state(rows)
     except StateUnknown as err:  # Slurm cannot say whether the job lives: say so, do not guess
         return f"unknown: {err}"
 
 
-def ledger_view(run: RunDir) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def ledger_view(run: RunDir) -> tuple[Rows, Rows]:
     """(run tier, run tier + the rank rows of the newest start that has any): what status reads.
     O(attempts + nodes) files, one open at a time, never every rank's rows of every attempt."""
-    from slurmtrain.common import ledger
-    from slurmtrain.common.jsonl import merge_rows, rank_keys
-
     rows = run.run_events()
     key = ledger.newest_key(rows, among=rank_keys(run.path))
     return rows, merge_rows([rows, run.rank_rows(*key)]) if key else rows
@@ -54,8 +95,6 @@ def ledger_view(run: RunDir) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 def metrics_tail(run: RunDir, max_rows: int = 100_000) -> tuple[int, Optional[float]]:
     """(last step, last validation loss) from the end of metrics.jsonl: a long run's file is
     not read whole (the search for a validation loss gives up after `max_rows` rows)."""
-    from slurmtrain.common.jsonl import tail_jsonl
-
     step, valid = None, None
     for i, m in enumerate(tail_jsonl(run.metrics)):
         if step is None and "step" in m:
@@ -68,15 +107,13 @@ def metrics_tail(run: RunDir, max_rows: int = 100_000) -> tuple[int, Optional[fl
     return (step if step is not None else 0), valid
 
 
-def summarize(run: RunDir) -> dict[str, Any]:
+def summarize(run: RunDir) -> StatusRow:
     """The status row of one run (plain values: also what tests and --json read)."""
-    from slurmtrain.cli.goodput import analyze
-
     run_rows, events = ledger_view(run)
     step, valid_loss = metrics_tail(run)
     latest = run.latest
     last = events[-1] if events else {}
-    row: dict[str, Any] = {
+    row: StatusRow = {
         "run": str(run.path),
         "name": run.path.parent.name,
         "state": _state(run, run_rows),
@@ -102,8 +139,6 @@ def summarize(run: RunDir) -> dict[str, Any]:
             f"{r.get('skipped_samples')} samples skipped"
         )
     row["spares"] = spares(run, events)
-    from slurmtrain.login.branch import lineage_line
-
     row["branched_from"] = lineage_line(run_rows)  # resume_from: parent, step, changed keys
     windows = [e for e in run_rows if e["event"] == "budget_window"]
     row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
@@ -116,15 +151,14 @@ def summarize(run: RunDir) -> dict[str, Any]:
             same = [e for e in stopped if e.get("job_id") == last.get("job_id")]
             last = (real_errors([e for e in same if e["event"] == "failed"]) or [last])[-1]
         row["class"] = last.get("class")
-        row["error"] = (last.get("error") or "").strip().splitlines()[-1:] or None
-        row["error"] = row["error"][0] if row["error"] else None
+        error = (last.get("error") or "").strip().splitlines()[-1:]
+        row["error"] = error[0] if error else None
     if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
-    from slurmtrain.login.smoke import blocked
-
     held = blocked(events)  # smoke=true: the big job waits for (or was cancelled by) its smoke
     if held is not None:
-        row.update(held)
+        row["state"], row["class"] = held["state"], held["class"]
+        row["error"], row["smoke_run"] = held["error"], held["smoke_run"]
     if events:
         try:
             # metrics read whole here: goodput times every step (the ledger is not re-read)
@@ -134,11 +168,9 @@ def summarize(run: RunDir) -> dict[str, Any]:
     return row
 
 
-def spares(run: RunDir, events: list[dict[str, Any]]) -> Optional[dict[str, int]]:
+def spares(run: RunDir, events: Rows) -> Optional[SpareNodes]:
     """faults.spare_nodes of the run: idle now, used (swapped in for a failed node), lost (left
     out of the step) by the newest job's in-allocation restarts; None when the run holds none."""
-    import yaml
-
     try:
         held = int((yaml.safe_load(run.config.read_text()) or {})["faults"]["spare_nodes"])
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
@@ -155,8 +187,8 @@ def spares(run: RunDir, events: list[dict[str, Any]]) -> Optional[dict[str, int]
     return {"held": held, "idle": idle, "used": used, "lost": lost}
 
 
-def render(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
+def render(rows: list[StatusRow]) -> None:
+    from rich.console import Console  # start-up speed: rich only for the table
     from rich.table import Table
 
     table = Table(title="slurmtrain runs")
@@ -176,6 +208,7 @@ def render(rows: list[dict[str, Any]]) -> None:
     ):
         table.add_column(col, overflow="fold")
     for r in rows:
+        spare = r.get("spares")
         gp = f"{r['goodput']:.0%}" if r["goodput"] is not None else "-"
         error = f"{r['class']}: {r['error']}" if r["class"] else ""
         if r.get("last_rollback"):
@@ -196,9 +229,7 @@ def render(rows: list[dict[str, Any]]) -> None:
             r["checkpoint"] or "-",
             str(r["job_id"] or "-"),
             ",".join(r["nodes"]) or "-",
-            "-"
-            if not r.get("spares")
-            else "idle {idle}, used {used}, lost {lost}".format(**r["spares"]),
+            "-" if not spare else "idle {idle}, used {used}, lost {lost}".format(**spare),
             gp,
             error,
         )
@@ -225,8 +256,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     rows = [summarize(run) for run in find_runs(args.paths)]
     if args.json:
-        import json
-
         for r in rows:
             print(json.dumps(r))
     elif rows:

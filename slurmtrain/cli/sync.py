@@ -1,14 +1,9 @@
 """`python -m slurmtrain.cli sync RUN_DIR|NAME [--dry-run] [--mlflow-uri URI]`: upload a run's offline trackers.
 
-Compute nodes seldom reach the internet, so W&B writes offline under RUN_DIR/wandb/: one
-offline-run-* folder per attempt, all with the run's one id. From a login node `wandb sync` uploads
-them; given every folder of the run it sends them in start order into ONE W&B run, and skips the
-folders it uploaded before (so sync again after more attempts). MLflow's default is a file store
-in RUN_DIR/mlruns: this says where it is and how to look at it, and `--mlflow-uri URI` copies its
-run to a server (params once, tags, artifacts, each metric's steps past those already there: sync
-again after more attempts); with logger.mlflow.tracking_uri set the ranks logged there already.
-No torch, and wandb/mlflow are imported only when there is something to sync (the upload is
-wandb's own command, in a child process).
+Compute nodes seldom reach the internet: W&B writes one offline folder per attempt under
+RUN_DIR/wandb/, which `wandb sync` (in a child process) uploads in start order into ONE W&B run,
+skipping folders sent before. MLflow's file store RUN_DIR/mlruns is shown, or copied to a server
+with `--mlflow-uri` (only what is not there yet). wandb/mlflow are imported only when needed.
 """
 
 from __future__ import annotations
@@ -19,9 +14,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, TypedDict
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from slurmtrain.common.rundir import RunDir, runs_named
 
@@ -31,12 +26,24 @@ def offline_dirs(run: RunDir) -> list[Path]:
     return sorted(p for p in (run.path / "wandb").glob("offline-run-*") if p.is_dir())
 
 
-def _logger(run: RunDir) -> dict[str, Any]:
+class MlflowKeys(TypedDict, total=False):
+    tracking_uri: Optional[str]
+
+
+class LoggerKeys(TypedDict, total=False):
+    """The run's config.yaml `logger` section, as far as sync reads it."""
+
+    wandb: Optional[dict[str, object]]
+    mlflow: Optional[MlflowKeys]
+
+
+def _logger(run: RunDir) -> LoggerKeys:
     try:
         data = yaml.safe_load(run.config.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return {}
-    return data.get("logger") or {}
+    section: LoggerKeys = data.get("logger") or LoggerKeys()
+    return section
 
 
 def sync_wandb(run: RunDir, dry_run: bool) -> int:
@@ -55,8 +62,8 @@ def sync_wandb(run: RunDir, dry_run: bool) -> int:
     return subprocess.run([*command, *map(str, dirs)], check=False).returncode
 
 
-def show_mlflow(run: RunDir, chosen: dict[str, Any]) -> None:
-    uri = (chosen.get("mlflow") or {}).get("tracking_uri")
+def show_mlflow(run: RunDir, chosen: LoggerKeys) -> None:
+    uri = (chosen.get("mlflow") or MlflowKeys()).get("tracking_uri")
     store = run.path / "mlruns"
     if uri:
         print(f"sync: {run.path}: MLflow logged to {uri} from the compute nodes; nothing to do")
@@ -76,7 +83,7 @@ def copy_mlflow(run: RunDir, uri: str) -> int:
         print("sync: the mlflow package is not installed here; pip install 'slurmtrain[mlflow]'")
         return 2
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading our own file store
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # optional dependency, checked above
     from mlflow.tracking import MlflowClient
 
     src = MlflowClient(tracking_uri=(run.path / "mlruns").resolve().as_uri())

@@ -1,15 +1,10 @@
-"""Checkpoints that are never half-written, never silently corrupt, and never stop training.
+"""The on-disk checkpoint protocol: never half-written, never silently corrupt (no torch).
 
-Protocol (README, "Checkpoints"): every rank writes its shards into `step_N.tmp/` through DeepSpeed (our
-`ShardWriter` engine: each rank fsyncs and hashes its own files); rank 0 writes `manifest.json`
-(files, sizes, checksums, world size, step, consumed samples, data position), renames the directory
-to `step_N/`, then atomically replaces `latest` (temp file + rename; DeepSpeed's one-line format).
-A directory without a manifest, or whose files do not match it, is never loaded: `find_resumable`
-walks back to the newest valid one.
-
-This module is the on-disk protocol (pure file operations, no torch), in common/ because the login
-node reads it too (branching a run checks the parent's checkpoint); the collective save around a
-DeepSpeed engine, async saves and disk errors live in compute/checkpoint/manager.py.
+Every rank writes and fsyncs its shards into `step_N.tmp/`; rank 0 writes `manifest.json` (files,
+sizes, checksums, step, world size...), renames the directory to `step_N/`, then replaces `latest`
+atomically. A directory whose files do not match its manifest is never loaded: `find_resumable`
+walks back to the newest valid one. In common/ because the login node reads it too (branching);
+the collective save lives in compute/checkpoint/manager.py.
 """
 
 from __future__ import annotations
@@ -23,8 +18,9 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Collection, Final, Mapping, Optional, Sequence, TypedDict, Union
 
+from slurmtrain.common import durable
 from slurmtrain.common.checkpoint_pins import pinned_steps
 
 MANIFEST = "manifest.json"
@@ -40,19 +36,18 @@ def tag(step: int) -> str:
     return f"step_{step}"
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file or a directory (a rename is durable only once its directory is synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # zlib's CRC-32 (4.2 GB/s on one core here, sha256 1.8 GB/s: at 1 GB/rank it was 13% of a save):
 # it catches flipped bytes, zeroed pages and truncation, which is what disks and filesystems do;
 # it is no defence against someone forging a checkpoint. Manifests that list sha256 still verify.
-CHECKSUM = "crc32"
+CHECKSUM: Final = "crc32"
+
+
+class FileEntry(TypedDict, total=False):
+    """One file of a manifest: its size, and its checksum when the save was verified."""
+
+    size: int
+    crc32: str
+    sha256: str  # manifests of older saves
 
 
 class Crc32:
@@ -61,7 +56,7 @@ class Crc32:
     def __init__(self) -> None:
         self.value = 0
 
-    def update(self, data: Any) -> None:
+    def update(self, data: Union[bytes, bytearray, memoryview]) -> None:
         self.value = zlib.crc32(data, self.value)
 
     def hexdigest(self) -> str:
@@ -89,36 +84,34 @@ def _files(directory: Path) -> list[Path]:
     )
 
 
-def write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def seal(
     tmp: Path,
     final: Path,
-    fields: dict[str, Any],
+    fields: Mapping[str, object],
     verify: str,
-    reports: Optional[list[dict[str, Any]]] = None,
+    reports: Optional[Sequence[Mapping[str, object]]] = None,
 ) -> dict[str, Any]:
     """Manifest into `tmp`, then rename it to `final` (a previous `final` is replaced whole).
 
     Files listed in `reports` were fsynced and hashed by the rank that wrote them; any other file
     (written outside our engine) is fsynced and hashed here.
     """
-    listed: dict[str, dict[str, Any]] = {}
+    listed: dict[str, FileEntry] = {}
     for report in reports or []:
-        listed.update(report["files"])
-    files = {}
+        reported = report["files"]
+        if not isinstance(reported, dict):
+            raise TypeError(f"a writer's report lists its files as {type(reported).__name__}")
+        listed.update(reported)
+    files: dict[str, FileEntry] = {}
     for path in _files(tmp):
         name = str(path.relative_to(tmp))
         size = path.stat().st_size
         entry = listed.get(name)
         if entry is None:
-            _fsync(path)
-            entry = {"size": size, **({CHECKSUM: _digest(path)} if verify == "checksum" else {})}
+            durable.fsync_path(path)
+            entry = FileEntry(size=size)
+            if verify == "checksum":
+                entry[CHECKSUM] = _digest(path)
         elif entry["size"] != size:
             raise OSError(f"{name}: {size} bytes on disk, its writer reported {entry['size']}")
         files[name] = entry
@@ -128,13 +121,13 @@ def seal(
     for marker in tmp.glob(".*_rank*.json"):
         marker.unlink()
     manifest = {"time": time.time(), "verify": verify, "files": files, **fields}
-    write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
+    durable.write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
     old = final.with_name(final.name + ".old")
     if final.exists():  # a stale copy of this step (re-saved after a resume)
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync(final.parent)
+    durable.fsync_path(final.parent)
     shutil.rmtree(old, ignore_errors=True)
     return manifest
 
@@ -142,9 +135,9 @@ def seal(
 def publish(
     root: Path,
     step: int,
-    meta: dict[str, Any],
+    meta: Mapping[str, object],
     verify: str,
-    reports: Optional[list[dict[str, Any]]] = None,
+    reports: Optional[Sequence[Mapping[str, object]]] = None,
 ) -> Path:
     """Rank 0, after every rank finished writing `step_N.tmp/`: manifest, rename, `latest`.
 
@@ -153,14 +146,14 @@ def publish(
     """
     tmp, final = root / f"{tag(step)}.tmp", root / tag(step)
     pointer = root / f".{LATEST}.tmp"
-    write_synced(pointer, tag(step))
+    durable.write_synced(pointer, tag(step))
     try:
         seal(tmp, final, {"step": step, **meta}, verify, reports)
     except BaseException:
         pointer.unlink(missing_ok=True)
         raise
     os.replace(pointer, root / LATEST)
-    _fsync(root)
+    durable.fsync_path(root)
     return final
 
 
@@ -185,7 +178,7 @@ def validate(directory: Path, full: bool = True) -> Optional[str]:
 def _check_file(
     directory: Path,
     name: str,
-    entry: dict[str, Any],
+    entry: FileEntry,
     full: bool,
     progress: Optional[Progress] = None,
 ) -> Optional[str]:
@@ -195,13 +188,15 @@ def _check_file(
     size = path.stat().st_size
     if size != entry["size"]:
         return f"{name}: {size} bytes, manifest says {entry['size']}"
-    kind = next((k for k in (CHECKSUM, "sha256") if k in entry), None)
-    if full and kind is not None and _digest(path, kind, progress) != entry[kind]:
+    kind, expected = (
+        (CHECKSUM, entry.get(CHECKSUM)) if CHECKSUM in entry else ("sha256", entry.get("sha256"))
+    )
+    if full and expected is not None and _digest(path, kind, progress) != expected:
         return f"{name}: checksum mismatch (corrupt)"
     return None
 
 
-def files_for_rank(files: dict[str, dict[str, Any]], rank: int, world: int) -> list[str]:
+def files_for_rank(files: Mapping[str, FileEntry], rank: int, world: int) -> list[str]:
     """The manifest's files rank `rank` of `world` checksums: the ones it wrote (its ZeRO
     partition, its RNG state) and a share of the rest (shared files, and those of ranks that are
     no longer there), balanced by size. Every rank computes the same split; together they cover
@@ -224,7 +219,7 @@ def files_for_rank(files: dict[str, dict[str, Any]], rank: int, world: int) -> l
     return sorted(n for n, r in owner.items() if r == rank)
 
 
-def read_bytes(files: dict[str, dict[str, Any]], rank: int, world: int) -> int:
+def read_bytes(files: Mapping[str, FileEntry], rank: int, world: int) -> int:
     """What rank `rank` reads of a checkpoint when loading it: its own partition and RNG state
     and every shared file (a universal checkpoint's are all shared)."""
     total = 0
@@ -264,7 +259,9 @@ def verify_files(
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    return json.loads((directory / MANIFEST).read_text())
+    """files (`FileEntry` each), verify, time, and the saver's own fields (step, world size...)."""
+    manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
+    return manifest
 
 
 def step_dirs(root: Path) -> list[Path]:

@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+from slurmtrain.common import durable
+
 PINS = "pins"
 _PIN = re.compile(r"step_(\d+)\.(.+)")
 
@@ -23,15 +25,8 @@ def pin(root: Path, step: int, by: str) -> Path:
     folder = root / PINS
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / f"step_{step}.{by}"
-    if not marker.exists():
-        fd = os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644)
-        os.fsync(fd)
-        os.close(fd)
-        dirfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dirfd)  # the entry itself must survive a crash: it is what keeps the step
-        finally:
-            os.close(dirfd)
+    if not marker.exists():  # the entry itself must survive a crash: it is what keeps the step
+        durable.create_empty(marker)
     return marker
 
 

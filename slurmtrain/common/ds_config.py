@@ -7,26 +7,42 @@ reach any DeepSpeed option without the schema knowing it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common.schema import grad_accumulation, resolved_dtype
+from slurmtrain.common.derived import grad_accumulation, resolved_dtype
+from slurmtrain.common.schema import LrDecay, RootConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
+    from torch.optim.lr_scheduler import LRScheduler
+
+Section = dict[str, object]  # a section of DeepSpeed's JSON config
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: Section, extra: Mapping[str, object]) -> Section:
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
+        here = base.get(key)
+        if isinstance(value, dict) and isinstance(here, dict):
+            _merge(here, value)
         else:
             base[key] = value
     return base
 
 
-def flops_profiler(train: DictConfig, profile_dir: Optional[str]) -> dict[str, Any]:
+def _extra(cfg: RootConfig) -> Section:
+    """deepspeed.extra as a plain dict: a DictConfig (login side) or a dict (compute side)."""
+    extra = cfg.deepspeed.extra
+    data = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else extra
+    assert isinstance(data, dict)
+    return {str(key): value for key, value in data.items()}
+
+
+def flops_profiler(train: TrainConfig, profile_dir: Optional[str]) -> Section:
     """DeepSpeed's FLOPs profiler on our step N (1-based); DeepSpeed counts completed steps from 0."""
     step = train.flops_profile_step
-    section: dict[str, Any] = {
+    section: Section = {
         "enabled": True,
         "profile_step": step - 1,
         "module_depth": -1,
@@ -68,11 +84,11 @@ def stage3_section(hidden_size: int) -> dict[str, int]:
     }
 
 
-def zero_section(cfg: DictConfig) -> dict[str, Any]:
+def zero_section(cfg: RootConfig) -> Section:
     """The `zero_optimization` section this run trains with (deepspeed.extra merged in): what
     DeepSpeed allocates from, so the planner reads its buckets here too."""
     ds = cfg.deepspeed
-    zero: dict[str, Any] = {"stage": ds.stage}
+    zero: Section = {"stage": ds.stage}
     if ds.stage > 0:
         zero.update(
             # Gradient reduction overlapped with backward (stage 3's default; 1-2 need it asked).
@@ -87,17 +103,16 @@ def zero_section(cfg: DictConfig) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.gpus_per_node > 0}
     if ds.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.gpus_per_node > 0}
-    extra = OmegaConf.to_container(ds.extra, resolve=True)
-    assert isinstance(extra, dict)
-    return _merge(zero, extra.get("zero_optimization") or {})
+    more = _extra(cfg).get("zero_optimization")
+    return _merge(zero, more if isinstance(more, dict) else {})
 
 
-def optimizer(cfg: DictConfig) -> dict[str, Any]:
+def optimizer(cfg: RootConfig) -> Section:
     """AdamW, stepped by: torch's fused kernel for GPU-resident state (one launch for all
     tensors); DeepSpeedCPUAdam (SIMD, built once by DeepSpeed) for state offloaded to the host;
     torch's plain AdamW on CPU runs (DeepSpeed's CPU Adam JIT-compiles ~70 s on first use)."""
     opt = cfg.optim
-    params: dict[str, Any] = {
+    params: Section = {
         "lr": opt.lr,
         "betas": [opt.beta1, opt.beta2],
         "eps": opt.eps,
@@ -111,11 +126,11 @@ def optimizer(cfg: DictConfig) -> dict[str, Any]:
     return {"type": "AdamW", "params": params}
 
 
-def precision(cfg: DictConfig, dtype: str) -> dict[str, Any]:
+def precision(cfg: RootConfig, dtype: str) -> Section:
     """bf16 runs accumulate and reduce gradients in fp32, as Megatron (main_grad) and torchtitan
     (FSDP reduce_dtype) do: a bf16 sum over 512 ranks keeps 8 mantissa bits. Costs 2x the bytes of
     the gradient reduction (deepspeed.extra.communication_data_type=bf16 to choose otherwise)."""
-    section: dict[str, Any] = {
+    section: Section = {
         "bf16": {"enabled": dtype == "bf16"},
         "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16},
     }
@@ -146,12 +161,13 @@ def lr_at(
     return floor + (peak - floor) * (1 - done)
 
 
-def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
+def lr_scheduler(cfg: RootConfig) -> Callable[[Optimizer], LRScheduler]:
     """`deepspeed.initialize(lr_scheduler=...)`: DeepSpeed calls it with the torch optimizer and
     steps the scheduler after every applied update (not after an fp16 overflow). Its state is the
     update count only, so a resumed run follows the config's schedule; a checkpoint written with
     DeepSpeed's WarmupDecayLR ({'last_batch_iteration'}) resumes at the same update."""
     o = cfg.optim
+    assert o.min_lr is not None and o.warmup_steps is not None and cfg.train.max_steps is not None
     peak, floor, warmup = float(o.lr), float(o.min_lr), int(o.warmup_steps)
     total = max(int(cfg.train.max_steps), 1)
     # A loaded optimizer's groups hold the saved run's betas, eps and decay too (follow_config).
@@ -162,15 +178,17 @@ def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
     }
 
     def factor(k: int) -> float:  # a function, not an object: torch saves no state for it
-        return lr_at(k, peak, floor, warmup, total, str(o.get("decay", "linear"))) / peak
+        return lr_at(k, peak, floor, warmup, total, str(getattr(o, "decay", LrDecay.linear))) / peak
 
-    def make(optimizer: Any) -> Any:
+    def make(optimizer: Optimizer) -> LRScheduler:
         from torch.optim.lr_scheduler import LambdaLR
 
-        class Schedule(LambdaLR):
-            def load_state_dict(self, state: dict[str, Any]) -> None:
+        class Schedule(LambdaLR):  # type: ignore[misc]  # torch is not followed by mypy
+            def load_state_dict(self, state: dict[str, object]) -> None:
                 if "last_epoch" not in state and "last_batch_iteration" in state:
-                    self.last_epoch = int(state["last_batch_iteration"]) + 1
+                    done = state["last_batch_iteration"]
+                    assert isinstance(done, (int, float))
+                    self.last_epoch = int(done) + 1
                 else:
                     super().load_state_dict(state)
                 self.follow_config()
@@ -190,13 +208,13 @@ def lr_scheduler(cfg: DictConfig) -> Callable[[Any], Any]:
     return make
 
 
-def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dict[str, Any]:
+def build(cfg: RootConfig, world: int, profile_dir: Optional[str] = None) -> Section:
     """DeepSpeed's config; the learning-rate schedule is `lr_scheduler(cfg)`, passed beside it
     (DeepSpeed's WarmupDecayLR starts the warm-up at its floor and cannot decay to another)."""
-    ds, opt, train = cfg.deepspeed, cfg.optim, cfg.train
+    opt, train = cfg.optim, cfg.train
     dtype = resolved_dtype(cfg)
     zero = zero_section(cfg)
-    config: dict[str, Any] = {
+    config: Section = {
         "train_batch_size": train.global_batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": grad_accumulation(cfg, world),
@@ -212,6 +230,4 @@ def build(cfg: DictConfig, world: int, profile_dir: Optional[str] = None) -> dic
     }
     if train.flops_profile_step > 0:
         config["flops_profiler"] = flops_profiler(train, profile_dir)
-    extra = OmegaConf.to_container(ds.extra, resolve=True)
-    assert isinstance(extra, dict)
-    return _merge(config, extra)
+    return _merge(config, _extra(cfg))

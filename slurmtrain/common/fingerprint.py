@@ -28,14 +28,19 @@ import dataclasses
 import hashlib
 import json
 import typing
-from typing import Any, Iterator, Optional
+from typing import Iterator, Mapping, Optional
+
+from slurmtrain.common import schema
+from slurmtrain.common.schema import RootConfig
+
+View = dict[str, object]  # the config as plain dicts (schema.plain), as hashed
 
 # Result keys added after the baseline, oldest first, each with the default it was introduced with
 # (a dotted path; a whole new section may be one entry with its default dict). Append only.
-ADDED_RESULT_KEYS: dict[str, Any] = {
+ADDED_RESULT_KEYS: dict[str, object] = {
     "data.skip_samples": 0,  # a branch's skipped data range (login/branch.py)
     "branch_of": None,  # a branch's parent fingerprint and step: its lineage
-    "model.family": "opt",  # the transformers model_type (issue 21: beyond OPT)
+    "model.family": "opt",  # the transformers model_type
     "model.num_kv_heads": None,  # GQA/MQA key-value heads; None: as many as query heads
     "model.tie_embeddings": True,
     "model.hf_extra": {},  # config.json keys passed through to the family's config class
@@ -43,31 +48,31 @@ ADDED_RESULT_KEYS: dict[str, Any] = {
 }
 
 
-def canonical(value: Any) -> str:
+def canonical(value: object) -> str:
     """The JSON text the fingerprint hashes (1 and 1.0 differ, as they do in the hash)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def digest(view: dict[str, Any]) -> str:
+def digest(view: Mapping[str, object]) -> str:
     return hashlib.sha256(canonical(view).encode()).hexdigest()[:12]
 
 
-def drop(data: dict[str, Any], key: str) -> None:
+def drop(data: View, key: str) -> None:
     """Remove dotted `key` from nested dicts (absent: nothing to do)."""
     parent, _, leaf = key.rpartition(".")
-    node: Any = data
+    node: object = data
     for part in parent.split(".") if parent else []:
         node = node.get(part) if isinstance(node, dict) else None
     if isinstance(node, dict):
         node.pop(leaf, None)
 
 
-def drop_defaults(view: dict[str, Any], keys: Optional[list[str]] = None) -> dict[str, Any]:
+def drop_defaults(view: View, keys: Optional[list[str]] = None) -> View:
     """`view` (changed in place) without the registered `keys` (default: all) that hold their
     registered default; a section left empty by that is dropped too (it did not exist before)."""
     for key in ADDED_RESULT_KEYS if keys is None else keys:
         path = key.split(".")
-        chain = [view]
+        chain: list[View] = [view]
         for part in path[:-1]:
             nxt = chain[-1].get(part)
             if not isinstance(nxt, dict):
@@ -84,13 +89,13 @@ def drop_defaults(view: dict[str, Any], keys: Optional[list[str]] = None) -> dic
     return view
 
 
-def legacy_fingerprints(view: dict[str, Any]) -> Iterator[str]:
+def legacy_fingerprints(view: View) -> Iterator[str]:
     """The fingerprints versions before each registration gave this config, newest first: a
     version where registered keys [:j] existed but were not yet registered hashed them as they
     were, or registered one key late. `view`: the result view before drop_defaults (not
     changed)."""
     names = list(ADDED_RESULT_KEYS)
-    seen = set()
+    seen: set[str] = set()
     for j in range(len(names), 0, -1):
         # keys [:j] hashed (none registered yet), or key j-1 alone (registered late)
         for hashed in (names[:j], names[j - 1 : j]):
@@ -101,17 +106,17 @@ def legacy_fingerprints(view: dict[str, Any]) -> Iterator[str]:
                 yield name
 
 
-def schema_keys(root: Optional[type] = None, prefix: str = "") -> list[str]:
-    """Every leaf key of the typed schema (RootConfig), dotted; dicts and lists are leaves."""
-    if root is None:
-        from slurmtrain.common.schema import RootConfig
+def _is_section(kind: object) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
-        root = RootConfig
+
+def schema_keys(root: type = RootConfig, prefix: str = "") -> list[str]:
+    """Every leaf key of the typed schema (RootConfig), dotted; dicts and lists are leaves."""
     out = []
     hints = typing.get_type_hints(root)
     for f in dataclasses.fields(root):
         kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
+        if _is_section(kind):
             out += schema_keys(kind, f"{prefix}{f.name}.")
         else:
             out.append(f"{prefix}{f.name}")
@@ -119,30 +124,29 @@ def schema_keys(root: Optional[type] = None, prefix: str = "") -> list[str]:
 
 
 def is_result_key(key: str, non_result: Optional[tuple[str, ...]] = None) -> bool:
-    """Whether `key` is hashed: neither it nor a section above it is a non-result key."""
+    """Whether `key` is hashed: neither it nor a section above it is a non-result key (read at
+    call time: tests reclassify keys)."""
     if non_result is None:
-        from slurmtrain.common.schema import NON_RESULT_KEYS as non_result
+        non_result = schema.NON_RESULT_KEYS
     parts = key.split(".")
     return not any(".".join(parts[:i]) in non_result for i in range(1, len(parts) + 1))
 
 
-def result_keys(root: Optional[type] = None) -> list[str]:
+def result_keys(root: type = RootConfig) -> list[str]:
     return [k for k in schema_keys(root) if is_result_key(k)]
 
 
-def schema_default(key: str, root: Optional[type] = None) -> Any:
+def schema_default(key: str, root: type = RootConfig) -> object:
     """The schema's default of dotted `key` (dataclasses.MISSING when it has none)."""
-    if root is None:
-        from slurmtrain.common.schema import RootConfig
-
-        root = RootConfig
-    kind: Any = root
+    kind = root
     parts = key.split(".")
     for part in parts[:-1]:
         kind = typing.get_type_hints(kind)[part]
     f = {f.name: f for f in dataclasses.fields(kind)}[parts[-1]]
     value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 REGISTER_HINT = (
@@ -152,7 +156,7 @@ REGISTER_HINT = (
 )
 
 
-def registry_problems(baseline: list[str], root: Optional[type] = None) -> list[str]:
+def registry_problems(baseline: list[str], root: type = RootConfig) -> list[str]:
     """One line per way the schema breaks the rule above against `baseline`, the result keys of
     the fingerprint baseline: a new result key neither registered nor non-result, a baseline key
     gone or reclassified, a registered key that is not a result key or ships another default."""

@@ -11,14 +11,19 @@ never read the user's folder, which may change) and the fingerprint hashes it, n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping, Union
 
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import ModelConfig, RootConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # transformers' standard attribute -> model.* key (every config class answers these names, through
 # its attribute_map where it stores them under its own, e.g. GPT-2's n_layer).
@@ -62,10 +67,10 @@ def source_file(value: str) -> Path:
     return found
 
 
-def read(value: str) -> dict[str, Any]:
+def read(value: str) -> dict[str, object]:
     found = source_file(value)
     try:
-        data = json.loads(found.read_text())
+        data: object = json.loads(found.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.config={found}: not a JSON config ({err}); {EXAMPLE}") from None
     if not isinstance(data, dict) or not data.get("model_type"):
@@ -76,12 +81,12 @@ def read(value: str) -> dict[str, Any]:
     return data
 
 
-def model_keys(data: dict[str, Any]) -> dict[str, Any]:
+def model_keys(data: dict[str, object]) -> dict[str, object]:
     """The `model` keys of a config.json: the shape by transformers' class, the rest hf_extra."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    family = data["model_type"]
+    family = str(data["model_type"])
     if family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         known = ", ".join(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)[:8])
         raise ConfigError(
@@ -95,11 +100,11 @@ def model_keys(data: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"model.config: transformers refuses this {family} config: {err}"
         ) from None
-    out: dict[str, Any] = {"family": family}
+    out: dict[str, object] = {"family": family}
     for attribute, key in STANDARD.items():
         out[key] = getattr(config, attribute, None)
     ffn = next((getattr(config, n) for n in FFN_NAMES if getattr(config, n, None)), None)
-    out["ffn_dim"] = int(ffn or 4 * out["hidden_size"])
+    out["ffn_dim"] = int(ffn or 4 * config.hidden_size)
     out["num_kv_heads"] = getattr(config, "num_key_value_heads", None)
     out["init_std"] = float(getattr(config, "initializer_range", None) or 0.02)
     out["tie_embeddings"] = bool(out["tie_embeddings"])
@@ -119,7 +124,7 @@ def model_keys(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def resolve(cfg: DictConfig) -> None:
+def resolve(cfg: RootConfig) -> None:
     """model.family=hf (model=hf): the config read into cfg.model; other families: nothing."""
     m = cfg.model
     if m.family != "hf":
@@ -133,23 +138,29 @@ def resolve(cfg: DictConfig) -> None:
     if not source:
         raise ConfigError(f"model=hf: needs model.config=DIR_OR_JSON; {EXAMPLE}")
     keys = model_keys(read(str(source)))
-    keys["hf_extra"] = {**keys["hf_extra"], **OmegaConf.to_container(m.hf_extra, resolve=True)}
+    read_extra = keys["hf_extra"]
+    assert isinstance(read_extra, dict)
+    keys["hf_extra"] = {**read_extra, **_plain_dict(m.hf_extra)}
     for key, value in keys.items():
-        m[key] = value
+        setattr(m, key, value)
     if m.name == "hf":  # the family, not the folder: a moved folder is the same model
         m.name = f"hf_{keys['family']}"
     m.config = str(source_file(str(source)))
 
 
-def family_config(m: Mapping[str, Any]) -> Any:
+def _plain_dict(value: object) -> dict[str, object]:
+    """model.hf_extra as a plain dict: a DictConfig (login side) or a dict (compute side)."""
+    data = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def family_config(model: Union[ModelConfig, Mapping[str, object]]) -> PretrainedConfig:
     """Any other family's transformers config from the `model` keys (cfg.model or a plain dict):
     the shape keys under transformers' standard names, over model.hf_extra's own keys."""
     from transformers import AutoConfig
 
-    more = m.get("hf_extra") or {}
-    extra = (
-        OmegaConf.to_container(more, resolve=True) if isinstance(more, DictConfig) else dict(more)
-    )
+    m = dataclasses.asdict(model) if isinstance(model, ModelConfig) else model
+    extra = _plain_dict(m.get("hf_extra"))
     keys = dict(
         vocab_size=m["vocab_size"],
         hidden_size=m["hidden_size"],

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from slurmtrain.common.secrets import redact_overrides
+
 
 def one_line(err: BaseException) -> Optional[str]:
     """A one-line message for a composition error, or None if `err` is not one."""
@@ -19,8 +21,6 @@ def one_line(err: BaseException) -> Optional[str]:
     text = "\n".join(str(e) for e in chain)
     override = getattr(err, "override", None)
     if override is not None:  # a cluster.env.X=... override is echoed with a reference instead
-        from slurmtrain.common.secrets import redact_overrides
-
         override = redact_overrides([str(override)])[0]
     if override is not None and ("Exception" in text or "mismatched input" in text):
         return (
@@ -36,14 +36,20 @@ def one_line(err: BaseException) -> Optional[str]:
                 if options
                 else f"{m[1]}={m[2]}: unknown {m[1]}"
             )
+    m = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", text)
+    key = re.search(r"full_key: (\S+)", text)
+    if m and key:  # an Enum field (schema.py): its members are the choices
+        choices = m[2].split(", ")
+        return (
+            f"{key[1]}={m[1]!r}: unknown; choose one of {', '.join(choices)}; "
+            f"e.g. {key[1]}={choices[0]}"
+        )
     m = re.search(r"Could not override '([^']+)'", text) or re.search(
         r"Key '([^']+)' (?:is not in struct|not in)", text
     )
     if m:
-        key = m[1]
-        return f"{key}: unknown key; check the spelling (python -m slurmtrain --cfg job lists all keys)"
+        return f"{m[1]}: unknown key; check the spelling (python -m slurmtrain --cfg job lists all keys)"
     m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
-    key = re.search(r"full_key: (\S+)", text)
     if m:
         where = key[1] if key else "a key"
         kind = m[2].lower()

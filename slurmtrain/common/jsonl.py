@@ -1,40 +1,22 @@
-"""JSON-lines files the run directory keeps: one writer per file, readers that merge and report.
+"""JSON-lines files of a run directory: one writer per file, readers that merge them in time order.
 
-The run ledger is written from many places at once: every rank that sees a failure, rank 0, the
-batch-shell supervisor, the login node (`submitted`, `cancelled`). A single `ledger.jsonl` appended
-with O_APPEND by all of them is only safe on a local filesystem: on NFS, O_APPEND is emulated by
-each client (seek to the size it believes, then write), so two hosts appending at once can overwrite
-or interleave each other's lines, and nothing was fsynced, so a crash of the writer's host could
-lose the event that decided the run's fate.
+One shared `ledger.jsonl` is unsafe on NFS (O_APPEND is emulated per client: two hosts can
+overwrite each other's lines), so the ledger has two tiers of single-writer files:
+- Run tier, `ledger.d/<host>.<pid>.<token>.jsonl`: one file per process writing for the whole run
+  (login node, supervisor, `cancel`, rank 0). The random per-process token keeps a recycled pid
+  from appending to a dead process's file.
+- Rank tier, `ledger.d/ranks/<job_id>.<restart>.<relaunch>/<node>.jsonl`: rows any rank writes,
+  one file per node per attempt key (512 files for a 512 x 8 failure, not 4,096). Each row is one
+  O_APPEND write (atomic among one host's processes) starting with "\n", so a line torn by a
+  killed writer is ended by the next row instead of swallowing it.
 
-Design chosen: **two tiers of single-purpose files**, merged by readers in time order.
-- Run tier, `ledger.d/<host>.<pid>.<token>.jsonl`: one file per writing process that writes for
-  the whole run (the login node's `submitted`, the supervisor, `cancel`, rank 0), O(attempts)
-  files. With one writer per file no byte of any file is ever written by two processes, so
-  nothing can interleave on any filesystem. The token (random per process, drawn again after a
-  fork) keeps a recycled pid from appending to a dead process's file.
-- Rank tier, `ledger.d/ranks/<job_id>.<restart>.<relaunch>/<node>.jsonl`: rows any rank writes
-  (failures, hangs, start-up errors), one file per node per attempt key (job id, Slurm restart
-  count, in-allocation relaunch: all known before the attempt number is), so a failure of every
-  rank of a 512 x 8 run makes 512 files, not 4,096. Each row is one `write()` with O_APPEND
-  (atomic among the processes of one host, and every rank of a node file is on that host), and
-  starts with "\n": a line torn by a writer killed mid-write is ended by the next row instead of
-  swallowing it (an empty line between rows is skipped). There is no aggregator to die: each
-  rank writes its own row, and a rank killed mid-write leaves at most its own torn line.
-  Readers that need one attempt read its folder only (O(nodes) files).
+Durability: run-tier `FATE_EVENTS` are fsynced with their new directory entries; in the rank tier
+only the creator of a node file fsyncs it (O(nodes) fsyncs per failure): a later row is lost only
+with its host, which Slurm's node state reports anyway.
 
-Durability: run-tier events that decide the run's fate (`FATE_EVENTS`) are fsynced, and so is
-the directory entry of a file they create; others (metrics-like events) are not. Rank tier:
-O(nodes) fsyncs per failure: the writer that creates a node file (O_EXCL wins) fsyncs it and its
-directory; later rows of that file are not fsynced (they reach the filesystem at write/close),
-so a row is lost only if its host crashes, and a crashed host is found from Slurm's node state,
-which the supervisor and the next attempt already ask (-> node_failure).
-
-Readers hold one file open at a time: each file is read whole, then the in-memory lists are
-merged. A line that does not parse is reported once per process as a warning naming the file and
-line, never dropped silently; the last line of a file without its newline is a writer mid-append
-(or killed mid-append) and is skipped quietly. A run directory from before this change (one
-`ledger.jsonl`, or failure rows in per-process files) still reads: those are run-tier files.
+Readers read one file whole at a time and merge in memory. A bad line is warned about once, naming
+file and line; an unterminated last line is a writer mid-append and is skipped quietly. Old run
+directories (one `ledger.jsonl`) still read: they are run-tier files.
 """
 
 from __future__ import annotations
@@ -47,31 +29,12 @@ import secrets
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional, TypeVar
 
-# Events whose loss would change what the run does next: fsynced before record() returns.
-FATE_EVENTS = frozenset(
-    {
-        "submitted",
-        "submit_intent",
-        "submit_confirmed",
-        "started",
-        "attempt_ended",
-        "stopped",
-        "finished",
-        "failed",
-        "signal",
-        "requeued",
-        "rollback",
-        "diverged",
-        "checkpoint_saved",
-        "checkpoint_unreadable",
-        "duplicate_refused",
-        "cancelled",
-        "node_lost",
-        "bad_node",
-    }
-)
+from slurmtrain.common import events
+from slurmtrain.common.durable import fsync_dir
+
+FATE_EVENTS = events.DURABLE_KINDS  # fsynced before record() returns
 
 _reported: set[tuple[str, int]] = set()
 _token = secrets.token_hex(3)
@@ -155,6 +118,8 @@ def tail_jsonl(path: Path, block: int = 1 << 16) -> Iterator[dict[str, Any]]:
                 yield from _parse(path, [raw, b""], first=0)
 
 
+RowT = TypeVar("RowT", bound=Mapping[str, object])  # a parsed row, or a typed one
+
 LEGACY_LEDGER, LEDGER_DIR, RANKS_DIR = "ledger.jsonl", "ledger.d", "ranks"
 
 
@@ -166,7 +131,7 @@ def run_tier_files(run_path: Path) -> list[Path]:
     return legacy + _jsonl_in(run_path / LEDGER_DIR)
 
 
-def rank_key(job_id: Any, restart: int = 0, relaunch: int = 0) -> str:
+def rank_key(job_id: object, restart: int = 0, relaunch: int = 0) -> str:
     """The rank tier's folder name of one attempt key (job id, restart count, relaunch)."""
     return f"{_safe(str(job_id))}.{int(restart)}.{int(relaunch)}"
 
@@ -209,7 +174,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return list(iter_jsonl(path))
 
 
-def _time(row: dict[str, Any]) -> float:
+def _time(row: Mapping[str, object]) -> float:
     t = row.get("time")
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
@@ -231,12 +196,12 @@ def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, A
     return merge_rows([list(iter_jsonl(p)) for p in paths])
 
 
-def merge_rows(lists: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def merge_rows(lists: Iterable[list[RowT]]) -> list[RowT]:
     """Lists of rows merged as `merge_jsonl` merges files (each list's order kept, ties in order)."""
-    lists = [rows for rows in lists if rows]
-    if len(lists) == 1:
-        return list(lists[0])
-    return list(heapq.merge(*lists, key=_time))
+    nonempty = [rows for rows in lists if rows]
+    if len(nonempty) == 1:
+        return list(nonempty[0])
+    return list(heapq.merge(*nonempty, key=_time))
 
 
 def writer_name() -> str:
@@ -247,7 +212,7 @@ def writer_name() -> str:
     return f"{socket.gethostname()}.{os.getpid()}.{_token}.jsonl"
 
 
-def append_jsonl(path: Path, row: dict[str, Any], durable: bool = False) -> None:
+def append_jsonl(path: Path, row: Mapping[str, object], durable: bool = False) -> None:
     """Append one line with one write() (O_APPEND), all of it; `durable`: fsync the file, and the
     directory too when this call created the file. For files with one writer at a time (metrics,
     a process's own ledger file); a torn last line left by a dead writer is ended first."""
@@ -277,7 +242,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def append_own(directory: Path, row: dict[str, Any], durable: bool = False) -> Path:
+def append_own(directory: Path, row: Mapping[str, object], durable: bool = False) -> Path:
     """Append to this process's own file in `directory` (created on first use): one writer a file."""
     path = directory / writer_name()
     if str(path) not in _created:
@@ -289,7 +254,7 @@ def append_own(directory: Path, row: dict[str, Any], durable: bool = False) -> P
     return path
 
 
-def append_rank_row(run_path: Path, key: str, node: str, row: dict[str, Any]) -> Path:
+def append_rank_row(run_path: Path, key: str, node: str, row: Mapping[str, object]) -> Path:
     """Append one row to this node's file of attempt key `key` in the rank tier (module
     docstring): one O_APPEND write of a whole line; the process that creates the file fsyncs it
     and the directory entries it made (O(nodes) fsyncs per failure), later rows are not fsynced."""
@@ -329,17 +294,3 @@ def _makedirs_durable(directory: Path) -> list[Path]:
         except FileExistsError:
             pass
     return made
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a new directory entry durable (a no-op where the filesystem cannot fsync a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

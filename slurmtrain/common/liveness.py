@@ -17,9 +17,12 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
+from slurmtrain.common import slurm_cmd
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.ledger import owner
+from slurmtrain.common.slurm_text import SlurmError
 
 HELD_OWNER_ENV = "SLURMTRAIN_HELD_OWNER_S"
 # Longer than a supervisor's own release with retries (Slurm's 180 s retry budget + ~15 s).
@@ -38,8 +41,6 @@ class StateUnknown(ConfigError):
 def job_alive(rows: list[dict[str, Any]]) -> bool:
     """Whether the run's owner (its newest submission or start) is still queued or running (Slurm)
     or its process lives (local). Raises StateUnknown when neither squeue nor sacct answers."""
-    from slurmtrain.common.ledger import owner
-
     last = owner(rows)
     if last is None:
         return False
@@ -67,9 +68,6 @@ def held_owner_s() -> float:
 def held(job_id: str) -> Optional[bool]:
     """Whether Slurm holds the job (PENDING, reason JobHeldUser/JobHeldAdmin); False once it is
     released, running or gone; None when squeue cannot be asked."""
-    from slurmtrain.common import slurm_cmd
-    from slurmtrain.common.slurm_text import SlurmError
-
     try:
         out = slurm_cmd.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r"])
     except SlurmError as err:
@@ -78,12 +76,12 @@ def held(job_id: str) -> Optional[bool]:
     return state == "PENDING" and reason.strip().startswith("JobHeld")
 
 
-def _held_too_long(last: dict[str, Any]) -> bool:
+def _held_too_long(last: Mapping[str, object]) -> bool:
     """The owner is the supervisor's held successor (`requeue_of`), recorded longer ago than the
     bound and still held: one squeue, asked only of such an owner."""
     if last["event"] != "submitted" or not last.get("requeue_of"):
         return False  # a user's own hold on a job they submitted is theirs to lift
-    if time.time() - float(last.get("time") or 0) < held_owner_s():
+    if time.time() - float(str(last.get("time") or 0)) < held_owner_s():
         return False
     return held(str(last.get("job_id"))) is True
 
@@ -91,9 +89,6 @@ def _held_too_long(last: dict[str, Any]) -> bool:
 def _unwedge(job_id: str) -> bool:
     """Release a wedged held owner: alive once it is no longer held; else cancel it (it must never
     start beside the job that replaces it) and report it dead."""
-    from slurmtrain.common import slurm_cmd
-    from slurmtrain.common.slurm_text import SlurmError
-
     try:
         slurm_cmd.run(["scontrol", "release", job_id])
     except SlurmError as err:
@@ -109,7 +104,7 @@ def _unwedge(job_id: str) -> bool:
     return False
 
 
-def _executor(rows: list[dict[str, Any]], last: dict[str, Any]) -> str:
+def _executor(rows: Sequence[Mapping[str, object]], last: Mapping[str, object]) -> str:
     if last.get("executor"):
         return str(last["executor"])
     subs = [r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")]
@@ -118,7 +113,7 @@ def _executor(rows: list[dict[str, Any]], last: dict[str, Any]) -> str:
     return "slurm" if str(last.get("job_id")).replace("_", "").isdigit() else "local"
 
 
-def _local_alive(rows: list[dict[str, Any]], last: dict[str, Any]) -> bool:
+def _local_alive(rows: Sequence[Mapping[str, object]], last: Mapping[str, object]) -> bool:
     if last["event"] != "submitted":  # a local start: its submission carries the pid
         subs = [
             r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")
@@ -130,18 +125,15 @@ def _local_alive(rows: list[dict[str, Any]], last: dict[str, Any]) -> bool:
     if last.get("host") != socket.gethostname() or not pid:
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(str(pid)), 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return pid_start(int(pid)) == last.get("pid_start")
+    return pid_start(int(str(pid))) == last.get("pid_start")
 
 
 def slurm_job_alive(job_id: str) -> Optional[bool]:
     """True while Slurm will still run the job (queued, running, requeued), False once it ended
     or Slurm has forgotten it, None when neither squeue nor sacct can be asked (fail closed)."""
-    from slurmtrain.common import slurm_cmd
-    from slurmtrain.common.slurm_text import SlurmError
-
     try:
         return slurm_cmd.job_state(job_id, strict=True) in ACTIVE_SLURM_STATES
     except SlurmError:

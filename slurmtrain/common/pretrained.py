@@ -18,11 +18,10 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
 
-from omegaconf import DictConfig
-
+from slurmtrain.common import hf_config
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "slurmtrain"
@@ -41,7 +40,7 @@ def files(folder: Path) -> list[Path]:
     return [config, *weights]
 
 
-def _file_digest(path: Path, cache: dict[str, Any]) -> str:
+def _file_digest(path: Path, cache: dict[str, str]) -> str:
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
     if key in cache:
@@ -58,9 +57,11 @@ def checksum(folder: Path) -> str:
     """sha256 over (name, sha256 of contents) of every file `files` lists."""
     cache_file = CACHE / "pretrained_digests.json"
     try:
-        cache = json.loads(cache_file.read_text())
+        read: object = json.loads(cache_file.read_text())
     except (OSError, ValueError):
-        cache = {}
+        read = {}
+    entries = read.items() if isinstance(read, dict) else ()
+    cache = {str(key): value for key, value in entries if isinstance(value, str)}
     h = hashlib.sha256()
     for path in files(folder):
         h.update(f"{path.name}\0{_file_digest(path, cache)}\n".encode())
@@ -88,7 +89,7 @@ SHAPE_KEYS = {
 }
 
 
-def resolve(cfg: DictConfig) -> None:
+def resolve(cfg: RootConfig) -> None:
     """model.pretrained_path made absolute, its shape checked against model.*, its checksum
     recorded (fingerprinted)."""
     if not cfg.model.pretrained_path:
@@ -97,9 +98,9 @@ def resolve(cfg: DictConfig) -> None:
     listed = files(folder)
     source = json.loads(listed[0].read_text())
     for theirs, ours in SHAPE_KEYS.items():
-        mine = (
-            cfg.model[ours] if ours != "num_kv_heads" else (cfg.model[ours] or cfg.model.num_heads)
-        )
+        mine = getattr(cfg.model, ours)
+        if ours == "num_kv_heads":
+            mine = mine or cfg.model.num_heads
         if theirs in source and source[theirs] != mine:
             raise ConfigError(
                 f"model.{ours}={mine}: model.pretrained_path={folder} has "
@@ -110,8 +111,6 @@ def resolve(cfg: DictConfig) -> None:
     cfg.model.pretrained_checksum = checksum(folder)
 
 
-def resolve_config(cfg: DictConfig) -> None:
+def resolve_config(cfg: RootConfig) -> None:
     """model=hf: model.config (or, without it, model.pretrained_path) read into the model keys."""
-    from slurmtrain.common import hf_config
-
     hf_config.resolve(cfg)

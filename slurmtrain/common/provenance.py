@@ -16,7 +16,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Mapping, Optional
 
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.secrets import (
@@ -52,7 +52,7 @@ def _run(args: list[str], cwd: Optional[str] = None) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def git_state(cwd: str) -> dict[str, Any]:
+def git_state(cwd: str) -> dict[str, object]:
     sha = _run(["git", "rev-parse", "HEAD"], cwd)
     if sha is None:
         return {"git": None}
@@ -97,9 +97,9 @@ def glibc() -> Optional[str]:
         return None
 
 
-def versions() -> dict[str, Any]:
+def versions() -> dict[str, object]:
     """Library versions; torch/deepspeed only if this process already imported them (compute node)."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "glibc": glibc(),
@@ -118,7 +118,10 @@ def versions() -> dict[str, Any]:
 
 
 def write(
-    directory: Path, label: str, extra: Optional[dict[str, Any]] = None, cwd: Optional[str] = None
+    directory: Path,
+    label: str,
+    extra: Optional[Mapping[str, object]] = None,
+    cwd: Optional[str] = None,
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     # Cached per process: a 64-point sweep records the same tree and packages 64 times.

@@ -20,11 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 
 from slurmtrain.common import runlock
+from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import Event
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
     digest,
@@ -54,44 +57,31 @@ from slurmtrain.common.liveness import (  # noqa: F401  where callers have alway
     pid_start,
     slurm_job_alive,
 )
-from slurmtrain.common.schema import NON_RESULT_KEYS
+from slurmtrain.common.schema import NON_RESULT_KEYS, plain
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
 Rows = list[dict[str, Any]]
 
 
 def result_view(
-    cfg: DictConfig, data: Optional[dict[str, Any]] = None, registered: bool = True
-) -> dict[str, Any]:
+    cfg: DictConfig, data: Optional[dict[str, object]] = None, registered: bool = True
+) -> dict[str, object]:
     """The config as a plain dict without the keys that do not change what is computed, nor the
     result keys added since the baseline that hold their registered default (common/fingerprint.py
-    says why; `registered=False` keeps them). `data`: OmegaConf.to_container(cfg, resolve=True)
+    says why; `registered=False` keeps them). `data`: schema.plain(cfg)
     when the caller has it (copied here)."""
-    data = OmegaConf.to_container(cfg, resolve=True) if data is None else copy.deepcopy(data)
-    assert isinstance(data, dict)
+    view = plain(cfg) if data is None else copy.deepcopy(data)
     for key in NON_RESULT_KEYS:
-        drop(data, key)
-    return drop_defaults(data) if registered else data
+        drop(view, key)
+    return drop_defaults(view) if registered else view
 
 
-def fingerprint(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
+def fingerprint(cfg: DictConfig, data: Optional[dict[str, object]] = None) -> str:
     """The run's directory name: stable across versions (common/fingerprint.py has the rule)."""
     return digest(result_view(cfg, data))
 
 
 DEFAULT_RUN_DIR_MODE = "0750"  # schema.RootConfig.run_dir_mode's default
-
-
-def atomic_write(path: Path, text: str, durable: bool = True) -> None:
-    """Write a temp file, (fsync,) rename: readers see the old or the new file, never half of one.
-    Created 0640 at most (the umask may take more): a run's records are not world-readable."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640), "w") as f:
-        f.write(text)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -117,7 +107,7 @@ class RunDir:
         """The run tier's files: the old single file first (if any), then the writers' files."""
         return run_tier_files(self.path)
 
-    def rank_files(self, job_id: Any = None, restart: int = 0, relaunch: int = 0) -> list[Path]:
+    def rank_files(self, job_id: object = None, restart: int = 0, relaunch: int = 0) -> list[Path]:
         """The rank tier's node files of one attempt key, or of every attempt (job_id None)."""
         key = None if job_id is None else rank_key(job_id, restart, relaunch)
         return rank_tier_files(self.path, key)
@@ -190,11 +180,13 @@ class RunDir:
         """The run tier only (login, supervisor, cancel, rank 0): O(attempts) files."""
         return _kind(merge_jsonl(self.ledger_files()), kind)
 
-    def rank_rows(self, job_id: Any, restart: int = 0, relaunch: int = 0) -> Rows:
+    def rank_rows(self, job_id: object, restart: int = 0, relaunch: int = 0) -> Rows:
         """The rows every rank wrote in one attempt key (failures, hangs): O(nodes) files."""
         return merge_jsonl(self.rank_files(job_id, restart, relaunch), shared=True)
 
-    def attempt_events(self, job_id: Any, restart=0, relaunch=0, run_rows=None) -> Rows:
+    def attempt_events(
+        self, job_id: object, restart: int = 0, relaunch: int = 0, run_rows: Optional[Rows] = None
+    ) -> Rows:
         """The run tier (`run_rows` if the caller has it) and one attempt key's rank rows, in
         time order: what classifying that attempt needs."""
         rows = self.run_events() if run_rows is None else run_rows
@@ -202,35 +194,49 @@ class RunDir:
 
     def record(
         self,
-        event: str,
+        event: str | Event,
         *,
         job_id: Optional[str] = None,
         attempt: Optional[int] = None,
         nodes: Iterable[str] = (),
         durable: Optional[bool] = None,
-        **fields: Any,
-    ) -> dict[str, Any]:
-        row = {
-            "event": event,
+        **fields: object,
+    ) -> dict[str, object]:
+        """Append one run-tier row: `event` is a kind, or an events constructor's Event whose
+        fields follow the caller's."""
+        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
+        row: dict[str, object] = {
+            "event": kind,
             "time": time.time(),
             "job_id": job_id,
             "attempt": attempt,
             "nodes": list(nodes),
             **fields,
+            **fixed,
         }
         # This process's own file (no other process ever writes it); fate-deciding events fsynced
         # (durable=False: the caller syncs many at once, as a sweep does its `submitted` events).
-        durable = event in FATE_EVENTS if durable is None else durable
+        durable = kind in FATE_EVENTS if durable is None else durable
         append_own(self.ledger_dir, row, durable=durable)
         return row
 
     def record_rank(
-        self, event: str, *, job_id: Any, restart: int, relaunch: int, on_node: str, **fields: Any
-    ) -> dict[str, Any]:
+        self,
+        event: str | Event,
+        *,
+        job_id: Optional[str],
+        restart: int,
+        relaunch: int,
+        on_node: str,
+        **fields: object,
+    ) -> dict[str, object]:
         """A row any rank writes (a failure, a hang) into the rank tier: the file of its node
         `on_node` (also the row's `node` unless `fields` name another, or None)."""
-        row = dict(event=event, time=time.time(), job_id=job_id, attempt=None, node=on_node)
-        row.update(restart=restart, relaunch=relaunch, **fields)
+        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
+        row: dict[str, object] = dict(
+            event=kind, time=time.time(), job_id=job_id, attempt=None, node=on_node
+        )
+        row.update(restart=restart, relaunch=relaunch, **fields, **fixed)
         append_rank_row(self.path, rank_key(job_id, restart, relaunch), str(on_node or "_"), row)
         return row
 
@@ -250,7 +256,7 @@ class RunDir:
     def attempts(self) -> int:
         return len(self.run_events("started"))
 
-    def state(self, rows: Optional[list[dict[str, Any]]] = None) -> str:
+    def state(self, rows: Optional[Rows] = None) -> str:
         """finished | running | stopped | new, from the ledger's run tier (`rows` when the caller
         has read it) and the owner job's liveness. Raises StateUnknown (fail closed) when Slurm
         cannot say whether the owner job lives."""
@@ -272,7 +278,7 @@ class RunLocked(ConfigError):
     """Another process holds the run's lock for longer than we wait."""
 
 
-def locate(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> RunDir:
+def locate(cfg: DictConfig, data: Optional[dict[str, object]] = None) -> RunDir:
     """The run directory this config trains in; `new_run=true` picks the next free replica."""
     root = Path(cfg.runs_root).expanduser().resolve() / cfg.name
     base = root / fingerprint(cfg, data)
@@ -284,7 +290,9 @@ def locate(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> RunDir:
     return RunDir(root / f"{base.name}-r{replica}")
 
 
-def _made_before_registration(cfg: DictConfig, data: Optional[dict], base: Path) -> RunDir:
+def _made_before_registration(
+    cfg: DictConfig, data: Optional[dict[str, object]], base: Path
+) -> RunDir:
     """This config's run from a version that hashed a since-registered key at its default (one
     existence check per registered key); else `base`, a new run."""
     if ADDED_RESULT_KEYS:
@@ -294,7 +302,7 @@ def _made_before_registration(cfg: DictConfig, data: Optional[dict], base: Path)
     return RunDir(base)
 
 
-def config_yaml(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
+def config_yaml(cfg: DictConfig, data: Optional[dict[str, object]] = None) -> str:
     """OmegaConf.to_yaml's text, written by libyaml's C emitter (~10x faster: a 64-point sweep
     writes 64 configs); strings that would read back as numbers or booleans stay quoted. Each
     top-level section is written once per distinct value: a sweep's points share most of them."""
@@ -302,11 +310,11 @@ def config_yaml(cfg: DictConfig, data: Optional[dict[str, Any]] = None) -> str:
     if dumper is None:
         return OmegaConf.to_yaml(cfg, resolve=True)
     if data is None:
-        data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
+        data = plain(cfg)
     style = dict(Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
     if not data:
-        return yaml.dump(data, **style)
+        empty: str = yaml.dump(data, **style)
+        return empty
     out = []
     for key, value in data.items():
         memo = repr((key, value))  # exact: the plain container of str/int/float/bool/None/enums
@@ -325,8 +333,6 @@ _SECTIONS: dict[str, str] = {}  # config_yaml's texts of top-level sections, by 
 
 @functools.lru_cache(maxsize=1)
 def _yaml_dumper() -> Optional[type]:
-    from omegaconf._utils import get_omega_conf_dumper
-
     base = getattr(yaml, "CDumper", None)
     if base is None:
         return None
@@ -343,11 +349,11 @@ def create(
     cfg: DictConfig,
     overrides: list[str],
     durable: bool = True,
-    data: Optional[dict[str, Any]] = None,
+    data: Optional[dict[str, object]] = None,
 ) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
-    mode = int(str(cfg.get("run_dir_mode") or DEFAULT_RUN_DIR_MODE), 8)
+    mode = int(str(getattr(cfg, "run_dir_mode", None) or DEFAULT_RUN_DIR_MODE), 8)
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
         _set_mode(sub, mode)
@@ -356,8 +362,11 @@ def create(
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
         stamp = time.strftime("%Y%m%d-%H%M%S")
         os.replace(run.config, run.path / f"config.{stamp}.yaml")
-    atomic_write(run.config, text, durable=durable)
-    atomic_write(run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), durable=False)
+    # 0640 at most: a run's records are not world-readable
+    replace_atomically(run.config, text, mode=0o640, durable=durable)
+    replace_atomically(
+        run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), mode=0o640, durable=False
+    )
 
 
 def _set_mode(path: Path, mode: int) -> None:

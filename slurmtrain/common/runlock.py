@@ -1,22 +1,13 @@
 """The run's exclusive lock: flock(2) where the filesystem makes it coherent, else a lease file.
 
-flock on a shared filesystem excludes across nodes only where the client forwards it: Lustre's
-`flock` mount option and NFSv4 (or v3 with lockd) do; Lustre `localflock` and NFS `local_lock=all`
-or `local_lock=flock` (and NFSv3 `nolock`) grant every node its own lock, which excludes nothing;
-Lustre `noflock` (its default) raises ENOSYS. Which one a directory gets is read from the mount
-options in /proc/self/mountinfo (`choose`), and a flock that raises ENOLCK/EOPNOTSUPP/ENOSYS falls
-back at run time.
-
-The lease: `.owner.lease` created with O_EXCL (atomic on NFSv3+ and Lustre) holding the owner's
-host, pid, job and a random token; a thread renews its mtime every BEAT_S. A contender takes it
-over when it is stale: its holder is a dead pid on this host, or its mtime did not move for STALE_S
-as the contender's own clock sees it (no cross-node clock comparison). Take-over renames the stale
-file to a private name first, so of two contenders only one wins; one that finds it renamed a live
-lease (another token) puts it back.
-
-Where flock is coherent it is taken first and the lease beside it: login and compute nodes may
-mount the same filesystem differently (compute nodes with localflock), and those see only the
-lease. A lease left by a flock holder is stale at once for the next flock holder.
+flock excludes across nodes only where the client forwards it (Lustre `flock`, NFSv4, NFSv3 with
+lockd); `localflock`/`local_lock` mounts grant every node its own lock, so `choose` reads the
+mount options from /proc/self/mountinfo, and a flock that raises ENOLCK/EOPNOTSUPP/ENOSYS falls
+back at run time. The lease (`.owner.lease`, O_EXCL) names its holder and a random token; a thread
+renews its mtime every BEAT_S. It is stale when its holder is a dead pid on this host or its mtime
+stood still for STALE_S on the contender's own clock; take-over renames it aside first, so only
+one contender wins. Under a coherent flock the lease is taken too: compute nodes may mount the
+same filesystem with localflock and see only the lease.
 """
 
 from __future__ import annotations
@@ -32,7 +23,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, Optional
+from typing import IO, Callable, Iterator, Mapping, Optional, TypedDict
+
+from slurmtrain.common import durable
 
 FLOCK, LEASE = "flock", "lease"
 BEAT_S, STALE_S = 5.0, 60.0
@@ -168,6 +161,17 @@ def _flocked(path: Path, timeout: float, busy: Callable[[str], Exception]) -> IO
         raise
 
 
+class LeaseOwner(TypedDict):
+    """What a lease file says about its holder."""
+
+    host: str
+    pid: int
+    job: Optional[str]
+    token: str
+    time: float
+    flock: bool
+
+
 class Lease:
     """An O_EXCL lease file renewed by a heartbeat thread (module docstring)."""
 
@@ -187,7 +191,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def owner(self) -> dict:
+    def owner(self) -> LeaseOwner:
         return {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -197,35 +201,33 @@ class Lease:
             "flock": self.under_flock,
         }
 
-    def _read(self, path: Optional[Path] = None) -> Optional[dict]:
+    def _read(self, path: Optional[Path] = None) -> Optional[dict[str, object]]:
+        """The lease's holder as written (`LeaseOwner`), {} for an empty file, None if unreadable."""
         try:
-            return json.loads((path or self.path).read_text() or "{}")
+            holder = json.loads((path or self.path).read_text() or "{}")
         except (OSError, ValueError):
             return None
+        return holder if isinstance(holder, dict) else None
 
     def try_acquire(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            durable.write_synced(self.path, json.dumps(self.owner()), mode=0o644, exclusive=True)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.owner()))
-            f.flush()
-            os.fsync(f.fileno())
         return True
 
-    def _dead_here(self, holder: dict) -> bool:
+    def _dead_here(self, holder: Mapping[str, object]) -> bool:
         if holder.get("host") != socket.gethostname() or not holder.get("pid"):
             return False
         try:
-            os.kill(int(holder["pid"]), 0)
+            os.kill(int(str(holder["pid"])), 0)
         except ProcessLookupError:
             return True
         except (OSError, ValueError):
             return False
         return False
 
-    def _take_over(self, holder: dict) -> bool:
+    def _take_over(self, holder: Mapping[str, object]) -> bool:
         """Rename the stale lease aside (one contender wins), then create ours."""
         aside = self.path.with_name(f"{self.path.name}.stale.{self.token}")
         try:
@@ -243,7 +245,7 @@ class Lease:
 
     def acquire(self, timeout: float, busy: Callable[[str], Exception]) -> None:
         deadline = time.monotonic() + timeout
-        seen: Optional[tuple[Optional[str], float]] = None  # (token, mtime) and since when
+        seen: Optional[tuple[object, float]] = None  # (token, mtime) and since when
         since = time.monotonic()
         while not self.try_acquire():
             holder = self._read() or {}

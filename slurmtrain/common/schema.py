@@ -1,22 +1,66 @@
-"""The one typed config schema both worlds share, and its validation.
+"""The one typed config schema the login and compute sides share.
 
-Dataclasses are registered with Hydra's ConfigStore so that Hydra type-checks every override; the
-checks Hydra cannot express (batch divisibility, ranges, files that must exist) live in `validate`,
-which raises `ConfigError` with one line naming the key, the value and the fix. Nothing here imports
-torch: the login node composes and validates in well under a second.
+Dataclasses registered with Hydra's ConfigStore, so Hydra type-checks every override and an Enum
+field refuses a value outside its choices at compose time; the checks types cannot express live in
+common/validation.py. Nothing here imports torch: the login node composes in well under a second.
+
+Enum members are named as users type them (`data.kind=tokens`), and each is a `str` equal to its
+name, so `cfg.data.kind == "tokens"` holds, config.yaml stores the name and fingerprints hash it.
+Fields typed `Any` hold an int or a string (OmegaConf 2.3 has no Union), or are dicts passed through
+to a library (OmegaConf refuses `object` as a value type).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema_cluster import ClusterConfig
-from slurmtrain.common.schema_logger import LoggerConfig
+from slurmtrain.common.schema_cluster import ClusterConfig, ClusterKind, Container, StrEnum
+from slurmtrain.common.schema_logger import LoggerConfig, WandbMode
+
+__all__ = ["ClusterConfig", "ClusterKind", "Container", "LoggerConfig", "WandbMode"]
+
+
+class DataKind(StrEnum):
+    synthetic = "synthetic"  # stdlib text as bytes, on every machine
+    tokens = "tokens"  # one .bin file (data.path)
+    blend = "blend"  # weighted .bin files (data.sources)
+
+
+class OptimName(StrEnum):
+    adamw = "adamw"
+
+
+class LrDecay(StrEnum):
+    linear = "linear"  # metaseq
+    cosine = "cosine"  # Llama
+
+
+class Dtype(StrEnum):
+    auto = "auto"  # bf16 on GPUs, fp32 on CPUs
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class VerifyMode(StrEnum):
+    checksum = "checksum"  # CRC-32 of every file (checkpoint.CHECKSUM)
+    size = "size"  # sizes only
+
+
+# `continue` is a keyword, so the functional form: members still named as users type them.
+OnSaveError = StrEnum("OnSaveError", [("continue", "continue"), ("stop", "stop")])
+
+
+class RestartMode(StrEnum):
+    resubmit = "resubmit"  # a new job at once
+    requeue = "requeue"  # scontrol requeue (the site's requeue delay applies)
+
 
 # Batch keys are derived from train.*; a user passing them through deepspeed.extra would silently
 # disagree with the sampler, so they are refused.
@@ -39,22 +83,19 @@ class ModelConfig:
     word_embed_proj_dim: Optional[int] = None
     layer_norm_before: bool = True
     dropout: float = 0.0  # residual and attention dropout (OPT recipe: 0.1)
-    # Weights ~ N(0, init_std) (transformers' OPT init); scaled_init: the residual-branch output
-    # projections (attention out_proj, fc2) get init_std / sqrt(2 * num_layers), as metaseq's
-    # --full-megatron-init does, so the residual stream's variance does not grow with depth.
+    # Weights ~ N(0, init_std); scaled_init: residual-branch outputs get init_std / sqrt(2 x layers)
+    # (metaseq's --full-megatron-init), so the residual stream's variance does not grow with depth.
     init_std: float = 0.02
     scaled_init: bool = False
     activation_checkpointing: bool = False
     pretrained_path: Optional[str] = None  # a local Hugging Face directory; nothing is downloaded
-    # Filled in on the login node (login/prepare.py): the content checksum of pretrained_path, so
-    # the run's fingerprint changes when the weights do.
+    # Filled in at login: the fingerprint changes when the weights do.
     pretrained_checksum: Optional[str] = None
-    # Beyond OPT: the transformers model_type (opt, llama, mistral, qwen2, any causal LM); GQA when
-    # num_kv_heads < num_heads (1: MQA); hf_extra: other config.json keys (rope_theta, head_dim...).
+    # The transformers model_type (any causal LM: a free string); GQA when num_kv_heads < num_heads.
     family: str = "opt"
     num_kv_heads: Optional[int] = None
     tie_embeddings: bool = True  # lm_head shares the token embedding (OPT always does)
-    hf_extra: dict[str, Any] = field(default_factory=dict)
+    hf_extra: dict[str, Any] = field(default_factory=dict)  # passed through to transformers
     config: Optional[str] = None  # model=hf: a local config.json or its folder, read at login
 
 
@@ -66,8 +107,7 @@ class DataSource:
 
 @dataclass
 class DataConfig:
-    # synthetic: stdlib text as bytes, on every machine | tokens: a .bin file | blend: data.sources
-    kind: str = "synthetic"
+    kind: DataKind = DataKind.synthetic
     path: Optional[str] = None  # tokens: the .bin written by tools/prepare_data.py
     sources: list[DataSource] = field(default_factory=list)  # blend: [{path: a.bin, weight: 0.7}]
     seq_len: int = 128
@@ -78,14 +118,14 @@ class DataConfig:
     valid_fraction: float = 0.0
     valid_path: Optional[str] = None
     valid_windows: int = 64  # the fixed validation windows, evenly spaced over the held-out tokens
-    # A branch (resume_from) starts its data position this many samples past the parent's: the
-    # "skip the data range that diverged" intervention. Applied once, at the branch point.
+    # A branch (resume_from) skips this many samples past the parent's position: the "skip the data
+    # that diverged" intervention.
     skip_samples: int = 0
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: OptimName = OptimName.adamw
     lr: float = 1e-3  # peak
     # Linear warm-up from 0 to `lr` (update n at lr x n / warmup), then linear decay to min_lr at the
     # last step (metaseq's; ds_config.lr_at). None: min_lr_ratio x lr (OPT: 10% of peak).
@@ -99,7 +139,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
-    decay: str = "linear"  # after warm-up, to min_lr: linear (metaseq) | cosine (Llama)
+    decay: LrDecay = LrDecay.linear  # after warm-up, to min_lr
 
 
 @dataclass
@@ -107,38 +147,31 @@ class DeepSpeedConfig:
     stage: int = 2
     offload_optimizer: bool = False
     offload_param: bool = False
-    dtype: str = "auto"  # auto: bf16 on GPUs, fp32 on CPUs | bf16 | fp16 | fp32
+    dtype: Dtype = Dtype.auto
     extra: dict[str, Any] = field(default_factory=dict)  # passed through to the DeepSpeed config
 
 
 @dataclass
 class CheckpointConfig:
-    # auto: planned (planning/policy.py): on GPUs saved every Young/Daly interval (set in
-    # interval_minutes), on CPUs every 25 steps. 0: never by steps.
+    # auto: planned (planning/policy.py): Young/Daly's interval on GPUs, 25 steps on CPUs. 0: never.
     interval_steps: Any = "auto"
     interval_minutes: float = 0.0  # 0: never by time; both set: whichever comes first
     keep_last: int = 3
-    # Also keep, forever, the first checkpoint at or past every Nth step (0: none). A rollback
-    # needs one from before an instability began, and a loss spike builds up over hundreds of
-    # steps (OPT-175B's logbook rolled back several hundred), far more than keep_last x the save
-    # interval covers; with 1000 one such checkpoint is at most ~2000 steps behind, for
-    # max_steps / 1000 extra checkpoints on disk.
+    # Also keep forever the first checkpoint past every Nth step (0: none): a rollback needs one from
+    # before an instability began, which builds up over hundreds of steps, beyond keep_last's reach.
     keep_every: int = 1000
-    verify: str = (
-        "checksum"  # checksum: CRC-32 of every file (checkpoint.CHECKSUM) | size: sizes only
-    )
-    # Block the loop only for the copy of the state to host memory (2x host memory for the state);
-    # files, fsync, manifest and publish happen in a background thread per rank.
+    verify: VerifyMode = VerifyMode.checksum
+    # The loop waits only for the copy to host memory (2x host memory); files are written behind it.
     async_save: Any = "auto"  # auto: on GPUs (true), off on CPUs (false)
-    on_save_error: str = "continue"  # a failed save (disk full...): continue (retry next) | stop
+    # A failed save (disk full...): continue (retry at the next) or stop.
+    on_save_error: OnSaveError = OnSaveError["continue"]
     publish_timeout_minutes: float = 30.0  # async: rank 0 gives up on a rank's files after this
     final_save: bool = True  # false: no save at max_steps (benchmarks; the run is not resumable)
 
 
 @dataclass
 class FaultsConfig:
-    # Failure budgets across all attempts of a run (-1: unlimited). Past one, the run stops with its
-    # class and last error in `status` instead of being requeued again.
+    # Failure budgets across all attempts (-1: unlimited); past one the run stops instead of requeueing.
     max_preempted: int = -1
     max_timed_out: int = 1000
     max_node_failure: int = 20
@@ -152,32 +185,25 @@ class FaultsConfig:
     startup_timeout_s: float = 1800.0  # rendezvous, health gate, model build (plus its bytes)
     io_floor_s: float = 300.0  # checkpoint verify/convert/load/save: at least this, plus ...
     io_safety: float = 3.0  # ... this many times the phase's bytes over the rates below
-    # The checkpoint filesystem's rates per node (one node's ranks together; the job's is this x
-    # nodes), until the run has measured its own (ledger: checkpoint_saved/verified/loaded).
+    # The checkpoint filesystem's rates per node, until the run has measured its own.
     io_write_mb_per_s: float = 1000.0
     io_read_mb_per_s: float = 2000.0
-    # Mean time between failures of one node, for the checkpoint interval (the job's: this /
-    # nodes). Llama 3 (Dubey et al. 2024, sec. 3.3.4): 419 interruptions in 54 days on 2,048
-    # nodes of 8 H100s = one per 54 x 24 x 2048 / 419 = 6,334 node-hours.
+    # One node's mean time between failures, for the checkpoint interval (the job's: this / nodes);
+    # Llama 3's fleet (Dubey et al. 2024, sec. 3.3.4): 419 interruptions, 54 days, 2,048 nodes.
     node_mtbf_h: float = 6334.0
     collective_timeout_s: float = 1800.0  # NCCL/gloo; >= hang_timeout_s + max(120 s, 10 %)
     health_check: bool = True  # devices, a checked matmul and a timed all-reduce before loading
     health_slow_factor: float = 5.0  # a node this much slower than the median fails the gate
-    # After peer errors: how long to wait for Slurm to mark a node down. 0: this cluster's own
-    # SlurmdTimeout (scontrol show config; 300 s by default) + 30 s, as Slurm needs that long to
-    # notice a dead node; 330 when it cannot be read.
+    # After peer errors, how long Slurm may take to mark a node down. 0: SlurmdTimeout + 30 s.
     node_check_s: float = 0.0
     # A node excluded for a failure is tried again after this many hours (-1: never).
     exclude_hours: float = 24.0
-    # Hot spares (Slurm): the job holds nodes + spare_nodes with --no-kill and trains on `nodes`;
-    # after a node failure, hang, crash or bad node the next attempt starts inside the allocation
-    # on healthy nodes (a spare replacing the failed one), without a trip through the queue.
+    # Hot spares (Slurm, --no-kill): after a failure the next attempt starts inside the allocation,
+    # a spare replacing the failed node, without a trip through the queue.
     spare_nodes: int = 0
-    restart: str = (
-        "resubmit"  # resubmit: a new job at once | requeue: scontrol requeue (site delay)
-    )
-    # Divergence (non-finite loss or grad norm, or a loss spike): roll back in-process to the
-    # newest valid checkpoint and skip the data window that diverged (PaLM's practice).
+    restart: RestartMode = RestartMode.resubmit
+    # Divergence (non-finite loss or grad norm, a loss spike): roll back in-process to the newest
+    # valid checkpoint and skip the data window that diverged (PaLM's practice).
     max_diverged: int = 0  # attempts ended `diverged` before the run stops (0: the first)
     max_checkpoint_unreadable: int = 0  # attempts that found every published checkpoint bad
     # In-process rollbacks over the whole run; one more stops it `diverged` (-1: no cap).
@@ -185,33 +211,25 @@ class FaultsConfig:
     # A divergence within this many steps of the previous rollback's is the same instability come
     # back: the rollback returns to a checkpoint older than the previous one's (0: never deeper).
     rollback_repeat_window: int = 500
-    # Optimizer steps' worth of samples skipped after the checkpoint rolled back to: this, capped
-    # at a tenth of train.max_steps (tiny runs), and never less than the window that diverged.
+    # Steps' worth of samples skipped after a rollback (at most max_steps / 10, at least the window).
     skip_batches: int = 200
     spike_factor: float = 0.0  # > 1: a loss above factor x the running median rolls back (0: off)
     spike_window: int = 50  # steps in that running median (it needs 10 before it judges)
-    # fp16: a step the loss scaler skips (overflow) is no divergence; more than this many in a
-    # row is (-1: no cap), and so is one at fp16.min_loss_scale, where DeepSpeed would abort.
-    # 50: far past a healthy calibration (2^16 -> 1 takes 17 halvings), so this catches a static
-    # loss scale that keeps overflowing.
+    # fp16: more overflow-skipped steps in a row than this is a divergence (-1: no cap); 50 is far
+    # past a healthy calibration (2^16 -> 1 is 17 halvings).
     max_overflow_steps: int = 50
-    # Fault injection (SLURMTRAIN_INJECT, compute/faults/inject.py) is for tests and drills: a run
-    # honours it only when its command says so; else the login node refuses the variable, and the
-    # batch script unsets it so neither the job nor its resubmissions inherit it.
+    # Fault injection (SLURMTRAIN_INJECT) is for drills: honoured only when the command opts in.
     allow_inject: bool = False
 
 
 @dataclass
 class TrainConfig:
-    # The run's length: max_steps wins when set; else tokens / tokens per step (rounded down); else
-    # DEFAULT_MAX_STEPS. The OPT recipes set tokens (300B), so train.max_steps=20 still shortens them.
+    # The run's length: max_steps wins; else tokens / tokens per step; else DEFAULT_MAX_STEPS.
     max_steps: Optional[int] = None
     tokens: Optional[float] = None
     micro_batch_size: int = 4
-    # Sequences per optimizer step. None: global_batch_tokens / data.seq_len when that is set (the
-    # OPT recipes give the batch in tokens), else micro batch x grad_accumulation x data-parallel
-    # size of the largest allocation, fixed at the first submission; afterwards constant across
-    # world sizes (grad accumulation adjusts).
+    # Sequences per optimizer step. None: global_batch_tokens / seq_len, else micro batch x
+    # grad_accumulation x the largest world size; fixed at submission (accumulation adjusts).
     global_batch_size: Optional[int] = None
     global_batch_tokens: Optional[float] = None
     grad_accumulation: int = 1  # only used to derive global_batch_size when it is None
@@ -219,17 +237,14 @@ class TrainConfig:
     # Validation loss on the held-out windows every N steps and at the last step (0: off).
     eval_interval: int = 50
     seed: int = 1234
-    # DeepSpeed's wall_clock_breakdown timers: the forward/backward/optimizer/comm split of each
-    # step, and what straggler detection needs (a rank's time minus its waits in collectives).
-    # Off by default: they synchronize the device several times per micro step (profiling only).
+    # DeepSpeed's wall_clock_breakdown timers (the step's split, straggler detection); off by default:
+    # they synchronize the device several times per micro step.
     timers: bool = False
     flops_profile_step: int = 0  # N > 0: DeepSpeed's FLOPs profiler on step N -> profile/ (0: off)
-    # N > 0: peak tensor memory from model build to step N against the planner (ledger
-    # memory_checked). GPUs: free (allocator stats); CPUs: PyTorch's profiler until step N.
+    # N > 0: peak tensor memory until step N against the planner's (ledger memory_checked).
     memory_check_step: int = 0
     straggler_factor: float = 1.5  # flag a rank slower than the median rank by more than this
-    # N > 0: an attempt that starts before step N saves at N and exits (paused); the next job
-    # resumes. The smoke test's real save -> new job -> load. 0: never.
+    # N > 0: an attempt starting before step N saves at N and exits; the next job resumes (smoke).
     pause_at_step: int = 0
 
 
@@ -255,20 +270,15 @@ class RootConfig:
     force: bool = False  # submit even when the memory plan says it does not fit
     mfu_guess: float = 0.4  # MFU assumed for an ETA before any throughput was measured
     peak_tflops: Optional[float] = None  # overrides the GPU table (MFU on CPUs or unlisted GPUs)
-    # cluster=slurm: first a small job (1 node, <= 2 layers, 20 steps, a save and a load in a new
-    # job), then this one with --dependency=afterok on it (slurmtrain/login/smoke.py).
+    # Slurm: a small job first (save, then load in a new job); this one depends on it (login/smoke.py).
     smoke: bool = False
-    # Which checkpoint the next attempt loads. auto: the newest valid one (and a stop, class
-    # checkpoint_unreadable, when the run published checkpoints and none validates now);
-    # none: start from step 0 (the old checkpoints move to checkpoints/discarded/); step_N: that
-    # one (newer ones move aside). none/step_N apply once, to the first attempt after submission.
+    # Which checkpoint the next attempt loads: auto (the newest valid one), none (step 0; old ones
+    # move aside) or step_N (newer ones move aside). none/step_N apply once, after submission.
     resume: str = "auto"
-    # Mode of each run directory (octal, owner rwx, nothing for others; applied whatever the
-    # umask): its config, ledger and logs are the user's and their group's only.
+    # Mode of each run directory (octal; owner rwx, nothing for others, whatever the umask).
     run_dir_mode: str = "0750"
-    # Branch a run: RUN_DIR (or run name / fingerprint)[:step_N]: a new run from that checkpoint
-    # (its weights, optimizer, step) with this command's overrides (login/branch.py). Rewritten on
-    # the login node to PARENT_DIR:step_N; the run's identity is branch_of, filled in beside it.
+    # Branch a run: RUN_DIR (or name / fingerprint)[:step_N]: a new run from that checkpoint with
+    # this command's overrides (login/branch.py); its identity is branch_of.
     resume_from: Optional[str] = None
     branch_of: Optional[str] = None  # "<parent fingerprint>:step_N" (fingerprinted: the lineage)
 
@@ -317,71 +327,42 @@ CONF_PACKAGE = "slurmtrain.conf"  # the repository's conf/, mapped into the pack
 
 def conf_dir() -> str:
     """The config directory on disk, found through the package mapping: wheel or editable install."""
-    from importlib.resources import files
-
     return str(files(CONF_PACKAGE))
 
 
-def node_range(nodes: Any) -> tuple[int, int]:
-    """`nodes` as (min, max): 4 -> (4, 4); "2-4" -> (2, 4). Raises ConfigError otherwise."""
-    text = str(nodes).strip()
-    match = re.fullmatch(r"(\d+)(?:-(\d+))?", text)
-    if isinstance(nodes, bool) or not match:
-        raise ConfigError(
-            f"nodes={nodes!r}: not a node count; use a positive integer (nodes=4) "
-            f"or a range (nodes=2-4)"
-        )
-    low, high = int(match[1]), int(match[2] or match[1])
-    if low < 1 or high < low:
-        raise ConfigError(
-            f"nodes={nodes!r}: must be >= 1 (and min <= max in a range); e.g. nodes=1"
-        )
-    return low, high
+_ENV_REFERENCE = re.compile(r"\$\{oc\.env:([^,}]+)\}")
 
 
-def tasks_per_node(cfg: DictConfig) -> int:
-    return cfg.gpus_per_node if cfg.gpus_per_node > 0 else cfg.cluster.cpu_tasks_per_node
+def _unset_references_kept(node: object) -> object:
+    """config.yaml's secret references (common/secrets.py) whose variable is not set here, escaped
+    so they stay as written: the typed config resolves every value at load, and a reader without
+    the job's secrets.env (export, sample) must not fail on a secret it never reads."""
+    if isinstance(node, dict):
+        return {key: _unset_references_kept(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_unset_references_kept(value) for value in node]
+    if isinstance(node, str):
+        found = _ENV_REFERENCE.fullmatch(node)
+        if found and found[1] not in os.environ:
+            return "\\" + node
+    return node
 
 
-def restarts_in_allocation(cfg: Any) -> bool:
-    """Restarts may happen inside the job's allocation: it holds spares, or `nodes` is a range
-    (a failed node's survivors can still run it, smaller, through the universal checkpoint)."""
-    low, high = node_range(cfg.nodes)
-    return cfg.cluster.kind == "slurm" and (int(cfg.faults.spare_nodes) > 0 or low < high)
-
-
-def world_size(cfg: DictConfig, nodes: Optional[int] = None) -> int:
-    return (nodes or node_range(cfg.nodes)[1]) * tasks_per_node(cfg)
-
-
-def grad_accumulation(cfg: DictConfig, world: int) -> int:
-    """Global batch = micro batch x grad accumulation x data-parallel size; only accumulation moves."""
-    per_step = cfg.train.micro_batch_size * world
-    gbs = cfg.train.global_batch_size
-    if gbs % per_step:
-        raise ConfigError(
-            f"train.global_batch_size={gbs}: not divisible by micro batch x world size "
-            f"= {cfg.train.micro_batch_size} x {world} = {per_step}; use a multiple of {per_step} "
-            f"(e.g. train.global_batch_size={per_step * max(1, gbs // per_step)})"
-        )
-    return gbs // per_step
-
-
-def resolved_dtype(cfg: DictConfig) -> str:
-    if cfg.deepspeed.dtype == "auto":
-        return "bf16" if cfg.gpus_per_node > 0 else "fp32"
-    return cfg.deepspeed.dtype
-
-
-def validate(cfg: DictConfig, submitting: bool = True) -> None:
-    """Every check Hydra's types cannot do (common/validation.py); the first raises one ConfigError."""
-    from slurmtrain.common.validation import validate_config
-
-    validate_config(cfg, submitting)
-
-
-def load_run_config(path: str) -> DictConfig:
+def load_run_config(path: str) -> RootConfig:
     """A run directory's config.yaml, typed against the schema again (compute node)."""
-    cfg = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(path))
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+    written = _unset_references_kept(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+    assert isinstance(written, dict), f"{path}: not a config"
+    kept = OmegaConf.create(written)
+    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), kept)
+    config = OmegaConf.to_object(merged)
+    assert isinstance(config, RootConfig)
+    return config
+
+
+def plain(cfg: RootConfig | DictConfig, resolve: bool = True) -> dict[str, object]:
+    """The config as plain dicts, lists and scalars, Enums as their names: what config.yaml stores
+    and the fingerprint hashes. A DictConfig (login side) and a RootConfig (compute side) alike."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    data = OmegaConf.to_container(node, resolve=resolve, enum_to_str=True)
+    assert isinstance(data, dict)
+    return {str(key): value for key, value in data.items()}

@@ -1,16 +1,42 @@
 """The `cluster` section of the schema: where and how the job runs (Slurm flags, containers, the
-batch shell's Python, node-local environments). Split from schema.py, which re-exports it.
+batch shell's Python, node-local environments).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pyproject.toml allows 3.10: the same str-valued members, printed as their values
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+__all__ = ["ClusterConfig", "ClusterKind", "Container", "StrEnum"]
+
+
+class ClusterKind(StrEnum):
+    auto = "auto"  # Slurm when it answers, else local (login/placement.py resolves it)
+    local = "local"
+    slurm = "slurm"
+
+
+class Container(StrEnum):
+    none = "none"
+    apptainer = "apptainer"
+    pyxis = "pyxis"
+    oci = "oci"  # an OCI bundle, one runc per task
 
 
 @dataclass
 class ClusterConfig:
-    kind: str = "local"  # auto (Slurm when it answers, else local) | local | slurm
+    kind: ClusterKind = ClusterKind.local
     cpu_tasks_per_node: int = 2  # tasks per node when gpus_per_node == 0
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -34,12 +60,12 @@ class ClusterConfig:
     gpu_type: str = "H100"  # for the plan's peak TFLOPS and ETA when nothing was measured yet
     gpu_mem_gb: float = 80.0  # what the memory plan must fit into, per GPU
     cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
-    container: str = "none"  # none | apptainer | pyxis | oci (an OCI bundle, one runc per task)
+    container: Container = Container.none
     image: Optional[str] = None  # .sif (apptainer), REGISTRY#IMAGE/.sqsh (pyxis), bundle dir (oci)
     # The batch shell's Python (runs the supervisor when it can import slurmtrain; else, with a
     # container, the supervisor runs inside the image). None: the Python that submitted.
     host_python: Optional[str] = None
-    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # #SBATCH --key=value, any value
     srun_extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     # Import storms at scale: every rank runs Python from a node-local copy of the submitting venv,

@@ -9,6 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from slurmtrain.common.schema_cluster import StrEnum
+
+
+class WandbMode(StrEnum):
+    # Compute nodes seldom reach the internet: offline writes under RUN_DIR/wandb/, uploaded by
+    # `python -m slurmtrain.cli sync RUN_DIR`.
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
 
 @dataclass
 class TensorboardLogger:
@@ -17,9 +27,7 @@ class TensorboardLogger:
 
 @dataclass
 class WandbLogger:
-    # offline: written under RUN_DIR/wandb/ (compute nodes seldom reach the internet), uploaded by
-    # `python -m slurmtrain.cli sync RUN_DIR` | online | disabled
-    mode: str = "offline"
+    mode: WandbMode = WandbMode.offline
     project: str = "slurmtrain"
     entity: Optional[str] = None
     id: Optional[str] = None  # None: <name>-<fingerprint>, one W&B run for every attempt

@@ -12,11 +12,15 @@ the dry-run output carry references or `<redacted>`, never a value.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Iterator, Optional
+
+from slurmtrain.common.durable import replace_atomically
+
+# (key path, the dict holding it, its key there) of a secret scalar in a plain container.
+Found = tuple[str, dict[str, object], str]
 
 REDACTED = "<redacted>"
 ENV_FILE = "secrets.env"
@@ -72,12 +76,12 @@ def reference(path: str) -> str:
     return "${oc.env:" + env_name(path) + "}"
 
 
-def secret_keys(node: Any, path: str = "") -> Iterable[tuple[str, dict, str]]:
+def secret_keys(node: object, path: str = "") -> Iterable[Found]:
     """(key path, parent dict, key) of every secret scalar under a plain container at `path`."""
     return _walk(node, path)
 
 
-def _walk(node: Any, path: str = "") -> Iterable[tuple[str, dict, str]]:
+def _walk(node: object, path: str = "") -> Iterator[Found]:
     """(key path, parent dict, key) of every scalar under a plain container that is a secret."""
     if isinstance(node, dict):
         for key, value in node.items():
@@ -91,61 +95,56 @@ def _walk(node: Any, path: str = "") -> Iterable[tuple[str, dict, str]]:
             yield from _walk(value, f"{path}[{i}]")
 
 
-def referenced(data: Any) -> dict:
-    """A copy of the config (a DictConfig or its plain container) with every secret as a
-    reference: what config.yaml records and the run's fingerprint is taken of."""
-    if not isinstance(data, dict):
-        from omegaconf import OmegaConf
-
-        data = OmegaConf.to_container(data, resolve=True)
-    out = copy.deepcopy(data)
+def referenced(data: object) -> dict[str, object]:
+    """A copy of the config (a DictConfig, a RootConfig or its plain container) with every secret
+    as a reference: what config.yaml records and the run's fingerprint is taken of."""
+    out = copy.deepcopy(data) if isinstance(data, dict) else _plain(data)
     for path, parent, key in list(_walk(out)):
         parent[key] = reference(path)
     return out
 
 
-def values(cfg: Any) -> dict[str, str]:
-    """Environment name -> value of every secret in the config (its values, not references)."""
-    if not isinstance(cfg, dict):
-        from omegaconf import OmegaConf
+def _plain(cfg: object) -> dict[str, object]:
+    from omegaconf import DictConfig  # only when given a config object: errors load fast
 
-        cfg = OmegaConf.to_container(cfg, resolve=True)
+    from slurmtrain.common.schema import RootConfig, plain
+
+    if not isinstance(cfg, (DictConfig, RootConfig)):
+        raise TypeError(f"a config (DictConfig or RootConfig) or its plain dict, not {cfg!r:.60}")
+    return plain(cfg)
+
+
+def values(cfg: object) -> dict[str, str]:
+    """Environment name -> value of every secret in the config (its values, not references)."""
+    data = cfg if isinstance(cfg, dict) else _plain(cfg)
     return {
         env_name(path): str(parent[key])
-        for path, parent, key in _walk(cfg)
+        for path, parent, key in _walk(data)
         if str(parent[key]) != reference(path)
     }
 
 
-def job_environment(cfg: Any) -> dict[str, str]:
+def job_environment(cfg: object) -> dict[str, str]:
     """What secrets.env gives the job: the secrets' values and NAMES_VAR listing them."""
     found = values(cfg)
     return {**found, NAMES_VAR: " ".join(sorted(found))} if found else {}
 
 
-def write_env_file(run_path: Path, cfg: Any) -> Optional[Path]:
+def write_env_file(run_path: Path, cfg: object) -> Optional[Path]:
     """RUN_DIR/secrets.env (0600 whatever the umask, replaced atomically) with the config's
     secrets as `export NAME=value` lines; None (nothing written) when there are none."""
     found = job_environment(cfg)
     if not found:
         return None
     path = Path(run_path) / ENV_FILE
-    tmp = path.with_name(f".{ENV_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # an old temp file of ours keeps its mode through O_CREAT
-        text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(found.items()))
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(found.items()))
+    replace_atomically(path, text, mode=0o600, exact_mode=True)
     return path
 
 
-def redacted_yaml(cfg: Any) -> str:
+def redacted_yaml(cfg: object) -> str:
     """The config as YAML with references for secrets (the dry run prints this)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # the dry run only
 
     return OmegaConf.to_yaml(OmegaConf.create(referenced(cfg)))
 

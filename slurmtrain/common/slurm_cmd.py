@@ -1,25 +1,22 @@
-"""Slurm commands: the one subprocess wrapper every Slurm call goes through, and the queries built on it.
+"""Slurm commands: the one subprocess wrapper every Slurm call goes through, and queries built on it.
 
-Argument lists only, never a shell string. Login node, batch shell and compute nodes all use it
-(no torch import).
-
-Transient errors are retried: a controller that restarts, fails over or is overloaded answers
-"Unable to contact slurm controller", "Socket timed out on send/recv", "Connection refused" or
-nothing at all for seconds to minutes, and a run must not stop (or a supervisor fail to restart it)
-for that. `run` retries such errors with exponential backoff up to a total deadline
-(`SLURMTRAIN_SLURM_RETRY_S`, default 180 s); a definite answer ("Invalid job id", "Invalid
-partition", any error not known to be transient) is never retried. `sbatch` is never retried by
-`run`: a submission that timed out may have been queued, so `sbatch()` tags each submission with a
-unique `--comment` token and, before trying again, asks squeue whether a job with that token exists.
+Argument lists only, never a shell string; no torch (login node, batch shell and compute nodes).
+A controller that restarts or is overloaded answers "Unable to contact slurm controller" (or
+nothing) for minutes, and a run must not stop for that: `run` retries such transient errors with
+backoff up to `SLURMTRAIN_SLURM_RETRY_S` (180 s); a definite answer is never retried. A timed-out
+sbatch may have queued its job, so `sbatch()` tags each submission with a unique `--comment` and
+asks squeue for it before trying again.
 """
 
 from __future__ import annotations
 
 import getpass
 import os
+import socket
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Iterable, Optional, Sequence, Union
 
 from slurmtrain.common.commands import Cmd, run_cmd
@@ -258,8 +255,6 @@ def poll_delays(wait_s: float) -> list[float]:
 
 
 def _accepts(addr: str, port: int, timeout_s: float) -> bool:
-    import socket
-
     try:
         socket.create_connection((addr, port), timeout=timeout_s).close()
         return True
@@ -298,8 +293,6 @@ def probe_slurmds(
 ) -> list[str]:
     """Names of the (name, addr, port) targets that refuse or time out a TCP connect, probed
     PROBE_WORKERS at a time; a probe not done by `deadline_s` names nothing."""
-    from concurrent.futures import ThreadPoolExecutor, wait
-
     if not targets:
         return []
     pool = ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(targets)))

@@ -29,7 +29,9 @@ class SlurmError(RuntimeError):
 # ---- hostlists ---------------------------------------------------------------------------------
 def _split_items(text: str) -> list[str]:
     """Split on commas/whitespace outside brackets; empty items are dropped, as Slurm does."""
-    items, cur, depth = [], [], 0
+    items: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1
@@ -102,7 +104,7 @@ def compress_hostlist(hosts: Iterable[str]) -> str:
 
     Only a trailing number is bracketed (`n1-ib` stays as it is), like `scontrol show hostlist`.
     """
-    groups: list[tuple[str, list[list]]] = []  # (prefix, [[lo_str, hi_int], ...]) or (host, [])
+    groups: list[tuple[str, list[tuple[str, int]]]] = []  # (prefix, [(lo, hi)...]) or (host, [])
     for host in hosts:
         if not host or re.search(r"[\s,\[\]]", host):
             raise ValueError(f"host name {host!r} cannot go into a hostlist")
@@ -112,24 +114,25 @@ def compress_hostlist(hosts: Iterable[str]) -> str:
             continue
         prefix, num = m.groups()
         if groups and groups[-1][1] and groups[-1][0] == prefix:
-            last = groups[-1][1][-1]
-            if f"{last[1] + 1:0{len(last[0])}d}" == num:
-                last[1] += 1
+            ranges = groups[-1][1]
+            lo, hi = ranges[-1]
+            if f"{hi + 1:0{len(lo)}d}" == num:
+                ranges[-1] = (lo, hi + 1)
             else:
-                groups[-1][1].append([num, int(num)])
+                ranges.append((num, int(num)))
         else:
-            groups.append((prefix, [[num, int(num)]]))
-    out = []
-    for prefix, ranges in groups:
-        if not ranges:
+            groups.append((prefix, [(num, int(num))]))
+    out: list[str] = []
+    for prefix, spans in groups:
+        if not spans:
             out.append(prefix)
-        elif len(ranges) == 1 and int(ranges[0][0]) == ranges[0][1]:
-            out.append(prefix + ranges[0][0])
+        elif len(spans) == 1 and int(spans[0][0]) == spans[0][1]:
+            out.append(prefix + spans[0][0])
         else:
             out.append(
                 prefix
                 + "["
-                + ",".join(lo if int(lo) == hi else f"{lo}-{hi:0{len(lo)}d}" for lo, hi in ranges)
+                + ",".join(lo if int(lo) == hi else f"{lo}-{hi:0{len(lo)}d}" for lo, hi in spans)
                 + "]"
             )
     return ",".join(out)
@@ -284,7 +287,8 @@ def _int_or_none(value: str) -> Optional[int]:
 def _gpus(tres: Mapping[str, str]) -> int:
     plain = [v for k, v in tres.items() if k == "gres/gpu"]
     typed = [v for k, v in tres.items() if k.startswith("gres/gpu:")]
-    return sum(int(re.match(r"\d+", v).group()) for v in (plain or typed) if re.match(r"\d+", v))
+    counts = (re.match(r"\d+", v) for v in (plain or typed))
+    return sum(int(m.group()) for m in counts if m)
 
 
 def parse_partitions(text: str) -> dict[str, PartitionInfo]:

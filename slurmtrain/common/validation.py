@@ -1,39 +1,37 @@
 """Checks Hydra's types cannot express: batch math, ranges, files, ZeRO/offload, the recipe's tokens.
 
-Each failure is one ConfigError line naming the key, the value and the fix. Called through
-schema.validate on the login node before anything is written or queued (and by the planner for
-the ZeRO and sequence checks it shares).
+Each failure is one ConfigError line naming the key, the value and the fix. `validate_config` runs
+on the login node before anything is written or queued; the planner shares the ZeRO and sequence
+checks. Closed choices are Enums in the schema, refused at compose time (common/hydra_errors.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
 import re
-from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from slurmtrain.common.derived import grad_accumulation, node_range, world_size
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import (
     DERIVED_DEEPSPEED_KEYS,
-    grad_accumulation,
-    node_range,
-    world_size,
+    ClusterKind,
+    Container,
+    FaultsConfig,
+    ModelConfig,
+    RootConfig,
 )
+from slurmtrain.common.validation_data import check_data, check_positive
 from slurmtrain.common.validation_login import check_all
+from slurmtrain.planning import policy
+from slurmtrain.planning.deadlines import MARGIN_FRACTION, MARGIN_S
 
 
-def _positive(key: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{key}={value!r}: must be a positive integer; e.g. {key}=1")
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(
-            f"{key}={value!r}: unknown; choose one of {', '.join(choices)}; e.g. {key}={choices[0]}"
-        )
+def _value(cfg: RootConfig, key: str) -> object:
+    """The value at dotted `key`, by attribute: a DictConfig and a RootConfig alike."""
+    return functools.reduce(getattr, key.split("."), cfg)
 
 
 # key, lowest value, whether that lowest value itself is allowed, what 0/-1 mean, an example.
@@ -70,26 +68,29 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
 _AUTO_KEYS = ("checkpoint.interval_steps",)  # "auto" until planned (planning/policy.py)
 
 
-def _in_range(key: str, value: Any, low: float, inclusive: bool, means: str, example: str) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and math.isfinite(value) and (value >= low if inclusive else value > low):
-        return
+def _in_range(
+    key: str, value: object, low: float, inclusive: bool, means: str, example: str
+) -> None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        if value >= low if inclusive else value > low:
+            return
     rule = f"{'>=' if inclusive else '>'} {low}"
     raise ConfigError(f"{key}={value!r}: must be a number {rule}{means}; e.g. {key}={example}")
 
 
-def _ranges(cfg: DictConfig) -> None:
+def _ranges(cfg: RootConfig) -> None:
     """Numbers in their ranges: the table above, the failure budgets, betas, exclusion hours."""
     for key, low, inclusive, means, example in _RANGES:
-        value = OmegaConf.select(cfg, key)
+        value = _value(cfg, key)
         if not (key in _AUTO_KEYS and value == "auto"):
             _in_range(key, value, low, inclusive, means, example)
-    for key in (k for k in cfg.faults if k.startswith("max_")):
-        _in_range(f"faults.{key}", cfg.faults[key], -1, True, " (-1: unlimited)", "3")
-    for key, example in (("optim.beta1", 0.9), ("optim.beta2", 0.95)):
-        value = OmegaConf.select(cfg, key)
+    budgets = (f.name for f in dataclasses.fields(FaultsConfig) if f.name.startswith("max_"))
+    for key in budgets:
+        _in_range(f"faults.{key}", getattr(cfg.faults, key), -1, True, " (-1: unlimited)", "3")
+    for beta, typical in (("optim.beta1", 0.9), ("optim.beta2", 0.95)):
+        value = _value(cfg, beta)
         if not (isinstance(value, (int, float)) and 0 <= value < 1):
-            raise ConfigError(f"{key}={value!r}: must be >= 0 and < 1; e.g. {key}={example}")
+            raise ConfigError(f"{beta}={value!r}: must be >= 0 and < 1; e.g. {beta}={typical}")
     hours = cfg.faults.exclude_hours
     if not (math.isfinite(hours) and (hours >= 0 or hours == -1)):
         raise ConfigError(
@@ -97,7 +98,7 @@ def _ranges(cfg: DictConfig) -> None:
             f"or -1 (never expires); e.g. faults.exclude_hours=24"
         )
     for key in ("cluster.mem", "cluster.mem_per_gpu"):
-        value = OmegaConf.select(cfg, key)
+        value = _value(cfg, key)
         if value is not None and not re.fullmatch(r"[0-9]+[KMGTkmgt]?", str(value)):
             raise ConfigError(
                 f"{key}={value!r}: not a Slurm memory size; use a whole number with an optional "
@@ -105,11 +106,9 @@ def _ranges(cfg: DictConfig) -> None:
             )
 
 
-def check_timeout_order(faults: Any) -> None:
+def check_timeout_order(faults: FaultsConfig) -> None:
     """compute/distributed.py's rule: a stuck step passes hang_timeout_s, the watchdog dumps its
     stacks within the margin, only then may a collective time out (start-up is lifted at run time)."""
-    from slurmtrain.planning.deadlines import MARGIN_FRACTION, MARGIN_S
-
     hang, collective = float(faults.hang_timeout_s), float(faults.collective_timeout_s)
     least = hang + max(MARGIN_S, MARGIN_FRACTION * hang)
     if collective < least:
@@ -125,20 +124,20 @@ DEFAULT_MAX_STEPS = 200  # the tiny demo's length when neither max_steps nor tok
 DEFAULT_WARMUP_STEPS = 10
 
 
-def _per_tokens(key: str, tokens: Any, per: int) -> int:
+def _per_tokens(key: str, tokens: object, per: int) -> int:
     """A token budget as whole `per`-token steps, rounded down as metaseq does (at least 1)."""
     if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens <= 0:
         raise ConfigError(f"{key}={tokens!r}: must be a positive number of tokens; e.g. {key}=3e11")
     return max(1, int(tokens) // per)
 
 
-def resolve_batch(cfg: DictConfig) -> None:
+def resolve_batch(cfg: RootConfig) -> None:
     """Fill in what was left to be derived (login node, before hashing): the global batch (from
     tokens or from micro x accumulation x world), the run length and warm-up (steps from tokens),
     and the decay floor (a fraction of the peak lr)."""
     t, o = cfg.train, cfg.optim
     if t.global_batch_size is None and t.global_batch_tokens is not None:
-        _positive("data.seq_len", cfg.data.seq_len)
+        check_positive("data.seq_len", cfg.data.seq_len)
         tokens = t.global_batch_tokens
         if (
             isinstance(tokens, bool)
@@ -154,10 +153,10 @@ def resolve_batch(cfg: DictConfig) -> None:
             )
         t.global_batch_size = int(tokens) // cfg.data.seq_len
     if t.global_batch_size is None:
-        _positive("train.micro_batch_size", t.micro_batch_size)
-        _positive("train.grad_accumulation", t.grad_accumulation)
+        check_positive("train.micro_batch_size", t.micro_batch_size)
+        check_positive("train.grad_accumulation", t.grad_accumulation)
         t.global_batch_size = t.micro_batch_size * t.grad_accumulation * world_size(cfg)
-    _positive("train.global_batch_size", t.global_batch_size)
+    check_positive("train.global_batch_size", t.global_batch_size)
     step_tokens = t.global_batch_size * cfg.data.seq_len
     if t.max_steps is None:
         t.max_steps = (
@@ -189,14 +188,14 @@ def resolve_batch(cfg: DictConfig) -> None:
         )
 
 
-def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
+def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
     """Every check Hydra's types cannot do; the first failure raises one ConfigError line.
 
     A dry run plans any size (`model=opt13b nodes=64` on a laptop); only a real submission needs a
     backend that can place it.
     """
     low, high = node_range(cfg.nodes)
-    if cfg.gpus_per_node == "auto" or cfg.cluster.kind == "auto":
+    if cfg.gpus_per_node == "auto" or cfg.cluster.kind == ClusterKind.auto:
         raise ConfigError(
             "cluster.kind/gpus_per_node=auto: not resolved; the launch flow calls "
             "slurmtrain.login.placement.resolve_auto first (or set them explicitly)"
@@ -218,8 +217,6 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     _ranges(cfg)
     check_timeout_order(cfg.faults)
     resolve_batch(cfg)
-    from slurmtrain.planning import policy  # planned defaults: cluster.time, checkpoint policy
-
     policy.resolve_time(cfg, None, "not read from Slurm")  # placement.py had no partition
     policy.resolve_checkpoint(cfg)
     check_all(cfg)  # unknown keys, cluster.* for every kind, runs_root, run_dir_mode
@@ -235,10 +232,10 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
         "cluster.cpu_tasks_per_node",
         "checkpoint.keep_last",
     ):
-        _positive(key, OmegaConf.select(cfg, key))
+        check_positive(key, _value(cfg, key))
     for key, example in (("train.flops_profile_step", 10), ("train.memory_check_step", 3)):
-        value = OmegaConf.select(cfg, key)
-        if not 0 <= value <= cfg.train.max_steps:
+        value = _value(cfg, key)
+        if not (isinstance(value, int) and 0 <= value <= (cfg.train.max_steps or 0)):
             raise ConfigError(
                 f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
                 f"{cfg.train.max_steps}; e.g. {key}={example}"
@@ -256,11 +253,9 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     if submitting and cfg.smoke and cfg.cluster.kind != "slurm":
         raise ConfigError(
             f"smoke=true: chains a smoke job before the real one on Slurm; use "
-            f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or smoke=false"
+            f"cluster=slurm (cluster.kind is '{cfg.cluster.kind}') or smoke=false"
         )
-    _choice("cluster.kind", cfg.cluster.kind, ("local", "slurm"))
-    _choice("cluster.container", cfg.cluster.container, ("none", "apptainer", "pyxis", "oci"))
-    if cfg.cluster.stage_env and cfg.cluster.container != "none":
+    if cfg.cluster.stage_env and cfg.cluster.container != Container.none:
         raise ConfigError(
             f"cluster.stage_env=true with cluster.container={cfg.cluster.container}: the image is "
             f"the environment (stage the image instead); set cluster.stage_env=false"
@@ -268,19 +263,13 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     if submitting and cfg.cluster.stage_env and cfg.cluster.kind != "slurm":
         raise ConfigError(
             f"cluster.stage_env=true: the batch script stages the environment on Slurm nodes; use "
-            f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or cluster.stage_env=false"
+            f"cluster=slurm (cluster.kind is '{cfg.cluster.kind}') or cluster.stage_env=false"
         )
     if cfg.cluster.stage_env and not str(cfg.cluster.stage_env_dir).startswith("/"):
         raise ConfigError(
             f"cluster.stage_env_dir={cfg.cluster.stage_env_dir!r}: must be an absolute node-local "
             f"directory; e.g. cluster.stage_env_dir=/tmp"
         )
-    _choice("data.kind", cfg.data.kind, ("synthetic", "tokens", "blend"))
-    _choice("deepspeed.dtype", cfg.deepspeed.dtype, ("auto", "bf16", "fp16", "fp32"))
-    _choice("checkpoint.verify", cfg.checkpoint.verify, ("checksum", "size"))
-    _choice("faults.restart", cfg.faults.restart, ("resubmit", "requeue"))
-    _choice("optim.name", cfg.optim.name, ("adamw",))
-    _choice("optim.decay", cfg.optim.decay, ("linear", "cosine"))
     if not re.fullmatch(r"auto|none|step_\d+", str(cfg.resume)):
         raise ConfigError(
             f"resume={cfg.resume!r}: must be auto (newest valid checkpoint), none (start from "
@@ -295,14 +284,13 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
     if submitting and spares and cfg.cluster.kind != "slurm":
         raise ConfigError(
             f"faults.spare_nodes={spares}: spares are extra Slurm nodes of the job; use "
-            f"cluster=slurm (cluster.kind is {cfg.cluster.kind!r}) or faults.spare_nodes=0"
+            f"cluster=slurm (cluster.kind is '{cfg.cluster.kind}') or faults.spare_nodes=0"
         )
     if cfg.faults.spike_factor != 0 and cfg.faults.spike_factor <= 1:
         raise ConfigError(
             f"faults.spike_factor={cfg.faults.spike_factor}: must be 0 (off) or > 1 (times the "
             f"running median loss); e.g. faults.spike_factor=3"
         )
-    _choice("checkpoint.on_save_error", cfg.checkpoint.on_save_error, ("continue", "stop"))
     ds = cfg.deepspeed
     check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)
     for key in DERIVED_DEEPSPEED_KEYS:
@@ -317,8 +305,6 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
             f"{cfg.model.hidden_size}"
         )
     check_family(cfg.model)
-    from slurmtrain.common.validation_data import check_data  # it uses this module's helpers
-
     check_data(cfg)
     check_seq_len(cfg.data.seq_len, cfg.model.max_positions)
     if submitting and cfg.cluster.kind == "local" and high != 1:
@@ -335,7 +321,7 @@ def validate_config(cfg: DictConfig, submitting: bool = True) -> None:
         )
 
 
-def check_family(m: Any) -> None:
+def check_family(m: ModelConfig) -> None:
     """model.family is a causal LM transformers ships; num_kv_heads divides num_heads (GQA)."""
     kv = m.num_kv_heads
     if kv is not None and (kv < 1 or m.num_heads % kv):

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
-
-from omegaconf import DictConfig
+from typing import Optional
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.validation import _positive
+from slurmtrain.common.schema import DataKind, RootConfig
 
 
-def _token_file(key: str, path: Any, vocab_size: int) -> Optional[int]:
+def check_positive(key: str, value: object) -> None:
+    """A whole number >= 1 (shared with validation.py)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}={value!r}: must be a positive integer; e.g. {key}=1")
+
+
+def _token_file(key: str, path: Optional[str], vocab_size: int) -> Optional[int]:
     """A token file must exist and fit the model's vocabulary; returns its token count if known."""
     if not path or not os.path.isfile(path):
         raise ConfigError(
@@ -31,7 +35,7 @@ def _token_file(key: str, path: Any, vocab_size: int) -> Optional[int]:
     return count if isinstance(count, int) else None
 
 
-def check_data(cfg: DictConfig) -> None:
+def check_data(cfg: RootConfig) -> None:
     """Token files, blend sources and weights, the held-out split, evaluation settings."""
     d, vocab = cfg.data, cfg.model.vocab_size
     if not 0 <= d.valid_fraction < 0.5:
@@ -39,16 +43,16 @@ def check_data(cfg: DictConfig) -> None:
             f"data.valid_fraction={d.valid_fraction}: the held-out share of the tokens must be "
             f">= 0 and < 0.5 (0: no validation split); e.g. data.valid_fraction=0.01"
         )
-    _positive("data.valid_windows", d.valid_windows)
+    check_positive("data.valid_windows", d.valid_windows)
     if cfg.train.eval_interval < 0:
         raise ConfigError(
             f"train.eval_interval={cfg.train.eval_interval}: must be 0 (off) or a number of "
             f"steps; e.g. train.eval_interval=50"
         )
     counts: list[tuple[str, Optional[int]]] = []
-    if d.kind == "tokens":
+    if d.kind == DataKind.tokens:
         counts.append(("data.path", _token_file("data.path", d.path, vocab)))
-    if d.kind == "blend":
+    if d.kind == DataKind.blend:
         if not d.sources:
             raise ConfigError(
                 "data.sources=[]: data=blend needs token files and weights; e.g. "
@@ -66,9 +70,11 @@ def check_data(cfg: DictConfig) -> None:
         _token_file("data.valid_path", d.valid_path, vocab)
     elif d.valid_fraction > 0:
         for key, count in counts:
-            held = -(-count * d.valid_fraction // 1) if count is not None else None
+            if count is None:
+                continue
+            held = -(-count * d.valid_fraction // 1)
             # (a corpus shorter than one window is the sampler's error, on the compute node)
-            if held is not None and held < d.seq_len + 1 <= count - held:
+            if held < d.seq_len + 1 <= count - held:
                 raise ConfigError(
                     f"data.valid_fraction={d.valid_fraction}: holds out {int(held)} tokens of "
                     f"{key} ({count} tokens), less than one window of data.seq_len + 1 = "
@@ -76,10 +82,10 @@ def check_data(cfg: DictConfig) -> None:
                 )
 
 
-def _sidecar(meta_path: str) -> dict[str, Any]:
+def _sidecar(meta_path: str) -> dict[str, object]:
     try:
         with open(meta_path) as f:
-            meta = json.load(f)
+            meta: object = json.load(f)
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}

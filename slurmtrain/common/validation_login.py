@@ -15,16 +15,19 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.secrets import is_secret_key, reference, secret_keys
+from slurmtrain.common.slurm_text import parse_time
 
 
-def check_all(cfg: DictConfig) -> None:
-    check_known_keys(cfg)
+def check_all(cfg: RootConfig) -> None:
+    if isinstance(cfg, DictConfig):  # only a composed config can carry keys the schema lacks
+        check_known_keys(cfg)
     check_cluster_values(cfg)
     check_run_dir_mode(cfg.run_dir_mode)
     check_deepspeed_secrets(cfg)
@@ -33,19 +36,18 @@ def check_all(cfg: DictConfig) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _template(kind: Any) -> DictConfig:
+def _template(kind: type) -> DictConfig:
     """The schema's structure (a dataclass as an OmegaConf node), built once per process."""
-    return OmegaConf.structured(kind)
+    node = OmegaConf.structured(kind)
+    assert isinstance(node, DictConfig)
+    return node
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """Every key is one the schema has. Hydra's `+key=value` (and `++`) adds a key even to a
-    struct config, so a typo composed here and every worker died loading config.yaml against the
-    schema (schema.load_run_config). The keys are walked against the schema's dataclasses (open
-    dicts such as cluster.env and deepspeed.extra take any key): ~1 ms, where merging the config
-    into the schema as the workers do takes ~60 per sweep point."""
-    from slurmtrain.common.schema import RootConfig
-
+    """Every key is one the schema has: Hydra's `+key=value` adds a key even to a struct config,
+    and the workers' schema.load_run_config would refuse it. Walked against the schema's
+    dataclasses (open dicts such as cluster.env take any key), which is far cheaper per sweep point
+    than merging the config into the schema."""
     key = _unknown_key(OmegaConf.to_container(cfg, resolve=False), _template(RootConfig), "")
     if key is None:
         return
@@ -60,19 +62,23 @@ def check_known_keys(cfg: DictConfig) -> None:
     )
 
 
-def _typed(node: Any) -> Any:
+def _is_dataclass_type(kind: object) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def _typed(node: object) -> object:
     """A schema node with its dataclass's keys: a section left MISSING in the schema (model: the
     group chooses it) is typed by its field only."""
     kind = getattr(getattr(node, "_metadata", None), "ref_type", None)
-    if isinstance(node, DictConfig) and not dataclasses.is_dataclass(OmegaConf.get_type(node)):
-        return _template(kind) if dataclasses.is_dataclass(kind) else node
+    if isinstance(node, DictConfig) and not _is_dataclass_type(OmegaConf.get_type(node)):
+        return _template(kind) if isinstance(kind, type) and _is_dataclass_type(kind) else node
     return node
 
 
-def _unknown_key(data: Any, template: Any, path: str) -> Optional[str]:
+def _unknown_key(data: object, template: object, path: str) -> Optional[str]:
     """The first key of `data` that the schema node `template` does not have, or None."""
     if isinstance(data, dict) and isinstance(template, DictConfig):
-        if not dataclasses.is_dataclass(OmegaConf.get_type(template)):
+        if not _is_dataclass_type(OmegaConf.get_type(template)):
             return None  # a dict field: any key
         known = set(template.keys())
         for key, value in data.items():
@@ -84,7 +90,7 @@ def _unknown_key(data: Any, template: Any, path: str) -> Optional[str]:
                 return found
     elif isinstance(data, list) and isinstance(template, ListConfig):
         element = template._metadata.element_type
-        if dataclasses.is_dataclass(element):
+        if isinstance(element, type) and _is_dataclass_type(element):
             for i, value in enumerate(data):
                 found = _unknown_key(value, _template(element), f"{path}[{i}]")
                 if found:
@@ -92,13 +98,11 @@ def _unknown_key(data: Any, template: Any, path: str) -> Optional[str]:
     return None
 
 
-def check_cluster_values(cfg: DictConfig) -> None:
+def check_cluster_values(cfg: RootConfig) -> None:
     """The Slurm times and srun arguments, for every kind (the #SBATCH values and environment
     names: login/prepare.resolve, through login/flags.py, the code that writes them)."""
-    from slurmtrain.common.slurm_text import parse_time
-
     for key in ("cluster.time", "cluster.time_cap"):
-        value = OmegaConf.select(cfg, key)
+        value = getattr(cfg.cluster, key.split(".")[1])
         if str(value) == "auto" and key == "cluster.time":
             continue
         try:
@@ -113,11 +117,13 @@ def check_cluster_values(cfg: DictConfig) -> None:
             raise ConfigError(f"cluster.srun_extra={str(arg)!r}: newlines are not allowed; fix it")
 
 
-def check_deepspeed_secrets(cfg: DictConfig) -> None:
+def check_deepspeed_secrets(cfg: RootConfig) -> None:
     """DeepSpeed stores its whole config in every checkpoint (and its monitors log it): a
     credential there (comet.api_key) would be written in clear. Its monitors read theirs from the
     environment too, which cluster.env gives the job without writing it anywhere."""
-    extra = OmegaConf.to_container(cfg.deepspeed.extra, resolve=False)
+    extra: object = cfg.deepspeed.extra
+    if isinstance(extra, DictConfig):
+        extra = OmegaConf.to_container(extra, resolve=False)
     for path in sorted(p for p, _, _ in secret_keys(extra, "deepspeed.extra")):
         leaf = path.rsplit(".", 1)[-1]
         raise ConfigError(
@@ -166,26 +172,16 @@ def _unwritable(root: str) -> str:
     return ""
 
 
-WANDB_MODES = ("offline", "online", "disabled")
-
-
 def _installed(package: str) -> bool:
     """Whether `package` can be imported, without importing it (wandb takes ~1 s)."""
     return importlib.util.find_spec(package) is not None
 
 
-def check_trackers(cfg: DictConfig) -> None:
-    """The trackers `logger=` chose are installed here (the compute nodes share the venv) and
-    W&B's mode is one it has: a missing extra fails before anything is queued, not on rank 0."""
-    chosen = cfg.get("logger") or {}
-    wandb = chosen.get("wandb")
-    if wandb is not None and wandb.mode not in WANDB_MODES:
-        raise ConfigError(
-            f"logger.wandb.mode={wandb.mode!r}: not a W&B mode; use offline (the default; "
-            f"upload with python -m slurmtrain.cli sync RUN_DIR), online or disabled"
-        )
+def check_trackers(cfg: RootConfig) -> None:
+    """The trackers `logger=` chose are installed here (the compute nodes share the venv): a
+    missing extra fails before anything is queued, not on rank 0 (WandbMode checks W&B's mode)."""
     for kind in ("wandb", "mlflow"):
-        if chosen.get(kind) is not None and not _installed(kind):
+        if getattr(cfg.logger, kind) is not None and not _installed(kind):
             raise ConfigError(
                 f"logger={kind}: the {kind} package is not installed; "
                 f"pip install 'slurmtrain[{kind}]' (or leave {kind} out of logger=)"

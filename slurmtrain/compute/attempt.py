@@ -1,8 +1,7 @@
 """The compute-node entrypoint: one attempt of a run, started by srun (or locally), one process per GPU.
 
-read the run directory -> watchdog (phase deadlines from here on) -> distributed set-up -> record
-the attempt (closing a vanished previous one) -> budgets -> health gate -> Trainer
-(compute/trainer.py) -> exit code for the batch-shell supervisor.
+read the run directory -> watchdog -> distributed set-up -> record the attempt (closing a vanished
+previous one) -> budgets -> health gate -> Trainer -> exit code for the batch-shell supervisor.
 `python -m slurmtrain.compute.attempt RUN_DIR` is what the batch script runs.
 """
 
@@ -17,13 +16,14 @@ import traceback
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from slurmtrain.common import errors, ledger, provenance
+from slurmtrain.common import errors, events, ledger, provenance, windows
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import load_run_config
+from slurmtrain.common.schema import RootConfig, load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
 from slurmtrain.compute import startup
+from slurmtrain.compute.context import Attempt, RankContext, relaunch_count, restart_count
 from slurmtrain.compute.distributed import (
     Placement,
     broadcast,
@@ -49,52 +49,6 @@ def _quiet_environment(cpu: bool) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-class Attempt:
-    """One start of the job on the compute nodes: placement, attempt number, ledger writes."""
-
-    def __init__(
-        self,
-        run: RunDir,
-        where: Placement,
-        nodes: list[str],
-        number: int,
-        rows: Optional[list[dict[str, Any]]] = None,
-    ) -> None:
-        self.run, self.where, self.nodes, self.number = run, where, nodes, number
-        # Rank 0: the run tier as read once at the start, plus every row recorded since (what
-        # checkpoint choice, rollbacks and budgets read: no re-read of the ledger per question).
-        self.rows: list[dict[str, Any]] = rows if rows is not None else []
-
-    step: Optional[int] = None  # the step being trained, for failure records
-    clock: Optional[startup.StartupClock] = None  # rank 0: start-up phases (compute/startup.py)
-
-    def record(self, event: str, **fields: Any) -> None:
-        """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
-        if self.where.rank == 0:
-            fields.setdefault("rank", self.where.rank)
-            fields.setdefault("node", self.where.node)
-            self.rows.append(
-                self.run.record(
-                    event, job_id=self.where.job_id, attempt=self.number, nodes=self.nodes, **fields
-                )
-            )
-
-    def record_any(self, event: str, **fields: Any) -> None:
-        """Any rank: failures are recorded by the rank that saw them, in its node's file of the
-        rank tier (one file per node, not per rank: common/jsonl.py)."""
-        fields.setdefault("rank", self.where.rank)
-        self.run.record_rank(
-            event,
-            job_id=self.where.job_id,
-            restart=_restart(),
-            relaunch=_relaunch(),
-            on_node=self.where.node,
-            attempt=self.number,
-            nodes=[self.where.node],  # its own: the attempt's list is in `started`, once
-            **fields,
-        )
-
-
 def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     """An attempt that ended without its supervisor (Slurm requeued the job itself after a
     preemption or a node failure, or the batch host died) is closed here, with the nodes lost.
@@ -102,10 +56,12 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     prev = ledger.unended_attempt(attempt.rows)
     if prev is None:
         return
-    events = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
-    cls = ledger.vanished_class(events, prev["attempt"])
-    record = dict(job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", []))
-    closed = run.record("attempt_ended", **record, **{"class": cls, "closed_by": attempt.number})
+    prev_rows = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
+    cls = ledger.vanished_class(prev_rows, prev["attempt"])
+    record = events.Where(
+        job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", [])
+    )
+    closed = run.record(events.attempt_ended(cls, closed_by=attempt.number), **record)
     attempt.rows.append(closed)
     lost = sorted(set(prev.get("nodes", [])) - set(attempt.nodes))
     if cls == ledger.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
@@ -116,17 +72,19 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
         attempt.rows.append(run.record("node_lost", **record, node=node))
 
 
-def _last_error(run: RunDir, rows: list[dict[str, Any]], number: int) -> Optional[str]:
+def _last_error(run: RunDir, rows: list[dict[str, object]], number: int) -> Optional[str]:
     """The last error of the run up to the start before attempt `number` (its rank rows too)."""
     prev = ledger.started_row(rows, number - 1)
     events = run.attempt_events(*ledger.attempt_key(prev), run_rows=rows) if prev else rows
     return ledger.last_error(events)
 
 
-def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector: Any) -> bool:
+def _healthy(
+    cfg: RootConfig, run: RunDir, where: Placement, attempt: Attempt, injector: Injector
+) -> bool:
     """The health gate on every rank; bad nodes go to the bad-node ledger, the job exits."""
 
-    from slurmtrain.common.rundir import append_jsonl
+    from slurmtrain.common.jsonl import append_jsonl
     from slurmtrain.compute.faults import health
 
     t0 = time.time()
@@ -150,7 +108,7 @@ def _healthy(cfg: Any, run: RunDir, where: Placement, attempt: Attempt, injector
 
 
 def _claim(
-    run: RunDir, where: Placement, lock: contextlib.ExitStack, rows: list[dict[str, Any]]
+    run: RunDir, where: Placement, lock: contextlib.ExitStack, rows: list[dict[str, object]]
 ) -> Optional[int]:
     """Rank 0: take the run (its lock stays held until `started` is recorded), or the exit code
     of a job that must not train it (compute/faults/owner.py). `rows` gets the run tier, read
@@ -172,15 +130,21 @@ def _claim(
             rows,
             job_id=where.job_id,
             node=where.node,
-            restart=_restart(),
-            relaunch=_relaunch(),
+            restart=restart_count(),
+            relaunch=relaunch_count(),
         )
         return 0 if stop else None
-    row = dict(job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node)
+    row = events.Where(
+        job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node
+    )
     other = (own or {}).get("job_id")
     if verdict == owner.DUPLICATE:
         run.record(
-            "duplicate_refused", **row, owner=other, restart=_restart(), relaunch=_relaunch()
+            "duplicate_refused",
+            **row,
+            owner=other,
+            restart=restart_count(),
+            relaunch=relaunch_count(),
         )
         print(
             f"slurmtrain: job {where.job_id} refuses to train {run.path}: job {other} holds it "
@@ -189,24 +153,10 @@ def _claim(
         )
         return errors.EXIT_DUPLICATE
     why = (own or {}).get("why") or f"neither squeue nor sacct says whether job {other} is alive"
-    run.record(
-        "failed",
-        **row,
-        restart=_restart(),
-        relaunch=_relaunch(),
-        **{"class": ledger.CRASH, "error": f"cannot claim the run: {why}"},
-    )
+    claim_failed = events.failed(ledger.CRASH, f"cannot claim the run: {why}")
+    run.record(claim_failed, **row, restart=restart_count(), relaunch=relaunch_count())
     print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
     return 1
-
-
-def _restart() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-
-
-def _relaunch() -> int:
-    """In-allocation restarts before this one in the same job (the batch script counts them)."""
-    return int(os.environ.get("SLURMTRAIN_RELAUNCH") or 0)
 
 
 def _startup_hang(
@@ -221,10 +171,10 @@ def _startup_hang(
     step_nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     late = " (waiting for ranks to join)" if arrived_at is not None else " (before joining)"
     run.record_rank(
-        "failed",
+        events.failed(ledger.HANG, why + (late if waiting else "")),
         job_id=where.job_id,
-        restart=_restart(),
-        relaunch=_relaunch(),
+        restart=restart_count(),
+        relaunch=relaunch_count(),
         on_node=where.node,
         nodes=[where.node],
         rank=where.rank,
@@ -233,7 +183,6 @@ def _startup_hang(
         phase=watchdog.current,
         step_nodes=expand_hostlist(step_nodes) if waiting and step_nodes else None,
         arrived_at=arrived_at if waiting else None,
-        **{"class": ledger.HANG, "error": why + (late if waiting else "")},
     )
 
 
@@ -250,8 +199,8 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     # The watchdog runs from the first collective on, each phase with its own deadline
     # (planning/deadlines.py): start-up phases here and in the Trainer, then steps and saves.
     dump = run.hang_dump(0, where.node).with_name(
-        f"startup.job{where.job_id}.restart{_restart()}"
-        + (f".relaunch{_relaunch()}" if _relaunch() else "")
+        f"startup.job{where.job_id}.restart{restart_count()}"
+        + (f".relaunch{relaunch_count()}" if relaunch_count() else "")
         + f".{where.node}.txt"
     )
     arrival: dict[str, float] = {}  # when this rank joined the rendezvous (wall clock)
@@ -272,9 +221,9 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
 
 def _run(
     run: RunDir,
-    cfg: Any,
+    cfg: RootConfig,
     where: Placement,
-    flags: Any,
+    flags: signals.SignalFlags,
     watchdog: Watchdog,
     arrival: dict[str, float],
     clock: startup.StartupClock,
@@ -311,13 +260,14 @@ def _run(
             timeout=timedelta(seconds=collective_timeout_s(cfg.faults)),  # the rule: distributed.py
         )
         rendezvous_s = time.time() - started
-        gathered: list[Any] = [None] * where.world_size
+        gathered: list[tuple[str, int]] = [("", 0)] * where.world_size
         dist.all_gather_object(gathered, (where.node, os.getpid()))
         nodes = sorted({node for node, _ in gathered})
-        rows: list[dict[str, Any]] = []  # rank 0: the run tier, read once (under the lock)
+        rows: list[dict[str, object]] = []  # rank 0: the run tier, read once (under the lock)
         with contextlib.ExitStack() as lock:
-            claim = _claim(run, where, lock, rows) if where.rank == 0 else None
-            claim = broadcast(claim)
+            claim: Optional[int] = broadcast(
+                _claim(run, where, lock, rows) if where.rank == 0 else None
+            )
             if claim is not None:  # another live job trains this run, or Slurm cannot say
                 dist.destroy_process_group()
                 return claim
@@ -328,28 +278,27 @@ def _run(
             ).before_start()
             if where.rank == 0:
                 _close_previous_attempt(run, attempt)
-                # the user's resubmission after a stop: budgets count again from here (#20)
-                ledger.open_window(run, attempt.rows, where.job_id)
+                # the user's resubmission after a stop: budgets count again from here
+                windows.open_window(run, attempt.rows, where.job_id)
             attempt.record(
                 "started",
                 world_size=where.world_size,
                 hosts=[n for n, _ in gathered],
                 pids=[p for _, p in gathered],
-                restart=_restart(),
-                relaunch=_relaunch(),
+                restart=restart_count(),
+                relaunch=relaunch_count(),
                 executor="slurm" if owner.under_slurm() else "local",
             )
     except Exception as err:  # every rank that fails writes a row: the rank tier
         run.record_rank(
-            "failed",
+            events.failed(ledger.CRASH, f"{type(err).__name__}: {err}"),
             job_id=where.job_id,
-            restart=_restart(),
-            relaunch=_relaunch(),
+            restart=restart_count(),
+            relaunch=relaunch_count(),
             on_node=where.node,
             nodes=[where.node],
             rank=where.rank,
             phase="start-up",
-            **{"class": ledger.CRASH, "error": f"{type(err).__name__}: {err}"},
         )
         raise
     attempt.record("rendezvous_done", seconds=rendezvous_s)
@@ -364,26 +313,28 @@ def _run(
     stop = broadcast(ledger.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
         error = _last_error(run, attempt.rows, attempt.number) if where.rank == 0 else None
-        attempt.record("stopped", **{"class": stop, "error": error or f"{stop} budget exhausted"})
+        attempt.record(events.stopped(stop, error or f"{stop} budget exhausted"))
         dist.destroy_process_group()
         return 0
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed)
     watchdog.stacks = run.hang_dump(attempt.number, where.node)
     watchdog.on_hang = lambda why: attempt.record_any(
-        "failed", **{"class": ledger.HANG, "error": why, "phase": watchdog.current}
+        events.failed(ledger.HANG, why, phase=watchdog.current)
     )
     try:
         watchdog.phase(deadlines.HEALTH, cfg.faults.startup_timeout_s)
         if cfg.faults.health_check and not _healthy(cfg, run, where, attempt, injector):
             return errors.EXIT_BAD_NODE
         clock.mark("health")
-        code = Trainer(cfg, run, where, attempt, flags, injector, watchdog).fit()
+        device = (
+            torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
+        )  # with one GPU bound per task it is cuda:0 whatever the local rank
+        ctx = RankContext(where, device, attempt.record, watchdog)
+        code = Trainer(cfg, run, ctx, attempt, flags, injector).fit()
     except Exception as err:  # the failing rank records its error and class, then re-raises
         error, trace = f"{type(err).__name__}: {err}", traceback.format_exc()
         attempt.record_any(
-            "failed",
-            **{"class": ledger.CRASH, "error": error, "step": attempt.step},
-            traceback=trace[-4000:],
+            events.failed(ledger.CRASH, error, step=attempt.step), traceback=trace[-4000:]
         )
         if ledger.is_peer_error([{"error": error}]):
             watchdog.dump_after_peer_failure(f"peer failure: {error}\n{trace}\n")

@@ -1,23 +1,18 @@
 """Token sources, the held-out split, blends, and the deterministic sampler that resumes exactly.
 
-Sample order depends only on (seed, epoch), and the global batch of step `s` is samples
-[skip + s*G, skip + (s+1)*G) of that order, laid out micro-step-major then rank — so the batch a
-step sees is the same whatever the world size, and resuming needs nothing but the number of
-consumed samples and `skip`: the samples skipped after divergences (a checkpoint's
-`data_position.skipped_samples`), plus a branch's `data.skip_samples`, added once at its branch
-point (compute/checkpoint/select.py branch_point).
+Sample order depends only on (seed, epoch); the global batch of step `s` is samples
+[skip + s*G, skip + (s+1)*G) of it, laid out micro-step-major then rank, so a step sees the same
+batch whatever the world size and a resume needs only the consumed samples and `skip` (samples
+skipped after divergences, plus a branch's `data.skip_samples`, checkpoint/select.py branch_point).
 
-Held-out data: with `data.valid_fraction` the last fraction of every source's tokens is cut off
-before any window is formed, so no training window shares a token with a validation window; with
-`data.valid_path` a separate file is the held-out set and the corpus trains whole. Validation uses a
-fixed list of `data.valid_windows` windows evenly spaced over the held-out tokens: the same list
-whatever the world size or restart, each rank evaluating the strided share `ids[rank::world]`.
+Held-out data: `data.valid_fraction` cuts the last fraction of every source before any window is
+formed (no training window shares a token with a validation one), or `data.valid_path` is a
+separate file. Validation uses `data.valid_windows` fixed windows evenly spaced over it, each rank
+evaluating `ids[rank::world]`.
 
-Blends (`data=blend`, `data.sources=[{path, weight}, ...]`): sample index g goes to source
-`schedule[g % PERIOD]`, a fixed interleaving that keeps every prefix within one sample of the
-weights (Megatron's greedy blending), and to that source's own shuffled order at position
-`(g // PERIOD) * per_period[k] + prefix[k][g % PERIOD]`: the mixture and the position in every
-source follow from the sample index alone, so a blend resumes by consumed samples like one file.
+Blends: sample g comes from source `schedule[g % PERIOD]`, a fixed greedy interleaving that keeps
+every prefix within one sample of the weights, at a position in that source's own order that
+follows from g alone: a blend resumes by consumed samples like one file.
 """
 
 from __future__ import annotations
@@ -27,13 +22,13 @@ import math
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import NotRequired, Optional, Sequence, TypedDict, Union
 
 import numpy as np
 
-PERIOD = (
-    10_000  # length of a blend's interleaving schedule (mixture error <= 1 / PERIOD per period)
-)
+from slurmtrain.common.schema import DataConfig
+
+PERIOD = 10_000  # length of a blend's interleaving schedule (mixture error <= 1 / PERIOD)
 
 
 def stdlib_corpus(max_bytes: int) -> np.ndarray:
@@ -97,12 +92,22 @@ class Windows:
 
 
 Tokens = Union[np.ndarray, Windows]
+Seed = Union[int, Sequence[int]]
+
+
+class DataPosition(TypedDict):
+    """Where the data stands after some samples (checkpoint meta, ledger)."""
+
+    consumed_samples: int
+    epoch: NotRequired[int]  # one source
+    per_source: NotRequired[dict[str, int]]  # a blend: samples drawn from each source
+    epochs: NotRequired[dict[str, int]]
 
 
 class Sampler:
     """Maps (step, micro step, rank) to sample indices; samples are non-overlapping windows."""
 
-    def __init__(self, n_tokens: int, seq_len: int, seed: Any) -> None:
+    def __init__(self, n_tokens: int, seq_len: int, seed: Seed) -> None:
         self.seq_len = seq_len
         self.num_samples = (n_tokens - 1) // seq_len
         if self.num_samples < 1:
@@ -130,7 +135,7 @@ class Sampler:
         first = self.skip + step * global_batch + (micro_step * world + rank) * micro_batch
         return [self.sample(first + i) for i in range(micro_batch)]
 
-    def position(self, consumed: int) -> dict[str, Any]:
+    def position(self, consumed: int) -> DataPosition:
         """Where the data stands after `consumed` samples (checkpoint meta, ledger)."""
         return {"consumed_samples": consumed, "epoch": consumed // self.num_samples}
 
@@ -181,7 +186,7 @@ class BlendSampler(Sampler):
         local = whole * int(self.per_period[k]) + int(self.prefix[part][k])
         return int(self.windows.offsets[k]) + self.sources[k].sample(local)
 
-    def position(self, consumed: int) -> dict[str, Any]:
+    def position(self, consumed: int) -> DataPosition:
         counts = self.counts(consumed)
         return {
             "consumed_samples": consumed,
@@ -215,16 +220,16 @@ class Data:
     valid_ids: Optional[list[int]] = None
 
 
-def _sources(d: Any) -> list[tuple[str, float]]:
+def _sources(d: DataConfig) -> list[tuple[str, float]]:
     if d.kind == "blend":
         return [(str(s.path), float(s.weight)) for s in d.sources]
     return [(str(d.path), 1.0)]
 
 
-def load(d: Any) -> Data:
+def load(d: DataConfig) -> Data:
     """The config's `data` section -> training windows, their sampler, the validation windows."""
-    fraction = float(d.get("valid_fraction", 0.0) or 0.0)
-    valid_path = d.get("valid_path")
+    fraction = float(d.valid_fraction or 0.0)
+    valid_path = d.valid_path
     cut = 0.0 if valid_path else fraction
     if d.kind == "blend":
         names = [p for p, _ in _sources(d)]
@@ -250,7 +255,7 @@ def load(d: Any) -> Data:
             f"held-out data ({sum(len(h) for h in held)} tokens) is shorter than one window of "
             f"data.seq_len + 1 = {d.seq_len + 1} tokens; raise data.valid_fraction or set it to 0"
         )
-    return Data(train, sampler, valid, valid_ids(len(valid), int(d.get("valid_windows", 64))))
+    return Data(train, sampler, valid, valid_ids(len(valid), int(d.valid_windows)))
 
 
 def batch(tokens: Tokens, sample_ids: list[int], seq_len: int) -> np.ndarray:

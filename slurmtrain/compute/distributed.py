@@ -1,12 +1,9 @@
 """Distributed set-up from whoever started us: torchrun-style variables, Slurm's, or submitit's.
 
-DeepSpeed needs RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT all set, or it falls back
-to MPI discovery; we always set the five ourselves.
-
-LOCAL_RANK is exported as this task's DEVICE INDEX (device_index below), not Slurm's local id:
-DeepSpeed uses it as a CUDA ordinal (init_process_group(device_id=cuda:LOCAL_RANK), the engine's
-set_device(LOCAL_RANK), ZeRO-3's local device), so where the site binds one GPU per task the
-local id 3 would be "invalid device ordinal". Placement.local_rank keeps Slurm's local id.
+DeepSpeed falls back to MPI discovery unless RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT are all set, so we set the five. LOCAL_RANK is this task's device index (device_index),
+not Slurm's local id: DeepSpeed uses it as a CUDA ordinal, and where a site binds one GPU per task
+local id 3 would be an "invalid device ordinal". Placement.local_rank keeps Slurm's local id.
 """
 
 from __future__ import annotations
@@ -15,9 +12,17 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from datetime import timedelta
+from typing import TYPE_CHECKING, Mapping, Optional, TypeVar
 
 from slurmtrain.planning import deadlines
+
+if TYPE_CHECKING:
+    import torch
+
+    from slurmtrain.common.schema import FaultsConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,9 @@ def placement(env: Mapping[str, str], default_port: int = 29500) -> Placement:
 
 
 def export(p: Placement, env: Optional[Mapping[str, str]] = None) -> None:
-    """The five variables DeepSpeed reads, LOCAL_RANK being this task's device index as far as
-    the environment tells it (before torch is imported); rank_device() corrects it once the
-    runtime has counted the devices. A binding the environment cannot resolve keeps the local id
-    here: rank_device() raises, inside the start-up the ledger records."""
+    """The five variables DeepSpeed reads, LOCAL_RANK the device index as far as the environment
+    tells (before torch is imported); rank_device() corrects it once the devices are counted, and
+    raises (inside the recorded start-up) for a binding it cannot resolve."""
     env = os.environ if env is None else env
     os.environ.update(
         RANK=str(p.rank),
@@ -86,11 +90,9 @@ def export(p: Placement, env: Optional[Mapping[str, str]] = None) -> None:
 
 
 def wait_for_store(p: Placement, timeout_s: float) -> float:
-    """Non-zero ranks: return as soon as rank 0's TCPStore listens (seconds waited). torch's own
-    client retries a refused connect only after a back-off of about a second, so every rank that
-    arrives before rank 0 (it imports as slowly as they do) lost 0.4-1.0 s (measured here, gloo,
-    2 ranks); a connect probe every 20 ms (100 ms past 512 ranks: fewer refused SYNs at rank 0's
-    host) ends the wait within a poll. Gives up silently at `timeout_s`: init then reports."""
+    """Non-zero ranks: return as soon as rank 0's TCPStore listens (seconds waited). torch's client
+    backs off about a second after a refused connect; a probe every 20 ms (100 ms past 512 ranks)
+    ends the wait within a poll. Gives up silently at `timeout_s`: init then reports."""
     if p.rank == 0:
         return 0.0
     t0 = time.time()
@@ -105,8 +107,8 @@ def wait_for_store(p: Placement, timeout_s: float) -> float:
 
 
 def _local_world(env: Mapping[str, str]) -> int:
-    """Tasks on this node (0: unknown): under srun this node's share of the step (an inherited
-    LOCAL_WORLD_SIZE from the submitting shell must not win), else torchrun's or submitit's."""
+    """Tasks on this node (0: unknown): under srun the step's share of this node (an inherited
+    LOCAL_WORLD_SIZE must not win), else torchrun's or submitit's."""
     if "SLURM_PROCID" in env and "SUBMITIT_LOCAL_JOB_ID" not in env:
         from slurmtrain.common.slurm_text import tasks_per_node
 
@@ -150,23 +152,14 @@ def _ids(value: Optional[str]) -> Optional[list[str]]:
 def device_index(env: Mapping[str, str], visible_count: int, local_rank: int) -> int:
     """This rank's device index among the devices the task can see (pure: tested without GPUs).
 
-    The rule, in order (count = the devices the task sees, tasks = the tasks on this node):
+    Sites bind GPUs to tasks (`--gpus-per-task=1`, `--gpu-bind`, cgroups), and then each task sees
+    its own GPU as device 0. In order (count = devices seen, tasks = tasks on this node):
     1. count == 1 -> 0 (one GPU bound to the task);
     2. count >= tasks (or tasks unknown) and count > local_rank -> local_rank (nothing bound);
     3. else this rank's physical GPU (the local_rank-th of SLURM_STEP_GPUS / SLURM_JOB_GPUS)
-       at its position in CUDA_VISIBLE_DEVICES (a subset bound per task, e.g. --gpu-bind=closest);
-    4. else refuse: no guess (local_rank mod count could put two ranks on one GPU).
-
-    Why not simply `local_rank`: sites bind GPUs to tasks (`--gpus-per-task=1`, `--gpu-bind`,
-    cgroup ConstrainDevices), and then every task sees its own GPU as device 0 and `cuda:1` is an
-    "invalid device ordinal". The cases:
-    - one device visible: it is this rank's (index 0);
-    - at least as many visible as tasks on this node: none bound, the local rank's (index local_rank);
-    - some other subset: the step's GPUs (SLURM_STEP_GPUS / SLURM_JOB_GPUS, physical ids, one per
-      task) give this rank's physical id, found in CUDA_VISIBLE_DEVICES when that lists physical ids;
-    - otherwise a DeviceError naming what was seen and the fix.
-    `visible_count` is what the runtime counts (torch.cuda.device_count()); CUDA_VISIBLE_DEVICES,
-    when set, is the list it counted.
+       at its position in CUDA_VISIBLE_DEVICES (a subset bound per task);
+    4. else a DeviceError: no guess (local_rank mod count could put two ranks on one GPU).
+    `visible_count`: torch.cuda.device_count(), unless CUDA_VISIBLE_DEVICES lists them.
     """
     visible = _ids(env.get("CUDA_VISIBLE_DEVICES"))
     count = len(visible) if visible is not None else visible_count
@@ -191,12 +184,11 @@ def device_index(env: Mapping[str, str], visible_count: int, local_rank: int) ->
 CPU_STAND_IN = "SLURMTRAIN_VISIBLE_DEVICES"
 
 
-def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> Any:
-    """The torch device of this rank. GPU ranks: cuda:device_index(...), and os.environ's
-    LOCAL_RANK is set to that index (what DeepSpeed will set_device and pass as device_id).
-    CPU ranks: the CPU; when SLURMTRAIN_VISIBLE_DEVICES is set (a list like CUDA_VISIBLE_DEVICES,
-    which submitit's local executor blanks on CPU runs) they first run the same device_index
-    lookup against it, so tests exercise on CPUs the code a GPU job takes (and fail as it would)."""
+def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> torch.device:
+    """The torch device of this rank: cuda:device_index(...) (and LOCAL_RANK set to that index),
+    or the CPU. With SLURMTRAIN_VISIBLE_DEVICES (a CUDA_VISIBLE_DEVICES stand-in, which submitit's
+    local executor blanks on CPU runs) CPU ranks run the same lookup, so tests exercise on CPUs
+    the code a GPU job takes."""
     import torch
 
     if gpus_per_node == 0:
@@ -222,23 +214,18 @@ def rank_device(gpus_per_node: int, env: Mapping[str, str], local_rank: int) -> 
 
 
 # ---- collective timeout and flight recorder -------------------------------------------------------
-# The rule: the watchdog (compute/faults/watchdog.py) must always fire before a collective times
-# out, because its exit writes what a hang needs (every rank's stacks, the hang record, the
-# collectives' flight recorder) and an NCCL timeout aborts the process without them. So:
-# - phases with a fixed deadline (start-up: startup_timeout_s; steps, eval: hang_timeout_s): the
-#   collective timeout is the longest of them plus a margin (collective_timeout_s below), or
-#   faults.collective_timeout_s when that is larger;
-# - phases whose deadline restarts on every heartbeat (save, verify, convert, load: one rank
-#   writes or converts for as long as it beats while the others wait in a barrier or broadcast)
-#   have no fixed bound, so for them the timeout is lifted to LIFTED_S (follow_phase): the
-#   watchdog's beats are the only clock, and a 2-hour conversion never races NCCL.
+# The watchdog (faults/watchdog.py) must fire before a collective times out: its exit writes what a
+# hang needs (stacks, the hang record, the flight recorder), an NCCL timeout aborts without them.
+# Fixed-deadline phases (start-up, steps, eval): the timeout is the longest deadline plus a margin,
+# or faults.collective_timeout_s if larger. Beating phases (save, verify, convert, load: one rank
+# works while the others wait) have no fixed bound: the timeout is lifted to LIFTED_S.
 MARGIN_S, MARGIN_FRACTION = deadlines.MARGIN_S, deadlines.MARGIN_FRACTION
 LIFTED_S = 7 * 24 * 3600.0
 BEATING_PHASES = (deadlines.SAVE, deadlines.VERIFY, deadlines.CONVERT, deadlines.LOAD)
 _timeouts: dict[str, float] = {}  # "base": set at init; "now": the process group's current one
 
 
-def collective_timeout_s(faults: Any) -> float:
+def collective_timeout_s(faults: FaultsConfig) -> float:
     """The process group's timeout (init_process_group): see the rule above."""
     fixed = max(float(faults.startup_timeout_s), float(faults.hang_timeout_s))
     rule = fixed + max(MARGIN_S, MARGIN_FRACTION * fixed)
@@ -246,18 +233,15 @@ def collective_timeout_s(faults: Any) -> float:
     return _timeouts["base"]
 
 
-def collective_timeout(faults: Any) -> Any:
+def collective_timeout(faults: FaultsConfig) -> timedelta:
     """collective_timeout_s as the timedelta init_process_group takes."""
-    from datetime import timedelta
-
     return timedelta(seconds=collective_timeout_s(faults))
 
 
 def follow_phase(name: str, deadline_s: float) -> None:
-    """Fit the default process group's timeout to the phase being entered (the watchdog calls it
-    from phase()): lifted for beating phases, the base one otherwise, and never below the
-    phase's own deadline plus the margin. A no-op before init, on a change-less call, or where
-    torch cannot set it."""
+    """Fit the process group's timeout to the phase being entered (Watchdog.phase): lifted for
+    beating phases, the base one otherwise, never below the phase's deadline plus the margin.
+    A no-op before init, without a change, or where torch cannot set it."""
     base = _timeouts.get("base")
     if base is None:
         return
@@ -266,8 +250,6 @@ def follow_phase(name: str, deadline_s: float) -> None:
     if want == _timeouts.get("now"):
         return
     try:
-        from datetime import timedelta
-
         import torch.distributed as dist
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
@@ -289,10 +271,9 @@ def trace_prefix(env: Mapping[str, str]) -> Optional[str]:
 
 
 def dump_collectives(rank: Optional[int] = None) -> Optional[str]:
-    """Write this rank's flight recorder (its last collectives, the one it waits in) where NCCL's
-    own timeout dump would go; the watchdog calls it before it exits on a hang, since it fires
-    before the collective timeout (see the rule). Returns the path, or None when there is no
-    recorder (TORCH_NCCL_TRACE_BUFFER_SIZE unset) or no prefix."""
+    """Write this rank's flight recorder (its last collectives) where NCCL's own timeout dump would
+    go: the watchdog fires first, so it calls this. The path, or None without a recorder
+    (TORCH_NCCL_TRACE_BUFFER_SIZE unset) or a prefix."""
     prefix = trace_prefix(os.environ)
     if prefix is None:
         return None
@@ -313,8 +294,8 @@ def dump_collectives(rank: Optional[int] = None) -> Optional[str]:
     return path
 
 
-def broadcast(obj: Any) -> Any:
-    """Rank 0's (picklable) object on every rank."""
+def broadcast(obj: T) -> T:
+    """Rank 0's (picklable) object on every rank (what the others pass is only a placeholder)."""
     import torch.distributed as dist
 
     box = [obj]
@@ -324,12 +305,11 @@ def broadcast(obj: Any) -> Any:
 
 def host_leads(host: Optional[str] = None) -> list[int]:
     """Collective: for every rank, the lowest rank on its host (one all_gather of host names).
-    Ranks of one host share its kernel (an O_APPEND write is whole for all of them) and its
-    /dev/shm, so one of them can speak or watch for all: shared-filesystem costs grow with the
-    number of hosts, not of ranks."""
+    One rank can speak or watch for its host (shared kernel and /dev/shm): shared-filesystem
+    costs then grow with hosts, not ranks."""
     import torch.distributed as dist
 
-    names: list[Any] = [None] * dist.get_world_size()
+    names: list[str] = [""] * dist.get_world_size()
     dist.all_gather_object(names, host or socket.gethostname())
     return leads_of(names)
 

@@ -16,9 +16,19 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Mapping, Optional, Sequence, Union
+
+from slurmtrain.common.schema import FaultsConfig
 
 MIN_HISTORY = 10  # losses the spike test needs before it judges
+Rows = Sequence[Mapping[str, object]]  # the ledger's `rollback` rows, oldest first
+
+
+def _int(value: object) -> int:
+    """A ledger row's number (JSON: an int)."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"not a number: {value!r}")
 
 
 @dataclass
@@ -97,7 +107,7 @@ class Guard:
         return d
 
 
-def finite_or_text(value: Optional[float]) -> Any:
+def finite_or_text(value: Optional[float]) -> Union[float, str, None]:
     """A value for the JSON ledger: NaN/inf as text (json would write invalid JSON)."""
     if value is None:
         return None
@@ -113,23 +123,23 @@ class Plan:
     number: int = 0  # this rollback's number over the whole run
 
 
-def deeper_than(d: Divergence, previous: list[dict[str, Any]], faults_cfg: Any) -> Optional[int]:
+def deeper_than(d: Divergence, previous: Rows, faults_cfg: FaultsConfig) -> Optional[int]:
     """The step a repeated divergence must roll back before (the previous rollback's target), or
     None when this one is new (no rollback before, or more than the window ago)."""
     window = int(getattr(faults_cfg, "rollback_repeat_window", 0))
     if not previous or window <= 0 or previous[-1].get("to_step") is None:
         return None
-    if d.step - int(previous[-1].get("step", d.step)) > window:
+    if d.step - _int(previous[-1].get("step", d.step)) > window:
         return None
-    return int(previous[-1]["to_step"])
+    return _int(previous[-1]["to_step"])
 
 
 def plan_rollback(
     d: Divergence,
     checkpoint_step: Optional[int],
     checkpoint_skip: int,
-    previous: list[dict[str, Any]],
-    faults_cfg: Any,
+    previous: Rows,
+    faults_cfg: FaultsConfig,
     max_steps: int,
     global_batch: int,
 ) -> Plan:
@@ -169,10 +179,10 @@ def plan_rollback(
     )
 
 
-def resumed_skip(manifest_skip: int, step: int, previous: list[dict[str, Any]]) -> int:
+def resumed_skip(manifest_skip: int, step: int, previous: Rows) -> int:
     """The sampler offset for a run resumed at `step`: the checkpoint's own, unless a rollback
     returned to this very checkpoint (and skipped data) before the attempt ended: then that one."""
     for e in reversed(previous):
         if e.get("to_step") == step and e.get("data_skip") is not None:
-            return max(int(e["data_skip"]), manifest_skip)
+            return max(_int(e["data_skip"]), manifest_skip)
     return manifest_skip

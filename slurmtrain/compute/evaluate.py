@@ -1,48 +1,51 @@
 """Held-out evaluation: the validation loss on a fixed set of windows, every rank a strided share.
 
 Every `train.eval_interval` steps and at the last step the ranks evaluate `data.valid_ids` (the same
-windows whatever the world size or restart, compute/data.py): rank r takes ids[r::world], padded to
-the same length on every rank (a padding window counts 0), so every rank runs the same forwards —
-ZeRO-3 gathers parameters collectively in each forward. After every batch one all-reduce carries
-the loss sum, the token count and the signal flags: a stop signal during evaluation is honoured at
-the next batch, all ranks together, and the evaluation is dropped (no valid_loss for that step).
-Evaluation is its own watchdog phase (`eval`) and every batch is a heartbeat: a validation pass
-longer than the step deadline (a big held-out set at 66B) is progress, not a hang.
+windows whatever the world size or restart): rank r takes ids[r::world], padded to the same length
+on every rank (a padding window counts 0), because ZeRO-3 gathers parameters collectively in each
+forward. One all-reduce per batch carries the loss sum, the token count and the signal flags: a
+stop signal is honoured at the next batch, all ranks together, and the evaluation is dropped.
+Evaluation is its own watchdog phase (`eval`), every batch a heartbeat: a long pass is no hang.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 import torch.distributed as dist
 
+from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute.context import RankContext
 from slurmtrain.compute.data import Data, share
 from slurmtrain.compute.faults.signals import NONE, TERMINATE, TIME_LIMIT, SignalFlags
+from slurmtrain.compute.observe.perf import Perf
 from slurmtrain.planning import deadlines
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 
 class Evaluator:
+    """`data`'s held-out windows, evaluated in the watchdog's `eval` phase (deadline `deadline_s`);
+    `on_batch`: called after each batch's forward (tests)."""
+
     def __init__(
         self,
         data: Data,
-        cfg: Any,
-        rank: int,
-        world: int,
-        device: torch.device,
-        on_batch=None,
-        watchdog: Any = None,
+        cfg: RootConfig,
+        ctx: RankContext,
         deadline_s: float = 0.0,
+        on_batch: Optional[Callable[[], None]] = None,
     ) -> None:
-        self.data, self.rank, self.world, self.device = data, rank, world, device
-        self.watchdog, self.deadline_s = watchdog, deadline_s  # the `eval` phase (trainer's)
-        self.interval = int(cfg.train.get("eval_interval", 0) or 0)
-        self.max_steps = int(cfg.train.max_steps)
+        self.data, self.rank, self.world, self.device = data, ctx.rank, ctx.world, ctx.device
+        self.watchdog, self.deadline_s = ctx.watchdog, deadline_s
+        self.interval = int(cfg.train.eval_interval or 0)
+        self.max_steps = int(cfg.train.max_steps or 0)
         self.micro = int(cfg.train.micro_batch_size)
         self.seq = int(cfg.data.seq_len)
-        self.on_batch = on_batch  # tests: called after each batch's forward
+        self.on_batch = on_batch
 
     @property
     def enabled(self) -> bool:
@@ -63,7 +66,7 @@ class Evaluator:
             for i in range(0, length, self.micro)
         ]
 
-    def run(self, engine: Any, flags: SignalFlags) -> tuple[dict[str, float], int]:
+    def run(self, engine: DeepSpeedEngine, flags: SignalFlags) -> tuple[dict[str, float], int]:
         """({valid_loss, valid_ppl} or {} when a signal cut it short, the agreed stop code)."""
         from slurmtrain.compute.data import batch
 
@@ -71,19 +74,14 @@ class Evaluator:
         was_training = engine.training
         engine.eval()
         batches = self.plan()
-        phase = (
-            self.watchdog.during(deadlines.EVAL, self.deadline_s, "eval")
-            if self.watchdog is not None
-            else contextlib.nullcontext()
-        )
         try:
-            with torch.no_grad(), phase:
+            with torch.no_grad(), self.watchdog.during(deadlines.EVAL, self.deadline_s, "eval"):
                 for n, (ids, weights) in enumerate(batches, 1):
+                    assert self.data.valid is not None  # valid_ids index the held-out windows
                     window = torch.from_numpy(batch(self.data.valid, ids, self.seq)).to(self.device)
                     per_window = window_losses(engine, window)
                     w = torch.tensor(weights, dtype=torch.float64, device=per_window.device)
-                    if self.watchdog is not None:
-                        self.watchdog.beat(f"eval batch {n}/{len(batches)}")
+                    self.watchdog.beat(f"eval batch {n}/{len(batches)}")
                     if self.on_batch is not None:
                         self.on_batch()
                     shared = torch.tensor(
@@ -108,7 +106,15 @@ class Evaluator:
         return {"valid_loss": loss, "valid_ppl": math.exp(min(loss, 80.0))}, NONE
 
 
-def window_losses(model: Any, window: torch.Tensor) -> torch.Tensor:
+class _Output(Protocol):
+    logits: torch.Tensor
+
+
+class _LanguageModel(Protocol):
+    def __call__(self, *, input_ids: torch.Tensor) -> _Output: ...
+
+
+def window_losses(model: _LanguageModel, window: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross entropy of each window (inputs window[:, :-1], labels window[:, 1:])."""
     logits = model(input_ids=window[:, :-1]).logits.float()
     flat = torch.nn.functional.cross_entropy(
@@ -119,10 +125,10 @@ def window_losses(model: Any, window: torch.Tensor) -> torch.Tensor:
 
 def maybe(
     evaluator: Optional[Evaluator],
-    engine: Any,
+    engine: DeepSpeedEngine,
     step: int,
     flags: SignalFlags,
-    perf: Any,
+    perf: Perf,
     stopping: int = NONE,
 ) -> tuple[dict[str, float], int]:
     """The loop's one call: evaluate when due (not when the ranks already agreed to stop); its

@@ -1,20 +1,14 @@
 """`python -m slurmtrain.cli export RUN_DIR --out DIR`: a run's checkpoint as a Hugging Face folder.
 
-Any family (OPT, Llama-shaped, whatever model.family names): config.json is the run's `model`
-config through compute/model.py `model_config`, loaded back with AutoModelForCausalLM. Writes it,
-generation_config.json, safetensors shards (+ index), the tokenizer files when the run's token file
-was made with a tokenizer folder (tools/prepare_data.py records it beside the `.bin`), and
+Any family: config.json is the run's `model` config (compute/model.py `model_config`), loaded back
+with AutoModelForCausalLM. Writes it, generation_config.json, safetensors shards (+ index), the
+tokenizer files when the run's token file was made with a tokenizer folder, and
 `slurmtrain_export.json` (run, step, sha256 of the checkpoint's manifest, dtype, measured error).
 
-Consolidation is DeepSpeed's own (`deepspeed.utils.zero_to_fp32`, lazy mode), from the checkpoint as
-written, whatever the world size that wrote it. Memory: ZeRO-3 materializes one parameter at a time
-from memory-mapped shards and one output shard is held at a time; ZeRO-1/2 (and bf16 stage 0):
-DeepSpeed's consolidation concatenates every rank's flat fp32 partition, so the whole fp32 model is
-in memory once; ZeRO-0 fp32 reads the memory-mapped module weights. The check (skip it with
---no-verify on a login node too small for it) loads the whole model twice: the training model
-(compute/model.py) with the fp32 weights, and the export through `from_pretrained`;
-it compares their logits on a fixed batch of the run's own data and, when metrics.jsonl has the next
-step's loss, checks the export's loss on that step's global batch against it.
+The weights are consolidated by compute/weights.py. The check (--no-verify skips it) loads the
+model twice, the training model with the fp32 weights and the export through `from_pretrained`,
+compares their logits on a batch of the run's own data, and checks the export's loss against the
+next step's logged loss when metrics.jsonl has it.
 """
 
 from __future__ import annotations
@@ -27,112 +21,68 @@ import os
 import shutil
 import sys
 import time
-import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, NotRequired, Optional, TypedDict
 
-from slurmtrain.common.rundir import RunDir, read_jsonl, runs_named
+from slurmtrain.common.jsonl import read_jsonl
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute.weights import (
+    TIED,
+    ExportError,
+    StateDict,
+    find_run,
+    lazy_state_dict,
+    materialize,
+    pick_checkpoint,
+    quiet,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 EXPORT_META = "slurmtrain_export.json"
-# Largest |logit difference| accepted between the export and the training model on the check
-# batch: fp32 is the same arithmetic on the same weights; bf16 rounds every weight (8-bit mantissa),
-# measured 2e-3..1e-2 on opt_tiny, so the bound is relative to the largest logit.
+# Largest |logit difference| between the export and the training model: fp32 is the same
+# arithmetic on the same weights; bf16 rounds every weight, so its bound scales with the largest logit.
 TOLERANCE = {"fp32": 1e-5, "bf16": 3e-2}
-TIED = "lm_head.weight"
 
 
-class ExportError(Exception):
-    """A bad input: one line, exit 2."""
+class LossCheck(TypedDict):
+    step: int
+    logged: float
+    export: float
+    abs_diff: float
 
 
-def quiet() -> None:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-    import logging
-
-    for name in ("DeepSpeed", "deepspeed", "transformers"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def find_run(arg: str) -> Path:
-    """A run directory by path, or by run name under $SLURMTRAIN_RUNS_ROOT (default ./runs)."""
-    found, root = runs_named(arg)
-    if len(found) == 1:
-        return found[0].path
-    if len(found) > 1:
-        raise ExportError(
-            f"run name {arg!r} has {len(found)} run directories under {root}: "
-            f"{', '.join(str(r.path) for r in found)}; pass one of them"
-        )
-    raise ExportError(
-        f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under "
-        f"{root}; pass a run directory (runs/NAME/FINGERPRINT)"
-    )
+class ExportCheck(TypedDict):
+    check_samples: int
+    seq_len: int
+    max_abs_logit_diff: float
+    max_abs_logit: float
+    tolerance: float
+    ok: bool
+    training_loss: NotRequired[LossCheck]
 
 
-def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, Any]]:
-    """`step_N/` (validated) or the newest checkpoint that validates, with its manifest."""
-    from slurmtrain.common import checkpoint_format
+class ExportRecord(TypedDict):
+    """slurmtrain_export.json."""
 
-    root = RunDir(run).checkpoints
-    if step is None:
-        found = checkpoint_format.find_resumable(root)
-        for path, reason in found.skipped:
-            print(f"slurmtrain export: skipping {path}: {reason}", file=sys.stderr)
-        if found.path is None:
-            raise ExportError(
-                f"RUN_DIR={run}: no checkpoint validates under {root}; train it "
-                f"further or pick one with --step N"
-            )
-        return found.path, found.manifest
-    path = root / checkpoint_format.tag(step)
-    reason = checkpoint_format.validate(path) if path.is_dir() else "no such checkpoint"
-    if reason is not None:
-        have = ", ".join(p.name for p in checkpoint_format.step_dirs(root)) or "none"
-        raise ExportError(f"--step={step}: {path}: {reason}; checkpoints: {have}")
-    return path, checkpoint_format.read_manifest(path)
+    run: str
+    fingerprint: str
+    step: int
+    checkpoint: str
+    manifest_sha256: str
+    world_size: object
+    zero_stage: object
+    dtype: str
+    shards: list[str]
+    tokenizer: str
+    time: float
+    check: NotRequired[ExportCheck]
+    seconds: NotRequired[float]
 
 
-def lazy_state_dict(ckpt_dir: Path) -> dict[str, Any]:
-    """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
-    from slurmtrain.compute.checkpoint import safe_load
-
-    safe_load.enforce()  # zero_to_fp32 passes weights_only=False itself: the override covers it
-    if list(ckpt_dir.glob("*_optim_states.pt")):
-        from deepspeed.utils import zero_to_fp32
-
-        with _stdout_to_stderr():  # it prints progress lines and tqdm bars
-            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
-                str(ckpt_dir.parent), tag=ckpt_dir.name, lazy_mode=True
-            )
-    # ZeRO-0 in fp32 keeps the optimizer inside the model-states file: the module is the model.
-    states = safe_load.load(ckpt_dir / "mp_rank_00_model_states.pt", "cpu", mmap=True)
-    module = dict(states["module"])
-    for name, source in (states.get("shared_params") or {}).items():
-        module.setdefault(name, module[source])
-    return module
-
-
-class _stdout_to_stderr:
-    def __enter__(self) -> None:
-        sys.stdout.flush()
-        self._saved = os.dup(1)
-        os.dup2(2, 1)
-
-    def __exit__(self, *exc: Any) -> None:
-        sys.stdout.flush()
-        os.dup2(self._saved, 1)
-        os.close(self._saved)
-
-
-def materialize(tensor: Any, dtype: Any = None) -> Any:
-    out = tensor.contiguous()
-    return out.to(dtype) if dtype is not None and out.is_floating_point() else out
-
-
-def hf_keys(state: dict[str, Any], tied: bool) -> dict[str, Any]:
+def hf_keys(state: StateDict, tied: bool) -> StateDict:
     """The names `from_pretrained` expects: a tied lm_head (OPT's, model.tie_embeddings) is not
     written (transformers re-ties it on load); an untied head is kept."""
     state = dict(state)
@@ -141,7 +91,9 @@ def hf_keys(state: dict[str, Any], tied: bool) -> dict[str, Any]:
     return state
 
 
-def write_weights(state: dict[str, Any], out: Path, dtype: Any, max_shard_size: str) -> list[str]:
+def write_weights(
+    state: StateDict, out: Path, dtype: torch.dtype, max_shard_size: str
+) -> list[str]:
     """safetensors shards, one in memory at a time, + model.safetensors.index.json if sharded."""
     import torch
     from huggingface_hub import split_torch_state_dict_into_shards
@@ -169,7 +121,7 @@ def write_weights(state: dict[str, Any], out: Path, dtype: Any, max_shard_size: 
     return list(split.filename_to_tensors)
 
 
-def tokenizer_dir(cfg: Any) -> Optional[Path]:
+def tokenizer_dir(cfg: RootConfig) -> Optional[Path]:
     """The tokenizer folder the run's token file was made with (its sidecar), or None (bytes)."""
     if cfg.data.kind != "tokens" or not cfg.data.path:
         return None
@@ -187,7 +139,7 @@ def tokenizer_dir(cfg: Any) -> Optional[Path]:
     return None
 
 
-def check_batch(cfg: Any, step: int, limit: Optional[int]) -> Any:
+def check_batch(cfg: RootConfig, step: int, limit: Optional[int]) -> torch.Tensor:
     """The global batch training would see at step `step` (first `limit` samples), (B, seq+1)."""
     import torch
 
@@ -195,14 +147,21 @@ def check_batch(cfg: Any, step: int, limit: Optional[int]) -> Any:
 
     loaded = data.load(cfg.data)  # the training windows (held-out split, blends) and order
     tokens, sampler = loaded.train, loaded.sampler
+    assert cfg.train.global_batch_size is not None  # config.yaml holds it resolved
     gbs = int(cfg.train.global_batch_size)
     ids = [sampler.sample(step * gbs + i) for i in range(gbs if limit is None else min(gbs, limit))]
     return torch.from_numpy(data.batch(tokens, ids, cfg.data.seq_len))
 
 
 def verify(
-    cfg: Any, run: Path, out: Path, state: dict[str, Any], step: int, dtype_name: str, samples: int
-) -> dict[str, Any]:
+    cfg: RootConfig,
+    run: Path,
+    out: Path,
+    state: StateDict,
+    step: int,
+    dtype_name: str,
+    samples: int,
+) -> ExportCheck:
     """Logits of the export (from_pretrained) against the training model with the fp32 weights."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -230,7 +189,7 @@ def verify(
     diff = float((want - got).abs().max())
     scale = float(want.abs().max())
     tolerance = TOLERANCE[dtype_name] * (1.0 if dtype_name == "fp32" else max(1.0, scale))
-    result: dict[str, Any] = {
+    result: ExportCheck = {
         "check_samples": int(window.shape[0]),
         "seq_len": int(cfg.data.seq_len),
         "max_abs_logit_diff": diff,
@@ -238,27 +197,32 @@ def verify(
         "tolerance": tolerance,
         "ok": diff <= tolerance,
     }
-    logged = {r.get("step"): r.get("loss") for r in _metrics(run)}
-    if logged.get(step + 1) is not None:
-        # The loss training logged at step N+1 was computed by the weights of step N on the global
-        # batch of step N: an independent check of the consolidation, not only of the writing.
+    logged = _logged_losses(run).get(step + 1)
+    if logged is not None:
+        # The loss logged at step N+1 was computed by the weights of step N on the global batch of
+        # step N: an independent check of the consolidation, not only of the writing.
         full = check_batch(cfg, step, None)
         with torch.no_grad():
             loss = float(loss_fn(exported, full))
         result["training_loss"] = {
             "step": step + 1,
-            "logged": logged[step + 1],
+            "logged": logged,
             "export": loss,
-            "abs_diff": abs(loss - logged[step + 1]),
+            "abs_diff": abs(loss - logged),
         }
     del reference, exported
     gc.collect()
     return result
 
 
-def _metrics(run: Path) -> list[dict[str, Any]]:
-
-    return read_jsonl(RunDir(run).metrics)
+def _logged_losses(run: Path) -> dict[int, Optional[float]]:
+    """step -> the loss metrics.jsonl logged there (the last row of a step wins)."""
+    out: dict[int, Optional[float]] = {}
+    for row in read_jsonl(RunDir(run).metrics):
+        step, loss = row.get("step"), row.get("loss")
+        if isinstance(step, int):
+            out[step] = loss if isinstance(loss, (int, float)) else None
+    return out
 
 
 def export(
@@ -270,7 +234,7 @@ def export(
     check: bool = True,
     samples: int = 4,
     force: bool = False,
-) -> dict[str, Any]:
+) -> ExportRecord:
     """Write the folder (into `out.tmp`, renamed when complete); returns its provenance record."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ExportError(
@@ -284,7 +248,10 @@ def export(
     from slurmtrain.compute.model import model_class, model_config
 
     cfg = load_run_config(str(RunDir(run).config))
-    step = int(manifest["step"])
+    saved = manifest["step"]
+    if not isinstance(saved, int):
+        raise ExportError(f"{ckpt_dir}: its manifest has no step number")
+    step = saved
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -303,7 +270,7 @@ def export(
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(str(tok), local_files_only=True).save_pretrained(str(tmp))
-    record: dict[str, Any] = {
+    record: ExportRecord = {
         "run": str(run),
         "fingerprint": run.name,
         "step": step,

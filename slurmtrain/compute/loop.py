@@ -1,31 +1,35 @@
 """The training loop: read it top to bottom.
 
-One step = `grad_accumulation` micro steps of the deterministic sampler, then one all-reduce that
-carries the loss, every rank's stop/save flags and whether its loss or gradient norm is non-finite,
-so all ranks decide together at the step boundary: a diverged step (divergence.py) ends the loop
-before anything is logged or saved, and the Trainer rolls back.
-Every log interval one all_gather (observe/perf.py) adds throughput, FLOPs, the timer split, memory
-and stragglers to the metrics row.
+One step = `accum` micro steps of the deterministic sampler, then one all-reduce carrying the loss,
+every rank's stop/save flags and whether its loss or gradient norm is non-finite, so all ranks
+decide together at the step boundary: a diverged step (divergence.py) ends the loop before anything
+is logged or saved, and the Trainer rolls back. Every log interval one all_gather (observe/perf.py)
+adds throughput, FLOPs, timers, memory and stragglers to the metrics row.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute import evaluate
-from slurmtrain.compute.data import Sampler, batch
+from slurmtrain.compute.context import RankContext
+from slurmtrain.compute.data import Sampler, Tokens, batch
 from slurmtrain.compute.divergence import Divergence, Guard
 from slurmtrain.compute.faults.signals import NONE, SignalFlags
 from slurmtrain.compute.model import loss_fn
 from slurmtrain.compute.observe.metrics import MetricsWriter
 from slurmtrain.compute.observe.perf import Perf
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 
 @dataclass
@@ -42,39 +46,52 @@ class Outcome:
     diverged: Optional[Divergence] = None  # the Trainer rolls back (or stops `diverged`)
 
 
+@dataclass
+class Batches:
+    """What the loop trains on: the token windows, the sampler, micro steps per optimizer step
+    (grad accumulation for this world size)."""
+
+    tokens: Tokens
+    sampler: Sampler
+    accum: int
+
+
+@dataclass
+class LoopHooks:
+    """What the loop calls out to. `save(step, loss)` returns why it refused (non-finite state: a
+    divergence), else None; `on_stop(step, code)` runs when the ranks agree to stop, before their
+    save; `poison(step)` (fault injection) makes that step's loss NaN; `stop_at`: a pause (saved
+    there, the next job resumes)."""
+
+    save: Callable[[int, float], Optional[str]]
+    flags: SignalFlags
+    metrics: MetricsWriter
+    perf: Perf
+    on_step: Optional[Callable[[int, float], None]] = None
+    on_stop: Optional[Callable[[int, int], None]] = None
+    poison: Optional[Callable[[int], bool]] = None
+    evaluator: Optional[evaluate.Evaluator] = None
+    guard: Guard = field(default_factory=Guard)
+    stop_at: Optional[int] = None
+
+
 def train(
-    engine: Any,
-    cfg: Any,
-    tokens: np.ndarray,
-    sampler: Sampler,
+    engine: DeepSpeedEngine,
+    cfg: RootConfig,
+    data: Batches,
     state: LoopState,
-    world: int,
-    rank: int,
-    device: torch.device,
-    metrics: MetricsWriter,
-    flags: SignalFlags,
-    save: Callable[[int, float], Optional[str]],
-    perf: Perf,
-    accum: int,
-    on_step: Optional[Callable[[int, float], None]] = None,
-    stop_at: Optional[int] = None,
-    evaluator: Optional[evaluate.Evaluator] = None,
-    guard: Optional[Guard] = None,
-    on_stop: Optional[Callable[[int, int], None]] = None,
-    poison: Optional[Callable[[int], bool]] = None,
+    ctx: RankContext,
+    hooks: LoopHooks,
 ) -> Outcome:
-    """Train to max_steps (or to `stop_at`, a pause: saved there, the next job resumes).
-    `accum`: micro steps per optimizer step (schema.grad_accumulation for this world size).
-    `save(step, loss)` returns why it refused (non-finite state: a divergence), else None;
-    `on_stop(step, code)` runs when the ranks agree to stop, before their save; `poison(step)`
-    (fault injection) makes that step's loss NaN."""
-    guard = guard or Guard()
+    """Train to max_steps (or to `hooks.stop_at`)."""
     fp16 = bool(engine.fp16_enabled())  # only a loss-scaled run skips steps on overflow
-    # Config values read once: an OmegaConf attribute costs ~10-80 us, a step of the tiny model ~40 ms.
-    max_steps = int(cfg.train.max_steps)
-    end = min(stop_at or max_steps, max_steps)
-    micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
-    every_steps = cfg.checkpoint.interval_steps
+    # Config values read once: a config attribute costs ~10-80 us, a tiny model's step ~40 ms.
+    world, device, perf = ctx.world, ctx.device, hooks.perf
+    max_steps = int(cfg.train.max_steps or 0)
+    end = min(hooks.stop_at or max_steps, max_steps)
+    micro, seq = cfg.train.micro_batch_size, cfg.data.seq_len
+    gbs = int(cfg.train.global_batch_size or 0)
+    every_steps = int(cfg.checkpoint.interval_steps)
     every_seconds = cfg.checkpoint.interval_minutes * 60
     log_every = cfg.train.log_interval
 
@@ -82,40 +99,39 @@ def train(
         step_start = time.perf_counter()
         lr = engine.get_lr()[0]  # the rate this step trains with (the scheduler moves after it)
         losses = []
-        for m in range(accum):
-            ids = sampler.indices(state.step, m, rank, micro, world, gbs)
-            window = to_device(batch(tokens, ids, seq), device)
+        for m in range(data.accum):
+            ids = data.sampler.indices(state.step, m, ctx.rank, micro, world, gbs)
+            window = to_device(batch(data.tokens, ids, seq), device)
             loss = loss_fn(engine, window)
-            if m == 0 and poison is not None and poison(state.step + 1):
+            if m == 0 and hooks.poison is not None and hooks.poison(state.step + 1):
                 loss = loss * float("nan")
             engine.backward(loss)
             engine.step()
             losses.append(loss.detach().float())
         state.step += 1
 
-        # One collective per step: [loss sum, signal code, time-based save due, non-finite ranks,
-        # fp16 step skipped, loss scale at its minimum], built on the device without a host round
-        # trip; its one .tolist() is the step's only host sync.
+        # One collective per step, built on the device; its .tolist() is the step's only host sync.
         due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
-        shared = _shared(losses, flags.code, due, engine, device, fp16)
+        shared = _shared(losses, hooks.flags.code, due, engine, device, fp16)
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
             loss_sum, code_sum, due_sum, bad_sum, skip_sum, floor_sum = shared.tolist()
         loss_value = loss_sum / world
-        stop_code = int(code_sum > 0) and _max_code(flags.code, device)
-        diverged = guard.judge(state.step, loss_value, bad_sum, skip_sum, floor_sum)
+        stop_code = int(code_sum > 0) and _max_code(hooks.flags.code, device)
+        diverged = hooks.guard.judge(state.step, loss_value, bad_sum, skip_sum, floor_sum)
         if diverged is not None:  # nothing of this step is logged or saved; the Trainer rolls back
             return Outcome(state.step, NONE, diverged)
         step_time = time.perf_counter() - step_start
-        if on_step is not None:  # fault injection; a slow rank's delay here is its own time, its
-            on_step(state.step, step_time)  # peers' wait for it (next step) is DeepSpeed's comm
+        if hooks.on_step is not None:  # a slow rank's injected delay is its own time here
+            hooks.on_step(state.step, step_time)
         perf.step_done(state.step)
-        valid, code = evaluate.maybe(evaluator, engine, state.step, flags, perf, stop_code)
+        valid, code = evaluate.maybe(
+            hooks.evaluator, engine, state.step, hooks.flags, perf, stop_code
+        )
         stop_code = stop_code or code
 
         if state.step % log_every == 0 or state.step == max_steps or stop_code or valid:
-            # perf.interval is a collective (one all_gather): throughput, FLOPs, timers, memory.
-            metrics.log(
+            hooks.metrics.log(
                 state.step,
                 max_steps,
                 loss=loss_value,
@@ -123,16 +139,16 @@ def train(
                 consumed_samples=state.step * gbs,
                 **({"skipped_steps": int(engine.skipped_steps)} if fp16 else {}),
                 **valid,
-                **perf.interval(state.step, max_steps),
+                **perf.interval(state.step, max_steps),  # a collective (one all_gather)
             )
 
         finished = state.step >= end and (state.step < max_steps or cfg.checkpoint.final_save)
         by_steps = every_steps > 0 and state.step % every_steps == 0
         if finished or stop_code or by_steps or due_sum > 0:
-            if stop_code and on_stop is not None:  # recorded before the save: it may outlast grace
-                on_stop(state.step, stop_code)
+            if stop_code and hooks.on_stop is not None:  # before the save: it may outlast grace
+                hooks.on_stop(state.step, stop_code)
             with perf.saving():
-                refused = save(state.step, loss_value)
+                refused = hooks.save(state.step, loss_value)
             if refused is not None:
                 return Outcome(state.step, NONE, Divergence(state.step, loss_value, refused))
             state.last_save_step, state.last_save_time = state.step, time.time()
@@ -145,7 +161,7 @@ def _shared(
     losses: list[torch.Tensor],
     code: int,
     due: bool,
-    engine: Any,
+    engine: DeepSpeedEngine,
     device: torch.device,
     fp16: bool = False,
 ) -> torch.Tensor:
@@ -172,7 +188,7 @@ def _shared(
     return torch.cat([loss, *host, bad, *flags])
 
 
-def _overflow(engine: Any) -> tuple[bool, bool]:
+def _overflow(engine: DeepSpeedEngine) -> tuple[bool, bool]:
     """(the loss scaler skipped this step, its scale is at fp16.min_loss_scale): host values
     DeepSpeed keeps (the overflow check is already all-reduced inside its step)."""
     scaler = getattr(engine.optimizer, "loss_scaler", None)

@@ -1,33 +1,33 @@
 """The model, built from config with transformers' classes: nothing is downloaded.
 
-OPT (model.family=opt) through OPTConfig exactly as before; any other family (llama, mistral,
-qwen2, or whatever model_type a `model.config` folder names) through AutoConfig.for_model and the
-causal LM class transformers maps it to.
+OPT (model.family=opt) through OPTConfig; any other family through AutoConfig.for_model and the
+causal LM class transformers maps it to. Weights ~ N(0, model.init_std); with model.scaled_init the
+residual branches' output projections get init_std / sqrt(2 * num_layers) (metaseq's OPT init), so
+the residual stream's variance does not grow with depth.
 
-Initialisation follows the config: weights ~ N(0, model.init_std) (transformers' OPT init), and with
-model.scaled_init the residual branches' output projections (attention out_proj, fc2) get
-init_std / sqrt(2 * num_layers), as metaseq's --full-megatron-init trains OPT: each of the 2L
-residual additions then adds variance ~1/(2L), so the residual stream does not grow with depth.
-
-Where the weights live: ZeRO 0-2 build the model on the rank's device in the training dtype (never a
-whole fp32 copy on the host per rank); ZeRO-3 builds under `deepspeed.zero.Init` (a fresh model) or
-loads `model.pretrained_path` through transformers' DeepSpeed integration (`HfDeepSpeedConfig`
-alive during `from_pretrained`: transformers then partitions each tensor as it loads). Attention is
-pinned to PyTorch's SDPA. The loss never makes a full-vocabulary fp32 copy of 16-bit logits.
+ZeRO 0-2 build on the rank's device in the training dtype (never a whole fp32 copy per rank);
+ZeRO-3 builds under `deepspeed.zero.Init`, or loads `model.pretrained_path` with `HfDeepSpeedConfig`
+alive (transformers partitions each tensor as it loads). Attention is pinned to PyTorch's SDPA;
+the loss never makes a full-vocabulary fp32 copy of 16-bit logits.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Mapping, Union
 
 import torch
-from omegaconf import DictConfig
 
 from slurmtrain.common.hf_config import family_config
+from slurmtrain.common.schema import RootConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+DsConfig = Mapping[str, object]  # the DeepSpeed config dict (common/ds_config.py)
 
 
-def opt_config(cfg: DictConfig) -> Any:
+def opt_config(cfg: RootConfig) -> PretrainedConfig:
     from transformers import OPTConfig
 
     m = cfg.model
@@ -55,33 +55,42 @@ def opt_config(cfg: DictConfig) -> Any:
     )
 
 
-def model_config(cfg: DictConfig) -> Any:
-    """The transformers config of the run's model: OPT's as it always was, else family_config."""
+def model_config(cfg: RootConfig) -> PretrainedConfig:
+    """The transformers config of the run's model: OPTConfig for OPT, else family_config."""
     return opt_config(cfg) if cfg.model.family == "opt" else family_config(cfg.model)
 
 
-def model_class(cfg: DictConfig) -> Any:
+def model_class(cfg: RootConfig) -> type[PreTrainedModel]:
     """The causal LM class transformers maps the run's config to (OPTForCausalLM for OPT)."""
     from transformers import OPTForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    if cfg.model.family == "opt":
-        return OPTForCausalLM
-    return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config(cfg))]
+    cls: type[PreTrainedModel] = (
+        OPTForCausalLM
+        if cfg.model.family == "opt"
+        else MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config(cfg))]
+    )
+    return cls
 
 
-def train_dtype(ds_config: dict[str, Any]) -> torch.dtype:
+def train_dtype(ds_config: DsConfig) -> torch.dtype:
     """The dtype DeepSpeed trains the module in (bf16/fp16 sections of the DeepSpeed config)."""
-    if (ds_config.get("bf16") or {}).get("enabled"):
+    if _enabled(ds_config.get("bf16")):
         return torch.bfloat16
-    if (ds_config.get("fp16") or {}).get("enabled"):
+    if _enabled(ds_config.get("fp16")):
         return torch.float16
     return torch.float32
 
 
-def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> torch.nn.Module:
+def _enabled(section: object) -> bool:
+    return isinstance(section, Mapping) and bool(section.get("enabled"))
+
+
+def build(
+    cfg: RootConfig, ds_config: DsConfig, device: Union[str, torch.device] = "cpu"
+) -> torch.nn.Module:
     """ZeRO-3: no rank ever holds the whole model. ZeRO 0-2: built on `device` in the training
-    dtype (CPU fp32 runs are bitwise what they were: same generator, same order)."""
+    dtype (the seed is set first: the same config draws the same weights)."""
     torch.manual_seed(cfg.train.seed)
     device = torch.device(device)
     dtype = train_dtype(ds_config)
@@ -90,8 +99,7 @@ def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> to
     elif cfg.deepspeed.stage == 3:
         import deepspeed
 
-        # Imported before zero.Init: it patches tensor construction, which torch._dynamo's
-        # import (pulled in by transformers' modeling modules) refuses.
+        # imported before zero.Init, whose patched tensor construction torch._dynamo's import refuses
         cls, config = model_class(cfg), model_config(cfg)
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = cls(config)
@@ -110,7 +118,7 @@ def build(cfg: DictConfig, ds_config: dict[str, Any], device: Any = "cpu") -> to
     return model
 
 
-def _fresh(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+def _fresh(cfg: RootConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """A new model allocated (and initialised) directly on `device` in `dtype`."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -122,16 +130,14 @@ def _fresh(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> torch.n
 
 
 def _pretrained(
-    cfg: DictConfig, ds_config: dict[str, Any], device: torch.device, dtype: torch.dtype
+    cfg: RootConfig, ds_config: DsConfig, device: torch.device, dtype: torch.dtype
 ) -> torch.nn.Module:
-    """`model.pretrained_path` (an export or any local folder of the run's family), in the
-    training dtype.
-
-    ZeRO-3: `HfDeepSpeedConfig` makes `from_pretrained` build under zero.Init and load each tensor
-    into its partitions (a bare zero.Init around it would load into empty partitions)."""
+    """`model.pretrained_path` (an export or any local folder of the run's family), in the training
+    dtype. ZeRO-3: `HfDeepSpeedConfig` makes `from_pretrained` load into the partitions (a bare
+    zero.Init around it would load into empty ones)."""
     path = cfg.model.pretrained_path
     # This run's dropout, not the source's (from_pretrained applies these to its config).
-    kwargs: dict[str, Any] = dict(
+    kwargs: dict[str, object] = dict(
         local_files_only=True, dtype=dtype, attn_implementation="sdpa", use_cache=False
     )
     if cfg.model.family == "opt":
@@ -159,7 +165,7 @@ def _pretrained(
     return cls.from_pretrained(path, **kwargs).to(device)
 
 
-def scaled_std(cfg: DictConfig) -> float:
+def scaled_std(cfg: RootConfig) -> float:
     """The output projections' std: init_std / sqrt(2 * num_layers) (0.006 -> 0.00067 for 40 layers)."""
     return cfg.model.init_std / math.sqrt(2 * cfg.model.num_layers)
 
@@ -187,10 +193,8 @@ RESIDUAL_OUTPUTS = (
 
 
 def _init_partitioned(model: torch.nn.Module, scaled: float | None = None) -> None:
-    """Hugging Face's weight init ran on ZeRO-3's empty partitions; redo it one module at a time,
-    gathering only that module's parameters (memory: the largest layer, never the whole model).
-    Rank 0 initialises (modifier_rank=0) and DeepSpeed re-partitions its values to every rank, so
-    the scaled projections are scaled the same everywhere."""
+    """Hugging Face's init ran on ZeRO-3's empty partitions: redo it one module at a time (memory:
+    the largest layer), rank 0 initialising and DeepSpeed re-partitioning its values to all."""
     import deepspeed
 
     projections = {id(m) for m in output_projections(model)} if scaled is not None else set()
@@ -205,16 +209,13 @@ def _init_partitioned(model: torch.nn.Module, scaled: float | None = None) -> No
                     module.weight.normal_(0.0, scaled)
 
 
-# Tokens per chunk of the 16-bit loss: each chunk's fp32 log-softmax lives only inside its own
-# forward and is recomputed in backward, so the loss holds chunk x vocab fp32 values, not b*s x vocab.
+# Tokens per chunk of the 16-bit loss: it holds chunk x vocab fp32 values at a time, not b*s x vocab
 LOSS_CHUNK_TOKENS = 4096
 
 
 def loss_fn(model: torch.nn.Module, window: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:].
-
-    fp32 logits: one cross entropy (no copy). 16-bit logits: summed over token chunks, each upcast
-    to fp32 inside a checkpointed function (fp32 accumulation, one chunk of fp32 at a time)."""
+    """Next-token cross entropy; inputs are window[:, :-1], labels window[:, 1:]. 16-bit logits:
+    summed over token chunks, each upcast to fp32 inside a checkpointed function."""
     logits = model(input_ids=window[:, :-1]).logits
     flat = logits.reshape(-1, logits.size(-1))
     labels = window[:, 1:].reshape(-1)
@@ -233,12 +234,12 @@ def _ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
 
 
-def params_finite(module: Any, device: Any) -> bool:
+def params_finite(module: torch.nn.Module, device: torch.device) -> bool:
     """Every rank's parameters (its ZeRO-3 partition) are finite: one pass, one all-reduce (a
     save refuses non-finite weights: nothing non-finite is ever published)."""
     import torch.distributed as dist
 
-    by_device: dict[Any, list[Any]] = {}  # offloaded partitions live on the host
+    by_device: dict[torch.device, list[torch.Tensor]] = {}  # offloaded partitions: on the host
     for p in module.parameters():
         t = getattr(p, "ds_tensor", p)
         if t.numel():
@@ -247,4 +248,4 @@ def params_finite(module: Any, device: Any) -> bool:
     for flags in by_device.values():
         bad += torch.stack(flags).logical_not().any().to(device, torch.float64)
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return bad.item() == 0
+    return bool(bad.item() == 0)

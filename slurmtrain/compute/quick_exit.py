@@ -1,10 +1,9 @@
 """Leave the attempt's process at once when its work is done and durable.
 
-After the last collective (the ledger rows written, the checkpoint published, the process group
-destroyed) CPython still finalises every module: 0.8 s with torch, 2.2 s with deepspeed and
-transformers loaded (measured here), per rank, on the way from a USR2 save to the next attempt
-(srun waits for its slowest task). `leave` does what a normal exit must (joins non-daemon threads,
-runs atexit handlers such as logging's flush, flushes stdio) and skips the rest with os._exit.
+After the last collective CPython still finalises every module (seconds per rank with torch,
+deepspeed and transformers loaded), and srun waits for its slowest task before the next attempt.
+`leave` does what a normal exit must (joins non-daemon threads, runs atexit handlers, flushes
+stdio) and skips the rest with os._exit.
 """
 
 from __future__ import annotations

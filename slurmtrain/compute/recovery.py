@@ -1,13 +1,12 @@
-"""Loading a checkpoint when it may fail, and rolling back after a divergence: the Trainer's two
-ways back to a saved state.
+"""The Trainer's two ways back to a saved state: loading a checkpoint that may fail, and rolling
+back after a divergence.
 
-A checkpoint can validate (manifest, sizes, checksums) and still fail to load: a writer bug put
-bytes DeepSpeed rejects behind a truthful manifest. Retrying it would crash every attempt, so the
-ranks agree on the failure, rank 0 records `checkpoint_unloadable` and marks it
-(checkpoint/select.py: no later choice tries it again), and the previous valid checkpoint is
-loaded in the same attempt. A rollback walks back the same way, and after a repeated divergence
-starts from a checkpoint older than the previous rollback's target (divergence.deeper_than).
-Every rank runs every function here (they are collective).
+A checkpoint can validate and still fail to load (bytes DeepSpeed rejects behind a truthful
+manifest); retrying it would crash every attempt, so the ranks agree on the failure, rank 0 records
+`checkpoint_unloadable` and marks it (select.py never picks it again), and the previous valid one
+loads in the same attempt. A rollback walks back the same way; after a repeated divergence it starts
+from a checkpoint older than the previous rollback's target (divergence.deeper_than).
+Every function here is collective.
 """
 
 from __future__ import annotations
@@ -15,48 +14,102 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from slurmtrain.common import ledger
+from slurmtrain.common.checkpoint_format import Resume
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.checkpoint.rng import set_rng_state
+from slurmtrain.compute.context import Attempt, RankContext
 from slurmtrain.compute.distributed import broadcast
 
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
-def try_load(t: Any, directory: Path, restore_rng: bool = True) -> tuple[Optional[str], Any]:
+    from slurmtrain.compute.checkpoint.manager import Checkpointer
+    from slurmtrain.compute.data import Sampler
+    from slurmtrain.compute.divergence import Divergence, Plan
+    from slurmtrain.compute.faults.watchdog import Watchdog
+    from slurmtrain.planning.deadlines import Deadlines
+
+
+class Resuming(Protocol):
+    """The Trainer's state these functions read and move (compute/trainer.py)."""
+
+    cfg: RootConfig
+    run: RunDir
+    ctx: RankContext
+    attempt: Attempt
+    rank: int
+    world: int
+    watchdog: Watchdog
+    deadlines: Deadlines
+    engine: DeepSpeedEngine
+    checkpointer: Checkpointer
+    sampler: Sampler
+    found: Resume
+    load_dir: Optional[Path]
+    same_world: bool
+    start_step: int
+    stop: Optional[tuple[str, str]]
+
+    def universal(self, found: Resume) -> Path: ...
+
+
+def data_skip(t: Resuming, manifest: dict[str, object]) -> int:
+    """The sampler offset of a checkpoint (and of a rollback that returned to it)."""
+    from slurmtrain.compute.divergence import resumed_skip
+
+    position = manifest.get("data_position")
+    own = int(position.get("skipped_samples", 0)) if isinstance(position, dict) else 0
+    events = t.attempt.rows if t.rank == 0 else []  # the run tier, read at the start
+    step = manifest["step"]
+    assert isinstance(step, (int, str))  # a manifest's step: an int in JSON
+    return int(broadcast(resumed_skip(own, int(step), ledger.rollbacks(events))))
+
+
+def try_load(
+    t: Resuming, directory: Path, restore_rng: bool = True
+) -> tuple[Optional[str], dict[str, object]]:
     """Collective: (None, the RNG state) when every rank loaded `directory`, else (the first
-    failing rank's error, None). Caught on every rank and agreed (one all-reduce of a flag; the
+    failing rank's error, {}). Caught on every rank and agreed (one all-reduce of a flag; the
     errors are gathered only after a failure), so all ranks walk back together; the next load
     replaces whatever the failed one had put in the engine."""
     import torch
     import torch.distributed as dist
 
-    rng, error = None, None
+    rng: dict[str, object] = {}
+    error: Optional[str] = None
     try:
         rng = t.checkpointer.load(t.engine, directory, restore_rng=restore_rng)
     except Exception as err:  # noqa: BLE001  whatever DeepSpeed or torch.load raise
         error = f"{type(err).__name__}: {err}"[:2000]
-    flag = torch.tensor([error is not None], dtype=torch.int32, device=t.device)
+    flag = torch.tensor([error is not None], dtype=torch.int32, device=t.ctx.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if not int(flag.item()):
         return None, rng
-    errors: list[Any] = [None] * t.world
+    errors: list[Optional[str]] = [None] * t.world
     dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     rank, first = failed[0]
     more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
-    return f"{first} (rank {rank}{more})", None
+    return f"{first} (rank {rank}{more})", {}
 
 
-def mark_unloadable(t: Any, found: Any, error: str) -> None:
+def mark_unloadable(t: Resuming, found: Resume, error: str) -> None:
     """Rank 0: the ledger row and the marker that keeps every later attempt off `found`."""
     from slurmtrain.compute.checkpoint import select
 
+    assert found.path is not None  # only a found checkpoint fails to load
     step = int(found.manifest.get("step", found.path.name.split("_")[1]))
     t.attempt.record("checkpoint_unloadable", step=step, path=str(found.path), error=error)
     if t.rank != 0:
         return
     try:
-        select.mark_unloadable(found.path, error, job_id=t.where.job_id, attempt=t.attempt.number)
+        select.mark_unloadable(
+            found.path, error, job_id=t.ctx.where.job_id, attempt=t.attempt.number
+        )
     except OSError as err:  # the row still says it; this attempt will not pick it again
         print(f"slurmtrain: could not mark {found.path} unloadable: {err}", file=sys.stderr)
     print(
@@ -66,12 +119,13 @@ def mark_unloadable(t: Any, found: Any, error: str) -> None:
     )
 
 
-def load_resumed(t: Any) -> Optional[dict[str, Any]]:
+def load_resumed(t: Resuming) -> Optional[dict[str, object]]:
     """Load `t.found` (built for in `t.build`), walking back past checkpoints that fail to load.
     Returns the RNG state, or None with `t.stop` set when none is left to load."""
     from slurmtrain.compute.checkpoint import verify
 
     while True:
+        assert t.load_dir is not None and t.found.path is not None  # a chosen checkpoint
         error, rng = try_load(t, t.load_dir, restore_rng=t.same_world)
         if error is None:
             return rng
@@ -98,7 +152,7 @@ def load_resumed(t: Any) -> Optional[dict[str, Any]]:
         t.load_dir = t.universal(found) if other_world else found.path
 
 
-def rollback(t: Any, d: Any) -> bool:
+def rollback(t: Resuming, d: Divergence) -> bool:
     """Reload a valid checkpoint in this process and skip the data window that diverged; False
     (and `t.stop`) when the run must stop `diverged` instead. After a repeated divergence the
     checkpoint is older than the previous rollback's; the target is never pruned afterwards."""
@@ -106,6 +160,7 @@ def rollback(t: Any, d: Any) -> bool:
     from slurmtrain.compute.checkpoint import verify
 
     cfg = t.cfg
+    max_steps, gbs = int(cfg.train.max_steps or 0), int(cfg.train.global_batch_size or 0)
     t.checkpointer.settle()  # an async save in flight is published (or failed) first
     previous = ledger.rollbacks(t.attempt.rows) if t.rank == 0 else []  # every attempt's
     before = broadcast(divergence.deeper_than(d, previous, cfg.faults) if t.rank == 0 else None)
@@ -113,22 +168,22 @@ def rollback(t: Any, d: Any) -> bool:
         found = verify.newest_valid(
             cfg, t.run, t.rank, t.world, t.watchdog, t.deadlines, t.attempt.record, before
         )
-        plan = None
+        plan: Optional[Plan] = None
         if t.rank == 0:
             manifest = found.manifest
             step = int(manifest["step"]) if found.path is not None else None
             if step is not None and int(manifest.get("world_size", t.world)) != t.world:
                 step = None  # written by another world size: its universal form is not loaded
             own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
-            plan = divergence.plan_rollback(
-                d, step, own, previous, cfg.faults, cfg.train.max_steps, cfg.train.global_batch_size
-            )
+            plan = divergence.plan_rollback(d, step, own, previous, cfg.faults, max_steps, gbs)
         plan = broadcast(plan)
+        assert plan is not None  # rank 0 planned it
         if plan.stop is not None:
             t.stop = (ledger.DIVERGED, plan.stop)
             t.attempt.step = d.step
             return False
         t0 = time.time()
+        assert found.path is not None  # a plan without a stop has a checkpoint to load
         error, rng = try_load(t, found.path)
         if error is None:
             break
@@ -138,10 +193,11 @@ def rollback(t: Any, d: Any) -> bool:
     return True
 
 
-def _rolled_back(t: Any, d: Any, found: Any, plan: Any, seconds: float) -> None:
+def _rolled_back(t: Resuming, d: Divergence, found: Resume, plan: Plan, seconds: float) -> None:
     from slurmtrain.compute import divergence
 
     cfg = t.cfg
+    gbs = int(cfg.train.global_batch_size or 0)
     loss = divergence.finite_or_text(d.loss)
     t.start_step, t.sampler.skip = plan.to_step, plan.skip_samples
     t.attempt.step = plan.to_step
@@ -155,7 +211,7 @@ def _rolled_back(t: Any, d: Any, found: Any, plan: Any, seconds: float) -> None:
         to_step=plan.to_step,
         path=str(found.path),
         skipped_steps=plan.skip_steps,
-        skipped_samples=plan.skip_steps * cfg.train.global_batch_size,
+        skipped_samples=plan.skip_steps * gbs,
         data_skip=plan.skip_samples,
         number=plan.number,
         seconds=seconds,

@@ -14,12 +14,12 @@ non-persistent buffers (rotary tables: not in any checkpoint, they need their co
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from slurmtrain.common.schema import RootConfig
 
-def skips_init(cfg: Any, resuming: bool, same_world: bool) -> bool:
+
+def skips_init(cfg: RootConfig, resuming: bool, same_world: bool) -> bool:
     """Whether the checkpoint about to load overwrites everything a fresh build would set."""
     return (
         resuming
@@ -29,7 +29,9 @@ def skips_init(cfg: Any, resuming: bool, same_world: bool) -> bool:
     )
 
 
-def build(cfg: Any, ds_config: dict[str, Any], device: Any, skip_init: bool) -> torch.nn.Module:
+def build(
+    cfg: RootConfig, ds_config: dict[str, object], device: torch.device, skip_init: bool
+) -> torch.nn.Module:
     """model.build(...), or (skip_init) the same module with uninitialised weights on `device`."""
     from slurmtrain.compute import model
 

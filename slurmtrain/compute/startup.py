@@ -24,7 +24,10 @@ import contextlib
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Optional
+
+if TYPE_CHECKING:
+    from slurmtrain.common.schema import RootConfig
 
 PHASES = (
     "launch",
@@ -59,16 +62,16 @@ class StartupClock:
         self.began = process_started_at() if began is None else began
         self.last = self.began
         self.seconds: dict[str, float] = {}
-        self.facts: dict[str, Any] = {}  # what a phase did (e.g. build_skipped_init)
+        self.facts: dict[str, object] = {}  # what a phase did (e.g. build_skipped_init)
         self.done = False
 
-    def mark(self, name: str, **facts: Any) -> None:
+    def mark(self, name: str, **facts: object) -> None:
         self.facts.update(facts)
         now = time.time()
         self.seconds[name] = round(self.seconds.get(name, 0.0) + max(now - self.last, 0.0), 3)
         self.last = now
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, object]:
         """The `startup` row's fields: phases in order (missing ones 0), total, where torch is."""
         phases = {p: self.seconds.get(p, 0.0) for p in PHASES}
         phases.update({k: v for k, v in self.seconds.items() if k not in phases})
@@ -83,7 +86,7 @@ class StartupClock:
             **self.facts,
         }
 
-    def finish(self, record: Callable[..., Any]) -> None:
+    def finish(self, record: Callable[..., object]) -> None:
         """After the first step: the one `startup` row (rank 0 writes: Attempt.record)."""
         if self.done:
             return
@@ -109,18 +112,16 @@ def say_staged(rank: int, node: str) -> None:
 MUON = "deepspeed.runtime.zero.muon"  # its two modules below torch.compile kernels at import
 
 
-def _never_called(*args: Any, **kwargs: Any) -> Any:
+def _never_called(*args: object, **kwargs: object) -> NoReturn:
     raise RuntimeError("DeepSpeed's Muon is stubbed by slurmtrain (compute/startup.py): AdamW only")
 
 
 def skip_muon_compile() -> None:
-    """DeepSpeed imports its Muon modules on AdamW runs too: deepspeed.initialize's ZeRO check
-    (`isinstance(opt, MuonWithAuxAdam)`) and each ZeRO-1/2 step's gradient copy (`muon_update`,
-    called only for Muon parameters); both modules torch.compile kernels at import: inductor's
-    imports, 2-4 s per rank at every start (measured here: initialize 4.6 s -> 0.16 s, and as much
-    again in the first step). slurmtrain trains AdamW only (optim.name), so stub modules answer:
-    nothing is an instance of the stub class, the stub function raises if ever called. Where
-    DeepSpeed has no Muon, or a module was imported already, nothing changes."""
+    """DeepSpeed imports its Muon modules on AdamW runs too (deepspeed.initialize's ZeRO check,
+    each ZeRO-1/2 step's gradient copy), and both torch.compile kernels at import: seconds per rank
+    at every start. slurmtrain trains AdamW only, so stub modules answer: nothing is an instance of
+    the stub class, the stub function raises if ever called. Where DeepSpeed has no Muon, or a
+    module was imported already, nothing changes."""
     import importlib.util
     import types
 
@@ -129,7 +130,7 @@ def skip_muon_compile() -> None:
             return
     except ImportError:  # a DeepSpeed without Muon
         return
-    names = {
+    names: dict[str, dict[str, object]] = {
         f"{MUON}.muon_optimizer": {"MuonWithAuxAdam": type("MuonWithAuxAdam", (), {})},
         f"{MUON}.original_muon": {"muon_update": _never_called},
     }
@@ -141,12 +142,11 @@ def skip_muon_compile() -> None:
 
 
 @contextlib.contextmanager
-def deepspeed_without_mlflow(cfg: Any) -> Iterator[None]:
-    """`import deepspeed` imports mlflow when it is installed (its autotuner, which slurmtrain never
-    runs): 0.7 s per rank at every start. Unless this run logs to MLflow (logger=mlflow), the
+def deepspeed_without_mlflow(cfg: RootConfig) -> Iterator[None]:
+    """`import deepspeed` imports mlflow when it is installed (for its autotuner, never run here):
+    most of a second per rank at every start. Unless this run logs to MLflow (logger=mlflow), the
     import inside is told mlflow is absent; afterwards mlflow imports normally again."""
-    logger = cfg.get("logger") or {}
-    if logger.get("mlflow") is not None or "mlflow" in sys.modules:
+    if getattr(cfg.logger, "mlflow", None) is not None or "mlflow" in sys.modules:
         yield
         return
     sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError

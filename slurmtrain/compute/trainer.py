@@ -5,8 +5,8 @@ one that fails to load is marked and the previous one loaded (recovery.py); loop
 rolls back in-process (recovery.py), skipping the data window (or stops `diverged`); outcome: a
 stop signal in the final step finishes the run rather than asking for another job.
 
-Each component is built from its own config section (checkpoint.*, train.*, data.*); the Trainer
-only wires them together. Every rank runs every method (they are collective where DeepSpeed is).
+Each component is built from its own config section plus the RankContext; the Trainer only wires
+them together. Every rank runs every method (they are collective where DeepSpeed is).
 """
 
 from __future__ import annotations
@@ -15,16 +15,19 @@ import gc
 import math
 import sys
 import time
-from typing import Any, Optional
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
-from slurmtrain.common import errors, ledger
+from slurmtrain.common import errors, events, ledger
+from slurmtrain.common.checkpoint_format import Resume
+from slurmtrain.common.derived import grad_accumulation
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import grad_accumulation
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
-from slurmtrain.compute.distributed import Placement, broadcast
+from slurmtrain.compute.context import Attempt, RankContext
 from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
-from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.planning.deadlines import (
     BUILD,
     CONVERT,
@@ -34,32 +37,48 @@ from slurmtrain.planning.deadlines import (
     planned_state_bytes,
 )
 
+if TYPE_CHECKING:
+    import torch
+    from deepspeed import DeepSpeedEngine
+
+    from slurmtrain.compute.checkpoint.manager import Checkpointer, Meta
+    from slurmtrain.compute.data import Data, Sampler, Tokens
+    from slurmtrain.compute.divergence import Divergence
+    from slurmtrain.compute.loop import Outcome
+    from slurmtrain.compute.observe.memory import MemoryCheck
+    from slurmtrain.compute.observe.metrics import MetricsWriter
+    from slurmtrain.planning.deadlines import Deadlines
+
 
 class Trainer:
     """Train one attempt of a run until it finishes, pauses or is told to stop."""
 
+    # Set by choose, build and resume (recovery.py reads and moves them).
+    deadlines: Deadlines
+    found: Resume
+    load_dir: Optional[Path]
+    same_world: bool
+    engine: DeepSpeedEngine
+    net: torch.nn.Module
+    checkpointer: Checkpointer
+    memory: MemoryCheck
+    metrics: MetricsWriter
+    data: Data
+    tokens: Tokens
+    sampler: Sampler
+
     def __init__(
         self,
-        cfg: Any,
+        cfg: RootConfig,
         run: RunDir,
-        where: Placement,
-        attempt: Any,
+        ctx: RankContext,
+        attempt: Attempt,
         flags: signals.SignalFlags,
         injector: Injector,
-        watchdog: Watchdog,
     ) -> None:
-        import torch
-
-        self.cfg, self.run, self.where, self.attempt = cfg, run, where, attempt
-        self.flags, self.injector, self.watchdog = flags, injector, watchdog
-        self.rank, self.world = where.rank, where.world_size
-        # GPUs: the device attempt.py selected (compute.distributed.rank_device): with one GPU bound
-        # per task it is cuda:0 whatever the local rank.
-        self.device = (
-            torch.device("cpu")
-            if cfg.gpus_per_node == 0
-            else torch.device("cuda", torch.cuda.current_device())
-        )
+        self.cfg, self.run, self.ctx, self.attempt = cfg, run, ctx, attempt
+        self.flags, self.injector, self.watchdog = flags, injector, ctx.watchdog
+        self.rank, self.world, self.device = ctx.rank, ctx.world, ctx.device
         self.start_step = 0
         self.stop: Optional[tuple[str, str]] = None  # (class, error): stop the run, no restart
         self.signalled = False
@@ -77,12 +96,9 @@ class Trainer:
             self.memory.stop()
             self.metrics.close()
             code = self.stopped()
-            self.metrics.finish()
-            self.teardown()
-            return code
-        self.watchdog.phase("step", self.deadlines.step_s, "start-up")
-        outcome = self.loop()
-        code = self.outcome(outcome)
+        else:
+            self.watchdog.phase("step", self.deadlines.step_s, "start-up")
+            code = self.outcome(self.loop())
         self.metrics.finish()  # trackers: after the outcome's events (finished, signal)
         self.teardown()
         return code
@@ -102,6 +118,7 @@ class Trainer:
             self.attempt.record,
             self.attempt.rows,  # rank 0: the run tier, read once at the start
         )
+        self.ctx = replace(self.ctx, deadlines=self.deadlines)  # the checkpointer's IO phases
         self.found = choice.found
         for path, reason in self.found.skipped:
             self.attempt.record("checkpoint_skipped", path=path, reason=reason)
@@ -115,7 +132,7 @@ class Trainer:
     def stopped(self) -> int:
         """Stop the run (`stopped`, its class and error line): the supervisor does not restart it."""
         cls, error = self.stop or (ledger.CRASH, "?")
-        self.attempt.record("stopped", **{"class": cls, "error": error, "step": self.attempt.step})
+        self.attempt.record(events.stopped(cls, error, step=self.attempt.step))
         if self.rank == 0:
             print(f"slurmtrain: stopping the run ({cls}): {error}", file=sys.stderr)
         return 0
@@ -139,13 +156,14 @@ class Trainer:
             self.found.path is not None
             and int(self.found.manifest.get("world_size", self.world)) != self.world
         ):
-            # Written by another world size: load DeepSpeed's universal form (converted once,
+            # Another world size's checkpoint: load DeepSpeed's universal form (converted once,
             # cached); the global batch is fixed, grad accumulation adjusted; RNG is per rank.
             self.load_dir = self.universal(self.found)
-            self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
+            section = self.ds_config.setdefault("checkpoint", {})
+            assert isinstance(section, dict)
+            section["load_universal"] = True
             self.same_world = False
-        if not self.same_world:
-            self._mark("convert")  # the universal form, converted once per world size
+            self._mark("convert")
         state_bytes = planned_state_bytes(cfg, self.world)
         self.watchdog.phase(BUILD, limits.build_s(state_bytes))
         self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
@@ -160,22 +178,12 @@ class Trainer:
             config=self.ds_config,
             lr_scheduler=ds_config.lr_scheduler(cfg),  # metaseq's: not expressible in the dict
         )
-        c = cfg.checkpoint
         self.checkpointer = Checkpointer(
+            cfg.checkpoint,
+            self.ctx,
             run.checkpoints,
-            self.rank,
-            self.world,
-            c.verify,
-            async_save=c.async_save,
-            keep_last=c.keep_last,
-            keep_every=c.keep_every,
-            stop_on_error=c.on_save_error == "stop",
-            record=self.attempt.record,
             hook=self.injector.after_shard,
-            timeout_s=c.publish_timeout_minutes * 60,
-            watchdog=self.watchdog,
-            deadlines=limits,
-            planned_bytes=planned_save(cfg, self.world, limits.nodes),  # the plan's bytes
+            planned_bytes=planned_save(cfg, self.world, limits.nodes),
             protect=ledger.rolled_back_to(self.attempt.rows),  # rank 0 prunes: it has the rows
         )
         self.checkpointer.attach(self.engine)
@@ -195,7 +203,7 @@ class Trainer:
         )
         self._mark("deepspeed_init")
 
-    def universal(self, found: Any) -> Any:
+    def universal(self, found: Resume) -> Path:
         """`found`'s universal form (collective; converted once, cached), in its own phase."""
         from slurmtrain.compute.checkpoint import reshape
 
@@ -218,7 +226,7 @@ class Trainer:
             return
         set_rng_state(rng)
         self.start_step = int(self.found.manifest["step"])
-        self.sampler.skip = self._data_skip(self.found.manifest)
+        self.sampler.skip = recovery.data_skip(self, self.found.manifest)
         self.watchdog.beat("checkpoint load")
         self.attempt.record(
             "checkpoint_loaded",
@@ -231,14 +239,6 @@ class Trainer:
             skipped_samples=self.sampler.skip,
         )
 
-    def _data_skip(self, manifest: dict[str, Any]) -> int:
-        """The sampler offset of a checkpoint (and of a rollback that returned to it)."""
-        from slurmtrain.compute.divergence import resumed_skip
-
-        own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
-        events = self.attempt.rows if self.rank == 0 else []  # the run tier, read at the start
-        return int(broadcast(resumed_skip(own, int(manifest["step"]), ledger.rollbacks(events))))
-
     # ---- loop ----------------------------------------------------------------------------------
     def save(self, step: int, loss: float) -> Optional[str]:
         """A collective save; the checkpointer records saved/failed events and prunes. Returns why
@@ -249,9 +249,8 @@ class Trainer:
 
         if not params_finite(self.engine.module, self.device):
             return "non-finite parameters at a save"
-        gbs = self.cfg.train.global_batch_size
-        consumed = step * gbs
-        meta = {
+        consumed = step * int(self.cfg.train.global_batch_size or 0)
+        meta: Meta = {
             "world_size": self.world,
             "consumed_samples": consumed,
             "zero_stage": self.cfg.deepspeed.stage,
@@ -277,14 +276,14 @@ class Trainer:
             "signal", signal=name, step=step, received_at=self.flags.received_at, before_save=True
         )
 
-    def _mark(self, phase: str, **facts: Any) -> None:
+    def _mark(self, phase: str, **facts: object) -> None:
         """Rank 0 closes a start-up phase (compute/startup.py); a no-op once training runs."""
-        clock = getattr(self.attempt, "clock", None)
+        clock = self.attempt.clock
         if clock is not None and not clock.done:
             clock.mark(phase, **facts)
 
     def on_step(self, step: int, seconds: float) -> None:
-        clock = getattr(self.attempt, "clock", None)
+        clock = self.attempt.clock
         if clock is not None and not clock.done:  # the first step: the start-up's one row
             clock.finish(self.attempt.record)
         self.attempt.step = step
@@ -292,59 +291,45 @@ class Trainer:
         self.memory.after_step(step)
         self.injector.after_step(step, seconds)
 
-    def loop(self) -> Any:
+    def loop(self) -> Outcome:
         from slurmtrain.compute import loop
         from slurmtrain.compute.divergence import Guard
         from slurmtrain.compute.evaluate import Evaluator
         from slurmtrain.compute.observe.perf import Perf
 
-        cfg = self.cfg
+        cfg, ctx = self.cfg, self.ctx
         pause = cfg.train.pause_at_step if self.start_step < cfg.train.pause_at_step else None
         f = cfg.faults
-        guard = Guard(f.spike_factor, f.spike_window, f.max_overflow_steps)
         try:
-            tracker = Perf(
+            perf = Perf(
                 self.engine,
                 cfg,
                 self.world,
                 self.rank,
                 self.device,
-                self.where.node,
+                ctx.node,
                 self.attempt.record,
                 self.run.path,
             )
-            evaluator = Evaluator(
-                self.data,
-                cfg,
-                self.rank,
-                self.world,
-                self.device,
-                watchdog=self.watchdog,
-                deadline_s=self.deadlines.fixed(EVAL),
+            evaluator = Evaluator(self.data, cfg, ctx, self.deadlines.fixed(EVAL))
+            hooks = loop.LoopHooks(
+                self.save,
+                self.flags,
+                self.metrics,
+                perf,
+                on_step=self.on_step,
+                on_stop=self.on_stop,
+                poison=self.injector.poison,
+                evaluator=evaluator,
+                guard=Guard(f.spike_factor, f.spike_window, f.max_overflow_steps),
+                stop_at=pause,
             )
             while True:
-                state = loop.LoopState(self.start_step, self.start_step, time.time())
-                outcome = loop.train(
-                    self.engine,
-                    cfg,
-                    self.tokens,
-                    self.sampler,
-                    state,
-                    self.world,
-                    self.rank,
-                    self.device,
-                    self.metrics,
-                    self.flags,
-                    self.save,
-                    tracker,
-                    accum=grad_accumulation(cfg, self.world),
-                    on_step=self.on_step,
-                    stop_at=pause,
-                    guard=guard,
-                    on_stop=self.on_stop,
-                    poison=self.injector.poison,
-                    evaluator=evaluator,
+                batches = loop.Batches(
+                    self.tokens, self.sampler, grad_accumulation(cfg, self.world)
                 )
+                state = loop.LoopState(self.start_step, self.start_step, time.time())
+                outcome = loop.train(self.engine, cfg, batches, state, ctx, hooks)
                 if outcome.diverged is None or not self.rollback(outcome.diverged):
                     return outcome
         except BaseException:
@@ -354,22 +339,23 @@ class Trainer:
             self.memory.stop()
             self.metrics.close()
 
-    def rollback(self, d: Any) -> bool:
+    def rollback(self, d: Divergence) -> bool:
         """Roll back in this process (recovery.rollback); False (and `self.stop`) to stop."""
         from slurmtrain.compute import recovery
 
         return recovery.rollback(self, d)
 
     # ---- outcome -------------------------------------------------------------------------------
-    def outcome(self, outcome: Any) -> int:
+    def outcome(self, outcome: Outcome) -> int:
         """Record how the attempt ended; the exit code tells the supervisor what to do next."""
         self.checkpointer.settle()  # async: the last save is published (or failed) on every rank
         if self.stop is not None:  # diverged past its rollbacks: stop, no restart
             return self.stopped()
-        final: Optional[Any] = self.checkpointer.last
+        final = self.checkpointer.last
+        max_steps = int(self.cfg.train.max_steps or 0)
         stopped = outcome.stop_code != signals.NONE
         saved = final is None or final.ok or final.step != outcome.step
-        if stopped and outcome.step >= self.cfg.train.max_steps and saved:
+        if stopped and outcome.step >= max_steps and saved:
             # A signal in the final step: the stop's save is the final checkpoint, and another
             # job would only load it to record this.
             self.on_stop(outcome.step, outcome.stop_code)
@@ -377,16 +363,10 @@ class Trainer:
             return 0
         if not stopped and final is not None and not final.ok and final.step == outcome.step:
             # Training reached its end but its final state is not on disk: not finished.
-            self.attempt.record(
-                "failed",
-                **{
-                    "class": ledger.CRASH,
-                    "step": outcome.step,
-                    "error": f"final checkpoint not saved: {final.error}",
-                },
-            )
+            not_saved = f"final checkpoint not saved: {final.error}"
+            self.attempt.record(events.failed(ledger.CRASH, not_saved, step=outcome.step))
             return 1
-        if not stopped and outcome.step < self.cfg.train.max_steps:
+        if not stopped and outcome.step < max_steps:
             self.attempt.record(
                 "paused", step=outcome.step
             )  # train.pause_at_step: next job resumes

@@ -1,37 +1,26 @@
 """Branch a run: `resume_from=RUN[:step_N]` starts a new run from another run's checkpoint.
 
-The OPT logbook's most common intervention (after a divergence: go back to an earlier checkpoint
-with a lower lr, or past a bad data range) as a run of its own: its own fingerprint and directory,
-the parent's weights, optimizer state and step count, this command's overrides.
-
-Login node, no torch: `resolve` finds the parent (a run directory, a run name or a fingerprint),
-the step (named, or the parent's newest valid checkpoint), checks the model shape matches and
-rewrites `resume_from` to `PARENT_DIR:step_N` and `branch_of` to `<parent dir name>:step_N` (in
-the fingerprint: two branches from different steps are different runs; the same command again
-finds this one and resumes it). `record` pins the parent's step (its prune keeps it:
-common/checkpoint_pins.py) and writes the `branched` row: parent, step and the changed keys.
-The compute side starts from the parent's step until the branch has checkpoints of its own
-(compute/checkpoint/select.py branch_point).
+(Going back after a divergence with a lower lr, or past a bad data range.) `resolve` finds the
+parent and step, checks the model shape, and rewrites `resume_from` to `PARENT_DIR:step_N` and
+`branch_of` (fingerprinted: branches from different steps are different runs); `pin` keeps the
+parent's step from its prune (common/checkpoint_pins.py); `record` writes the `branched` row with
+the changed keys. No torch: the login node.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Iterable, Mapping, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slurmtrain.common import checkpoint_format, checkpoint_pins
+from slurmtrain.common.derived import node_range, tasks_per_node, world_size
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.rundir import RunDir, runs_named
-from slurmtrain.common.schema import (
-    NON_RESULT_KEYS,
-    load_run_config,
-    node_range,
-    tasks_per_node,
-    world_size,
-)
+from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
+from slurmtrain.common.rundir import Rows, RunDir, runs_named
+from slurmtrain.common.schema import NON_RESULT_KEYS, load_run_config, plain
 
 # What a checkpoint's tensors are shaped by: a branch must match its parent in each.
 ARCHITECTURE_KEYS = (
@@ -53,10 +42,8 @@ LINEAGE_KEYS = ("resume_from", "branch_of")  # differ by construction; not "chan
 _SPEC = re.compile(r"([^:].*?)(?::(?:step_)?(\d+))?")
 
 
-def _value(cfg: Any, key: str) -> Any:
+def _value(cfg: DictConfig | ListConfig, key: str) -> object:
     """`key` of a config; a key added since a parent's was written holds its registered default."""
-    from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
-
     return OmegaConf.select(cfg, key, default=ADDED_RESULT_KEYS.get(key))
 
 
@@ -121,16 +108,16 @@ def _step_dir(parent: RunDir, step: Optional[int], spec: str) -> Path:
     return directory
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+def _flat(data: object, prefix: str = "") -> dict[str, object]:
     if not isinstance(data, dict):
         return {prefix: data}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in data.items():
         out.update(_flat(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
     return {k.rstrip("."): v for k, v in out.items()}
 
 
-def _result_keys(data: dict[str, Any]) -> dict[str, Any]:
+def _result_keys(data: Mapping[str, object]) -> dict[str, object]:
     """Dotted key -> value, without the keys that do not change what is computed (every key,
     including one that holds its default: the diff is about values, not fingerprints)."""
     return {
@@ -140,7 +127,9 @@ def _result_keys(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def changed_keys(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, list[Any]]:
+def changed_keys(
+    parent: Mapping[str, object], child: Mapping[str, object]
+) -> dict[str, list[object]]:
     """Result-affecting keys whose value differs: {key: [parent's, branch's]}."""
     theirs, ours = _result_keys(parent), _result_keys(child)
     keys = sorted(set(theirs) | set(ours))
@@ -203,13 +192,13 @@ def _same_world(cfg: DictConfig, saved: int, spec: str, at: int) -> None:
         )
 
 
-def parent_of(cfg: Any) -> tuple[RunDir, int]:
+def parent_of(cfg: DictConfig) -> tuple[RunDir, int]:
     """(parent run directory, step) of a resolved branch config."""
     path, _, step = str(cfg.resume_from).rpartition(":")
     return RunDir(Path(path)), int(step.removeprefix("step_"))
 
 
-def pin(cfg: Any, child: RunDir) -> None:
+def pin(cfg: DictConfig, child: RunDir) -> None:
     """Before the branch is recorded: keep the parent's step from its prune, then make sure it is
     still there (the parent may have pruned it since `resolve` looked)."""
     parent, step = parent_of(cfg)
@@ -224,16 +213,16 @@ def pin(cfg: Any, child: RunDir) -> None:
         raise ConfigError(f"resume_from={cfg.resume_from}: {directory}: {reason}")
 
 
-def record(cfg: Any, data: Optional[dict[str, Any]], child: RunDir) -> None:
+def record(cfg: DictConfig, data: Optional[dict[str, object]], child: RunDir) -> None:
     """The `branched` row, once (the same command again resumes the branch: no second row)."""
     if child.run_events("branched"):
         return
     parent, step = parent_of(cfg)
     try:  # merged over the schema: a key the parent's version did not have reads as its default
-        theirs = OmegaConf.to_container(load_run_config(str(parent.config)), resolve=True)
+        theirs: object = plain(load_run_config(str(parent.config)))
     except Exception:  # noqa: BLE001  a key this version no longer has: compare as written
         theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
-    ours = data if data is not None else OmegaConf.to_container(cfg, resolve=True)
+    ours = data if data is not None else plain(cfg)
     assert isinstance(theirs, dict) and isinstance(ours, dict)
     child.record(
         "branched",
@@ -241,11 +230,15 @@ def record(cfg: Any, data: Optional[dict[str, Any]], child: RunDir) -> None:
         parent_fingerprint=parent.path.name,
         parent_name=theirs.get("name"),
         step=step,
-        changed=changed_keys(theirs, ours),
+        changed=changed_keys(_keyed(theirs.items()), _keyed(ours.items())),
     )
 
 
-def lineage_line(events: list[dict[str, Any]]) -> Optional[str]:
+def _keyed(items: Iterable[tuple[object, object]]) -> dict[str, object]:
+    return {str(k): v for k, v in items}  # a config's keys are strings already
+
+
+def lineage_line(events: Rows) -> Optional[str]:
     """`branched from PARENT at step_N (changed: k a->b, ...)` for status and the report."""
     row = next((e for e in events if e.get("event") == "branched"), None)
     if row is None:

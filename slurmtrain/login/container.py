@@ -1,13 +1,9 @@
 """OCI containers (cluster.container=oci): the image check and the run's runc bundle.
 
-`cluster.image` names an OCI bundle (config.json + rootfs/, e.g. from tools/build_image.sh) on a
-path every node sees. Each task of a step runs its own `runc run` (job.sbatch.j2 `oci_task`) on a
-per-run config, RUN_DIR/oci/config.json: the image's, its root made absolute, the runs root and
-/dev/shm bind-mounted at the same paths, the process a script the task writes (its environment,
-then the command). Not Slurm 22.05's `srun --container`, which (verified here, oci.conf with runc)
-starts one task per node ("_modify_config: unexpected number of tasks 2 > 1"), hides the task's
-SLURM_PROCID/LOCALID/NODEID from the container, and always runs BUNDLE/rootfs (runc refuses a
-symlinked one), so neither 8 ranks per node nor a per-run mount would work.
+`cluster.image` is an OCI bundle every node sees; each task runs its own `runc run` on
+RUN_DIR/oci/config.json: the image's, root absolute, runs root and /dev/shm bind-mounted at the
+same paths. Not Slurm 22.05's `srun --container`: it starts one task per node, hides the task's
+SLURM_PROCID/LOCALID/NODEID and cannot take a per-run mount.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TypedDict
 
 from omegaconf import DictConfig
 
@@ -27,10 +24,35 @@ FIX = (
 )
 
 
-def _spec(image: str) -> dict:
+class OciRoot(TypedDict, total=False):
+    path: str
+
+
+class OciMount(TypedDict, total=False):
+    destination: str
+    type: str
+    source: str
+    options: list[str]
+
+
+class OciProcess(TypedDict, total=False):
+    terminal: bool
+    args: list[str]
+    cwd: str
+
+
+class OciSpec(TypedDict, total=False):
+    """The keys of an OCI bundle's config.json this module reads or sets (others pass through)."""
+
+    root: OciRoot
+    mounts: list[OciMount]
+    process: OciProcess
+
+
+def _spec(image: str) -> OciSpec:
     config = Path(image) / "config.json"
     try:
-        spec = json.loads(config.read_text())
+        spec: OciSpec = json.loads(config.read_text())  # checked below
     except OSError as exc:
         raise ConfigError(
             f"cluster.image={image}: not an OCI bundle (cannot read {config}: "
@@ -43,7 +65,7 @@ def _spec(image: str) -> dict:
     return spec
 
 
-def rootfs(image: str, spec: dict) -> Path:
+def rootfs(image: str, spec: OciSpec) -> Path:
     root = Path(str(spec["root"].get("path", "rootfs")))
     return root if root.is_absolute() else Path(image).resolve() / root
 
@@ -63,14 +85,14 @@ def image_python(root: Path) -> Path | None:
     return None
 
 
-def check_image(cfg: DictConfig) -> dict:
+def check_image(cfg: DictConfig) -> OciSpec:
     """The image's config.json, or one line naming cluster.image, what is wrong and the fix.
     Checked on the login node at the dry run and at submission: nothing is queued that cannot
     start its Python."""
     return check_image_path(cfg.cluster.image)
 
 
-def check_image_path(image: str | None) -> dict:
+def check_image_path(image: str | None) -> OciSpec:
     """check_image for a bundle path (the doctor's --image)."""
     if not image:
         raise ConfigError(
@@ -95,15 +117,15 @@ TASK_DIR = "@TASK_DIR@"  # replaced per task by its node-local directory (oci_ta
 BUNDLE_DIR = "oci"  # RUN_DIR/oci/config.json
 
 
-def _bind(path: str, mode: str = "rw") -> dict:
+def _bind(path: str, mode: str = "rw") -> OciMount:
     return {"destination": path, "type": "bind", "source": path, "options": ["rbind", mode]}
 
 
-def run_bundle(cfg: DictConfig, spec: dict) -> dict:
+def run_bundle(cfg: DictConfig, image_spec: OciSpec) -> OciSpec:
     """The run's config.json: the image's, root absolute, the runs root (checkpoints, ledger,
     logs) and the host's /dev/shm (the task's script; gloo/NCCL shared memory) mounted at the
     same paths, the process the task's script; terminal off (srun has no tty)."""
-    spec = json.loads(json.dumps(spec))  # a deep copy of plain JSON
+    spec: OciSpec = json.loads(json.dumps(image_spec))  # a deep copy of plain JSON
     spec["root"]["path"] = str(rootfs(str(cfg.cluster.image), spec))
     runs_root = str(Path(str(cfg.runs_root)).resolve())
     keep = [
@@ -111,7 +133,9 @@ def run_bundle(cfg: DictConfig, spec: dict) -> dict:
     ]
     spec["mounts"] = [*keep, _bind("/dev/shm"), _bind(runs_root)]
     process = spec.setdefault("process", {})
-    process.update(terminal=False, args=["/bin/bash", f"{TASK_DIR}/run"], cwd="/")
+    process["terminal"] = False
+    process["args"] = ["/bin/bash", f"{TASK_DIR}/run"]
+    process["cwd"] = "/"
     return spec
 
 

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Optional
+from typing import Optional, TextIO
 
 from omegaconf import DictConfig
 
@@ -21,6 +21,9 @@ from slurmtrain.common import rundir, secrets
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.slurm_text import SlurmError
+from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.placement import announce
+from slurmtrain.login.slurm_submit import render_sbatch
 from slurmtrain.planning import preflight
 
 TEST_ONLY_TIMEOUT_S = 20.0
@@ -32,8 +35,6 @@ def refusal(cfg: DictConfig, report: preflight.PlanReport) -> Optional[str]:
     try:
         report.enforce(cfg)
         if cfg.cluster.kind == "slurm":
-            from slurmtrain.login.slurm_submit import check_cluster
-
             check_cluster(cfg)
     except ConfigError as err:
         return str(err)
@@ -54,11 +55,9 @@ def test_only(script: str) -> str:
         os.unlink(f.name)
 
 
-def show(cfg: DictConfig, out=None) -> int:
+def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
     """Print config, plan, and on Slurm the batch script and Slurm's answer; 0 or EXIT_CONFIG."""
     out = out or sys.stdout
-    from slurmtrain.login.placement import announce
-
     announce()
     print(secrets.redacted_yaml(cfg), file=out)  # secrets as references, never values
     report = preflight.report(cfg)
@@ -69,8 +68,6 @@ def show(cfg: DictConfig, out=None) -> int:
         report = preflight.report(cfg)
     print(report.text, file=out)
     if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
-        from slurmtrain.login.slurm_submit import render_sbatch
-
         script = render_sbatch(cfg, rundir.locate(cfg, secrets.referenced(cfg)))
         print("slurmtrain: dry run: the batch script that would be submitted:", file=out)
         print(script.rstrip("\n"), file=out)

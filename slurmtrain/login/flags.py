@@ -11,13 +11,14 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.slurm_text import PartitionInfo
+from slurmtrain.login import container, stage_env
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -51,7 +52,7 @@ GPU_DEFAULTS = {
 Flag = Union[str, bool]
 
 
-def checked(key: str, value: Any) -> str:
+def checked(key: str, value: object) -> str:
     text = str(value)
     if not SAFE_SBATCH_VALUE.match(text):
         shown = text.replace("\n", "\\n")
@@ -99,9 +100,10 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         opts["exclusive"] = True
     extra = OmegaConf.to_container(c.sbatch_extra, resolve=True)
     assert isinstance(extra, dict)
-    for key, value in extra.items():
-        name = checked("cluster.sbatch_extra", str(key).replace("_", "-"))
-        opts[name] = True if value is True else checked(f"cluster.sbatch_extra.{key}", value)
+    for extra_key, value in extra.items():
+        given = str(extra_key)
+        option = checked("cluster.sbatch_extra", given.replace("_", "-"))
+        opts[option] = True if value is True else checked(f"cluster.sbatch_extra.{given}", value)
     return opts
 
 
@@ -260,13 +262,9 @@ def python_command(cfg: DictConfig) -> list[str]:
     if cfg.cluster.container == "pyxis":
         return ["python"]
     if cfg.cluster.container == "oci":
-        from slurmtrain.login import container
-
         container.check_image(cfg)  # one line now, not a job that cannot start its Python
         return [container.IMAGE_PYTHON]
     if cfg.cluster.get("stage_env"):  # each node's own copy of the venv (login/stage_env.py)
-        from slurmtrain.login import stage_env
-
         return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 

@@ -7,14 +7,21 @@ first when smoke=true). `python -m slurmtrain` calls `launch_one`; the Hydra lau
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import ExitStack
-from typing import Any, Callable, Optional, Sequence
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from slurmtrain.common import provenance
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.login.prepare import check, record, resolve
+from slurmtrain.common.secrets import redact_overrides
+from slurmtrain.common.windows import current_stop
+from slurmtrain.login import cluster_check, placement, smoke
+from slurmtrain.login.prepare import Prepared, check, record, resolve
+from slurmtrain.login.submit import submit
 
 Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
 
@@ -29,19 +36,13 @@ def warm_up(kind: str) -> Callable[[], None]:
     state, the installed packages and the platform (`uname -p`) for provenance, Slurm's partitions
     (cluster=slurm/auto). A sweep composes its points meanwhile. Returns the wait; a failure
     there is left to the flow to meet and report, where it would have happened anyway."""
-    import os
-
-    from slurmtrain.common import provenance
-
     cwd = os.getcwd()
     jobs: list[Callable[[], object]] = [
         lambda: (provenance.git_state(cwd), provenance.packages(), provenance.versions())
     ]
     if kind in ("slurm", "auto"):
-        from slurmtrain.login import placement, slurm_submit
-
         # cluster=slurm: partitions() reads the probe's (cluster=auto, gpus_per_node=auto)
-        jobs.append(slurm_submit.partitions if kind == "slurm" else placement.probe_slurm)
+        jobs.append(cluster_check.partitions if kind == "slurm" else placement.probe_slurm)
     threads = [threading.Thread(target=_quietly, args=(job,), daemon=True) for job in jobs]
     for thread in threads:
         thread.start()
@@ -94,8 +95,6 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
             )
         return 0
     if single and todo[0][0].cfg.smoke:  # validate() allows it on Slurm only
-        from slurmtrain.login import smoke
-
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
     for prepared, overrides in todo:
@@ -103,8 +102,6 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
         record(prepared, overrides, durable=not array)  # an array syncs all points at once
     if array:
         return _submit_array(todo, len(points))
-    from slurmtrain.login.submit import submit
-
     code = 0
     for prepared, _ in todo:
         result = submit(prepared.cfg, prepared.run)
@@ -114,13 +111,11 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
     return code
 
 
-def _new_window(prepared: Any) -> None:
+def _new_window(prepared: Prepared) -> None:
     """A resumed run that a budget stopped: say why it stopped and that this submission starts
     the failure budgets again (its first start records `budget_window`, common/windows.py)."""
     if not prepared.resumed:
         return
-    from slurmtrain.common.ledger import current_stop
-
     stop = current_stop(prepared.run.run_events())
     if stop is not None:
         why = str(stop.get("error") or "").strip().splitlines()[-1:] or ["-"]
@@ -133,8 +128,7 @@ def _new_window(prepared: Any) -> None:
 def dry_run(points: Sequence[Point]) -> int:
     """Show each point (config, plan, batch script, Slurm's answer); nothing is written or queued.
     Exits 2 when the same command without dry_run=true would be refused (login/dry_run.py)."""
-    from slurmtrain.common.secrets import redact_overrides
-    from slurmtrain.login.dry_run import show
+    from slurmtrain.login.dry_run import show  # start-up speed: jinja2, for a dry run only
 
     code = 0
     for cfg, overrides in points:
@@ -144,10 +138,8 @@ def dry_run(points: Sequence[Point]) -> int:
     return code
 
 
-def _submit_array(todo: list, total: int) -> int:
-    from pathlib import Path
-
-    from slurmtrain.login.slurm_submit import submit_array
+def _submit_array(todo: list[tuple[Prepared, list[str]]], total: int) -> int:
+    from slurmtrain.login.slurm_submit import submit_array  # start-up speed: jinja2, submitit
 
     folder = Path(todo[0][0].cfg.runs_root) / ".sweeps" / "submitit"
     subs = submit_array([(p.cfg, p.run) for p, _ in todo], folder)

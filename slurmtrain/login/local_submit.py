@@ -18,23 +18,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import submitit
 from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slurmtrain.common import ledger, secrets
-from slurmtrain.common.rundir import RunDir, pid_start
-from slurmtrain.common.schema import tasks_per_node
-from slurmtrain.login.submit import Submission, TrainTask
+from slurmtrain.common.derived import tasks_per_node
+from slurmtrain.common.liveness import pid_start
+from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.login.submission import Submission, TrainTask
 
 
 def free_port() -> int:
     """A free TCP port on this machine for the local workers' rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def submit(cfg: DictConfig, run: RunDir) -> Submission:
@@ -101,7 +103,7 @@ def _print_sample(run: RunDir) -> None:
     print(f"the model's continuation of {prompt!r}:\n{done.stdout.rstrip()}\n")
 
 
-def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
+def _new_rows(path: Path, offset: int) -> tuple[int, Rows]:
     """The complete lines appended since `offset` (a torn last line waits for the next poll)."""
     try:
         with open(path, "rb") as f:
@@ -110,7 +112,7 @@ def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
     except FileNotFoundError:
         return offset, []
     done = data[: data.rfind(b"\n") + 1]
-    rows = []
+    rows: Rows = []
     for line in done.splitlines():
         try:
             rows.append(json.loads(line))

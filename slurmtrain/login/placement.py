@@ -1,16 +1,11 @@
 """Where a run goes when the user did not say: `cluster=auto` and `gpus_per_node=auto`.
 
-Why: the mission's command (`python -m slurmtrain model=opt13b nodes=64`) has no `cluster=` key, so
-on a login node it must reach Slurm, and on a laptop it must run here. Slurm is used when it
-answers (sbatch on PATH and the controller responds within seconds); otherwise this machine. GPUs
-per node come from the chosen partition's GRES/TRES on Slurm, from `nvidia-smi -L` locally (never a
-torch import: the login path stays around a second), else 0 (CPU ranks). One line says which and
-why. Slurm's per-task resources left unset (cpus per task, memory per GPU) default from the same
-partition, so the batch script asks for them explicitly, and `cluster.time=auto` becomes its
-MaxTime (capped at `cluster.time_cap`; the cap when the partition is unknown, said so).
-
-`SLURMTRAIN_AUTO=off` turns detection off: auto means this machine and CPU ranks, the embedded
-default before detection existed (tests and tools/demo.sh use it on machines that run Slurm).
+`python -m slurmtrain model=opt13b nodes=64` must reach Slurm on a login node and run here on a
+laptop: Slurm is used when it answers within seconds, else this machine. GPUs per node come from
+the partition's GRES/TRES, or `nvidia-smi -L` locally (never a torch import: the login path stays
+around a second), else 0; unset per-task resources and `cluster.time=auto` come from the same
+partition. One line says which and why. `SLURMTRAIN_AUTO=off`: this machine and CPU ranks (tests
+and tools/demo.sh on machines that run Slurm).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, TextIO
 
 from omegaconf import DictConfig
 
@@ -28,6 +23,7 @@ from slurmtrain.common import slurm_cmd
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError, mem_mb
+from slurmtrain.login.flags import task_defaults
 from slurmtrain.planning import policy
 
 ENV = "SLURMTRAIN_AUTO"
@@ -116,8 +112,6 @@ def node_resources(part: PartitionInfo) -> tuple[int, Optional[int], int]:
 def slurm_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
     """Per-task resources left unset, from the partition: login/flags.task_defaults (cores per
     task, --mem=0 or memory per GPU)."""
-    from slurmtrain.login.flags import task_defaults
-
     task_defaults(cfg, part)
 
 
@@ -182,7 +176,7 @@ def resolve_auto(cfg: DictConfig) -> None:
         _pending.append(line)
 
 
-def announce(out=None) -> None:
+def announce(out: Optional[TextIO] = None) -> None:
     """Print the pending "which and why" line (once), when the command goes ahead; on stderr, so
     a dry run's stdout stays the config (YAML) and the plan."""
     while _pending:

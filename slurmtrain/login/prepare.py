@@ -8,21 +8,18 @@ together for a single run, a sweep and the smoke chain.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional, TypeVar
+from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import pretrained, rundir, schema, secrets
+from slurmtrain.common import pretrained, provenance, rundir, schema, secrets, validation
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.login import branch
+from slurmtrain.login import branch, flags
+from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import preflight
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -30,7 +27,9 @@ class Prepared:
     cfg: DictConfig
     run: rundir.RunDir
     resumed: bool
-    data: Optional[dict] = None  # cfg as fingerprinted (resolved container): what record writes
+    data: Optional[dict[str, object]] = (
+        None  # cfg as fingerprinted (resolved container): what record writes
+    )
 
 
 def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
@@ -45,7 +44,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     pretrained.resolve_config(cfg)  # model=hf: model.config read into the model keys
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
-    schema.validate(cfg, submitting=not cfg.dry_run)
+    validation.validate_config(cfg, submitting=not cfg.dry_run)
     _check_slurm_values(cfg)
     refuse_inject_unless_allowed(bool(cfg.faults.allow_inject))
     branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
@@ -55,8 +54,6 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
 def _check_slurm_values(cfg: DictConfig) -> None:
     """Every #SBATCH value and cluster.env name is checked whatever cluster.kind is: a config
     made for cluster=local is still refused, in one line, if it would not render for Slurm."""
-    from slurmtrain.login import flags
-
     flags.sbatch_options(cfg, f"st-{cfg.name}")
     flags.job_env(cfg)
 
@@ -84,8 +81,6 @@ def check(
     report = preflight.report(cfg, measured_tps=None)
     report.enforce(cfg)  # before printing: a refusal is one line
     if cfg.cluster.kind == "slurm":
-        from slurmtrain.login.slurm_submit import check_cluster
-
         planned_time = cfg.cluster.time
         check_cluster(cfg)
         if cfg.cluster.time != planned_time:  # auto planned again from the partition's MaxTime
@@ -95,7 +90,7 @@ def check(
         print(report.text)
     # Fingerprinted, then written (record): secrets as references, so neither config.yaml nor the
     # run's name depends on a key's value (a rotated token resumes the same run).
-    data = secrets.referenced(OmegaConf.to_container(cfg, resolve=True))
+    data = secrets.referenced(schema.plain(cfg))
     run = rundir.locate(cfg, data)
     if locks is not None:
         try:
@@ -125,11 +120,9 @@ def check(
 
 def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
     """Write the run's config, overrides and provenance. `durable=False` (a sweep): nothing is
-    fsynced here; the caller makes every point's config durable together (`persist`).
+    fsynced here; the caller makes every point's config durable together (durable.persist).
     Secrets: references in config.yaml, overrides.yaml and provenance; values in the 0600
     RUN_DIR/secrets.env the batch script sources (common/secrets.py)."""
-    from slurmtrain.common import provenance
-
     overrides = secrets.redact_overrides(overrides)
     data = p.data if p.data is not None else secrets.referenced(p.cfg)
     if p.cfg.resume_from:  # the parent's step is pinned before the branch exists
@@ -145,36 +138,3 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
         f"submit_{len(p.run.run_events('submitted')) + 1}",
         extra={"overrides": overrides},
     )
-
-
-def in_parallel(job: Callable[[T], object], items: Iterable[T], workers: int = 8) -> None:
-    """`job` (file writes, little Python) on every item, on a few threads: on a busy or network
-    filesystem each file creation or fsync can wait milliseconds, and a sweep does a few per
-    point; the waits overlap. The first failure is raised (after the others finished)."""
-    items = list(items)
-    if len(items) < 2:
-        for item in items:
-            job(item)
-        return
-    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
-        for future in [pool.submit(job, item) for item in items]:
-            future.result()
-
-
-def persist(paths: Iterable[Path]) -> None:
-    """fsync every path (files, and directories for their new entries), side by side: concurrent
-    fsyncs share the filesystem's journal commits, so a 64-point sweep's ~200 cost about what a
-    few do one after the other; and unlike sync/syncfs, nobody else's unwritten data is waited
-    for."""
-    in_parallel(_fsync, sorted(set(paths)), workers=16)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # a directory on a filesystem that cannot fsync one: nothing more to do
-        if not path.is_dir():
-            raise
-    finally:
-        os.close(fd)

@@ -15,77 +15,35 @@ import time
 import uuid
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, TypedDict, Unpack
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 from omegaconf import DictConfig
 
-from slurmtrain.common import secrets, slurm_cmd, slurm_text
+from slurmtrain.common import secrets, slurm_cmd
+from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
+from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.login import container, flags, stage_env
-from slurmtrain.login.submit import Submission
+from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.submission import Submission
+
+if TYPE_CHECKING:
+    from submitit import SlurmExecutor
+
+
+class SmokeLink(TypedDict, total=False):
+    """What ties a smoke chain's jobs together in their `submitted` rows (login/smoke.py)."""
+
+    smoke_run: str  # on the big run: the smoke run that gates it
+    smoke_job_id: Optional[str]
+    smoke_of: str  # on a smoke job: the big run it gates
+    smoke_part: int
+    smoke_job_ids: list[str]  # on the big run: both smoke jobs
+
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
-
-
-@functools.lru_cache(maxsize=1)
-def partitions() -> dict:
-    """The cluster's partitions, asked once per process (a sweep checks every point): those the
-    cluster=auto probe read already, else Slurm's answer now."""
-    from slurmtrain.login import placement
-
-    known = placement.probe_slurm().partitions
-    return known if known is not None else slurm_cmd.query_partitions()
-
-
-def check_cluster(cfg: DictConfig) -> None:
-    """Refuse, before anything is queued, what this cluster's partitions cannot run."""
-    try:
-        known = partitions()
-    except slurm_text.SlurmError as err:
-        raise ConfigError(
-            f"cluster.kind=slurm: cannot reach Slurm ({err}); run on a login node "
-            f"or use cluster=local"
-        ) from None
-    from slurmtrain.login.placement import chosen_partition
-    from slurmtrain.planning import policy
-
-    part = chosen_partition(cfg.cluster.partition, known)
-    policy.replan_time(cfg, part)  # cluster.time=auto planned without the partition: its MaxTime
-    spares = int(cfg.faults.spare_nodes)
-    errors = slurm_text.validate_request(
-        cfg.cluster.partition,
-        node_range(cfg.nodes)[1] + spares,
-        cfg.cluster.time,
-        cfg.gpus_per_node,
-        known,
-        keys={
-            "nodes": "nodes+faults.spare_nodes" if spares else "nodes",
-            "gpus_per_node": "gpus_per_node",
-        },
-    )
-    if errors:
-        raise ConfigError(errors[0])
-    if part is not None:
-        from slurmtrain.planning.shapes import param_count
-
-        refused = flags.cpu_plan_refusal(cfg, part, param_count(cfg.model), _insisted_cpu())
-        if refused:
-            raise ConfigError(refused)
-
-
-def _insisted_cpu() -> bool:
-    """Did the user pass gpus_per_node=0 (not `auto` resolved to 0)? Read from Hydra's
-    overrides of this command; False outside Hydra's main."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        given = list(HydraConfig.get().overrides.task)
-    except (ImportError, ValueError):
-        return False
-    return any(o.lstrip("+").replace(" ", "") == "gpus_per_node=0" for o in given)
 
 
 def job_name(cfg: DictConfig) -> str:
@@ -103,7 +61,7 @@ def run_tag(run_dir: str | Path) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _template():
+def _template() -> Template:
     """Compiled once per process (a 64-point sweep renders it 65 times)."""
     env = Environment(
         loader=FileSystemLoader(str(files(TEMPLATES))),
@@ -170,7 +128,9 @@ def render_script(
     )
 
 
-def render_sbatch(cfg: DictConfig, run: RunDir, options: Optional[dict] = None) -> str:
+def render_sbatch(
+    cfg: DictConfig, run: RunDir, options: Optional[dict[str, flags.Flag]] = None
+) -> str:
     """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array).
     `options`: flags.sbatch_options(cfg, job_name(cfg)) when the caller has them already."""
     logs = flags.checked("runs_root", str(run.logs))
@@ -189,7 +149,7 @@ def executor(
     parallelism: int = 0,
     after: Optional[str] = None,
     array_map: Optional[str] = None,
-):
+) -> SlurmExecutor:
     """submitit's SlurmExecutor submitting slurmtrain's own batch script (`render_script`).
 
     submitit keeps what it is good at: sbatch, job ids, job arrays, job objects. Its generated
@@ -197,7 +157,7 @@ def executor(
     environment and supervisor that every restart and a hand `sbatch job.sbatch` run.
     `target`: [run_dir]. `after`: a job id this one waits for (afterok); at submission only:
     job.sbatch never carries it, so a hand resubmission does not wait for a job long gone."""
-    import submitit
+    import submitit  # start-up speed: only when queueing
     from submitit.core.utils import JobPaths
     from submitit.slurm.slurm import SlurmJob
 
@@ -218,7 +178,7 @@ def executor(
         else f"{flags.checked('runs_root', run_dir)}/logs/%j.batch.out"
     )
 
-    class _Executor(submitit.SlurmExecutor):
+    class _Executor(submitit.SlurmExecutor):  # type: ignore[misc]  # submitit: not followed
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             opts = dict(options)
             count = self.parameters.get("map_count")
@@ -226,7 +186,7 @@ def executor(
                 opts["array"] = f"0-{count - 1}%{min(count, parallelism or 256)}"
             return render_script(cfg, run_dir, opts, batch_log, array_map)
 
-        def _submit_command(self, command: str):
+        def _submit_command(self, command: str) -> SlurmJob:
             """submitit's own, with sbatch retried on transient errors and never twice queued
             (common/slurm_cmd.sbatch: a unique --comment token checked before each retry)."""
             uid = uuid.uuid4().hex
@@ -239,7 +199,7 @@ def executor(
             job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
             return job
 
-        def _internal_process_submissions(self, delayed):
+        def _internal_process_submissions(self, delayed: list[object]) -> list[SlurmJob]:
             # Nothing to pickle: the script runs `python -m slurmtrain.compute.attempt RUN_DIR`.
             Path(self.folder).mkdir(parents=True, exist_ok=True)
             if len(delayed) == 1:
@@ -277,7 +237,9 @@ def prepare(cfg: DictConfig, run: RunDir) -> None:
     container.write_bundle(cfg, run.path)  # cluster.container=oci: RUN_DIR/oci/config.json
 
 
-def submit(cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: Any) -> Submission:
+def submit(
+    cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: Unpack[SmokeLink]
+) -> Submission:
     """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
     prepare(cfg, run)
     job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(_no_task)
@@ -298,10 +260,8 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
     """One `sbatch --array` for every sweep point (they must share their Slurm flags).
 
     The points' configs and the array's map are made durable together before sbatch, their
-    `submitted` events together after it (login/prepare.persist: the fsyncs run side by side
+    `submitted` events together after it (common/durable.persist: the fsyncs run side by side
     instead of one after the other), so a crash cannot lose what was queued."""
-    from slurmtrain.login.prepare import in_parallel, persist
-
     if not items:
         return []
     first = items[0][0]

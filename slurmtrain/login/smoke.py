@@ -1,24 +1,20 @@
-"""`smoke=true`: think before you train. A small job first; the big one starts only if it passed.
+"""`smoke=true`: a small job first; the big one starts only if it passed.
 
-The smoke run is the same code, data and model family at a size that starts at once: 1 node, at
-most 2 layers, 20 steps, the same micro batch and gradient accumulation per rank. It is two Slurm
-jobs on one run directory: the first saves at step 10 and stops (`train.pause_at_step`), the second
-(`afterok` on the first) resumes from that checkpoint in fresh processes and finishes, so the save
-AND the load are proven through the real resume path. Every failure budget except preemption's is
-0: any failure stops the smoke run, and the supervisor then exits non-zero (the job is FAILED).
-The big job is queued with `--dependency=afterok:<second smoke job>` and `--kill-on-invalid-dep`:
-when the smoke fails Slurm cancels it before it ever starts, and `status` shows it blocked with
-the smoke run's last error. Login node: no torch.
+The smoke run is the same code, data and model family at 1 node, at most 2 layers, 20 steps. It is
+two jobs on one run directory: the first saves at step 10 and stops, the second (`afterok`)
+resumes in fresh processes and finishes, so save AND load are proven through the real resume path;
+every failure budget but preemption's is 0. The big job waits with `afterok` and
+`--kill-on-invalid-dep`: Slurm cancels it if the smoke fails, and `status` shows why.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, TypedDict
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import ledger, rundir, schema
+from slurmtrain.common import derived, ledger, rundir, validation
 from slurmtrain.login.prepare import Prepared, record
 from slurmtrain.planning import preflight
 
@@ -31,8 +27,8 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     """The smoke run's config, derived from the big run's resolved one."""
     small = cfg.copy()
     OmegaConf.set_readonly(small, False)
-    world_big = schema.world_size(cfg)
-    accum = schema.grad_accumulation(cfg, world_big)
+    world_big = derived.world_size(cfg)
+    accum = derived.grad_accumulation(cfg, world_big)
     small.name = f"{cfg.name}{SMOKE_SUFFIX}"
     small.smoke = False
     small.nodes = 1
@@ -45,11 +41,13 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     small.checkpoint.interval_steps = SMOKE_SAVE_STEP
     small.checkpoint.interval_minutes = 0.0
     # Same work per rank and step as the big run (same memory profile), on one node.
-    small.train.global_batch_size = cfg.train.micro_batch_size * accum * schema.world_size(small, 1)
+    small.train.global_batch_size = (
+        cfg.train.micro_batch_size * accum * derived.world_size(small, 1)
+    )
     for cls in ledger.FAILURE_CLASSES:
         if cls != ledger.PREEMPTED:  # a preempted smoke is requeued under the same job id
             small.faults[f"max_{cls}"] = 0
-    schema.validate(small, submitting=True)
+    validation.validate_config(small, submitting=True)
     return small
 
 
@@ -86,7 +84,7 @@ def locate_smoke(small: DictConfig) -> tuple[rundir.RunDir, bool]:
 
 def submit_chain(big: Prepared, overrides: list[str]) -> int:
     """Smoke jobs, then the big job after them. `big` is checked, not yet recorded."""
-    from slurmtrain.login import slurm_submit
+    from slurmtrain.login import slurm_submit  # start-up speed: jinja2, for a smoke chain only
 
     small = smoke_config(big.cfg)
     smoke_run, passed = locate_smoke(small)
@@ -118,9 +116,17 @@ def submit_chain(big: Prepared, overrides: list[str]) -> int:
     return 0
 
 
-def blocked(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """Why a big run that has not started waits or will never start, from its smoke run:
-    {"state", "class", "error", "smoke_run"}; None when no smoke holds it (or it passed)."""
+# Why a big run waits for (or was cancelled by) its smoke run: what `cli status` shows.
+SmokeHold = TypedDict(
+    "SmokeHold",
+    {"state": str, "class": Optional[str], "error": Optional[str], "smoke_run": str},
+    total=False,  # merged into a status row
+)
+
+
+def blocked(events: rundir.Rows) -> Optional[SmokeHold]:
+    """Why a big run that has not started waits or will never start, from its smoke run; None
+    when no smoke holds it (or it passed)."""
     subs = [e for e in events if e["event"] == "submitted"]
     if not subs or not subs[-1].get("smoke_run") or not subs[-1].get("smoke_job_id"):
         return None

@@ -1,19 +1,12 @@
 """cluster.stage_env: the ranks run Python from a node-local copy of the environment.
 
-At scale every rank imports torch, deepspeed and transformers (thousands of files, ~2 GB of
-metadata and reads) from the shared filesystem at the same second: an import storm that slows
-every start and the filesystem for everyone. With the option on:
-- the login node packs the environment (the venv `sys.prefix` of the submitting python) once into
-  `<stage_env_cache>/<key>.tar.zst` (zstd when installed, else a plain tar); the key hashes the
-  prefix, the Python version and the site-packages listing, so resubmissions reuse the pack;
-- the batch script runs one task per node that unpacks it into
-  `<stage_env_dir>/slurmtrain-env-<key>-<node>` unless that node already has it (an earlier
-  attempt or job): the node name in the path keeps nodes that share one disk (the local test
-  cluster's fake nodes) apart; on a real cluster each node's /tmp is its own anyway;
-- every rank execs that copy's python (its site-packages: torch from node-local disk); a node whose
-  copy is missing (unpack failed: disk full, no zstd) runs the shared python, which still works.
-The Python standard library stays where the base interpreter is (the venv links to it); slurmtrain
-itself, when installed editable, is still read from its source tree (a few files).
+Thousands of ranks importing torch from the shared filesystem at the same second slow every start
+(and the filesystem for everyone). With the option on, the login node packs the venv once
+(`<stage_env_cache>/<key>.tar.zst`, the key hashing prefix, Python version and site-packages, so
+resubmissions reuse it); the batch script unpacks it once per node into
+`<stage_env_dir>/slurmtrain-env-<key>-<node>` (the node name keeps nodes sharing one disk apart),
+and every rank execs that copy's python. A node without a copy runs the shared python, which
+still works.
 """
 
 from __future__ import annotations
@@ -25,7 +18,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
+
+from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
 
@@ -70,17 +65,17 @@ def pack_key(prefix: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_dir(cfg: Any) -> Path:
+def cache_dir(cfg: DictConfig) -> Path:
     """Where packs live: cluster.stage_env_cache, else <runs_root>/.env_packs (compute nodes read
     runs_root, so it is on a filesystem they see)."""
     return Path(cfg.cluster.stage_env_cache or Path(str(cfg.runs_root)) / ".env_packs").expanduser()
 
 
-def pack_path(cfg: Any, key: str) -> Path:
+def pack_path(cfg: DictConfig, key: str) -> Path:
     return cache_dir(cfg) / (f"{key}.tar.zst" if shutil.which("zstd") else f"{key}.tar")
 
 
-def ensure_pack(cfg: Any) -> Path:
+def ensure_pack(cfg: DictConfig) -> Path:
     """The pack of this environment, made now unless an identical one exists (login node)."""
     prefix = environment_prefix()
     path = pack_path(cfg, pack_key(prefix))
@@ -110,12 +105,12 @@ def ensure_pack(cfg: Any) -> Path:
     return path
 
 
-def stem(cfg: Any, key: str) -> str:
+def stem(cfg: DictConfig, key: str) -> str:
     """Each node's copy: this plus its node name (SLURMD_NODENAME)."""
     return f"{str(cfg.cluster.stage_env_dir).rstrip('/')}/{PREFIX}{key}-"
 
 
-def script_values(cfg: Any, pack: bool = False) -> Optional[dict[str, str]]:
+def script_values(cfg: DictConfig, pack: bool = False) -> Optional[dict[str, str]]:
     """What the batch script's staging block needs (None: the option is off). `pack`: make the
     pack now (submission); a dry run only names it."""
     if not cfg.cluster.stage_env:
@@ -126,7 +121,7 @@ def script_values(cfg: Any, pack: bool = False) -> Optional[dict[str, str]]:
     return {"stem": stem(cfg, key), "archive": str(archive), "unpack": UNPACK}
 
 
-def python_command(cfg: Any, shared: list[str]) -> list[str]:
+def python_command(cfg: DictConfig, shared: list[str]) -> list[str]:
     """The ranks' interpreter: this node's staged python, falling back to `shared`'s."""
     key = pack_key(environment_prefix())
     return ["/bin/sh", "-c", RUN, stem(cfg, key), *shared]

@@ -15,7 +15,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from slurmtrain.common.errors import ConfigError
 
@@ -61,14 +61,18 @@ def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
     return math.sqrt(2.0 * save * mtbf)
 
 
+def _seconds(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
 def measured_save_seconds(
-    ledger: Sequence[dict], last: int = 5, worst: bool = False, key: str = "seconds"
+    ledger: Sequence[Mapping[str, object]], last: int = 5, worst: bool = False, key: str = "seconds"
 ) -> Optional[float]:
     """The run's save time from its last `last` saves (ledger rows; None before the first save):
     their median, or with `worst` the longest. `key`: seconds (what blocked the loop) or
     total_seconds (until published, async saves included; falls back to seconds)."""
     secs = [
-        float(e.get(key) or e.get("seconds") or 0)
+        _seconds(e.get(key)) or _seconds(e.get("seconds"))
         for e in ledger
         if e.get("event", "checkpoint_saved") == "checkpoint_saved"
     ]
@@ -131,7 +135,10 @@ def analytic(interval: float, save: float, restart: float, mtbf: float, wall: fl
 
 def optimal_interval(save: float, restart: float, mtbf: float) -> float:
     """The exact optimum of the analytic model, by golden-section search on log(interval)."""
-    f = lambda x: -interval_goodput(math.exp(x), save, restart, mtbf)  # noqa: E731
+
+    def f(x: float) -> float:
+        return -interval_goodput(math.exp(x), save, restart, mtbf)
+
     lo, hi = math.log(1e-3 * mtbf + 1e-9), math.log(10 * mtbf)
     g = (math.sqrt(5) - 1) / 2
     for _ in range(200):
@@ -150,7 +157,8 @@ def interval_goodput(interval: float, save: float, restart: float, mtbf: float) 
 
 def failure_times(mtbf: float, wall: float, rng: random.Random) -> list[float]:
     """One trial's failure instants in [0, wall): exponential gaps of mean `mtbf`."""
-    out, t = [], 0.0
+    out: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(1.0 / mtbf)
         if t >= wall:

@@ -1,25 +1,14 @@
 """Phase deadlines of an attempt: how long each phase may go without a heartbeat (else: a hang).
 
-A single hang window cannot fit both a training step (seconds) and a 66B start-up (a load, a
-universal conversion, a save of minutes). Each phase gets its own deadline:
-
-- `step`, `eval`: `faults.hang_timeout_s` (no step progress for this long);
-- start-up phases without bulk IO (rendezvous, health gate, model build): `faults.startup_timeout_s`;
-- IO phases (verify, convert, load, save): `faults.io_floor_s + seconds * faults.io_safety`, where
-  `seconds` is the bytes the phase really moves at the job's aggregate rate. The planned rates
-  `faults.io_write_mb_per_s` / `faults.io_read_mb_per_s` are per node (what one node's ranks get
-  together from the shared filesystem), so the job's rate is that x nodes. All ranks move their own
-  bytes at once: the phase takes max(total bytes / (rate x nodes), busiest node's bytes / rate).
-  Under ZeRO-1/2 a save's total is the sum of the ranks' shards (`layout`; the module file holds
-  no weights), not the busiest rank x world. Once the run measured its IO (ledger rows
-  `checkpoint_saved`, `checkpoint_verified`, `checkpoint_loaded`: `bytes` = all ranks',
-  `rank_bytes` = the busiest rank's), the measured rates replace the planned ones: a save is
-  timed by its busiest rank's measured rate (the next save has the same layout); reads keep the
-  per-node model (a verification's layout, one rank checking the module file, is not a load's,
-  every rank reading it, so the busiest rank's rate of one would misjudge the other).
-
-A heartbeat within a phase (a shard writer's chunk, a loader's file) starts its deadline over.
-Pure arithmetic: no torch, no filesystem.
+One hang window cannot fit both a training step (seconds) and a 66B start-up (minutes of IO), so:
+- `step`, `eval`: `faults.hang_timeout_s`;
+- start-up phases without bulk IO (rendezvous, health gate, build): `faults.startup_timeout_s`;
+- IO phases (verify, convert, load, save): `faults.io_floor_s + seconds x faults.io_safety`, the
+  seconds being the bytes the phase moves at the job's rate: the per-node `faults.io_*_mb_per_s`
+  x nodes, all ranks at once, so max(total / (rate x nodes), busiest node's bytes / rate).
+Once the ledger has measured IO, its rates replace the planned ones: a save is timed by its
+busiest rank's measured rate; reads keep the per-node model (a verification's layout is not a
+load's). A heartbeat within a phase starts its deadline over. Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -27,7 +16,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
+
+from slurmtrain.planning.shapes import param_count
+
+if TYPE_CHECKING:
+    from slurmtrain.common.schema import FaultsConfig, RootConfig
+
+Row = Mapping[str, object]  # a ledger row (common/ledger.py)
 
 MB = 1_000_000
 # A collective's timeout exceeds the deadline of the phase it waits in by this margin, so the
@@ -93,11 +89,19 @@ def _moved(nbytes: Bytes, world: int, per_node: int) -> Moved:
     return Moved(b, b * per_node, b * world)
 
 
-def _nodes(e: dict[str, Any]) -> int:
-    return max(1, len(e.get("nodes") or ()) or 1)
+def _number(row: Row, key: str) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
-def _rates(events: Iterable[dict[str, Any]], kinds: tuple[str, ...], last: int) -> list[tuple]:
+def _nodes(e: Row) -> int:
+    nodes = e.get("nodes")
+    return max(1, len(nodes) if isinstance(nodes, (list, tuple)) else 0)
+
+
+def _rates(
+    events: Iterable[Row], kinds: tuple[str, ...], last: int
+) -> list[tuple[float, Optional[float]]]:
     """(per-node rate, busiest rank's rate or None) of the newest `last` events of `kinds`: their
     `bytes` (all ranks; else the busiest rank's `rank_bytes` x `world_size`) over their nodes and
     seconds (until published, for async saves)."""
@@ -105,27 +109,27 @@ def _rates(events: Iterable[dict[str, Any]], kinds: tuple[str, ...], last: int) 
     for e in events:
         if e.get("event") not in kinds or e.get("ok") is False:
             continue
-        seconds = float(e.get("total_seconds") or e.get("seconds") or 0)
-        rank = float(e.get("rank_bytes") or 0)
-        nbytes = float(e.get("bytes") or rank * int(e.get("world_size") or 1))
+        seconds = _number(e, "total_seconds") or _number(e, "seconds")
+        rank = _number(e, "rank_bytes")
+        nbytes = _number(e, "bytes") or rank * int(_number(e, "world_size") or 1)
         if nbytes and seconds > 0:
             found.append((nbytes / seconds / _nodes(e), rank / seconds if rank else None))
     return found[-last:]
 
 
-def measured_write_bps(events: Iterable[dict[str, Any]], last: int = 5) -> Optional[float]:
+def measured_write_bps(events: Iterable[Row], last: int = 5) -> Optional[float]:
     """The slowest per-node write rate of the run's last saves (None before its first save)."""
     rates = _rates(events, WRITES, last)
     return min(r for r, _ in rates) if rates else None
 
 
-def measured_read_bps(events: Iterable[dict[str, Any]], last: int = 5) -> Optional[float]:
+def measured_read_bps(events: Iterable[Row], last: int = 5) -> Optional[float]:
     """The median per-node read rate of the run's last verifications and loads (None: never)."""
     rates = _rates(events, READS, last)
     return statistics.median(r for r, _ in rates) if rates else None
 
 
-def _slowest_rank_bps(events: list[dict[str, Any]]) -> Optional[float]:
+def _slowest_rank_bps(events: list[Row]) -> Optional[float]:
     """The slowest busiest-rank write rate of the run's last saves (None: never measured)."""
     rates = [r for _, r in _rates(events, WRITES, 5) if r]
     return min(rates) if rates else None
@@ -184,7 +188,7 @@ class Deadlines:
         """The deadline of a phase that has no byte count."""
         return self.step_s if phase in (STEP, EVAL) else self.startup_s
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """The `deadlines` ledger row: what this attempt allows and where the rates came from."""
         return {
             "step_s": self.step_s,
@@ -200,18 +204,18 @@ class Deadlines:
         }
 
 
-def _attempt_nodes(events: list[dict[str, Any]], world: int) -> int:
+def _attempt_nodes(events: list[Row], world: int) -> int:
     """The nodes of this attempt: its `started` row (the newest of this world size); 1 when
     unknown, which overestimates a node's bytes (a longer deadline, never a false hang)."""
     for e in reversed(events):
-        if e.get("event") == "started" and int(e.get("world_size") or 0) == world:
+        if e.get("event") == "started" and int(_number(e, "world_size")) == world:
             return _nodes(e)
     return 1
 
 
 def from_config(
-    faults: Any,
-    events: Iterable[dict[str, Any]] = (),
+    faults: FaultsConfig,
+    events: Iterable[Row] = (),
     world: int = 1,
     nodes: Optional[int] = None,
 ) -> Deadlines:
@@ -235,9 +239,11 @@ def from_config(
     )
 
 
-def listed(manifest: dict[str, Any]) -> int:
+def listed(manifest: Mapping[str, object]) -> int:
     """The bytes of every file a checkpoint's manifest lists."""
-    return sum(int(f.get("size", 0)) for f in (manifest.get("files") or {}).values())
+    files = manifest.get("files")
+    entries = files.values() if isinstance(files, dict) else ()
+    return sum(int(f.get("size", 0)) for f in entries if isinstance(f, dict))
 
 
 def weight_bytes(dtype: str) -> int:
@@ -245,10 +251,8 @@ def weight_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
-def config_layout(cfg: Any, world: int, nodes: int) -> Layout:
+def config_layout(cfg: RootConfig, world: int, nodes: int) -> Layout:
     """`layout` of a run's config (model shape, ZeRO stage, dtype) on `world` ranks, `nodes` nodes."""
-    from slurmtrain.planning.shapes import param_count
-
     gpus = cfg.gpus_per_node if isinstance(cfg.gpus_per_node, int) else 0
     dtype = str(cfg.deepspeed.dtype)
     if dtype == "auto":
@@ -260,13 +264,13 @@ def config_layout(cfg: Any, world: int, nodes: int) -> Layout:
     )
 
 
-def planned_save(cfg: Any, world: int, nodes: int) -> Moved:
+def planned_save(cfg: RootConfig, world: int, nodes: int) -> Moved:
     """What a save of this run moves on `nodes` nodes: the trainer's deadline before its first
     save (`Deadlines.save_s` takes it as is)."""
     return config_layout(cfg, world, nodes).save
 
 
-def planned_state_bytes(cfg: Any, world: int) -> int:
+def planned_state_bytes(cfg: RootConfig, world: int) -> int:
     """`checkpoint_bytes_per_rank` of a run's config (its model shape, ZeRO stage and dtype)."""
     return int(config_layout(cfg, world, 1).save.rank)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.slurm_text import parse_time
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,6 @@ class Eta:
 
 def slurm_time_seconds(text: str, key: str = "cluster.time") -> Optional[float]:
     """Slurm --time in seconds (slurm.parse_time's forms); None when unlimited; ConfigError if bad."""
-    from slurmtrain.common.slurm_text import parse_time
-
     try:
         seconds = parse_time(text)
     except ValueError:

@@ -1,36 +1,23 @@
-"""Per-GPU memory plan for a decoder (OPT, Llama-shaped, any config) under DeepSpeed ZeRO, and the cheapest setting that fits.
+"""Per-GPU memory plan for a decoder under DeepSpeed ZeRO, and the cheapest setting that fits.
 
 Pure arithmetic for the login node (no torch/deepspeed import): a job that cannot fit should fail
-here, not after hours in the queue.
-
-Model states follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`,
-`estimate_zero3_model_states_mem_needs`, deepspeed 0.19.8), per GPU, P params, N = nodes x GPUs,
-16-bit training (bf16/fp16; fp32 replaces every 2-byte term by 4):
-- stage 0: 2P params + (2P 16-bit + 4P fp32) grads + 12P optimizer (fp32 master + Adam m, v).
-- stage 1: 2P params + (2P full 16-bit grads + 4P/N fp32 grad partition) + 12P/N optimizer.
-  DeepSpeed has no stage-1 estimator; its zero2 formula (2P + 18P/N) assumes partitioned 16-bit
-  grads, which stage 1 does not do (grads stay whole until the boundary reduce), so stage 1 is
-  zero2's formula plus 2P(1 - 1/N).
-- stage 2: 2P + 18P/N, exactly zero2's "2 = params_16bit, 18 = 2 grads16 + 4 grads32 + 4 params32
-  + 8 optimizer". With offload_optimizer the 16 fp32 bytes/param live on CPU: GPU = 2P (stage 1:
-  4P, its whole 16-bit grads stay on GPU).
-- stage 3: 18P/N + 4L, L = largest module's params (a gathered 16-bit param + its 16-bit grad).
-  The 18 is DeepSpeed's budget: 2 params16 + 2 grads16 + 12 optimizer persist, plus 2 for the
-  fp32 grad copy stage 3 materialises one sub_group at a time in step(). Offload: GPU 2P/N + 4L
-  (optimizer), 4L (optimizer + params).
-CPU per node = 1.5 (DeepSpeed's additional_buffer_factor; PyTorch's pinned host allocator rounds
-blocks up to powers of two) x max(the fp32 model every rank builds at init, offloaded states);
-stage 3 under zero.Init builds layers on the GPU: offloaded states, else 4L per rank (DeepSpeed's).
-Stage 3's buffers: the reduce bucket, the params prefetched ahead and the persistent (whole) ones,
-from the run's own stage3_* settings (zero3_params.py).
-DeepSpeed's zero2+offload CPU figure, max(4 x total_gpus, 16) x P x 1.5, scales with *all* GPUs of
-the job; we use the per-node count (like its own stage-3 code), so the two agree on one node only.
+here, not after hours in the queue. Model states follow DeepSpeed 0.19.8's own estimators, per GPU,
+P params, N GPUs in all, 16-bit training (fp32 doubles every 2-byte term):
+- stage 0: 2P params + 6P grads (16-bit and fp32) + 12P optimizer (fp32 master, Adam m and v).
+- stage 1: zero2's formula plus 2P(1 - 1/N): its 16-bit grads stay whole until the reduce
+  (DeepSpeed has no stage-1 estimator).
+- stage 2: 2P + 18P/N (zero2's); offload_optimizer moves the 16 fp32 bytes/param to the host.
+- stage 3: 18P/N + 4L, L the largest module's params (one gathered param and grad); the 18 includes
+  the fp32 grad copy stage 3 materialises one sub_group at a time.
+Host memory per node = 1.5 (DeepSpeed's additional_buffer_factor) x max(the fp32 model every rank
+builds at init, the offloaded states); under zero.Init stage 3 builds layers on the GPU. Per node,
+not per job as DeepSpeed's zero2+offload estimate has it (the two agree on one node).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Mapping, NamedTuple, Optional, TypedDict
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
@@ -64,6 +51,16 @@ CPU_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
 LOGIT_BYTES = {2: 2 + 4 + 4, 4: 4 + 4 + 4}
 
 
+class Knobs(TypedDict):
+    """A Setting as `plan_memory` keyword arguments."""
+
+    stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    micro_batch: int
+    activation_checkpointing: bool
+
+
 @dataclass(frozen=True)
 class Setting:
     """The knobs the planner may turn: what `recommend` returns and the summary names."""
@@ -74,7 +71,7 @@ class Setting:
     micro_batch: int = 1
     activation_checkpointing: bool = False
 
-    def knobs(self) -> dict:
+    def knobs(self) -> Knobs:
         """This setting as `plan_memory` keyword arguments."""
         return {
             "stage": self.stage,
@@ -233,7 +230,7 @@ def plan_memory(
     reduce_bucket: int = REDUCE_BUCKET,
     overlap_comm: bool = False,
     device: str = "cuda",
-    zero3: Optional[Mapping[str, Any]] = None,
+    zero3: Optional[Mapping[str, object]] = None,
 ) -> MemoryPlan:
     """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
 
@@ -251,7 +248,12 @@ def plan_memory(
     d = DTYPE_BYTES[dtype]
     p, big, n = param_count(model), largest_layer_params(model), nodes * gpus_per_node
     master = 0 if (dtype == "fp32" and stage == 0) else 4  # ZeRO always keeps an fp32 copy
-    host = 0  # offloaded bytes per GPU
+    params: float
+    grads: float
+    optim: float
+    buffers: float
+    cpu: float
+    host: float = 0  # offloaded bytes per GPU
     if stage == 0:
         params, grads, optim = d * p, (d + master) * p, (8 + master) * p
     elif stage in (1, 2):
@@ -335,7 +337,7 @@ def recommend(
     attention: str = "sdpa",
     reduce_bucket: int = REDUCE_BUCKET,
     overlap_comm: bool = False,
-    zero3: Optional[Mapping[str, Any]] = None,
+    zero3: Optional[Mapping[str, object]] = None,
 ) -> Optional[Recommendation]:
     """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
 

@@ -15,13 +15,15 @@ Values set by hand always win. Pure arithmetic and config: no torch, no Slurm ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
-from omegaconf import DictConfig
-
+from slurmtrain.common.derived import node_range, resolved_dtype, tasks_per_node
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import ClusterKind, Container, RootConfig, VerifyMode
 from slurmtrain.common.slurm_text import PartitionInfo, format_time
 from slurmtrain.planning import ckpt_interval, deadlines, flops
+from slurmtrain.planning.deadlines import Row
+from slurmtrain.planning.eta import slurm_time_seconds
 
 AUTO = "auto"
 CPU_INTERVAL_STEPS = 25  # demos and tests on CPU ranks: the interval they always had
@@ -41,8 +43,6 @@ def time_limit(
     capped at `cap`, else (partition unknown or UNLIMITED) the cap."""
     if str(requested) != AUTO:
         return str(requested), "set by hand"
-    from slurmtrain.planning.eta import slurm_time_seconds
-
     cap_s = slurm_time_seconds(cap, "cluster.time_cap")
     if cap_s is None:
         raise ConfigError(
@@ -62,7 +62,7 @@ def time_limit(
     return format_time(part.max_time_s), f"partition {part.name}'s MaxTime"
 
 
-def resolve_time(cfg: DictConfig, part: Optional[PartitionInfo], why: str = "") -> str:
+def resolve_time(cfg: RootConfig, part: Optional[PartitionInfo], why: str = "") -> str:
     """Fill `cluster.time=auto` (mutates cfg; `cluster.time_from` says where it came from)."""
     value, note = time_limit(AUTO, cfg.cluster.time_cap, part, why)  # checks the cap, always
     if str(cfg.cluster.time) != AUTO:
@@ -71,7 +71,7 @@ def resolve_time(cfg: DictConfig, part: Optional[PartitionInfo], why: str = "") 
     return note
 
 
-def replan_time(cfg: DictConfig, part: Optional[PartitionInfo]) -> None:
+def replan_time(cfg: RootConfig, part: Optional[PartitionInfo]) -> None:
     """A `cluster.time=auto` planned before the partition was read (detection off, or Slurm not
     asked yet) is planned again from the partition the job goes to: its MaxTime, not the cap."""
     planned = cfg.cluster.time_from
@@ -81,26 +81,18 @@ def replan_time(cfg: DictConfig, part: Optional[PartitionInfo]) -> None:
         cfg.cluster.time, cfg.cluster.time_from = time_limit(AUTO, cfg.cluster.time_cap, part)
 
 
-def _dtype(cfg: Any) -> str:
-    if cfg.deepspeed.dtype == "auto":
-        return "bf16" if cfg.gpus_per_node > 0 else "fp32"
-    return str(cfg.deepspeed.dtype)
-
-
-def _per_node(cfg: Any) -> int:
-    return int(cfg.gpus_per_node) if cfg.gpus_per_node > 0 else int(cfg.cluster.cpu_tasks_per_node)
-
-
-def checkpoint_layout(cfg: Any, nodes: int) -> deadlines.Layout:
+def checkpoint_layout(cfg: RootConfig, nodes: int) -> deadlines.Layout:
     """The bytes each IO phase of this run's checkpoint moves on `nodes` nodes."""
-    return deadlines.config_layout(cfg, nodes * _per_node(cfg), nodes)
+    return deadlines.config_layout(cfg, nodes * tasks_per_node(cfg), nodes)
 
 
-def attempt_deadlines(cfg: Any, nodes: int, events: Iterable[dict] = ()) -> deadlines.Deadlines:
-    return deadlines.from_config(cfg.faults, events, nodes * _per_node(cfg), nodes)
+def attempt_deadlines(
+    cfg: RootConfig, nodes: int, events: Iterable[Row] = ()
+) -> deadlines.Deadlines:
+    return deadlines.from_config(cfg.faults, events, nodes * tasks_per_node(cfg), nodes)
 
 
-def tokens_per_step(cfg: Any, world: int) -> Optional[float]:
+def tokens_per_step(cfg: RootConfig, world: int) -> Optional[float]:
     t, seq = cfg.train, cfg.data.seq_len
     if t.global_batch_size is not None:
         return float(t.global_batch_size * seq)
@@ -109,10 +101,10 @@ def tokens_per_step(cfg: Any, world: int) -> Optional[float]:
     return float(t.micro_batch_size * t.grad_accumulation * world * seq)
 
 
-def planned_tokens_per_s(cfg: Any, world: int) -> tuple[Optional[float], str]:
+def planned_tokens_per_s(cfg: RootConfig, world: int) -> tuple[Optional[float], str]:
     """The throughput a plan assumes before one was measured: the GPU's peak x `mfu_guess`
     (None on CPUs or an unlisted GPU without `peak_tflops`: no honest guess)."""
-    peak = cfg.peak_tflops or flops.detect_peak(cfg.cluster.gpu_type, _dtype(cfg))
+    peak = cfg.peak_tflops or flops.detect_peak(cfg.cluster.gpu_type, resolved_dtype(cfg))
     if (cfg.gpus_per_node == 0 and not cfg.peak_tflops) or not peak:
         return None, ""
     fpt = flops.flops_per_token(cfg.model, cfg.data.seq_len)
@@ -132,10 +124,10 @@ class CheckpointPlan:
     step_s: Optional[float]  # planned step time (None: no throughput guess)
     layout: deadlines.Layout
 
-    def chosen_s(self, cfg: Any) -> Optional[float]:
+    def chosen_s(self, cfg: RootConfig) -> Optional[float]:
         """The interval the run will use (whichever of steps and minutes comes first)."""
         c = cfg.checkpoint
-        found = []
+        found: list[float] = []
         if isinstance(c.interval_steps, int) and c.interval_steps > 0 and self.step_s:
             found.append(c.interval_steps * self.step_s)
         if c.interval_minutes:
@@ -153,7 +145,7 @@ class CheckpointPlan:
         )
 
 
-def checkpoints(cfg: Any, nodes: int, saves: Iterable[dict] = ()) -> CheckpointPlan:
+def checkpoints(cfg: RootConfig, nodes: int, saves: Iterable[Row] = ()) -> CheckpointPlan:
     """The checkpoint plan of this run on `nodes` nodes; `saves`: its `checkpoint_saved` rows."""
     lay = checkpoint_layout(cfg, nodes)
     d = attempt_deadlines(cfg, nodes)
@@ -163,10 +155,10 @@ def checkpoints(cfg: Any, nodes: int, saves: Iterable[dict] = ()) -> CheckpointP
     if async_save == AUTO:
         async_save = cfg.gpus_per_node > 0
     blocking = min(save, lay.save.rank / HOST_COPY_BPS + 1.0) if async_save else save
-    verify = d.seconds(lay.verify, False) if cfg.checkpoint.verify == "checksum" else 0.0
+    verify = d.seconds(lay.verify, False) if cfg.checkpoint.verify == VerifyMode.checksum else 0.0
     restart = STARTUP_S + verify + d.seconds(lay.load, False)
     mtbf = float(cfg.faults.node_mtbf_h) * HOUR / max(1, nodes)
-    world = nodes * _per_node(cfg)
+    world = nodes * tasks_per_node(cfg)
     tps, _ = planned_tokens_per_s(cfg, world)
     per_step = tokens_per_step(cfg, world)
     return CheckpointPlan(
@@ -181,10 +173,8 @@ def checkpoints(cfg: Any, nodes: int, saves: Iterable[dict] = ()) -> CheckpointP
     )
 
 
-def resolve_checkpoint(cfg: DictConfig, saves: Iterable[dict] = ()) -> None:
+def resolve_checkpoint(cfg: RootConfig, saves: Iterable[Row] = ()) -> None:
     """Fill `checkpoint.async_save=auto` and `checkpoint.interval_steps=auto` (mutates cfg)."""
-    from slurmtrain.common.schema import node_range
-
     c, gpus = cfg.checkpoint, cfg.gpus_per_node > 0
     if c.async_save == AUTO:
         c.async_save = gpus
@@ -214,12 +204,10 @@ def resolve_checkpoint(cfg: DictConfig, saves: Iterable[dict] = ()) -> None:
 STAGE_ENV_ADVISED_NODES = 16
 
 
-def stage_env_advice(cfg: Any) -> Optional[str]:
+def stage_env_advice(cfg: RootConfig) -> Optional[str]:
     """The plan's line when cluster.stage_env is advisable and off (None otherwise)."""
-    from slurmtrain.common.schema import node_range, tasks_per_node
-
     c, nodes = cfg.cluster, node_range(cfg.nodes)[1]
-    if c.kind != "slurm" or c.stage_env or c.container != "none":
+    if c.kind != ClusterKind.slurm or c.stage_env or c.container != Container.none:
         return None
     if nodes < STAGE_ENV_ADVISED_NODES:
         return None

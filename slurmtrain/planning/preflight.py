@@ -10,15 +10,15 @@ that does not fit the GPUs (exit 2, one line with the numbers and the setting th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
-
-from omegaconf import DictConfig
+from typing import Optional, Sequence, TypedDict
 
 from slurmtrain.common import ds_config
+from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dtype, tasks_per_node
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import grad_accumulation, node_range, resolved_dtype, tasks_per_node
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.planning import deadlines, eta, memory, policy
 from slurmtrain.planning.corpus_warning import corpus_warning
+from slurmtrain.planning.deadlines import Row
 
 
 @dataclass
@@ -30,12 +30,12 @@ class PlanReport:
     def text(self) -> str:
         return "\n".join(self.lines)
 
-    def enforce(self, cfg: DictConfig) -> None:
+    def enforce(self, cfg: RootConfig) -> None:
         if self.misfit and not cfg.force:
             raise ConfigError(f"{self.misfit} (force=true submits anyway)")
 
 
-def _setting(cfg: DictConfig) -> memory.Setting:
+def _setting(cfg: RootConfig) -> memory.Setting:
     ds = cfg.deepspeed
     return memory.Setting(
         ds.stage,
@@ -46,11 +46,20 @@ def _setting(cfg: DictConfig) -> memory.Setting:
     )
 
 
-def _buckets(cfg: DictConfig) -> dict:
+class Buckets(TypedDict, total=False):
+    """The ZeRO bucket keyword arguments of memory.plan_memory."""
+
+    reduce_bucket: int
+    overlap_comm: bool
+    zero3: dict[str, object]
+
+
+def _buckets(cfg: RootConfig) -> Buckets:
     """The ZeRO buckets DeepSpeed will allocate for this run (ds_config is what it trains with)."""
     zero = ds_config.zero_section(cfg)
-    buckets = {
-        "reduce_bucket": int(zero.get("reduce_bucket_size", memory.REDUCE_BUCKET)),
+    reduce = zero.get("reduce_bucket_size", memory.REDUCE_BUCKET)
+    buckets: Buckets = {
+        "reduce_bucket": int(reduce) if isinstance(reduce, (int, float, str)) else 0,
         "overlap_comm": bool(zero.get("overlap_comm", cfg.deepspeed.stage == 3)),
     }
     if cfg.deepspeed.stage == 3:  # its prefetch, live and persistence settings
@@ -58,7 +67,7 @@ def _buckets(cfg: DictConfig) -> dict:
     return buckets
 
 
-def memory_plan(cfg: DictConfig, nodes: int) -> memory.MemoryPlan:
+def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
     """Memory per rank of this run on `nodes` nodes: per GPU, or per CPU rank on CPUs."""
     return memory.plan_memory(
         cfg.model,
@@ -72,7 +81,7 @@ def memory_plan(cfg: DictConfig, nodes: int) -> memory.MemoryPlan:
     )
 
 
-def memory_lines(cfg: DictConfig, nodes: int, out: PlanReport) -> None:
+def memory_lines(cfg: RootConfig, nodes: int, out: PlanReport) -> None:
     gpus, dtype = cfg.gpus_per_node, resolved_dtype(cfg)
     seq, gpu_mem = cfg.data.seq_len, int(cfg.cluster.gpu_mem_gb * memory.GiB)
     cpu_mem = int(cfg.cluster.cpu_mem_gb * memory.GiB) if cfg.cluster.cpu_mem_gb else None
@@ -106,7 +115,7 @@ def _min(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def deadline_line(cfg: DictConfig, nodes: int) -> str:
+def deadline_line(cfg: RootConfig, nodes: int) -> str:
     """The phase deadlines an attempt on `nodes` nodes starts with (planning/deadlines.py)."""
     d = policy.attempt_deadlines(cfg, nodes)
     lay = policy.checkpoint_layout(cfg, nodes)
@@ -130,7 +139,7 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes < 1e10 else f"{nbytes / 1e9:.0f} GB"
 
 
-def checkpoint_line(cfg: DictConfig, nodes: int, plan: policy.CheckpointPlan) -> str:
+def checkpoint_line(cfg: RootConfig, nodes: int, plan: policy.CheckpointPlan) -> str:
     """The interval (Young/Daly's, or the one set by hand beside it) and what it costs."""
     c, lay = cfg.checkpoint, plan.layout
     world = nodes * tasks_per_node(cfg)
@@ -163,7 +172,7 @@ def checkpoint_line(cfg: DictConfig, nodes: int, plan: policy.CheckpointPlan) ->
     return line
 
 
-def time_line(cfg: DictConfig) -> str:
+def time_line(cfg: RootConfig) -> str:
     return (
         f"plan: time limit cluster.time={cfg.cluster.time} per attempt "
         f"({cfg.cluster.time_from or 'set by hand'})"
@@ -171,18 +180,19 @@ def time_line(cfg: DictConfig) -> str:
 
 
 def eta_line(
-    cfg: DictConfig, world: int, measured_tps: Optional[float], plan: policy.CheckpointPlan
+    cfg: RootConfig, world: int, measured_tps: Optional[float], plan: policy.CheckpointPlan
 ) -> Optional[str]:
     tps, source = measured_tps, "measured"
     if tps is None:
         tps, source = policy.planned_tokens_per_s(cfg, world)
         if tps is None:
             return None  # no honest guess for CPUs
-    c = cfg.checkpoint
+    c, steps, batch = cfg.checkpoint, cfg.train.max_steps, cfg.train.global_batch_size
+    assert steps is not None and batch is not None  # validation.resolve_batch filled them in
     est = eta.estimate_eta(
         current_step=0,
-        max_steps=cfg.train.max_steps,
-        tokens_per_step=cfg.train.global_batch_size * cfg.data.seq_len,
+        max_steps=steps,
+        tokens_per_step=batch * cfg.data.seq_len,
         tokens_per_s=tps,
         time_limit_s=eta.slurm_time_seconds(cfg.cluster.time)
         if cfg.cluster.kind == "slurm"
@@ -197,7 +207,7 @@ def eta_line(
     return f"plan: {eta.format_eta(est)} (at {tps:,.0f} tok/s, {source})"
 
 
-def save_seconds(cfg: DictConfig, saves: list[dict]) -> tuple[float, str]:
+def save_seconds(cfg: RootConfig, saves: Sequence[Row]) -> tuple[float, str]:
     """The time a full (synchronous) save takes for this run: measured (ledger) or planned from
     the bytes it moves over the aggregate write rate (planning/policy.py)."""
     low, _ = node_range(cfg.nodes)
@@ -205,7 +215,7 @@ def save_seconds(cfg: DictConfig, saves: list[dict]) -> tuple[float, str]:
     return plan.save_s, "measured" if plan.save_how == "measured" else "estimated"
 
 
-def lead_warning(cfg: DictConfig, saves: list[dict]) -> Optional[str]:
+def lead_warning(cfg: RootConfig, saves: Sequence[Row]) -> Optional[str]:
     """USR2 comes `signal_lead_s` before the time limit; the save must finish well inside it."""
     if cfg.cluster.kind != "slurm":
         return None
@@ -219,7 +229,7 @@ def lead_warning(cfg: DictConfig, saves: list[dict]) -> Optional[str]:
     )
 
 
-def report(cfg: DictConfig, measured_tps: Optional[float] = None) -> PlanReport:
+def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     low, high = node_range(cfg.nodes)
     per_node = tasks_per_node(cfg)
     out = PlanReport()

@@ -17,7 +17,12 @@ import functools
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional, Protocol
+from typing import Mapping, Optional, Protocol
+
+from omegaconf import DictConfig, OmegaConf
+
+from slurmtrain.common.hf_config import family_config
+from slurmtrain.common.schema import conf_dir
 
 # Families counted by arithmetic below, with their attention biases (q, k, v); the rest is measured.
 LLAMA_LIKE = {"llama": False, "mistral": False, "qwen2": True}
@@ -27,13 +32,20 @@ ARITHMETIC_FAMILIES = ("opt", *LLAMA_LIKE)
 class ModelShape(Protocol):
     """What the planner reads from a model config (slurmtrain.common.schema.ModelConfig has it)."""
 
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    ffn_dim: int
-    vocab_size: int
-    max_positions: int
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def ffn_dim(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_positions(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +64,7 @@ class Shape:
     family: str = "opt"
     num_kv_heads: Optional[int] = None
     tie_embeddings: bool = True
-    hf_extra: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    hf_extra: Mapping[str, object] = field(default_factory=dict, hash=False, compare=False)
 
 
 OptShape = Shape  # the name the OPT-only planner had
@@ -62,8 +74,9 @@ def family(model: ModelShape) -> str:
     return getattr(model, "family", None) or "opt"
 
 
-def extra(model: ModelShape) -> Mapping[str, Any]:
-    return getattr(model, "hf_extra", None) or {}
+def extra(model: ModelShape) -> Mapping[str, object]:
+    found = getattr(model, "hf_extra", None)
+    return found if isinstance(found, Mapping) and found else {}
 
 
 def embed_dim(model: ModelShape) -> int:
@@ -76,7 +89,12 @@ def kv_heads(model: ModelShape) -> int:
 
 def head_dim(model: ModelShape) -> int:
     """Per-head width: config.json's head_dim when it sets one, else hidden / heads."""
-    return int(extra(model).get("head_dim") or model.hidden_size // model.num_heads)
+    given = extra(model).get("head_dim")
+    return (
+        int(given)
+        if isinstance(given, (int, float)) and given
+        else model.hidden_size // model.num_heads
+    )
 
 
 def attention_width(model: ModelShape) -> int:
@@ -184,13 +202,10 @@ def _spec(model: ModelShape) -> str:
     return json.dumps(view, sort_keys=True)
 
 
-def _plain(value: Any) -> Any:
-    try:
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(value, resolve=True)
-    except ValueError:  # already a plain dict
-        return dict(value)
+def _plain(value: Mapping[str, object]) -> dict[str, object]:
+    """hf_extra as a plain dict: a DictConfig on the login side, a dict elsewhere."""
+    data = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+    return {str(key): item for key, item in data.items()} if isinstance(data, Mapping) else {}
 
 
 @functools.lru_cache(maxsize=16)
@@ -198,8 +213,6 @@ def _measured(spec: str) -> tuple[tuple[list[int], ...], int]:
     """(each module's parameter sizes, matmul weights) of the model built on the meta device."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from slurmtrain.common.hf_config import family_config
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(family_config(json.loads(spec)))
@@ -218,23 +231,20 @@ def _measured(spec: str) -> tuple[tuple[list[int], ...], int]:
 
 
 def conf_models() -> Path:
-    from slurmtrain.common.schema import conf_dir
-
     return Path(conf_dir()) / "model"
 
 
 @functools.lru_cache(maxsize=1)
 def shipped() -> dict[str, Shape]:
     """Every conf/model/*.yaml with its own shape (model=hf, which reads a folder, left out)."""
-    from omegaconf import OmegaConf
-
     names = {f.name for f in fields(Shape)}
     out = {}
     for path in sorted(conf_models().glob("*.yaml")):
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-        if "num_layers" not in data:
+        if not isinstance(data, dict) or "num_layers" not in data:
             continue
-        out[data["name"]] = Shape(**{k: v for k, v in data.items() if k in names})
+        shape = Shape(**{str(k): v for k, v in data.items() if k in names})
+        out[shape.name] = shape
     return out
 
 

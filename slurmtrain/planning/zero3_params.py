@@ -12,7 +12,7 @@ stage3_param_persistence_threshold elements is kept whole). Pure arithmetic: no 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from slurmtrain.common import ds_config
 from slurmtrain.planning import shapes
@@ -24,16 +24,22 @@ DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 DS_PERSISTENCE_THRESHOLD = 100_000
 
 
-def settings(model: ModelShape, zero: Optional[Mapping[str, Any]] = None) -> dict[str, int]:
+def settings(model: ModelShape, zero: Optional[Mapping[str, object]] = None) -> dict[str, int]:
     """The three stage-3 keys of `zero` (None: what slurmtrain gives DeepSpeed for this model,
     ds_config.stage3_section); a key missing from `zero` takes DeepSpeed's default."""
     if zero is None:
         zero = ds_config.stage3_section(model.hidden_size)
     return {
-        "prefetch": int(zero.get("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET)),
-        "max_live": int(zero.get("stage3_max_live_parameters", DS_MAX_LIVE_PARAMETERS)),
-        "persist": int(zero.get("stage3_param_persistence_threshold", DS_PERSISTENCE_THRESHOLD)),
+        "prefetch": _count(zero, "stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET),
+        "max_live": _count(zero, "stage3_max_live_parameters", DS_MAX_LIVE_PARAMETERS),
+        "persist": _count(zero, "stage3_param_persistence_threshold", DS_PERSISTENCE_THRESHOLD),
     }
+
+
+def _count(zero: Mapping[str, object], key: str, default: int) -> int:
+    """An element count of the zero section (deepspeed.extra may give it as 5e7)."""
+    value = zero.get(key, default)
+    return int(value) if isinstance(value, (int, float, str)) else default
 
 
 def tensor_sizes(model: ModelShape) -> list[int]:
@@ -53,7 +59,7 @@ def prefetched_elements(model: ModelShape, prefetch: int, max_live: int) -> int:
     return max(0, min(prefetch, max_live - big, p - big))
 
 
-def extra_gathered(model: ModelShape, zero: Optional[Mapping[str, Any]] = None) -> int:
+def extra_gathered(model: ModelShape, zero: Optional[Mapping[str, object]] = None) -> int:
     """Elements a stage-3 rank holds whole besides its partition and the running module."""
     s = settings(model, zero)
     return prefetched_elements(model, s["prefetch"], s["max_live"]) + persistent_elements(

@@ -30,12 +30,12 @@ SMALL = [
 def _cfg(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from slurmtrain.common import schema
+    from slurmtrain.common import schema, validation
 
     schema.register()
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=[*SMALL, *overrides])
-    schema.validate(cfg, submitting=False)
+    validation.validate_config(cfg, submitting=False)
     return cfg
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema
+from slurmtrain.common import schema, validation
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -43,7 +43,7 @@ def test_output_projections_are_scaled_by_one_over_sqrt_2L(monkeypatch):
                 "model.scaled_init=true",
             ],
         )
-    schema.validate(cfg, submitting=False)
+    validation.validate_config(cfg, submitting=False)
     net = model.build(cfg, ds_config.build(cfg, 1))
     scaled = 0.006 / math.sqrt(2 * 4)
     projections = model.output_projections(net)

@@ -13,6 +13,16 @@ import pytest
 from omegaconf import OmegaConf
 
 from slurmtrain.compute import data
+from slurmtrain.compute.context import RankContext
+from slurmtrain.compute.distributed import Placement
+from slurmtrain.compute.faults.watchdog import Watchdog
+
+
+def _ctx(tmp_path: Path, rank: int = 0, world: int = 1) -> RankContext:
+    """A rank's context for the Evaluator: its watchdog is never started."""
+    where = Placement(rank, 0, world, "127.0.0.1", 29500, None, "n1")
+    watchdog = Watchdog(60.0, tmp_path / "stacks.txt", lambda why: None, 1)
+    return RankContext(where, "cpu", lambda kind, **fields: None, watchdog)
 
 
 def _bin(path: Path, tokens: np.ndarray) -> str:
@@ -76,7 +86,7 @@ def _shares(ids: list[int], world: int) -> list[list[int]]:
     )
     out = []
     for rank in range(world):
-        ev = Evaluator(data.Data(None, None, None, ids), cfg, rank, world, None)
+        ev = Evaluator(data.Data(None, None, None, ids), cfg, _ctx(Path("."), rank, world))
         out.append([i for batch, w in ev.plan() for i, wi in zip(batch, w) if wi > 0])
         shapes = [len(b) for b, _ in ev.plan()]
         out[-1].append(tuple(shapes))  # every rank: the same batches (ZeRO-3 forwards)
@@ -151,7 +161,7 @@ def test_a_stop_signal_during_evaluation_is_honoured_at_the_next_batch(tmp_path)
             }
         )
         flags, calls = SignalFlags(), []
-        values, code = Evaluator(d, cfg, 0, 1, torch.device("cpu")).run(Uniform(), flags)
+        values, code = Evaluator(d, cfg, _ctx(tmp_path)).run(Uniform(), flags)
         assert code == NONE and len(calls) == 6  # 24 windows / micro batch 4
         assert values["valid_loss"] == pytest.approx(np.log(512), rel=1e-6)
         assert values["valid_ppl"] == pytest.approx(512, rel=1e-5)
@@ -162,7 +172,7 @@ def test_a_stop_signal_during_evaluation_is_honoured_at_the_next_batch(tmp_path)
             if len(calls) == 2:
                 flags.code = TIME_LIMIT
 
-        ev = Evaluator(d, cfg, 0, 1, torch.device("cpu"), on_batch=usr2_arrives)
+        ev = Evaluator(d, cfg, _ctx(tmp_path), on_batch=usr2_arrives)
         assert ev.run(Uniform(), flags) == ({}, TIME_LIMIT)
         assert len(calls) == 2  # stopped at the batch the signal arrived in, not after all 6
     finally:

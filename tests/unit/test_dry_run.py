@@ -22,13 +22,14 @@ def test_login_path_does_not_import_heavy_modules(workdir):
     code = f"""
 import sys
 from hydra import compose, initialize_config_dir
-from slurmtrain.common import schema
+from slurmtrain.common import schema, validation
+schema.register()
 from slurmtrain.planning import preflight
 from slurmtrain.common import rundir
 with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
     cfg = compose("config", overrides=["model=opt13b", "nodes=64", "cluster=local",
                                        "gpus_per_node=0"])
-schema.validate(cfg, submitting=False)
+validation.validate_config(cfg, submitting=False)
 preflight.report(cfg)
 rundir.fingerprint(cfg)
 import slurmtrain.login.submit, slurmtrain.login.local_submit

@@ -11,6 +11,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from slurmtrain.compute import data
+from slurmtrain.compute.context import RankContext
+from slurmtrain.compute.distributed import Placement
 
 
 def _tokens(path: Path) -> str:
@@ -55,9 +57,9 @@ def test_a_validation_pass_longer_than_the_step_deadline_beats_and_is_not_a_hang
     os.environ.setdefault("MASTER_PORT", str(30_000 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        ev = Evaluator(
-            d, cfg, 0, 1, torch.device("cpu"), after_batch, watchdog=watchdog, deadline_s=10.0
-        )
+        where = Placement(0, 0, 1, "127.0.0.1", 29500, None, "n1")
+        ctx = RankContext(where, torch.device("cpu"), lambda kind, **fields: None, watchdog)
+        ev = Evaluator(d, cfg, ctx, deadline_s=10.0, on_batch=after_batch)
         values, code = ev.run(SlowUniform(), SignalFlags())
     finally:
         dist.destroy_process_group()

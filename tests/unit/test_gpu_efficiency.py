@@ -29,10 +29,10 @@ def test_overlap_comm_is_on_with_buckets_scaled_by_hidden_size():
 
 
 def test_the_planner_reads_the_buckets_it_trains_with():
-    from slurmtrain.planning import report
+    from slurmtrain.planning import preflight
 
     cfg = _cfg("deepspeed=zero2", "model=opt1.3b", "gpus_per_node=8")
-    assert report._buckets(cfg) == {"reduce_bucket": 12 * 2048**2, "overlap_comm": True}
+    assert preflight._buckets(cfg) == {"reduce_bucket": 12 * 2048**2, "overlap_comm": True}
 
 
 def test_gpu_jobs_get_the_nccl_flight_recorder_and_expandable_segments():

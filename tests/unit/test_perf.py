@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import ds_config, schema
+from slurmtrain.common import ds_config, schema, validation
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.compute.observe.metrics import scalars, summary_line
 
@@ -21,7 +21,7 @@ def _cfg(*overrides: str):
     schema.register()
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=local", "gpus_per_node=0", *overrides])
-    schema.validate(cfg, submitting=False)
+    validation.validate_config(cfg, submitting=False)
     return cfg
 
 

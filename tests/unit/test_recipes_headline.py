@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from slurmtrain.common import schema
 from slurmtrain.common.rundir import locate
 from slurmtrain.common.slurm_text import parse_partitions
-from slurmtrain.login import dry_run, placement, slurm_submit
+from slurmtrain.login import cluster_check, dry_run, placement, slurm_submit
 from slurmtrain.login.prepare import resolve
 from slurmtrain.planning import preflight
 
@@ -45,7 +45,7 @@ HEADLINE = [
 def _gpu_partition(monkeypatch):
     monkeypatch.setenv("SLURMTRAIN_AUTO", "off")
     placement._probe_cache.clear()
-    monkeypatch.setattr(slurm_submit, "partitions", lambda: parse_partitions(GPU64))
+    monkeypatch.setattr(cluster_check, "partitions", lambda: parse_partitions(GPU64))
     yield
     placement._probe_cache.clear()
 

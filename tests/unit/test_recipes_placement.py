@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import ds_config, schema
+from slurmtrain.common import ds_config, schema, validation
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import parse_partitions
 from slurmtrain.compute.distributed import DeviceError, device_index
@@ -30,7 +30,7 @@ OPT = [
 def _cfg(*overrides: str):
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=local", "gpus_per_node=0", *overrides])
-    schema.validate(cfg, submitting=False)
+    validation.validate_config(cfg, submitting=False)
     return cfg
 
 
@@ -91,7 +91,7 @@ def test_unresolved_auto_is_refused_naming_the_keys():
         cfg = compose("config")
     assert cfg.cluster.kind == "auto" and cfg.gpus_per_node == "auto"
     with pytest.raises(ConfigError, match="auto: not resolved"):
-        schema.validate(cfg)
+        validation.validate_config(cfg)
 
 
 def test_auto_off_is_the_embedded_default(monkeypatch):

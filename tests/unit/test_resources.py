@@ -14,7 +14,7 @@ from slurmtrain.common import schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import locate
 from slurmtrain.common.slurm_text import parse_partitions
-from slurmtrain.login import flags, placement, slurm_submit
+from slurmtrain.login import cluster_check, flags, placement, slurm_submit
 from slurmtrain.planning.shapes import param_count
 
 schema.register()
@@ -147,11 +147,11 @@ def test_a_big_model_on_a_partition_without_gpus_is_refused(tmp_path, model, ins
 def test_check_cluster_refuses_the_cpu_plan_of_opt13b(tmp_path, monkeypatch):
     # The cluster's answer given as parsed partitions: the default one has no GPUs.
     parts = parse_partitions(CPU_DEFAULT + GPU64)
-    monkeypatch.setattr(slurm_submit, "partitions", lambda: parts)
+    monkeypatch.setattr(cluster_check, "partitions", lambda: parts)
     cfg = _cfg(tmp_path, "model=opt13b", "gpus_per_node=0")
     with pytest.raises(ConfigError, match=r"partition 'cpu' has no GPUs.*to insist"):
-        slurm_submit.check_cluster(cfg)
+        cluster_check.check_cluster(cfg)
     tiny = _cfg(tmp_path, "model=opt_tiny", "gpus_per_node=0")
-    slurm_submit.check_cluster(tiny)  # the CPU test path
+    cluster_check.check_cluster(tiny)  # the CPU test path
     gpu = _cfg(tmp_path, "model=opt13b", "gpus_per_node=8", "cluster.partition=gpu")
-    slurm_submit.check_cluster(gpu)
+    cluster_check.check_cluster(gpu)

@@ -20,7 +20,11 @@ from typing import Any
 import pytest
 
 from slurmtrain.common import checkpoint_format
+from slurmtrain.common.schema import CheckpointConfig
 from slurmtrain.compute.checkpoint import manager, reshape
+from slurmtrain.compute.context import RankContext
+from slurmtrain.compute.distributed import Placement
+from slurmtrain.compute.faults.watchdog import Watchdog
 
 EVERY = 0.0123  # the watchers' poll period in these tests: their waits are counted, not timed
 POLLS = 3
@@ -133,7 +137,11 @@ def _world(root: Path, hosts: int, per_host: int) -> list[manager.Checkpointer]:
     leads, events = _leads(hosts, per_host), []
     ranks = []
     for rank in range(len(leads)):
-        c = manager.Checkpointer(root, rank, len(leads), "size", async_save=True, timeout_s=0.5)
+        where = Placement(rank, 0, len(leads), "localhost", 29500, None, f"n{leads[rank]}")
+        watchdog = Watchdog(60.0, root / "stacks.txt", lambda why: None, 1)
+        ctx = RankContext(where, "cpu", lambda kind, **fields: None, watchdog)
+        cfg = CheckpointConfig(verify="size", async_save=True, publish_timeout_minutes=0.5 / 60)
+        c = manager.Checkpointer(cfg, ctx, root)
         c.record = lambda kind, **fields: events.append((kind, fields))
         c.events, c.leads = events, leads
         c.writer = _Writer(root / "step_10.tmp", rank)

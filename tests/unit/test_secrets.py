@@ -96,7 +96,7 @@ def test_sbatch_sources_a_0600_file_and_config_holds_references(tmp_path):
     # The compute node resolves the references from the environment the script sourced.
     os.environ["WANDB_API_KEY"] = HEX40
     loaded = schema.load_run_config(str(run.config))
-    assert loaded.cluster.env.WANDB_API_KEY == HEX40
+    assert loaded.cluster.env["WANDB_API_KEY"] == HEX40  # a plain dict in the typed config
 
 
 def test_a_secret_named_key_anywhere_is_a_reference_resolved_from_the_environment(monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from slurmtrain.batch import supervise
-from slurmtrain.common import ledger, schema
+from slurmtrain.common import derived, ledger, schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import create, fingerprint, locate
 from slurmtrain.compute.faults.inject import Injector
@@ -38,7 +38,7 @@ def test_smoke_is_one_node_two_layers_twenty_steps_with_a_save_and_no_retries(tm
     assert (small.name, small.nodes, small.model.num_layers) == ("big-smoke", 1, 2)
     assert (small.train.max_steps, small.train.pause_at_step) == (20, 10)
     assert small.checkpoint.interval_steps == 10 and not small.smoke
-    assert schema.grad_accumulation(small, schema.world_size(small)) == 2  # same work per rank
+    assert derived.grad_accumulation(small, derived.world_size(small)) == 2  # same work per rank
     assert small.model.hidden_size == big.model.hidden_size and small.data == big.data
     assert all(small.faults[f"max_{c}"] == 0 for c in ledger.FAILURE_CLASSES if c != "preempted")
     assert fingerprint(small) != fingerprint(big)

@@ -3,7 +3,7 @@
 Each point still gets its config.yaml, overrides and provenance in its own run directory, and its
 `submitted` event in its ledger; what changes is when the fsyncs happen: not one after the other
 while each point is written (some 250 for 64 points), but all together once every point is
-written (prepare.persist: side by side, sharing the filesystem's journal commits), before sbatch
+written (durable.persist: side by side, sharing the filesystem's journal commits), before sbatch
 and again after the `submitted` events.
 """
 
@@ -16,7 +16,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from slurmtrain.common import provenance, schema
+from slurmtrain.common import durable, provenance, schema
 from slurmtrain.common.rundir import RunDir, fingerprint
 from slurmtrain.login import prepare
 
@@ -45,7 +45,7 @@ def test_points_are_recorded_without_an_fsync_each_then_fsynced_together(tmp_pat
         prepare.record(p, [f"train.seed={i}"], durable=False)
         p.run.record("submitted", job_id=f"7_{i}", executor="slurm", durable=False)
     assert fsyncs == []
-    prepare.persist(p for point in points for p in (point.run.config, point.run.path))
+    durable.persist(p for point in points for p in (point.run.config, point.run.path))
     assert sorted(fsyncs) == sorted(str(p) for pt in points for p in (pt.run.config, pt.run.path))
     assert len({p.run.path for p in points}) == 4
     for i, p in enumerate(points):
@@ -102,7 +102,7 @@ def test_config_yaml_is_the_whole_config_written_at_once(tmp_path):
             cfg = compose(
                 "config", overrides=["cluster=local", f"runs_root={tmp_path}", *overrides]
             )
-            data = OmegaConf.to_container(cfg, resolve=True)
+            data = schema.plain(cfg)  # Enums as their names, as config.yaml stores them
             whole = yaml.dump(
                 data, Dumper=Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema
+from slurmtrain.common import schema, validation
 from slurmtrain.common.errors import ConfigError
 from tests.conftest import run_cli
 
@@ -24,7 +24,6 @@ REFUSED = [
     ("optim.beta2=-0.1", "optim.beta2=-0.1: must be >= 0 and < 1"),
     ("optim.weight_decay=-1", "optim.weight_decay=-1.0: must be a number >= 0"),
     ("optim.grad_clip=-1", "optim.grad_clip=-1.0: must be a number >= 0 (0: no clipping)"),
-    ("optim.name=sgd", "optim.name='sgd': unknown; choose one of adamw"),
     ("data.max_corpus_bytes=0", "data.max_corpus_bytes=0: must be a number >= 1"),
     ("checkpoint.interval_steps=-1", "checkpoint.interval_steps=-1: must be a number >= 0"),
     ("checkpoint.interval_minutes=-1", "checkpoint.interval_minutes=-1.0: must be a number >= 0"),
@@ -52,7 +51,7 @@ REFUSED = [
 def _validate(*overrides: str) -> None:
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=local", "gpus_per_node=0", *overrides])
-    schema.validate(cfg, submitting=True)
+    validation.validate_config(cfg, submitting=True)
 
 
 @pytest.mark.parametrize("override,message", REFUSED)
@@ -81,6 +80,35 @@ def test_a_value_out_of_range_is_refused_naming_key_value_and_an_example(overrid
 )
 def test_the_documented_special_values_are_accepted(override):
     _validate(override)
+
+
+CHOICES = [
+    ("optim.name=sgd", "optim.name='sgd': unknown; choose one of adamw"),
+    ("checkpoint.verify=md5", "checkpoint.verify='md5': unknown; choose one of checksum, size"),
+    ("cluster.kind=k8s", "cluster.kind='k8s': unknown; choose one of auto, local, slurm"),
+]
+
+
+@pytest.mark.parametrize("override,message", CHOICES)
+def test_a_value_outside_an_enum_fails_at_compose_naming_key_value_and_the_choices(
+    override, message
+):
+    from slurmtrain.common.hydra_errors import one_line
+
+    with pytest.raises(Exception) as err:  # Hydra's: the schema's Enum refuses it
+        _validate(override)
+    line = one_line(err.value)
+    key = override.split("=")[0]
+    assert line is not None and line.startswith(message) and f"e.g. {key}=" in line
+
+
+@pytest.mark.parametrize("override,message", CHOICES[1:])
+def test_the_cli_refuses_a_bad_choice_in_one_line_exit_2(override, message, tmp_path):
+    proc = run_cli([override, f"runs_root={tmp_path}/runs"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"slurmtrain: error: {message}"), lines
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_cli_refuses_before_writing_anything(tmp_path):

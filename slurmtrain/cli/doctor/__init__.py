@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .results import CONTAINERS, CheckResult, DoctorOptions, default_runs_root
 from .runner import NodeReport, check_names, consistency, run_checks, run_on_nodes
@@ -29,8 +29,8 @@ __all__ = [
 ]
 
 
-def _positive(kind: type, key: str):
-    def parse(text: str):
+def _positive(kind: type[int] | type[float], key: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:

@@ -12,16 +12,52 @@ import importlib.util
 import json
 import sys
 import time
-from typing import Any
+from types import ModuleType
+from typing import Optional, TypedDict
 
 MARKER = "@@doctor-probe@@"
+
+
+class OpStatus(TypedDict):
+    compatible: bool
+    installed: bool
+
+
+class ProbeReport(TypedDict, total=False):
+    """The probe's JSON: versions and findings, or `<part>_error` where a part failed."""
+
+    python: str
+    probe_error: str  # set by the doctor when the probe gave no report
+    torch: str
+    torch_error: str
+    torch_import_s: float
+    torch_cuda: Optional[str]
+    torch_hip: Optional[str]
+    gloo: bool
+    nccl_backend: bool
+    dist_error: str
+    cuda_available: bool
+    cuda_error: str
+    device_count: int
+    devices: list[str]
+    capabilities: list[str]
+    nccl: str
+    nccl_error: str
+    deepspeed: str
+    deepspeed_error: str
+    deepspeed_import_s: float
+    ds_torch_info: dict[str, str]
+    ds_accelerator: str
+    ds_ops: dict[str, OpStatus]
+    ninja: bool
+    ninja_error: str
 
 
 def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()[:300]
 
 
-def probe_torch(out: dict[str, Any]) -> Any:
+def probe_torch(out: ProbeReport) -> Optional[ModuleType]:
     start = time.monotonic()
     try:
         import torch
@@ -55,10 +91,11 @@ def probe_torch(out: dict[str, Any]) -> Any:
             out["nccl"] = ".".join(map(str, ver)) if isinstance(ver, tuple) else str(ver)
         except BaseException as exc:
             out["nccl_error"] = _err(exc)
-    return torch
+    module: ModuleType = torch  # torch is not followed by the type checker
+    return module
 
 
-def probe_deepspeed(out: dict[str, Any]) -> None:
+def probe_deepspeed(out: ProbeReport) -> None:
     if importlib.util.find_spec("deepspeed") is None:
         out["deepspeed_error"] = "not installed"
         return
@@ -75,7 +112,7 @@ def probe_deepspeed(out: dict[str, Any]) -> None:
     out["deepspeed_import_s"] = round(time.monotonic() - start, 2)
     out["deepspeed"] = deepspeed.__version__
     out["ds_torch_info"] = {k: str(v) for k, v in dict(torch_info).items()}
-    ops: dict[str, dict[str, Any]] = {}
+    ops: dict[str, OpStatus] = {}
     with contextlib.redirect_stdout(sys.stderr):
         try:
             out["ds_accelerator"] = get_accelerator()._name
@@ -100,7 +137,7 @@ def probe_deepspeed(out: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    out: dict[str, Any] = {"python": sys.version.split()[0]}
+    out: ProbeReport = {"python": sys.version.split()[0]}
     if probe_torch(out) is not None:
         probe_deepspeed(out)
     sys.stdout.write("\n" + MARKER + json.dumps(out) + "\n")

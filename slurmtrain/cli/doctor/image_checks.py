@@ -13,9 +13,11 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.login import container
 
-from .results import CheckResult, run_cmd
+from .results import CheckResult
 
 PROBE = (
     "import platform, torch; print(platform.python_version(), torch.__version__, "
@@ -58,8 +60,6 @@ def _version(text: Optional[str]) -> Optional[tuple[int, int]]:
 
 
 def check_oci(image: str, timeout: float, runs_root: Optional[str] = None) -> CheckResult:
-    from slurmtrain.login import container  # pure path/JSON code, no heavy imports
-
     try:
         spec = container.check_image_path(image)
     except ConfigError as err:

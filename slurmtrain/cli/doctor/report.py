@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from .results import CheckResult
+from .results import CheckResult, DoctorDoc
 from .runner import NodeReport, comparable, this_node
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
@@ -21,7 +24,7 @@ def any_failed(checks: Sequence[CheckResult], nodes: Sequence[NodeReport] = ()) 
 def to_json(checks: Sequence[CheckResult], nodes: Optional[Sequence[NodeReport]] = None) -> str:
     """One line (srun output from several nodes is parsed per task); key 'doctor' first marks the start."""
     node, host = this_node()
-    doc: dict = {
+    doc: DoctorDoc = {
         "doctor": 1,
         "node": node,
         "host": host,
@@ -45,8 +48,8 @@ def _plain(checks: Sequence[CheckResult], title: str) -> None:
             print(f"  {'':6} {'':<{width}}  -> {c.advice}")
 
 
-def _console():
-    from rich.console import Console
+def _console() -> Console:
+    from rich.console import Console  # start-up speed: rich only when rendering
 
     return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
 

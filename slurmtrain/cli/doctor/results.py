@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Mapping, Optional, TypedDict
 
 from slurmtrain.common.commands import Cmd, run_cmd  # noqa: F401  (the doctor's checks use both)
 
@@ -31,16 +31,31 @@ class CheckResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CheckResult":
-        status = data.get("status")
-        if status not in STATUSES:
-            status = "fail"
+    def from_dict(cls, data: Mapping[str, object]) -> "CheckResult":
+        status: Status = next((s for s in STATUSES if s == data.get("status")), "fail")
         return cls(
             str(data.get("name", "?")),
             status,
             str(data.get("value", "")),
             str(data.get("advice", "")),
         )
+
+
+class NodeDoc(TypedDict):
+    node: str
+    host: str
+    checks: list[dict[str, str]]  # CheckResult.to_dict() each
+
+
+class DoctorDoc(TypedDict, total=False):
+    """The doctor's --json line: "doctor" first marks its start in srun's interleaved output."""
+
+    doctor: int
+    node: str
+    host: str
+    ok: bool
+    checks: list[dict[str, str]]
+    nodes: list[NodeDoc]
 
 
 def default_runs_root() -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import image_checks, python_env, slurm_checks, storage, torch_stack, wheels
-from .results import CheckResult, DoctorOptions
+from .results import CheckResult, DoctorDoc, DoctorOptions
 
 REPO_ROOT = (
     Path(__file__).resolve().parents[3]
@@ -81,7 +81,7 @@ class NodeReport:
     checks: list[CheckResult] = field(default_factory=list)
 
 
-def parse_srun_output(text: str) -> dict[int, dict]:
+def parse_srun_output(text: str) -> dict[int, DoctorDoc]:
     """`srun --label` stdout -> {task: the doctor JSON it printed}. Fragments of a task are rejoined
     without newlines (the JSON has none), so split long lines still parse."""
     chunks: dict[int, list[str]] = {}
@@ -89,7 +89,7 @@ def parse_srun_output(text: str) -> dict[int, dict]:
         match = re.match(r"^\s*(\d+): ?(.*)$", line)
         if match:
             chunks.setdefault(int(match.group(1)), []).append(match.group(2))
-    docs: dict[int, dict] = {}
+    docs: dict[int, DoctorDoc] = {}
     for task, parts in sorted(chunks.items()):
         joined = "".join(parts)
         start = joined.find('{"doctor"')

@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Optional, TypedDict
 
-from .results import CheckResult, Cmd, run_cmd
+from slurmtrain.common.commands import Cmd, run_cmd
+
+from .results import CheckResult
 
 TOOLS = ("sbatch", "srun", "scontrol", "sacct", "sinfo")
 REQUIRED = ("sbatch", "srun", "scontrol")
@@ -86,9 +88,15 @@ def check_slurm_tools(timeout: float) -> CheckResult:
     return CheckResult("slurm_tools", "ok", value)
 
 
+class PartitionTally(TypedDict):
+    avail: str
+    nodes: int
+    states: dict[str, int]  # node state -> nodes
+
+
 def summarize_sinfo(text: str) -> tuple[str, int]:
     """'debug*|up|infinite|4|idle' lines -> ('debug*: up, 4 nodes (4 idle)', nodes down/drained)."""
-    parts: dict[str, dict] = {}
+    parts: dict[str, PartitionTally] = {}
     bad = 0
     for line in text.splitlines():
         fields = line.strip().split("|")

@@ -6,12 +6,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from .results import CheckResult, on_compute_node, run_cmd
+from slurmtrain.cli.doctor._probe import MARKER, OpStatus, ProbeReport
+from slurmtrain.cli.doctor.results import CheckResult, on_compute_node
+from slurmtrain.common.commands import run_cmd
 
 PROBE = Path(__file__).with_name("_probe.py")
-MARKER = "@@doctor-probe@@"
 NAMES = ("torch", "cuda", "nccl", "deepspeed", "deepspeed_ops")
 # Ops whose missing system dependency is routine and only matters for one feature.
 OP_HINTS = {
@@ -22,7 +22,7 @@ OP_HINTS = {
 }
 
 
-def run_probe(timeout: float) -> dict[str, Any]:
+def run_probe(timeout: float) -> ProbeReport:
     """The probe's JSON, or {'probe_error': why}; never raises."""
     cmd = run_cmd(
         [sys.executable, str(PROBE)],
@@ -32,7 +32,8 @@ def run_probe(timeout: float) -> dict[str, Any]:
     for line in reversed(cmd.out.splitlines()):
         if line.startswith(MARKER):
             try:
-                return json.loads(line[len(MARKER) :])
+                report: ProbeReport = json.loads(line[len(MARKER) :])
+                return report
             except ValueError:
                 break
     if cmd.rc == 124:
@@ -49,7 +50,7 @@ def nvidia_driver() -> str | None:
     return " ".join(first.split()[:8])
 
 
-def _torch(p: dict[str, Any]) -> CheckResult:
+def _torch(p: ProbeReport) -> CheckResult:
     if "torch_error" in p:
         return CheckResult(
             "torch",
@@ -70,7 +71,7 @@ def _torch(p: dict[str, Any]) -> CheckResult:
     )
 
 
-def _cuda(p: dict[str, Any], driver: str | None, compute: bool) -> CheckResult:
+def _cuda(p: ProbeReport, driver: str | None, compute: bool) -> CheckResult:
     if "torch_error" in p:
         return CheckResult("cuda", "fail", "torch not importable", "fix the torch check first")
     if "cuda_error" in p:
@@ -131,7 +132,7 @@ def _cuda(p: dict[str, Any], driver: str | None, compute: bool) -> CheckResult:
     )
 
 
-def _nccl(p: dict[str, Any]) -> CheckResult:
+def _nccl(p: ProbeReport) -> CheckResult:
     if "torch_error" in p:
         return CheckResult("nccl", "fail", "torch not importable", "fix the torch check first")
     env = ", ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
@@ -155,7 +156,7 @@ def _nccl(p: dict[str, Any]) -> CheckResult:
     )
 
 
-def _deepspeed(p: dict[str, Any]) -> CheckResult:
+def _deepspeed(p: ProbeReport) -> CheckResult:
     if "torch_error" in p:
         return CheckResult("deepspeed", "fail", "torch not importable", "fix the torch check first")
     if "deepspeed_error" in p:
@@ -194,10 +195,10 @@ def _deepspeed(p: dict[str, Any]) -> CheckResult:
     return CheckResult("deepspeed", "ok", value)
 
 
-def _ops(p: dict[str, Any]) -> CheckResult:
+def _ops(p: ProbeReport) -> CheckResult:
     if "torch_error" in p or "deepspeed_error" in p or "ds_ops" not in p:
         return CheckResult("deepspeed_ops", "fail", "no op report", "fix the deepspeed check first")
-    ops: dict[str, dict[str, bool]] = p["ds_ops"]
+    ops: dict[str, OpStatus] = p["ds_ops"]
     bad = sorted(n for n, o in ops.items() if not o.get("compatible"))
     prebuilt = sorted(n for n, o in ops.items() if o.get("installed"))
     ninja = p.get("ninja")
@@ -231,7 +232,7 @@ def _ops(p: dict[str, Any]) -> CheckResult:
 
 
 def evaluate_probe(
-    p: dict[str, Any], driver: str | None = None, compute: bool = False
+    p: ProbeReport, driver: str | None = None, compute: bool = False
 ) -> list[CheckResult]:
     """The five results from one probe result (pure: tests can feed it a dict)."""
     if "probe_error" in p:

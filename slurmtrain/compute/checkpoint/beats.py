@@ -1,9 +1,8 @@
-"""Checkpoint IO under the watchdog: saves and loads in their own phase, writer and loader beating.
+"""Checkpoint IO under the watchdog: saves and loads run in their own phase, and beat it.
 
-A save or a load of a large model is long IO with no training step in it: it runs in the phase
-`save` (or `startup:load`, or `load` in a rollback) whose deadline scales with the bytes this rank
-moves (planning/deadlines.py), and the shard writer (per chunk or per shard) and DeepSpeed's
-reads (per file) beat it. Without a watchdog everything here is a no-op.
+A save or load is long IO with no training step: its phase (`save`, `startup:load`, or `load` in a
+rollback) has a deadline scaled by the bytes this rank moves (planning/deadlines.py), beaten per
+chunk or shard written and per file DeepSpeed reads. Without a watchdog everything here is a no-op.
 """
 
 from __future__ import annotations
@@ -11,28 +10,39 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, TypedDict
 
+from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.planning.deadlines import LOAD, SAVE, Deadlines
 
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
 Hook = Callable[[int, str], None]
+Progress = Callable[[int], None]
+
+
+class WriterKwargs(TypedDict, total=False):
+    progress: Progress  # the shard writer's per-chunk heartbeat
 
 
 class Beats:
-    def __init__(self, watchdog: Any, deadlines: Optional[Deadlines]) -> None:
+    def __init__(self, watchdog: Optional[Watchdog], deadlines: Optional[Deadlines]) -> None:
         self.watchdog, self.deadlines = watchdog, deadlines
         self.on = watchdog is not None and deadlines is not None
 
-    def writer_kwargs(self, engine_class: type) -> dict[str, Any]:
+    def writer_kwargs(self, engine_class: type) -> WriterKwargs:
         """`progress=` for the shard writer's engine: a heartbeat per chunk written, when its
         constructor takes one (checked on its signature, so either version of writer.py works)."""
-        if not self.on or "progress" not in inspect.signature(engine_class).parameters:
+        if self.watchdog is None or not self.on:
+            return {}
+        if "progress" not in inspect.signature(engine_class).parameters:
             return {}
         return {"progress": self.watchdog.progress(SAVE, "writing shards")}
 
     def hook(self, hook: Optional[Hook]) -> Optional[Hook]:
         """The writer's per-shard hook, beating the save phase before `hook` (any writer)."""
-        if not self.on:
+        if self.watchdog is None or not self.on:
             return hook
         beat = self.watchdog.progress(SAVE, "writing shards")
 
@@ -46,7 +56,7 @@ class Beats:
     @contextlib.contextmanager
     def phase(self, name: str, seconds: Callable[[Deadlines], float]) -> Iterator[None]:
         """The watchdog's phase `name` for the block; the phase before it resumes afterwards."""
-        if not self.on:
+        if self.watchdog is None or self.deadlines is None:
             yield
             return
         with self.watchdog.during(name, seconds(self.deadlines)):
@@ -54,20 +64,24 @@ class Beats:
 
     def load_phase(self) -> str:
         """`startup:load` while starting, `load` in a rollback."""
-        if self.on and not str(self.watchdog.current).startswith("startup"):
+        if (
+            self.watchdog is not None
+            and self.on
+            and not str(self.watchdog.current).startswith("startup")
+        ):
             return "load"
         return LOAD
 
     @contextlib.contextmanager
-    def loading(self, engine: Any, phase: str) -> Iterator[None]:
+    def loading(self, engine: DeepSpeedEngine, phase: str) -> Iterator[None]:
         """DeepSpeed reads every file through `engine.checkpoint_engine.load`: beat per file."""
         ce = engine.checkpoint_engine
-        if not self.on or not hasattr(ce, "load"):
+        if self.watchdog is None or not self.on or not hasattr(ce, "load"):
             yield
             return
         beat, read = self.watchdog.progress(phase, "loading"), ce.load
 
-        def load(path: str, *args: Any, **kwargs: Any) -> Any:
+        def load(path: str, *args: object, **kwargs: object) -> object:
             beat(0)
             try:
                 return read(path, *args, **kwargs)

@@ -1,12 +1,11 @@
 """A shard file written with O_DIRECT (compute node): the bytes go from the tensors to the disk.
 
-Buffered writes cost the kernel a page-cache page per 4 KiB (allocation, copy, later writeback and
-reclaim): on the VM this was measured on, 36-70 MB/s under memory pressure from other jobs, where
-O_DIRECT from an aligned buffer ran at 1.4-1.6 GB/s (dd conv=fsync: 36-52 MB/s) and an idle
-machine's dd ran at ~1.2 GB/s. torch.save hands storages at 64-byte offsets, not the 4 KiB O_DIRECT
-needs, so each record is copied once into one of a few reused page-aligned buffers while a thread
-hashes and two threads write the previous ones (memmove, CRC-32 and os.pwrite all release the GIL):
-a save costs about max(copy, hash, disk). The last partial block is padded, the file truncated.
+Buffered writes cost the kernel a page-cache page per 4 KiB (allocation, copy, writeback, reclaim),
+which under memory pressure is many times slower than O_DIRECT from an aligned buffer. torch.save
+hands storages at 64-byte offsets, not the 4 KiB O_DIRECT needs, so each record is copied once into
+one of a few reused page-aligned buffers while a thread hashes and two threads write the previous
+ones (memmove, CRC-32 and os.pwrite all release the GIL): a save costs about max(copy, hash, disk).
+The last partial block is padded, the file truncated.
 """
 
 from __future__ import annotations
@@ -18,11 +17,14 @@ import mmap
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
 from slurmtrain.common.checkpoint_format import Crc32
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 ALIGN = 4096  # O_DIRECT alignment of memory, offsets and lengths on every filesystem we meet
 BUFFER = 16 << 20  # bytes per O_DIRECT write: large enough for network filesystems' stripes
@@ -66,9 +68,8 @@ class DirectFile:
     """What torch.save writes into (the `_RawFile` interface): buffers, hashes, writes aligned.
 
     `write_seconds`: copying into the buffers; `wait_seconds`: waiting for the disk to free one;
-    `hash_seconds`: waiting for the CRC-32 of a buffer (its own thread, in order, while the disk
-    writes it and the next one fills: what that overlap did not hide). Keeps the OSError in
-    `error`. Call `finish` before fsync, `close` always.
+    `hash_seconds`: waiting for a buffer's CRC-32 (what the overlap did not hide). Keeps the
+    OSError in `error`. Call `finish` before fsync, `close` always.
     """
 
     def __init__(
@@ -78,22 +79,23 @@ class DirectFile:
         progress: Optional[Progress] = None,
         buffers: Optional[Buffers] = None,
     ) -> None:
-        self.fd, self.error, self.progress = fd, None, progress
+        self.fd, self.progress = fd, progress
+        self.error: Optional[OSError] = None
         self.checksum = Crc32() if hashing else None
         self.buffers = (buffers or Buffers()).get()
         self.size = len(self.buffers[0][0])
         self.io = ThreadPoolExecutor(min(WRITERS, len(self.buffers) - 1), "checkpoint-direct-io")
-        self.inflight: list[Optional[Future]] = [None] * len(self.buffers)
+        self.inflight: list[Optional[Future[int]]] = [None] * len(self.buffers)
         self.hasher = ThreadPoolExecutor(1, "checkpoint-crc") if hashing else None
-        self.hashes: list[Optional[Future]] = [None] * len(self.buffers)
+        self.hashes: list[Optional[Future[None]]] = [None] * len(self.buffers)
         self.current, self.fill = 0, 0  # the buffer being filled and its bytes
         self.offset = 0  # bytes handed to `write`
         self.submitted = 0  # file offset of the next buffer handed to the writer threads
         self.written = 0  # bytes the disk has taken (what `progress` is told)
         self.hash_seconds = self.write_seconds = self.wait_seconds = 0.0
-        self.direct = True  # until a write is refused (EINVAL): then the page cache, as before
+        self.direct = True  # until a write is refused (EINVAL): then the page cache
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")
         source, done, total = _address(view), 0, len(view)
         while done < total:

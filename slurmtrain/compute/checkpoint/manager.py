@@ -1,13 +1,12 @@
-"""The collective save/load around a DeepSpeed engine: sync or async, and never fatal on disk errors.
+"""The collective save/load around a DeepSpeed engine: sync or async, never fatal on disk errors.
 
-A disk error on any rank fails that save only: the ranks agree on the outcome, rank 0 removes the
-`.tmp` directory and records `checkpoint_failed`; earlier checkpoints and `latest` are untouched,
-and the next save retries (or every rank raises SaveFailed with `checkpoint.on_save_error=stop`).
-With `async_save` the loop blocks only while the state is copied to host memory; a background
-thread per rank writes it, then appends its report (its file list) to its host's marker in the
-`.tmp` directory (one per host, checkpoint/markers.py), and rank 0's thread publishes once every
-rank's line is there. Background threads run no collectives (gloo is not safe for that); outcomes
-are agreed on the main thread at the next save.
+A disk error on any rank fails that save only: the ranks agree, rank 0 removes the `.tmp` directory
+and records `checkpoint_failed`; earlier checkpoints and `latest` are untouched and the next save
+retries (or every rank raises SaveFailed with `checkpoint.on_save_error=stop`).
+With `async_save` the loop blocks only while the state is copied to host memory; a background thread
+per rank writes it and appends its report to its host's marker (checkpoint/markers.py); rank 0's
+thread publishes once every rank's line is there. Background threads run no collectives (gloo is
+not thread-safe); outcomes are agreed on the main thread at the next save.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Collection, Optional, Union
 
 from slurmtrain.common.checkpoint_format import (
     LATEST,
@@ -29,11 +28,20 @@ from slurmtrain.common.checkpoint_format import (
     read_manifest,
     tag,
 )
+from slurmtrain.common.schema import CheckpointConfig
 from slurmtrain.compute.checkpoint import markers
-from slurmtrain.compute.checkpoint.beats import Beats
-from slurmtrain.planning.deadlines import SAVE, Deadlines
+from slurmtrain.compute.checkpoint.beats import Beats, Hook
+from slurmtrain.compute.context import RankContext, Record
+from slurmtrain.planning.deadlines import SAVE, Moved
 
-Record = Callable[..., Any]
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+    from slurmtrain.compute.checkpoint.writer import ShardWriter
+
+# A rank's save report (writer.report / markers): rank, ok, error, files {name: {size, ...}}, seconds
+Report = dict[str, object]
+Meta = dict[str, object]  # the checkpoint's client state: world size, consumed samples, loss, ...
 
 
 @dataclass
@@ -50,7 +58,7 @@ class SaveFailed(RuntimeError):
 @dataclass
 class _Save:
     step: int
-    meta: dict[str, Any]
+    meta: Meta
     started: float
     waited: float
     blocked: float = 0.0
@@ -65,43 +73,35 @@ class Checkpointer:
 
     def __init__(
         self,
+        cfg: CheckpointConfig,
+        ctx: RankContext,
         root: Path,
-        rank: int,
-        world: int,
-        verify: str,
-        *,
-        async_save: bool = False,
-        keep_last: int = 3,
-        keep_every: int = 0,
-        stop_on_error: bool = False,
-        record: Optional[Record] = None,
-        hook: Optional[Callable[[int, str], None]] = None,
-        timeout_s: float = 1800.0,
-        watchdog: Any = None,
-        deadlines: Optional[Deadlines] = None,
-        planned_bytes: Any = 0,
-        protect: Optional[set[int]] = None,
+        hook: Optional[Hook] = None,
+        planned_bytes: Union[int, Moved] = 0,
+        protect: Collection[int] = (),
     ) -> None:
-        """`watchdog` and `deadlines`: saves and loads run in their own watchdog phase, with a
-        deadline scaled from the bytes (`planned_bytes` per rank until a save measured them),
-        and the shard writer and loader beat it. `planned_bytes`: a rank's bytes, or the plan's
-        `deadlines.Moved` (rank, node and job totals) before the first save. `protect`: steps
-        never pruned (rollback targets; the Trainer adds each new one)."""
-        self.root, self.rank, self.world, self.verify = root, rank, world, verify
-        self.beats, self.save_bytes = Beats(watchdog, deadlines), planned_bytes
+        """Saves and loads run in their own watchdog phase (`ctx.deadlines`), with a deadline
+        scaled from the bytes: `planned_bytes` (a rank's bytes, or the plan's `Moved`) until a
+        save measured them. `hook`: called after each shard written (fault injection).
+        `protect`: steps never pruned (rollback targets; the Trainer adds each new one)."""
+        self.root, self.rank, self.world, self.verify = root, ctx.rank, ctx.world, cfg.verify
+        self.beats = Beats(ctx.watchdog, ctx.deadlines)
+        self.save_bytes: Union[int, Moved] = planned_bytes
         self.loaded_bytes = 0
-        self.protect: set[int] = set(protect or ())
-        self.async_save, self.keep_last, self.keep_every = async_save, keep_last, keep_every
-        self.stop_on_error, self.hook, self.timeout_s = stop_on_error, hook, timeout_s
-        self.record: Record = record or (lambda *a, **k: None)
-        self.writer: Any = None
+        self.protect: set[int] = set(protect)
+        self.async_save = bool(cfg.async_save)
+        self.keep_last, self.keep_every = cfg.keep_last, cfg.keep_every
+        self.stop_on_error = cfg.on_save_error == "stop"
+        self.hook, self.timeout_s = hook, cfg.publish_timeout_minutes * 60
+        self.record: Record = ctx.record
+        self.writer: Optional[ShardWriter] = None
         self.last: Optional[SaveOutcome] = None  # the newest outcome every rank agreed on
         self._thread: Optional[threading.Thread] = None
         self._outcome: Optional[SaveOutcome] = None  # rank 0: result of the in-flight save
         self.leads: Optional[list[int]] = None  # every rank's host's lowest rank (async markers)
         root.mkdir(parents=True, exist_ok=True)
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: DeepSpeedEngine) -> None:
         """Route DeepSpeed's shard writes through a ShardWriter (when it uses plain torch.save)."""
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
             TorchCheckpointEngine,
@@ -135,18 +135,18 @@ class Checkpointer:
 
         engine._copy_recovery_script = guarded
 
-    def save(self, engine: Any, step: int, meta: dict[str, Any], rng: dict[str, Any]) -> None:
+    def save(self, engine: DeepSpeedEngine, step: int, meta: Meta, rng: dict[str, object]) -> None:
         """Save `step`; returns when it is published (sync) or copied to host memory (async).
         Refuses a state whose loss is not finite: nothing non-finite is ever published."""
         import math
 
         loss = meta.get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
+        if isinstance(loss, (int, float)) and not math.isfinite(float(loss)):
             raise ValueError(f"refusing to save {tag(step)}: its loss is {loss}")
         with self.beats.phase(SAVE, lambda d: d.save_s(self.save_bytes)):
             self._save(engine, step, meta, rng)
 
-    def _save(self, engine: Any, step: int, meta: dict[str, Any], rng: dict[str, Any]) -> None:
+    def _save(self, engine: DeepSpeedEngine, step: int, meta: Meta, rng: dict[str, object]) -> None:
         import torch
         import torch.distributed as dist
 
@@ -182,13 +182,13 @@ class Checkpointer:
             )
             self._thread.start()
             return
-        reports: list[Any] = [None] * self.world
+        reports: list[Report] = [{}] * self.world
         dist.all_gather_object(reports, self._report())
         self._measured(reports)
         outcome = self._conclude(job, reports) if self.rank == 0 else None
         self._agree(outcome)
 
-    def _measured(self, reports: list[dict[str, Any]]) -> None:
+    def _measured(self, reports: list[Report]) -> None:
         """The next save's deadline counts the bytes the busiest rank wrote in this one."""
         written = max(_rank_bytes(r) for r in reports)
         if written:
@@ -210,12 +210,15 @@ class Checkpointer:
             self._thread.join(timeout_s)
             self._thread = None
 
-    def load(self, engine: Any, directory: Path, restore_rng: bool = True) -> dict[str, Any]:
+    def load(
+        self, engine: DeepSpeedEngine, directory: Path, restore_rng: bool = True
+    ) -> dict[str, object]:
         """Load a checkpoint (or its universal conversion); the per-rank RNG state when asked."""
         try:
             self.loaded_bytes = read_bytes(read_manifest(directory)["files"], self.rank, self.world)
         except (OSError, ValueError, KeyError):
-            self.loaded_bytes = int(getattr(self.save_bytes, "rank", self.save_bytes))
+            planned = self.save_bytes
+            self.loaded_bytes = int(planned.rank if isinstance(planned, Moved) else planned)
         name = self.beats.load_phase()
         with self.beats.phase(name, lambda d: d.read_s(self.loaded_bytes)):
             with self.beats.loading(engine, name):
@@ -227,15 +230,17 @@ class Checkpointer:
         if restore_rng and rng_file.exists():
             from slurmtrain.compute.checkpoint import safe_load
 
-            return safe_load.load(rng_file)  # weights only: a file never runs code
+            state: dict[str, object] = safe_load.load(rng_file)  # weights only: runs no code
+            return state
         return {}
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _report(self) -> dict[str, Any]:
+    def _report(self) -> Report:
         if self.writer is None:
             return {"rank": self.rank, "ok": True, "error": None, "files": {}}
-        return self.writer.report(self.rank)
+        report: Report = self.writer.report(self.rank)
+        return report
 
     def _agree(self, outcome: Optional[SaveOutcome]) -> SaveOutcome:
         import torch.distributed as dist
@@ -253,6 +258,8 @@ class Checkpointer:
         return agreed
 
     def _background(self, job: _Save) -> None:
+        assert self.writer is not None  # async saves need slurmtrain's writer (attach)
+        report: Report
         try:
             self.writer.flush()
             report = self.writer.report(self.rank)
@@ -276,15 +283,15 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001
             self._outcome = SaveOutcome(job.step, False, f"{type(err).__name__}: {err}")
 
-    def _collect(self, tmp: Path) -> list[dict[str, Any]]:
+    def _collect(self, tmp: Path) -> list[Report]:
         """Rank 0's thread: every other rank's report, or a failure when one never comes."""
         leads = self.leads or list(range(self.world))  # not gathered: a marker per rank
         return markers.collect(tmp, leads, self.timeout_s)
 
-    def _conclude(self, job: _Save, reports: list[dict[str, Any]]) -> SaveOutcome:
+    def _conclude(self, job: _Save, reports: list[Report]) -> SaveOutcome:
         """Rank 0: publish when every rank wrote its files, else clean up and say why."""
         tmp = self.root / f"{tag(job.step)}.tmp"
-        failed = [r for r in reports if not r["ok"]]
+        failed: list[Report] = [r for r in reports if not r["ok"]]
         final: Optional[Path] = None
         if not failed:
             try:
@@ -328,7 +335,7 @@ class Checkpointer:
         return SaveOutcome(job.step, True)
 
 
-def _follow_schedule(engine: Any) -> None:
+def _follow_schedule(engine: DeepSpeedEngine) -> None:
     """The optimizer groups' lr from this config's schedule: DeepSpeed restores the saved groups
     (the parent's lr, after a branch changed optim.lr) after the scheduler (ds_config.py)."""
     follow = getattr(engine.lr_scheduler, "follow_config", None)
@@ -336,15 +343,18 @@ def _follow_schedule(engine: Any) -> None:
         follow()
 
 
-def _rank_bytes(report: dict[str, Any]) -> int:
-    return sum(int(f.get("size", 0)) for f in (report.get("files") or {}).values())
+def _rank_bytes(report: Report) -> int:
+    files = report.get("files")
+    if not isinstance(files, dict):
+        return 0
+    return sum(int(f.get("size", 0)) for f in files.values() if isinstance(f, dict))
 
 
-def _slowest(reports: list[dict[str, Any]]) -> dict[str, float]:
+def _slowest(reports: list[Report]) -> dict[str, float]:
     """The slowest rank's serialize/hash/fsync seconds: where a save's time went."""
-    parts = [r.get("seconds") or {} for r in reports]
+    parts = [s if isinstance(s := r.get("seconds"), dict) else {} for r in reports]
     keys = dict.fromkeys(["serialize", "hash", "fsync", *(k for p in parts for k in p)])
-    return {key: max(p.get(key, 0.0) for p in parts) for key in keys}
+    return {key: max(float(p.get(key, 0.0)) for p in parts) for key in keys}
 
 
 _write_marker, _read_marker = markers.write, markers.read  # the names tests and tools know

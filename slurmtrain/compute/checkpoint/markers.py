@@ -1,20 +1,16 @@
 """How an async save's ranks tell rank 0 they are done: one marker file per host, not per rank.
 
-Each rank's background writer, once its shards are written and fsynced, appends its report (ok or
-not, its file list) as one JSON line to its host's marker `step_N.tmp/.done_rank{L}.json`, L being
-the lowest rank on that host (`distributed.host_leads`). One `write(2)` of a whole line in
-O_APPEND mode is whole for every process on one host (one kernel orders them), so the host's ranks
-never interleave; a line starts with a newline, so even a line cut short (full disk) cannot spoil
-the next one. Rank 0's thread re-reads the markers of the hosts it still waits for: a poll costs
-one read per host plus one listing of the checkpoint root (for the fallback names below), and a
-save creates one marker per host, O(hosts) where a marker per rank and a look per rank were O(ranks).
+Each rank's background writer, once its shards are fsynced, appends its report as one JSON line to
+its host's marker `step_N.tmp/.done_rank{L}.json` (L: the host's lowest rank, `distributed.host_leads`).
+One O_APPEND `write(2)` of a whole line is whole for every process of one host, and a line starts
+with a newline, so a line cut short (full disk) never spoils the next. Rank 0 re-reads only the
+markers of hosts it still waits for: O(hosts) reads per poll, not O(ranks).
 
-A marker is a message to rank 0, not state: what it vouches for (the shards) was fsynced before it
-was written, and a save whose ranks are gone is abandoned (`step_N.tmp/` is removed on the next
-try or by `prune`), so markers are not fsynced. The names match common/checkpoint_format.py's
-MARKER: never listed in a manifest, removed by `seal`. A rank that cannot append its line (full disk, no directory)
-touches `.step_N.tmp.failed_rank{r}` beside the directory (`prune` removes those); a rank that
-says nothing at all is reported failed when rank 0's wait runs out.
+A marker is a message, not state: the shards were fsynced before it, and an abandoned save's
+`step_N.tmp/` is removed later, so markers are not fsynced. The names match checkpoint_format's
+MARKER (never in a manifest, removed by `seal`). A rank that cannot append touches
+`.step_N.tmp.failed_rank{r}` beside the directory (`prune` removes it); a silent rank is reported
+failed when rank 0's wait runs out.
 """
 
 from __future__ import annotations
@@ -23,7 +19,24 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import NotRequired, Optional, TypedDict, cast
+
+
+class FileEntry(TypedDict):
+    """A written file as the manifest lists it."""
+
+    size: int
+    crc32: NotRequired[str]  # checkpoint_format.CHECKSUM, with verify=checksum
+
+
+class RankReport(TypedDict):
+    """One rank's outcome of a save (ShardWriter.report, or a failure rank 0 made up)."""
+
+    rank: int
+    ok: bool
+    error: Optional[str]
+    files: dict[str, FileEntry]  # path relative to step_N.tmp/ -> entry
+    seconds: NotRequired[dict[str, float]]  # where the save's time went (writer.py)
 
 
 def marker(tmp: Path, lead: int, kind: str = "done") -> Path:
@@ -35,7 +48,7 @@ def fallback(tmp: Path, rank: int) -> Path:
     return tmp.parent / f".{tmp.name}.failed_rank{rank}"
 
 
-def write(tmp: Path, report: dict[str, Any], lead: Optional[int] = None) -> None:
+def write(tmp: Path, report: RankReport, lead: Optional[int] = None) -> None:
     """Append `report` as one line to the marker of host `lead` (default: the rank's own)."""
     line = ("\n" + json.dumps(report) + "\n").encode()
     path = marker(tmp, report["rank"] if lead is None else lead)
@@ -54,28 +67,28 @@ def write(tmp: Path, report: dict[str, Any], lead: Optional[int] = None) -> None
         pass  # at worst rank 0 times out on this rank; nothing half-written is published
 
 
-def lines(path: Path) -> list[dict[str, Any]]:
+def lines(path: Path) -> list[RankReport]:
     """The whole lines of a marker (one read); a torn or half-written line is skipped."""
     try:
         text = path.read_text()
     except OSError:
         return []
-    out = []
+    out: list[RankReport] = []
     for line in text.split("\n")[:-1]:  # the part after the last newline may be in progress
         try:
-            report = json.loads(line) if line else None
+            report: object = json.loads(line) if line else None
         except json.JSONDecodeError:
             continue
-        if isinstance(report, dict) and "rank" in report:
-            out.append(report)
+        if isinstance(report, dict) and "rank" in report:  # a whole line `write` made
+            out.append(cast(RankReport, report))
     return out
 
 
-def failed_here(rank: int, error: str) -> dict[str, Any]:
+def failed_here(rank: int, error: str) -> RankReport:
     return {"rank": rank, "ok": False, "files": {}, "error": error}
 
 
-def read(tmp: Path, rank: int, lead: Optional[int] = None) -> Optional[dict[str, Any]]:
+def read(tmp: Path, rank: int, lead: Optional[int] = None) -> Optional[RankReport]:
     """One rank's report, or None while it has not written one."""
     for report in lines(marker(tmp, rank if lead is None else lead)):
         if report["rank"] == rank:
@@ -85,13 +98,13 @@ def read(tmp: Path, rank: int, lead: Optional[int] = None) -> Optional[dict[str,
     return None
 
 
-def collect(tmp: Path, leads: list[int], timeout_s: float) -> list[dict[str, Any]]:
+def collect(tmp: Path, leads: list[int], timeout_s: float) -> list[RankReport]:
     """Rank 0: the reports of ranks 1..W-1 (`leads[r]`: rank r's host's lowest rank), a failure
     for any rank silent after `timeout_s`. Each poll reads only the hosts still owing lines."""
     waiting: dict[int, set[int]] = {}
     for r in range(1, len(leads)):
         waiting.setdefault(leads[r], set()).add(r)
-    got: dict[int, dict[str, Any]] = {}
+    got: dict[int, RankReport] = {}
     deadline, pause = time.time() + timeout_s, 0.01
     while waiting:
         for lead in sorted(waiting):
@@ -111,7 +124,7 @@ def collect(tmp: Path, leads: list[int], timeout_s: float) -> list[dict[str, Any
     return [got[r] for r in sorted(got)]
 
 
-def _fallbacks(tmp: Path, waiting: dict[int, set[int]], got: dict[int, dict[str, Any]]) -> None:
+def _fallbacks(tmp: Path, waiting: dict[int, set[int]], got: dict[int, RankReport]) -> None:
     """Ranks that could not append their line: one listing of the root finds them all."""
     prefix = f".{tmp.name}.failed_rank"
     try:

@@ -1,36 +1,32 @@
 """Under ZeRO-1/2 every rank writes its share: the model-states file carries no module weights.
 
-DeepSpeed has rank 0 write `mp_rank_00_model_states.pt` with the whole module (bf16 or fp32: 26 GB
-for opt13b) and every rank `torch.load`s it back on resume, though the fp32 partitions every rank
-writes (`zero_pp_rank_R_..._optim_states.pt`) hold the same weights at full precision: with
-`zero_optimization.load_from_fp32_weights` (DeepSpeed's default) the load copies them into the
-optimizer and the module's values are only a starting point. So `strip` (called by the shard
-writer) leaves out every parameter the ZeRO optimizer owns (and the tied names that alias one),
-keeping buffers, frozen parameters and DeepSpeed's metadata (param_shapes, shared_params, ds_config,
-lr scheduler...), which is all `ds_to_universal` and `zero_to_fp32` (export, sample) read there.
+DeepSpeed has rank 0 write the whole module into `mp_rank_00_model_states.pt` and every rank read it
+back on resume, though the fp32 partitions every rank writes hold the same weights at full
+precision, and with `zero_optimization.load_from_fp32_weights` (the default) the load takes them
+from there. So `strip` (called by the shard writer) leaves out every parameter the ZeRO optimizer
+owns (and tied names aliasing one), keeping buffers, frozen parameters and DeepSpeed's metadata,
+all that `ds_to_universal` and `zero_to_fp32` read there. Per rank a save is then 12 P / N bytes
+(fp32 weights + 2 Adam moments) and rank 0 adds only metadata. ZeRO-0 and ZeRO-3 are unchanged.
 
-Loading such a file: `install` wraps two DeepSpeedEngine methods once per process; they change
-nothing for any other checkpoint. The module load accepts exactly the left-out names as missing,
-and once the partitions are loaded the bit16 weights are rebuilt from them (`update_lp_params`: each
-rank copies its fp32 partition, one all-gather), as DeepSpeed does after a universal load. A load
-that would not read the partitions (module only, no optimizer states) is refused with one line.
-
-Bytes per rank per save (ZeRO-1/2, mixed precision, Adam): 12 P / N (fp32 weights + 2 moments, P
-parameters over N data-parallel ranks), rank 0 adds only the metadata. opt13b on 512 ranks:
-12 x 12.85e9 / 512 = 301 MB per rank, 154 GB in all; rank 0 no longer writes +25.7 GB. ZeRO-0 and
-ZeRO-3 are unchanged (ZeRO-0 has no partitions; ZeRO-3's module entries are already empty).
+Loading such a file: `install` wraps two DeepSpeedEngine methods once per process (no change for
+other checkpoints): the module load accepts exactly the left-out names as missing, and once the
+partitions are loaded the bit16 weights are rebuilt from them (`update_lp_params`). A load that
+would not read the partitions (module only) is refused with one line.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 # The model-states entry that lists the names left out of `module` (they are in the partitions)
 OMITTED = "slurmtrain_module_in_partitions"
 
 
-def strip(state: Any, path: str) -> Any:
+def strip(state: object, path: str) -> object:
     """`state` without the module weights when it is a ZeRO-1/2 model-states dict (a shallow
     copy: the engine's own dict and tensors are untouched); anything else unchanged."""
     if not str(path).endswith("model_states.pt") or not isinstance(state, dict):
@@ -52,7 +48,7 @@ def strip(state: Any, path: str) -> Any:
     return {**state, "module": kept, OMITTED: sorted(set(module) - set(kept))}
 
 
-def holds_weights(state: dict[str, Any]) -> bool:
+def holds_weights(state: Mapping[str, object]) -> bool:
     return not state.get(OMITTED)
 
 
@@ -67,21 +63,21 @@ def install() -> None:
 
     @functools.wraps(load_checkpoint)
     def load_checkpoint_(
-        self: Any,
-        load_dir: Any,
-        tag: Any = None,
+        self: DeepSpeedEngine,
+        load_dir: str,
+        tag: Optional[str] = None,
         load_module_strict: bool = True,
         load_optimizer_states: bool = True,
         load_lr_scheduler_states: bool = True,
         load_module_only: bool = False,
-        custom_load_fn: Any = None,
-    ) -> Any:
+        custom_load_fn: Optional[Callable[..., object]] = None,
+    ) -> tuple[Optional[str], object]:
         self._slurmtrain_load = {
             "partitions": load_optimizer_states and not load_module_only,
             "refresh": False,
         }
         try:
-            out = load_checkpoint(
+            out: tuple[Optional[str], object] = load_checkpoint(
                 self,
                 load_dir,
                 tag,
@@ -98,9 +94,11 @@ def install() -> None:
             self._slurmtrain_load = None
 
     @functools.wraps(load_module)
-    def load_module_(self: Any, checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+    def load_module_(
+        self: DeepSpeedEngine, checkpoint: Mapping[str, object], *args: object, **kwargs: object
+    ) -> object:
         omitted = checkpoint.get(OMITTED) if isinstance(checkpoint, dict) else None
-        if not omitted:
+        if not omitted or not isinstance(omitted, list):  # `strip` writes a sorted list
             return load_module(self, checkpoint, *args, **kwargs)
         context = getattr(self, "_slurmtrain_load", None)
         if (
@@ -118,7 +116,8 @@ def install() -> None:
         context["refresh"] = True
         names = ("strict", "custom_load_fn", "fetch_z3_params", "z3_params_to_fetch")
         kwargs.update(zip(names, args))
-        allowed = list(kwargs.pop("allowed_missing_keys", None) or [])
+        passed = kwargs.pop("allowed_missing_keys", None)
+        allowed = list(passed) if passed and isinstance(passed, Iterable) else []
         kwargs.setdefault("strict", True)
         return load_module(self, checkpoint, allowed_missing_keys=allowed + omitted, **kwargs)
 

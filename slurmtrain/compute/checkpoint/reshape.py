@@ -1,21 +1,17 @@
 """Resuming on another world size: DeepSpeed's universal checkpoint, converted once and cached.
 
 A ZeRO checkpoint is sharded by data-parallel rank, so W ranks' files do not load on W' ranks.
-`deepspeed.checkpoint.ds_to_universal` rewrites it per parameter (`zero/<name>/fp32.pt, exp_avg.pt,
-...`), which loads on any world size with `"checkpoint": {"load_universal": true}`. The conversion
-runs on rank 0 as a subprocess (its own worker pool and memory) on every core of the node, into
-`step_N_universal.tmp/`, and is sealed with our manifest like any checkpoint, so a converted folder
-is reused on the next start only when it is complete and was made from the same save of step N.
+`deepspeed.checkpoint.ds_to_universal` rewrites it per parameter, which loads on any world size with
+`"checkpoint": {"load_universal": true}`. Rank 0 runs the conversion as a subprocess on every core
+of the node into `step_N_universal.tmp/`, sealed with our manifest like any checkpoint, so a
+converted folder is reused only when it is complete and was made from the same save of step N.
 
-While it runs, every rank beats its watchdog each time the output folder has grown (`growing`),
-so a conversion longer than planned is progress and a stalled one is a hang. Only rank 0 looks at
-the folder (one walk per poll, the only one in the job) and notes what it saw in one small file
-beside it; one rank per host (the lowest, found by one all_gather of host names) reads that note
-and copies it into a file in the host's /dev/shm, which the host's other ranks read. A poll thus
-costs the shared filesystem one walk plus one read per host, O(hosts) whatever the ranks per host,
-where every rank walking the folder cost O(ranks x entries). A note is "<seq> <bytes>": any new
-look that saw other bytes is a new note, so no change is lost between two reads. If rank 0 or a
-host's reader dies, the beats behind it stop and the watchdogs fire, as they should.
+While it runs, every rank beats its watchdog each time the output folder has grown (`growing`): a
+long conversion is progress, a stalled one a hang. Only rank 0 walks the folder and writes a small
+note beside it ("<seq> <bytes>"); the lowest rank of each host copies the note into the host's
+/dev/shm, which the host's other ranks read: O(hosts) shared-filesystem calls per poll, not
+O(ranks x entries). If rank 0 or a host's reader dies, the beats behind it stop and the watchdogs
+fire, as they should.
 """
 
 from __future__ import annotations
@@ -32,9 +28,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Mapping, Optional, Union
 
 from slurmtrain.common import checkpoint_format
+from slurmtrain.compute.distributed import host_leads
 
 SUFFIX = "_universal"
 
@@ -58,7 +55,7 @@ def _tmp(out: Path) -> Path:
     return out.with_name(out.name + ".tmp")
 
 
-def cached(step_dir: Path, source: dict[str, Any], full: bool = False) -> Optional[Path]:
+def cached(step_dir: Path, source: Mapping[str, object], full: bool = False) -> Optional[Path]:
     """The converted folder if it is complete and made from this very save of the step."""
     out = universal_dir(step_dir)
     if not out.is_dir() or checkpoint_format.validate(out, full) is not None:
@@ -90,7 +87,10 @@ def node_cores() -> Iterator[int]:
 
 
 def convert(
-    step_dir: Path, source: dict[str, Any], verify: str = "size", timeout_s: Optional[float] = None
+    step_dir: Path,
+    source: Mapping[str, object],
+    verify: str = "size",
+    timeout_s: Optional[float] = None,
 ) -> Converted:
     """`step_N/` -> `step_N_universal/` (or the cached one); raises ReshapeError with the cause."""
     hit = cached(step_dir, source, full=verify == "checksum")
@@ -121,7 +121,7 @@ def convert(
 
 def _run(
     step_dir: Path, tmp: Path, cores: int, timeout_s: Optional[float]
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     """ds_to_universal in a subprocess, one extract and one merge worker per core."""
     workers = str(max(1, cores))
     cmd = [
@@ -250,23 +250,23 @@ def growing(
     source = {WALK: None, RELAY: shared, FOLLOW: local}[role]
 
     def watch() -> None:
-        seq, seen = 0, 0 if role == WALK else None  # WALK: bytes; the others: the note's text
+        seq, seen_size, seen_text = 0, 0, None  # WALK: the folder's bytes; the others: the note
         while not stop.wait(every_s):
             if role == WALK:
                 try:
                     size = checkpoint_format.dir_bytes(folder)
                 except OSError:  # a file renamed or removed between the listing and its stat
                     continue
-                if size == seen:
+                if size == seen_size:
                     continue
-                seen, seq = size, seq + 1
+                seen_size, seq = size, seq + 1
                 note = f"{seq:020d} {size:020d}\n"
                 _put(shared, note)
             else:
-                text = _get(source)
-                if not text or text == seen:
+                text = _get(source) if source is not None else None
+                if not text or text == seen_text:
                     continue
-                note = seen = text
+                note = seen_text = text
             if role != FOLLOW:
                 _put(local, note)
             beat(_bytes(note))
@@ -286,7 +286,7 @@ def for_world(
     resume: checkpoint_format.Resume,
     rank: int,
     world: int,
-    record: Callable[..., Any],
+    record: Callable[..., object],
     verify: str = "size",
     beat: Optional[Callable[[int], None]] = None,
 ) -> Path:
@@ -294,10 +294,8 @@ def for_world(
     `beat`: the watchdog's heartbeat for the conversion phase (see `growing`)."""
     import torch.distributed as dist
 
-    from slurmtrain.compute.distributed import host_leads
-
     assert resume.path is not None
-    result: list[Any] = [None]
+    result: list[Union[None, str, tuple[str, float, bool]]] = [None]  # rank 0's outcome
     tmp = _tmp(universal_dir(resume.path))
     leads = host_leads()  # collective: every rank calls it
     role = WALK if rank == 0 else RELAY if leads[rank] == rank else FOLLOW
@@ -309,12 +307,13 @@ def for_world(
             except (ReshapeError, OSError) as err:
                 result[0] = f"{type(err).__name__}: {err}"
         dist.broadcast_object_list(result, src=0)
-    if isinstance(result[0], str):
+    outcome = result[0]
+    if not isinstance(outcome, tuple):  # rank 0's error
         raise ReshapeError(
             f"cannot resume {resume.path} (world size "
-            f"{resume.manifest.get('world_size')}) on {world} ranks: {result[0]}"
+            f"{resume.manifest.get('world_size')}) on {world} ranks: {outcome}"
         )
-    path, seconds, was_cached = result[0]
+    path, seconds, was_cached = outcome
     record(
         "checkpoint_converted",
         step=resume.manifest.get("step"),

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
-def rng_state() -> dict[str, Any]:
+class RngState(TypedDict):
+    python: tuple[object, ...]  # random.getstate()
+    numpy: tuple[str, np.ndarray, int, int, float] | dict[str, object]  # np.random.get_state()
+    torch: torch.Tensor
+    cuda: NotRequired[torch.Tensor]
+
+
+def rng_state() -> RngState:
     """Every generator a step may draw from (dropout, sampling): saved with each checkpoint."""
     import random
 
     import numpy as np
     import torch
 
-    state = {
+    state: RngState = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
@@ -22,7 +33,7 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: RngState) -> None:
     import random
 
     import numpy as np

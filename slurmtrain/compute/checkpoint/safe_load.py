@@ -1,31 +1,34 @@
 """Checkpoints load with torch's weights-only unpickler: a file never runs code when it is read.
 
 A checkpoint is a pickle, and `torch.load(weights_only=False)` runs whatever its `__reduce__`
-names: anyone who can write into the runs root (a shared project directory) could run code in
-every rank of the next resume. Our own loads pass `weights_only=True`; DeepSpeed 0.19 hard-codes
-`weights_only=False` in its universal-checkpoint load (deepspeed/checkpoint/universal_checkpoint.py), its
-converter (ds_to_universal) and zero_to_fp32, so `enforce()` also sets torch's documented
-override, TORCH_FORCE_WEIGHTS_ONLY_LOAD=1, for this process and the ones it starts (the converter
-runs as `python -m slurmtrain.compute.checkpoint.safe_load deepspeed.checkpoint.ds_to_universal`).
+names: anyone who can write into the runs root could run code in every rank of the next resume.
+Our own loads pass `weights_only=True`; DeepSpeed hard-codes `weights_only=False` in its universal
+load, ds_to_universal and zero_to_fp32, so `enforce()` also sets torch's documented override
+TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 for this process and its children (the converter runs as
+`python -m slurmtrain.compute.checkpoint.safe_load deepspeed.checkpoint.ds_to_universal`).
 
-The allow-list is the non-tensor types DeepSpeed and our RNG files really pickle (listed with
-torch.serialization.get_unsafe_globals_in_checkpoint on ZeRO-0..3, fp16/bf16/fp32 checkpoints):
-DeepSpeed's ZeRO stage enum, loss scalers and fragment addresses, numpy arrays (the RNG state).
-Each is a plain data holder: unpickling one sets fields and calls no user code.
+The allow-list is the non-tensor types DeepSpeed and our RNG files pickle: DeepSpeed's ZeRO stage
+enum, loss scalers and fragment addresses, numpy arrays (the RNG state). Each is a plain data
+holder: unpickling one sets fields and calls no user code.
 """
 
 from __future__ import annotations
 
+import enum
 import os
+import pickle
 import runpy
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    import torch
 
 FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 _enforced = False
 
 
-def safe_types() -> list[Any]:
+def safe_types() -> list[object]:
     """The allow-list (imported here, not at module import: the login node never loads torch)."""
     import numpy as np
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
@@ -47,13 +50,10 @@ def safe_types() -> list[Any]:
     ]
 
 
-def _enum_member(cls: Any, name: str) -> Any:
+def _enum_member(cls: object, name: str) -> enum.Enum:
     """`builtins.getattr` in a checkpoint: how Python 3.11.2 (Debian 12, container images) and
     3.12+ pickle an enum member. Only a member of an allow-listed enum resolves; anything else
     is refused, so the name grants no general attribute access."""
-    import enum
-    import pickle
-
     if isinstance(cls, type) and issubclass(cls, enum.Enum) and cls in safe_types():
         if name in cls.__members__:
             return cls[name]
@@ -74,7 +74,11 @@ def enforce() -> None:
     _enforced = True
 
 
-def load(path: Any, map_location: Any = None, **kwargs: Any) -> Any:
+def load(
+    path: Union[str, os.PathLike[str]],
+    map_location: Union[str, torch.device, None] = None,
+    **kwargs: object,
+) -> object:
     """torch.load, weights only: a file naming any other global raises UnpicklingError unrun."""
     import torch
 

@@ -1,16 +1,12 @@
 """Which checkpoint an attempt starts from, and when it must refuse to start at all.
 
-`resume=auto`: the newest checkpoint that validates. When the ledger shows published checkpoints
-and none validates now (flipped bytes, an unmounted or flaky filesystem), the attempt stops with
-class `checkpoint_unreadable`, naming each checkpoint and why, instead of training from step 0.
-`resume=none` (start from step 0) and `resume=step_N` (that checkpoint) are explicit and apply
-once, to the first attempt after the submission that asked: the checkpoints not kept move to
-`checkpoints/discarded/<time>/` (nothing is deleted) and `resume_applied` records it.
-A checkpoint that validated but failed to load (DeepSpeed rejected its contents) carries an
-`unloadable.json` marker, written by the attempt that tried: every later choice skips it without
-loading it again, naming the error.
-Rank 0 only; pure file operations (no torch). With checksums, `check` is the ranks' collective
-checksum of a candidate (checkpoint/verify.py): each rank reads only its own files.
+`resume=auto`: the newest checkpoint that validates; when the ledger shows published checkpoints
+and none validates now, the attempt stops (`checkpoint_unreadable`, naming each and why) instead
+of training from step 0. `resume=none` and `resume=step_N` apply once, to the first attempt after
+the submission that asked: newer checkpoints move to `checkpoints/discarded/<time>/` (nothing is
+deleted). A checkpoint that validated but failed to load carries an `unloadable.json` marker, and
+is skipped from then on. Rank 0 only, pure file operations; with checksums `check` is the ranks'
+collective checksum (checkpoint/verify.py).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional, TypedDict
 
 from slurmtrain.common import checkpoint_pins, ledger
 from slurmtrain.common.checkpoint_format import (
@@ -32,14 +28,15 @@ from slurmtrain.common.checkpoint_format import (
     step_dirs,
     tag,
     validate,
-    write_synced,
 )
+from slurmtrain.common.durable import write_synced
 
 DISCARDED = "discarded"
+Rows = list[dict[str, object]]  # the ledger's run tier
 UNLOADABLE = "unloadable.json"  # inside step_N/: moved or pruned with it
 
 
-def mark_unloadable(directory: Path, error: str, **who: Any) -> None:
+def mark_unloadable(directory: Path, error: str, **who: object) -> None:
     """Rank 0: `directory` validated but did not load; no attempt is to try it again."""
     note = {"step": int(directory.name.split("_")[1]), "error": error, "time": time.time(), **who}
     part = directory / f".{UNLOADABLE}.tmp"
@@ -72,28 +69,36 @@ def loadable(check: Optional[Check], full: bool) -> Check:
     return checked
 
 
+class ResumeApplied(TypedDict):
+    """The `resume_applied` event's fields."""
+
+    resume: str  # none | step_N
+    moved: list[str]  # the step folders moved to discarded/<time>/
+    kept_step: Optional[int]
+
+
 @dataclass
 class Choice:
     found: Resume
     stop: Optional[str] = None  # checkpoint_unreadable: the error line (each checkpoint and why)
-    applied: Optional[dict[str, Any]] = None  # the `resume_applied` event's fields
+    applied: Optional[ResumeApplied] = None
 
 
 def choose(
     root: Path,
-    events: list[dict[str, Any]],
+    events: Rows,
     resume: str,
     full: bool,
     check: Optional[Check] = None,
     branch: Optional[tuple[str, int]] = None,
 ) -> Choice:
-    """`check`: the collective checksum of a candidate (format.find_resumable), else `full`.
+    """`check`: the collective checksum of a candidate (find_resumable), else `full`.
     `branch`: (resume_from, data.skip_samples) of a branched run: its start when it has no
     checkpoint of its own yet (`branch_point`)."""
     mode = ledger.resume_request(events, resume)
     if mode == "none":
         moved = discard(root, keep_upto=None)
-        applied = {"resume": mode, "moved": moved, "kept_step": None}
+        applied = ResumeApplied(resume=mode, moved=moved, kept_step=None)
         if branch is not None:  # a branch's step 0 is its branch point
             return replace(branch_point(*branch, full, check), applied=applied)
         return Choice(Resume(), applied=applied)
@@ -110,7 +115,7 @@ def choose(
             return Choice(Resume(), stop=f"resume={mode}: {directory}: {reason}")
         moved = discard(root, keep_upto=step)
         found = Resume(directory, read_manifest(directory))
-        return Choice(found, applied={"resume": mode, "moved": moved, "kept_step": step})
+        return Choice(found, applied=ResumeApplied(resume=mode, moved=moved, kept_step=step))
     found = find_resumable(root, full, loadable(check, full))
     published = ledger.published_since_reset(events)
     if found.path is None and not published and branch is not None:

@@ -1,23 +1,30 @@
 """Parallel checkpoint verification: every rank checksums its own files, and the ranks agree.
 
-At 66B rank 0 alone would read ~0.9 TB before training. Instead rank 0 walks the candidates
-(select.choose: manifest and sizes, cheap) and hands each one that passes to `check`, which every
-rank runs together: rank R checksums the files it wrote and will read (`format.files_for_rank`:
-its ZeRO partition and RNG state, plus a size-balanced share of the shared files), beating the
-watchdog as it reads, and all ranks gather the verdicts, so each learns the same answer (the first
-bad file named). Rank 0 records `checkpoint_verified` (bytes and seconds of the slowest rank: the
-measured read rate of later deadlines).
+Rank 0 alone would read the whole checkpoint (terabytes at scale) before training. Instead rank 0
+walks the candidates (select.choose: manifest and sizes, cheap) and hands each one that passes to
+`check`, which every rank runs together: rank R checksums the files it wrote and will read
+(`checkpoint_format.files_for_rank`), beating the watchdog as it reads, and all ranks gather the
+verdicts, so each learns the same answer (the first bad file named). Rank 0 records
+`checkpoint_verified` (bytes and seconds of the slowest rank: the read rate of later deadlines).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from slurmtrain.common import checkpoint_format
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute.checkpoint import select
 from slurmtrain.compute.distributed import broadcast
+from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.planning.deadlines import VERIFY, Deadlines, from_config
+
+Record = Callable[..., object]  # the attempt's ledger write
+Verdict = tuple[Optional[str], int, float, int]  # (reason, bytes, seconds, files) of one rank
+_NO_MORE: Optional[str] = None  # what `done` sends: the other ranks stop serving
 
 
 class ParallelVerify:
@@ -28,9 +35,9 @@ class ParallelVerify:
         self,
         rank: int,
         world: int,
-        watchdog: Any,
+        watchdog: Watchdog,
         deadlines: Deadlines,
-        record: Callable[..., Any],
+        record: Record,
     ) -> None:
         self.rank, self.world, self.watchdog = rank, world, watchdog
         self.deadlines, self.record = deadlines, record
@@ -40,16 +47,17 @@ class ParallelVerify:
         return self._verify(directory)
 
     def done(self) -> None:
-        broadcast(None)
+        broadcast(_NO_MORE)
 
     def serve(self) -> None:
-        while (directory := broadcast(None)) is not None:
+        while (directory := broadcast(_NO_MORE)) is not None:
             self._verify(Path(directory))
 
     def _verify(self, directory: Path) -> Optional[str]:
         import torch.distributed as dist
 
         t0 = time.time()
+        reason: Optional[str]
         try:
             listed = checkpoint_format.read_manifest(directory).get("files") or {}
         except (OSError, ValueError) as err:
@@ -63,7 +71,7 @@ class ParallelVerify:
             with self.watchdog.during(VERIFY, self.deadlines.read_s(nbytes), what):
                 beat = self.watchdog.progress(VERIFY, what)
                 reason = checkpoint_format.verify_files(directory, mine, beat)
-        verdicts: list[Any] = [None] * self.world
+        verdicts: list[Verdict] = [(None, 0, 0.0, 0)] * self.world
         dist.all_gather_object(verdicts, (reason, nbytes, time.time() - t0, len(mine)))
         bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
         agreed = f"{bad[0][1]} (rank {bad[0][0]})" if bad else None
@@ -82,57 +90,56 @@ class ParallelVerify:
 
 
 def choose(
-    cfg: Any,
-    run: Any,
+    cfg: RootConfig,
+    run: RunDir,
     rank: int,
     world: int,
-    watchdog: Any,
-    record: Callable[..., Any],
-    events: Optional[list[dict[str, Any]]] = None,
-) -> tuple[Any, Deadlines]:
+    watchdog: Watchdog,
+    record: Record,
+    events: Optional[select.Rows] = None,
+) -> tuple[select.Choice, Deadlines]:
     """Collective: this attempt's phase deadlines (rank 0 reads the ledger's measured rates) and
     the checkpoint to start from (select.choose on rank 0, the checksums on every rank).
     `events`: rank 0's run tier when the caller has it (no rank's row is needed here)."""
-    from slurmtrain.compute.checkpoint import select
-
     if rank == 0 and events is None:  # (a stand-in `run` with events() alone still works)
         events = getattr(run, "run_events", run.events)()
-    events = events if rank == 0 else []
-    limits = broadcast(from_config(cfg.faults, events, world) if rank == 0 else None)
+    rows: select.Rows = events if rank == 0 and events is not None else []
+    limits = broadcast(from_config(cfg.faults, rows, world) if rank == 0 else None)
+    assert limits is not None  # rank 0's
     record("deadlines", **limits.summary())
     watchdog.phase(VERIFY, limits.startup_s)
     checks = ParallelVerify(rank, world, watchdog, limits, record)
     full = cfg.checkpoint.verify == "checksum"
-    choice = None
+    choice: Optional[select.Choice] = None
     if rank == 0:
         try:
             check = checks.check if full else None
             parent = getattr(cfg, "resume_from", None)  # a branch (login/branch.py)
             branch = (str(parent), int(cfg.data.skip_samples)) if parent else None
-            choice = select.choose(run.checkpoints, events, str(cfg.resume), full, check, branch)
+            choice = select.choose(run.checkpoints, rows, str(cfg.resume), full, check, branch)
         finally:
             checks.done()  # the other ranks stop serving (also when rank 0 failed)
     else:
         checks.serve()
-    return broadcast(choice), limits
+    agreed = broadcast(choice)
+    assert agreed is not None  # rank 0's: it returned one or raised
+    return agreed, limits
 
 
 def newest_valid(
-    cfg: Any,
-    run: Any,
+    cfg: RootConfig,
+    run: RunDir,
     rank: int,
     world: int,
-    watchdog: Any,
+    watchdog: Watchdog,
     deadlines: Deadlines,
-    record: Callable[..., Any],
+    record: Record,
     before: Optional[int] = None,
-) -> Any:
+) -> checkpoint_format.Resume:
     """Collective: the newest checkpoint that validates and is not marked unloadable (a
     rollback's target, or the one tried after a load failed), its files checked by every rank in
     parallel as at start-up, never rank 0 alone under the step's deadline. `before`: only
     checkpoints older than that step (a repeated divergence goes further back)."""
-    from slurmtrain.compute.checkpoint import select
-
     checks = ParallelVerify(rank, world, watchdog, deadlines, record)
     full = cfg.checkpoint.verify == "checksum"
     loadable = select.loadable(checks.check if full else None, full)
@@ -142,14 +149,12 @@ def newest_valid(
             return f"not older than step {before}"
         return loadable(directory)
 
-    found = None
+    found: Optional[checkpoint_format.Resume] = None
     if rank == 0:
         try:
             found = checkpoint_format.find_resumable(run.checkpoints, full, candidate)
             if found.path is None and getattr(cfg, "resume_from", None):  # a branch, unsaved
-                from slurmtrain.compute.checkpoint.select import branch_point
-
-                found = branch_point(
+                found = select.branch_point(
                     str(cfg.resume_from),
                     int(cfg.data.skip_samples),
                     full,
@@ -159,4 +164,6 @@ def newest_valid(
             checks.done()
     else:
         checks.serve()
-    return broadcast(found)
+    agreed = broadcast(found)
+    assert agreed is not None  # rank 0's: it returned one or raised
+    return agreed

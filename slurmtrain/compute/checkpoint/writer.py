@@ -1,20 +1,16 @@
 """The checkpoint engine DeepSpeed writes through (compute node): each rank owns its files.
 
 DeepSpeed hands every shard to `engine.checkpoint_engine.save(state, path)`. This engine
-- under ZeRO-1/2 leaves the module weights out of the model-states file (module_states.py: the
-  fp32 partitions every rank writes hold them; no rank writes or reads the full model);
-- writes, fsyncs and hashes the shard on the rank that produced it (no rank re-reads another's files),
-  with O_DIRECT from reused aligned buffers (direct_io.py: the page-cache copy was what a save spent
-  its time on), through the page cache (`_RawFile`) where the filesystem refuses O_DIRECT;
-- keeps a disk error (ENOSPC, EIO...) instead of raising it: DeepSpeed's `save_checkpoint` runs
-  barriers between shards, and a rank leaving it early would hang or desynchronise the others; the
-  ranks agree on the outcome afterwards;
-- in deferred (async) mode only copies the state into host memory (a reused buffer pool, pinned on
-  GPUs, views and shared storages preserved like `torch.save` does) and writes it later, from a
-  background thread, with `flush()`. Once the run's optimizer has been seen stepping through
-  torch's optimizer step hooks, even the copy leaves the loop: `save` only lays out the buffers,
-  the background thread copies, and the next optimizer step (the first write to any saved tensor)
-  waits for the copy in a global step pre-hook, or does it itself if the thread has not started.
+- under ZeRO-1/2 leaves the module weights out of the model-states file (module_states.py);
+- writes, fsyncs and hashes each shard on the rank that produced it, with O_DIRECT from reused
+  aligned buffers (direct_io.py), or through the page cache (`_RawFile`) where O_DIRECT is refused;
+- keeps a disk error (ENOSPC, EIO...) instead of raising it: `save_checkpoint` runs barriers
+  between shards, and a rank leaving early would hang the others; the ranks agree afterwards;
+- in deferred (async) mode copies the state into reused host buffers (pinned on GPUs, shared
+  storages preserved as `torch.save` does) and writes it later from a background thread (`flush`).
+  Once the optimizer has been seen stepping, even the copy leaves the loop: `save` only lays out
+  the buffers, and the next optimizer step (the first write to a saved tensor) waits for the copy
+  in a global step pre-hook, or does it itself.
 """
 
 from __future__ import annotations
@@ -26,15 +22,20 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from slurmtrain.common.checkpoint_format import CHECKSUM, Crc32
+from slurmtrain.common.checkpoint_format import Crc32
 from slurmtrain.compute.checkpoint import direct_io, module_states, safe_load
 from slurmtrain.compute.checkpoint.hostpool import HostPool
+from slurmtrain.compute.checkpoint.markers import FileEntry, RankReport
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+    from typing_extensions import Buffer
 
 Hook = Callable[[int, str], None]  # (step, file name) after each shard is on disk
 Progress = Callable[[int], None]  # bytes this rank wrote in the current save so far, per chunk
@@ -69,20 +70,19 @@ _SYNC_RANGE = _sync_file_range()
 
 
 class _RawFile:
-    """What torch.save writes into: its records arrive whole (tensor storages without a copy) and
-    go to the file descriptor in 16 MiB `os.write` calls, hashed on the same buffers (no re-read).
+    """What torch.save writes into, through the page cache: records go to the file descriptor in
+    16 MiB `os.write` calls, hashed on the same buffers (no re-read).
 
-    The CRC-32 of a chunk runs on a helper thread while the next chunk is written (zlib and
-    os.write both release the GIL): a save costs max(write, hash), not their sum. A record's
-    memory is only borrowed for the call (torch frees a GPU storage's host copy right after), so
-    `write` returns once its chunks are hashed. Each full 64 MiB window is handed to the disk at
-    once (sync_file_range WRITE) and the one two windows back waited for (a few windows dirty at
-    most), so the disk writes while the next bytes are copied: the final fsync waits for the last
-    windows only, where `dd conv=fsync` waits for all of them. Keeps the OSError.
+    A chunk's CRC-32 runs on a helper thread while the next is written (both release the GIL): a
+    save costs max(write, hash). A record's memory is only borrowed for the call, so `write`
+    returns once its chunks are hashed. Each full 64 MiB window is handed to the disk at once
+    (sync_file_range WRITE) and the one two windows back waited for, so the final fsync waits for
+    the last windows only. Keeps the OSError.
     """
 
     def __init__(self, fd: int, hashing: bool, progress: Optional[Progress] = None) -> None:
-        self.fd, self.error, self.progress = fd, None, progress
+        self.fd, self.progress = fd, progress
+        self.error: Optional[OSError] = None
         self.checksum = Crc32() if hashing else None
         self.hasher = ThreadPoolExecutor(1, "checkpoint-crc") if hashing else None
         self.hash_seconds = 0.0  # time `write` waited for hashing (what overlap did not hide)
@@ -92,7 +92,7 @@ class _RawFile:
         self.windows: list[tuple[int, int]] = []  # handed to the disk, not yet waited for
         self.writeback = _SYNC_RANGE
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")
         if self.checksum is not None and len(view) < _CHUNK:  # headers, pickle: hash inline
             self._write(view)
@@ -100,7 +100,7 @@ class _RawFile:
             self.checksum.update(view)
             self.hash_seconds += time.perf_counter() - started
             return len(view)
-        pending: Optional[Future] = None
+        pending: Optional[Future[None]] = None
         try:
             done = 0
             while done < len(view):
@@ -157,7 +157,9 @@ class _RawFile:
         pass
 
 
-def _torch_save(state: Any, sink: _RawFile, zipfile_serialization: bool) -> None:
+def _torch_save(
+    state: object, sink: Union[_RawFile, direct_io.DirectFile], zipfile_serialization: bool
+) -> None:
     """torch.save without the zip records' own CRC-32 (a second pass over every byte, in miniz):
     the manifest's checksum covers the whole file. The file stays a plain torch.load file."""
     config = getattr(getattr(torch.utils, "serialization", None), "config", None)
@@ -169,10 +171,12 @@ def _torch_save(state: Any, sink: _RawFile, zipfile_serialization: bool) -> None
 
 
 _WRITERS: "weakref.WeakSet[ShardWriter]" = weakref.WeakSet()
-_HOOK: list[Any] = []  # the global optimizer step pre-hook's handle, registered once
+_HOOK: list[RemovableHandle] = []  # the global optimizer step pre-hook's handle, registered once
 
 
-def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _before_optimizer_step(
+    optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
+) -> None:
     """Every optimizer step of the process: no saved tensor changes before its copy is taken."""
     for writer in list(_WRITERS):
         writer.steps_seen += 1
@@ -182,7 +186,7 @@ def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             writer.seconds["step_wait"] += time.perf_counter() - started
 
 
-class ShardWriter(TorchCheckpointEngine):
+class ShardWriter(TorchCheckpointEngine):  # type: ignore[misc]  # deepspeed is not followed
     """One rank's writer for one save at a time: `begin`, DeepSpeed's saves, `flush`, `report`."""
 
     def __init__(
@@ -208,13 +212,13 @@ class ShardWriter(TorchCheckpointEngine):
 
     def begin(self, step: int, directory: str, deferred: bool) -> None:
         self.step, self.directory, self.deferred = step, directory, deferred
-        self.pending: list[tuple[Any, str]] = []
-        self.files: dict[str, dict[str, Any]] = {}
+        self.pending: list[tuple[object, str]] = []
+        self.files: dict[str, FileEntry] = {}
         self.error: Optional[str] = None
         self.written = 0  # bytes this rank wrote in this save (what `progress` is told)
-        # where this rank's save went: serialize (pickling, Python), write (os.write: copying into
-        # the page cache), disk_wait (for writeback), hash (not hidden by the overlap), fsync, copy
-        # (async: to host); step_wait: the loop's next optimizer step waited for the copy
+        # where this rank's save went: serialize (pickling), write (copying into the page cache or
+        # the aligned buffers), disk_wait, hash (not hidden by the overlap), fsync, copy (async:
+        # to host); step_wait: the loop's next optimizer step waited for the copy
         self.seconds = dict.fromkeys(
             ["serialize", "write", "disk_wait", "hash", "fsync", "copy", "step_wait"], 0.0
         )
@@ -226,10 +230,10 @@ class ShardWriter(TorchCheckpointEngine):
             where = f" ({free:,} bytes free there)" if free is not None else ""
             self.error = f"writing {os.path.basename(path)}: {type(err).__name__}: {err}{where}"
 
-    def create(self, info: Any) -> None:  # DeepSpeed's per-save notice; nothing to prepare
+    def create(self, info: object) -> None:  # DeepSpeed's per-save notice; nothing to prepare
         pass
 
-    def commit(self, info: Any) -> bool:
+    def commit(self, info: object) -> bool:
         return True
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
@@ -238,7 +242,7 @@ class ShardWriter(TorchCheckpointEngine):
         except OSError as err:
             self._fail(err, path)
 
-    def save(self, state_dict: Any, path: str) -> None:
+    def save(self, state_dict: object, path: str) -> None:
         if self.error is not None:
             return
         state_dict = module_states.strip(state_dict, path)  # ZeRO-1/2: the partitions hold them
@@ -247,7 +251,7 @@ class ShardWriter(TorchCheckpointEngine):
         else:
             self._write(state_dict, path)
 
-    def load(self, path: str, map_location: Any = None) -> Any:
+    def load(self, path: str, map_location: Union[str, torch.device, None] = None) -> object:
         """DeepSpeed's loads: the whole file is handed to the kernel's read-ahead first, so the
         disk streams it while torch.load allocates and unpickles (the file is torch.load's own)."""
         try:
@@ -267,10 +271,10 @@ class ShardWriter(TorchCheckpointEngine):
         if not self.pool.lazy:
             self.pool.sync()
 
-    def _write(self, state: Any, path: str) -> None:
+    def _write(self, state: object, path: str) -> None:
         sink: Optional[Union[_RawFile, direct_io.DirectFile]] = None
-        before = self.written
-        progress = None if self.progress is None else lambda n: self.progress(before + n)
+        before, told = self.written, self.progress
+        progress: Optional[Progress] = None if told is None else lambda n: told(before + n)
         try:
             hashing = self.verify == "checksum"
             fd = direct_io.open_direct(path) if self.direct else None
@@ -298,9 +302,9 @@ class ShardWriter(TorchCheckpointEngine):
                 if sink is not None:
                     sink.close()
                 os.close(fd)
-            entry: dict[str, Any] = {"size": os.path.getsize(path)}
+            entry: FileEntry = {"size": os.path.getsize(path)}
             if sink.checksum is not None:
-                entry[CHECKSUM] = sink.checksum.hexdigest()
+                entry["crc32"] = sink.checksum.hexdigest()  # checkpoint_format.CHECKSUM
         except (OSError, RuntimeError) as err:
             # torch's zip writer turns ENOSPC into "unexpected pos"; the file kept the real error
             self._fail(sink.error if sink is not None and sink.error else err, path)
@@ -330,7 +334,7 @@ class ShardWriter(TorchCheckpointEngine):
             except OSError:
                 pass
 
-    def report(self, rank: int) -> dict[str, Any]:
+    def report(self, rank: int) -> RankReport:
         return {
             "rank": rank,
             "ok": self.error is None,

@@ -1,13 +1,10 @@
 """The health gate: a quick check of every node before the model is loaded.
 
-A node with a broken GPU, wrong arithmetic or a slow link costs a whole job; finding it takes
-seconds here. Each rank checks its devices, a matmul against a float64 reference, free device
-memory, and times an all-reduce; results are gathered, and a failing or much slower node goes to
-the run's bad-node ledger (`bad_nodes.jsonl`) so the next attempt excludes it.
-
-It must not flag healthy nodes: every timed call is warmed up first (the first cuBLAS/NCCL call
-pays set-up), times come from device events on GPUs (perf_counter on CPUs) after a synchronize,
-the all-reduce starts after a barrier, and the matmul tolerance admits TF32 (a site may force it).
+A node with a broken GPU, wrong arithmetic or a slow link costs a whole job. Each rank checks its
+devices, a matmul against a float64 reference, free device memory, and times an all-reduce; a
+failing or much slower node goes to the run's bad-node ledger so the next attempt excludes it.
+Healthy nodes must pass: timed calls are warmed up, timed with device events after a synchronize,
+the all-reduce starts after a barrier, and the matmul tolerance admits TF32.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -31,6 +28,14 @@ class RankHealth:
     allreduce_s: float
     allreduce_gbps: float = 0.0  # bus bandwidth of the timed all-reduce (nccl-tests' busbw)
     free_gib: float = -1.0  # device memory free before loading (-1: not a GPU)
+
+
+class BadNode(TypedDict):
+    """A node the gate failed: a row of the run's bad-node ledger."""
+
+    node: str
+    rank: int
+    reason: str
 
 
 MATMUL_N = 512
@@ -59,7 +64,7 @@ class _Timer:
             self.t0 = time.perf_counter()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.cuda:
             self.end.record()
             self.end.synchronize()
@@ -141,12 +146,12 @@ def check_rank(
     return RankHealth(node, rank, ok, "" if ok else reason, seconds, allreduce, gbps, free)
 
 
-def gate(mine: RankHealth, world: int, slow_factor: float) -> list[dict[str, Any]]:
+def gate(mine: RankHealth, world: int, slow_factor: float) -> list[BadNode]:
     """Gather every rank's result; the nodes that fail (or are `slow_factor` x the median)."""
-    everyone: list[Any] = [None] * world
+    everyone = [mine] * world  # each entry replaced by that rank's
     dist.all_gather_object(everyone, mine)
     median = statistics.median(h.matmul_s for h in everyone)
-    bad: dict[str, dict[str, Any]] = {}
+    bad: dict[str, BadNode] = {}
     for h in everyone:
         if not h.ok:
             bad.setdefault(h.node, {"node": h.node, "rank": h.rank, "reason": h.reason})

@@ -1,22 +1,14 @@
 """Fault injection for tests and drills, from `SLURMTRAIN_INJECT="key=value,..."` (compute node).
 
-Real failures are rare and slow to wait for; these hooks make them happen on cue through the real
-code path: `step_delay=0.2` (seconds added to every step), `crash_at_step=N`, `stall_at_step=N` with
-`stall_rank=R` (sleeps forever), `slow_rank=R` with `slow_factor=F`, `bad_node=NODE` (health gate),
-`kill_during_save=N` (every rank SIGKILLs itself right after writing its first shard of step N's
-save: a partial `step_N.tmp/`), `shard_delay=S` (seconds after each shard written: a slow disk),
-`bad_rank=R` (the node of rank R fails the health gate), `nan_at_step=N` (step N's loss is NaN on
-rank `nan_rank`, default every rank: once per process, or every time with `nan_repeat=1`),
-`fail_before_start=1` (every rank raises after the rendezvous, before the attempt's `started`
-event: a start-up failure), `absent_rank=R` (rank R stops itself, SIGSTOP, before the rendezvous,
-once per run: a node wedged in start-up, whose ranks never join). `attempts=1` (or `1+2`) confines
-every injection to those attempts, so a drill can fail once and then recover. `name_suffix=-smoke` confines them to runs whose name
-ends so (the smoke job of a smoke=true chain, not the big one: both inherit the submitting
-shell's environment).
+Real failures are rare and slow to wait for; these make them happen on cue through the real code
+path: `step_delay=S`, `crash_at_step=N`, `stall_at_step=N` (+`stall_rank=R`), `slow_rank=R`
+(+`slow_factor=F`), `bad_node=NODE` / `bad_rank=R` (health gate), `kill_during_save=N` (SIGKILL
+after the first shard of step N's save), `shard_delay=S`, `nan_at_step=N` (+`nan_rank`,
+`nan_repeat=1`), `fail_before_start=1`, `absent_rank=R` (SIGSTOP before the rendezvous, once per
+run). `attempts=1+2` confines them to those attempts; `name_suffix=-smoke` to runs so named.
 
-Only a run whose command says `faults.allow_inject=true` is injected (`allowed`): the login node
-refuses the variable without it (login/prepare.py) and the batch script unsets it, so a
-production job never inherits a drill's setting from the shell that submitted it.
+Only a run with `faults.allow_inject=true` is injected: the login node refuses the variable without
+it and the batch script unsets it, so production never inherits a drill's setting.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """One run, one job: rank 0 claims the run before training, or refuses while another job holds it.
 
-The ledger's newest `submitted`/`started` event names the run's owner. A job that is not the owner
-trains only once Slurm says the owner is gone (ended, or forgotten); while the owner lives, the
-newcomer records `duplicate_refused` and exits with EXIT_DUPLICATE, before touching checkpoints.
-The check and this attempt's `started` event are made under the run's lock (RunDir.locked), so two
-jobs starting at once cannot both see the run free. When Slurm cannot be asked, the attempt fails
-(class crash, within its budget) instead of guessing.
+The ledger's newest `submitted`/`started` event names the owner. A job that is not the owner
+trains only once Slurm says the owner is gone; meanwhile it records `duplicate_refused` and exits
+with EXIT_DUPLICATE, before touching checkpoints. The check and the `started` event are made under
+the run's lock, so two jobs starting at once cannot both see the run free; when Slurm cannot be
+asked, the attempt fails (class crash) instead of guessing.
 
-A free run may still be cancelled (`cli cancel`): a job the cancel named, or one queued before it
-that it missed, records `attempt_ended{cancelled}` and exits without training or resubmitting. A
-user submission after the cancel lifts it: the same command again (recorded at the login node), or
-a hand `sbatch job.sbatch`, which the start records as `submitted` (by=hand) since slurmtrain did
-not: Slurm's SubmitTime says it came after the cancel.
+A run cancelled with `cli cancel` does not train: a job the cancel named, or one queued before it,
+records `attempt_ended{cancelled}` and exits. A submission after the cancel lifts it (the same
+command again, or a hand `sbatch`, recorded at start as `submitted` by=hand).
 """
 
 from __future__ import annotations
@@ -19,13 +16,20 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
-from slurmtrain.common import ledger
-from slurmtrain.common.rundir import RunDir, slurm_job_alive
+from slurmtrain.common import events, ledger
+from slurmtrain.common.liveness import slurm_job_alive
+from slurmtrain.common.rundir import RunDir
 
 FREE, DUPLICATE, UNKNOWN = "free", "duplicate", "unknown"
 CANCELLED, LIFTED = "cancelled", "lifted"
+Row = dict[str, object]  # a ledger row
+
+
+def _seconds(value: object) -> float:
+    """A row's `time` (epoch seconds); 0 when absent."""
+    return float(value) if isinstance(value, (int, float, str)) else 0.0
 
 
 def my_job_ids(env: Mapping[str, str] = os.environ) -> set[str]:
@@ -41,8 +45,8 @@ def under_slurm(env: Mapping[str, str] = os.environ) -> bool:
 
 
 def check(
-    run: RunDir, mine: set[str], events: Optional[list[dict[str, Any]]] = None
-) -> tuple[str, Optional[dict[str, Any]]]:
+    run: RunDir, mine: set[str], events: Optional[list[Row]] = None
+) -> tuple[str, Optional[Row]]:
     """(FREE | DUPLICATE | UNKNOWN, the owner's ledger row). Call under run.locked().
     `events`: the run tier when the caller has read it (owners live there: `submitted`,
     `started`; no rank's row is read)."""
@@ -50,7 +54,7 @@ def check(
     # A job queued to start after this one (smoke chain: `after`; a time-limit restart) waits for
     # it to end: it is the next owner, not a competitor.
     rows = [e for e in events if str(e.get("after") or "") not in mine]
-    own = ledger.owner(rows)
+    own: Optional[Row] = ledger.owner(rows)
     if own is None or str(own.get("job_id")) in mine or own.get("executor") == "local":
         return FREE, own
     alive = slurm_job_alive(str(own["job_id"]))
@@ -61,7 +65,7 @@ def check(
     return (DUPLICATE if alive else UNKNOWN), own
 
 
-def submitted_by_user(event: dict[str, Any]) -> bool:
+def submitted_by_user(event: Mapping[str, object]) -> bool:
     """A `submitted` row of a user's submission (login node, or a hand job recorded at its start),
     not a supervisor's resubmission (`requeue_of`). (common/windows.py's
     user_submission(events, job_id) answers the neighbouring question: a job id slurmtrain never
@@ -70,7 +74,7 @@ def submitted_by_user(event: dict[str, Any]) -> bool:
 
 
 def cancelled_start(
-    events: list[dict[str, Any]], mine: set[str], submit_time: Callable[[], Optional[float]]
+    events: list[Row], mine: set[str], submit_time: Callable[[], Optional[float]]
 ) -> Optional[str]:
     """Whether a `cli cancel` stands in the way of this start: None (it does not), CANCELLED (do
     not train), LIFTED (a hand job submitted after the cancel: a user submission, to record).
@@ -79,10 +83,11 @@ def cancelled_start(
     cancels = [e for e in events if e["event"] == "cancelled"]
     if not cancels:
         return None
-    at = float(cancels[-1].get("time", 0))
-    if mine & {str(j) for j in cancels[-1].get("job_ids") or []}:
+    at = _seconds(cancels[-1].get("time"))
+    named = cancels[-1].get("job_ids")
+    if isinstance(named, list) and mine & {str(j) for j in named}:
         return CANCELLED
-    if any(submitted_by_user(e) and float(e.get("time", 0)) >= at for e in events):
+    if any(submitted_by_user(e) and _seconds(e.get("time")) >= at for e in events):
         return None  # the user submitted the run again after the cancel
     if any(e["event"] == "submitted" and str(e.get("job_id")) in mine for e in events):
         return CANCELLED  # queued before the cancel, or a resubmission racing it
@@ -107,7 +112,7 @@ def submit_time(job_id: str) -> Optional[float]:
         return None
 
 
-def honour_cancel(run: RunDir, mine: set[str], rows: list[dict[str, Any]], **row: Any) -> bool:
+def honour_cancel(run: RunDir, mine: set[str], rows: list[Row], **row: object) -> bool:
     """Rank 0, under the run's lock, once the run is free: False when this job may train (a hand
     submission after the cancel is recorded first), True when a cancel stops it (recorded as
     `attempt_ended{cancelled}`: the supervisor neither restarts nor resubmits it). `row`: job_id,
@@ -124,7 +129,7 @@ def honour_cancel(run: RunDir, mine: set[str], rows: list[dict[str, Any]], **row
         )
         return False
     fields = dict(attempt=None, nodes=[row["node"]], rank=0, closed_by="start", **row)
-    rows.append(run.record("attempt_ended", **fields, **{"class": ledger.CANCELLED}))
+    rows.append(run.record(events.attempt_ended(ledger.CANCELLED), **fields))
     print(
         f"slurmtrain: job {job_id} does not train {run.path}: the run was cancelled "
         f"(`cli cancel`) and not submitted again since; submit it again to resume",

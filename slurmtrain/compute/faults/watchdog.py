@@ -1,17 +1,13 @@
 """Hang watchdog: a thread per rank that ends a job which stopped making progress.
 
-A rank stuck in a collective (a peer died, a deadlock, a stalled filesystem) makes no error of its
-own and burns the allocation until the time limit. Each phase of an attempt (start-up's rendezvous,
-health gate, verification, build, load; steps; saves) has its own deadline, scaled from the bytes
-it moves (planning/deadlines.py); past it without a beat, every thread's stack goes to its node's
-`<run>/hangs/attempt{A}.{node}.txt` (one O_APPEND write per rank under a `==== rank R ====` line:
-an all-rank hang of 512 ranks makes 64 files, not 512), the hang is recorded naming the phase, and
-the process exits with EXIT_HANG so the supervisor restarts the run (class: hang).
+A rank stuck in a collective (a peer died, a deadlock, a stalled filesystem) raises nothing and
+burns the allocation. Each phase of an attempt has its own deadline, scaled from the bytes it moves
+(planning/deadlines.py); past it without a beat, every thread's stack goes to the node's
+`<run>/hangs/attempt{A}.{node}.txt`, the hang is recorded naming the phase, and the process exits
+with EXIT_HANG so the supervisor restarts the run.
 
-The exit never waits on the filesystem: a hang is often the filesystem itself (an NFS server that
-stopped answering), and a watchdog that blocks in `open()` or `write()` would hang with the rank it
-guards. The stack dump and the `failed` record each run in a daemon thread given `write_s` seconds;
-one that has not finished by then is abandoned, and `os._exit` follows regardless.
+The exit never waits on the filesystem, which is often what hangs: the dump and the record each
+run in a daemon thread given `write_s` seconds, and `os._exit` follows regardless.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from slurmtrain.compute.distributed import dump_collectives, follow_phase
 WRITE_S = 10.0  # each filesystem write of the exit path (stacks, record) gets at most this
 
 
-def bounded(fn: Callable[[], None], seconds: float, what: str) -> bool:
+def bounded(fn: Callable[[], object], seconds: float, what: str) -> bool:
     """Run `fn` in a daemon thread; True if it finished within `seconds` (else it is abandoned:
     the process is about to `os._exit`, which ends the thread wherever it is blocked)."""
     done = threading.Event()
@@ -51,8 +47,8 @@ def bounded(fn: Callable[[], None], seconds: float, what: str) -> bool:
 
 
 def say(text: str, wait_s: float = 0.5) -> None:
-    """Write to stderr, waiting at most `wait_s`: stderr is a pipe to slurmstepd, which may itself
-    be stuck writing the log to the stalled filesystem (then a full pipe blocks the writer)."""
+    """Write to stderr, waiting at most `wait_s`: slurmstepd may itself be stuck writing the log to
+    the stalled filesystem, and then a full pipe blocks the writer."""
 
     def write() -> None:
         try:
@@ -67,8 +63,8 @@ def say(text: str, wait_s: float = 0.5) -> None:
 
 
 def stacks_text(header: str) -> str:
-    """Every thread's stack, gathered in memory (faulthandler writes to a file descriptor while
-    holding the GIL: blocked there, it would stop the thread that must call os._exit)."""
+    """Every thread's stack, gathered in memory (faulthandler, blocked on a write while holding the
+    GIL, would stop the thread that must call os._exit)."""
     import traceback
 
     out = io.StringIO()
@@ -83,10 +79,9 @@ def stacks_text(header: str) -> str:
 class Watchdog:
     """Fires when the current phase goes `deadline_s` without a beat.
 
-    `phase(name, deadline_s)` starts a phase (start-up steps, `step`, `save`, `eval`: see
-    planning/deadlines.py) with its own deadline; `beat(what)` within it starts the deadline over;
-    `during(name, deadline_s)` is a phase that gives the previous one back when it ends. A hang
-    report names the phase, its deadline and the last beat.
+    `phase(name, deadline_s)` starts a phase with its own deadline, `beat(what)` starts it over,
+    `during(name, deadline_s)` gives the previous phase back when it ends. A hang report names the
+    phase, its deadline and the last beat.
     """
 
     def __init__(
@@ -100,8 +95,7 @@ class Watchdog:
         clock: Callable[[], float] = time.monotonic,
         rank: Optional[int] = None,
     ) -> None:
-        """`rank`: the dump is one block of the node's shared file (`stacks`), headed by the rank;
-        None: `stacks` is this rank's own file."""
+        """`rank`: the dump is one block of the node's shared file `stacks`; None: its own file."""
         self.stacks, self.on_hang, self.exit_code = stacks, on_hang, exit_code
         self.rank, self.dumped = rank, False
         self.write_s, self.clock = write_s, clock
@@ -113,7 +107,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._watch, name="slurmtrain-watchdog", daemon=True)
 
     @property
-    def timeout_s(self) -> float:  # the current phase's deadline (the name of old)
+    def timeout_s(self) -> float:  # the current phase's deadline
         return self.deadline_s
 
     def start(self) -> "Watchdog":
@@ -125,7 +119,7 @@ class Watchdog:
         with self._lock:
             self.current, self.deadline_s = name, float(deadline_s)
             self.last, self.what = self.clock(), what or name
-        # The collective timeout stays above this phase's deadline (compute/distributed.py rule).
+        # the collective timeout stays above this phase's deadline (distributed.py)
         follow_phase(name, deadline_s)
 
     @contextlib.contextmanager
@@ -188,16 +182,15 @@ class Watchdog:
             text = stacks_text(f"{why}\n")
             say(text)  # srun's log too, never waited for
             bounded(lambda: self._dump(text), self.write_s, "stack dump")
-            # The collectives this rank is in (flight recorder -> RUN_DIR/logs/nccl_trace.*):
-            # NCCL's own timeout dump never comes, the watchdog fires first by design.
+            # NCCL's own dump never comes (the watchdog fires first): write the flight recorder
             bounded(dump_collectives, self.write_s, "collective trace")
             bounded(lambda: self.on_hang(why), self.write_s, "hang record")
         finally:
             os._exit(self.exit_code)
 
     def dump_after_peer_failure(self, header: str) -> None:
-        """A peer died or hung first and this rank's collective failed: leave this rank's stacks
-        beside the hung one's (where it waited), unless its own watchdog already wrote them."""
+        """A peer failed first and this rank's collective failed: leave its stacks beside the hung
+        one's, unless its own watchdog already wrote them."""
         if not self.dumped:
             text = stacks_text(header)
             bounded(lambda: self._dump(text), self.write_s, "stack dump")

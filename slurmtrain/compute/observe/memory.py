@@ -1,21 +1,21 @@
-"""The planner checked against this run: peak tensor memory from model build to step N vs the plan.
+"""The planner checked against this run: peak tensor memory up to step N vs the plan.
 
-`train.memory_check_step=N` measures what every rank allocated (GPUs: the caching allocator's peak,
-`torch.cuda.max_memory_allocated`; CPUs: PyTorch's profiler, which sees every CPU tensor allocation
-and free, so its running sum is the CPU twin of that figure). The ranks agree on the largest peak;
-rank 0 records it in the ledger (`memory_checked`) beside the planner's estimate for this very
-configuration, and warns when the plan was low: a plan that under-estimates is a job that dies of
-OOM on a bigger machine.
+`train.memory_check_step=N` measures what every rank allocated (GPUs: the caching allocator's
+peak; CPUs: the profiler's running sum of CPU allocations). Rank 0 records the largest peak
+(`memory_checked`) beside the planner's estimate and warns when the plan was low: an
+under-estimate is a job that dies of OOM on a bigger machine.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
-Record = Callable[..., None]
+from slurmtrain.common.schema import RootConfig
+
+Record = Callable[..., object]  # the attempt's ledger write
 TOLERANCE = 0.25  # a measured peak above the plan by more than this gets a warning
 
 
@@ -23,7 +23,7 @@ class MemoryCheck:
     """Start before the model is built; `after_step` on every rank; done at step `at`."""
 
     def __init__(
-        self, cfg: Any, device: torch.device, rank: int, world: int, record: Record
+        self, cfg: RootConfig, device: torch.device, rank: int, world: int, record: Record
     ) -> None:
         self.cfg, self.device, self.rank, self.world, self.record = cfg, device, rank, world, record
         self.at = int(cfg.train.memory_check_step)
@@ -68,7 +68,7 @@ class MemoryCheck:
         return cpu_peak(prof)
 
     def _report(self, measured: int, step: int) -> None:
-        from slurmtrain.common.schema import tasks_per_node
+        from slurmtrain.common.derived import tasks_per_node
         from slurmtrain.planning.preflight import memory_plan
 
         # The nodes this attempt really got (a `nodes=2-4` range may start on any of them).
@@ -99,7 +99,7 @@ class MemoryCheck:
         print(line, file=sys.stderr, flush=True)
 
 
-def cpu_peak(prof: Any) -> int:
+def cpu_peak(prof: torch.profiler.profile) -> int:
     """Largest running sum of the CPU allocations and frees the profiler saw (bytes).
 
     Frees of tensors allocated before profiling started are not reported by PyTorch, so the sum

@@ -1,50 +1,62 @@
 """Metrics: rank 0 appends one flat JSON line per logged step, mirrors every number to TensorBoard,
 and prints a one-line summary (what a Slurm user tails in the job's log).
 
-The local launcher turns metrics.jsonl into a rich progress bar on the login side, so workers never
-draw to a terminal they do not own. Rows are written once per `train.log_interval` steps, and a row
-is one TensorBoard event holding all its scalars (one `add_scalar` per value costs ~60 us each,
-~1 ms a row: 3% of a tiny model's step at log_interval=1).
+The local launcher turns metrics.jsonl into a progress bar on the login side, so workers never draw
+to a terminal they do not own. A row is one TensorBoard event holding all its scalars: one
+`add_scalar` per value would cost a noticeable share of a tiny model's step.
 """
 
 from __future__ import annotations
 
+import numbers
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, TypeGuard, Union
 
-from slurmtrain.common.rundir import append_jsonl
+from slurmtrain.common.jsonl import append_jsonl
 from slurmtrain.planning.eta import format_duration
 
+if TYPE_CHECKING:
+    from torch.utils.tensorboard.writer import FileWriter
 
-def summary_line(step: int, max_steps: int, values: dict[str, Any]) -> str:
+    from slurmtrain.compute.observe.trackers import Trackers
+
+# A metrics row's value: a number, a per-rank list, or None (not measured this interval)
+MetricValue = Union[float, None, Sequence[float]]
+
+
+def _number(value: object) -> TypeGuard[Union[int, float]]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _float(values: Mapping[str, MetricValue], key: str) -> Optional[float]:
+    value = values.get(key)
+    return float(value) if isinstance(value, numbers.Real) else None  # numpy scalars too
+
+
+def summary_line(step: int, max_steps: int, values: Mapping[str, MetricValue]) -> str:
     """One line a Slurm user tails, e.g. `step 40/200 loss 4.1200 lr 1.00e-03 tok/s 21,000
     step 0.049s TFLOPS/GPU 0.0123 MFU 41.2% ETA 0:00:08` (MFU - without a known peak: CPUs), then
     `valid_loss 4.3000` on the steps that evaluated the held-out set (valid_ppl: in the row)."""
-    mfu = values.get("mfu")
-    tflops = values.get("tflops_per_gpu")
-    eta = values.get("eta_s")
+    mfu, tflops, eta = (_float(values, k) for k in ("mfu", "tflops_per_gpu", "eta_s"))
+    loss, valid = _float(values, "loss"), _float(values, "valid_loss")
     return (
-        f"step {step}/{max_steps} loss {values.get('loss', float('nan')):.4f} "
-        f"lr {values.get('lr', 0):.2e} tok/s {values.get('tokens_per_s', 0):,.0f} "
-        f"step {values.get('step_time', 0):.3f}s "
+        f"step {step}/{max_steps} loss {float('nan') if loss is None else loss:.4f} "
+        f"lr {_float(values, 'lr') or 0:.2e} tok/s {_float(values, 'tokens_per_s') or 0:,.0f} "
+        f"step {_float(values, 'step_time') or 0:.3f}s "
         f"TFLOPS/GPU {'-' if tflops is None else f'{tflops:.3g}'} "
         f"MFU {'-' if mfu is None else f'{100 * mfu:.1f}%'} "
         f"ETA {'-' if eta is None else format_duration(eta, clock=True)}"
-        + (f" valid_loss {valid:.4f}" if (valid := values.get("valid_loss")) is not None else "")
+        + (f" valid_loss {valid:.4f}" if valid is not None else "")
     )
 
 
 PER_RANK_TAGS = 64  # wider lists get key/min, key/median, key/max instead of one tag per rank
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def scalars(values: dict[str, Any]) -> dict[str, float]:
+def scalars(values: Mapping[str, MetricValue]) -> dict[str, float]:
     """Every number of a row as a TensorBoard scalar; a list becomes one tag per rank (key/rankN)."""
     out: dict[str, float] = {}
     for key, value in values.items():
@@ -73,22 +85,24 @@ class MetricsWriter:
         attempt: int,
         tensorboard_dir: Optional[Path],
         print_lines: bool,
-        trackers: Any = None,
+        trackers: Optional[Trackers] = None,
     ) -> None:
         self.path, self.enabled, self.attempt = path, enabled, attempt
         self.print_lines = print_lines
         self.trackers = trackers  # rank 0's W&B/MLflow (observe/trackers.py), or None
-        self.tb: Any = None
+        self.tb: Optional[FileWriter] = None
         if enabled and tensorboard_dir is not None:
             try:
-                from tensorboard.compat.proto.summary_pb2 import Summary
+                from tensorboard.compat.proto.summary_pb2 import (  # type: ignore[import-untyped]  # no type hints
+                    Summary,
+                )
                 from torch.utils.tensorboard.writer import FileWriter
 
                 self.tb, self._summary = FileWriter(str(tensorboard_dir)), Summary
             except ImportError:  # tensorboard is optional on the compute node
                 self.tb = None
 
-    def log(self, step: int, max_steps: int, **values: Any) -> None:
+    def log(self, step: int, max_steps: int, **values: MetricValue) -> None:
         if not self.enabled:
             return
         row = {"step": step, "time": time.time(), "attempt": self.attempt, **values}

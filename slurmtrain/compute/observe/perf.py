@@ -1,20 +1,15 @@
 """Where a step's time goes: DeepSpeed's timers, FLOPs and MFU, peak memory, stragglers.
 
-Every log interval each rank sends one small vector (its own time per step, the DeepSpeed timer
-split, its peak memory) in one all_gather; rank 0 turns the world's vectors into flat metrics
-fields and flags stragglers. A rank's *own* time is its wall time minus the time it spent waiting
-on peers: in the loop's collectives (`Perf.waiting`) and in DeepSpeed's gradient reduce and
-parameter all-gather (its timers). A slow GPU makes its peers wait inside those collectives, so
-only own time tells the slow rank from the ones waiting for it; with `train.timers=false`
-DeepSpeed's waits are unknown and straggler detection is off.
+Every log interval each rank sends one small vector (its own time per step, the timer split, its
+peak memory) in one all_gather, and rank 0 turns them into metrics fields and flags stragglers. A
+rank's *own* time is its wall time minus the time it waited on peers (the loop's collectives,
+DeepSpeed's gradient reduce and parameter all-gather): a slow GPU makes its peers wait inside
+those collectives, so only own time tells it apart. Without `train.timers` straggler detection is off.
 
-Time split per step (seconds, mean over ranks), from DeepSpeed's `wall_clock_breakdown` timers:
+Split per step (seconds, mean over ranks), from DeepSpeed's `wall_clock_breakdown` timers:
     time_forward = fwd                  time_backward = bwd - bwd_allreduce
     time_optimizer = step - optimizer_allgather
     time_comm = bwd_allreduce + optimizer_allgather
-They add up to DeepSpeed's share of step_time (the rest: data, the loop's all-reduce, logging).
-Gradient buckets reduced *during* backward (models larger than reduce_bucket_size) and ZeRO-3's
-forward all-gathers count as compute here.
 """
 
 from __future__ import annotations
@@ -26,14 +21,20 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
-from slurmtrain.common.rundir import RunDir, append_jsonl
-from slurmtrain.common.schema import resolved_dtype
+from slurmtrain.common.derived import resolved_dtype
+from slurmtrain.common.jsonl import append_jsonl
+from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute.observe.metrics import MetricValue
 from slurmtrain.planning import flops
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 # DeepSpeed's timer names (deepspeed/utils/timer.py, runtime/zero/stage_1_and_2.py).
 FWD, BWD, BWD_REDUCE, STEP, ALLGATHER = "fwd", "bwd", "bwd_allreduce", "step", "optimizer_allgather"
@@ -52,7 +53,7 @@ class StepTimers:
     FLOPs profiler's latencies) see what they always saw.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: DeepSpeedEngine) -> None:
         self.enabled = bool(engine.wall_clock_breakdown())
         self.group = engine.timers
         self.ms: dict[str, float] = defaultdict(float)
@@ -60,11 +61,11 @@ class StepTimers:
 
     def _collect(
         self,
-        names: Any,
+        names: Iterable[str],
         normalizer: float = 1.0,
         reset: bool = True,
         memory_breakdown: bool = False,
-        ranks: Any = None,
+        ranks: Optional[list[int]] = None,
     ) -> None:
         for name in names:
             timer = self.group.timers.get(name)
@@ -140,21 +141,22 @@ class Perf:
 
     def __init__(
         self,
-        engine: Any,
-        cfg: Any,
+        engine: DeepSpeedEngine,
+        cfg: RootConfig,
         world: int,
         rank: int,
         device: torch.device,
         node: str,
-        record: Callable[..., Any],
+        record: Callable[..., object],
         run_path: Path,
     ) -> None:
         self.engine, self.world, self.rank, self.device = engine, world, rank, device
         self.record, self.run_path = record, run_path  # record: the ledger (writes on rank 0)
-        self.hosts: list[Any] = [None] * world  # each rank's node, for straggler events
+        self.hosts: list[str] = [""] * world  # each rank's node, for straggler events
         dist.all_gather_object(self.hosts, node)
         self.factor = float(cfg.train.straggler_factor)
         self.profile_step = int(cfg.train.flops_profile_step)
+        assert cfg.train.global_batch_size is not None  # resolved before the job started
         self.micro_tokens = cfg.train.micro_batch_size * cfg.data.seq_len
         self.tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         # Model FLOPs (no recompute): MFU must not reward activation checkpointing.
@@ -169,7 +171,7 @@ class Perf:
                 file=sys.stderr,
                 flush=True,
             )
-        self.extra: dict[str, Any] = {}  # one-off fields for the next row (the measured FLOPs)
+        self.extra: dict[str, float] = {}  # one-off fields for the next row (the measured FLOPs)
         self.steps = 0
         self.profiled = False  # this interval ran the FLOPs profiler (slow hooks on rank 0 only)
         self.waited = self.saving_s = 0.0
@@ -200,7 +202,7 @@ class Perf:
             if self.rank == 0:
                 self._flops_profiled(step)
 
-    def interval(self, step: int, max_steps: int) -> dict[str, Any]:
+    def interval(self, step: int, max_steps: int) -> dict[str, MetricValue]:
         """The metrics fields of the steps since the last call (a collective: all ranks call it)."""
         now = time.perf_counter()
         steps = max(self.steps, 1)
@@ -224,7 +226,7 @@ class Perf:
         tps = self.tokens_per_step * steps / train_s
         column = [list(col) for col in zip(*world)]
         timed = self.timers.enabled
-        fields: dict[str, Any] = {
+        fields: dict[str, MetricValue] = {
             "tokens_per_s": tps,
             "tokens_per_s_per_gpu": tps / self.world,
             "tflops_per_gpu": flops.tflops_per_gpu(tps / self.world, self.flops_per_token),

@@ -1,11 +1,10 @@
 """The W&B and MLflow ends of compute/observe/trackers.py, through the libraries themselves.
 
-W&B: offline by default, under RUN_DIR/wandb/ (one offline-run-* folder per attempt, all with the
-run's id and resume="allow": `wandb sync` uploads them in start order into ONE run). MLflow: a file
-store in RUN_DIR/mlruns unless the user names a tracking URI; the run is found again by its tag
-`slurmtrain_run_id`, attempts are tags. Both get the config (secrets as references), the plan,
-each attempt's provenance, the metrics on the step axis and the ledger's events. Imported on rank
-0 only, and only when a tracker is chosen (the packages are the optional extras).
+W&B: offline by default under RUN_DIR/wandb/, every attempt with the run's id and resume="allow",
+so `wandb sync` uploads them into ONE run. MLflow: a file store in RUN_DIR/mlruns unless a tracking
+URI is named; the run is found again by its tag `slurmtrain_run_id`. Both get the config (secrets
+as references), the plan, each attempt's provenance, the metrics and the ledger's events. Imported
+on rank 0 only when a tracker is chosen (the packages are optional extras).
 """
 
 from __future__ import annotations
@@ -15,35 +14,42 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-from omegaconf import OmegaConf
+from typing import Callable, Protocol
 
 from slurmtrain.common import secrets
+from slurmtrain.common.schema import RootConfig
 
 RUN_TAG = "slurmtrain_run_id"  # MLflow: the tag that finds the run again
 MLFLOW_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics, 100 params
+Row = dict[str, object]  # a ledger row
+
+
+class Backend(Protocol):
+    """A tracker's end; `log(step, row, events)` and `close(step, kept, events)` are called by
+    name (trackers.Trackers), so one that failed to open (`Failed`) needs only its kind."""
+
+    kind: str
 
 
 @dataclass
 class RunContext:
-    cfg: Any
+    cfg: RootConfig
     path: Path  # the run directory
     run_id: str  # trackers.tracker_run_id
     fingerprint: str
     attempt: int
-    rows: list[dict[str, Any]]  # rank 0's run tier
+    rows: list[Row]  # rank 0's run tier
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> dict[str, object]:
         """The resolved config with every secret as a reference (what config.yaml holds)."""
-        return secrets.referenced(OmegaConf.to_container(self.cfg, resolve=True))
+        return secrets.referenced(self.cfg)
 
-    def plan(self) -> dict[str, Any]:
+    def plan(self) -> dict[str, object]:
         """The login node's plan again (pure arithmetic): parameters, memory per rank, ETA lines."""
-        from slurmtrain.common.schema import node_range
+        from slurmtrain.common.derived import node_range
         from slurmtrain.planning import memory, preflight
 
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         try:
             out["params"] = memory.param_count(self.cfg.model)
             low = node_range(self.cfg.nodes)[0]
@@ -53,22 +59,23 @@ class RunContext:
             out["error"] = f"{type(err).__name__}: {err}"
         return out
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self) -> dict[str, object]:
         """This attempt's provenance record (written, redacted, by rank 0 before training)."""
         path = self.path / "provenance" / f"attempt_{self.attempt}.json"
         try:
-            return json.loads(path.read_text())
+            record: dict[str, object] = json.loads(path.read_text())
         except (OSError, ValueError):
             return {}
+        return record
 
-    def started(self) -> dict[str, Any]:
+    def started(self) -> Row:
         for row in reversed(self.rows):
             if row.get("event") == "started" and row.get("attempt") == self.attempt:
                 return row
         return {}
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, str]:
+def _flat(data: object, prefix: str = "") -> dict[str, str]:
     if isinstance(data, dict):
         out: dict[str, str] = {}
         for k, v in data.items():
@@ -77,7 +84,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, str]:
     return {prefix.rstrip("."): json.dumps(data) if not isinstance(data, str) else data}
 
 
-def _outcome(kept: list[dict[str, Any]]) -> str:
+def _outcome(kept: list[Row]) -> str:
     """How the attempt ended, for the tracker's run status."""
     names = {row.get("event") for row in kept}
     if "finished" in names:
@@ -100,13 +107,14 @@ class WandbBackend:
         import wandb
 
         c = ctx.cfg.logger.wandb
+        assert c is not None  # opened only when chosen (trackers.wanted)
         self.ctx = ctx
         self.run = wandb.init(
             project=c.project,
             entity=c.entity,
             id=c.id or ctx.run_id,
             resume="allow",
-            mode=c.mode,
+            mode=c.mode,  # type: ignore[arg-type]  # wandb's Literal; the schema's choices
             dir=str(ctx.path),  # RUN_DIR/wandb/
             name=ctx.run_id,
             tags=list(c.tags) or None,
@@ -120,12 +128,12 @@ class WandbBackend:
         )
         self.run.summary.update({"attempt": ctx.attempt, "fingerprint": ctx.fingerprint})
 
-    def log(self, step: int, row: dict[str, float], events: list[dict[str, Any]]) -> None:
+    def log(self, step: int, row: dict[str, float], events: list[Row]) -> None:
         if events:
             self.run.summary.update({f"last/{e['event']}": e for e in events})
         self.run.log(row, step=step)
 
-    def close(self, step: int, kept: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    def close(self, step: int, kept: list[Row], events: list[Row]) -> None:
         if events:
             self.run.summary.update({f"last/{e['event']}": e for e in events})
         # the attempt's events beside the run's files (uploaded by `wandb sync`)
@@ -139,6 +147,7 @@ class MlflowBackend:
 
     def __init__(self, ctx: RunContext) -> None:
         c = ctx.cfg.logger.mlflow
+        assert c is not None  # opened only when chosen (trackers.wanted)
         uri = c.tracking_uri or (ctx.path / "mlruns").resolve().as_uri()
         if uri.startswith("file:"):
             # MLflow 3 keeps its file store "in maintenance" behind this switch; a run directory
@@ -178,7 +187,7 @@ class MlflowBackend:
         client.log_dict(self.run_id, ctx.plan(), f"plan/attempt_{n}.json")
         client.log_dict(self.run_id, ctx.provenance(), f"provenance/attempt_{n}.json")
 
-    def log(self, step: int, row: dict[str, float], events: list[dict[str, Any]]) -> None:
+    def log(self, step: int, row: dict[str, float], events: list[Row]) -> None:
         stamp = int(time.time() * 1000)
         metrics = [self.Metric(k, float(v), stamp, step) for k, v in row.items()]
         for i in range(0, len(metrics), MLFLOW_BATCH):
@@ -187,7 +196,7 @@ class MlflowBackend:
             if e.get("class"):  # the failure class of the newest failure, at a glance
                 self.client.set_tag(self.run_id, f"last_{e['event']}_class", str(e["class"]))
 
-    def close(self, step: int, kept: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    def close(self, step: int, kept: list[Row], events: list[Row]) -> None:
         n = self.ctx.attempt
         text = "".join(json.dumps(e, default=str) + "\n" for e in kept)
         self.client.log_text(self.run_id, text, f"events/attempt_{n}.jsonl")
@@ -197,7 +206,7 @@ class MlflowBackend:
         self.client.set_terminated(self.run_id, status=status)
 
 
-OPENERS: dict[str, Callable[[RunContext], Any]] = {
+OPENERS: dict[str, Callable[[RunContext], Backend]] = {
     "wandb": WandbBackend,
     "mlflow": MlflowBackend,
 }

@@ -1,14 +1,10 @@
 """Experiment trackers (W&B, MLflow) that see one run however many jobs train it.
 
-Rank 0 mirrors what MetricsWriter logs (metrics.jsonl stays the record) to the trackers chosen with
-`logger=` (conf/logger/). Every attempt, requeue, world-size change and in-allocation restart
-continues ONE tracker run, found by the run's fingerprint (tracker_backends.py). Steps repeat after
-a rollback or a resume from a checkpoint older than the last logged step; a tracker's step axis
-must only grow, so StepAxis passes each step once: the first time it is trained past the highest
-step any attempt logged (metrics.jsonl's tail says which, at the start). The ledger's events
-(checkpoint saved, restart, rollback, failure class) go along, as counters on the step axis and
-as rows the trackers keep. Nothing a tracker does stops training: a failing tracker is reported
-once, on stderr and in the ledger, and dropped.
+Rank 0 mirrors what MetricsWriter logs (metrics.jsonl stays the record) to the trackers `logger=`
+chose; every attempt continues ONE tracker run, found by the run's fingerprint. A tracker's step
+axis must only grow, so StepAxis passes each step once, past the highest step any attempt logged.
+The ledger's events go along as counters and rows. A failing tracker never stops training: it is
+reported once (stderr, ledger) and dropped.
 """
 
 from __future__ import annotations
@@ -17,9 +13,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from slurmtrain.common import secrets
+from slurmtrain.common.schema import RootConfig
+
+if TYPE_CHECKING:
+    from slurmtrain.compute.observe.tracker_backends import Backend
+
+Row = dict[str, object]  # a ledger row
+TRACKER_KINDS = ("wandb", "mlflow")  # besides TensorBoard (MetricsWriter's own)
 
 TAIL_BYTES = 1 << 20  # metrics.jsonl's tail read for the highest logged step: O(1), not O(steps)
 
@@ -99,7 +102,7 @@ class StepAxis:
         return True
 
 
-def event_row(row: dict[str, Any]) -> dict[str, Any]:
+def event_row(row: Mapping[str, object]) -> Row:
     """A ledger row as a tracker keeps it: credentials redacted (errors may quote them)."""
     return {
         k: secrets.redact_text(v) if isinstance(v, str) else v
@@ -108,7 +111,7 @@ def event_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def event_counts(rows: list[dict[str, Any]]) -> dict[str, float]:
+def event_counts(rows: list[Row]) -> dict[str, float]:
     """Counters for a metrics row: `event/<name>` and, for a row with a failure class,
     `failure_class/<class>` = how many (never a key below another: MLflow's file store makes
     each key a file, so `event/failed` and `event/failed/crash` cannot both exist)."""
@@ -122,17 +125,21 @@ def event_counts(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def wanted(cfg: Any) -> list[str]:
+def _chosen(cfg: RootConfig, kind: str) -> bool:
+    """Whether `logger=` chose `kind` (its section is set; a config.yaml from before `logger` has
+    no such section)."""
+    return getattr(getattr(cfg, "logger", None), kind, None) is not None
+
+
+def wanted(cfg: RootConfig) -> list[str]:
     """The trackers `logger=` chose, besides TensorBoard (MetricsWriter's own)."""
-    chosen = cfg.get("logger") or {}
-    return [kind for kind in ("wandb", "mlflow") if chosen.get(kind) is not None]
+    return [kind for kind in TRACKER_KINDS if _chosen(cfg, kind)]
 
 
-def tensorboard_on(cfg: Any) -> bool:
+def tensorboard_on(cfg: RootConfig) -> bool:
     """TensorBoard is on when chosen, and when no tracker is (configs from before `logger`)."""
-    chosen = cfg.get("logger") or {}
-    kinds = ("tensorboard", "wandb", "mlflow")
-    return chosen.get("tensorboard") is not None or all(chosen.get(k) is None for k in kinds)
+    kinds = ("tensorboard", *TRACKER_KINDS)
+    return _chosen(cfg, "tensorboard") or not any(_chosen(cfg, k) for k in kinds)
 
 
 class Trackers:
@@ -140,11 +147,11 @@ class Trackers:
 
     def __init__(
         self,
-        tracker_backends: list[Any],
+        tracker_backends: list[Backend],
         axis: StepAxis,
-        rows: list[dict[str, Any]],
+        rows: list[Row],
         attempt: int,
-        record: Optional[Callable[..., None]] = None,
+        record: Optional[Callable[..., object]] = None,
     ) -> None:
         self.backends, self.axis, self.rows, self.attempt = tracker_backends, axis, rows, attempt
         self.record = record
@@ -156,9 +163,9 @@ class Trackers:
             or (r.get("attempt") == attempt and r.get("event") in TRACKED_EVENTS)
         ]
         self.seen = len(rows)
-        self.kept: list[dict[str, Any]] = []  # this attempt's events, saved with the tracker run
+        self.kept: list[Row] = []  # this attempt's events, saved with the tracker run
 
-    def _new_events(self) -> list[dict[str, Any]]:
+    def _new_events(self) -> list[Row]:
         fresh = [r for r in self.rows[self.seen :] if r.get("event") in TRACKED_EVENTS]
         self.seen = len(self.rows)
         out, self.pending = [*self.pending, *fresh], []
@@ -176,14 +183,14 @@ class Trackers:
         self.kept += events
         self._each("close", self.axis.last, self.kept, events)
 
-    def _each(self, method: str, *args: Any) -> None:
+    def _each(self, method: str, *args: object) -> None:
         for backend in list(self.backends):
             try:
                 getattr(backend, method)(*args)
             except Exception as err:  # a tracker never stops training: metrics.jsonl has it all
                 self.drop(backend, f"{method}: {type(err).__name__}: {err}")
 
-    def drop(self, backend: Any, error: str) -> None:
+    def drop(self, backend: Backend, error: str) -> None:
         self.backends.remove(backend)
         error = secrets.redact_text(error)[:2000]
         print(f"slurmtrain: tracker {backend.kind} dropped: {error}", file=sys.stderr, flush=True)
@@ -192,18 +199,18 @@ class Trackers:
 
 
 def open_trackers(
-    cfg: Any,
+    cfg: RootConfig,
     run_path: Path,
     metrics: Path,
     attempt: int,
-    rows: list[dict[str, Any]],
-    record: Optional[Callable[..., None]] = None,
+    rows: list[Row],
+    record: Optional[Callable[..., object]] = None,
 ) -> Optional[Trackers]:
     """Rank 0: the trackers `logger=` chose, each resuming the run's one tracker run (None:
     none chosen)."""
     if not wanted(cfg):
         return None
-    from slurmtrain.compute.observe import tracker_backends
+    from slurmtrain.compute.observe import tracker_backends  # only once a tracker is chosen
 
     run_path = Path(run_path)
     axis = StepAxis(last_logged_step(metrics))

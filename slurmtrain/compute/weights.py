@@ -1,0 +1,126 @@
+"""A run's consolidated weights, for export and sample: find the run, pick a checkpoint, read it.
+
+Consolidation is DeepSpeed's own (`zero_to_fp32`, lazy mode), from the checkpoint as written,
+whatever the world size that wrote it: ZeRO-3 materializes one parameter at a time, ZeRO-1/2 hold
+the whole fp32 model once, ZeRO-0 fp32 reads the memory-mapped module weights.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Protocol
+
+from slurmtrain.common import checkpoint_format
+from slurmtrain.common.rundir import RunDir, runs_named
+from slurmtrain.compute.checkpoint import safe_load
+
+if TYPE_CHECKING:
+    import torch
+
+TIED = "lm_head.weight"
+
+
+class LazyTensor(Protocol):
+    """A tensor, or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+    def contiguous(self) -> torch.Tensor: ...
+
+
+StateDict = dict[str, LazyTensor]
+
+
+class ExportError(Exception):
+    """A bad input: one line, exit 2."""
+
+
+def quiet() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    import logging
+
+    for name in ("DeepSpeed", "deepspeed", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def find_run(arg: str) -> Path:
+    """A run directory by path, or by run name under $SLURMTRAIN_RUNS_ROOT (default ./runs)."""
+    found, root = runs_named(arg)
+    if len(found) == 1:
+        return found[0].path
+    if len(found) > 1:
+        raise ExportError(
+            f"run name {arg!r} has {len(found)} run directories under {root}: "
+            f"{', '.join(str(r.path) for r in found)}; pass one of them"
+        )
+    raise ExportError(
+        f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under "
+        f"{root}; pass a run directory (runs/NAME/FINGERPRINT)"
+    )
+
+
+def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, object]]:
+    """`step_N/` (validated) or the newest checkpoint that validates, with its manifest."""
+    root = RunDir(run).checkpoints
+    if step is None:
+        found = checkpoint_format.find_resumable(root)
+        for skipped, why in found.skipped:
+            print(f"slurmtrain export: skipping {skipped}: {why}", file=sys.stderr)
+        if found.path is None:
+            raise ExportError(
+                f"RUN_DIR={run}: no checkpoint validates under {root}; train it "
+                f"further or pick one with --step N"
+            )
+        return found.path, found.manifest
+    path = root / checkpoint_format.tag(step)
+    reason = checkpoint_format.validate(path) if path.is_dir() else "no such checkpoint"
+    if reason is not None:
+        have = ", ".join(p.name for p in checkpoint_format.step_dirs(root)) or "none"
+        raise ExportError(f"--step={step}: {path}: {reason}; checkpoints: {have}")
+    return path, checkpoint_format.read_manifest(path)
+
+
+def lazy_state_dict(ckpt_dir: Path) -> StateDict:
+    """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
+    safe_load.enforce()  # zero_to_fp32 passes weights_only=False itself: the override covers it
+    if list(ckpt_dir.glob("*_optim_states.pt")):
+        from deepspeed.utils import zero_to_fp32
+
+        with _stdout_to_stderr():  # it prints progress lines and tqdm bars
+            lazy: StateDict = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+                str(ckpt_dir.parent), tag=ckpt_dir.name, lazy_mode=True
+            )
+            return lazy
+    # ZeRO-0 in fp32 keeps the optimizer inside the model-states file: the module is the model.
+    path = ckpt_dir / "mp_rank_00_model_states.pt"
+    states = safe_load.load(path, "cpu", mmap=True)
+    if not isinstance(states, dict):
+        raise ExportError(f"{path}: not a DeepSpeed model-states file")
+    module: StateDict = dict(states["module"])
+    for name, source in (states.get("shared_params") or {}).items():
+        module.setdefault(name, module[source])
+    return module
+
+
+class _stdout_to_stderr:
+    def __enter__(self) -> None:
+        sys.stdout.flush()
+        self._saved = os.dup(1)
+        os.dup2(2, 1)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout.flush()
+        os.dup2(self._saved, 1)
+        os.close(self._saved)
+
+
+def materialize(tensor: LazyTensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    out = tensor.contiguous()
+    return out.to(dtype) if dtype is not None and out.is_floating_point() else out

@@ -1,0 +1,111 @@
+"""The ledger vocabulary (common/events.py): one failure-class table, rows unchanged on disk."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from slurmtrain.cli import report
+from slurmtrain.common import errors, events, jsonl, ledger, schema
+from slurmtrain.common.events import FailureClass
+from slurmtrain.common.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _Axes:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, object]] = []
+
+    def axvline(self, x: float, **style: object) -> None:
+        self.lines.append(style)
+
+
+def test_every_failure_class_has_its_own_report_colour() -> None:
+    """A `failed` row of any class is drawn in a colour of its own, never the unknown grey."""
+    rows = [
+        {"event": "failed", "time": 1.0 + i, "class": c.value} for i, c in enumerate(FailureClass)
+    ]
+    ax = _Axes()
+    report._markers([ax], rows, 0.0, 1.0)
+    colours = [line["color"] for line in ax.lines]
+    assert len(colours) == len(FailureClass)
+    assert "#7f7f7f" not in colours  # the grey an unknown class gets
+    assert len(set(colours)) == len(colours)
+
+
+def test_budgeted_classes_have_their_budget_key() -> None:
+    faults = schema.FaultsConfig()
+    for cls in events.FAILURE_CLASSES:
+        assert isinstance(getattr(faults, events.budget_key(cls)), int), cls
+    assert set(ledger.budgets(faults)) == set(events.FAILURE_CLASSES)
+    assert FailureClass.cancelled not in events.FAILURE_CLASSES
+
+
+def test_durable_kinds_are_the_fate_events() -> None:
+    assert jsonl.FATE_EVENTS == events.DURABLE_KINDS
+    assert "attempt_ended" in events.DURABLE_KINDS and "startup" not in events.DURABLE_KINDS
+
+
+def test_every_written_kind_is_in_the_vocabulary() -> None:
+    """Every literal event name a writer passes to record(...) is a Kind."""
+    written: set[str] = set()
+    pattern = re.compile(r"\b(?:record|record_rank|record_any)\(\s*\"([a-z_]+)\"")
+    for path in (ROOT / "slurmtrain").rglob("*.py"):
+        written |= set(pattern.findall(path.read_text()))
+    assert written, "no record(...) call found"
+    assert written <= {k.value for k in events.Kind}, written - {k.value for k in events.Kind}
+
+
+def test_a_constructed_row_is_written_as_before(tmp_path: Path) -> None:
+    """The class is written under "class", after the caller's fields, as the string literal was."""
+    run = RunDir(tmp_path)
+    where = events.Where(job_id="7", attempt=2, nodes=["n1"], restart=0, relaunch=0)
+    row = run.record(events.attempt_ended(ledger.CANCELLED, exit_code=143), **where)
+    assert list(row) == [
+        "event",
+        "time",
+        "job_id",
+        "attempt",
+        "nodes",
+        "restart",
+        "relaunch",
+        "class",
+        "exit_code",
+    ]
+    (written,) = run.run_events()
+    assert written == json.loads(json.dumps(row))
+    assert written["class"] == "cancelled" and type(written["class"]) is str
+    stop = run.record(events.stopped(FailureClass.no_nodes, "no node set"), **where)
+    assert stop["class"] == "no_nodes" and stop["error"] == "no node set"
+
+
+def test_one_classification_for_supervisor_and_next_attempt() -> None:
+    oom = {
+        "event": "failed",
+        "attempt": 1,
+        "node": "n1",
+        "error": "CUDA out of memory",
+        "class": "crash",
+    }
+    term = {"event": "signal", "attempt": 1, "signal": "SIGTERM"}
+    assert ledger.classify([oom]).cls == "oom"
+    assert ledger.classify([oom], rc=1).cls == "oom"
+    assert ledger.classify([term, oom]).cls == "preempted"  # vanished: the signal first
+    assert ledger.classify([term, oom], rc=1).cls == "oom"  # the supervisor read the rc already
+    assert ledger.vanished_class([term], 1) == "preempted"
+    assert ledger.vanished_class([], 1) == "node_failure"
+    assert ledger.classify([], rc=1).cls is None
+
+
+def test_what_each_class_implies() -> None:
+    assert not events.restarts("config_error") and events.restarts("oom")
+    assert events.restarts("a_class_from_a_newer_version")
+    assert set(events.RELAUNCH_CLASSES) == {"node_failure", "hang", "crash"}
+    assert events.EXIT_CLASS == {
+        errors.EXIT_REQUEUE: "timed_out",
+        errors.EXIT_BAD_NODE: "node_failure",
+        errors.EXIT_HANG: "hang",
+        errors.EXIT_CONFIG: "config_error",
+    }
