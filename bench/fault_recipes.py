@@ -325,7 +325,7 @@ def sigterm_batch_shell(t: Trial) -> tuple[str, str]:
 
 
 def hand_job_then_cancel(t: Trial) -> tuple[str, str]:
-    # issue #20 item 2: a hand `sbatch job.sbatch` pending behind the run, then `cli cancel`:
+    # a hand `sbatch job.sbatch` pending behind the run, then `cli cancel`:
     # every job of the run leaves the queue and nothing trains afterwards
     t.submit(["train.max_steps=200"], inject="step_delay=0.5")
     t.wait_step(3)
@@ -357,7 +357,7 @@ def hand_job_then_cancel(t: Trial) -> tuple[str, str]:
 
 
 def inject_without_opt_in(t: Trial) -> tuple[str, str]:
-    # issue #20 item 5: SLURMTRAIN_INJECT without faults.allow_inject=true is refused at submit
+    # SLURMTRAIN_INJECT without faults.allow_inject=true is refused at submit
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env["SLURMTRAIN_INJECT"] = "crash_at_step=3"
     done = subprocess.run(
@@ -426,7 +426,7 @@ def final_step_signal(t: Trial) -> tuple[str, str]:
 
 def resubmit_after_stop(t: Trial) -> tuple[str, str]:
     # a crash loop stops the run; the user "fixes" it (no injection) and runs the same command:
-    # a new budget window opens and the run finishes (issue #20 item 1)
+    # a new budget window opens and the run finishes
     t.submit(["train.max_steps=20"], inject="crash_at_step=7")
     job = str(t.wait_event("stopped", timeout=600)["job_id"])
     t.wait(lambda: not squeue_state(job), 120, f"job {job} to end")
@@ -437,7 +437,7 @@ def resubmit_after_stop(t: Trial) -> tuple[str, str]:
 
 def held_successor(t: Trial) -> tuple[str, str]:
     # the supervisor "dies" between recording its held successor and releasing it; `status`
-    # past the bound (SLURMTRAIN_HELD_OWNER_S) releases it and the run finishes (#20 item 3)
+    # past the bound (SLURMTRAIN_HELD_OWNER_S) releases it and the run finishes
     t.submit(["train.max_steps=20"], inject="crash_at_step=7,attempts=1,skip_release=1")
     t.wait(lambda: any(e.get("requeue_of") for e in t.events("submitted")), 600, "successor")
     time.sleep(8)
@@ -448,7 +448,7 @@ def held_successor(t: Trial) -> tuple[str, str]:
 
 
 def supervisor_exception(t: Trial) -> tuple[str, str]:
-    # the supervisor raises after a crash: its catch-all records it and resubmits (#20 item 3)
+    # the supervisor raises after a crash: its catch-all records it and resubmits
     t.submit(["train.max_steps=20"], inject="crash_at_step=7,attempts=1,supervisor_raise=1")
     return "finished", "supervisor_failed"
 

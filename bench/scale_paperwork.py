@@ -1,5 +1,5 @@
 """A big run's paperwork, read: wall time and peak open files of `status`, `logs`, one supervisor
-decision and one claim, at 8 to 4,096 ranks x 1 to 100 attempts (issue 18, Build 6).
+decision and one claim, at 8 to 4,096 ranks x 1 to 100 attempts.
 
     python bench/scale_paperwork.py [--quick] [--layout tiered|flat]
 

@@ -12,9 +12,12 @@ export SLURMTRAIN_CLUSTER_STARTED=1
 # change, seconds otherwise): built beside lint and the unit tests; the tests' fixture waits on it.
 apt-get install -y -qq debootstrap runc >/dev/null
 bash tools/build_image.sh >/tmp/slurmtrain-image-build.log 2>&1 &
-# Lint and format first (pyproject.toml [tool.ruff]): a style slip fails CI like a test does.
+# Lint, format and types first (pyproject.toml [tool.ruff], [tool.mypy]): a style slip or a type
+# error fails CI like a test does. The Any count is printed, not enforced: what mypy cannot see.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/python -m mypy
+.venv/bin/python tools/count_any.py
 set +e
 pytest_rc() {  # pytest's exit 5 (no tests collected) is a failure too
     local rc=$1

@@ -1,5 +1,5 @@
 """`cli cancel` and jobs submitted by hand (`sbatch RUN_DIR/job.sbatch`, a documented path), on the
-real cluster (issue #20, item 2): every job bearing the run's tag is found and cancelled, pending
+real cluster: every job bearing the run's tag is found and cancelled, pending
 and held included; a job the cancel could not find (no tag) does not train when it starts later;
 a hand `sbatch job.sbatch` after the cancel is a user submission and trains."""
 
@@ -107,7 +107,7 @@ def test_a_hand_job_the_cancel_missed_does_not_train_and_one_after_it_does(slurm
 
 
 def test_a_hand_sbatch_from_a_drill_shell_does_not_inherit_injection(slurm_cluster, workdir):
-    """issue #20 item 5: SLURMTRAIN_INJECT in the shell of a hand `sbatch job.sbatch` does not
+    """SLURMTRAIN_INJECT in the shell of a hand `sbatch job.sbatch` does not
     reach a run that never opted in (the script unsets it): no crash is injected."""
     run = _submit(workdir, "noinherit", ["train.max_steps=6", "train.pause_at_step=2"])
     wait_event(run, "paused", timeout=600)

@@ -1,7 +1,7 @@
 """Fault tolerance on the real local cluster: each failure happens for real, the run still finishes.
 
-Failures are injected through SLURMTRAIN_INJECT (slurmtrain/inject.py), which sbatch passes to the
-job like any environment variable; `attempts=1` confines an injection to the first attempt.
+Failures are injected through SLURMTRAIN_INJECT (slurmtrain/compute/faults/inject.py), which
+sbatch passes to the job like any environment variable; `attempts=1` confines an injection to the first attempt.
 """
 
 from __future__ import annotations

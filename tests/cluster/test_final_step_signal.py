@@ -1,6 +1,6 @@
-"""Slurm's time-limit warning during the run's final step finishes the run in that job (issue
-#20 item 8): before, the attempt asked to be requeued and a whole extra job started only to load
-the final checkpoint and record `finished`."""
+"""Slurm's time-limit warning during the run's final step finishes the run in that job: the
+attempt does not ask to be requeued, so no extra job starts only to load the final checkpoint and
+record `finished`."""
 
 from __future__ import annotations
 

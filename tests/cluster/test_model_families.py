@@ -1,4 +1,4 @@
-"""Beyond OPT (issue 21) on the real local cluster: llama_tiny and qwen2_tiny train on two Slurm
+"""Beyond OPT on the real local cluster: llama_tiny and qwen2_tiny train on two Slurm
 nodes, crash once, are requeued by the supervisor and resume from the checkpoint bitwise (the
 steps computed twice give the same losses), and finish with every step once."""
 

@@ -1,4 +1,4 @@
-"""One run, one job; the batch shell survives SIGTERM (issue 11, Builds 3 and 4), on real Slurm.
+"""One run, one job; the batch shell survives SIGTERM, on real Slurm.
 
 A second job of a running run refuses and exits untouched; two shells submitting the same config at
 once queue one job; a stopped run resubmitted by hand resumes; SIGTERM to the batch shell alone

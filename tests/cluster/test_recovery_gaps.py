@@ -1,4 +1,4 @@
-"""Issue #20 item 8 on the real cluster: exclusions leave room for the spares, and a SIGTERM
+"""Recovery gaps on the real cluster: exclusions leave room for the spares, and a SIGTERM
 during the in-allocation relaunch decision still leaves a successor or a recorded class."""
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ BASE = ["cluster=slurm", "train.log_interval=1", "faults.health_check=false"]
 def test_sigterm_during_the_relaunch_decision_leaves_a_successor(slurm_cluster, workdir):
     """A crash with a spare: the supervisor chooses the next step's nodes inside the job, and the
     time limit's SIGTERM lands while it does (relaunch_delay holds the decision until the TERM).
-    Before, the shell saw the TERM, dropped the relaunch and exited: the ledger said
-    `restarted_in_allocation`, no step ran, and no job was queued: the run was stranded."""
+    A shell that dropped the relaunch on the TERM would strand the run: the ledger saying
+    `restarted_in_allocation`, no step running, no job queued."""
     run = submit_run(
         BASE,
         workdir,

@@ -1,4 +1,4 @@
-"""Issue #20 items 1 and 3 on the real local cluster: a stopped run resumes when the user
+"""Recovery on the real local cluster: a stopped run resumes when the user
 resubmits it, and neither a held successor nor a supervisor exception wedges a run."""
 
 from __future__ import annotations

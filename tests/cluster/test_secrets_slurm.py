@@ -1,4 +1,4 @@
-"""cluster=slurm with secrets in cluster.env (issue #20, item 4): the submitted script, the run
+"""cluster=slurm with secrets in cluster.env: the submitted script, the run
 directory and the command's output carry no value; the ranks srun starts still have them (the
 batch script sources the run's 0600 secrets.env)."""
 

@@ -1,4 +1,4 @@
-"""Issue #21: a run requeued twice at its time limit logs to ONE W&B run (offline) and ONE MLflow
+"""A run requeued twice at its time limit logs to ONE W&B run (offline) and ONE MLflow
 run (file store), each with the step axis 1..max_steps, every step once, in order; read from the
 trackers' own files. Slurm's time-limit warning is what `scancel --signal=USR2` sends (the
 --signal=USR2@lead path, without waiting for a limit)."""

@@ -1,4 +1,4 @@
-"""Branch a run (issue #20 item 9): after an injected divergence, `resume_from=PARENT:step_N` with a
+"""Branch a run: after an injected divergence, `resume_from=PARENT:step_N` with a
 lower lr trains a new run from the parent's step N (weights, optimizer, step count), records the
 lineage, leaves the parent's checkpoint untouched, and the same command again resumes the branch."""
 

@@ -99,7 +99,7 @@ def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous(
 
 def test_a_zero_byte_shard_is_skipped(killed, reference, tmp_path):
     run, work = _resume_copy(killed, tmp_path / "w")
-    (run / "checkpoints" / "step_20" / SHARD).write_bytes(b"")  # metaseq #53
+    (run / "checkpoints" / "step_20" / SHARD).write_bytes(b"")  # metaseq's empty-shard case
     resumed = run_cli(BASE, cwd=work)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     [skipped] = events(run, "checkpoint_skipped")

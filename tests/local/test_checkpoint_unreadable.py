@@ -1,4 +1,4 @@
-"""No silent restart (issue 11, build 2): when every published checkpoint is unreadable the attempt
+"""No silent restart: when every published checkpoint is unreadable the attempt
 stops `checkpoint_unreadable` and trains nothing; `resume=none` then starts from step 0."""
 
 from __future__ import annotations

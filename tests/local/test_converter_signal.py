@@ -1,9 +1,9 @@
-"""The universal-checkpoint conversion survives USR2/TERM (issue #20 item 8).
+"""The universal-checkpoint conversion survives USR2/TERM.
 
 Slurm signals every process of a step (proctrack/cgroup), so the `ds_to_universal` child and its
-pool workers get the time-limit warning or the preemption's TERM along with the rank. Before,
-that killed the conversion midway and the attempt crashed; now the child ignores them, the
-conversion completes, and the rank's own handler decides: it saves and exits at the first step
+pool workers get the time-limit warning or the preemption's TERM along with the rank. The child
+ignores them, so the conversion completes instead of dying midway, and the rank's own handler
+decides: it saves and exits at the first step
 boundary, and the next start reuses the conversion.
 """
 

@@ -1,9 +1,9 @@
 """Ctrl-C on a local run stops it the way a preemption does: the workers agree on a step, save it
 and exit; the attempt is closed `cancelled`; running the same command again resumes from there.
 
-Before: the terminal's SIGINT reached submitit's controller, which SIGKILLed the workers a second
-later (KeyboardInterrupt tracebacks, nothing saved since the last periodic checkpoint, the attempt
-left open).
+The terminal's SIGINT must not reach submitit's controller, which would SIGKILL the workers a
+second later (KeyboardInterrupt tracebacks, nothing saved since the last periodic checkpoint, the
+attempt left open).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Divergence (issue 11, build 1): a non-finite loss rolls back in-process and skips the data window;
+"""Divergence: a non-finite loss rolls back in-process and skips the data window;
 a divergence that comes back stops the run `diverged`; nothing non-finite is ever published."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""A stop signal in the run's final step finishes the run (issue #20 item 8): the last step's
+"""A stop signal in the run's final step finishes the run: the last step's
 checkpoint is the final one, so the attempt records `finished` instead of asking for another job
 whose only work would be to load it and stop.
 
-Before: the flag raised during the last step made the attempt exit EXIT_REQUEUE with no `finished`
-row; a whole extra job (queue wait, start-up, load) followed to record it.
+The flag raised during the last step does not make the attempt exit EXIT_REQUEUE without a
+`finished` row, which would cost a whole extra job (queue wait, start-up, load) to record it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""fp16 loss-scale overflows are skipped steps, not divergences (issue 19, build 8): real 2-rank
+"""fp16 loss-scale overflows are skipped steps, not divergences: real 2-rank
 DeepSpeed fp16 runs on CPU. A loss scale of 2^30 overflows the first gradients, as a large model's
 start at DeepSpeed's 2^16 does: DeepSpeed skips those steps and halves the scale until it fits."""
 

@@ -1,4 +1,4 @@
-"""Beyond OPT (issue 21) on two CPU ranks: llama_tiny (untied head) and qwen2_tiny (tied, q/k/v
+"""Beyond OPT on two CPU ranks: llama_tiny (untied head) and qwen2_tiny (tied, q/k/v
 biases) train with activation checkpointing, crash and resume on another world size (DeepSpeed's
 universal checkpoint, ZeRO-2), export, and load in transformers with the training model's logits;
 an export fine-tunes under ZeRO-3 (transformers' DeepSpeed integration loads it partitioned)."""

@@ -1,4 +1,4 @@
-"""The recipe in real 2-rank runs (issue 19, build 8): the rate each step trained with is
+"""The recipe in real 2-rank runs: the rate each step trained with is
 metaseq's schedule; bf16 with fp32 gradient reduction/accumulation trains under ZeRO 1-3."""
 
 from __future__ import annotations

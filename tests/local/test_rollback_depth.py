@@ -1,9 +1,9 @@
-"""Rollbacks that go further back (issue #20 item 8): a divergence that comes back soon after a
+"""Rollbacks that go further back: a divergence that comes back soon after a
 rollback returns to an older checkpoint than the rollback before it did, since the newest one may
 already carry the instability; and the checkpoint a rollback returned to is never pruned.
 
-Before: the second divergence stopped the run `diverged` (it only ever tried the newest valid
-checkpoint), and later saves pruned the rollback's target under keep_last.
+A second divergence does not stop the run `diverged` while older valid checkpoints remain, and
+later saves under keep_last do not prune the rollback's target.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Checkpoints load weights-only (issue #20 item 8): a checkpoint file that carries a pickled object
-whose `__reduce__` runs a command is refused at load, and the command never runs. Before, every
-load (ours and DeepSpeed's) passed weights_only=False and a resume ran it on every rank."""
+"""Checkpoints load weights-only: a checkpoint file that carries a pickled object whose
+`__reduce__` runs a command is refused at load (ours and DeepSpeed's), and the command never runs
+on any rank."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A real local run with secrets in cluster.env (issue #20, item 4): no file of the run directory
+"""A real local run with secrets in cluster.env: no file of the run directory
 but the 0600 secrets.env holds a value, nor the command's output; the training process still has
 the variables."""
 

@@ -1,4 +1,4 @@
-"""Under ZeRO-1/2 every rank writes its share: no rank writes the full module weights (issue 19.2).
+"""Under ZeRO-1/2 every rank writes its share: no rank writes the full module weights.
 
 DeepSpeed has rank 0 write `mp_rank_00_model_states.pt` with the whole module (26 GB for opt13b),
 redundant with the fp32 partitions every rank writes. A ZeRO-2 2-rank run here: its model-states

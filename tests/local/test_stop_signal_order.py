@@ -1,4 +1,4 @@
-"""The stop signal is recorded when the ranks agree to stop, before their save (issue 11, build 5):
+"""The stop signal is recorded when the ranks agree to stop, before their save:
 a save that outlasts Slurm's GraceTime still leaves the record that classifies the attempt."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trackers across a rollback (issue #21): steps 11-14 are trained twice after a NaN at step 15
+"""Trackers across a rollback: steps 11-14 are trained twice after a NaN at step 15
 rolls back to step 10; W&B and MLflow still get 1..max_steps once each, in order, and the rollback
 as an event on the step axis. Then `cli sync` finds the offline W&B run (the upload itself needs
 W&B's servers: --dry-run here)."""

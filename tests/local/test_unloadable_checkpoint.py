@@ -1,10 +1,9 @@
-"""A checkpoint that validates but fails to load (issue #20 item 8): the attempt records
+"""A checkpoint that validates but fails to load: the attempt records
 `checkpoint_unloadable` (step and DeepSpeed's error), marks it so no later attempt tries it again,
 and loads the previous valid checkpoint in the same attempt.
 
 The damage is one a buggy writer makes: the model-state file holds a pickle DeepSpeed rejects,
-and the manifest was rewritten over it, so sizes and checksums match. Before: every attempt
-crashed loading it.
+and the manifest was rewritten over it, so sizes and checksums match: only the load can tell.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Bad input that used to reach the queue or print a traceback (issue #20, item 7): refused at the
-login node with one line naming the key, the value and the fix; exit 2; no run directory made."""
+"""Bad input that would reach the queue or print a traceback is refused at the login node with one
+line naming the key, the value and the fix; exit 2; no run directory made."""
 
 from __future__ import annotations
 

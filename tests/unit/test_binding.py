@@ -1,4 +1,4 @@
-"""What DeepSpeed is given when the site binds GPUs to tasks (issue 19.5), checked on CPUs.
+"""What DeepSpeed is given when the site binds GPUs to tasks, checked on CPUs.
 
 The entrypoint's own code (compute/distributed.py: placement, export, rank_device, as
 compute/attempt.py calls them) runs under an emulated Slurm task: torch.cuda counts the devices

@@ -1,4 +1,4 @@
-"""Branch a run (issue #20 item 9), the parts that need no training: parsing, the parent's checks,
+"""Branch a run, the parts that need no training: parsing, the parent's checks,
 the pin that keeps a parent's step from its prune, the start a branch chooses, the schedule that
 follows the branch's lr after a load, the lineage in the fingerprint."""
 

@@ -1,4 +1,4 @@
-"""Budget windows (issue #20 item 1): a user's resubmission after a stop starts the budgets again;
+"""Budget windows: a user's resubmission after a stop starts the budgets again;
 the supervisor's automatic restarts keep counting. Pure ledger logic on hand-written rows."""
 
 from __future__ import annotations

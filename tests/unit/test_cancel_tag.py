@@ -1,6 +1,6 @@
 """Every job of a run carries the run's tag in job.sbatch itself (a hand `sbatch job.sbatch` too),
 so `cli cancel` finds them all in one squeue; a start after a cancel does not train unless a user
-submitted it after the cancel (issue #20, item 2). Pure logic: Slurm's answers are given."""
+submitted it after the cancel. Pure logic: Slurm's answers are given."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shard writer (issue 14 item 8): one pass over the bytes, torch.load-compatible files,
+"""The shard writer: one pass over the bytes, torch.load-compatible files,
 progress per chunk, and async copies that leave the loop but never race an optimizer step."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from slurmtrain.common import checkpoint_format as ckpt  # noqa: E402
+from slurmtrain.common import checkpoint_format  # noqa: E402
 from slurmtrain.compute.checkpoint import direct_io  # noqa: E402
-from slurmtrain.compute.checkpoint import writer as w  # noqa: E402
+from slurmtrain.compute.checkpoint.writer import ShardWriter  # noqa: E402
 
 
 def _state():
@@ -25,10 +25,11 @@ def _state():
 
 
 def test_a_shard_is_written_once_hashed_on_the_way_and_loads_with_torch_load(tmp_path, monkeypatch):
-    monkeypatch.setattr(w, "_WINDOW", 1 << 20)  # many windows: writeback kicks and waits run
+    # many windows: writeback kicks and waits run
+    monkeypatch.setattr("slurmtrain.compute.checkpoint.writer._WINDOW", 1 << 20)
     monkeypatch.setattr(direct_io, "BUFFER", 1 << 20)  # many O_DIRECT buffers: each is a beat
     seen = []
-    writer = w.ShardWriter(True, "checksum", progress=seen.append)
+    writer = ShardWriter(True, "checksum", progress=seen.append)
     writer.begin(5, str(tmp_path), deferred=False)
     state = _state()
     writer.save(state, str(tmp_path / "a.pt"))
@@ -37,9 +38,11 @@ def test_a_shard_is_written_once_hashed_on_the_way_and_loads_with_torch_load(tmp
     assert report["ok"], report["error"]
     size_a, size_b = ((tmp_path / n).stat().st_size for n in ("a.pt", "b.pt"))
     for name in ("a.pt", "b.pt"):
-        assert report["files"][name]["crc32"] == ckpt._digest(tmp_path / name)
+        assert report["files"][name]["crc32"] == checkpoint_format._digest(tmp_path / name)
         assert report["files"][name]["size"] == (tmp_path / name).stat().st_size
-    assert ckpt.validate(tmp_path, full=True) is not None  # no manifest here; digest is the check
+    assert (
+        checkpoint_format.validate(tmp_path, full=True) is not None
+    )  # no manifest here; digest is the check
     loaded = torch.load(tmp_path / "a.pt", weights_only=False)
     assert torch.equal(loaded["b"], state["b"]) and loaded["n"] == 7
     assert loaded["w"].untyped_storage().data_ptr() == loaded["b"].untyped_storage().data_ptr()
@@ -51,7 +54,7 @@ def test_a_shard_is_written_once_hashed_on_the_way_and_loads_with_torch_load(tmp
 def test_zip_records_skip_torchs_own_crc_pass(tmp_path):
     """torch.save computed a CRC-32 of every record (a second pass over every byte, in miniz)
     beside ours: now the manifest's whole-file checksum is the only one."""
-    writer = w.ShardWriter(True, "checksum")
+    writer = ShardWriter(True, "checksum")
     writer.begin(1, str(tmp_path), deferred=False)
     writer.save(_state(), str(tmp_path / "a.pt"))
     records = zipfile.ZipFile(tmp_path / "a.pt").infolist()
@@ -68,7 +71,7 @@ def _optimizer_step_seen(writer):
 
 
 def test_async_copy_leaves_the_loop_and_the_next_optimizer_step_waits_for_it(tmp_path):
-    writer = w.ShardWriter(True, "checksum")
+    writer = ShardWriter(True, "checksum")
     param = torch.nn.Parameter(torch.ones(1 << 20))
     opt = torch.optim.SGD([param], lr=1.0)
     writer.begin(1, str(tmp_path), deferred=True)
@@ -91,7 +94,7 @@ def test_async_copy_leaves_the_loop_and_the_next_optimizer_step_waits_for_it(tmp
 
 
 def test_async_copy_done_by_the_writer_thread_first_costs_the_step_nothing(tmp_path):
-    writer = w.ShardWriter(True, "checksum")
+    writer = ShardWriter(True, "checksum")
     _optimizer_step_seen(writer)
     param = torch.nn.Parameter(torch.ones(1000))
     opt = torch.optim.SGD([param], lr=1.0)
@@ -106,7 +109,7 @@ def test_async_copy_done_by_the_writer_thread_first_costs_the_step_nothing(tmp_p
 
 
 def test_load_reads_what_the_writer_wrote(tmp_path):
-    writer = w.ShardWriter(True, "checksum")
+    writer = ShardWriter(True, "checksum")
     writer.begin(1, str(tmp_path), deferred=False)
     state = _state()
     writer.save(state, str(tmp_path / "a.pt"))
@@ -133,12 +136,12 @@ def _cached_pages(path) -> int:
 
 
 def test_a_shard_goes_around_the_page_cache(tmp_path):
-    """Issue 19: the kernel's page-cache copy (allocate, copy, write back, reclaim a page per
-    4 KiB) was what a synchronous save spent its time on; O_DIRECT writes from aligned buffers
-    leave at most the file's last page in the cache."""
+    """O_DIRECT writes from aligned buffers leave at most the file's last page in the page cache,
+    whose copy (allocate, copy, write back, reclaim a page per 4 KiB) is what a synchronous save
+    would spend its time on."""
     if direct_io.open_direct(str(tmp_path / "probe")) is None:
         pytest.skip("this filesystem has no O_DIRECT")
-    writer = w.ShardWriter(True, "checksum")
+    writer = ShardWriter(True, "checksum")
     writer.begin(1, str(tmp_path), deferred=False)
     state = _state()
     writer.save(state, str(tmp_path / "a.pt"))
@@ -146,7 +149,7 @@ def test_a_shard_goes_around_the_page_cache(tmp_path):
     assert report["ok"], report["error"]
     path = tmp_path / "a.pt"
     assert _cached_pages(path) <= 1, "the shard was written through the page cache"
-    assert report["files"]["a.pt"]["crc32"] == ckpt._digest(path)
+    assert report["files"]["a.pt"]["crc32"] == checkpoint_format._digest(path)
     loaded = torch.load(path, weights_only=True)
     assert torch.equal(loaded["b"], state["b"]) and loaded["n"] == 7
 
@@ -165,7 +168,10 @@ def test_direct_file_writes_exactly_the_bytes_it_was_given(tmp_path, size):
         sink.close()
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == data
-    assert sink.checksum.hexdigest() == ckpt._digest(tmp_path / "f") and sink.error is None
+    assert (
+        sink.checksum.hexdigest() == checkpoint_format._digest(tmp_path / "f")
+        and sink.error is None
+    )
 
 
 def test_direct_file_keeps_the_disk_error(tmp_path):
@@ -183,7 +189,7 @@ def test_direct_file_keeps_the_disk_error(tmp_path):
 
 
 def test_a_full_disk_fails_the_save_with_the_real_error(tmp_path, monkeypatch):
-    writer = w.ShardWriter(True, "checksum")
+    writer = ShardWriter(True, "checksum")
     writer.begin(1, str(tmp_path), deferred=False)
     monkeypatch.setattr(direct_io, "open_direct", lambda path: os.open("/dev/full", os.O_WRONLY))
     writer.save(_state(), str(tmp_path / "a.pt"))

@@ -1,4 +1,4 @@
-"""The headline on the built-in corpus warns in one line (issue 19, build 8)."""
+"""The headline on the built-in corpus warns in one line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Divergence verdicts, rollback plans, checkpoint choice and pruning (issue 11, builds 1, 2, 5)."""
+"""Divergence verdicts, rollback plans, checkpoint choice and pruning."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_prune_counts_only_valid_checkpoints_and_keeps_the_newest_valid(tmp_path
 
 def test_an_fp16_overflow_is_a_skipped_step_not_a_divergence():
     """The loss scaler skips a step whose gradients overflowed (grad norm inf on every rank) and
-    halves its scale: that step changed nothing, so it is not a divergence (issue 19, build 8)."""
+    halves its scale: that step changed nothing, so it is not a divergence."""
     g = Guard(max_overflow_steps=3)
     assert g.judge(1, 5.0, 0) is None
     for step in (2, 3, 4):  # a burst of overflows: the scale calibrating

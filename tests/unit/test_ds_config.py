@@ -1,4 +1,4 @@
-"""The DeepSpeed config of the recipe (issue 19, build 8): the optimizer per placement, ZeRO-3's
+"""The DeepSpeed config of the recipe: the optimizer per placement, ZeRO-3's
 prefetch/live/persistence from the layer size, gradients reduced in fp32 for bf16 runs."""
 
 from __future__ import annotations

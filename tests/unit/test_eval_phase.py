@@ -1,5 +1,5 @@
 """Evaluation is its own watchdog phase with a heartbeat per batch (compute/evaluate.py): a validation
-pass longer than the step deadline is progress, not a hang (issue 11, phases with heartbeats)."""
+pass longer than the step deadline is progress, not a hang."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Classification (issue 11, Build 7), attempts by (job id, restart count) (Build 5), exclusions
-that expire and fit the partition (Build 8), and the login side's fail-closed state (Build 3).
+"""Classification of failures, attempts keyed by (job id, restart count), exclusions that expire
+and fit the partition, and the login side's fail-closed state.
 
 Ledger rows as the ranks and the supervisor write them; no Slurm behaviour is faked: where Slurm
 would be asked, the test either leaves nothing to ask or makes Slurm's commands unreachable.

@@ -114,7 +114,7 @@ def test_the_table_has_one_row_per_fault():
         "1/2",
     ]
     assert set(fm.FAULTS) >= {"time_limit", "controller_restart", "sigterm_batch_shell"}
-    assert {"hand_job_then_cancel", "inject_without_opt_in"} <= set(fm.FAULTS)  # issue #20
-    assert len(fm.FAULTS) >= 17  # the issue's 15, a node whose ranks never join, invisible GPUs
-    assert set(fm.FAULTS) >= {"load_failure", "converter_signal", "final_step_signal"}  # #20
+    assert {"hand_job_then_cancel", "inject_without_opt_in"} <= set(fm.FAULTS)
+    assert len(fm.FAULTS) >= 17  # 15 base faults, a node whose ranks never join, invisible GPUs
+    assert set(fm.FAULTS) >= {"load_failure", "converter_signal", "final_step_signal"}
     assert {"resubmit_after_stop", "held_successor", "supervisor_exception"} <= set(fm.FAULTS)

@@ -106,7 +106,7 @@ def test_measured_save_seconds_is_the_median_of_recent_saves() -> None:
     assert ckpt_interval.measured_save_seconds([{"event": "started"}]) is None
 
 
-# ---- hot spares (issue 14 item 7) ----------------------------------------------------------------
+# ---- hot spares ----------------------------------------------------------------------------------
 
 
 def _sim():

@@ -1,5 +1,5 @@
 """SLURMTRAIN_INJECT (fault injection) needs `faults.allow_inject=true` on the command: refused at
-submit without it, never inherited by a production job or its resubmissions (issue #20, item 5)."""
+submit without it, never inherited by a production job or its resubmissions."""
 
 from __future__ import annotations
 

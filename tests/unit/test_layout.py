@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import tomllib
 
@@ -15,17 +17,20 @@ LOGIN_SIDE = ("slurmtrain.login", "slurmtrain.batch", "slurmtrain.cli")
 HEAVY = ("torch", "deepspeed", "transformers")
 
 
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
 def _modules() -> dict[str, ast.Module]:
-    out = {}
+    out: dict[str, ast.Module] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        out[name] = ast.parse(path.read_text(), str(path))
+        out[_module_name(path)] = ast.parse(path.read_text(), str(path))
     return out
 
 
 def _imports(tree: ast.Module) -> set[str]:
     """Every module a file imports, at any depth (function-level imports count too)."""
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -39,7 +44,7 @@ def _under(name: str, packages: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def test_login_batch_and_cli_never_import_compute_and_compute_never_imports_them():
+def test_login_batch_and_cli_never_import_compute_and_compute_never_imports_them() -> None:
     for name, tree in _modules().items():
         imported = _imports(tree)
         if _under(name, LOGIN_SIDE):
@@ -53,7 +58,7 @@ def test_login_batch_and_cli_never_import_compute_and_compute_never_imports_them
             assert not bad, f"{name} (shared) imports a world's modules: {bad}"
 
 
-def test_nothing_on_the_login_path_imports_torch_at_import_time():
+def test_nothing_on_the_login_path_imports_torch_at_import_time() -> None:
     names = [
         n
         for n in _modules()
@@ -70,7 +75,7 @@ def test_nothing_on_the_login_path_imports_torch_at_import_time():
     assert done.stdout.strip() == "[]", f"heavy modules imported on the login path: {done.stdout}"
 
 
-def test_every_module_says_its_one_job_and_stays_readable():
+def test_every_module_says_its_one_job_and_stays_readable() -> None:
     for name, tree in _modules().items():
         doc = ast.get_docstring(tree)
         assert doc and doc.splitlines()[0].strip(), f"{name}: no docstring saying its job"
@@ -82,7 +87,169 @@ def test_every_module_says_its_one_job_and_stays_readable():
         assert lines <= 420, f"{name}: {lines} lines; split it (files stay under ~400 lines)"
 
 
-def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package():
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name `from .x import y` (or `from slurmtrain.x import y`) reads from."""
+    if not node.level:
+        return node.module or ""
+    is_package = (ROOT / module.replace(".", "/") / "__init__.py").exists()
+    parts = module.split(".")[: len(module.split(".")) - node.level + is_package]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at any depth in the file.
+
+    `from a.b import c` points at a.b.c when c is a module, else at a.b; a name that is not a
+    module points at its nearest enclosing module.
+    """
+    modules = _modules()
+
+    def nearest(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for module, tree in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets.update(nearest(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(module, node)
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    targets.add(full if full in modules else nearest(source))
+        graph[module] = {t for t in targets if t and t != module and t != "slurmtrain"}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_among_the_package_modules() -> None:
+    """Modules form layers: no cycle, function-level and TYPE_CHECKING imports included."""
+    cycles = _cycles(_import_graph())
+    listing = "\n".join(" <-> ".join(cycle) for cycle in cycles)
+    assert not cycles, f"import cycles among slurmtrain modules:\n{listing}"
+
+
+def test_package_modules_are_imported_by_their_own_names() -> None:
+    """`from slurmtrain.x import mod as y` and `import slurmtrain.x as y` rename a module; a
+    reader then greps for a name that is not there. Names that are not modules may be renamed."""
+    modules = set(_modules())
+    bad = []
+    for folder in ("slurmtrain", "tests", "tools", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            module = _module_name(path)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    renamed = [
+                        a.name for a in node.names if a.asname and a.name.startswith("slurmtrain")
+                    ]
+                elif isinstance(node, ast.ImportFrom):
+                    source = _absolute(module, node)
+                    renamed = [
+                        f"{source}.{a.name}"
+                        for a in node.names
+                        if a.asname and a.asname != a.name and f"{source}.{a.name}" in modules
+                    ]
+                else:
+                    continue
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in renamed]
+    assert not bad, "package modules imported under another name:\n" + "\n".join(bad)
+
+
+# A repo-looking path: folders then a file with a known extension. `<x>`, `{x}`, `*` and `$X` are
+# placeholders and globs, so a path touching one of them is not a citation.
+CITED_PATH = re.compile(
+    r"(?<![\w./<>{}*$-])((?:[\w.-]+/)+[\w.-]+\.(?:py|sh|yaml|yml|toml|j2|md|json|txt|cfg|ini))(?![\w/*<{])"
+)
+CITING_FILES = (".py", ".sh", ".j2", ".yaml", ".md", ".toml", "")
+
+
+def test_every_cited_repository_file_exists() -> None:
+    """Every `folder/file.ext` a docstring, comment or README names is a file of the repository.
+
+    A citation resolves against the repository root, slurmtrain/, slurmtrain/compute/ (home of
+    checkpoint/, faults/ and observe/) or the citing file's folder and its parents. Only paths whose
+    first folder is a repository folder or a package subfolder are citations: run-directory paths
+    (ledger.d/...) and other projects' files (deepspeed/...) are not; a capitalised file name
+    (conf/model/NAME.yaml) is a placeholder.
+    """
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name not in (".git", ".venv")}
+    folders |= {p.name for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    folders -= {"build", "dist", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+    citing = [ROOT / "README.md", ROOT / "pyproject.toml"]
+    for folder in (
+        "slurmtrain",
+        "hydra_plugins",
+        "tests",
+        "tools",
+        "bench",
+        "sbatch_templates",
+        "conf",
+        ".ci",
+    ):
+        citing += [
+            p
+            for p in sorted((ROOT / folder).rglob("*"))
+            if p.is_file() and p.suffix in CITING_FILES and "__pycache__" not in p.parts
+        ]
+    missing = []
+    for path in citing:
+        bases = [ROOT, PACKAGE, PACKAGE / "compute", *path.parents]
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for match in CITED_PATH.finditer(line):
+                cited = match.group(1)
+                stem = cited.rsplit("/", 1)[1].split(".")[0]
+                if cited.split("/")[0] not in folders or stem.isupper():
+                    continue
+                if not any((base / cited).exists() for base in bases):
+                    missing.append(f"{path.relative_to(ROOT)}:{number}: {cited}")
+    assert not missing, "cited files that do not exist:\n" + "\n".join(missing)
+
+
+def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package() -> None:
     for path in ("pyproject.toml", "conf", "sbatch_templates", "slurmtrain", "tests", "tools"):
         assert (ROOT / path).exists(), path
     assert not (PACKAGE / "conf").exists() and not (PACKAGE / "sbatch_templates").exists()
@@ -100,7 +267,7 @@ def test_top_level_is_the_requested_one_and_the_wheel_lists_every_package():
     assert project["package-dir"]["slurmtrain.sbatch_templates"] == "sbatch_templates"
 
 
-def test_config_yaml_is_omegaconf_text(tmp_path):
+def test_config_yaml_is_omegaconf_text(tmp_path: Path) -> None:
     """The fast writer of config.yaml gives exactly OmegaConf's text (tricky strings too)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

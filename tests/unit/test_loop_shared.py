@@ -1,4 +1,4 @@
-"""The loop's one per-step all-reduce vector: loss, signal, save due, non-finite (issue 12, item 5)."""
+"""The loop's one per-step all-reduce vector: loss, signal, save due, non-finite."""
 
 from __future__ import annotations
 

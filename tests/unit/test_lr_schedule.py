@@ -1,4 +1,4 @@
-"""The learning-rate schedule (issue 19, build 8): metaseq's, from 0 to the peak, then linear decay
+"""The learning-rate schedule is metaseq's, from 0 to the peak, then linear decay
 to min_lr at the last step. A pure function of the update count, and the torch scheduler that
 DeepSpeed steps gives exactly its values."""
 

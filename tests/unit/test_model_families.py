@@ -1,4 +1,4 @@
-"""Beyond OPT (issue 21): every shipped model config's planner counts equal the model transformers
+"""Beyond OPT: every shipped model config's planner counts equal the model transformers
 builds from it (on the meta device: no memory), FLOPs of the gated/GQA families, model=hf from a
 local folder, and the Llama-style recipe."""
 

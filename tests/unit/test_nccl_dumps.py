@@ -1,4 +1,4 @@
-"""Hang forensics (issue 19.7): the collective timeout's rule, the flight recorder's dumps in
+"""Hang forensics: the collective timeout's rule, the flight recorder's dumps in
 RUN_DIR/logs, and the line naming the rank every other rank waited on. Real gloo ranks on CPUs
 (torch's flight recorder records gloo too): three processes, rank 2 never joins the fifth
 collective; ranks 0-1 dump while blocked in it, as the watchdog does before it exits."""

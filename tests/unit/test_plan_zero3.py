@@ -1,5 +1,5 @@
 """The memory plan's ZeRO-3 buffers come from the stage3_* values the run gives DeepSpeed
-(ds_config.zero_section, deepspeed.extra included), not from a fixed prefetch bucket (#19)."""
+(ds_config.zero_section, deepspeed.extra included), not from a fixed prefetch bucket."""
 
 from __future__ import annotations
 

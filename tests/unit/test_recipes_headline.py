@@ -78,7 +78,7 @@ def test_each_recipe_dry_runs_at_its_headline_scale(tmp_path, model, nodes, extr
 
 
 def test_opt66b_at_64x8_is_refused_only_for_memory_naming_zero3(tmp_path):
-    # The command of #19: the batch divides (1024 = micro 1 x accumulation 2 x 512 GPUs); the
+    # The headline command: the batch divides (1024 = micro 1 x accumulation 2 x 512 GPUs); the
     # plan's one line names the fix, ZeRO-3.
     cfg = _dry_run(tmp_path, "opt66b", 64)
     assert cfg.train.micro_batch_size * 512 * 2 == cfg.train.global_batch_size == 1024

@@ -1,4 +1,4 @@
-"""Slurm resources of the headline run (issue 19.6): cores, memory and binding per task on a 64 x 8
+"""Slurm resources of the headline run: cores, memory and binding per task on a 64 x 8
 GPU partition, and CPU plans of big models refused. Partitions are PartitionInfo objects parsed
 from `scontrol show partition` text; nothing of Slurm runs or is mocked."""
 

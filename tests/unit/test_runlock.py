@@ -1,4 +1,4 @@
-"""The run lock where flock excludes nothing (issue #20 item 8): Lustre `localflock` and NFS
+"""The run lock where flock excludes nothing: Lustre `localflock` and NFS
 `local_lock=all|flock` grant each node its own flock, Lustre `noflock` raises ENOSYS. The mount
 options pick a lease file instead; the lease is tested for real (processes contending)."""
 
@@ -63,7 +63,7 @@ def test_this_machines_mountinfo_parses():
 
 
 def test_a_localflock_mount_gets_the_lease(tmp_path, monkeypatch):
-    """Before, RunDir.locked flocked whatever the mount: on localflock two nodes both held it."""
+    """A localflock mount takes the lease, not flock: there two nodes would both hold the flock."""
     info = tmp_path / "mountinfo"
     info.write_text(f"27 1 0:90 / {tmp_path} rw - lustre 10.0.0.1@tcp:/fs rw,localflock\n")
     monkeypatch.setattr(runlock, "MOUNTINFO", info)

@@ -1,4 +1,4 @@
-"""No metadata storms (issue 18 item 3): watching a universal conversion and learning that an async
+"""No metadata storms: watching a universal conversion and learning that an async
 save's ranks are done cost the shared filesystem O(hosts) calls per poll and O(hosts) marker
 files per save, whatever the ranks per host. Simulated worlds: threads running the real watchers
 and the real Checkpointer background code, the shared filesystem's calls counted at the `os`

@@ -1,8 +1,8 @@
-"""The scale drill (issue 18, Build 6): the paperwork of 4,096 ranks (512 nodes x 8) x 100
+"""The scale drill: the paperwork of 4,096 ranks (512 nodes x 8) x 100
 attempts, the last an all-rank failure, read under `ulimit -n 256` by `status --json`, the
 supervisor's classification and rank 0's claim: all answer, and correctly. Files are made the
 way the writers lay them out (bench/scale_paperwork.py make_paperwork); the readers run in child
-processes with RLIMIT_NOFILE=256. Before the readers were bounded each died with EMFILE."""
+processes with RLIMIT_NOFILE=256, so a reader that opens a file per rank dies with EMFILE."""
 
 from __future__ import annotations
 

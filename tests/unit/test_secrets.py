@@ -1,4 +1,4 @@
-"""Secrets (issue #20, item 4): cluster.env values and secret-named keys are written as references,
+"""Secrets: cluster.env values and secret-named keys are written as references,
 never values; the batch script sources a 0600 file instead; token-looking strings are redacted."""
 
 from __future__ import annotations

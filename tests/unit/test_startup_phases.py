@@ -113,9 +113,9 @@ def test_a_rank_waiting_for_rank_0s_store_returns_once_it_listens():
 
 
 def test_deepspeeds_optimizer_check_no_longer_compiles_muons_kernels():
-    """Before: deepspeed.initialize and the first ZeRO-1/2 step imported DeepSpeed's Muon
-    (torch.compile at import: inductor, seconds per rank). After skip_muon_compile the check still
-    accepts AdamW, the step's import still resolves, inductor stays unloaded."""
+    """deepspeed.initialize and the first ZeRO-1/2 step do not import DeepSpeed's Muon (its
+    torch.compile at import loads inductor: seconds per rank): under skip_muon_compile the check
+    still accepts AdamW, the step's import still resolves, inductor stays unloaded."""
     import subprocess
     import sys
 

@@ -1,4 +1,4 @@
-"""The supervisor's catch-all (slurmtrain/batch/fallback.py, issue #20 item 3): when it must
+"""The supervisor's catch-all (slurmtrain/batch/fallback.py): when it must
 resubmit, and when the ledger says nothing is to be done. Pure ledger logic."""
 
 from __future__ import annotations

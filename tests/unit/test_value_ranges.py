@@ -135,8 +135,8 @@ def test_max_rollback_minus_one_never_caps_the_rollbacks():
 
 
 def test_a_collective_timeout_below_the_hang_deadline_is_refused_naming_both_keys():
-    """Issue #20 item 8: hang_timeout_s=3600 with the default collective_timeout_s=1800 let NCCL
-    abort a stuck step before the watchdog could dump its stacks; nothing refused it."""
+    """hang_timeout_s=3600 with the default collective_timeout_s=1800 is refused: NCCL would abort
+    a stuck step before the watchdog could dump its stacks."""
     with pytest.raises(ConfigError) as err:
         _validate("faults.hang_timeout_s=3600")
     line = str(err.value)
