@@ -57,26 +57,25 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     if prev is None:
         return
     prev_rows = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
-    cls = ledger.vanished_class(prev_rows, prev["attempt"])
-    record = events.Where(
-        job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", [])
-    )
+    number, prev_nodes = events.integer(prev, "attempt"), events.strings(prev, "nodes")
+    cls = ledger.vanished_class(prev_rows, number)
+    record = events.Where(job_id=events.text(prev, "job_id"), attempt=number, nodes=prev_nodes)
     closed = run.record(events.attempt_ended(cls, closed_by=attempt.number), **record)
     attempt.rows.append(closed)
-    lost = sorted(set(prev.get("nodes", [])) - set(attempt.nodes))
+    lost = sorted(set(prev_nodes) - set(attempt.nodes))
     if cls == ledger.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
         from slurmtrain.common.slurm_cmd import down_nodes
 
-        lost = down_nodes(prev.get("nodes", []))
+        lost = down_nodes(prev_nodes)
     for node in lost if cls == ledger.NODE_FAILURE else []:
-        attempt.rows.append(run.record("node_lost", **record, node=node))
+        attempt.rows.append(run.record(events.Kind.node_lost, **record, node=node))
 
 
 def _last_error(run: RunDir, rows: list[dict[str, object]], number: int) -> Optional[str]:
     """The last error of the run up to the start before attempt `number` (its rank rows too)."""
     prev = ledger.started_row(rows, number - 1)
-    events = run.attempt_events(*ledger.attempt_key(prev), run_rows=rows) if prev else rows
-    return ledger.last_error(events)
+    since = run.attempt_events(*ledger.attempt_key(prev), run_rows=rows) if prev else rows
+    return ledger.last_error(since)
 
 
 def _healthy(

@@ -24,7 +24,7 @@ from slurmtrain.common.checkpoint_format import Resume
 from slurmtrain.common.derived import grad_accumulation
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
+from slurmtrain.compute.checkpoint.rng import rng_state
 from slurmtrain.compute.context import Attempt, RankContext
 from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
@@ -221,10 +221,8 @@ class Trainer:
         if self.found.path is None or self.load_dir is None:
             return
         t0 = time.time()
-        rng = recovery.load_resumed(self)
-        if rng is None:  # self.stop says why
+        if not recovery.load_resumed(self):  # self.stop says why
             return
-        set_rng_state(rng)
         self.start_step = int(self.found.manifest["step"])
         self.sampler.skip = recovery.data_skip(self, self.found.manifest)
         self.watchdog.beat("checkpoint load")
