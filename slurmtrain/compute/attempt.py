@@ -93,12 +93,12 @@ def _healthy(
     )
     bad = health.gate(mine, where.world_size, cfg.faults.health_slow_factor)
     if not bad:
-        attempt.record("health_ok", seconds=time.time() - t0)
+        attempt.record(events.Kind.health_ok, seconds=time.time() - t0)
         return True
     if where.rank == 0:
         for row in bad:
             append_jsonl(run.bad_nodes, {**row, "time": time.time(), "attempt": attempt.number})
-            attempt.record("bad_node", node=row["node"], reason=row["reason"])
+            attempt.record(events.Kind.bad_node, node=row["node"], reason=row["reason"])
             print(
                 f"slurmtrain: node {row['node']} failed the health gate: {row['reason']}",
                 file=sys.stderr,
@@ -139,7 +139,7 @@ def _claim(
     other = (own or {}).get("job_id")
     if verdict == owner.DUPLICATE:
         run.record(
-            "duplicate_refused",
+            events.Kind.duplicate_refused,
             **row,
             owner=other,
             restart=restart_count(),
@@ -280,7 +280,7 @@ def _run(
                 # the user's resubmission after a stop: budgets count again from here
                 windows.open_window(run, attempt.rows, where.job_id)
             attempt.record(
-                "started",
+                events.Kind.started,
                 world_size=where.world_size,
                 hosts=[n for n, _ in gathered],
                 pids=[p for _, p in gathered],
@@ -300,7 +300,7 @@ def _run(
             phase="start-up",
         )
         raise
-    attempt.record("rendezvous_done", seconds=rendezvous_s)
+    attempt.record(events.Kind.rendezvous_done, seconds=rendezvous_s)
     clock.mark("rendezvous")
     attempt.clock = clock if where.rank == 0 else None
     if where.rank == 0:

@@ -207,7 +207,7 @@ def _rolled_back(t: Resuming, d: Divergence, found: Resume, plan: Plan, seconds:
     t.checkpointer.protect.add(plan.to_step)  # a later repeat may need it again
     t.watchdog.beat("rollback")
     t.attempt.record(
-        "rollback",
+        events.Kind.rollback,
         step=d.step,
         loss=loss,
         reason=d.why,
