@@ -34,7 +34,7 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
     where = Where(job_id=job_id, restart=restart, relaunch=relaunch)
     try:  # the ledger itself may be what failed: then only the batch log says so
         run.record(
-            "supervisor_failed",
+            events.Kind.supervisor_failed,
             **where,
             error=error,
             traceback=traceback.format_exc()[-4000:],

@@ -111,11 +111,11 @@ def submit_held(
 ) -> str:
     """`sbatch --hold job.sbatch`, recorded as the run's owner (`submitted`, `requeue_of` this
     job), then released and checked (`release`); `resubmitting` (with `intent`) first."""
-    run.record("resubmitting", **where, **intent)
+    run.record(events.Kind.resubmitting, **where, **intent)
     # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
     new_id = slurm_cmd.sbatch(["--hold", *args], str(run.sbatch))
     run.record(
-        "submitted",
+        events.Kind.submitted,
         job_id=new_id,
         executor="slurm",
         fingerprint=run.path.name,
@@ -148,7 +148,7 @@ def release(run: RunDir, job_id: str, where: Where, tries: int = RELEASE_TRIES) 
             time.sleep(delay)
             delay *= 2
     run.record(
-        "release_failed",
+        events.Kind.release_failed,
         **where,
         new_job_id=job_id,
         error=error or f"job {job_id} still held after {tries} releases",

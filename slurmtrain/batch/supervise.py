@@ -121,7 +121,7 @@ def supervise(
     run.record(events.attempt_ended(cls, exit_code=rc, step=step, **extra), **where)
     lost = verdict.nodes if cls == ledger.NODE_FAILURE else []
     for node in lost:
-        run.record("node_lost", **where, node=node)
+        run.record(events.Kind.node_lost, **where, node=node)
     for node, reason in verdict.exclude.items():
         append_jsonl(
             run.bad_nodes,
@@ -161,7 +161,7 @@ def supervise(
             assert relaunch_file is not None
             step.write(relaunch_file)
             run.record(
-                "restarted_in_allocation",
+                events.Kind.restarted_in_allocation,
                 **where,
                 reason=cls,
                 left_out=step.failed,

@@ -18,7 +18,17 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Final, Mapping, Optional, Sequence, TypedDict, Union
+from typing import (
+    Callable,
+    Collection,
+    Final,
+    Mapping,
+    Optional,
+    Sequence,
+    TypedDict,
+    Union,
+    cast,
+)
 
 from slurmtrain.common import durable
 from slurmtrain.common.checkpoint_pins import pinned_steps
@@ -36,9 +46,8 @@ def tag(step: int) -> str:
     return f"step_{step}"
 
 
-# zlib's CRC-32 (4.2 GB/s on one core here, sha256 1.8 GB/s: at 1 GB/rank it was 13% of a save):
-# it catches flipped bytes, zeroed pages and truncation, which is what disks and filesystems do;
-# it is no defence against someone forging a checkpoint. Manifests that list sha256 still verify.
+# zlib's CRC-32, over twice sha256's speed: it catches flipped bytes, zeroed pages and truncation
+# (what disks and filesystems do), not a forged checkpoint. Manifests listing sha256 still verify.
 CHECKSUM: Final = "crc32"
 
 
@@ -48,6 +57,42 @@ class FileEntry(TypedDict, total=False):
     size: int
     crc32: str
     sha256: str  # manifests of older saves
+
+
+class SavedPosition(TypedDict, total=False):
+    """A manifest's `data_position`: compute/data.py's DataPosition plus the skipped samples."""
+
+    consumed_samples: int
+    epoch: int  # one source
+    per_source: dict[str, int]  # a blend: samples drawn from each source
+    epochs: dict[str, int]
+    skipped_samples: int  # past diverged windows, after rollbacks
+
+
+class Origin(TypedDict):
+    """The save a universal conversion was made from (its step folder, step and time)."""
+
+    path: str
+    step: Optional[int]
+    time: Optional[float]
+
+
+class Manifest(TypedDict, total=False):
+    """`manifest.json`: what `seal` writes, then the saver's own fields (trainer.py's meta, or
+    reshape.py's for a universal conversion)."""
+
+    time: float
+    verify: str
+    files: dict[str, FileEntry]
+    step: int
+    world_size: int
+    consumed_samples: int
+    zero_stage: int
+    loss: float
+    data_position: SavedPosition
+    kind: str  # "universal" for a conversion
+    source: Origin
+    cores: int
 
 
 class Crc32:
@@ -90,7 +135,7 @@ def seal(
     fields: Mapping[str, object],
     verify: str,
     reports: Optional[Sequence[Mapping[str, object]]] = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Manifest into `tmp`, then rename it to `final` (a previous `final` is replaced whole).
 
     Files listed in `reports` were fsynced and hashed by the rank that wrote them; any other file
@@ -120,7 +165,7 @@ def seal(
         raise OSError(f"files reported written but not found: {', '.join(missing[:5])}")
     for marker in tmp.glob(".*_rank*.json"):
         marker.unlink()
-    manifest = {"time": time.time(), "verify": verify, "files": files, **fields}
+    manifest: dict[str, object] = {"time": time.time(), "verify": verify, "files": files, **fields}
     durable.write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1))
     old = final.with_name(final.name + ".old")
     if final.exists():  # a stale copy of this step (re-saved after a resume)
@@ -258,10 +303,12 @@ def verify_files(
     return None
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
+def read_manifest(directory: Path) -> Manifest:
     """files (`FileEntry` each), verify, time, and the saver's own fields (step, world size...)."""
-    manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
-    return manifest
+    manifest = json.loads((directory / MANIFEST).read_text())
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{directory / MANIFEST} holds a JSON {type(manifest).__name__}")
+    return cast(Manifest, manifest)  # the object `seal` wrote
 
 
 def step_dirs(root: Path) -> list[Path]:
@@ -273,7 +320,7 @@ def step_dirs(root: Path) -> list[Path]:
 @dataclass
 class Resume:
     path: Optional[Path] = None
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Manifest = field(default_factory=Manifest)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
 
 

@@ -178,7 +178,7 @@ def classify(rows: Sequence[Row], rc: Optional[int] = None) -> Classified:
     return Classified(None)
 
 
-def vanished_class(rows: Sequence[Row], attempt: int) -> str:
+def vanished_class(rows: Sequence[Row], attempt: Optional[int]) -> str:
     """Why an attempt ended without telling anyone (`classify`); no error of its own: the job
     was requeued under us, so a node failed."""
     mine = [e for e in rows if e.get("attempt") == attempt]

@@ -57,26 +57,25 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     if prev is None:
         return
     prev_rows = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
-    cls = ledger.vanished_class(prev_rows, prev["attempt"])
-    record = events.Where(
-        job_id=prev.get("job_id"), attempt=prev["attempt"], nodes=prev.get("nodes", [])
-    )
+    number, prev_nodes = events.integer(prev, "attempt"), events.strings(prev, "nodes")
+    cls = ledger.vanished_class(prev_rows, number)
+    record = events.Where(job_id=events.text(prev, "job_id"), attempt=number, nodes=prev_nodes)
     closed = run.record(events.attempt_ended(cls, closed_by=attempt.number), **record)
     attempt.rows.append(closed)
-    lost = sorted(set(prev.get("nodes", [])) - set(attempt.nodes))
+    lost = sorted(set(prev_nodes) - set(attempt.nodes))
     if cls == ledger.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
         from slurmtrain.common.slurm_cmd import down_nodes
 
-        lost = down_nodes(prev.get("nodes", []))
+        lost = down_nodes(prev_nodes)
     for node in lost if cls == ledger.NODE_FAILURE else []:
-        attempt.rows.append(run.record("node_lost", **record, node=node))
+        attempt.rows.append(run.record(events.Kind.node_lost, **record, node=node))
 
 
 def _last_error(run: RunDir, rows: list[dict[str, object]], number: int) -> Optional[str]:
     """The last error of the run up to the start before attempt `number` (its rank rows too)."""
     prev = ledger.started_row(rows, number - 1)
-    events = run.attempt_events(*ledger.attempt_key(prev), run_rows=rows) if prev else rows
-    return ledger.last_error(events)
+    since = run.attempt_events(*ledger.attempt_key(prev), run_rows=rows) if prev else rows
+    return ledger.last_error(since)
 
 
 def _healthy(
@@ -94,12 +93,12 @@ def _healthy(
     )
     bad = health.gate(mine, where.world_size, cfg.faults.health_slow_factor)
     if not bad:
-        attempt.record("health_ok", seconds=time.time() - t0)
+        attempt.record(events.Kind.health_ok, seconds=time.time() - t0)
         return True
     if where.rank == 0:
         for row in bad:
             append_jsonl(run.bad_nodes, {**row, "time": time.time(), "attempt": attempt.number})
-            attempt.record("bad_node", node=row["node"], reason=row["reason"])
+            attempt.record(events.Kind.bad_node, node=row["node"], reason=row["reason"])
             print(
                 f"slurmtrain: node {row['node']} failed the health gate: {row['reason']}",
                 file=sys.stderr,
@@ -140,7 +139,7 @@ def _claim(
     other = (own or {}).get("job_id")
     if verdict == owner.DUPLICATE:
         run.record(
-            "duplicate_refused",
+            events.Kind.duplicate_refused,
             **row,
             owner=other,
             restart=restart_count(),
@@ -281,7 +280,7 @@ def _run(
                 # the user's resubmission after a stop: budgets count again from here
                 windows.open_window(run, attempt.rows, where.job_id)
             attempt.record(
-                "started",
+                events.Kind.started,
                 world_size=where.world_size,
                 hosts=[n for n, _ in gathered],
                 pids=[p for _, p in gathered],
@@ -301,7 +300,7 @@ def _run(
             phase="start-up",
         )
         raise
-    attempt.record("rendezvous_done", seconds=rendezvous_s)
+    attempt.record(events.Kind.rendezvous_done, seconds=rendezvous_s)
     clock.mark("rendezvous")
     attempt.clock = clock if where.rank == 0 else None
     if where.rank == 0:

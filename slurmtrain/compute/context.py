@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from slurmtrain.common import events
-from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.rundir import Rows, RunDir
 from slurmtrain.compute import startup
 from slurmtrain.compute.distributed import Placement
 from slurmtrain.compute.faults.watchdog import Watchdog
@@ -44,28 +44,33 @@ class Attempt:
         where: Placement,
         nodes: list[str],
         number: int,
-        rows: Optional[list[dict[str, Any]]] = None,
+        rows: Optional[Rows] = None,
     ) -> None:
         self.run, self.where, self.nodes, self.number = run, where, nodes, number
         # Rank 0: the run tier read once at the start plus every row recorded since, so checkpoint
         # choice, rollbacks and budgets never re-read the ledger.
-        self.rows: list[dict[str, Any]] = rows if rows is not None else []
+        self.rows: Rows = rows if rows is not None else []
 
     step: Optional[int] = None  # the step being trained, for failure records
     clock: Optional[startup.StartupClock] = None  # rank 0: start-up phases (compute/startup.py)
 
-    def record(self, event: str | events.Event, **fields: Any) -> None:
+    def record(self, event: str | events.Event, **fields: object) -> None:
         """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
         if self.where.rank == 0:
             fields.setdefault("rank", self.where.rank)
             fields.setdefault("node", self.where.node)
             self.rows.append(
                 self.run.record(
-                    event, job_id=self.where.job_id, attempt=self.number, nodes=self.nodes, **fields
+                    event,
+                    job_id=self.where.job_id,
+                    attempt=self.number,
+                    nodes=self.nodes,
+                    durable=None,  # by the event's kind (RunDir.record)
+                    **fields,
                 )
             )
 
-    def record_any(self, event: str | events.Event, **fields: Any) -> None:
+    def record_any(self, event: str | events.Event, **fields: object) -> None:
         """Any rank: failures are recorded by the rank that saw them, in its node's file of the
         rank tier (one file per node, not per rank: common/jsonl.py)."""
         fields.setdefault("rank", self.where.rank)

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Protocol
 
-from slurmtrain.common import ledger
-from slurmtrain.common.checkpoint_format import Resume
+from slurmtrain.common import events, ledger
+from slurmtrain.common.checkpoint_format import Manifest, Resume, SavedPosition
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.compute.checkpoint.rng import set_rng_state
+from slurmtrain.compute.checkpoint.rng import RngState, set_rng_state
 from slurmtrain.compute.context import Attempt, RankContext
 from slurmtrain.compute.distributed import broadcast
 
@@ -57,29 +57,29 @@ class Resuming(Protocol):
     def universal(self, found: Resume) -> Path: ...
 
 
-def data_skip(t: Resuming, manifest: dict[str, object]) -> int:
+def data_skip(t: Resuming, manifest: Manifest) -> int:
     """The sampler offset of a checkpoint (and of a rollback that returned to it)."""
     from slurmtrain.compute.divergence import resumed_skip
 
     position = manifest.get("data_position")
     own = int(position.get("skipped_samples", 0)) if isinstance(position, dict) else 0
-    events = t.attempt.rows if t.rank == 0 else []  # the run tier, read at the start
+    rows = t.attempt.rows if t.rank == 0 else []  # the run tier, read at the start
     step = manifest["step"]
     assert isinstance(step, (int, str))  # a manifest's step: an int in JSON
-    return int(broadcast(resumed_skip(own, int(step), ledger.rollbacks(events))))
+    return int(broadcast(resumed_skip(own, int(step), ledger.rollbacks(rows))))
 
 
 def try_load(
     t: Resuming, directory: Path, restore_rng: bool = True
-) -> tuple[Optional[str], dict[str, object]]:
-    """Collective: (None, the RNG state) when every rank loaded `directory`, else (the first
-    failing rank's error, {}). Caught on every rank and agreed (one all-reduce of a flag; the
+) -> tuple[Optional[str], Optional[RngState]]:
+    """Collective: (None, the RNG state if one was restored) when every rank loaded `directory`,
+    else (the first failing rank's error, None). Caught on every rank and agreed (one all-reduce of a flag; the
     errors are gathered only after a failure), so all ranks walk back together; the next load
     replaces whatever the failed one had put in the engine."""
     import torch
     import torch.distributed as dist
 
-    rng: dict[str, object] = {}
+    rng: Optional[RngState] = None
     error: Optional[str] = None
     try:
         rng = t.checkpointer.load(t.engine, directory, restore_rng=restore_rng)
@@ -94,7 +94,7 @@ def try_load(
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     rank, first = failed[0]
     more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
-    return f"{first} (rank {rank}{more})", {}
+    return f"{first} (rank {rank}{more})", None
 
 
 def mark_unloadable(t: Resuming, found: Resume, error: str) -> None:
@@ -103,7 +103,9 @@ def mark_unloadable(t: Resuming, found: Resume, error: str) -> None:
 
     assert found.path is not None  # only a found checkpoint fails to load
     step = int(found.manifest.get("step", found.path.name.split("_")[1]))
-    t.attempt.record("checkpoint_unloadable", step=step, path=str(found.path), error=error)
+    t.attempt.record(
+        events.Kind.checkpoint_unloadable, step=step, path=str(found.path), error=error
+    )
     if t.rank != 0:
         return
     try:
@@ -119,16 +121,17 @@ def mark_unloadable(t: Resuming, found: Resume, error: str) -> None:
     )
 
 
-def load_resumed(t: Resuming) -> Optional[dict[str, object]]:
-    """Load `t.found` (built for in `t.build`), walking back past checkpoints that fail to load.
-    Returns the RNG state, or None with `t.stop` set when none is left to load."""
+def load_resumed(t: Resuming) -> bool:
+    """Load `t.found` (built for in `t.build`) and its RNG state, walking back past checkpoints
+    that fail to load. False, with `t.stop` set, when none is left to load."""
     from slurmtrain.compute.checkpoint import verify
 
     while True:
         assert t.load_dir is not None and t.found.path is not None  # a chosen checkpoint
         error, rng = try_load(t, t.load_dir, restore_rng=t.same_world)
         if error is None:
-            return rng
+            set_rng_state(rng)
+            return True
         mark_unloadable(t, t.found, error)
         found = verify.newest_valid(
             t.cfg, t.run, t.rank, t.world, t.watchdog, t.deadlines, t.attempt.record
@@ -139,7 +142,7 @@ def load_resumed(t: Resuming) -> Optional[dict[str, object]]:
                 f"{t.found.path.name} failed to load ({error}) and no older checkpoint validates; "
                 f"pass resume=none to start from step 0",
             )
-            return None
+            return False
         other_world = int(found.manifest.get("world_size", t.world)) != t.world
         if other_world == t.same_world:
             # The engine was built for the other kind (plain vs universal load): the next attempt
@@ -174,7 +177,7 @@ def rollback(t: Resuming, d: Divergence) -> bool:
             step = int(manifest["step"]) if found.path is not None else None
             if step is not None and int(manifest.get("world_size", t.world)) != t.world:
                 step = None  # written by another world size: its universal form is not loaded
-            own = int((manifest.get("data_position") or {}).get("skipped_samples", 0))
+            own = int((manifest.get("data_position") or SavedPosition()).get("skipped_samples", 0))
             plan = divergence.plan_rollback(d, step, own, previous, cfg.faults, max_steps, gbs)
         plan = broadcast(plan)
         assert plan is not None  # rank 0 planned it
@@ -204,7 +207,7 @@ def _rolled_back(t: Resuming, d: Divergence, found: Resume, plan: Plan, seconds:
     t.checkpointer.protect.add(plan.to_step)  # a later repeat may need it again
     t.watchdog.beat("rollback")
     t.attempt.record(
-        "rollback",
+        events.Kind.rollback,
         step=d.step,
         loss=loss,
         reason=d.why,

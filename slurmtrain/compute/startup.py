@@ -26,6 +26,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Optional
 
+from slurmtrain.common import events
+
 if TYPE_CHECKING:
     from slurmtrain.common.schema import RootConfig
 
@@ -92,7 +94,7 @@ class StartupClock:
             return
         self.done = True
         self.mark("first_step")
-        record("startup", **self.row())
+        record(events.Kind.startup, **self.row())
 
 
 def _torch_file() -> Optional[str]:

@@ -24,7 +24,7 @@ from slurmtrain.common.checkpoint_format import Resume
 from slurmtrain.common.derived import grad_accumulation
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.compute.checkpoint.rng import rng_state, set_rng_state
+from slurmtrain.compute.checkpoint.rng import rng_state
 from slurmtrain.compute.context import Attempt, RankContext
 from slurmtrain.compute.faults import signals
 from slurmtrain.compute.faults.inject import Injector
@@ -121,11 +121,11 @@ class Trainer:
         self.ctx = replace(self.ctx, deadlines=self.deadlines)  # the checkpointer's IO phases
         self.found = choice.found
         for path, reason in self.found.skipped:
-            self.attempt.record("checkpoint_skipped", path=path, reason=reason)
+            self.attempt.record(events.Kind.checkpoint_skipped, path=path, reason=reason)
             if self.rank == 0:
                 print(f"slurmtrain: skipping checkpoint {path}: {reason}", file=sys.stderr)
         if choice.applied is not None:
-            self.attempt.record("resume_applied", **choice.applied)
+            self.attempt.record(events.Kind.resume_applied, **choice.applied)
         if choice.stop is not None:
             self.stop = (ledger.CHECKPOINT_UNREADABLE, choice.stop)
 
@@ -221,15 +221,13 @@ class Trainer:
         if self.found.path is None or self.load_dir is None:
             return
         t0 = time.time()
-        rng = recovery.load_resumed(self)
-        if rng is None:  # self.stop says why
+        if not recovery.load_resumed(self):  # self.stop says why
             return
-        set_rng_state(rng)
         self.start_step = int(self.found.manifest["step"])
         self.sampler.skip = recovery.data_skip(self, self.found.manifest)
         self.watchdog.beat("checkpoint load")
         self.attempt.record(
-            "checkpoint_loaded",
+            events.Kind.checkpoint_loaded,
             step=self.start_step,
             seconds=time.time() - t0,
             rank_bytes=self.checkpointer.loaded_bytes,  # the measured read rate's bytes
@@ -273,7 +271,11 @@ class Trainer:
         name = "SIGINT" if self.flags.received == "SIGINT" else "SIGTERM"  # INT: Ctrl-C
         name = "SIGUSR2" if code == signals.TIME_LIMIT else name
         self.attempt.record(
-            "signal", signal=name, step=step, received_at=self.flags.received_at, before_save=True
+            events.Kind.signal,
+            signal=name,
+            step=step,
+            received_at=self.flags.received_at,
+            before_save=True,
         )
 
     def _mark(self, phase: str, **facts: object) -> None:
@@ -359,7 +361,7 @@ class Trainer:
             # A signal in the final step: the stop's save is the final checkpoint, and another
             # job would only load it to record this.
             self.on_stop(outcome.step, outcome.stop_code)
-            self.attempt.record("finished", step=outcome.step, on_signal=True)
+            self.attempt.record(events.Kind.finished, step=outcome.step, on_signal=True)
             return 0
         if not stopped and final is not None and not final.ok and final.step == outcome.step:
             # Training reached its end but its final state is not on disk: not finished.
@@ -368,11 +370,11 @@ class Trainer:
             return 1
         if not stopped and outcome.step < max_steps:
             self.attempt.record(
-                "paused", step=outcome.step
+                events.Kind.paused, step=outcome.step
             )  # train.pause_at_step: next job resumes
             return 0
         if not stopped:
-            self.attempt.record("finished", step=outcome.step)
+            self.attempt.record(events.Kind.finished, step=outcome.step)
             return 0
         self.on_stop(outcome.step, outcome.stop_code)  # normally recorded before the save
         # The supervisor restarts a time-limited run, and asks Slurm whether a SIGTERM was a

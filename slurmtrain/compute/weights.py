@@ -66,7 +66,7 @@ def find_run(arg: str) -> Path:
     )
 
 
-def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, dict[str, object]]:
+def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, checkpoint_format.Manifest]:
     """`step_N/` (validated) or the newest checkpoint that validates, with its manifest."""
     root = RunDir(run).checkpoints
     if step is None:

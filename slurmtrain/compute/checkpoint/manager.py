@@ -17,8 +17,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Collection, Optional, Union
+from typing import TYPE_CHECKING, Collection, Optional, Union, cast
 
+from slurmtrain.common import events
 from slurmtrain.common.checkpoint_format import (
     LATEST,
     dir_bytes,
@@ -31,6 +32,8 @@ from slurmtrain.common.checkpoint_format import (
 from slurmtrain.common.schema import CheckpointConfig
 from slurmtrain.compute.checkpoint import markers
 from slurmtrain.compute.checkpoint.beats import Beats, Hook
+from slurmtrain.compute.checkpoint.markers import RankReport
+from slurmtrain.compute.checkpoint.rng import RngState
 from slurmtrain.compute.context import RankContext, Record
 from slurmtrain.planning.deadlines import SAVE, Moved
 
@@ -39,8 +42,6 @@ if TYPE_CHECKING:
 
     from slurmtrain.compute.checkpoint.writer import ShardWriter
 
-# A rank's save report (writer.report / markers): rank, ok, error, files {name: {size, ...}}, seconds
-Report = dict[str, object]
 Meta = dict[str, object]  # the checkpoint's client state: world size, consumed samples, loss, ...
 
 
@@ -135,7 +136,7 @@ class Checkpointer:
 
         engine._copy_recovery_script = guarded
 
-    def save(self, engine: DeepSpeedEngine, step: int, meta: Meta, rng: dict[str, object]) -> None:
+    def save(self, engine: DeepSpeedEngine, step: int, meta: Meta, rng: RngState) -> None:
         """Save `step`; returns when it is published (sync) or copied to host memory (async).
         Refuses a state whose loss is not finite: nothing non-finite is ever published."""
         import math
@@ -146,7 +147,7 @@ class Checkpointer:
         with self.beats.phase(SAVE, lambda d: d.save_s(self.save_bytes)):
             self._save(engine, step, meta, rng)
 
-    def _save(self, engine: DeepSpeedEngine, step: int, meta: Meta, rng: dict[str, object]) -> None:
+    def _save(self, engine: DeepSpeedEngine, step: int, meta: Meta, rng: RngState) -> None:
         import torch
         import torch.distributed as dist
 
@@ -182,13 +183,13 @@ class Checkpointer:
             )
             self._thread.start()
             return
-        reports: list[Report] = [{}] * self.world
+        reports = [markers.failed_here(r, "not gathered") for r in range(self.world)]
         dist.all_gather_object(reports, self._report())
         self._measured(reports)
         outcome = self._conclude(job, reports) if self.rank == 0 else None
         self._agree(outcome)
 
-    def _measured(self, reports: list[Report]) -> None:
+    def _measured(self, reports: list[RankReport]) -> None:
         """The next save's deadline counts the bytes the busiest rank wrote in this one."""
         written = max(_rank_bytes(r) for r in reports)
         if written:
@@ -212,7 +213,7 @@ class Checkpointer:
 
     def load(
         self, engine: DeepSpeedEngine, directory: Path, restore_rng: bool = True
-    ) -> dict[str, object]:
+    ) -> Optional[RngState]:
         """Load a checkpoint (or its universal conversion); the per-rank RNG state when asked."""
         try:
             self.loaded_bytes = read_bytes(read_manifest(directory)["files"], self.rank, self.world)
@@ -230,17 +231,18 @@ class Checkpointer:
         if restore_rng and rng_file.exists():
             from slurmtrain.compute.checkpoint import safe_load
 
-            state: dict[str, object] = safe_load.load(rng_file)  # weights only: runs no code
-            return state
-        return {}
+            state = safe_load.load(rng_file)  # weights only: runs no code
+            if not isinstance(state, dict):
+                raise ValueError(f"{rng_file} holds no RNG state")
+            return cast(RngState, state)  # the dict rng.rng_state() made
+        return None
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _report(self) -> Report:
+    def _report(self) -> RankReport:
         if self.writer is None:
             return {"rank": self.rank, "ok": True, "error": None, "files": {}}
-        report: Report = self.writer.report(self.rank)
-        return report
+        return self.writer.report(self.rank)
 
     def _agree(self, outcome: Optional[SaveOutcome]) -> SaveOutcome:
         import torch.distributed as dist
@@ -259,17 +261,11 @@ class Checkpointer:
 
     def _background(self, job: _Save) -> None:
         assert self.writer is not None  # async saves need slurmtrain's writer (attach)
-        report: Report
         try:
             self.writer.flush()
             report = self.writer.report(self.rank)
         except Exception as err:  # noqa: BLE001  whatever happens, rank 0 must hear of it
-            report = {
-                "rank": self.rank,
-                "ok": False,
-                "error": f"{type(err).__name__}: {err}",
-                "files": {},
-            }
+            report = markers.failed_here(self.rank, f"{type(err).__name__}: {err}")
         tmp = self.root / f"{tag(job.step)}.tmp"
         if self.rank != 0:
             if not report["ok"]:
@@ -283,21 +279,21 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001
             self._outcome = SaveOutcome(job.step, False, f"{type(err).__name__}: {err}")
 
-    def _collect(self, tmp: Path) -> list[Report]:
+    def _collect(self, tmp: Path) -> list[RankReport]:
         """Rank 0's thread: every other rank's report, or a failure when one never comes."""
         leads = self.leads or list(range(self.world))  # not gathered: a marker per rank
         return markers.collect(tmp, leads, self.timeout_s)
 
-    def _conclude(self, job: _Save, reports: list[Report]) -> SaveOutcome:
+    def _conclude(self, job: _Save, reports: list[RankReport]) -> SaveOutcome:
         """Rank 0: publish when every rank wrote its files, else clean up and say why."""
         tmp = self.root / f"{tag(job.step)}.tmp"
-        failed: list[Report] = [r for r in reports if not r["ok"]]
+        failed = [r for r in reports if not r["ok"]]
         final: Optional[Path] = None
         if not failed:
             try:
                 final = publish(self.root, job.step, job.meta, self.verify, reports)
             except OSError as err:
-                failed = [{"rank": 0, "error": f"publishing: {type(err).__name__}: {err}"}]
+                failed = [markers.failed_here(0, f"publishing: {type(err).__name__}: {err}")]
         if failed or final is None:
             shutil.rmtree(tmp, ignore_errors=True)
             error = "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed[:4])
@@ -305,7 +301,7 @@ class Checkpointer:
                 error += f"; and {len(failed) - 4} more ranks"
             latest = self.root / LATEST
             pointed = latest.read_text().strip() if latest.exists() else "none"
-            self.record("checkpoint_failed", step=job.step, error=error, path=str(tmp))
+            self.record(events.Kind.checkpoint_failed, step=job.step, error=error, path=str(tmp))
             then = (
                 "stopping (checkpoint.on_save_error=stop)"
                 if self.stop_on_error
@@ -318,7 +314,7 @@ class Checkpointer:
             return SaveOutcome(job.step, False, error)
         total = time.time() - job.started
         self.record(
-            "checkpoint_saved",
+            events.Kind.checkpoint_saved,
             step=job.step,
             seconds=job.blocked if self.async_save else total,
             total_seconds=total,
@@ -343,14 +339,14 @@ def _follow_schedule(engine: DeepSpeedEngine) -> None:
         follow()
 
 
-def _rank_bytes(report: Report) -> int:
+def _rank_bytes(report: RankReport) -> int:
     files = report.get("files")
     if not isinstance(files, dict):
         return 0
     return sum(int(f.get("size", 0)) for f in files.values() if isinstance(f, dict))
 
 
-def _slowest(reports: list[Report]) -> dict[str, float]:
+def _slowest(reports: list[RankReport]) -> dict[str, float]:
     """The slowest rank's serialize/hash/fsync seconds: where a save's time went."""
     parts = [s if isinstance(s := r.get("seconds"), dict) else {} for r in reports]
     keys = dict.fromkeys(["serialize", "hash", "fsync", *(k for p in parts for k in p)])

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Union
 
-from slurmtrain.common import checkpoint_format
+from slurmtrain.common import checkpoint_format, events
 from slurmtrain.compute.distributed import host_leads
 
 SUFFIX = "_universal"
@@ -315,7 +315,7 @@ def for_world(
         )
     path, seconds, was_cached = outcome
     record(
-        "checkpoint_converted",
+        events.Kind.checkpoint_converted,
         step=resume.manifest.get("step"),
         path=path,
         seconds=seconds,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, Optional, TypedDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,7 +33,8 @@ def rng_state() -> RngState:
     return state
 
 
-def set_rng_state(state: RngState) -> None:
+def set_rng_state(state: Optional[RngState]) -> None:
+    """Restore every generator (nothing when the checkpoint's RNG state was not loaded)."""
     import random
 
     import numpy as np

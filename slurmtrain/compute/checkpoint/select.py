@@ -18,11 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, TypedDict
 
-from slurmtrain.common import checkpoint_pins, ledger
+from slurmtrain.common import checkpoint_pins, events, ledger
 from slurmtrain.common.checkpoint_format import (
     LATEST,
     Check,
     Resume,
+    SavedPosition,
     find_resumable,
     read_manifest,
     step_dirs,
@@ -86,7 +87,7 @@ class Choice:
 
 def choose(
     root: Path,
-    events: Rows,
+    rows: Rows,
     resume: str,
     full: bool,
     check: Optional[Check] = None,
@@ -95,7 +96,7 @@ def choose(
     """`check`: the collective checksum of a candidate (find_resumable), else `full`.
     `branch`: (resume_from, data.skip_samples) of a branched run: its start when it has no
     checkpoint of its own yet (`branch_point`)."""
-    mode = ledger.resume_request(events, resume)
+    mode = ledger.resume_request(rows, resume)
     if mode == "none":
         moved = discard(root, keep_upto=None)
         applied = ResumeApplied(resume=mode, moved=moved, kept_step=None)
@@ -117,7 +118,7 @@ def choose(
         found = Resume(directory, read_manifest(directory))
         return Choice(found, applied=ResumeApplied(resume=mode, moved=moved, kept_step=step))
     found = find_resumable(root, full, loadable(check, full))
-    published = ledger.published_since_reset(events)
+    published = ledger.published_since_reset(rows)
     if found.path is None and not published and branch is not None:
         return branch_point(*branch, full, check)  # the branch's own checkpoints come first
     if found.path is not None and branch is not None:
@@ -126,7 +127,7 @@ def choose(
         return Choice(found)
     named = "; ".join(f"{Path(p).name}: {why}" for p, why in found.skipped)
     if not named:
-        newest = max(int(e.get("step", 0)) for e in published)
+        newest = max(events.integer(e, "step") or 0 for e in published)
         named = f"none of them is in {root} (newest published: {tag(newest)})"
     return Choice(
         found,
@@ -183,9 +184,10 @@ def branch_point(
             f"another step (resume_from={parent}:step_N)",
         )
     manifest = read_manifest(directory)
-    position = dict(manifest.get("data_position") or {})
+    position = (manifest.get("data_position") or SavedPosition()).copy()
     position["skipped_samples"] = int(position.get("skipped_samples", 0)) + int(skip_samples)
-    return Choice(Resume(directory, {**manifest, "data_position": position}))
+    manifest["data_position"] = position
+    return Choice(Resume(directory, manifest))
 
 
 def release(resume_from: str, child: str) -> None:

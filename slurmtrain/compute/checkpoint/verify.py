@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from slurmtrain.common import checkpoint_format
+from slurmtrain.common import checkpoint_format, events
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.checkpoint import select
@@ -76,7 +76,7 @@ class ParallelVerify:
         bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
         agreed = f"{bad[0][1]} (rank {bad[0][0]})" if bad else None
         self.record(
-            "checkpoint_verified",
+            events.Kind.checkpoint_verified,
             path=str(directory),
             ok=agreed is None,
             reason=agreed,
@@ -96,17 +96,17 @@ def choose(
     world: int,
     watchdog: Watchdog,
     record: Record,
-    events: Optional[select.Rows] = None,
+    run_rows: Optional[select.Rows] = None,
 ) -> tuple[select.Choice, Deadlines]:
     """Collective: this attempt's phase deadlines (rank 0 reads the ledger's measured rates) and
     the checkpoint to start from (select.choose on rank 0, the checksums on every rank).
-    `events`: rank 0's run tier when the caller has it (no rank's row is needed here)."""
-    if rank == 0 and events is None:  # (a stand-in `run` with events() alone still works)
-        events = getattr(run, "run_events", run.events)()
-    rows: select.Rows = events if rank == 0 and events is not None else []
+    `run_rows`: rank 0's run tier when the caller has it (no rank's row is needed here)."""
+    if rank == 0 and run_rows is None:  # (a stand-in `run` with events() alone still works)
+        run_rows = getattr(run, "run_events", run.events)()
+    rows: select.Rows = run_rows if rank == 0 and run_rows is not None else []
     limits = broadcast(from_config(cfg.faults, rows, world) if rank == 0 else None)
     assert limits is not None  # rank 0's
-    record("deadlines", **limits.summary())
+    record(events.Kind.deadlines, **limits.summary())
     watchdog.phase(VERIFY, limits.startup_s)
     checks = ParallelVerify(rank, world, watchdog, limits, record)
     full = cfg.checkpoint.verify == "checksum"

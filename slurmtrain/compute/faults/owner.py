@@ -112,26 +112,51 @@ def submit_time(job_id: str) -> Optional[float]:
         return None
 
 
-def honour_cancel(run: RunDir, mine: set[str], rows: list[Row], **row: object) -> bool:
+def honour_cancel(
+    run: RunDir,
+    mine: set[str],
+    rows: list[Row],
+    *,
+    job_id: Optional[str],
+    node: str,
+    restart: int,
+    relaunch: int,
+) -> bool:
     """Rank 0, under the run's lock, once the run is free: False when this job may train (a hand
     submission after the cancel is recorded first), True when a cancel stops it (recorded as
-    `attempt_ended{cancelled}`: the supervisor neither restarts nor resubmits it). `row`: job_id,
-    node, restart, relaunch of this start."""
-    job_id = str(row["job_id"])
-    verdict = cancelled_start(rows, mine, lambda: submit_time(job_id))
+    `attempt_ended{cancelled}`: the supervisor neither restarts nor resubmits it). The keywords
+    place this start."""
+    job = str(job_id)
+    verdict = cancelled_start(rows, mine, lambda: submit_time(job))
     if verdict is None:
         return False
     if verdict == LIFTED:
         rows.append(
             run.record(
-                "submitted", job_id=job_id, executor="slurm", fingerprint=run.path.name, by="hand"
+                events.Kind.submitted,
+                job_id=job,
+                executor="slurm",
+                fingerprint=run.path.name,
+                by="hand",
             )
         )
         return False
-    fields = dict(attempt=None, nodes=[row["node"]], rank=0, closed_by="start", **row)
-    rows.append(run.record(events.attempt_ended(ledger.CANCELLED), **fields))
+    ended = events.attempt_ended(ledger.CANCELLED)
+    rows.append(
+        run.record(
+            ended,
+            job_id=job_id,
+            attempt=None,
+            nodes=[node],
+            rank=0,
+            closed_by="start",
+            node=node,
+            restart=restart,
+            relaunch=relaunch,
+        )
+    )
     print(
-        f"slurmtrain: job {job_id} does not train {run.path}: the run was cancelled "
+        f"slurmtrain: job {job} does not train {run.path}: the run was cancelled "
         f"(`cli cancel`) and not submitted again since; submit it again to resume",
         file=sys.stderr,
     )

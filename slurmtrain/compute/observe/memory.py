@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
+from slurmtrain.common import events
 from slurmtrain.common.schema import RootConfig
 
 Record = Callable[..., object]  # the attempt's ledger write
@@ -77,7 +78,7 @@ class MemoryCheck:
         planned = plan.total - (plan.overhead if self.device.type == "cuda" else 0)
         ratio = measured / planned if planned else float("nan")
         self.record(
-            "memory_checked",
+            events.Kind.memory_checked,
             step=step,
             measured_bytes=measured,
             planned_bytes=planned,
@@ -107,13 +108,13 @@ def cpu_peak(prof: torch.profiler.profile) -> int:
     raw Kineto records: `prof.events()` folds allocations into the operators that made them.
     """
     cpu = torch.autograd.DeviceType.CPU
-    events = sorted(
+    allocations = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()
         if e.name() == "[memory]" and e.device_type() == cpu
     )
     current = peak = 0
-    for _, nbytes in events:
+    for _, nbytes in allocations:
         current += nbytes
         peak = max(peak, current)
     return peak

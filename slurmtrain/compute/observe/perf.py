@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from slurmtrain.common import events
 from slurmtrain.common.derived import resolved_dtype
 from slurmtrain.common.jsonl import append_jsonl
 from slurmtrain.common.rundir import RunDir
@@ -256,7 +257,7 @@ class Perf:
 
     def _straggler(self, rank: int, factor: float, step: int) -> None:
         node = self.hosts[rank] if rank < len(self.hosts) else "?"
-        self.record("straggler", rank=rank, node=node, factor=round(factor, 3), step=step)
+        self.record(events.Kind.straggler, rank=rank, node=node, factor=round(factor, 3), step=step)
         offer_bad_node(RunDir(self.run_path).bad_nodes, node, factor, step)
         print(
             f"slurmtrain: straggler: rank {rank} on {node} takes {factor:.2f}x the median "
@@ -273,7 +274,7 @@ class Perf:
         measured = 3.0 * fwd / self.micro_tokens
         path = RunDir(self.run_path).profile / f"flops_step{step}.txt"
         self.record(
-            "flops_profile",
+            events.Kind.flops_profile,
             step=step,
             path=str(path),
             fwd_flops_per_micro_batch=fwd,

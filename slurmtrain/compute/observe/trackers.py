@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from slurmtrain.common import secrets
+from slurmtrain.common import events, secrets
 from slurmtrain.common.schema import RootConfig
 
 if TYPE_CHECKING:
@@ -174,14 +174,14 @@ class Trackers:
     def log(self, step: int, values: dict[str, float]) -> None:
         if not self.backends or not self.axis.accept(step):
             return  # a step logged before (rollback, resume): its events wait for a new step
-        events = self._new_events()
-        self.kept += events
-        self._each("log", step, {**values, **event_counts(events)}, events)
+        fresh = self._new_events()
+        self.kept += fresh
+        self._each("log", step, {**values, **event_counts(fresh)}, fresh)
 
     def close(self) -> None:
-        events = self._new_events()
-        self.kept += events
-        self._each("close", self.axis.last, self.kept, events)
+        fresh = self._new_events()
+        self.kept += fresh
+        self._each("close", self.axis.last, self.kept, fresh)
 
     def _each(self, method: str, *args: object) -> None:
         for backend in list(self.backends):
@@ -195,7 +195,7 @@ class Trackers:
         error = secrets.redact_text(error)[:2000]
         print(f"slurmtrain: tracker {backend.kind} dropped: {error}", file=sys.stderr, flush=True)
         if self.record is not None:
-            self.record("tracker_failed", tracker=backend.kind, error=error)
+            self.record(events.Kind.tracker_failed, tracker=backend.kind, error=error)
 
 
 def open_trackers(
