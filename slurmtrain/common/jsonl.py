@@ -29,7 +29,7 @@ import secrets
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, TypeVar
+from typing import Iterable, Iterator, Mapping, Optional, TypeVar
 
 from slurmtrain.common import events
 from slurmtrain.common.durable import fsync_dir
@@ -55,7 +55,7 @@ def _warn_corrupt(path: Path, lineno: int, err: str) -> None:
     )
 
 
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def iter_jsonl(path: Path) -> Iterator[dict[str, object]]:
     """Every JSON object line of one file, in file order (see the module docstring for bad lines).
     The file is read whole and closed before the first row: readers hold one file open at most."""
     try:
@@ -66,7 +66,7 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     yield from _parse(path, data.split(b"\n"))
 
 
-def _parse(path: Path, lines: list[bytes], first: int = 1) -> Iterator[dict[str, Any]]:
+def _parse(path: Path, lines: list[bytes], first: int = 1) -> Iterator[dict[str, object]]:
     """Rows of `lines` (a file split at "\n": the last item is what follows the last newline)."""
     last = len(lines) - 1
     for i, raw in enumerate(lines):
@@ -94,7 +94,7 @@ def _parse(path: Path, lines: list[bytes], first: int = 1) -> Iterator[dict[str,
             _warn_corrupt(path, first + i, f"a JSON {type(row).__name__}, not an object")
 
 
-def tail_jsonl(path: Path, block: int = 1 << 16) -> Iterator[dict[str, Any]]:
+def tail_jsonl(path: Path, block: int = 1 << 16) -> Iterator[dict[str, object]]:
     """The rows of one file newest first, read backwards a block at a time: a caller that needs
     the last rows of a multi-GB metrics file reads kilobytes (a torn last line is skipped)."""
     try:
@@ -163,7 +163,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_+@-]", "_", name) or "_"
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, object]]:
     """Every row of one JSON-lines file (metrics, bad nodes, an old single-file ledger).
 
     Given a run's `ledger.jsonl` next to a `ledger.d/`, the whole merged ledger comes back (what
@@ -179,13 +179,13 @@ def _time(row: Mapping[str, object]) -> float:
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
 
-def ledger_rows(run_path: Path) -> list[dict[str, Any]]:
+def ledger_rows(run_path: Path) -> list[dict[str, object]]:
     """A run directory's whole ledger, both tiers, in time order."""
     ranks = merge_jsonl(rank_tier_files(run_path), shared=True)
     return merge_rows([merge_jsonl(run_tier_files(run_path)), ranks])
 
 
-def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, Any]]:
+def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, object]]:
     """Rows of several files in time order; each file's own order is kept (a clock step inside
     one writer never reorders its rows), ties keep the order of `paths`. One file is open at a
     time (each is read whole first): 4,096 files need no more descriptors than one. `shared`:

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common.errors import ConfigError
@@ -38,7 +38,7 @@ class StateUnknown(ConfigError):
     """Slurm could not be asked whether the run's job is alive: refuse rather than guess."""
 
 
-def job_alive(rows: list[dict[str, Any]]) -> bool:
+def job_alive(rows: list[dict[str, object]]) -> bool:
     """Whether the run's owner (its newest submission or start) is still queued or running (Slurm)
     or its process lives (local). Raises StateUnknown when neither squeue nor sacct answers."""
     last = owner(rows)

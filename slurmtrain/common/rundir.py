@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from omegaconf import DictConfig, OmegaConf
@@ -60,7 +60,7 @@ from slurmtrain.common.liveness import (  # noqa: F401  where callers have alway
 from slurmtrain.common.schema import NON_RESULT_KEYS, plain
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
-Rows = list[dict[str, Any]]
+Rows = list[dict[str, object]]
 
 
 def result_view(

@@ -11,6 +11,7 @@ from slurmtrain.common.derived import node_range
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import flags, placement
+from slurmtrain.login.composed import typed
 from slurmtrain.planning import policy
 from slurmtrain.planning.shapes import param_count
 
@@ -33,7 +34,9 @@ def check_cluster(cfg: DictConfig) -> None:
             f"or use cluster=local"
         ) from None
     part = placement.chosen_partition(cfg.cluster.partition, known)
-    policy.replan_time(cfg, part)  # cluster.time=auto planned without the partition: its MaxTime
+    policy.replan_time(
+        typed(cfg), part
+    )  # cluster.time=auto planned without the partition: its MaxTime
     spares = int(cfg.faults.spare_nodes)
     errors = slurm_text.validate_request(
         cfg.cluster.partition,

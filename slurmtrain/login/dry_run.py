@@ -22,6 +22,7 @@ from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.slurm_text import SlurmError
 from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce
 from slurmtrain.login.slurm_submit import render_sbatch
 from slurmtrain.planning import preflight
@@ -33,7 +34,7 @@ def refusal(cfg: DictConfig, report: preflight.PlanReport) -> Optional[str]:
     """The line a real submission would refuse with, or None: the plan gate, then the cluster's
     partitions (Slurm)."""
     try:
-        report.enforce(cfg)
+        report.enforce(typed(cfg))
         if cfg.cluster.kind == "slurm":
             check_cluster(cfg)
     except ConfigError as err:
@@ -60,12 +61,12 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
     out = out or sys.stdout
     announce()
     print(secrets.redacted_yaml(cfg), file=out)  # secrets as references, never values
-    report = preflight.report(cfg)
+    report = preflight.report(typed(cfg))
     planned_time = cfg.cluster.time
     refused = refusal(cfg, report)
     if cfg.cluster.time != planned_time:  # cluster.time=auto planned again from the partition
         print(f"slurmtrain: cluster.time={cfg.cluster.time} ({cfg.cluster.time_from})", file=out)
-        report = preflight.report(cfg)
+        report = preflight.report(typed(cfg))
     print(report.text, file=out)
     if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
         script = render_sbatch(cfg, rundir.locate(cfg, secrets.referenced(cfg)))

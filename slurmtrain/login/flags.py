@@ -19,6 +19,7 @@ from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import container, stage_env
+from slurmtrain.login.composed import typed
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -76,9 +77,9 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         # submission); --mincpus reserves each node's cores instead, and every srun step names
         # its own node and task counts (job.sbatch.j2).
         **(
-            {"ntasks-per-node": str(tasks_per_node(cfg))}
+            {"ntasks-per-node": str(tasks_per_node(typed(cfg)))}
             if high == low
-            else {"mincpus": str(tasks_per_node(cfg) * cpus_per_task(cfg))}
+            else {"mincpus": str(tasks_per_node(typed(cfg)) * cpus_per_task(cfg))}
         ),
         "cpus-per-task": str(cpus_per_task(cfg)),
         "time": checked("cluster.time", c.time),
@@ -87,7 +88,7 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         "requeue": True,
         "open-mode": "append",
     }
-    if restarts_in_allocation(cfg):
+    if restarts_in_allocation(typed(cfg)):
         opts["no-kill"] = True  # a node's death shrinks the allocation instead of ending the job
     if cfg.gpus_per_node > 0:
         opts["gpus-per-node"] = str(cfg.gpus_per_node)
@@ -138,7 +139,7 @@ def task_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
     site's memory default: CPU jobs share small nodes (tests), and CPU plans are tiny models."""
     gpus = part.gpus_per_node
     if cfg.cluster.cpus_per_task is None:
-        tasks = tasks_per_node(cfg) if cfg.gpus_per_node > 0 else 0
+        tasks = tasks_per_node(typed(cfg)) if cfg.gpus_per_node > 0 else 0
         share = max(tasks, gpus)
         cores = part.cpus_per_node
         cfg.cluster.cpus_per_task = max(1, cores // share) if tasks and cores else 1
@@ -177,7 +178,7 @@ def per_task_text(cfg: DictConfig) -> str:
         mem = "all of each node's memory (--mem=0)" if str(c.mem) == "0" else f"--mem={c.mem}"
         if str(c.mem) != "0" and cfg.gpus_per_node > 0:
             mem += " per node"
-        mem += f" shared by its {tasks_per_node(cfg)} tasks"
+        mem += f" shared by its {tasks_per_node(typed(cfg))} tasks"
     elif cfg.gpus_per_node > 0 and c.mem_per_gpu:
         mem = f"{c.mem_per_gpu} (--mem-per-gpu, one GPU per task)"
     else:

@@ -26,8 +26,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from slurmtrain.common import ledger, secrets
 from slurmtrain.common.derived import tasks_per_node
+from slurmtrain.common.events import Kind, integer, strings
 from slurmtrain.common.liveness import pid_start
 from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.login.composed import typed
 from slurmtrain.login.submission import Submission, TrainTask
 
 
@@ -46,7 +48,7 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
     os.environ.update(secrets.job_environment(cfg))  # the workers resolve config.yaml's references
     executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
     executor.update_parameters(
-        tasks_per_node=tasks_per_node(cfg),
+        tasks_per_node=tasks_per_node(typed(cfg)),
         gpus_per_node=cfg.gpus_per_node,
         timeout_min=24 * 60,
         nodes=1,
@@ -55,7 +57,7 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         job = executor.submit(TrainTask(str(run.path), free_port()))
     pid = int(job.job_id)
     run.record(
-        "submitted",
+        Kind.submitted,
         job_id=job.job_id,
         executor="local",
         pid=pid,
@@ -139,11 +141,11 @@ def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
             os.kill(int(job.job_id), signal.SIGTERM)  # the controller forwards it to every task
         return
     started = [e for e in run.run_events("started") if str(e.get("job_id")) == str(job.job_id)]
-    pids = started[-1].get("pids", []) if started else []
+    pids = strings(started[-1], "pids") if started else []
     print("\nslurmtrain: Ctrl-C again: killing the workers now")
-    for pid in [*pids, int(job.job_id)]:
+    for pid in [*map(int, pids), int(job.job_id)]:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
 
 
 def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
@@ -182,7 +184,7 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> bool:
                     last = rows[-1]
                     bar.update(
                         task,
-                        completed=last["step"],
+                        completed=integer(last, "step"),
                         loss=f"{last['loss']:.4f}",
                         tps=f"{last['tokens_per_s']:,.0f}",
                     )

@@ -23,6 +23,7 @@ from slurmtrain.common import slurm_cmd
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError, mem_mb
+from slurmtrain.login.composed import typed
 from slurmtrain.login.flags import task_defaults
 from slurmtrain.planning import policy
 
@@ -141,7 +142,7 @@ def resolve_auto(cfg: DictConfig) -> None:
             part = chosen_partition(cfg.cluster.partition, probe.partitions)
             unknown = f"Slurm lists no partition {cfg.cluster.partition or '(default)'}"
     if cfg.cluster.time == policy.AUTO:  # the partition's MaxTime, capped (planning/policy.py)
-        note = policy.resolve_time(cfg, part, unknown)
+        note = policy.resolve_time(typed(cfg), part, unknown)
         if cfg.cluster.kind == "slurm":
             said.append(f"cluster.time={cfg.cluster.time} ({note})")
     if cfg.gpus_per_node == "auto":

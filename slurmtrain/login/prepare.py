@@ -18,6 +18,7 @@ from slurmtrain.common import pretrained, provenance, rundir, schema, secrets, v
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.login import branch, flags
 from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import preflight
 
@@ -41,10 +42,12 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
         cfg.pop("hydra")
         OmegaConf.set_struct(cfg, True)
     cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
-    pretrained.resolve_config(cfg)  # model=hf: model.config read into the model keys
+    pretrained.resolve_config(typed(cfg))  # model=hf: model.config read into the model keys
     resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
-    pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
-    validation.validate_config(cfg, submitting=not cfg.dry_run)
+    pretrained.resolve(
+        typed(cfg)
+    )  # model.pretrained_checksum: the source's content is fingerprinted
+    validation.validate_config(typed(cfg), submitting=not cfg.dry_run)
     _check_slurm_values(cfg)
     refuse_inject_unless_allowed(bool(cfg.faults.allow_inject))
     branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
@@ -78,13 +81,13 @@ def check(
     it until the `submitted` event is recorded, so two shells submitting the same config at once
     queue one job. The state check fails closed: when Slurm cannot say whether the run's job is
     alive, StateUnknown (a ConfigError: one line, exit 2) refuses instead of resubmitting."""
-    report = preflight.report(cfg, measured_tps=None)
-    report.enforce(cfg)  # before printing: a refusal is one line
+    report = preflight.report(typed(cfg), measured_tps=None)
+    report.enforce(typed(cfg))  # before printing: a refusal is one line
     if cfg.cluster.kind == "slurm":
         planned_time = cfg.cluster.time
         check_cluster(cfg)
         if cfg.cluster.time != planned_time:  # auto planned again from the partition's MaxTime
-            report = preflight.report(cfg, measured_tps=None)
+            report = preflight.report(typed(cfg), measured_tps=None)
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
@@ -100,7 +103,7 @@ def check(
                 f"runs_root={cfg.runs_root!r}: cannot create {run.path} ({err.strerror}); "
                 f"use a directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
             ) from None
-    warning = preflight.lead_warning(cfg, run.run_events("checkpoint_saved"))
+    warning = preflight.lead_warning(typed(cfg), run.run_events("checkpoint_saved"))
     if warning:
         print(f"slurmtrain: {warning}")
     state = run.state()

@@ -24,9 +24,11 @@ from slurmtrain.common import secrets, slurm_cmd
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
+from slurmtrain.common.events import Kind
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.composed import typed
 from slurmtrain.login.submission import Submission
 
 if TYPE_CHECKING:
@@ -41,6 +43,10 @@ class SmokeLink(TypedDict, total=False):
     smoke_of: str  # on a smoke job: the big run it gates
     smoke_part: int
     smoke_job_ids: list[str]  # on the big run: both smoke jobs
+
+
+class AfterJob(TypedDict, total=False):
+    after: str  # the job whose success this one waits for (afterok)
 
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
@@ -117,11 +123,11 @@ def render_script(
         run_arg=run_arg,
         exit_requeue=EXIT_REQUEUE,
         exit_relaunch=EXIT_RELAUNCH,
-        in_allocation=restarts_in_allocation(cfg),
+        in_allocation=restarts_in_allocation(typed(cfg)),
         spare_nodes=int(cfg.faults.spare_nodes),
         nodes=cfg.nodes,
         nodes_max=node_range(cfg.nodes)[1],
-        tasks_per_node=tasks_per_node(cfg),
+        tasks_per_node=tasks_per_node(typed(cfg)),
         per_task=flags.per_task_text(cfg),
         trace=flags.flight_recorder(cfg),
         stage_env=stage_env.script_values(cfg),  # None unless cluster.stage_env
@@ -243,12 +249,13 @@ def submit(
     """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
     prepare(cfg, run)
     job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(_no_task)
+    dependency: AfterJob = {"after": after} if after else {}
     run.record(
-        "submitted",
+        Kind.submitted,
         job_id=job.job_id,
         executor="slurm",
         fingerprint=run.path.name,
-        **({"after": after} if after else {}),
+        **dependency,
         **ledger,
     )
     waits = f" (after job {after} succeeds)" if after else ""
@@ -296,7 +303,7 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
         jobs = [ex.submit(_no_task) for _ in items]
     in_parallel(
         lambda done: done[1].record(
-            "submitted",
+            Kind.submitted,
             job_id=done[0].job_id,
             executor="slurm",
             fingerprint=done[1].path.name,
