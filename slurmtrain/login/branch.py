@@ -21,7 +21,7 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Kind, integer
 from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
 from slurmtrain.common.rundir import Rows, RunDir, runs_named
-from slurmtrain.common.schema import NON_RESULT_KEYS, load_run_config, plain
+from slurmtrain.common.schema import NON_RESULT_KEYS, RootConfig, load_run_config, plain
 from slurmtrain.login.composed import typed
 
 # What a checkpoint's tensors are shaped by: a branch must match its parent in each.
@@ -175,18 +175,18 @@ def resolve(cfg: DictConfig) -> None:
             f"train.max_steps={cfg.train.max_steps}: the branch starts at step {at} "
             f"(resume_from={spec}); set train.max_steps above {at}"
         )
-    _same_world(cfg, int(manifest.get("world_size", 0)), spec, at)
+    _same_world(typed(cfg), int(manifest.get("world_size", 0)), spec, at)
     cfg.resume_from = f"{parent.path}:{checkpoint_format.tag(at)}"
     cfg.branch_of = f"{parent.path.name}:{checkpoint_format.tag(at)}"
 
 
-def _same_world(cfg: DictConfig, saved: int, spec: str, at: int) -> None:
+def _same_world(cfg: RootConfig, saved: int, spec: str, at: int) -> None:
     """Another world size would convert the parent's checkpoint to a universal one beside it
     (checkpoint/reshape.py): a write into the parent's directory, which a branch never makes."""
     low, high = node_range(cfg.nodes)
-    sizes = {world_size(typed(cfg), n) for n in range(low, high + 1)}
+    sizes = {world_size(cfg, n) for n in range(low, high + 1)}
     if saved and saved not in sizes:
-        per_node = tasks_per_node(typed(cfg))
+        per_node = tasks_per_node(cfg)
         raise ConfigError(
             f"nodes={cfg.nodes}: the parent's {checkpoint_format.tag(at)} (resume_from={spec}) was saved by "
             f"{saved} ranks and this branch runs {'/'.join(map(str, sorted(sizes)))}; branch on "

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import functools
 
-from omegaconf import DictConfig
-
 from slurmtrain.common import slurm_cmd, slurm_text
 from slurmtrain.common.derived import node_range
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import flags, placement
-from slurmtrain.login.composed import typed
 from slurmtrain.planning import policy
 from slurmtrain.planning.shapes import param_count
 
@@ -24,7 +22,7 @@ def partitions() -> dict[str, PartitionInfo]:
     return known if known is not None else slurm_cmd.query_partitions()
 
 
-def check_cluster(cfg: DictConfig) -> None:
+def check_cluster(cfg: RootConfig) -> None:
     """Refuse, before anything is queued, what this cluster's partitions cannot run."""
     try:
         known = partitions()
@@ -34,9 +32,7 @@ def check_cluster(cfg: DictConfig) -> None:
             f"or use cluster=local"
         ) from None
     part = placement.chosen_partition(cfg.cluster.partition, known)
-    policy.replan_time(
-        typed(cfg), part
-    )  # cluster.time=auto planned without the partition: its MaxTime
+    policy.replan_time(cfg, part)  # cluster.time=auto planned without the partition: its MaxTime
     spares = int(cfg.faults.spare_nodes)
     errors = slurm_text.validate_request(
         cfg.cluster.partition,

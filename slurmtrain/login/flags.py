@@ -13,13 +13,13 @@ import shlex
 import sys
 from typing import Optional, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import container, stage_env
-from slurmtrain.login.composed import typed
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -64,7 +64,7 @@ def checked(key: str, value: object) -> str:
     return text
 
 
-def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
+def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
     """Long sbatch options (no leading dashes) -> value, or True for a bare flag."""
     c = cfg.cluster
     low, high = node_range(cfg.nodes)
@@ -77,9 +77,9 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         # submission); --mincpus reserves each node's cores instead, and every srun step names
         # its own node and task counts (job.sbatch.j2).
         **(
-            {"ntasks-per-node": str(tasks_per_node(typed(cfg)))}
+            {"ntasks-per-node": str(tasks_per_node(cfg))}
             if high == low
-            else {"mincpus": str(tasks_per_node(typed(cfg)) * cpus_per_task(cfg))}
+            else {"mincpus": str(tasks_per_node(cfg) * cpus_per_task(cfg))}
         ),
         "cpus-per-task": str(cpus_per_task(cfg)),
         "time": checked("cluster.time", c.time),
@@ -88,13 +88,13 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
         "requeue": True,
         "open-mode": "append",
     }
-    if restarts_in_allocation(typed(cfg)):
+    if restarts_in_allocation(cfg):
         opts["no-kill"] = True  # a node's death shrinks the allocation instead of ending the job
     if cfg.gpus_per_node > 0:
         opts["gpus-per-node"] = str(cfg.gpus_per_node)
     for key in ("partition", "account", "qos", "mem", "constraint", "exclude"):
-        if c[key]:
-            opts[key] = checked(f"cluster.{key}", c[key])
+        if getattr(c, key):
+            opts[key] = checked(f"cluster.{key}", getattr(c, key))
     if cfg.gpus_per_node > 0 and c.mem_per_gpu and not c.mem:  # Slurm refuses both at once
         opts["mem-per-gpu"] = checked("cluster.mem_per_gpu", c.mem_per_gpu)
     if c.exclusive:
@@ -112,7 +112,7 @@ def sbatch_lines(opts: dict[str, Flag]) -> list[str]:
     return [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in opts.items()]
 
 
-def cpus_per_task(cfg: DictConfig) -> int:
+def cpus_per_task(cfg: RootConfig) -> int:
     """Cores per task: cluster.cpus_per_task, filled from the partition (cores per GPU) by
     login/placement.py; 1 when nothing set it (a config composed outside the launch flow)."""
     value = cfg.cluster.cpus_per_task
@@ -126,7 +126,7 @@ def cpus_per_task(cfg: DictConfig) -> int:
     return value
 
 
-def task_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
+def task_defaults(cfg: RootConfig, part: PartitionInfo) -> None:
     """Per-task resources left unset, from the partition the job lands in (mutates cfg).
 
     GPU ranks: --cpus-per-task = the node's cores over max(tasks per node, the node's GPUs): a
@@ -139,7 +139,7 @@ def task_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
     site's memory default: CPU jobs share small nodes (tests), and CPU plans are tiny models."""
     gpus = part.gpus_per_node
     if cfg.cluster.cpus_per_task is None:
-        tasks = tasks_per_node(typed(cfg)) if cfg.gpus_per_node > 0 else 0
+        tasks = tasks_per_node(cfg) if cfg.gpus_per_node > 0 else 0
         share = max(tasks, gpus)
         cores = part.cpus_per_node
         cfg.cluster.cpus_per_task = max(1, cores // share) if tasks and cores else 1
@@ -157,7 +157,7 @@ def task_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
 
 
 def cpu_plan_refusal(
-    cfg: DictConfig, part: PartitionInfo, params: int, insisted: bool
+    cfg: RootConfig, part: PartitionInfo, params: int, insisted: bool
 ) -> Optional[str]:
     """The one line refusing a model bigger than opt125m planned on CPU ranks on a partition
     without GPUs (None: fine). `insisted`: the user passed gpus_per_node=0 themselves."""
@@ -170,7 +170,7 @@ def cpu_plan_refusal(
     )
 
 
-def per_task_text(cfg: DictConfig) -> str:
+def per_task_text(cfg: RootConfig) -> str:
     """What each task is given, for the batch script's header (shown by the dry run)."""
     cpus = cpus_per_task(cfg)
     c = cfg.cluster
@@ -178,7 +178,7 @@ def per_task_text(cfg: DictConfig) -> str:
         mem = "all of each node's memory (--mem=0)" if str(c.mem) == "0" else f"--mem={c.mem}"
         if str(c.mem) != "0" and cfg.gpus_per_node > 0:
             mem += " per node"
-        mem += f" shared by its {tasks_per_node(typed(cfg))} tasks"
+        mem += f" shared by its {tasks_per_node(cfg)} tasks"
     elif cfg.gpus_per_node > 0 and c.mem_per_gpu:
         mem = f"{c.mem_per_gpu} (--mem-per-gpu, one GPU per task)"
     else:
@@ -187,7 +187,7 @@ def per_task_text(cfg: DictConfig) -> str:
     return f"{cpus} CPU{'s' if cpus != 1 else ''} (--cpus-per-task); memory: {mem}{bind}"
 
 
-def srun_args(cfg: DictConfig) -> list[str]:
+def srun_args(cfg: RootConfig) -> list[str]:
     """Arguments for srun (argument list: each is quoted when rendered into a script).
 
     --cpus-per-task is repeated here: srun in Slurm 22.05-23.02 does not inherit it from the batch
@@ -221,7 +221,7 @@ def srun_args(cfg: DictConfig) -> list[str]:
     return args
 
 
-def flight_recorder(cfg: DictConfig) -> bool:
+def flight_recorder(cfg: RootConfig) -> bool:
     """Whether the batch script points the flight recorder's dumps at RUN_DIR/logs: GPU jobs
     (the recorder is on), unless cluster.env names the file itself."""
     env = dict(cfg.cluster.env)
@@ -230,7 +230,7 @@ def flight_recorder(cfg: DictConfig) -> bool:
     )
 
 
-def job_env(cfg: DictConfig) -> dict[str, str]:
+def job_env(cfg: RootConfig) -> dict[str, str]:
     env = dict(NCCL_DEFAULTS)
     if cfg.gpus_per_node == 0:
         env["DS_ACCELERATOR"] = "cpu"
@@ -243,7 +243,7 @@ def job_env(cfg: DictConfig) -> dict[str, str]:
     return env
 
 
-def python_command(cfg: DictConfig) -> list[str]:
+def python_command(cfg: RootConfig) -> list[str]:
     """The interpreter on the compute node, inside the container when there is one."""
     if cfg.cluster.container == "apptainer":
         if not cfg.cluster.image:
@@ -265,18 +265,20 @@ def python_command(cfg: DictConfig) -> list[str]:
     if cfg.cluster.container == "oci":
         container.check_image(cfg)  # one line now, not a job that cannot start its Python
         return [container.IMAGE_PYTHON]
-    if cfg.cluster.get("stage_env"):  # each node's own copy of the venv (login/stage_env.py)
+    if getattr(
+        cfg.cluster, "stage_env", None
+    ):  # each node's own copy of the venv (login/stage_env.py)
         return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 
 
-def container_srun_args(cfg: DictConfig) -> list[str]:
+def container_srun_args(cfg: RootConfig) -> list[str]:
     """srun's own container flags for the in-image supervisor's step: pyxis' image and mounts
     (apptainer wraps the command, python_command; oci runs the job script's oci_task)."""
     return [a for a in srun_args(cfg) if a.startswith("--container-")]
 
 
-def host_python(cfg: DictConfig) -> str:
+def host_python(cfg: RootConfig) -> str:
     """The batch shell's Python: cluster.host_python, else the one submitting (shared /home)."""
     return str(cfg.cluster.host_python or sys.executable)
 

@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import submitit
-from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slurmtrain.common import ledger, secrets
@@ -29,7 +28,7 @@ from slurmtrain.common.derived import tasks_per_node
 from slurmtrain.common.events import Kind, integer, strings
 from slurmtrain.common.liveness import pid_start
 from slurmtrain.common.rundir import Rows, RunDir
-from slurmtrain.login.composed import typed
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.login.submission import Submission, TrainTask
 
 
@@ -41,14 +40,14 @@ def free_port() -> int:
         return port
 
 
-def submit(cfg: DictConfig, run: RunDir) -> Submission:
+def submit(cfg: RootConfig, run: RunDir) -> Submission:
     if cfg.gpus_per_node == 0:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     os.environ.update(secrets.job_environment(cfg))  # the workers resolve config.yaml's references
     executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
     executor.update_parameters(
-        tasks_per_node=tasks_per_node(typed(cfg)),
+        tasks_per_node=tasks_per_node(cfg),
         gpus_per_node=cfg.gpus_per_node,
         timeout_min=24 * 60,
         nodes=1,
@@ -159,7 +158,7 @@ def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
     return Submission(job_id, "local", finished=False, exit_code=130)
 
 
-def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> bool:
+def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
     """Progress bar fed by metrics.jsonl until the job's processes exit; True after a Ctrl-C.
 
     This process shares the machine with the workers: it reads only the new lines and redraws

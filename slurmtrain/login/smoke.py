@@ -28,8 +28,8 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     """The smoke run's config, derived from the big run's resolved one."""
     small = cfg.copy()
     OmegaConf.set_readonly(small, False)
-    world_big = derived.world_size(typed(cfg))
-    accum = derived.grad_accumulation(typed(cfg), world_big)
+    typed_big, typed_small = typed(cfg), typed(small)
+    accum = derived.grad_accumulation(typed_big, derived.world_size(typed_big))
     small.name = f"{cfg.name}{SMOKE_SUFFIX}"
     small.smoke = False
     small.nodes = 1
@@ -43,12 +43,12 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     small.checkpoint.interval_minutes = 0.0
     # Same work per rank and step as the big run (same memory profile), on one node.
     small.train.global_batch_size = (
-        cfg.train.micro_batch_size * accum * derived.world_size(typed(small), 1)
+        cfg.train.micro_batch_size * accum * derived.world_size(typed_small, 1)
     )
     for cls in events.FAILURE_CLASSES:
         if cls != ledger.PREEMPTED:  # a preempted smoke is requeued under the same job id
             small.faults[f"max_{cls}"] = 0
-    validation.validate_config(typed(small), submitting=True)
+    validation.validate_config(typed_small, submitting=True)
     return small
 
 
@@ -92,17 +92,20 @@ def submit_chain(big: Prepared, overrides: list[str]) -> int:
     if passed:
         print(f"slurmtrain: smoke test of this config already passed: {smoke_run.path}")
         record(big, overrides)
-        slurm_submit.submit(big.cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None)
+        slurm_submit.submit(
+            big.typed_cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None
+        )
         return 0
     prepared = Prepared(small, smoke_run, resumed=False)
     record(prepared, smoke_overrides(overrides, small))
-    first = slurm_submit.submit(small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
+    typed_small = typed(small)
+    first = slurm_submit.submit(typed_small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
     second = slurm_submit.submit(
-        small, smoke_run, after=first.job_id, smoke_of=str(big.run.path), smoke_part=2
+        typed_small, smoke_run, after=first.job_id, smoke_of=str(big.run.path), smoke_part=2
     )
     record(big, overrides)
     slurm_submit.submit(
-        big.cfg,
+        big.typed_cfg,
         big.run,
         after=second.job_id,
         smoke_job_id=second.job_id,
