@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple, Optional, cast
+from typing import Iterable, NamedTuple, Optional
 
 from slurmtrain.common.events import Row
 from slurmtrain.common.jsonl import merge_jsonl, merge_rows, rank_keys, rank_tier_files, read_jsonl
@@ -100,9 +100,6 @@ class _Event(NamedTuple):
     kind: str
     row: Row
 
-    def num(self, key: str) -> Optional[float]:
-        return _num(self.row.get(key))
-
 
 class _Step(NamedTuple):
     """A metrics row with a finite time and a step."""
@@ -132,15 +129,9 @@ class _Attempt:
     def resume_step(self) -> Optional[int]:
         """Steps above this were (re)computed here. An attempt that started without loading a
         checkpoint began at step 0; the first step logged bounds it when the ledger is incomplete."""
-        r: Optional[int]
-        if self.loaded_step is not None:
-            r = self.loaded_step
-        else:
-            r = (
-                self.start_step
-                if self.start_step is not None
-                else (0 if self.started is not None else None)
-            )
+        r = self.loaded_step if self.loaded_step is not None else self.start_step
+        if r is None and self.started is not None:
+            r = 0
         known = [s for s in (r, (self.steps[0].step - 1) if self.steps else None) if s is not None]
         return min(known) if known else None
 
@@ -170,9 +161,9 @@ def _steps(metrics: Iterable[Row]) -> list[_Step]:
     """The metrics rows with a finite time and step, in time order."""
     timed = []
     for m in metrics:
-        t, raw = _num(m.get("time")), m.get("step")
-        if t is not None and _num(raw) is not None:
-            timed.append(_Step(t, int(cast(float, raw)), m))  # _num: an int or a finite float
+        t, step = _num(m.get("time")), _num(m.get("step"))
+        if t is not None and step is not None:
+            timed.append(_Step(t, int(step), m))
     return sorted(timed, key=lambda m: m.time)
 
 
@@ -209,9 +200,9 @@ def analyze(ledger: Iterable[Row], metrics: Iterable[Row], now: Optional[float] 
         if a.started is not None:
             a.begin = a.started
         for e in a.events:
-            if e.kind == "rendezvous_done" and (sec := e.num("seconds")) is not None:
+            if e.kind == "rendezvous_done" and (sec := _num(e.row.get("seconds"))) is not None:
                 a.begin = min(a.begin, e.time - max(sec, 0.0))
-            if e.kind == "startup" and (t := e.num("process_started_at")) is not None:
+            if e.kind == "startup" and (t := _num(e.row.get("process_started_at"))) is not None:
                 a.begin = min(a.begin, t)  # the process's exec: interpreter and imports too
 
     start = min([start, *(a.begin for a in chain)])
@@ -269,7 +260,7 @@ def analyze(ledger: Iterable[Row], metrics: Iterable[Row], now: Optional[float] 
         for e in a.events:
             t = e.time
             if e.kind in ("checkpoint_loaded", "checkpoint_saved"):
-                sec = max(e.num("seconds") or 0.0, 0.0)
+                sec = max(_num(e.row.get("seconds")) or 0.0, 0.0)
                 part = "checkpoint_load" if e.kind == "checkpoint_loaded" else "checkpoint_save"
                 claim(t - sec, t, part)
                 if part == "checkpoint_load":
