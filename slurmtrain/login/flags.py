@@ -265,9 +265,8 @@ def python_command(cfg: RootConfig) -> list[str]:
     if cfg.cluster.container == "oci":
         container.check_image(cfg)  # one line now, not a job that cannot start its Python
         return [container.IMAGE_PYTHON]
-    if getattr(
-        cfg.cluster, "stage_env", None
-    ):  # each node's own copy of the venv (login/stage_env.py)
+    # each node's own copy of the venv (login/stage_env.py)
+    if getattr(cfg.cluster, "stage_env", None):
         return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 

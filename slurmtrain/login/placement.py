@@ -20,8 +20,7 @@ from typing import Mapping, Optional, TextIO
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import RootConfig
-from slurmtrain.common.schema_cluster import ClusterKind
+from slurmtrain.common.schema import ClusterKind, RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError, mem_mb
 from slurmtrain.login.flags import task_defaults
 from slurmtrain.planning import policy
