@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import typing
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -34,9 +33,7 @@ def _overrides() -> list[str]:
 @hydra.main(version_base="1.3", config_path="pkg://slurmtrain.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     try:
-        # The one DictConfig -> RootConfig boundary: Hydra composed it against the registered
-        # schema, so its attributes are RootConfig's (Hydra's pattern for structured configs).
-        code = launch_one(typing.cast(schema.RootConfig, cfg), _overrides())
+        code = launch_one(cfg, _overrides())  # typed where it meets the schema: login/composed.py
     except ConfigError as err:  # exit here: Hydra would print its own banner first
         print(f"slurmtrain: error: {redact_text(str(err))}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None

@@ -18,6 +18,7 @@ import time
 from typing import Optional
 
 from slurmtrain.common import ledger, slurm_cmd
+from slurmtrain.common.events import Kind
 from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
 from slurmtrain.common.rundir import Rows, RunDir, runs_named
 from slurmtrain.common.slurm_text import SlurmError
@@ -95,7 +96,7 @@ def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], 
     listing = _listing()
     known = job_ids(run.run_events())
     run.record(
-        "cancelled",
+        Kind.cancelled,
         job_ids=list(dict.fromkeys(known + _active(run, listing))),
         by=getpass.getuser(),
         host=socket.gethostname(),

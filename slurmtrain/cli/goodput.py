@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional
 
+from slurmtrain.common.events import Row
 from slurmtrain.common.jsonl import merge_jsonl, merge_rows, rank_keys, rank_tier_files, read_jsonl
 from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.rundir import Rows, RunDir
@@ -92,6 +93,22 @@ class Analysis:
     lost_records: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # (attempt, step)
 
 
+class _Event(NamedTuple):
+    """A ledger row with a finite time and an event name (the rows `analyze` reads)."""
+
+    time: float
+    kind: str
+    row: Row
+
+
+class _Step(NamedTuple):
+    """A metrics row with a finite time and a step."""
+
+    time: float
+    step: int
+    row: Row
+
+
 @dataclass
 class _Attempt:
     number: int
@@ -100,30 +117,22 @@ class _Attempt:
     started: Optional[float] = None
     start_step: Optional[int] = None
     loaded_step: Optional[int] = None
-    events: Rows = field(default_factory=list)
-    steps: Rows = field(default_factory=list)  # metrics rows
+    events: list[_Event] = field(default_factory=list)
+    steps: list[_Step] = field(default_factory=list)
 
     def see(self, t: float) -> None:
         self.begin, self.end = min(self.begin, t), max(self.end, t)
 
     def kinds(self) -> set[str]:
-        return {e["event"] for e in self.events}
+        return {e.kind for e in self.events}
 
     def resume_step(self) -> Optional[int]:
         """Steps above this were (re)computed here. An attempt that started without loading a
         checkpoint began at step 0; the first step logged bounds it when the ledger is incomplete."""
-        r: Optional[int]
-        if self.loaded_step is not None:
-            r = self.loaded_step
-        else:
-            r = (
-                self.start_step
-                if self.start_step is not None
-                else (0 if self.started is not None else None)
-            )
-        known = [
-            s for s in (r, (self.steps[0]["step"] - 1) if self.steps else None) if s is not None
-        ]
+        r = self.loaded_step if self.loaded_step is not None else self.start_step
+        if r is None and self.started is not None:
+            r = 0
+        known = [s for s in (r, (self.steps[0].step - 1) if self.steps else None) if s is not None]
         return min(known) if known else None
 
 
@@ -138,49 +147,62 @@ def _int(x: object) -> Optional[int]:
     return int(v) if v is not None else None
 
 
-def analyze(ledger: Rows, metrics: Rows, now: Optional[float] = None) -> Analysis:
+def _events(ledger: Iterable[Row]) -> list[_Event]:
+    """The rows with a finite time and an event name, in time order."""
+    timed = []
+    for e in ledger:
+        t, kind = _num(e.get("time")), e.get("event")
+        if t is not None and isinstance(kind, str):
+            timed.append(_Event(t, kind, e))
+    return sorted(timed, key=lambda e: e.time)
+
+
+def _steps(metrics: Iterable[Row]) -> list[_Step]:
+    """The metrics rows with a finite time and step, in time order."""
+    timed = []
+    for m in metrics:
+        t, step = _num(m.get("time")), _num(m.get("step"))
+        if t is not None and step is not None:
+            timed.append(_Step(t, int(step), m))
+    return sorted(timed, key=lambda m: m.time)
+
+
+def analyze(ledger: Iterable[Row], metrics: Iterable[Row], now: Optional[float] = None) -> Analysis:
     """Goodput parts and the painted timeline. `now` extends a live run (queued or running) to now."""
-    events = sorted(
-        (e for e in ledger if _num(e.get("time")) is not None and isinstance(e.get("event"), str)),
-        key=lambda e: e["time"],
-    )
-    steps = sorted(
-        (m for m in metrics if _num(m.get("time")) is not None and _int(m.get("step")) is not None),
-        key=lambda m: m["time"],
-    )
-    times = [e["time"] for e in events] + [m["time"] for m in steps]
+    events = _events(ledger)
+    steps = _steps(metrics)
+    times = [e.time for e in events] + [m.time for m in steps]
     if not times:
         return Analysis(Goodput(), [])
     start, end = min(times), max(times)
-    submitted = [e["time"] for e in events if e["event"] == "submitted"]
+    submitted = [e.time for e in events if e.kind == "submitted"]
 
     attempts: dict[int, _Attempt] = {}
     for e in events:
-        n = _int(e.get("attempt"))
-        if e["event"] == "submitted" or n is None or n < 1:
+        n = _int(e.row.get("attempt"))
+        if e.kind == "submitted" or n is None or n < 1:
             continue
         a = attempts.setdefault(n, _Attempt(n))
-        a.see(e["time"])
+        a.see(e.time)
         a.events.append(e)
-        if e["event"] == "started" and a.started is None:
-            a.started, a.start_step = e["time"], _int(e.get("step"))
-        if e["event"] == "checkpoint_loaded":
-            a.loaded_step = _int(e.get("step"))
+        if e.kind == "started" and a.started is None:
+            a.started, a.start_step = e.time, _int(e.row.get("step"))
+        if e.kind == "checkpoint_loaded":
+            a.loaded_step = _int(e.row.get("step"))
     for m in steps:
-        n = _int(m.get("attempt")) or 1
+        n = _int(m.row.get("attempt")) or 1
         a = attempts.setdefault(n, _Attempt(n))
-        a.see(m["time"])
+        a.see(m.time)
         a.steps.append(m)
     chain = sorted(attempts.values(), key=lambda a: a.number)
-    for (
-        a
-    ) in chain:  # the process began before `started`: rendezvous_done.seconds counts from its start
+    # The process began before `started`: rendezvous_done.seconds counts from its start.
+    for a in chain:
         if a.started is not None:
             a.begin = a.started
         for e in a.events:
-            if e["event"] == "rendezvous_done" and (sec := _num(e.get("seconds"))) is not None:
-                a.begin = min(a.begin, e["time"] - max(sec, 0.0))
-            if e["event"] == "startup" and (t := _num(e.get("process_started_at"))) is not None:
+            if e.kind == "rendezvous_done" and (sec := _num(e.row.get("seconds"))) is not None:
+                a.begin = min(a.begin, e.time - max(sec, 0.0))
+            if e.kind == "startup" and (t := _num(e.row.get("process_started_at"))) is not None:
                 a.begin = min(a.begin, t)  # the process's exec: interpreter and imports too
 
     start = min([start, *(a.begin for a in chain)])
@@ -222,7 +244,7 @@ def analyze(ledger: Rows, metrics: Rows, now: Optional[float] = None) -> Analysi
     floor = math.inf
     if not live and "failed" in kinds:  # a stopped run loses what its last checkpoint did not hold
         saved = [
-            _int(e.get("step")) for a in chain for e in a.events if e["event"] == "checkpoint_saved"
+            _int(e.row.get("step")) for a in chain for e in a.events if e.kind == "checkpoint_saved"
         ]
         floor = float(max([s for s in saved if s is not None], default=0))
     for a in reversed(chain):
@@ -236,21 +258,19 @@ def analyze(ledger: Rows, metrics: Rows, now: Optional[float] = None) -> Analysi
     for a in chain:
         work_begin = math.inf
         for e in a.events:
-            t = e["time"]
-            if e["event"] in ("checkpoint_loaded", "checkpoint_saved"):
-                sec = max(_num(e.get("seconds")) or 0.0, 0.0)
-                part = "checkpoint_load" if e["event"] == "checkpoint_loaded" else "checkpoint_save"
+            t = e.time
+            if e.kind in ("checkpoint_loaded", "checkpoint_saved"):
+                sec = max(_num(e.row.get("seconds")) or 0.0, 0.0)
+                part = "checkpoint_load" if e.kind == "checkpoint_loaded" else "checkpoint_save"
                 claim(t - sec, t, part)
                 if part == "checkpoint_load":
                     work_begin = min(work_begin, t - sec)
         prev_step, prev_t = a.resume_step(), a.begin if a.started is not None else -math.inf
         for m in a.steps:
-            step, t = int(m["step"]), m["time"]
+            step, t = m.step, m.time
             n = max(1, step - prev_step) if prev_step is not None else 1
-            st = _num(m.get("step_time"))
-            gap = max(
-                t - prev_t, 0.0
-            )  # a step cannot have begun before the attempt or the last step
+            st = _num(m.row.get("step_time"))
+            gap = max(t - prev_t, 0.0)  # a step cannot begin before the attempt or the last step
             span = min(n * max(st, 0.0), gap) if st is not None else gap
             lost = min(max(step - cutoffs[a.number], 0), n)
             kept_t = t - span + span * (n - lost) / n
@@ -264,7 +284,7 @@ def analyze(ledger: Rows, metrics: Rows, now: Optional[float] = None) -> Analysi
         if work_begin == math.inf:  # never reached work: the whole attempt was start-up
             work_begin = a.end
         claim(a.begin, min(work_begin, a.end), "startup")
-        signals = [e["time"] for e in a.events if e["event"] == "signal"]
+        signals = [e.time for e in a.events if e.kind == "signal"]
         if signals:
             claim(min(signals), a.end, "signal_idle")
 
@@ -328,7 +348,7 @@ def ledger_rows(rd: RunDir) -> Rows:
         failed = [e for e in rows if e.get("event") == "failed"]
         if failed:
             firsts.append((real_errors(failed) or failed)[0])
-    firsts.sort(key=lambda e: float(e.get("time") or 0))
+    firsts.sort(key=lambda e: _num(e.get("time")) or 0.0)
     return merge_rows([rd.run_events(), firsts])
 
 

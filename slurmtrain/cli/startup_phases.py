@@ -3,7 +3,7 @@ step: compute/startup.py), as the text table `report` prints. Login node: no tor
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 from slurmtrain.common.rundir import Rows
 
@@ -40,13 +40,13 @@ def format_startup(ledger: Rows) -> Optional[str]:
     rows = startup_rows(ledger)
     if not rows:
         return None
-    names = [p for p in ORDER if any(p in r["phases"] for r in rows)]
-    names += sorted({p for r in rows for p in r["phases"]} - set(names))
+    names = [p for p in ORDER if any(p in _phases(r) for r in rows)]
+    names += sorted({str(p) for r in rows for p in _phases(r)} - set(names))
     head = ["attempt", *(SHORT.get(p, p) for p in names), "total"]
     body = [
         [
             str(r.get("attempt", "?")),
-            *(_sec(r["phases"].get(p)) for p in names),
+            *(_sec(_phases(r).get(p)) for p in names),
             _sec(r.get("seconds")),
         ]
         for r in rows
@@ -61,6 +61,12 @@ def format_startup(ledger: Rows) -> Optional[str]:
     if staged:
         out.append(f"staged environment: torch from {staged[-1].get('torch_from')}")
     return "\n".join(out)
+
+
+def _phases(row: Mapping[str, object]) -> dict[str, object]:
+    """A `startup` row's seconds per phase (`startup_rows` keeps only rows that have them)."""
+    phases = row.get("phases")
+    return phases if isinstance(phases, dict) else {}
 
 
 def _sec(value: object) -> str:

@@ -19,6 +19,7 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from slurmtrain.cli.goodput import analyze
 from slurmtrain.common import ledger
+from slurmtrain.common.events import integer, number, strings, text
 from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
 from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.liveness import StateUnknown
@@ -95,12 +96,13 @@ def ledger_view(run: RunDir) -> tuple[Rows, Rows]:
 def metrics_tail(run: RunDir, max_rows: int = 100_000) -> tuple[int, Optional[float]]:
     """(last step, last validation loss) from the end of metrics.jsonl: a long run's file is
     not read whole (the search for a validation loss gives up after `max_rows` rows)."""
-    step, valid = None, None
+    step: Optional[int] = None
+    valid: Optional[float] = None
     for i, m in enumerate(tail_jsonl(run.metrics)):
         if step is None and "step" in m:
-            step = m["step"]
+            step = integer(m, "step")
         if "valid_loss" in m:
-            valid = m["valid_loss"]
+            valid = number(m, "valid_loss") if m["valid_loss"] is not None else None
             break
         if i >= max_rows:
             break
@@ -121,12 +123,15 @@ def summarize(run: RunDir) -> StatusRow:
         "step": step,
         "valid_loss": valid_loss,
         "checkpoint": latest.read_text().strip() if latest.exists() else None,
-        "job_id": next((e["job_id"] for e in reversed(events) if e["event"] == "submitted"), None),
-        "nodes": last.get("nodes") or [],
+        "job_id": next(
+            (text(e, "job_id") for e in reversed(events) if e["event"] == "submitted"),
+            None,
+        ),
+        "nodes": strings(last, "nodes"),
         "class": None,
         "error": None,
         "goodput": None,
-        "last_event": last.get("event"),
+        "last_event": text(last, "event"),
         "rollbacks": 0,
         "last_rollback": None,
     }
@@ -142,7 +147,7 @@ def summarize(run: RunDir) -> StatusRow:
     row["branched_from"] = lineage_line(run_rows)  # resume_from: parent, step, changed keys
     windows = [e for e in run_rows if e["event"] == "budget_window"]
     row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
-    row["window_after"] = windows[-1].get("after_class") if windows else None
+    row["window_after"] = text(windows[-1], "after_class") if windows else None
     # an older window's stop and errors are history: the user resubmitted since
     stopped = [e for e in window(events) if e["event"] in ("failed", "stopped")]
     if stopped:
@@ -150,8 +155,8 @@ def summarize(run: RunDir) -> StatusRow:
         if last["event"] == "failed":  # an all-rank failure: the rank with a cause of its own
             same = [e for e in stopped if e.get("job_id") == last.get("job_id")]
             last = (real_errors([e for e in same if e["event"] == "failed"]) or [last])[-1]
-        row["class"] = last.get("class")
-        error = (last.get("error") or "").strip().splitlines()[-1:]
+        row["class"] = text(last, "class")
+        error = (text(last, "error") or "").strip().splitlines()[-1:]
         row["error"] = error[0] if error else None
     if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
@@ -181,9 +186,9 @@ def spares(run: RunDir, events: Rows) -> Optional[SpareNodes]:
     swaps = [
         e for e in events if e["event"] == "restarted_in_allocation" and e.get("job_id") == job
     ]
-    used = sum(len(e.get("swapped_in") or []) for e in swaps)
-    lost = sum(len(e.get("left_out") or []) for e in swaps)
-    idle = int(swaps[-1].get("spares_left", 0)) if swaps else held
+    used = sum(len(strings(e, "swapped_in")) for e in swaps)
+    lost = sum(len(strings(e, "left_out")) for e in swaps)
+    idle = (integer(swaps[-1], "spares_left") or 0) if swaps else held
     return {"held": held, "idle": idle, "used": used, "lost": lost}
 
 

@@ -18,9 +18,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from slurmtrain.common import checkpoint_format, checkpoint_pins
 from slurmtrain.common.derived import node_range, tasks_per_node, world_size
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import Kind, integer
 from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
 from slurmtrain.common.rundir import Rows, RunDir, runs_named
-from slurmtrain.common.schema import NON_RESULT_KEYS, load_run_config, plain
+from slurmtrain.common.schema import NON_RESULT_KEYS, RootConfig, load_run_config, plain
+from slurmtrain.login.composed import typed
 
 # What a checkpoint's tensors are shaped by: a branch must match its parent in each.
 ARCHITECTURE_KEYS = (
@@ -173,12 +175,12 @@ def resolve(cfg: DictConfig) -> None:
             f"train.max_steps={cfg.train.max_steps}: the branch starts at step {at} "
             f"(resume_from={spec}); set train.max_steps above {at}"
         )
-    _same_world(cfg, int(manifest.get("world_size", 0)), spec, at)
+    _same_world(typed(cfg), int(manifest.get("world_size", 0)), spec, at)
     cfg.resume_from = f"{parent.path}:{checkpoint_format.tag(at)}"
     cfg.branch_of = f"{parent.path.name}:{checkpoint_format.tag(at)}"
 
 
-def _same_world(cfg: DictConfig, saved: int, spec: str, at: int) -> None:
+def _same_world(cfg: RootConfig, saved: int, spec: str, at: int) -> None:
     """Another world size would convert the parent's checkpoint to a universal one beside it
     (checkpoint/reshape.py): a write into the parent's directory, which a branch never makes."""
     low, high = node_range(cfg.nodes)
@@ -225,7 +227,7 @@ def record(cfg: DictConfig, data: Optional[dict[str, object]], child: RunDir) ->
     ours = data if data is not None else plain(cfg)
     assert isinstance(theirs, dict) and isinstance(ours, dict)
     child.record(
-        "branched",
+        Kind.branched,
         parent=str(parent.path),
         parent_fingerprint=parent.path.name,
         parent_name=theirs.get("name"),
@@ -243,8 +245,10 @@ def lineage_line(events: Rows) -> Optional[str]:
     row = next((e for e in events if e.get("event") == "branched"), None)
     if row is None:
         return None
-    changed = ", ".join(f"{k} {a}->{b}" for k, (a, b) in (row.get("changed") or {}).items())
+    written = row.get("changed")  # record() below: {key: [parent's, branch's]}
+    pairs = written.items() if isinstance(written, dict) else ()
+    changed = ", ".join(f"{k} {a}->{b}" for k, (a, b) in pairs)
     return (
-        f"branched from {row.get('parent')} at {checkpoint_format.tag(int(row.get('step', 0)))}"
+        f"branched from {row.get('parent')} at {checkpoint_format.tag(integer(row, 'step') or 0)}"
         + (f" (changed: {changed})" if changed else "")
     )

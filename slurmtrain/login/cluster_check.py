@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import functools
 
-from omegaconf import DictConfig
-
 from slurmtrain.common import slurm_cmd, slurm_text
 from slurmtrain.common.derived import node_range
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import flags, placement
 from slurmtrain.planning import policy
@@ -23,7 +22,7 @@ def partitions() -> dict[str, PartitionInfo]:
     return known if known is not None else slurm_cmd.query_partitions()
 
 
-def check_cluster(cfg: DictConfig) -> None:
+def check_cluster(cfg: RootConfig) -> None:
     """Refuse, before anything is queued, what this cluster's partitions cannot run."""
     try:
         known = partitions()

@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 from typing import TypedDict
 
-from omegaconf import DictConfig
-
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 
 IMAGE_PYTHON = "python3"  # found on the job's PATH inside the image (Slurm passes the job's env)
 PATH_DIRS = ("usr/local/bin", "usr/bin", "bin")
@@ -85,7 +84,7 @@ def image_python(root: Path) -> Path | None:
     return None
 
 
-def check_image(cfg: DictConfig) -> OciSpec:
+def check_image(cfg: RootConfig) -> OciSpec:
     """The image's config.json, or one line naming cluster.image, what is wrong and the fix.
     Checked on the login node at the dry run and at submission: nothing is queued that cannot
     start its Python."""
@@ -121,7 +120,7 @@ def _bind(path: str, mode: str = "rw") -> OciMount:
     return {"destination": path, "type": "bind", "source": path, "options": ["rbind", mode]}
 
 
-def run_bundle(cfg: DictConfig, image_spec: OciSpec) -> OciSpec:
+def run_bundle(cfg: RootConfig, image_spec: OciSpec) -> OciSpec:
     """The run's config.json: the image's, root absolute, the runs root (checkpoints, ledger,
     logs) and the host's /dev/shm (the task's script; gloo/NCCL shared memory) mounted at the
     same paths, the process the task's script; terminal off (srun has no tty)."""
@@ -139,7 +138,7 @@ def run_bundle(cfg: DictConfig, image_spec: OciSpec) -> OciSpec:
     return spec
 
 
-def write_bundle(cfg: DictConfig, run_dir: Path) -> None:
+def write_bundle(cfg: RootConfig, run_dir: Path) -> None:
     """RUN_DIR/oci/config.json for cluster.container=oci (nothing otherwise); written with the
     batch script, so a hand `sbatch job.sbatch` finds it too."""
     if cfg.cluster.container != "oci":

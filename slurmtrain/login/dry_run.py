@@ -20,8 +20,10 @@ from omegaconf import DictConfig
 from slurmtrain.common import rundir, secrets
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import SlurmError
 from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce
 from slurmtrain.login.slurm_submit import render_sbatch
 from slurmtrain.planning import preflight
@@ -29,7 +31,7 @@ from slurmtrain.planning import preflight
 TEST_ONLY_TIMEOUT_S = 20.0
 
 
-def refusal(cfg: DictConfig, report: preflight.PlanReport) -> Optional[str]:
+def refusal(cfg: RootConfig, report: preflight.PlanReport) -> Optional[str]:
     """The line a real submission would refuse with, or None: the plan gate, then the cluster's
     partitions (Slurm)."""
     try:
@@ -60,15 +62,19 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
     out = out or sys.stdout
     announce()
     print(secrets.redacted_yaml(cfg), file=out)  # secrets as references, never values
-    report = preflight.report(cfg)
-    planned_time = cfg.cluster.time
-    refused = refusal(cfg, report)
-    if cfg.cluster.time != planned_time:  # cluster.time=auto planned again from the partition
-        print(f"slurmtrain: cluster.time={cfg.cluster.time} ({cfg.cluster.time_from})", file=out)
-        report = preflight.report(cfg)
+    typed_cfg = typed(cfg)
+    report = preflight.report(typed_cfg)
+    planned_time = typed_cfg.cluster.time
+    refused = refusal(typed_cfg, report)
+    if typed_cfg.cluster.time != planned_time:  # cluster.time=auto planned from the partition
+        print(
+            f"slurmtrain: cluster.time={typed_cfg.cluster.time} ({typed_cfg.cluster.time_from})",
+            file=out,
+        )
+        report = preflight.report(typed_cfg)
     print(report.text, file=out)
-    if cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
-        script = render_sbatch(cfg, rundir.locate(cfg, secrets.referenced(cfg)))
+    if typed_cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
+        script = render_sbatch(typed_cfg, rundir.locate(cfg, secrets.referenced(cfg)))
         print("slurmtrain: dry run: the batch script that would be submitted:", file=out)
         print(script.rstrip("\n"), file=out)
         try:

@@ -13,10 +13,11 @@ import shlex
 import sys
 from typing import Optional, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import container, stage_env
 
@@ -63,7 +64,7 @@ def checked(key: str, value: object) -> str:
     return text
 
 
-def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
+def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
     """Long sbatch options (no leading dashes) -> value, or True for a bare flag."""
     c = cfg.cluster
     low, high = node_range(cfg.nodes)
@@ -92,8 +93,8 @@ def sbatch_options(cfg: DictConfig, job_name: str) -> dict[str, Flag]:
     if cfg.gpus_per_node > 0:
         opts["gpus-per-node"] = str(cfg.gpus_per_node)
     for key in ("partition", "account", "qos", "mem", "constraint", "exclude"):
-        if c[key]:
-            opts[key] = checked(f"cluster.{key}", c[key])
+        if getattr(c, key):
+            opts[key] = checked(f"cluster.{key}", getattr(c, key))
     if cfg.gpus_per_node > 0 and c.mem_per_gpu and not c.mem:  # Slurm refuses both at once
         opts["mem-per-gpu"] = checked("cluster.mem_per_gpu", c.mem_per_gpu)
     if c.exclusive:
@@ -111,7 +112,7 @@ def sbatch_lines(opts: dict[str, Flag]) -> list[str]:
     return [f"#SBATCH --{k}" if v is True else f"#SBATCH --{k}={v}" for k, v in opts.items()]
 
 
-def cpus_per_task(cfg: DictConfig) -> int:
+def cpus_per_task(cfg: RootConfig) -> int:
     """Cores per task: cluster.cpus_per_task, filled from the partition (cores per GPU) by
     login/placement.py; 1 when nothing set it (a config composed outside the launch flow)."""
     value = cfg.cluster.cpus_per_task
@@ -125,7 +126,7 @@ def cpus_per_task(cfg: DictConfig) -> int:
     return value
 
 
-def task_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
+def task_defaults(cfg: RootConfig, part: PartitionInfo) -> None:
     """Per-task resources left unset, from the partition the job lands in (mutates cfg).
 
     GPU ranks: --cpus-per-task = the node's cores over max(tasks per node, the node's GPUs): a
@@ -156,7 +157,7 @@ def task_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
 
 
 def cpu_plan_refusal(
-    cfg: DictConfig, part: PartitionInfo, params: int, insisted: bool
+    cfg: RootConfig, part: PartitionInfo, params: int, insisted: bool
 ) -> Optional[str]:
     """The one line refusing a model bigger than opt125m planned on CPU ranks on a partition
     without GPUs (None: fine). `insisted`: the user passed gpus_per_node=0 themselves."""
@@ -169,7 +170,7 @@ def cpu_plan_refusal(
     )
 
 
-def per_task_text(cfg: DictConfig) -> str:
+def per_task_text(cfg: RootConfig) -> str:
     """What each task is given, for the batch script's header (shown by the dry run)."""
     cpus = cpus_per_task(cfg)
     c = cfg.cluster
@@ -186,7 +187,7 @@ def per_task_text(cfg: DictConfig) -> str:
     return f"{cpus} CPU{'s' if cpus != 1 else ''} (--cpus-per-task); memory: {mem}{bind}"
 
 
-def srun_args(cfg: DictConfig) -> list[str]:
+def srun_args(cfg: RootConfig) -> list[str]:
     """Arguments for srun (argument list: each is quoted when rendered into a script).
 
     --cpus-per-task is repeated here: srun in Slurm 22.05-23.02 does not inherit it from the batch
@@ -220,7 +221,7 @@ def srun_args(cfg: DictConfig) -> list[str]:
     return args
 
 
-def flight_recorder(cfg: DictConfig) -> bool:
+def flight_recorder(cfg: RootConfig) -> bool:
     """Whether the batch script points the flight recorder's dumps at RUN_DIR/logs: GPU jobs
     (the recorder is on), unless cluster.env names the file itself."""
     env = dict(cfg.cluster.env)
@@ -229,7 +230,7 @@ def flight_recorder(cfg: DictConfig) -> bool:
     )
 
 
-def job_env(cfg: DictConfig) -> dict[str, str]:
+def job_env(cfg: RootConfig) -> dict[str, str]:
     env = dict(NCCL_DEFAULTS)
     if cfg.gpus_per_node == 0:
         env["DS_ACCELERATOR"] = "cpu"
@@ -242,7 +243,7 @@ def job_env(cfg: DictConfig) -> dict[str, str]:
     return env
 
 
-def python_command(cfg: DictConfig) -> list[str]:
+def python_command(cfg: RootConfig) -> list[str]:
     """The interpreter on the compute node, inside the container when there is one."""
     if cfg.cluster.container == "apptainer":
         if not cfg.cluster.image:
@@ -264,18 +265,19 @@ def python_command(cfg: DictConfig) -> list[str]:
     if cfg.cluster.container == "oci":
         container.check_image(cfg)  # one line now, not a job that cannot start its Python
         return [container.IMAGE_PYTHON]
-    if cfg.cluster.get("stage_env"):  # each node's own copy of the venv (login/stage_env.py)
+    # each node's own copy of the venv (login/stage_env.py)
+    if getattr(cfg.cluster, "stage_env", None):
         return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 
 
-def container_srun_args(cfg: DictConfig) -> list[str]:
+def container_srun_args(cfg: RootConfig) -> list[str]:
     """srun's own container flags for the in-image supervisor's step: pyxis' image and mounts
     (apptainer wraps the command, python_command; oci runs the job script's oci_task)."""
     return [a for a in srun_args(cfg) if a.startswith("--container-")]
 
 
-def host_python(cfg: DictConfig) -> str:
+def host_python(cfg: RootConfig) -> str:
     """The batch shell's Python: cluster.host_python, else the one submitting (shared /home)."""
     return str(cfg.cluster.host_python or sys.executable)
 

@@ -104,7 +104,7 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
         return _submit_array(todo, len(points))
     code = 0
     for prepared, _ in todo:
-        result = submit(prepared.cfg, prepared.run)
+        result = submit(prepared.typed_cfg, prepared.run)
         if result.finished:
             print(f"slurmtrain: run finished: {prepared.run.path}")
         code = code or result.exit_code
@@ -142,7 +142,7 @@ def _submit_array(todo: list[tuple[Prepared, list[str]]], total: int) -> int:
     from slurmtrain.login.slurm_submit import submit_array  # start-up speed: jinja2, submitit
 
     folder = Path(todo[0][0].cfg.runs_root) / ".sweeps" / "submitit"
-    subs = submit_array([(p.cfg, p.run) for p, _ in todo], folder)
+    subs = submit_array([(p.typed_cfg, p.run) for p, _ in todo], folder)
     print(
         f"slurmtrain: submitted job array {subs[0].job_id.split('_')[0]} with {len(subs)} of "
         f"{total} sweep points"

@@ -18,16 +18,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import submitit
-from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slurmtrain.common import ledger, secrets
 from slurmtrain.common.derived import tasks_per_node
+from slurmtrain.common.events import Kind, integer, strings
 from slurmtrain.common.liveness import pid_start
 from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.login.submission import Submission, TrainTask
 
 
@@ -39,7 +40,7 @@ def free_port() -> int:
         return port
 
 
-def submit(cfg: DictConfig, run: RunDir) -> Submission:
+def submit(cfg: RootConfig, run: RunDir) -> Submission:
     if cfg.gpus_per_node == 0:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
@@ -55,7 +56,7 @@ def submit(cfg: DictConfig, run: RunDir) -> Submission:
         job = executor.submit(TrainTask(str(run.path), free_port()))
     pid = int(job.job_id)
     run.record(
-        "submitted",
+        Kind.submitted,
         job_id=job.job_id,
         executor="local",
         pid=pid,
@@ -139,11 +140,11 @@ def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
             os.kill(int(job.job_id), signal.SIGTERM)  # the controller forwards it to every task
         return
     started = [e for e in run.run_events("started") if str(e.get("job_id")) == str(job.job_id)]
-    pids = started[-1].get("pids", []) if started else []
+    pids = strings(started[-1], "pids") if started else []
     print("\nslurmtrain: Ctrl-C again: killing the workers now")
-    for pid in [*pids, int(job.job_id)]:
+    for pid in [*map(int, pids), int(job.job_id)]:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
 
 
 def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
@@ -157,7 +158,7 @@ def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
     return Submission(job_id, "local", finished=False, exit_code=130)
 
 
-def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> bool:
+def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
     """Progress bar fed by metrics.jsonl until the job's processes exit; True after a Ctrl-C.
 
     This process shares the machine with the workers: it reads only the new lines and redraws
@@ -182,7 +183,7 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: int) -> bool:
                     last = rows[-1]
                     bar.update(
                         task,
-                        completed=last["step"],
+                        completed=integer(last, "step"),
                         loss=f"{last['loss']:.4f}",
                         tps=f"{last['tokens_per_s']:,.0f}",
                     )

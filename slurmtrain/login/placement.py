@@ -17,11 +17,10 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional, TextIO
 
-from omegaconf import DictConfig
-
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import ClusterKind, RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError, mem_mb
 from slurmtrain.login.flags import task_defaults
 from slurmtrain.planning import policy
@@ -109,20 +108,20 @@ def node_resources(part: PartitionInfo) -> tuple[int, Optional[int], int]:
     return part.total_cpus // nodes, (mem // nodes if mem else None), part.gpus_per_node
 
 
-def slurm_defaults(cfg: DictConfig, part: PartitionInfo) -> None:
+def slurm_defaults(cfg: RootConfig, part: PartitionInfo) -> None:
     """Per-task resources left unset, from the partition: login/flags.task_defaults (cores per
     task, --mem=0 or memory per GPU)."""
     task_defaults(cfg, part)
 
 
-def resolve_auto(cfg: DictConfig) -> None:
+def resolve_auto(cfg: RootConfig) -> None:
     """Replace `cluster.kind=auto` / `gpus_per_node=auto` / unset per-task resources by what this
     machine reaches (mutates cfg). The line saying which and why waits for announce(): a command
     refused for bad input stays one line."""
     said = []
     if cfg.cluster.kind == "auto":
         probe = probe_slurm()
-        cfg.cluster.kind = "slurm" if probe.partitions is not None else "local"
+        cfg.cluster.kind = ClusterKind.slurm if probe.partitions is not None else ClusterKind.local
         said.append(f"cluster={cfg.cluster.kind} ({probe.why})")
     if cfg.cluster.cpu_tasks_per_node == 0:  # conf/cluster/auto.yaml: by the chosen kind
         cfg.cluster.cpu_tasks_per_node = (

@@ -16,8 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import pretrained, provenance, rundir, schema, secrets, validation
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.login import branch, flags
 from slurmtrain.login.cluster_check import check_cluster
+from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import preflight
 
@@ -27,9 +29,11 @@ class Prepared:
     cfg: DictConfig
     run: rundir.RunDir
     resumed: bool
-    data: Optional[dict[str, object]] = (
-        None  # cfg as fingerprinted (resolved container): what record writes
-    )
+    data: Optional[dict[str, object]] = None  # cfg as fingerprinted: what record writes
+
+    @property
+    def typed_cfg(self) -> RootConfig:
+        return typed(self.cfg)
 
 
 def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
@@ -40,18 +44,19 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
         OmegaConf.set_struct(cfg, True)
-    cfg.runs_root = os.path.abspath(os.path.expanduser(cfg.runs_root))
-    pretrained.resolve_config(cfg)  # model=hf: model.config read into the model keys
-    resolve_auto(cfg)  # cluster=auto, gpus_per_node=auto
-    pretrained.resolve(cfg)  # model.pretrained_checksum: the source's content is fingerprinted
-    validation.validate_config(cfg, submitting=not cfg.dry_run)
-    _check_slurm_values(cfg)
-    refuse_inject_unless_allowed(bool(cfg.faults.allow_inject))
+    typed_cfg = typed(cfg)
+    typed_cfg.runs_root = os.path.abspath(os.path.expanduser(typed_cfg.runs_root))
+    pretrained.resolve_config(typed_cfg)  # model=hf: model.config read into the model keys
+    resolve_auto(typed_cfg)  # cluster=auto, gpus_per_node=auto
+    pretrained.resolve(typed_cfg)  # model.pretrained_checksum: the source is fingerprinted
+    validation.validate_config(typed_cfg, submitting=not typed_cfg.dry_run)
+    _check_slurm_values(typed_cfg)
+    refuse_inject_unless_allowed(bool(typed_cfg.faults.allow_inject))
     branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
     return cfg
 
 
-def _check_slurm_values(cfg: DictConfig) -> None:
+def _check_slurm_values(cfg: RootConfig) -> None:
     """Every #SBATCH value and cluster.env name is checked whatever cluster.kind is: a config
     made for cluster=local is still refused, in one line, if it would not render for Slurm."""
     flags.sbatch_options(cfg, f"st-{cfg.name}")
@@ -78,13 +83,14 @@ def check(
     it until the `submitted` event is recorded, so two shells submitting the same config at once
     queue one job. The state check fails closed: when Slurm cannot say whether the run's job is
     alive, StateUnknown (a ConfigError: one line, exit 2) refuses instead of resubmitting."""
-    report = preflight.report(cfg, measured_tps=None)
-    report.enforce(cfg)  # before printing: a refusal is one line
-    if cfg.cluster.kind == "slurm":
-        planned_time = cfg.cluster.time
-        check_cluster(cfg)
-        if cfg.cluster.time != planned_time:  # auto planned again from the partition's MaxTime
-            report = preflight.report(cfg, measured_tps=None)
+    typed_cfg = typed(cfg)
+    report = preflight.report(typed_cfg, measured_tps=None)
+    report.enforce(typed_cfg)  # before printing: a refusal is one line
+    if typed_cfg.cluster.kind == "slurm":
+        planned_time = typed_cfg.cluster.time
+        check_cluster(typed_cfg)
+        if typed_cfg.cluster.time != planned_time:  # auto planned again from its MaxTime
+            report = preflight.report(typed_cfg, measured_tps=None)
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
@@ -100,7 +106,7 @@ def check(
                 f"runs_root={cfg.runs_root!r}: cannot create {run.path} ({err.strerror}); "
                 f"use a directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
             ) from None
-    warning = preflight.lead_warning(cfg, run.run_events("checkpoint_saved"))
+    warning = preflight.lead_warning(typed_cfg, run.run_events("checkpoint_saved"))
     if warning:
         print(f"slurmtrain: {warning}")
     state = run.state()

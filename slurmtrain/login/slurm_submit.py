@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, TypedDict, Unpack
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
-from omegaconf import DictConfig
 
 from slurmtrain.common import secrets, slurm_cmd
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
+from slurmtrain.common.events import Kind
 from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.submission import Submission
@@ -43,10 +44,14 @@ class SmokeLink(TypedDict, total=False):
     smoke_job_ids: list[str]  # on the big run: both smoke jobs
 
 
+class AfterJob(TypedDict, total=False):
+    after: str  # the job whose success this one waits for (afterok)
+
+
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
 
 
-def job_name(cfg: DictConfig) -> str:
+def job_name(cfg: RootConfig) -> str:
     return f"st-{cfg.name}"
 
 
@@ -73,7 +78,7 @@ def _template() -> Template:
 
 
 def render_script(
-    cfg: DictConfig,
+    cfg: RootConfig,
     run_dir: str,
     options: dict[str, flags.Flag],
     batch_log: str,
@@ -129,7 +134,7 @@ def render_script(
 
 
 def render_sbatch(
-    cfg: DictConfig, run: RunDir, options: Optional[dict[str, flags.Flag]] = None
+    cfg: RootConfig, run: RunDir, options: Optional[dict[str, flags.Flag]] = None
 ) -> str:
     """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array).
     `options`: flags.sbatch_options(cfg, job_name(cfg)) when the caller has them already."""
@@ -143,7 +148,7 @@ def render_sbatch(
 
 
 def executor(
-    cfg: DictConfig,
+    cfg: RootConfig,
     folder: Path,
     target: list[str],
     parallelism: int = 0,
@@ -228,7 +233,7 @@ def _no_task() -> None:
     """submitit's API takes a callable; ours runs from the batch script instead (see executor)."""
 
 
-def prepare(cfg: DictConfig, run: RunDir) -> None:
+def prepare(cfg: RootConfig, run: RunDir) -> None:
     """Everything before queueing: cluster check (cached) and the hand-resubmittable job.sbatch."""
     check_cluster(cfg)
     if cfg.cluster.stage_env:  # packed once here (cached by its hash): the script names the pack
@@ -238,17 +243,18 @@ def prepare(cfg: DictConfig, run: RunDir) -> None:
 
 
 def submit(
-    cfg: DictConfig, run: RunDir, after: Optional[str] = None, **ledger: Unpack[SmokeLink]
+    cfg: RootConfig, run: RunDir, after: Optional[str] = None, **ledger: Unpack[SmokeLink]
 ) -> Submission:
     """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
     prepare(cfg, run)
     job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(_no_task)
+    dependency: AfterJob = {"after": after} if after else {}
     run.record(
-        "submitted",
+        Kind.submitted,
         job_id=job.job_id,
         executor="slurm",
         fingerprint=run.path.name,
-        **({"after": after} if after else {}),
+        **dependency,
         **ledger,
     )
     waits = f" (after job {after} succeeds)" if after else ""
@@ -256,7 +262,7 @@ def submit(
     return Submission(job.job_id, "slurm")
 
 
-def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> list[Submission]:
+def submit_array(items: Sequence[tuple[RootConfig, RunDir]], folder: Path) -> list[Submission]:
     """One `sbatch --array` for every sweep point (they must share their Slurm flags).
 
     The points' configs and the array's map are made durable together before sbatch, their
@@ -296,7 +302,7 @@ def submit_array(items: Sequence[tuple[DictConfig, RunDir]], folder: Path) -> li
         jobs = [ex.submit(_no_task) for _ in items]
     in_parallel(
         lambda done: done[1].record(
-            "submitted",
+            Kind.submitted,
             job_id=done[0].job_id,
             executor="slurm",
             fingerprint=done[1].path.name,

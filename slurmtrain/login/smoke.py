@@ -14,7 +14,8 @@ from typing import Optional, TypedDict
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import derived, ledger, rundir, validation
+from slurmtrain.common import derived, events, ledger, rundir, validation
+from slurmtrain.login.composed import typed
 from slurmtrain.login.prepare import Prepared, record
 from slurmtrain.planning import preflight
 
@@ -27,8 +28,8 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     """The smoke run's config, derived from the big run's resolved one."""
     small = cfg.copy()
     OmegaConf.set_readonly(small, False)
-    world_big = derived.world_size(cfg)
-    accum = derived.grad_accumulation(cfg, world_big)
+    typed_big, typed_small = typed(cfg), typed(small)
+    accum = derived.grad_accumulation(typed_big, derived.world_size(typed_big))
     small.name = f"{cfg.name}{SMOKE_SUFFIX}"
     small.smoke = False
     small.nodes = 1
@@ -42,12 +43,12 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     small.checkpoint.interval_minutes = 0.0
     # Same work per rank and step as the big run (same memory profile), on one node.
     small.train.global_batch_size = (
-        cfg.train.micro_batch_size * accum * derived.world_size(small, 1)
+        cfg.train.micro_batch_size * accum * derived.world_size(typed_small, 1)
     )
-    for cls in ledger.FAILURE_CLASSES:
+    for cls in events.FAILURE_CLASSES:
         if cls != ledger.PREEMPTED:  # a preempted smoke is requeued under the same job id
             small.faults[f"max_{cls}"] = 0
-    validation.validate_config(small, submitting=True)
+    validation.validate_config(typed_small, submitting=True)
     return small
 
 
@@ -64,14 +65,14 @@ def smoke_overrides(overrides: list[str], small: DictConfig) -> list[str]:
             f"checkpoint.interval_steps={SMOKE_SAVE_STEP}",
             f"train.global_batch_size={small.train.global_batch_size}",
         ]
-        + [f"ledger.max_{c}=0" for c in ledger.FAILURE_CLASSES if c != ledger.PREEMPTED]
+        + [f"ledger.max_{c}=0" for c in events.FAILURE_CLASSES if c != ledger.PREEMPTED]
     )
 
 
 def locate_smoke(small: DictConfig) -> tuple[rundir.RunDir, bool]:
     """(run directory, already passed). A smoke that did not finish is never resumed: its budgets
     are spent; a fresh replica runs instead."""
-    preflight.report(small, measured_tps=None).enforce(small)
+    preflight.report(typed(small), measured_tps=None).enforce(typed(small))
     run = rundir.locate(small)
     state = run.state()
     if state == rundir.FINISHED and not small.new_run:
@@ -91,17 +92,20 @@ def submit_chain(big: Prepared, overrides: list[str]) -> int:
     if passed:
         print(f"slurmtrain: smoke test of this config already passed: {smoke_run.path}")
         record(big, overrides)
-        slurm_submit.submit(big.cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None)
+        slurm_submit.submit(
+            big.typed_cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None
+        )
         return 0
     prepared = Prepared(small, smoke_run, resumed=False)
     record(prepared, smoke_overrides(overrides, small))
-    first = slurm_submit.submit(small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
+    typed_small = typed(small)
+    first = slurm_submit.submit(typed_small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
     second = slurm_submit.submit(
-        small, smoke_run, after=first.job_id, smoke_of=str(big.run.path), smoke_part=2
+        typed_small, smoke_run, after=first.job_id, smoke_of=str(big.run.path), smoke_part=2
     )
     record(big, overrides)
     slurm_submit.submit(
-        big.cfg,
+        big.typed_cfg,
         big.run,
         after=second.job_id,
         smoke_job_id=second.job_id,
@@ -124,16 +128,17 @@ SmokeHold = TypedDict(
 )
 
 
-def blocked(events: rundir.Rows) -> Optional[SmokeHold]:
-    """Why a big run that has not started waits or will never start, from its smoke run; None
-    when no smoke holds it (or it passed)."""
-    subs = [e for e in events if e["event"] == "submitted"]
+def blocked(big_rows: rundir.Rows) -> Optional[SmokeHold]:
+    """Why a big run (its ledger rows) that has not started waits or will never start, from its
+    smoke run; None when no smoke holds it (or it passed)."""
+    subs = [e for e in big_rows if e["event"] == "submitted"]
     if not subs or not subs[-1].get("smoke_run") or not subs[-1].get("smoke_job_id"):
         return None
     last = subs[-1]
-    if any(e["event"] == "started" and e["time"] >= last["time"] for e in events):
+    since = events.number(last, "time")
+    if any(e["event"] == "started" and events.number(e, "time") >= since for e in big_rows):
         return None
-    smoke = rundir.RunDir(Path(last["smoke_run"]))
+    smoke = rundir.RunDir(Path(str(last["smoke_run"])))
     rows = smoke.events()
     if any(e["event"] == "finished" for e in rows):
         return None
@@ -145,8 +150,8 @@ def blocked(events: rundir.Rows) -> Optional[SmokeHold]:
             "error": None,
             "smoke_run": str(smoke.path),
         }
-    error = ledger.last_error(rows) or (stops[-1].get("error") if stops else None)
-    cls = next((e.get("class") for e in reversed(stops) if e.get("class")), None)
+    error = ledger.last_error(rows) or (events.text(stops[-1], "error") if stops else None)
+    cls = next((events.text(e, "class") for e in reversed(stops) if e.get("class")), None)
     return {
         "state": "blocked: smoke failed",
         "class": f"smoke {cls}" if cls else "smoke",

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig
-
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
 
 PREFIX = "slurmtrain-env-"
 
@@ -65,17 +64,17 @@ def pack_key(prefix: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_dir(cfg: DictConfig) -> Path:
+def cache_dir(cfg: RootConfig) -> Path:
     """Where packs live: cluster.stage_env_cache, else <runs_root>/.env_packs (compute nodes read
     runs_root, so it is on a filesystem they see)."""
     return Path(cfg.cluster.stage_env_cache or Path(str(cfg.runs_root)) / ".env_packs").expanduser()
 
 
-def pack_path(cfg: DictConfig, key: str) -> Path:
+def pack_path(cfg: RootConfig, key: str) -> Path:
     return cache_dir(cfg) / (f"{key}.tar.zst" if shutil.which("zstd") else f"{key}.tar")
 
 
-def ensure_pack(cfg: DictConfig) -> Path:
+def ensure_pack(cfg: RootConfig) -> Path:
     """The pack of this environment, made now unless an identical one exists (login node)."""
     prefix = environment_prefix()
     path = pack_path(cfg, pack_key(prefix))
@@ -105,12 +104,12 @@ def ensure_pack(cfg: DictConfig) -> Path:
     return path
 
 
-def stem(cfg: DictConfig, key: str) -> str:
+def stem(cfg: RootConfig, key: str) -> str:
     """Each node's copy: this plus its node name (SLURMD_NODENAME)."""
     return f"{str(cfg.cluster.stage_env_dir).rstrip('/')}/{PREFIX}{key}-"
 
 
-def script_values(cfg: DictConfig, pack: bool = False) -> Optional[dict[str, str]]:
+def script_values(cfg: RootConfig, pack: bool = False) -> Optional[dict[str, str]]:
     """What the batch script's staging block needs (None: the option is off). `pack`: make the
     pack now (submission); a dry run only names it."""
     if not cfg.cluster.stage_env:
@@ -121,7 +120,7 @@ def script_values(cfg: DictConfig, pack: bool = False) -> Optional[dict[str, str
     return {"stem": stem(cfg, key), "archive": str(archive), "unpack": UNPACK}
 
 
-def python_command(cfg: DictConfig, shared: list[str]) -> list[str]:
+def python_command(cfg: RootConfig, shared: list[str]) -> list[str]:
     """The ranks' interpreter: this node's staged python, falling back to `shared`'s."""
     key = pack_key(environment_prefix())
     return ["/bin/sh", "-c", RUN, stem(cfg, key), *shared]

@@ -6,13 +6,12 @@ and waits, drawing a progress bar; the Slurm backend queues it and returns at on
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.login.submission import Submission
 
 
-def submit(cfg: DictConfig, run: RunDir) -> Submission:
+def submit(cfg: RootConfig, run: RunDir) -> Submission:
     # Start-up speed: each backend's imports (submitit, rich, jinja2) only for the one used.
     if cfg.cluster.kind == "local":
         from slurmtrain.login import local_submit
