@@ -65,7 +65,7 @@ def smoke_overrides(overrides: list[str], small: DictConfig) -> list[str]:
             f"checkpoint.interval_steps={SMOKE_SAVE_STEP}",
             f"train.global_batch_size={small.train.global_batch_size}",
         ]
-        + [f"ledger.max_{c}=0" for c in events.FAILURE_CLASSES if c != ledger.PREEMPTED]
+        + [f"faults.max_{c}=0" for c in events.FAILURE_CLASSES if c != ledger.PREEMPTED]
     )
 
 

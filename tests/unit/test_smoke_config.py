@@ -12,7 +12,7 @@ from slurmtrain.common.rundir import create, fingerprint, locate
 from slurmtrain.compute.faults.inject import Injector
 from slurmtrain.login import slurm_submit
 from slurmtrain.login.prepare import resolve
-from slurmtrain.login.smoke import blocked, smoke_config
+from slurmtrain.login.smoke import blocked, smoke_config, smoke_overrides
 
 schema.register()
 
@@ -42,6 +42,15 @@ def test_smoke_is_one_node_two_layers_twenty_steps_with_a_save_and_no_retries(tm
     assert small.model.hidden_size == big.model.hidden_size and small.data == big.data
     assert all(small.faults[f"max_{c}"] == 0 for c in ledger.FAILURE_CLASSES if c != "preempted")
     assert fingerprint(small) != fingerprint(big)
+
+
+def test_the_smoke_runs_recorded_overrides_compose_to_its_config(tmp_path):
+    """overrides.yaml of the smoke run is what a hand resubmission composes: every key exists."""
+    user = ["model=opt125m", "nodes=4", "train.max_steps=5000", "name=big", "smoke=true"]
+    small = smoke_config(_cfg(tmp_path, *user))
+    again = _cfg(tmp_path, *[o for o in smoke_overrides(user, small) if o != "smoke=true"])
+    assert (again.name, again.nodes, again.model.num_layers) == ("big-smoke", 1, 2)
+    assert all(again.faults[f"max_{c}"] == 0 for c in ledger.FAILURE_CLASSES if c != "preempted")
 
 
 def test_smoke_flag_does_not_change_the_fingerprint_and_needs_slurm(tmp_path):
