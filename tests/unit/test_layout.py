@@ -291,3 +291,27 @@ def test_config_yaml_is_omegaconf_text(tmp_path: Path) -> None:
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = resolve(compose("config", overrides=overrides))
     assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def _parameters(path: Path, qualname: str) -> list[str]:
+    """Parameter names of a function or method (`Class.method`) in a module, `self` left out."""
+    tree: ast.AST = ast.parse(path.read_text())
+    *owner, name = qualname.split(".")
+    for part in owner:
+        tree = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == part)
+    func = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    args = func.args
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    return [a.arg for a in every if a.arg != "self"]
+
+
+def test_components_are_built_from_their_config_section_and_the_rank_context() -> None:
+    """The training loop and the checkpoint manager take a few objects, not their settings one by
+    one: at most 6 parameters each, a config section and the RankContext among them."""
+    for path, qualname in (
+        (PACKAGE / "compute" / "loop.py", "train"),
+        (PACKAGE / "compute" / "checkpoint" / "manager.py", "Checkpointer.__init__"),
+    ):
+        names = _parameters(path, qualname)
+        assert len(names) <= 6, (qualname, names)
+        assert "cfg" in names and "ctx" in names, (qualname, names)
