@@ -48,14 +48,20 @@ def test_durable_kinds_are_the_fate_events() -> None:
     assert "attempt_ended" in events.DURABLE_KINDS and "startup" not in events.DURABLE_KINDS
 
 
-def test_every_written_kind_is_in_the_vocabulary() -> None:
-    """Every literal event name a writer passes to record(...) is a Kind."""
-    written: set[str] = set()
-    pattern = re.compile(r"\b(?:record|record_rank|record_any)\(\s*\"([a-z_]+)\"")
+def test_writers_name_every_event_from_the_vocabulary() -> None:
+    """No writer passes an event name as a string literal to record(...): each names a `Kind` (or
+    uses a constructor), so a misspelt event fails the type check instead of writing a stray row."""
+    literal = re.compile(r"\b(?:record|record_rank|record_any)\(\s*[\"']([a-z_]+)[\"']")
+    named = re.compile(r"\bKind\.([a-z_]+)")
+    found: dict[str, list[str]] = {}
+    used: set[str] = set()
     for path in (ROOT / "slurmtrain").rglob("*.py"):
-        written |= set(pattern.findall(path.read_text()))
-    assert written, "no record(...) call found"
-    assert written <= {k.value for k in events.Kind}, written - {k.value for k in events.Kind}
+        text = path.read_text()
+        if literal.findall(text):
+            found[str(path.relative_to(ROOT))] = literal.findall(text)
+        used |= set(named.findall(text))
+    assert not found, found
+    assert used and used <= {k.name for k in events.Kind}, used - {k.name for k in events.Kind}
 
 
 def test_a_constructed_row_is_written_as_before(tmp_path: Path) -> None:
