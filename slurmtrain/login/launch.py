@@ -15,11 +15,10 @@ from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from slurmtrain.common import provenance
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.secrets import redact_overrides
 from slurmtrain.common.windows import current_stop
-from slurmtrain.login import cluster_check, placement, smoke
+from slurmtrain.login import cluster_check, placement
 from slurmtrain.login.prepare import Prepared, check, record, resolve
 from slurmtrain.login.submit import submit
 
@@ -36,6 +35,8 @@ def warm_up(kind: str) -> Callable[[], None]:
     state, the installed packages and the platform (`uname -p`) for provenance, Slurm's partitions
     (cluster=slurm/auto). A sweep composes its points meanwhile. Returns the wait; a failure
     there is left to the flow to meet and report, where it would have happened anyway."""
+    from slurmtrain.common import provenance  # start-up: importlib.metadata; a dry run never asks
+
     cwd = os.getcwd()
     jobs: list[Callable[[], object]] = [
         lambda: (provenance.git_state(cwd), provenance.packages(), provenance.versions())
@@ -95,6 +96,8 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
             )
         return 0
     if single and todo[0][0].cfg.smoke:  # validate() allows it on Slurm only
+        from slurmtrain.login import smoke  # start-up: only smoke=true needs the chain
+
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
     for prepared, overrides in todo:

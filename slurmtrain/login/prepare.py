@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import pretrained, provenance, rundir, schema, secrets, validation
+from slurmtrain.common import pretrained, rundir, schema, secrets, validation
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.login import branch, flags
@@ -129,6 +129,8 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
     fsynced here; the caller makes every point's config durable together (durable.persist).
     Secrets: references in config.yaml, overrides.yaml and provenance; values in the 0600
     RUN_DIR/secrets.env the batch script sources (common/secrets.py)."""
+    from slurmtrain.common import provenance  # start-up: importlib.metadata; a dry run never asks
+
     overrides = secrets.redact_overrides(overrides)
     data = p.data if p.data is not None else secrets.referenced(p.cfg)
     if p.cfg.resume_from:  # the parent's step is pinned before the branch exists
