@@ -330,7 +330,7 @@ def conf_dir() -> str:
     return str(files(CONF_PACKAGE))
 
 
-_ENV_REFERENCE = re.compile(r"\$\{oc\.env:([^,}]+)\}")
+_ENV_REFERENCE = re.compile(r"\$\{oc\.env:([^,}]+)\}")  # as secrets.reference writes it
 
 
 def _unset_references_kept(node: object) -> object:

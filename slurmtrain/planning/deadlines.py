@@ -18,12 +18,12 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
 
+from slurmtrain.common.events import Row, number
 from slurmtrain.planning.shapes import param_count
 
 if TYPE_CHECKING:
     from slurmtrain.common.schema import FaultsConfig, RootConfig
 
-Row = Mapping[str, object]  # a ledger row (common/ledger.py)
 
 MB = 1_000_000
 # A collective's timeout exceeds the deadline of the phase it waits in by this margin, so the
@@ -89,11 +89,6 @@ def _moved(nbytes: Bytes, world: int, per_node: int) -> Moved:
     return Moved(b, b * per_node, b * world)
 
 
-def _number(row: Row, key: str) -> float:
-    value = row.get(key)
-    return float(value) if isinstance(value, (int, float)) else 0.0
-
-
 def _nodes(e: Row) -> int:
     nodes = e.get("nodes")
     return max(1, len(nodes) if isinstance(nodes, (list, tuple)) else 0)
@@ -109,9 +104,9 @@ def _rates(
     for e in events:
         if e.get("event") not in kinds or e.get("ok") is False:
             continue
-        seconds = _number(e, "total_seconds") or _number(e, "seconds")
-        rank = _number(e, "rank_bytes")
-        nbytes = _number(e, "bytes") or rank * int(_number(e, "world_size") or 1)
+        seconds = number(e, "total_seconds") or number(e, "seconds")
+        rank = number(e, "rank_bytes")
+        nbytes = number(e, "bytes") or rank * int(number(e, "world_size") or 1)
         if nbytes and seconds > 0:
             found.append((nbytes / seconds / _nodes(e), rank / seconds if rank else None))
     return found[-last:]
@@ -208,7 +203,7 @@ def _attempt_nodes(events: list[Row], world: int) -> int:
     """The nodes of this attempt: its `started` row (the newest of this world size); 1 when
     unknown, which overestimates a node's bytes (a longer deadline, never a false hang)."""
     for e in reversed(events):
-        if e.get("event") == "started" and int(_number(e, "world_size")) == world:
+        if e.get("event") == "started" and int(number(e, "world_size")) == world:
             return _nodes(e)
     return 1
 

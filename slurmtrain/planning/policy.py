@@ -19,10 +19,10 @@ from typing import Iterable, Optional
 
 from slurmtrain.common.derived import node_range, resolved_dtype, tasks_per_node
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import Row
 from slurmtrain.common.schema import ClusterKind, Container, RootConfig, VerifyMode
 from slurmtrain.common.slurm_text import PartitionInfo, format_time
 from slurmtrain.planning import ckpt_interval, deadlines, flops
-from slurmtrain.planning.deadlines import Row
 from slurmtrain.planning.eta import slurm_time_seconds
 
 AUTO = "auto"

@@ -15,10 +15,10 @@ from typing import Optional, Sequence, TypedDict
 from slurmtrain.common import ds_config
 from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dtype, tasks_per_node
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.planning import deadlines, eta, memory, policy
 from slurmtrain.planning.corpus_warning import corpus_warning
-from slurmtrain.planning.deadlines import Row
 
 
 @dataclass
