@@ -18,9 +18,9 @@ import time
 from typing import Optional
 
 from slurmtrain.common import ledger, slurm_cmd
-from slurmtrain.common.events import Kind
+from slurmtrain.common.events import Kind, Rows
 from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
-from slurmtrain.common.rundir import Rows, RunDir, runs_named
+from slurmtrain.common.rundir import RunDir, runs_named
 from slurmtrain.common.slurm_text import SlurmError
 from slurmtrain.login.slurm_submit import run_tag
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional
 
-from slurmtrain.common.events import Row
+from slurmtrain.common.events import Row, Rows
 from slurmtrain.common.jsonl import merge_jsonl, merge_rows, rank_keys, rank_tier_files, read_jsonl
 from slurmtrain.common.ledger import real_errors
-from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.planning.eta import format_duration
 
 # Display order; PRECEDENCE decides who owns a second claimed by two rules.

@@ -20,7 +20,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.common.events import Rows
+from slurmtrain.common.rundir import RunDir
 
 MergeKey = tuple[int, float, int, int]  # (attempt, timestamp, file index, line number)
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.lines import Line2D
 
-Rows = list[dict[str, object]]
+from slurmtrain.common.events import Rows
 
 PART_COLORS = {
     "productive": "#2ca02c",

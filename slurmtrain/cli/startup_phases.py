@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from slurmtrain.common.rundir import Rows
+from slurmtrain.common.events import Rows
 
 # The compute side's order (compute/startup.py PHASES); a phase not listed goes after them.
 ORDER = (

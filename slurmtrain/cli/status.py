@@ -19,11 +19,11 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from slurmtrain.cli.goodput import analyze
 from slurmtrain.common import ledger
-from slurmtrain.common.events import integer, number, strings, text
+from slurmtrain.common.events import Rows, integer, number, strings, text
 from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
 from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.liveness import StateUnknown
-from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.windows import current_stop, window
 from slurmtrain.login.branch import lineage_line
 from slurmtrain.login.smoke import blocked

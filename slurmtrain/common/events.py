@@ -191,7 +191,8 @@ LedgerRow = TypedDict(
 
 # Rows as callers hold them: the reader's dicts, or LedgerRow. Functions that filter rows keep
 # the caller's own row type.
-Row = Mapping[str, object]
+Row = Mapping[str, object]  # a ledger row as readers see it
+Rows = list[dict[str, object]]  # rows as the JSONL readers return them
 R = TypeVar("R", bound=Mapping[str, object])
 
 

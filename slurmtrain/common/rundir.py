@@ -27,7 +27,7 @@ from omegaconf._utils import get_omega_conf_dumper
 from slurmtrain.common import runlock
 from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.events import Event
+from slurmtrain.common.events import Event, Rows
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
     digest,
@@ -60,7 +60,6 @@ from slurmtrain.common.liveness import (  # noqa: F401  where callers have alway
 from slurmtrain.common.schema import NON_RESULT_KEYS, plain
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
-Rows = list[dict[str, object]]
 
 
 def result_view(

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from slurmtrain.common import events
-from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.common.events import Rows
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.compute import startup
 from slurmtrain.compute.distributed import Placement
 from slurmtrain.compute.faults.watchdog import Watchdog

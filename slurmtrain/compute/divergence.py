@@ -16,12 +16,14 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
+from slurmtrain.common.events import Row
 from slurmtrain.common.schema import FaultsConfig
 
 MIN_HISTORY = 10  # losses the spike test needs before it judges
-Rows = Sequence[Mapping[str, object]]  # the ledger's `rollback` rows, oldest first
+
+Rows = Sequence[Row]  # the ledger's `rollback` rows, oldest first
 
 
 def _int(value: object) -> int:

@@ -18,9 +18,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from slurmtrain.common import checkpoint_format, checkpoint_pins
 from slurmtrain.common.derived import node_range, tasks_per_node, world_size
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.events import Kind, integer
+from slurmtrain.common.events import Kind, Rows, integer
 from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
-from slurmtrain.common.rundir import Rows, RunDir, runs_named
+from slurmtrain.common.rundir import RunDir, runs_named
 from slurmtrain.common.schema import NON_RESULT_KEYS, RootConfig, load_run_config, plain
 from slurmtrain.login.composed import typed
 

@@ -25,9 +25,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from slurmtrain.common import ledger, secrets
 from slurmtrain.common.derived import tasks_per_node
-from slurmtrain.common.events import Kind, integer, strings
+from slurmtrain.common.events import Kind, Rows, integer, strings
 from slurmtrain.common.liveness import pid_start
-from slurmtrain.common.rundir import Rows, RunDir
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.login.submission import Submission, TrainTask
 

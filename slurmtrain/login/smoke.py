@@ -128,7 +128,7 @@ SmokeHold = TypedDict(
 )
 
 
-def blocked(big_rows: rundir.Rows) -> Optional[SmokeHold]:
+def blocked(big_rows: events.Rows) -> Optional[SmokeHold]:
     """Why a big run (its ledger rows) that has not started waits or will never start, from its
     smoke run; None when no smoke holds it (or it passed)."""
     subs = [e for e in big_rows if e["event"] == "submitted"]

@@ -31,9 +31,10 @@ from slurmtrain.common.checkpoint_format import (
     validate,
 )
 from slurmtrain.common.durable import write_synced
+from slurmtrain.common.events import Rows
 
 DISCARDED = "discarded"
-Rows = list[dict[str, object]]  # the ledger's run tier
+
 UNLOADABLE = "unloadable.json"  # inside step_N/: moved or pruned with it
 
 

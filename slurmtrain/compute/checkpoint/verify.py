@@ -96,14 +96,14 @@ def choose(
     world: int,
     watchdog: Watchdog,
     record: Record,
-    run_rows: Optional[select.Rows] = None,
+    run_rows: Optional[events.Rows] = None,
 ) -> tuple[select.Choice, Deadlines]:
     """Collective: this attempt's phase deadlines (rank 0 reads the ledger's measured rates) and
     the checkpoint to start from (select.choose on rank 0, the checksums on every rank).
     `run_rows`: rank 0's run tier when the caller has it (no rank's row is needed here)."""
     if rank == 0 and run_rows is None:  # (a stand-in `run` with events() alone still works)
         run_rows = getattr(run, "run_events", run.events)()
-    rows: select.Rows = run_rows if rank == 0 and run_rows is not None else []
+    rows: events.Rows = run_rows if rank == 0 and run_rows is not None else []
     limits = broadcast(from_config(cfg.faults, rows, world) if rank == 0 else None)
     assert limits is not None  # rank 0's
     record(events.Kind.deadlines, **limits.summary())

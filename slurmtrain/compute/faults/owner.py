@@ -19,12 +19,12 @@ from datetime import datetime
 from typing import Callable, Mapping, Optional
 
 from slurmtrain.common import events, ledger
+from slurmtrain.common.events import Row, Rows
 from slurmtrain.common.liveness import slurm_job_alive
 from slurmtrain.common.rundir import RunDir
 
 FREE, DUPLICATE, UNKNOWN = "free", "duplicate", "unknown"
 CANCELLED, LIFTED = "cancelled", "lifted"
-Row = dict[str, object]  # a ledger row
 
 
 def _seconds(value: object) -> float:
@@ -44,9 +44,7 @@ def under_slurm(env: Mapping[str, str] = os.environ) -> bool:
     return bool(env.get("SLURM_JOB_ID")) and "SUBMITIT_LOCAL_JOB_ID" not in env
 
 
-def check(
-    run: RunDir, mine: set[str], events: Optional[list[Row]] = None
-) -> tuple[str, Optional[Row]]:
+def check(run: RunDir, mine: set[str], events: Optional[Rows] = None) -> tuple[str, Optional[Row]]:
     """(FREE | DUPLICATE | UNKNOWN, the owner's ledger row). Call under run.locked().
     `events`: the run tier when the caller has read it (owners live there: `submitted`,
     `started`; no rank's row is read)."""
@@ -74,7 +72,7 @@ def submitted_by_user(event: Mapping[str, object]) -> bool:
 
 
 def cancelled_start(
-    events: list[Row], mine: set[str], submit_time: Callable[[], Optional[float]]
+    events: Rows, mine: set[str], submit_time: Callable[[], Optional[float]]
 ) -> Optional[str]:
     """Whether a `cli cancel` stands in the way of this start: None (it does not), CANCELLED (do
     not train), LIFTED (a hand job submitted after the cancel: a user submission, to record).
@@ -115,7 +113,7 @@ def submit_time(job_id: str) -> Optional[float]:
 def honour_cancel(
     run: RunDir,
     mine: set[str],
-    rows: list[Row],
+    rows: Rows,
     *,
     job_id: Optional[str],
     node: str,

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from slurmtrain.common import secrets
+from slurmtrain.common.events import Row, Rows
 from slurmtrain.common.schema import RootConfig
 
 RUN_TAG = "slurmtrain_run_id"  # MLflow: the tag that finds the run again
 MLFLOW_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics, 100 params
-Row = dict[str, object]  # a ledger row
 
 
 class Backend(Protocol):
@@ -38,7 +38,7 @@ class RunContext:
     run_id: str  # trackers.tracker_run_id
     fingerprint: str
     attempt: int
-    rows: list[Row]  # rank 0's run tier
+    rows: Rows  # rank 0's run tier
 
     def config(self) -> dict[str, object]:
         """The resolved config with every secret as a reference (what config.yaml holds)."""
@@ -84,7 +84,7 @@ def _flat(data: object, prefix: str = "") -> dict[str, str]:
     return {prefix.rstrip("."): json.dumps(data) if not isinstance(data, str) else data}
 
 
-def _outcome(kept: list[Row]) -> str:
+def _outcome(kept: Rows) -> str:
     """How the attempt ended, for the tracker's run status."""
     names = {row.get("event") for row in kept}
     if "finished" in names:
@@ -128,12 +128,12 @@ class WandbBackend:
         )
         self.run.summary.update({"attempt": ctx.attempt, "fingerprint": ctx.fingerprint})
 
-    def log(self, step: int, row: dict[str, float], events: list[Row]) -> None:
+    def log(self, step: int, row: dict[str, float], events: Rows) -> None:
         if events:
             self.run.summary.update({f"last/{e['event']}": e for e in events})
         self.run.log(row, step=step)
 
-    def close(self, step: int, kept: list[Row], events: list[Row]) -> None:
+    def close(self, step: int, kept: Rows, events: Rows) -> None:
         if events:
             self.run.summary.update({f"last/{e['event']}": e for e in events})
         # the attempt's events beside the run's files (uploaded by `wandb sync`)
@@ -187,7 +187,7 @@ class MlflowBackend:
         client.log_dict(self.run_id, ctx.plan(), f"plan/attempt_{n}.json")
         client.log_dict(self.run_id, ctx.provenance(), f"provenance/attempt_{n}.json")
 
-    def log(self, step: int, row: dict[str, float], events: list[Row]) -> None:
+    def log(self, step: int, row: dict[str, float], events: Rows) -> None:
         stamp = int(time.time() * 1000)
         metrics = [self.Metric(k, float(v), stamp, step) for k, v in row.items()]
         for i in range(0, len(metrics), MLFLOW_BATCH):
@@ -196,7 +196,7 @@ class MlflowBackend:
             if e.get("class"):  # the failure class of the newest failure, at a glance
                 self.client.set_tag(self.run_id, f"last_{e['event']}_class", str(e["class"]))
 
-    def close(self, step: int, kept: list[Row], events: list[Row]) -> None:
+    def close(self, step: int, kept: Rows, events: Rows) -> None:
         n = self.ctx.attempt
         text = "".join(json.dumps(e, default=str) + "\n" for e in kept)
         self.client.log_text(self.run_id, text, f"events/attempt_{n}.jsonl")

@@ -13,15 +13,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from slurmtrain.common import events, secrets
+from slurmtrain.common.events import Row, Rows
 from slurmtrain.common.schema import RootConfig
 
 if TYPE_CHECKING:
     from slurmtrain.compute.observe.tracker_backends import Backend
 
-Row = dict[str, object]  # a ledger row
+
 TRACKER_KINDS = ("wandb", "mlflow")  # besides TensorBoard (MetricsWriter's own)
 
 TAIL_BYTES = 1 << 20  # metrics.jsonl's tail read for the highest logged step: O(1), not O(steps)
@@ -102,7 +103,7 @@ class StepAxis:
         return True
 
 
-def event_row(row: Mapping[str, object]) -> Row:
+def event_row(row: Row) -> dict[str, object]:
     """A ledger row as a tracker keeps it: credentials redacted (errors may quote them)."""
     return {
         k: secrets.redact_text(v) if isinstance(v, str) else v
@@ -111,7 +112,7 @@ def event_row(row: Mapping[str, object]) -> Row:
     }
 
 
-def event_counts(rows: list[Row]) -> dict[str, float]:
+def event_counts(rows: Rows) -> dict[str, float]:
     """Counters for a metrics row: `event/<name>` and, for a row with a failure class,
     `failure_class/<class>` = how many (never a key below another: MLflow's file store makes
     each key a file, so `event/failed` and `event/failed/crash` cannot both exist)."""
@@ -149,7 +150,7 @@ class Trackers:
         self,
         tracker_backends: list[Backend],
         axis: StepAxis,
-        rows: list[Row],
+        rows: Rows,
         attempt: int,
         record: Optional[Callable[..., object]] = None,
     ) -> None:
@@ -163,9 +164,9 @@ class Trackers:
             or (r.get("attempt") == attempt and r.get("event") in TRACKED_EVENTS)
         ]
         self.seen = len(rows)
-        self.kept: list[Row] = []  # this attempt's events, saved with the tracker run
+        self.kept: Rows = []  # this attempt's events, saved with the tracker run
 
-    def _new_events(self) -> list[Row]:
+    def _new_events(self) -> Rows:
         fresh = [r for r in self.rows[self.seen :] if r.get("event") in TRACKED_EVENTS]
         self.seen = len(self.rows)
         out, self.pending = [*self.pending, *fresh], []
@@ -203,7 +204,7 @@ def open_trackers(
     run_path: Path,
     metrics: Path,
     attempt: int,
-    rows: list[Row],
+    rows: Rows,
     record: Optional[Callable[..., object]] = None,
 ) -> Optional[Trackers]:
     """Rank 0: the trackers `logger=` chose, each resuming the run's one tracker run (None:
