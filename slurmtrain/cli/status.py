@@ -28,9 +28,6 @@ from slurmtrain.common.windows import current_stop, window
 from slurmtrain.login.branch import lineage_line
 from slurmtrain.login.smoke import blocked
 
-# Events that end an attempt without finishing the run: what status shows as the reason.
-STOP_EVENTS = ("failed", "stopped", "signal", "requeued", "node_lost")
-
 
 class SpareNodes(TypedDict):
     held: int

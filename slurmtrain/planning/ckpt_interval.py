@@ -82,15 +82,6 @@ def measured_save_seconds(
     return max(secs) if worst else statistics.median(secs)
 
 
-def daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
-    """Daly's higher-order optimum (close to the exact one when the save is not small against MTBF)."""
-    tau0 = young_daly_interval(save_seconds, mtbf_seconds)
-    d, m = float(save_seconds), float(mtbf_seconds)
-    if d >= 2 * m:
-        return m
-    return tau0 * (1 + math.sqrt(d / (2 * m)) / 3 + d / (18 * m)) - d
-
-
 @dataclass(frozen=True)
 class Outcome:
     """Where the wall time went for one checkpoint interval (seconds; failures as a count)."""

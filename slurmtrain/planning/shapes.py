@@ -26,7 +26,6 @@ from slurmtrain.common.schema import conf_dir
 
 # Families counted by arithmetic below, with their attention biases (q, k, v); the rest is measured.
 LLAMA_LIKE = {"llama": False, "mistral": False, "qwen2": True}
-ARITHMETIC_FAMILIES = ("opt", *LLAMA_LIKE)
 
 
 class ModelShape(Protocol):

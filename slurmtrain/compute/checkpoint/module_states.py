@@ -48,10 +48,6 @@ def strip(state: object, path: str) -> object:
     return {**state, "module": kept, OMITTED: sorted(set(module) - set(kept))}
 
 
-def holds_weights(state: Mapping[str, object]) -> bool:
-    return not state.get(OMITTED)
-
-
 def install() -> None:
     """Teach DeepSpeedEngine to load a stripped model-states file (once per process)."""
     from deepspeed.runtime.engine import DeepSpeedEngine
