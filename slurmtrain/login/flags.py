@@ -266,7 +266,7 @@ def python_command(cfg: RootConfig) -> list[str]:
         container.check_image(cfg)  # one line now, not a job that cannot start its Python
         return [container.IMAGE_PYTHON]
     # each node's own copy of the venv (login/stage_env.py)
-    if getattr(cfg.cluster, "stage_env", None):
+    if cfg.cluster.stage_env:
         return stage_env.python_command(cfg, [sys.executable])
     return [sys.executable]
 

@@ -129,7 +129,7 @@ def event_counts(rows: Rows) -> dict[str, float]:
 def _chosen(cfg: RootConfig, kind: str) -> bool:
     """Whether `logger=` chose `kind` (its section is set; a config.yaml from before `logger` has
     no such section)."""
-    return getattr(getattr(cfg, "logger", None), kind, None) is not None
+    return getattr(cfg.logger, kind) is not None
 
 
 def wanted(cfg: RootConfig) -> list[str]:
