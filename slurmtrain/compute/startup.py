@@ -148,7 +148,7 @@ def deepspeed_without_mlflow(cfg: RootConfig) -> Iterator[None]:
     """`import deepspeed` imports mlflow when it is installed (for its autotuner, never run here):
     most of a second per rank at every start. Unless this run logs to MLflow (logger=mlflow), the
     import inside is told mlflow is absent; afterwards mlflow imports normally again."""
-    if cfg.logger.mlflow is not None or "mlflow" in sys.modules:
+    if getattr(cfg.logger, "mlflow", None) is not None or "mlflow" in sys.modules:
         yield
         return
     sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
