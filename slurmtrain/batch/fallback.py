@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from slurmtrain.batch import next_job
-from slurmtrain.common import errors, events, ledger, windows
+from slurmtrain.common import errors, events, ledger, slurm_text, windows
 from slurmtrain.common.events import FailureClass, Row, Where
 from slurmtrain.common.rundir import RunDir
 
@@ -27,8 +27,7 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
     """The batch script's exit code after the supervisor raised `err` on step exit code `rc`."""
     run = RunDir(Path(run_dir).resolve())
     job_id = env.get("SLURM_JOB_ID", "")
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+    restart, relaunch = slurm_text.attempt_counters(env)
     error = f"{type(err).__name__}: {err}"
     print(f"slurmtrain: the supervisor failed: {error}; falling back", file=sys.stderr)
     where = Where(job_id=job_id, restart=restart, relaunch=relaunch)

@@ -135,7 +135,7 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
     decision already abandoned, or followed by a started step, is left alone."""
     run = RunDir(Path(run_dir).resolve())
     job_id = env.get("SLURM_JOB_ID", "")
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
+    restart, _ = slurm_text.attempt_counters(env)
     mine = [
         e
         for e in run.run_events()

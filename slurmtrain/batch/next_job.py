@@ -175,10 +175,9 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
     job_id = env.get("SLURM_JOB_ID", "")
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
     if not past_time_limit(job_id):
         return 0
-    relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+    restart, relaunch = slurm_text.attempt_counters(env)
     run_rows = run.run_events()  # only whether the attempt is closed: no rank's row is needed
     attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch)
     rows = ledger.attempt_rows(run_rows, job_id, restart, attempt, relaunch)

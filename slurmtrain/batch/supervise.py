@@ -62,8 +62,7 @@ def supervise(
     run = RunDir(Path(run_dir).resolve())
     cfg = load_run_config(str(run.config))
     job_id = env.get("SLURM_JOB_ID", "")
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+    restart, relaunch = slurm_text.attempt_counters(env)
     nodes = (
         slurm_text.expand_hostlist(env["SLURM_JOB_NODELIST"])
         if env.get("SLURM_JOB_NODELIST")
@@ -244,8 +243,7 @@ def _attempt_number(run_dir: str, env: dict[str, str]) -> Optional[int]:
     if "supervisor_raise" not in env.get("SLURMTRAIN_INJECT", ""):
         return None  # read the ledger only for the drill
     run_rows = RunDir(Path(run_dir).resolve()).run_events()
-    restart = int(env.get("SLURM_RESTART_COUNT") or 0)
-    relaunch = int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+    restart, relaunch = slurm_text.attempt_counters(env)
     return ledger.attempt_of(run_rows, env.get("SLURM_JOB_ID", ""), restart, relaunch)
 
 

@@ -229,6 +229,12 @@ def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
 _KV = re.compile(r"([A-Za-z][\w/:.]*)=(.*?)(?=\s+[A-Za-z][\w/:.]*=|\s*$)", re.S)
 
 
+def attempt_counters(env: Mapping[str, str]) -> tuple[int, int]:
+    """(Slurm's requeue count, our in-allocation relaunches) of this job step: with the job id, the
+    ledger's attempt key (the batch script exports SLURMTRAIN_RELAUNCH)."""
+    return int(env.get("SLURM_RESTART_COUNT") or 0), int(env.get("SLURMTRAIN_RELAUNCH") or 0)
+
+
 def parse_kv(record: str) -> dict[str, str]:
     """`A=1 B=x=y C=(null)` (scontrol's Key=Value records) -> dict; values may hold '='."""
     return {k: v.strip() for k, v in _KV.findall(record.strip())}

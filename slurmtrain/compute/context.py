@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 from slurmtrain.common import events
 from slurmtrain.common.events import Rows
 from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.slurm_text import attempt_counters
 from slurmtrain.compute import startup
 from slurmtrain.compute.distributed import Placement
 from slurmtrain.compute.faults.watchdog import Watchdog
@@ -28,12 +29,12 @@ class Record(Protocol):
 
 
 def restart_count() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    return attempt_counters(os.environ)[0]
 
 
 def relaunch_count() -> int:
     """In-allocation restarts before this one in the same job (the batch script counts them)."""
-    return int(os.environ.get("SLURMTRAIN_RELAUNCH") or 0)
+    return attempt_counters(os.environ)[1]
 
 
 class Attempt:
