@@ -166,7 +166,7 @@ class Trainer:
             self._mark("convert")
         state_bytes = planned_state_bytes(cfg, self.world)
         self.watchdog.phase(BUILD, limits.build_s(state_bytes))
-        self.memory = MemoryCheck(cfg, self.device, self.rank, self.world, self.attempt.record)
+        self.memory = MemoryCheck(cfg, self.ctx)
         self.memory.start()
         skip = resume_build.skips_init(cfg, self.found.path is not None, self.same_world)
         self.net = resume_build.build(cfg, self.ds_config, self.device, skip_init=skip)
@@ -303,16 +303,7 @@ class Trainer:
         pause = cfg.train.pause_at_step if self.start_step < cfg.train.pause_at_step else None
         f = cfg.faults
         try:
-            perf = Perf(
-                self.engine,
-                cfg,
-                self.world,
-                self.rank,
-                self.device,
-                ctx.node,
-                self.attempt.record,
-                self.run.path,
-            )
+            perf = Perf(self.engine, cfg, ctx, self.run.path)
             evaluator = Evaluator(self.data, cfg, ctx, self.deadlines.fixed(EVAL))
             hooks = loop.LoopHooks(
                 self.save,

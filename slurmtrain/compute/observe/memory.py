@@ -9,24 +9,25 @@ under-estimate is a job that dies of OOM on a bigger machine.
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from slurmtrain.common import events
 from slurmtrain.common.schema import RootConfig
 
-Record = Callable[..., object]  # the attempt's ledger write
+if TYPE_CHECKING:
+    from slurmtrain.compute.context import RankContext
+
 TOLERANCE = 0.25  # a measured peak above the plan by more than this gets a warning
 
 
 class MemoryCheck:
     """Start before the model is built; `after_step` on every rank; done at step `at`."""
 
-    def __init__(
-        self, cfg: RootConfig, device: torch.device, rank: int, world: int, record: Record
-    ) -> None:
-        self.cfg, self.device, self.rank, self.world, self.record = cfg, device, rank, world, record
+    def __init__(self, cfg: RootConfig, ctx: RankContext) -> None:
+        self.cfg, self.device, self.rank, self.world = cfg, ctx.device, ctx.rank, ctx.world
+        self.record = ctx.record  # the attempt's ledger write (rank 0 writes)
         self.at = int(cfg.train.memory_check_step)
         self.profiler: Optional[torch.profiler.profile] = None
         self.done = self.at <= 0

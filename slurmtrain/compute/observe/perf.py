@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,8 @@ from slurmtrain.planning import flops
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
+
+    from slurmtrain.compute.context import RankContext
 
 # DeepSpeed's timer names (deepspeed/utils/timer.py, runtime/zero/stage_1_and_2.py).
 FWD, BWD, BWD_REDUCE, STEP, ALLGATHER = "fwd", "bwd", "bwd_allreduce", "step", "optimizer_allgather"
@@ -144,17 +146,13 @@ class Perf:
         self,
         engine: DeepSpeedEngine,
         cfg: RootConfig,
-        world: int,
-        rank: int,
-        device: torch.device,
-        node: str,
-        record: Callable[..., object],
+        ctx: RankContext,
         run_path: Path,
     ) -> None:
-        self.engine, self.world, self.rank, self.device = engine, world, rank, device
-        self.record, self.run_path = record, run_path  # record: the ledger (writes on rank 0)
-        self.hosts: list[str] = [""] * world  # each rank's node, for straggler events
-        dist.all_gather_object(self.hosts, node)
+        self.engine, self.world, self.rank, self.device = engine, ctx.world, ctx.rank, ctx.device
+        self.record, self.run_path = ctx.record, run_path  # record: the ledger (writes on rank 0)
+        self.hosts: list[str] = [""] * self.world  # each rank's node, for straggler events
+        dist.all_gather_object(self.hosts, ctx.node)
         self.factor = float(cfg.train.straggler_factor)
         self.profile_step = int(cfg.train.flops_profile_step)
         assert cfg.train.global_batch_size is not None  # resolved before the job started
@@ -162,10 +160,12 @@ class Perf:
         self.tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         # Model FLOPs (no recompute): MFU must not reward activation checkpointing.
         self.flops_per_token = flops.flops_per_token(cfg.model, cfg.data.seq_len)
-        self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        self.device_name = (
+            torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None
+        )
         self.dtype, self.peak_tflops = resolved_dtype(cfg), cfg.peak_tflops
         self.timers = StepTimers(engine)
-        if not self.timers.enabled and rank == 0:
+        if not self.timers.enabled and self.rank == 0:
             print(
                 "slurmtrain: train.timers=false: no forward/backward/optimizer/comm split and no "
                 "straggler detection",
