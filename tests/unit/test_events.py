@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from slurmtrain.cli import report
-from slurmtrain.common import errors, events, jsonl, ledger, schema
+from slurmtrain.common import errors, event_fields, events, jsonl, ledger, schema
 from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 
@@ -44,8 +44,9 @@ def test_budgeted_classes_have_their_budget_key() -> None:
 
 
 def test_durable_kinds_are_the_fate_events() -> None:
-    assert jsonl.FATE_EVENTS == events.DURABLE_KINDS
-    assert "attempt_ended" in events.DURABLE_KINDS and "startup" not in events.DURABLE_KINDS
+    assert jsonl.FATE_EVENTS == event_fields.DURABLE_KINDS
+    assert "attempt_ended" in event_fields.DURABLE_KINDS
+    assert "startup" not in event_fields.DURABLE_KINDS
 
 
 def test_writers_name_every_event_from_the_vocabulary() -> None:
