@@ -1,7 +1,8 @@
-"""The ledger's vocabulary: every event kind a run writes, which are fsynced, and the failure classes.
+"""The ledger's vocabulary: every event kind a run writes, and the failure classes.
 
-A ledger row is one JSON object (`LedgerRow`). Writers build the class-bearing events with the
-constructors below (`attempt_ended`, `stopped`, `failed`, `relaunch_abandoned`) and hand them to
+A ledger row is one JSON object (`LedgerRow`); what each kind's row carries, and which kinds are
+fsynced, is common/event_fields.py. Writers build the class-bearing events with the constructors
+below (`attempt_ended`, `stopped`, `failed`, `relaunch_abandoned`, `requeued`) and hand them to
 `RunDir.record`; the class is written under the key "class", as it always was.
 """
 
@@ -58,31 +59,6 @@ class Kind(StrEnum):
     memory_checked = "memory_checked"
     flops_profile = "flops_profile"
     tracker_failed = "tracker_failed"
-
-
-# Events whose loss would change what the run does next: fsynced before record() returns.
-DURABLE_KINDS: frozenset[str] = frozenset(
-    {
-        Kind.submitted,
-        Kind.submit_intent,
-        Kind.submit_confirmed,
-        Kind.started,
-        Kind.attempt_ended,
-        Kind.stopped,
-        Kind.finished,
-        Kind.failed,
-        Kind.signal,
-        Kind.requeued,
-        Kind.rollback,
-        Kind.diverged,
-        Kind.checkpoint_saved,
-        Kind.checkpoint_unreadable,
-        Kind.duplicate_refused,
-        Kind.cancelled,
-        Kind.node_lost,
-        Kind.bad_node,
-    }
-)
 
 
 class FailureClass(StrEnum):

@@ -31,10 +31,10 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, TypeVar
 
-from slurmtrain.common import events
+from slurmtrain.common import event_fields
 from slurmtrain.common.durable import fsync_dir
 
-FATE_EVENTS = events.DURABLE_KINDS  # fsynced before record() returns
+FATE_EVENTS = event_fields.DURABLE_KINDS  # fsynced before record() returns
 
 _reported: set[tuple[str, int]] = set()
 _token = secrets.token_hex(3)
