@@ -115,7 +115,6 @@ class _Attempt:
     begin: float = math.inf
     end: float = -math.inf
     started: Optional[float] = None
-    start_step: Optional[int] = None
     loaded_step: Optional[int] = None
     events: list[_Event] = field(default_factory=list)
     steps: list[_Step] = field(default_factory=list)
@@ -129,7 +128,7 @@ class _Attempt:
     def resume_step(self) -> Optional[int]:
         """Steps above this were (re)computed here. An attempt that started without loading a
         checkpoint began at step 0; the first step logged bounds it when the ledger is incomplete."""
-        r = self.loaded_step if self.loaded_step is not None else self.start_step
+        r = self.loaded_step
         if r is None and self.started is not None:
             r = 0
         known = [s for s in (r, (self.steps[0].step - 1) if self.steps else None) if s is not None]
@@ -186,7 +185,7 @@ def analyze(ledger: Iterable[Row], metrics: Iterable[Row], now: Optional[float] 
         a.see(e.time)
         a.events.append(e)
         if e.kind == "started" and a.started is None:
-            a.started, a.start_step = e.time, _int(e.row.get("step"))
+            a.started = e.time
         if e.kind == "checkpoint_loaded":
             a.loaded_step = _int(e.row.get("step"))
     for m in steps:

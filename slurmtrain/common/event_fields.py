@@ -38,8 +38,6 @@ SPECS: dict[Kind, Spec] = {
         ("executor", "fingerprint", "after", "requeue_of", "by", "pid", "host", "pid_start")
         + ("smoke_run", "smoke_job_id", "smoke_of", "smoke_part", "smoke_job_ids"),
     ),
-    Kind.submit_intent: Spec(True, "no writer: a reserved name, fsynced should one come"),
-    Kind.submit_confirmed: Spec(True, "no writer: a reserved name, fsynced should one come"),
     Kind.branched: Spec(
         False,
         "login, a branch's first row: the parent run, the step it branched at, the keys changed",
@@ -150,7 +148,6 @@ SPECS: dict[Kind, Spec] = {
         ("step", "loss", "reason", "to_step", "path", "skipped_steps", "skipped_samples")
         + ("data_skip", "number", "seconds"),
     ),
-    Kind.diverged: Spec(True, "no writer: a divergence is `rollback`, or `stopped` of its class"),
     Kind.resume_applied: Spec(
         False,
         "attempt: train.resume=none|step_N applied (the rest moved aside); saves count from here",
@@ -189,7 +186,6 @@ SPECS: dict[Kind, Spec] = {
         "attempt: a checkpoint failed to load; marked, the one before is tried",
         ("step", "path", "error"),
     ),
-    Kind.checkpoint_unreadable: Spec(True, "no writer: the attempt is `stopped` of this class"),
     Kind.straggler: Spec(
         False,
         "attempt: a rank's compute time per step passed train.straggler_factor x the median",

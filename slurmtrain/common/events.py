@@ -1,6 +1,6 @@
 """The ledger's vocabulary: every event kind a run writes, and the failure classes.
 
-A ledger row is one JSON object (`LedgerRow`); what each kind's row carries, and which kinds are
+A ledger row is one JSON object; what each kind's row carries, and which kinds are
 fsynced, is common/event_fields.py. Writers build the class-bearing events with the constructors
 below (`attempt_ended`, `stopped`, `failed`, `relaunch_abandoned`, `requeued`) and hand them to
 `RunDir.record`; the class is written under the key "class", as it always was.
@@ -19,8 +19,6 @@ class Kind(StrEnum):
     """Every event a run's ledger holds (old run directories included)."""
 
     submitted = "submitted"
-    submit_intent = "submit_intent"
-    submit_confirmed = "submit_confirmed"
     branched = "branched"
     started = "started"
     attempt_ended = "attempt_ended"
@@ -45,7 +43,6 @@ class Kind(StrEnum):
     startup = "startup"
     deadlines = "deadlines"
     rollback = "rollback"
-    diverged = "diverged"
     resume_applied = "resume_applied"
     checkpoint_saved = "checkpoint_saved"
     checkpoint_failed = "checkpoint_failed"
@@ -54,7 +51,6 @@ class Kind(StrEnum):
     checkpoint_verified = "checkpoint_verified"
     checkpoint_converted = "checkpoint_converted"
     checkpoint_unloadable = "checkpoint_unloadable"
-    checkpoint_unreadable = "checkpoint_unreadable"
     straggler = "straggler"
     memory_checked = "memory_checked"
     flops_profile = "flops_profile"
@@ -134,39 +130,7 @@ def budget_key(cls: FailureClass) -> str:
     return f"max_{cls.value}"
 
 
-# A row as read or written: every key any event carries ("class" is a Python keyword, hence the
-# functional form). total=False: each kind fills its own subset.
-LedgerRow = TypedDict(
-    "LedgerRow",
-    {
-        "event": str,
-        "time": float,
-        "job_id": Optional[str],
-        "attempt": Optional[int],
-        "nodes": list[str],
-        "node": Optional[str],
-        "rank": int,
-        "restart": int,
-        "relaunch": Optional[int],
-        "class": str,
-        "error": str,
-        "step": Optional[int],
-        "exit_code": int,
-        "signal": str,
-        "hosts": list[str],
-        "reason": str,
-        "new_job_id": str,
-        "requeue_of": str,
-        "closed_by": object,
-        "to_step": int,
-        "kept_step": int,
-        "job_ids": list[str],
-    },
-    total=False,
-)
-
-# Rows as callers hold them: the reader's dicts, or LedgerRow. Functions that filter rows keep
-# the caller's own row type.
+# Rows as callers hold them. Functions that filter rows keep the caller's own row type.
 Row = Mapping[str, object]  # a ledger row as readers see it
 Rows = list[dict[str, object]]  # rows as the JSONL readers return them
 R = TypeVar("R", bound=Mapping[str, object])
