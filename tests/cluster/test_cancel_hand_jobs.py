@@ -5,6 +5,7 @@ a hand `sbatch job.sbatch` after the cancel is a user submission and trains."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -54,6 +55,12 @@ def _cancel(run) -> subprocess.CompletedProcess:
     return done
 
 
+def _cancelled(done: subprocess.CompletedProcess) -> set[str]:
+    """The job ids of "cancelled job(s) 5, 7 of RUN" (whole ids: "7" is not in "17" or a path)."""
+    found = re.search(r"cancelled job\(s\) ([\d, ]+) of ", done.stdout)
+    return set(found.group(1).replace(",", " ").split()) if found else set()
+
+
 def _after_cancel(run) -> list[dict]:
     rows = events(run)
     at = max(i for i, e in enumerate(rows) if e["event"] == "cancelled")
@@ -70,7 +77,7 @@ def test_cancel_finds_hand_submitted_jobs_pending_and_held(slurm_cluster, workdi
     try:
         done = _cancel(run)
         for job in (first, held, later):
-            assert job in done.stdout, done.stdout  # "cancelled job(s) ..."
+            assert job in _cancelled(done), done.stdout
             assert _state(job) == "", job  # gone from the queue, pending and held too
         [row] = [e for e in events(run) if e["event"] == "cancelled"]
         assert {held, later} <= {str(j) for j in row["job_ids"]}
@@ -86,7 +93,7 @@ def test_a_hand_job_the_cancel_missed_does_not_train_and_one_after_it_does(slurm
     jobs = [legacy]
     try:
         done = _cancel(run)
-        assert legacy not in done.stdout and _state(legacy) == "PENDING", done.stdout
+        assert legacy not in _cancelled(done) and _state(legacy) == "PENDING", done.stdout
         subprocess.run(["scontrol", "release", legacy], check=True, capture_output=True)
         wait_job_gone(legacy, timeout=600)  # it started, saw the cancel and left
         after = _after_cancel(run)
