@@ -20,6 +20,40 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from slurmtrain.common.ds_config import Section
+
+
+class Settings(TypedDict):
+    """What the bare loop trained with; bench/loop_overhead.py checks they are slurmtrain's."""
+
+    micro_batch: int
+    grad_accumulation: int
+    global_batch: int
+    seq_len: int
+    world: int
+    wall_clock_breakdown: bool
+    zero_stage: int
+
+
+class Result(TypedDict):
+    """Rank 0's JSON line (its readers json.loads it back into this shape)."""
+
+    tokens_per_s: float
+    seconds_timed: float
+    step_end_times: list[float]  # with UNTIL: time.time() after each step
+    intervals_s: list[float]  # CPU runs: seconds of each log interval of the timed steps
+    settings: Settings
+    peak_mem_bytes: NotRequired[int]  # GPU runs
+
+
+def zero_stage(config: Section) -> int:
+    """The ZeRO stage a DeepSpeed config dict (ds_config.build) asks for."""
+    zero = config["zero_optimization"]
+    assert isinstance(zero, dict) and isinstance(zero["stage"], int), zero
+    return zero["stage"]
 
 
 def main(run_dir: str, warmup: int, until: str = "") -> None:
@@ -58,6 +92,8 @@ def main(run_dir: str, warmup: int, until: str = "") -> None:
     loaded = data.load(cfg.data)  # the training windows and sampler slurmtrain trains on
     tokens, sampler = loaded.train, loaded.sampler
     micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
+    max_steps = cfg.train.max_steps
+    assert gbs is not None and max_steps is not None  # resolved before config.yaml was written
     accum = grad_accumulation(cfg, world)
     t_warm = 0.0
     # CPU: the time after every log_interval steps, as slurmtrain's metrics rows are stamped (GPU:
@@ -67,7 +103,7 @@ def main(run_dir: str, warmup: int, until: str = "") -> None:
     # exists; the loss all-reduce then also carries rank 0's "stop" so every rank stops at the
     # same step, and rank 0 stamps the wall time after every step.
     stamps: list[float] = []
-    total = 10**9 if until else cfg.train.max_steps
+    total = 10**9 if until else max_steps
     for step in range(total):
         if step == warmup:
             sync()
@@ -94,12 +130,11 @@ def main(run_dir: str, warmup: int, until: str = "") -> None:
     elapsed = time.perf_counter() - t_warm
     marks.append(time.perf_counter())
     if rank == 0:
-        steps = (len(stamps) if until else cfg.train.max_steps) - warmup
-        out = {
+        steps = (len(stamps) if until else max_steps) - warmup
+        out: Result = {
             "tokens_per_s": steps * gbs * seq / elapsed,
             "seconds_timed": elapsed,
-            "step_end_times": stamps,  # --concurrent: time.time() after each step
-            # seconds of each log interval of the timed steps (CPU runs)
+            "step_end_times": stamps,
             "intervals_s": [b - a for a, b in zip(marks, marks[1:])] if not gpu else [],
             "settings": {
                 "micro_batch": micro,
@@ -108,7 +143,7 @@ def main(run_dir: str, warmup: int, until: str = "") -> None:
                 "seq_len": seq,
                 "world": world,
                 "wall_clock_breakdown": bool(config.get("wall_clock_breakdown")),
-                "zero_stage": config["zero_optimization"]["stage"],
+                "zero_stage": zero_stage(config),
             },
         }
         if gpu:

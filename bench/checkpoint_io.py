@@ -33,9 +33,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurmtrain.common import events  # noqa: E402
+from slurmtrain.common.events import Row, Rows  # noqa: E402
+
 BATCH = ["train.global_batch_size=8", "train.micro_batch_size=4"]  # recipes use 0.5M tokens a step
 MODEL_ARGS = {
     "opt125m": ["data.seq_len=128"],
@@ -77,7 +82,7 @@ def dd_mb_s(directory: Path, megabytes: int, streams: int = 2, direct: bool = Fa
     return megabytes / seconds
 
 
-def _dd(target: Path, megabytes: int, direct: bool = False) -> subprocess.Popen:
+def _dd(target: Path, megabytes: int, direct: bool = False) -> subprocess.Popen[str]:
     # direct: around the page cache in 16 MiB blocks, as the writer's O_DIRECT path writes
     if direct:
         size = ["bs=16M", f"count={max(1, megabytes // 16)}", "oflag=direct"]
@@ -91,7 +96,7 @@ def _dd(target: Path, megabytes: int, direct: bool = False) -> subprocess.Popen:
     )
 
 
-def _check(proc: subprocess.Popen) -> None:
+def _check(proc: subprocess.Popen[str]) -> None:
     _, err = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"dd failed: {err.strip()}")
@@ -125,8 +130,7 @@ def train(workdir: Path, model: str, mode: str, steps: int, every: int) -> Path:
     return run.parent
 
 
-def _events(run: Path, kind: str) -> list[dict[str, Any]]:
-    sys.path.insert(0, str(ROOT))
+def _events(run: Path, kind: str) -> Rows:
     from slurmtrain.common.rundir import RunDir
 
     return RunDir(run).events(kind)
@@ -144,7 +148,6 @@ def evict(directory: Path) -> None:
 
 
 def newest(run: Path) -> Path:
-    sys.path.insert(0, str(ROOT))
     from slurmtrain.common import checkpoint_format
 
     found = checkpoint_format.find_resumable(run / "checkpoints", full=False)
@@ -152,17 +155,33 @@ def newest(run: Path) -> Path:
     return found.path
 
 
-def load_figures(run: Path) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
+class LoadFigures(TypedDict):
+    seconds: float
+    mb: float
+
+
+class SaveFigures(TypedDict):
+    """The saves of one run, from its `checkpoint_saved` rows (medians unless said)."""
+
+    saves: int
+    mb: float
+    blocked: float  # seconds the loop waited, with the next step's wait for the host copy
+    blocked_later: float  # the same without the first save (async: it allocates the host pool)
+    blocked_max: float
+    total: float  # seconds until published
+    parts: dict[str, float]  # the writer's phases (write_seconds)
+
+
+def load_figures(run: Path) -> LoadFigures:
     from slurmtrain.common.rundir import RunDir
 
-    loaded = max(RunDir(run).events("checkpoint_loaded"), key=lambda e: e["seconds"])
-    size = sum(p.stat().st_size for p in Path(loaded["path"]).rglob("*") if p.is_file())
-    return {"seconds": loaded["seconds"], "mb": size / 1e6}
+    loaded = max(RunDir(run).events("checkpoint_loaded"), key=lambda e: events.number(e, "seconds"))
+    path = Path(events.text(loaded, "path") or "")
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return {"seconds": events.number(loaded, "seconds"), "mb": size / 1e6}
 
 
 def universal_seconds(run: Path) -> float:
-    sys.path.insert(0, str(ROOT))
     from slurmtrain.common import checkpoint_format
     from slurmtrain.compute.checkpoint import reshape
 
@@ -171,20 +190,25 @@ def universal_seconds(run: Path) -> float:
     return reshape.convert(found.path, found.manifest).seconds
 
 
-def figures(run: Path) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
+def _part(save: Row, key: str) -> float:
+    """One phase of a save's writer (its `write_seconds`), 0 when absent."""
+    parts = save.get("write_seconds")
+    return events.number(parts, key) if isinstance(parts, dict) else 0.0
+
+
+def figures(run: Path) -> SaveFigures:
     from slurmtrain.common.rundir import RunDir
 
     saves = RunDir(run).events("checkpoint_saved")
-    mb = statistics.median(e["bytes"] for e in saves) / 1e6
+    mb = statistics.median(events.number(e, "bytes") for e in saves) / 1e6
     parts = {
-        k: round(statistics.median(e.get("write_seconds", {}).get(k, 0.0) for e in saves), 2)
+        k: round(statistics.median(_part(e, k) for e in saves), 2)
         for k in ("serialize", "write", "disk_wait", "hash", "fsync", "copy", "step_wait")
     }
     later = saves[1:] or saves  # the first async save allocates the host pool (page faults)
 
-    def stall(e: dict[str, Any]) -> float:  # + the next optimizer step's wait for the host copy
-        return e["seconds"] + e.get("write_seconds", {}).get("step_wait", 0.0)
+    def stall(e: Row) -> float:  # + the next optimizer step's wait for the host copy
+        return events.number(e, "seconds") + _part(e, "step_wait")
 
     return {
         "saves": len(saves),
@@ -192,7 +216,7 @@ def figures(run: Path) -> dict[str, Any]:
         "blocked": statistics.median(stall(e) for e in saves),
         "blocked_later": statistics.median(stall(e) for e in later),
         "blocked_max": max(stall(e) for e in saves),
-        "total": statistics.median(e["total_seconds"] for e in saves),
+        "total": statistics.median(events.number(e, "total_seconds") for e in saves),
         "parts": parts,
     }
 

@@ -37,7 +37,10 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fault_recipes import FAULTS, Trial  # noqa: E402
+from fault_recipes import FAULTS  # noqa: E402
+from fault_trial import Trial  # noqa: E402
+
+from slurmtrain.common import events  # noqa: E402  (fault_trial put the repository on the path)
 
 # --- figures from the ledger and metrics -----------------------------------------------------
 
@@ -46,8 +49,13 @@ def steps_lost(t: Trial) -> int:
     """Max over attempt boundaries of (last step attempt k trained) - (step attempt k+1 loaded)."""
     by_attempt: dict[int, int] = {}
     for r in t.metrics():
-        by_attempt[r["attempt"]] = max(by_attempt.get(r["attempt"], 0), r["step"])
-    loaded = {e["attempt"]: e["step"] for e in t.events("checkpoint_loaded")}
+        attempt, step = events.integer(r, "attempt"), events.integer(r, "step")
+        if attempt is not None and step is not None:
+            by_attempt[attempt] = max(by_attempt.get(attempt, 0), step)
+    loaded = {
+        events.integer(e, "attempt"): events.integer(e, "step") or 0
+        for e in t.events("checkpoint_loaded")
+    }
     attempts = sorted(by_attempt)
     lost = 0
     for prev, nxt in zip(attempts, attempts[1:]):
@@ -64,40 +72,49 @@ def duplicate_trainers(t: Trial) -> bool:
     (its own rows: metrics and what its ranks recorded, not what a closer wrote about it later),
     or one step logged twice within one attempt."""
     ev = t.events()
-    spans: dict[int, list[float]] = {}
+    spans: dict[int, list[float]] = {}  # attempt -> [started, its last own row]
+    jobs: dict[int, str] = {}  # attempt -> the job it started in
     for e in ev:
-        if e["event"] == "started":
-            spans[e["attempt"]] = [e["time"], e["time"]]
-    jobs = {e["attempt"]: str(e.get("job_id")) for e in ev if e["event"] == "started"}
+        attempt = events.integer(e, "attempt")
+        if e["event"] == "started" and attempt is not None:
+            spans[attempt] = [events.number(e, "time")] * 2
+            jobs[attempt] = str(e.get("job_id"))
     own = [
-        (e["attempt"], e["time"])
+        (attempt, events.number(e, "time"))
         for e in ev
-        if e["event"] in OWN_EVENTS and str(e.get("job_id")) == jobs.get(e.get("attempt"))
+        if (attempt := events.integer(e, "attempt")) is not None
+        and e["event"] in OWN_EVENTS
+        and str(e.get("job_id")) == jobs.get(attempt)
     ]
     rows = t.metrics()
-    for a, ts in own + [(r["attempt"], r["time"]) for r in rows]:
-        if a in spans:
+    for a, ts in own + [(events.integer(r, "attempt"), events.number(r, "time")) for r in rows]:
+        if a is not None and a in spans:
             spans[a][1] = max(spans[a][1], ts)
     ordered = [spans[a] for a in sorted(spans)]
     if any(prev[1] > nxt[0] for prev, nxt in zip(ordered, ordered[1:])):
         return True
     # An in-process rollback retrains the steps after the checkpoint it went back to, in the same
     # attempt: a step counts twice only within one stretch between rollbacks.
-    rollbacks = sorted(e["time"] for e in ev if e["event"] == "rollback")
-    seen: dict[tuple[int, int, int], int] = {}
+    rollbacks = sorted(events.number(e, "time") for e in ev if e["event"] == "rollback")
+    seen: dict[tuple[Optional[int], int, Optional[int]], int] = {}
     for r in rows:
-        key = (r["attempt"], sum(t <= r["time"] for t in rollbacks), r["step"])
+        at = events.number(r, "time")
+        key = (
+            events.integer(r, "attempt"),
+            sum(t <= at for t in rollbacks),
+            events.integer(r, "step"),
+        )
         seen[key] = seen.get(key, 0) + 1
     return any(n > 1 for n in seen.values())
 
 
 def corrupt_resumes(t: Trial) -> int:
-    saved = {e["step"] for e in t.events("checkpoint_saved")}
+    saved = {events.integer(e, "step") for e in t.events("checkpoint_saved")}
     bad = 0
     for e in t.events("checkpoint_loaded"):
         path = str(e.get("path", ""))
         name = Path(path).name.removesuffix("_universal")
-        if name.endswith(".tmp") or name in t.corrupted or e.get("step") not in saved:
+        if name.endswith(".tmp") or name in t.corrupted or events.integer(e, "step") not in saved:
             bad += 1
     return bad
 

@@ -1,7 +1,8 @@
 """The faults of bench/fault_matrix.py: how each one is produced on the real cluster.
 
-Each recipe submits a short opt_tiny run through `python -m slurmtrain` (a `Trial`), produces its
-fault the way tests/cluster does, and returns (expected end, expected class or event).
+Each recipe submits a short opt_tiny run through `python -m slurmtrain` (a `Trial`,
+bench/fault_trial.py), produces its fault the way tests/cluster does, and returns (expected end,
+expected class or event).
 """
 
 from __future__ import annotations
@@ -11,144 +12,22 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slurmtrain.common.rundir import RunDir, read_jsonl  # noqa: E402
-
-HARNESS = ROOT / "tools" / "slurm_cluster.py"
-STATE_DIR = Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster"))
-SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-BASE = [
-    "cluster=slurm",
-    "cluster.cpu_tasks_per_node=1",
-    "nodes=2",
-    "train.log_interval=1",
-    "train.max_steps=30",
-    "checkpoint.interval_steps=10",
-    "faults.health_check=true",
-]
-
-
-@dataclass
-class Trial:
-    """One run of one fault: where it trains and what the fault did to it."""
-
-    workdir: Path
-    name: str
-    run: Optional[Path] = None
-    corrupted: set[str] = field(default_factory=set)
-    cleanup: list[Callable[[], None]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    ended: Optional[str] = None  # set by a recipe whose end is no ledger event (cancelled, refused)
-
-    def submit(self, args: list[str], inject: str = "") -> Path:
-        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        env.pop("SLURMTRAIN_INJECT", None)
-        opt_in = []
-        if inject:  # a drill opts in on the command (faults.allow_inject), or is refused
-            env["SLURMTRAIN_INJECT"] = inject
-            opt_in = ["faults.allow_inject=true"]
-        done = subprocess.run(
-            [sys.executable, "-m", "slurmtrain", *BASE, f"name={self.name}", *args, *opt_in],
-            cwd=self.workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"submit failed: {done.stdout}{done.stderr}".strip()[-800:])
-        [self.run] = sorted(
-            p.parent for p in (self.workdir / "runs" / self.name).glob("*/config.yaml")
-        )
-        return self.run
-
-    def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
-        return RunDir(self.run).events(kind) if self.run else []
-
-    def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.run / "metrics.jsonl") if self.run else []
-
-    def wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if check():
-                return
-            time.sleep(1)
-        raise TimeoutError(f"{what} not within {timeout:.0f} s")
-
-    def wait_step(self, step: int, timeout: float = 300) -> None:
-        self.wait(
-            lambda: max((r["step"] for r in self.metrics()), default=0) >= step,
-            timeout,
-            f"step {step}",
-        )
-
-    def wait_event(self, kind: str, timeout: float = 400) -> dict[str, Any]:
-        self.wait(lambda: bool(self.events(kind)), timeout, f"event {kind}")
-        return self.events(kind)[-1]
-
-    def wait_end(self, timeout: float = 600, idle_s: float = 90) -> str:
-        """finished | stopped once the run's last job has left the queue; `stuck` when no job of
-        the run has been queued for `idle_s` and the ledger has no end (nobody will restart it)."""
-        if self.ended:
-            return self.ended
-        deadline, idle_since = time.time() + timeout, None
-        while time.time() < deadline:
-            if self.events("finished") or self.events("stopped"):
-                break
-            jobs = {str(e.get("job_id")) for e in self.events("submitted")}
-            jobs |= {str(e.get("new_job_id")) for e in self.events("requeued")}
-            if any(squeue_state(j) for j in jobs):
-                idle_since = None
-            elif idle_since is None:
-                idle_since = time.time()
-            elif time.time() - idle_since > idle_s:
-                return "stuck"
-            time.sleep(2)
-        else:
-            raise TimeoutError(f"no finished or stopped within {timeout:.0f} s")
-        for job in {str(e.get("job_id")) for e in self.events("submitted")}:
-            self.wait(lambda j=job: not squeue_state(j), 120, f"job {job} to leave the queue")
-        return "finished" if self.events("finished") else "stopped"
-
-    def paused_at_20(self, args: list[str] = ()) -> None:
-        self.submit([*args, "train.pause_at_step=20"])
-        self.wait_event("paused")
-        job = str(self.events("submitted")[-1]["job_id"])
-        self.wait(lambda: not squeue_state(job), 120, f"job {job} to end")
-
-    def flip(self, step: int) -> None:
-        shard = self.run / "checkpoints" / f"step_{step}" / SHARD
-        data = bytearray(shard.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        shard.write_bytes(bytes(data))
-        self.corrupted.add(shard.parent.name)
-
-
-def squeue_state(job: str) -> str:
-    return subprocess.run(
-        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True
-    ).stdout.strip()
-
-
-def sh(*args: str) -> str:
-    return subprocess.run(list(args), capture_output=True, text=True).stdout.strip()
-
-
-def harness(*args: str) -> None:
-    subprocess.run(
-        [sys.executable, str(HARNESS), *args, "--state-dir", str(STATE_DIR)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
+from fault_trial import (  # noqa: E402
+    BASE,
+    ROOT,
+    STATE_DIR,
+    Trial,
+    harness,
+    left_queue,
+    rank1,
+    sh,
+    squeue_state,
+)
 
 # --- the faults: each produces the fault on a trial and returns the run's expected end ---------
 
@@ -187,13 +66,13 @@ def preemption(t: Trial) -> tuple[str, str]:
 def node_failure(t: Trial) -> tuple[str, str]:
     t.submit(["train.max_steps=40"], inject="step_delay=0.5")
     t.wait_step(12)
-    started = t.events("started")[-1]
-    victim = started["hosts"][1]  # rank 1's node: the batch shell lives on rank 0's
+    victim, rank_pid = rank1(t.events("started")[-1])
     pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     try:
-        os.kill(started["pids"][1], signal.SIGKILL)
-    except (ProcessLookupError, IndexError, KeyError):
+        if rank_pid is not None:
+            os.kill(rank_pid, signal.SIGKILL)
+    except ProcessLookupError:
         pass
 
     def back() -> None:
@@ -226,8 +105,8 @@ def all_checkpoints_corrupt(t: Trial) -> tuple[str, str]:
 
 def run_dir_of(t: Trial, args: list[str]) -> Path:
     """Where `python -m slurmtrain` will train these args: from the config its dry run prints."""
-    import yaml
-    from omegaconf import OmegaConf
+    import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
+    from omegaconf import DictConfig, OmegaConf
 
     from slurmtrain.common.rundir import fingerprint
 
@@ -242,8 +121,11 @@ def run_dir_of(t: Trial, args: list[str]) -> Path:
     )
     text = dry.stdout.split("\nplan:")[0]
     lines = [ln for ln in text.splitlines() if not ln.startswith("slurmtrain:")]  # notes
-    cfg = OmegaConf.create(yaml.safe_load("\n".join(lines)))
-    return Path(cfg.runs_root) / cfg.name / fingerprint(cfg)
+    printed = yaml.safe_load("\n".join(lines))
+    if not isinstance(printed, dict):
+        raise RuntimeError(f"dry run printed no config: {dry.stdout[-800:]}{dry.stderr[-800:]}")
+    cfg: DictConfig = OmegaConf.create(printed)
+    return Path(str(cfg.runs_root), str(cfg.name), fingerprint(cfg))
 
 
 def disk_full_on_save(t: Trial) -> tuple[str, str]:
@@ -305,7 +187,7 @@ def world_size_change(t: Trial) -> tuple[str, str]:
 def duplicate_submission(t: Trial) -> tuple[str, str]:
     t.submit(["train.max_steps=40"], inject="step_delay=0.3")
     t.wait_step(5)
-    sh("sbatch", "--parsable", str(t.run / "job.sbatch"))
+    sh("sbatch", "--parsable", str(t.path / "job.sbatch"))
     return "finished", "duplicate_refused"
 
 
@@ -330,10 +212,10 @@ def hand_job_then_cancel(t: Trial) -> tuple[str, str]:
     t.submit(["train.max_steps=200"], inject="step_delay=0.5")
     t.wait_step(3)
     first = str(t.events("submitted")[-1]["job_id"])
-    hand = sh("sbatch", "--parsable", f"--dependency=afterany:{first}", str(t.run / "job.sbatch"))
+    hand = sh("sbatch", "--parsable", f"--dependency=afterany:{first}", str(t.path / "job.sbatch"))
     assert squeue_state(hand) == "PENDING", f"hand job {hand}: {squeue_state(hand)!r}"
     out = subprocess.run(
-        [sys.executable, "-m", "slurmtrain.cli", "cancel", str(t.run)],
+        [sys.executable, "-m", "slurmtrain.cli", "cancel", str(t.path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -385,7 +267,7 @@ def load_failure(t: Trial) -> tuple[str, str]:
     from slurmtrain.common.checkpoint_format import CHECKSUM, MANIFEST, _digest
 
     t.paused_at_20()
-    step = t.run / "checkpoints" / "step_20"
+    step = t.path / "checkpoints" / "step_20"
     states = step / "mp_rank_00_model_states.pt"
     torch.save({"not": "a DeepSpeed checkpoint"}, states)
     manifest = json.loads((step / MANIFEST).read_text())
@@ -404,11 +286,11 @@ def converter_signal(t: Trial) -> tuple[str, str]:
     batch = ["train.global_batch_size=8", "train.micro_batch_size=4"]
     t.paused_at_20(batch)
     t.submit([*batch, "nodes=1"])
-    source = str(t.run / "checkpoints" / "step_20")
+    source = str(t.path / "checkpoints" / "step_20")
     t.wait(lambda: source in sh("pgrep", "-af", "ds_to_universal"), 300, "the conversion")
     sh("scancel", "--signal=USR2", str(t.events("submitted")[-1]["job_id"]))
     if t.wait_end() == "finished":
-        bad = validate(t.run / "checkpoints" / "step_20_universal", full=True)
+        bad = validate(t.path / "checkpoints" / "step_20_universal", full=True)
         if bad is not None:
             raise RuntimeError(f"universal checkpoint corrupt: {bad}")
     return "finished", "checkpoint_converted"
@@ -429,7 +311,7 @@ def resubmit_after_stop(t: Trial) -> tuple[str, str]:
     # a new budget window opens and the run finishes
     t.submit(["train.max_steps=20"], inject="crash_at_step=7")
     job = str(t.wait_event("stopped", timeout=600)["job_id"])
-    t.wait(lambda: not squeue_state(job), 120, f"job {job} to end")
+    t.wait(left_queue(job), 120, f"job {job} to end")
     t.submit(["train.max_steps=20"])
     t.wait_event("finished", timeout=900)
     return "finished", "budget_window"
@@ -442,7 +324,7 @@ def held_successor(t: Trial) -> tuple[str, str]:
     t.wait(lambda: any(e.get("requeue_of") for e in t.events("submitted")), 600, "successor")
     time.sleep(8)
     env = dict(os.environ, PYTHONPATH=str(ROOT), SLURMTRAIN_HELD_OWNER_S="5")
-    status = [sys.executable, "-m", "slurmtrain.cli", "status", str(t.run)]
+    status = [sys.executable, "-m", "slurmtrain.cli", "status", str(t.path)]
     subprocess.run(status, env=env, capture_output=True, text=True, timeout=300)
     return "finished", "crash"
 

@@ -29,7 +29,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    from slurmtrain.common.events import Rows
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -89,21 +92,26 @@ def slurmtrain(args: list[str], work: Path, timeout: float = 420, pausing: bool 
     done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
     found = sorted(work.glob(f"{name}/*/config.yaml"), key=os.path.getmtime)
     run = found[-1].parent if found else None
-    if run is None or (done.returncode and not (pausing and events(run, "paused"))):
+    if run is None or (done.returncode and not (pausing and run_events(run, "paused"))):
         raise RuntimeError(f"{' '.join(args)}: exit {done.returncode}: {done.stderr[-2000:]}")
     return run
 
 
-def events(run: Path, kind: str) -> list[dict[str, Any]]:
+def run_events(run: Path, kind: str) -> Rows:
     from slurmtrain.common.rundir import RunDir
 
     return RunDir(run).events(kind)
 
 
 def losses(run: Path) -> dict[int, float]:
-    from slurmtrain.common.rundir import read_jsonl
+    from slurmtrain.common import events
+    from slurmtrain.common.jsonl import read_jsonl
 
-    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r}
+    return {
+        step: events.number(r, "loss")
+        for r in read_jsonl(run / "metrics.jsonl")
+        if "loss" in r and (step := events.integer(r, "step")) is not None
+    }
 
 
 def gemm(p: dict[str, Any], out: Out) -> None:
@@ -142,10 +150,16 @@ def run_args(p: dict[str, Any], model: str, micro: int, steps: int, name: str) -
 
 
 def rate(run: Path, first: int, last: int, micro: int, seq: int) -> dict[str, Any]:
-    from slurmtrain.common.rundir import read_jsonl
+    from slurmtrain.common import events
+    from slurmtrain.common.jsonl import read_jsonl
 
-    rows = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl") if "step" in r}
-    tps = (last - first) * micro * seq / (rows[last]["time"] - rows[first]["time"])
+    rows = {
+        step: r
+        for r in read_jsonl(run / "metrics.jsonl")
+        if (step := events.integer(r, "step")) is not None
+    }
+    seconds = events.number(rows[last], "time") - events.number(rows[first], "time")
+    tps = (last - first) * micro * seq / seconds
     return {
         "tokens_per_s": tps,
         "mfu": rows[last].get("mfu"),
@@ -208,13 +222,16 @@ def resume_and_io(p: dict[str, Any], out: Out, work: Path) -> None:
     whole = [losses(slurmtrain([*base, f"name=whole{i}"], work)) for i in (1, 2)]
     cut = [*base, "checkpoint.final_save=true", f"train.pause_at_step={n}", "name=cut"]
     run = slurmtrain(cut, work, pausing=True)
-    [saved] = events(run, "checkpoint_saved")[-1:] or [{}]
+    from slurmtrain.common import events
+
+    [saved] = run_events(run, "checkpoint_saved")[-1:] or [{}]
     drop_cache(run / "checkpoints")
     slurmtrain(cut, work)
-    [loaded] = events(run, "checkpoint_loaded")[-1:] or [{}]
-    save_gbs = (saved.get("bytes") or 0) / max(saved.get("seconds") or 1e-9, 1e-9) / 1e9
-    load_bytes = float(loaded.get("rank_bytes") or 0) * int(loaded.get("world_size") or 1)
-    load_gbs = load_bytes / max(float(loaded.get("seconds") or 1e-9), 1e-9) / 1e9
+    [loaded] = run_events(run, "checkpoint_loaded")[-1:] or [{}]
+    save_seconds = max(events.number(saved, "seconds"), 1e-9)
+    save_gbs = events.number(saved, "bytes") / save_seconds / 1e9
+    load_bytes = events.number(loaded, "rank_bytes") * (events.integer(loaded, "world_size") or 1)
+    load_gbs = load_bytes / max(events.number(loaded, "seconds"), 1e-9) / 1e9
     out.emit(
         "checkpoint_io",
         bytes=saved.get("bytes"),

@@ -50,7 +50,7 @@ def require_gpu() -> str:
             file=sys.stderr,
         )
         raise SystemExit(2)
-    return torch.cuda.get_device_name(0)
+    return str(torch.cuda.get_device_name(0))
 
 
 def _micro_batches(text: str) -> dict[str, int]:
@@ -124,7 +124,7 @@ def run_ours(
     except subprocess.TimeoutExpired as e:
         raise SystemExit(
             f"ours/{model}: did not finish within the time budget:\n"
-            f"{(e.stdout or '')[-3000:]}{(e.stderr or '')[-3000:]}"
+            f"{_captured(e.stdout)[-3000:]}{_captured(e.stderr)[-3000:]}"
         ) from e
     if done.returncode:
         raise SystemExit(
@@ -144,6 +144,13 @@ def run_ours(
         "logged_tflops_per_gpu": last.get("tflops_per_gpu"),
         "peak_mem_bytes": last.get("peak_mem_bytes_max"),
     }, run
+
+
+def _captured(output: bytes | str | None) -> str:
+    """What a timed-out child wrote: TimeoutExpired holds bytes even for a text=True run."""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
 
 
 def run_bare(run: Path, warmup: int, deadline: float, model: str) -> dict[str, Any]:

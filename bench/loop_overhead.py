@@ -29,7 +29,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
+
+from bare_deepspeed_loop import Result, Settings, zero_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,25 +76,40 @@ def ours(
             out.seek(0)
             raise SystemExit(f"slurmtrain failed ({proc.returncode}):\n{out.read()}")
     run = max(workdir.glob("demo/*/metrics.jsonl"), key=os.path.getmtime).parent
-    rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    stamped = _row_times(run)
     # metrics row k is written after step k; steps warmup+1..steps run between rows warmup and steps.
-    seconds = rows[steps]["time"] - rows[warmup]["time"]
+    seconds = stamped[steps] - stamped[warmup]
     cfg_tokens = _tokens_per_step(run)
-    marks = [rows[s]["time"] for s in range(warmup, steps + 1, log_interval)]
+    marks = [stamped[s] for s in range(warmup, steps + 1, log_interval)]
     intervals = [b - a for a, b in zip(marks, marks[1:])]
-    window = (rows[warmup]["time"], rows[steps]["time"])
+    window = (stamped[warmup], stamped[steps])
     return (steps - warmup) * cfg_tokens / seconds, intervals, run, login_share, window
 
 
+def _row_times(run: Path) -> dict[int, float]:
+    """When each metrics row was written (its `time`), by step."""
+    from slurmtrain.common import events
+    from slurmtrain.common.jsonl import read_jsonl
+
+    stamped = {}
+    for row in read_jsonl(run / "metrics.jsonl"):
+        step = events.integer(row, "step")
+        if step is not None:
+            stamped[step] = events.number(row, "time")
+    return stamped
+
+
 def _last_step(workdir: Path) -> int:
+    from slurmtrain.common import events
+
     files = list(workdir.glob("demo/*/metrics.jsonl"))
     if not files:
         return 0
     lines = max(files, key=os.path.getmtime).read_text().splitlines()
-    return json.loads(lines[-1])["step"] if lines else 0
+    return (events.integer(json.loads(lines[-1]), "step") or 0) if lines else 0
 
 
-def _login_side_share(proc: subprocess.Popen, workdir: Path, warmup: int, steps: int) -> float:
+def _login_side_share(proc: subprocess.Popen[str], workdir: Path, warmup: int, steps: int) -> float:
     """CPU share (of one core) of the processes that are not ranks, between the timed rows: the
     login-side `python -m slurmtrain` (progress display) and submitit's local controller."""
     import psutil
@@ -121,18 +138,19 @@ def _login_side_share(proc: subprocess.Popen, workdir: Path, warmup: int, steps:
 
 
 def _tokens_per_step(run: Path) -> int:
-    import yaml
+    from slurmtrain.common.schema import load_run_config
 
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    return cfg["train"]["global_batch_size"] * cfg["data"]["seq_len"]
+    cfg = load_run_config(str(run / "config.yaml"))
+    assert cfg.train.global_batch_size is not None  # resolved before config.yaml was written
+    return cfg.train.global_batch_size * cfg.data.seq_len
 
 
-def bare(run: Path, warmup: int, port: int) -> tuple[float, list[float], dict]:
+def bare(run: Path, warmup: int, port: int) -> tuple[float, list[float], Settings]:
     result = finish_bare(start_bare(run, warmup, port))
     return result["tokens_per_s"], result["intervals_s"], result["settings"]
 
 
-def start_bare(run: Path, warmup: int, port: int, until: str = "") -> list[subprocess.Popen]:
+def start_bare(run: Path, warmup: int, port: int, until: str = "") -> list[subprocess.Popen[str]]:
     procs = []
     for rank in range(2):
         env = dict(
@@ -159,15 +177,17 @@ def start_bare(run: Path, warmup: int, port: int, until: str = "") -> list[subpr
     return procs
 
 
-def finish_bare(procs: list[subprocess.Popen]) -> dict:
+def finish_bare(procs: list[subprocess.Popen[str]]) -> Result:
     out = [p.communicate()[0] for p in procs]
     lines = [x for x in out[0].splitlines() if x.startswith("{")]
     if any(p.returncode for p in procs) or not lines:
         raise SystemExit(f"bare DeepSpeed loop failed ({[p.returncode for p in procs]})")
-    return json.loads(lines[-1])
+    return cast(Result, json.loads(lines[-1]))  # the line bare_deepspeed_loop.py printed
 
 
-def bare_in_window(stamps: list[float], window: tuple[float, float], warmup: int, tokens: int):
+def bare_in_window(
+    stamps: list[float], window: tuple[float, float], warmup: int, tokens: int
+) -> Optional[float]:
     """The bare loop's tokens/s over slurmtrain's timed window (steps counted by interpolating
     its per-step end times), or None when it was still warming up or had stopped by then."""
     import numpy as np
@@ -179,7 +199,7 @@ def bare_in_window(stamps: list[float], window: tuple[float, float], warmup: int
     return float(done[1] - done[0]) * tokens / (hi - lo)
 
 
-def same_settings(run: Path, bare_settings: dict) -> None:
+def same_settings(run: Path, bare_settings: Settings) -> None:
     """The bare loop trained with slurmtrain's micro batch, accumulation, batch and timers."""
     from slurmtrain.common import ds_config
     from slurmtrain.common.derived import grad_accumulation
@@ -188,14 +208,15 @@ def same_settings(run: Path, bare_settings: dict) -> None:
     cfg = load_run_config(str(run / "config.yaml"))
     world = bare_settings["world"]
     config = ds_config.build(cfg, world)
-    ours_settings = {
+    assert cfg.train.global_batch_size is not None  # resolved before config.yaml was written
+    ours_settings: Settings = {
         "micro_batch": cfg.train.micro_batch_size,
         "grad_accumulation": grad_accumulation(cfg, world),
         "global_batch": cfg.train.global_batch_size,
         "seq_len": cfg.data.seq_len,
         "world": world,
         "wall_clock_breakdown": bool(config.get("wall_clock_breakdown")),
-        "zero_stage": config["zero_optimization"]["stage"],
+        "zero_stage": zero_stage(config),
     }
     if ours_settings != bare_settings:
         raise SystemExit(f"unfair comparison: slurmtrain {ours_settings} vs bare {bare_settings}")
@@ -220,15 +241,17 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     if args.concurrent:
         return concurrent(args)
-    ratios, robust = [], []
-    run = None
+    ratios: list[float] = []
+    robust: list[float] = []
+    run: Optional[Path] = None
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
             # Odd rounds run slurmtrain first, even rounds the bare loop (which needs a run
             # directory's config: the first round's, the same every round).
-            first_ours = i % 2 == 0 or run is None
-            if not first_ours:
-                bare_tps, bare_iv, settings = bare(run, args.warmup, 29700 + i)
+            bare_on = run if i % 2 else None
+            first_ours = bare_on is None
+            if bare_on is not None:
+                bare_tps, bare_iv, settings = bare(bare_on, args.warmup, 29700 + i)
             ours_tps, ours_iv, run, login_share, _ = ours(
                 Path(tmp), args.steps, args.warmup, args.log_interval, args.eval_interval
             )
@@ -253,7 +276,7 @@ def main() -> None:
     _summary(args, ratios, settings, "interleaved")
 
 
-def _summary(args: argparse.Namespace, ratios: list[float], settings: dict, how: str) -> None:
+def _summary(args: argparse.Namespace, ratios: list[float], settings: Settings, how: str) -> None:
     print(
         f"median ratio slurmtrain / bare DeepSpeed: {statistics.median(ratios):.3f} "
         f"({len(ratios)} of {args.rounds} rounds {how}, {args.steps} steps, {args.warmup} "
@@ -274,14 +297,17 @@ def concurrent(args: argparse.Namespace) -> None:
     first, so it is further into training during the window: give slurmtrain a longer warm-up
     (`--steps 300 --warmup 100`)."""
     ratios: list[float] = []
-    settings: dict = {}
+    settings: Optional[Settings] = None
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
             stop = Path(tmp) / f"stop{i}"
-            started: list[list[subprocess.Popen]] = []
+            started: list[list[subprocess.Popen[str]]] = []
 
             def launch(
-                run: Path, port: int = 29750 + i, box: list = started, until: str = str(stop)
+                run: Path,
+                port: int = 29750 + i,
+                box: list[list[subprocess.Popen[str]]] = started,
+                until: str = str(stop),
             ) -> None:
                 box.append(start_bare(run, args.warmup, port, until))
 
@@ -314,7 +340,7 @@ def concurrent(args: argparse.Namespace) -> None:
                 f"controller {100 * login_share:.1f}% of a core",
                 flush=True,
             )
-    if ratios:
+    if ratios and settings is not None:
         _summary(args, ratios, settings, "concurrent")
 
 

@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_recipes import STATE_DIR, Trial, harness, sh  # noqa: E402
+from fault_trial import STATE_DIR, Trial, harness, rank1, sh  # noqa: E402
+
+from slurmtrain.common import events  # noqa: E402  (fault_trial put the repository on the path)
+from slurmtrain.common.events import Rows  # noqa: E402
 
 BLOCK_S = 90
 
@@ -58,13 +61,14 @@ def one(variant: str, workdir: Path, index: int) -> dict[str, Any]:
     t.submit(["train.max_steps=40", "checkpoint.interval_steps=5", *spare], "step_delay=0.5")
     t.wait_step(12)
     started = t.events("started")[-1]
-    victim = started["hosts"][1]
+    victim, rank_pid = rank1(started)
     pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
     try:
-        os.kill(started["pids"][1], signal.SIGKILL)
-    except (ProcessLookupError, IndexError, KeyError):
+        if rank_pid is not None:
+            os.kill(rank_pid, signal.SIGKILL)
+    except ProcessLookupError:
         pass
     busy = blocker(free_nodes())
     try:
@@ -74,22 +78,37 @@ def one(variant: str, workdir: Path, index: int) -> dict[str, Any]:
         sh("scontrol", "update", f"nodename={victim}", "state=resume")
         if busy:
             sh("scancel", busy)
-    ended = [e for e in t.events("attempt_ended") if e.get("attempt") == started["attempt"]]
-    first_next = [m for m in t.metrics() if m["attempt"] > started["attempt"]]
-    next_start = [e for e in t.events("started") if e["attempt"] > started["attempt"]]
-    loaded = [e for e in t.events("checkpoint_loaded") if e["attempt"] > started["attempt"]]
-    last_before = max(m["step"] for m in t.metrics() if m["attempt"] == started["attempt"])
+    failed = events.integer(started, "attempt")
+    assert failed is not None, started  # every `started` row names its attempt
+    ended = [e for e in t.events("attempt_ended") if e.get("attempt") == failed]
+    first_next = _later(t.metrics(), failed)
+    next_start = _later(t.events("started"), failed)
+    loaded = _later(t.events("checkpoint_loaded"), failed)
+    last_before = max(
+        events.integer(m, "step") or 0
+        for m in t.metrics()
+        if events.integer(m, "attempt") == failed
+    )
     jobs = sorted({str(e["job_id"]) for e in t.events("started")})
+
+    def since_kill(rows: Rows) -> float:
+        return events.number(rows[0], "time") - killed_at if rows else float("nan")
+
     return {
         "variant": variant,
         "end": end,
-        "detect_s": ended[0]["time"] - killed_at if ended else float("nan"),
-        "start_s": next_start[0]["time"] - killed_at if next_start else float("nan"),
-        "resume_s": first_next[0]["time"] - killed_at if first_next else float("nan"),
-        "lost": last_before - loaded[0]["step"] if loaded else None,
+        "detect_s": since_kill(ended),
+        "start_s": since_kill(next_start),
+        "resume_s": since_kill(first_next),
+        "lost": last_before - (events.integer(loaded[0], "step") or 0) if loaded else None,
         "jobs": jobs,
         "moved": bool(t.events("restarted_in_allocation")),
     }
+
+
+def _later(rows: Rows, attempt: int) -> Rows:
+    """The rows of attempts after `attempt`."""
+    return [r for r in rows if (events.integer(r, "attempt") or 0) > attempt]
 
 
 def main() -> None:

@@ -23,9 +23,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+PORT = 29733  # the ranks' rendezvous on this machine
 
 
 def main() -> None:
@@ -45,7 +50,7 @@ def main() -> None:
                     LOCAL_RANK=str(r),
                     WORLD_SIZE=str(args.ranks),
                     MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT="29733",
+                    MASTER_PORT=str(PORT),
                     DS_ACCELERATOR="cpu",
                     PYTHONWARNINGS="ignore",
                     OMP_NUM_THREADS=str(args.threads),
@@ -62,11 +67,15 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     from slurmtrain.common import ds_config, schema, validation
     from slurmtrain.common.derived import grad_accumulation
     from slurmtrain.compute import data, loop, model
+    from slurmtrain.compute.context import RankContext
+    from slurmtrain.compute.distributed import Placement
     from slurmtrain.compute.faults.signals import SignalFlags
+    from slurmtrain.compute.faults.watchdog import Watchdog
     from slurmtrain.compute.observe.metrics import MetricsWriter
     from slurmtrain.compute.observe.perf import Perf, StepTimers
 
@@ -75,22 +84,35 @@ def rank_main(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     schema.register()
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
-        base = compose(
+        composed = compose(
             "config",
             overrides=[
+                "cluster=local",  # resolved, as the launch flow hands the compute side
+                "gpus_per_node=0",
                 f"train.global_batch_size={4 * world}",
                 "train.max_steps=100000",
                 "checkpoint.interval_steps=0",
+                "checkpoint.final_save=false",
                 "train.straggler_factor=1000",
                 f"cluster.cpu_tasks_per_node={world}",
             ],
         )
+    # The compute side's config: the schema's dataclass, as schema.load_run_config hands the loop.
+    base = OmegaConf.to_object(composed)
+    assert isinstance(base, schema.RootConfig)
     validation.validate_config(base, submitting=False)
     tokens = data.load_tokens(base.data.kind, None, base.data.max_corpus_bytes)
     sampler = data.Sampler(len(tokens), base.data.seq_len, base.data.seed)
     tmp = Path(tempfile.mkdtemp(prefix="perf_overhead_"))
+    device = torch.device("cpu")
+    # Built from the launcher's ranks, not distributed.placement(): inside a Slurm job that would
+    # read the allocation's SLURM_PROCID instead.
+    where = Placement(rank, rank, world, "127.0.0.1", PORT, None, "localhost")
+    # Never started: the blocks have no deadlines to miss.
+    watchdog = Watchdog(3600.0, tmp / f"stacks_{rank}.txt", lambda why: None, 1)
+    ctx = RankContext(where, device, _no_ledger, watchdog)
 
-    def engine(timers: bool):
+    def engine(timers: bool) -> DeepSpeedEngine:
         cfg = copy.deepcopy(base)
         cfg.train.timers = timers
         ds = ds_config.build(cfg, world)
@@ -117,50 +139,27 @@ def rank_main(args: argparse.Namespace) -> None:
             dist.all_reduce(loss.detach().reshape(1))
             steps[timers] += 1
 
-    trackers: dict[tuple[bool, int], tuple] = {}
+    hooks: dict[tuple[bool, int], loop.LoopHooks] = {}
+    batches = loop.Batches(tokens, sampler, grad_accumulation(base, world))
 
     def ours(timers: bool, log_interval: int) -> None:
         cfg = copy.deepcopy(base)
         cfg.train.timers, cfg.train.log_interval = timers, log_interval
         cfg.train.max_steps = steps[timers] + args.block_steps
         key = (timers, log_interval)
-        if key not in trackers:
+        if key not in hooks:
             run = tmp / f"t{int(timers)}_l{log_interval}"
             run.mkdir()
             metrics = MetricsWriter(
                 run / "metrics.jsonl", rank == 0, 1, run / "tb", print_lines=False
             )
-            tracker = Perf(
-                engines[timers],
-                cfg,
-                world,
-                rank,
-                torch.device("cpu"),
-                "localhost",
-                lambda *a, **k: None,
-                run,
-            )
-            trackers[key] = (metrics, tracker)
-        metrics, tracker = trackers[key]
+            perf = Perf(engines[timers], cfg, ctx, run)
+            hooks[key] = loop.LoopHooks(lambda step, loss: None, SignalFlags(), metrics, perf)
         state = loop.LoopState(steps[timers], steps[timers], time.time())
-        loop.train(
-            engines[timers],
-            cfg,
-            tokens,
-            sampler,
-            state,
-            world,
-            rank,
-            torch.device("cpu"),
-            metrics,
-            SignalFlags(),
-            lambda step, loss: None,
-            tracker,
-            accum=grad_accumulation(cfg, world),
-        )
+        loop.train(engines[timers], cfg, batches, state, ctx, hooks[key])
         steps[timers] = state.step
 
-    variants = {
+    variants: dict[str, Callable[[], None]] = {
         "bare": lambda: bare(False),
         "bare+timers": lambda: bare(True),
         "loop timers=off log=10": lambda: ours(False, 10),
@@ -204,7 +203,11 @@ def rank_main(args: argparse.Namespace) -> None:
     _teardown(engines)
 
 
-def _teardown(engines: dict) -> None:
+def _no_ledger(event: str, **fields: object) -> None:
+    """The bench writes no ledger: Perf's straggler and FLOPs events go nowhere."""
+
+
+def _teardown(engines: dict[bool, DeepSpeedEngine]) -> None:
     import torch.distributed as dist
 
     for eng in engines.values():

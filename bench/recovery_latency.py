@@ -11,7 +11,7 @@ phases of the resumed attempt from its `startup` row (compute/startup.py).
 
 from __future__ import annotations
 
-import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,18 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def rows(path: Path) -> list[dict]:
-    return (
-        [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    )
-
-
-def measure(restart: str, workdir: Path) -> tuple[float, float, dict]:
+def measure(restart: str, workdir: Path) -> tuple[float, float, dict[str, float]]:
     sys.path.insert(0, str(ROOT))
+    from slurmtrain.common import events
+    from slurmtrain.common.jsonl import read_jsonl
     from slurmtrain.common.rundir import RunDir
 
     name = f"recovery-{restart}"
-    env = dict(__import__("os").environ, SLURMTRAIN_INJECT="step_delay=0.8")
+    env = dict(os.environ, SLURMTRAIN_INJECT="step_delay=0.8")
     subprocess.run(
         [
             sys.executable,
@@ -57,33 +53,37 @@ def measure(restart: str, workdir: Path) -> tuple[float, float, dict]:
     run = next((workdir / name).glob("*/config.yaml")).parent
     deadline = time.time() + 600
     while time.time() < deadline:
-        ledger, metrics = RunDir(run).events(), rows(run / "metrics.jsonl")
+        ledger, metrics = RunDir(run).events(), read_jsonl(run / "metrics.jsonl")
         # the ranks' row of the time-limit signal (a batch-shell row has no received_at)
         signal = next((e for e in ledger if e["event"] == "signal" and e.get("received_at")), None)
-        after = [m for m in metrics if signal and m["attempt"] == signal["attempt"] + 1]
+        if signal is None:
+            time.sleep(1)
+            continue
+        t0, resumed = events.number(signal, "received_at"), events.integer(signal, "attempt")
+        assert resumed is not None, signal  # the ranks' rows name their attempt
+        resumed += 1
+        after = [m for m in metrics if events.integer(m, "attempt") == resumed]
         started = [
-            e
-            for e in ledger
-            if signal and e["event"] == "started" and e["attempt"] == signal["attempt"] + 1
+            e for e in ledger if e["event"] == "started" and events.integer(e, "attempt") == resumed
         ]
         startup = [
-            e
-            for e in ledger
-            if signal and e["event"] == "startup" and e["attempt"] == signal["attempt"] + 1
+            e for e in ledger if e["event"] == "startup" and events.integer(e, "attempt") == resumed
         ]
         if after and started and startup:
             subprocess.run(["scancel", "-n", f"st-{name}"])
             # The way from the signal to the next process: save, supervisor, sbatch, Slurm, srun.
-            t0, began = signal["received_at"], startup[0]["process_started_at"]
-            between = [e for e in ledger if t0 <= e["time"] <= began and e is not signal]
-            phases = {
-                **{f"  +{e['event']}": e["time"] - t0 for e in between},
-                "USR2 -> process start": began - t0,
-                **startup[0]["phases"],
-            }
+            began = events.number(startup[0], "process_started_at")
+            between = [
+                e for e in ledger if t0 <= events.number(e, "time") <= began and e is not signal
+            ]
+            phases = {f"  +{e['event']}": events.number(e, "time") - t0 for e in between}
+            phases["USR2 -> process start"] = began - t0
+            laid_out = startup[0].get("phases")  # compute/startup.py: phase -> seconds
+            if isinstance(laid_out, dict):
+                phases.update({str(k): events.number(laid_out, k) for k in laid_out})
             return (
-                started[0]["time"] - signal["received_at"],
-                after[0]["time"] - signal["received_at"],
+                events.number(started[0], "time") - t0,
+                events.number(after[0], "time") - t0,
                 phases,
             )
         time.sleep(1)

@@ -105,7 +105,10 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians printed")
     args = parser.parse_args()
-    ours_s, theirs_s, ours_cpu, theirs_cpu = [], [], [], []
+    ours_s: list[float] = []
+    theirs_s: list[float] = []
+    ours_cpu: list[float] = []
+    theirs_cpu: list[float] = []
     for i in range(args.rounds):  # interleaved: a busy machine slows both alike
         sides = [("ours", ours), ("theirs", hydras)]
         for name, run in sides if i % 2 == 0 else sides[::-1]:  # who goes first alternates

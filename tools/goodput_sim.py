@@ -32,7 +32,7 @@ import statistics
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 try:
     from slurmtrain.planning import ckpt_interval
@@ -41,8 +41,11 @@ except ImportError:  # run from a checkout without `pip install -e .`
     from slurmtrain.planning import ckpt_interval
 
 
-def _positive(kind: type):
-    def parse(text: str):
+Number = TypeVar("Number", int, float)
+
+
+def _positive(kind: type[Number]) -> Callable[[str], Number]:
+    def parse(text: str) -> Number:
         try:
             value = kind(text)
         except ValueError:
@@ -152,7 +155,8 @@ def trial(m: SpareModel, draw: Draws) -> Tally:
     while t < m.wall:
         wait = min(draw.queue_wait(), m.wall - t)  # nothing held, nothing fails
         out.queued, t = out.queued + wait, t + wait
-        spares, pending, carry, back = m.spares, m.restart_out, 0.0, []
+        back: list[float] = []  # when each node in repair is back as a spare, soonest first
+        spares, pending, carry = m.spares, m.restart_out, 0.0
         while t < m.wall:  # one allocation
             fail = t + draw.gap((m.nodes + spares) * m.rate)
             end = min(fail, m.wall, back[0] if back else math.inf)
@@ -324,7 +328,10 @@ def table(args: argparse.Namespace) -> str:
             )
         )
     w = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w[0]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+
+    def fmt(r: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w[0]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))
+
     lines += [fmt(head), "-" * (sum(w) + 2 * (len(w) - 1)), *(fmt(r) for r in body)]
     return "\n".join(lines)
 
@@ -373,7 +380,10 @@ def spares_table(args: argparse.Namespace) -> str:
             f"{m.spare_node_s / 3600 * gpn:,.0f}", f"{m.spare_failures:.1f}",
         ))  # fmt: skip
     w = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+
+    def fmt(r: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w[i]) for i, c in enumerate(r))
+
     best = max(range(len(sims)), key=lambda i: sims[i][0].goodput)
     lines += [fmt(head), "-" * (sum(w) + 2 * (len(w) - 1)), *(fmt(r) for r in body), ""]
     lines.append(

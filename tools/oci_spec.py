@@ -20,20 +20,37 @@ from pathlib import Path
 HOST_NAMESPACES_SHARED = {"network", "uts", "ipc", "pid"}
 
 
-def adjust(spec: dict, extra: list[str]) -> dict:
+Json = dict[str, object]  # one JSON object of the spec
+
+
+def _object(parent: Json, key: str) -> Json:
+    """`parent[key]`, which runc's default spec always has as an object."""
+    value = parent[key]
+    assert isinstance(value, dict), f"{key}: not an object in the spec"
+    return value
+
+
+def _objects(parent: Json, key: str) -> list[Json]:
+    """`parent[key]`, which runc's default spec always has as a list of objects."""
+    value = parent[key]
+    assert isinstance(value, list) and all(isinstance(v, dict) for v in value), key
+    return value
+
+
+def adjust(spec: Json, extra: list[str]) -> Json:
     spec["root"] = {"path": "rootfs", "readonly": True}
-    proc = spec["process"]
+    proc = _object(spec, "process")
     proc["terminal"] = False
     proc["args"] = ["python3"]
     proc["cwd"] = "/"
     proc["env"] = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp"]
     proc.pop("rlimits", None)  # the task's own limits (Slurm propagates them); raising them fails
-    linux = spec["linux"]
+    linux = _object(spec, "linux")
     linux["namespaces"] = [
-        ns for ns in linux["namespaces"] if ns["type"] not in HOST_NAMESPACES_SHARED
+        ns for ns in _objects(linux, "namespaces") if ns["type"] not in HOST_NAMESPACES_SHARED
     ]
     spec.pop("hostname", None)
-    mounts = [m for m in spec["mounts"] if m["destination"] != "/dev/shm"]
+    mounts = [m for m in _objects(spec, "mounts") if m["destination"] != "/dev/shm"]
     mounts += [
         {"destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind"]},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
@@ -73,7 +90,9 @@ def main() -> None:
     p.add_argument("config", type=Path)
     p.add_argument("--mount", action="append", default=[], help="a directory to bind read-write")
     a = p.parse_args()
-    spec = adjust(json.loads(a.config.read_text()), a.mount)
+    loaded = json.loads(a.config.read_text())
+    assert isinstance(loaded, dict), f"{a.config}: not a runc spec"
+    spec = adjust(loaded, a.mount)
     a.config.write_text(json.dumps(spec, indent=2) + "\n")
 
 

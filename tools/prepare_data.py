@@ -25,7 +25,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -89,7 +89,7 @@ def _init(tokenizer: Optional[str]) -> None:
 def _encode(text: str) -> list[int]:
     if _TOK is None:
         return list(text.encode("utf-8"))
-    return _TOK(text, add_special_tokens=False)["input_ids"]
+    return cast(list[int], _TOK(text, add_special_tokens=False)["input_ids"])  # untyped library
 
 
 def tokenize_unit(job: tuple[int, str, int, int, str, int, str, str]) -> tuple[int, int, int, int]:

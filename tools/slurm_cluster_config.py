@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Mapping, Optional
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server"]
 BINARIES = [
@@ -40,10 +41,14 @@ GPUS_PER_NODE, GPU_NODE_CPUS, GPU_NODE_MEM_MB = 8, 16, 16000  # the gpu partitio
 BIG_NODES = 18  # partition big: the 16-node scale drill and its 2 spares
 
 
-def sh(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+def sh(
+    args: list[str],
+    check: bool = True,
+    capture_output: bool = True,
+    env: Optional[Mapping[str, str]] = None,
+) -> subprocess.CompletedProcess[str]:
     """Run an argument list (never a shell string), capturing text output."""
-    kw.setdefault("capture_output", True)
-    res = subprocess.run(args, text=True, **kw)
+    res = subprocess.run(args, text=True, capture_output=capture_output, env=env)
     if check and res.returncode != 0:
         sys.exit(
             f"slurm_cluster: {' '.join(args)} failed ({res.returncode}): "
@@ -52,7 +57,7 @@ def sh(args: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess
     return res
 
 
-def wait_for(what: str, ok, timeout: float, log: Path | None = None) -> None:
+def wait_for(what: str, ok: Callable[[], bool], timeout: float, log: Path | None = None) -> None:
     """Poll ok() until true; on timeout exit naming what and the log to read."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
