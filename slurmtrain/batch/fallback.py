@@ -38,7 +38,6 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
             error=error,
             traceback=traceback.format_exc()[-4000:],
             exit_code=rc,
-            durable=True,
         )
     except Exception as why:  # noqa: BLE001
         print(f"slurmtrain: cannot record supervisor_failed: {why}", file=sys.stderr)

@@ -107,13 +107,13 @@ SPECS: dict[Kind, Spec] = {
         ("class", "reason"),
     ),
     Kind.supervisor_failed: Spec(
-        False,
-        "batch fallback: the supervisor itself raised (its writer fsyncs it)",
+        True,
+        "batch fallback: the supervisor itself raised",
         ("error", "traceback", "exit_code"),
     ),
     Kind.budget_window: Spec(
-        False,
-        "a user's submission after a stop starts: budgets count again (its writer fsyncs it)",
+        True,
+        "a user's submission after a stop starts: budgets count again",
         ("window", "after_class", "after_error", "after_job_id"),
     ),
     Kind.cancelled: Spec(

@@ -89,5 +89,5 @@ def open_window(
     row = new_window(rows, job_id)
     if row is None:
         return None
-    rows.append(run.record(events.Kind.budget_window, durable=True, **row))
+    rows.append(run.record(events.Kind.budget_window, **row))
     return row
