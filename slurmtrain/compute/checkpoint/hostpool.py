@@ -1,4 +1,10 @@
-"""Host copies of a checkpoint's tensors for async saves (compute node), in reused buffers."""
+"""Host copies of a checkpoint's tensors for async saves (compute node), in reused buffers.
+
+Device-to-host copies are queued on the source device's current stream and complete through a CUDA
+event recorded there after them. Never `torch.cuda.synchronize()`: from a thread whose current device
+is another GPU (a new thread's is 0) it waits on the wrong device and returns before the copies land,
+and `torch.save` would then write the previous save's bytes (checksummed, so nothing notices).
+"""
 
 from __future__ import annotations
 
@@ -23,9 +29,9 @@ class HostPool:
         self.buffers: list[torch.UntypedStorage] = []
         self.used = 0
         self.storages: dict[tuple[str, int], torch.UntypedStorage] = {}
-        self.cuda = False
         self.lazy = False  # copy later, in `run` (from the writer's thread or the step hook)
-        self.tasks: list[tuple[torch.UntypedStorage, torch.UntypedStorage, bool]] = []
+        self.tasks: list[tuple[torch.UntypedStorage, torch.UntypedStorage, torch.device]] = []
+        self.queued: dict[torch.device, torch.cuda.Stream] = {}  # copies not yet waited for
         self.lock = threading.Lock()
 
     def begin(self, lazy: bool = False) -> None:
@@ -40,10 +46,19 @@ class HostPool:
         """Do the copies `tensor` deferred (lazy mode); whoever comes second waits for the first."""
         with self.lock:
             tasks, self.tasks = self.tasks, []
-            for host, source, gpu in tasks:
-                host.copy_(source, non_blocking=gpu)
-            if tasks:
-                self.sync()
+            for host, source, device in tasks:
+                self._copy(host, source, device)
+            self.sync()
+
+    def _copy(
+        self, host: torch.UntypedStorage, source: torch.UntypedStorage, device: torch.device
+    ) -> None:
+        if device.type != "cuda":
+            host.copy_(source)
+            return
+        with torch.cuda.device(device):  # the source's stream, whichever thread this is
+            host.copy_(source, non_blocking=True)
+            self.queued[device] = torch.cuda.current_stream(device)
 
     def _buffer(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
         i = self.used
@@ -64,13 +79,14 @@ class HostPool:
         key = (str(t.device), source.data_ptr())
         host = self.storages.get(key)
         if host is None:
-            gpu = t.device.type != "cpu"
-            self.cuda |= t.device.type == "cuda"
-            host = self._buffer(source.nbytes(), pinned=gpu and torch.cuda.is_available())
+            device = t.device
+            host = self._buffer(
+                source.nbytes(), pinned=device.type == "cuda" and torch.cuda.is_available()
+            )
             if self.lazy:
-                self.tasks.append((host, source, gpu))
+                self.tasks.append((host, source, device))
             else:
-                host.copy_(source, non_blocking=gpu)
+                self._copy(host, source, device)
             self.storages[key] = host
         out = torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
         if isinstance(t, torch.nn.Parameter):
@@ -99,5 +115,10 @@ class HostPool:
         return copy.deepcopy(obj)  # small objects (loss scaler, fragment maps, namespaces)
 
     def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        """Wait for the queued copies: an event after them on each source stream, not the device."""
+        queued, self.queued = self.queued, {}
+        for device, stream in queued.items():
+            with torch.cuda.device(device):
+                done = torch.cuda.Event()
+                done.record(stream)
+            done.synchronize()

@@ -86,6 +86,7 @@ class Checkpointer:
         save measured them. `hook`: called after each shard written (fault injection).
         `protect`: steps never pruned (rollback targets; the Trainer adds each new one)."""
         self.root, self.rank, self.world, self.verify = root, ctx.rank, ctx.world, cfg.verify
+        self.device = ctx.device  # the save thread's too: a new thread's current CUDA device is 0
         self.beats = Beats(ctx.watchdog, ctx.deadlines)
         self.save_bytes: Union[int, Moved] = planned_bytes
         self.loaded_bytes = 0
@@ -262,6 +263,10 @@ class Checkpointer:
     def _background(self, job: _Save) -> None:
         assert self.writer is not None  # async saves need slurmtrain's writer (attach)
         try:
+            if str(self.device).startswith("cuda"):
+                import torch
+
+                torch.cuda.set_device(self.device)  # else GPU 0 gets a context from every rank
             self.writer.flush()
             report = self.writer.report(self.rank)
         except Exception as err:  # noqa: BLE001  whatever happens, rank 0 must hear of it
