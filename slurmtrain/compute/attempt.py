@@ -44,7 +44,6 @@ def _quiet_environment(cpu: bool) -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if cpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 

@@ -32,8 +32,10 @@ DISTRIBUTION = "block:block"
 # CPU ranks train opt125m-sized models at most: anything bigger on a partition without GPUs is
 # a plan that fell to CPU by accident (cluster=auto on a default CPU partition), not a run.
 CPU_PLAN_MAX_PARAMS = 130_000_000
+# NCCL's error handling stays torch's (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: tear down the failed
+# communicator without aborting it, so a rank on an NCCL error exits instead of hanging in
+# ncclCommAbort until the heartbeat monitor kills it); cluster.env may still set it.
 NCCL_DEFAULTS = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed collective raises instead of hanging
     "NCCL_DEBUG": "WARN",
     "PYTHONUNBUFFERED": "1",
     "PYTHONWARNINGS": "ignore::FutureWarning",

@@ -44,3 +44,21 @@ def test_gpu_jobs_get_the_nccl_flight_recorder_and_expandable_segments():
     assert "PYTORCH_CUDA_ALLOC_CONF" not in cpu and cpu["DS_ACCELERATOR"] == "cpu"
     mine = flags.job_env(_cfg("gpus_per_node=8", "+cluster.env.PYTORCH_CUDA_ALLOC_CONF=x"))
     assert mine["PYTORCH_CUDA_ALLOC_CONF"] == "x"  # the user's cluster.env wins
+
+
+def test_nccl_error_handling_is_left_at_torchs_default_unless_the_user_sets_it(monkeypatch):
+    """torch's default (3) tears a failed communicator down without ncclCommAbort, where 1 could
+    hang there until the heartbeat monitor kills the rank."""
+    from slurmtrain.compute import attempt
+    from slurmtrain.login import slurm_submit
+
+    key = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    cfg = _cfg("gpus_per_node=8")
+    assert key not in flags.job_env(cfg)
+    script = slurm_submit.render_script(cfg, "/runs/r/abc", flags.sbatch_options(cfg, "r"), "b")
+    assert key not in script
+    monkeypatch.delenv(key, raising=False)
+    attempt._quiet_environment(cpu=False)
+    assert key not in attempt.os.environ
+    mine = _cfg("gpus_per_node=8", f"+cluster.env.{key}=1")
+    assert flags.job_env(mine)[key] == "1"  # the user's choice still reaches the ranks
