@@ -1,12 +1,17 @@
 """Secrets: config values that are never written in clear, and the redaction of what is recorded.
 
 Every `cluster.env` entry (the job's environment: API keys, tokens) and every key named like a
-credential (deepspeed.extra.comet.api_key) is recorded as a reference the job resolves from its
-environment: `cluster.env.NAME` as `${oc.env:NAME}`, any other key as
+credential (deepspeed.extra.comet.api_key) outside the sections that describe what is trained is
+recorded as a reference the job resolves from its environment: `cluster.env.NAME` as `${oc.env:NAME}`, any other key as
 `${oc.env:SLURMTRAIN_SECRET_<KEY PATH>}`. The values go to RUN_DIR/secrets.env only: mode 0600,
 written by the submitting user's own process on the shared filesystem, sourced by job.sbatch (srun
 hands the variables on to every rank). config.yaml, overrides.yaml, provenance/, job.sbatch and
 the dry-run output carry references or `<redacted>`, never a value.
+
+Model, data, optim and train keys are never secrets, whatever they are called (model.hf_extra's
+bos_token_id, pad_token_id; train.tokens): they are what is trained, recorded as values, typed
+as written and fingerprinted (two models that differ in a token id are two runs). The fingerprint
+is taken over config.yaml's text: a secret's reference (its name), never its value.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ SECRET_PREFIX = "SLURMTRAIN_SECRET_"
 # The job's list of the variables secrets.env set (names only): provenance redacts them all, also
 # those whose name or value does not look secret (cluster.env.WANDB_BASE_URL=https://u:pw@host).
 NAMES_VAR = "SLURMTRAIN_SECRET_NAMES"
+# Sections that are the experiment itself: none of their keys is a secret.
+NEVER_SECRET = ("model", "data", "optim", "train")
 
 # Environment variable names whose values are credentials (recorded environments, cluster.env).
 SECRET_ENV_NAME = re.compile(
@@ -58,9 +65,12 @@ def redact_text(text: str) -> str:
 
 
 def is_secret_key(path: str) -> bool:
-    """A config key whose value is a secret: any cluster.env entry, or a credential-named key."""
+    """A config key whose value is a secret: any cluster.env entry, or a credential-named key
+    outside NEVER_SECRET's sections."""
     if path.startswith(ENV_KEY + "."):
         return True
+    if re.split(r"[.\[]", path, maxsplit=1)[0] in NEVER_SECRET:
+        return False
     leaf = re.split(r"[.\[\]]", path.rstrip("]"))[-1]
     return bool(SECRET_KEY_NAME.search(leaf))
 

@@ -141,3 +141,33 @@ def test_array_script_sources_each_points_file_if_it_has_one(tmp_path):
     script = render_script(cfg, "", options, "x/%A_%a.batch.out", array_map=str(tmp_path / "m"))
     assert '[ ! -e "$RUN_DIR"/secrets.env ] || . "$RUN_DIR"/secrets.env || {' in script
     assert HEX40 not in script
+
+
+def test_model_keys_are_never_secrets_and_token_ids_are_fingerprinted(tmp_path):
+    """Issue 33: hf_extra's bos/eos/pad_token_id were taken for credentials (`${oc.env:...}` in
+    config.yaml, strings on the compute side, one fingerprint for two models)."""
+    import json
+
+    from slurmtrain.common import rundir, secrets
+
+    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128}
+    llama.update(num_hidden_layers=2, num_attention_heads=4, vocab_size=512)
+    prints, texts = set(), []
+    for bos in (1, 7):
+        folder = tmp_path / f"bos{bos}"
+        folder.mkdir()
+        body = {**llama, "bos_token_id": bos, "eos_token_id": 2, "pad_token_id": 0}
+        (folder / "config.json").write_text(json.dumps(body))
+        cfg = _cfg(tmp_path, "model=hf", f"model.config={folder}", "data.seq_len=64")
+        data = secrets.referenced(schema.plain(cfg))  # what config.yaml records (login/prepare.py)
+        assert secrets.values(cfg) == {}
+        prints.add(rundir.fingerprint(cfg, data))
+        texts.append(rundir.config_yaml(cfg, data))
+    assert len(prints) == 2
+    for text in texts:
+        assert "oc.env" not in text and "SLURMTRAIN_SECRET" not in text, text
+    assert "bos_token_id: 7" in texts[1] and "pad_token_id: 0" in texts[1]
+    assert secrets.redact_overrides(["model.hf_extra.pad_token_id=0"]) == [
+        "model.hf_extra.pad_token_id=0"
+    ]
+    assert secrets.is_secret_key("deepspeed.extra.comet.api_key")  # elsewhere: still a secret
