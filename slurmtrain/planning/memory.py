@@ -9,9 +9,9 @@ P params, N GPUs in all, 16-bit training (fp32 doubles every 2-byte term):
 - stage 2: 2P + 18P/N (zero2's); offload_optimizer moves the 16 fp32 bytes/param to the host.
 - stage 3: 18P/N + 4L, L the largest module's params (one gathered param and grad); the 18 includes
   the fp32 grad copy stage 3 materialises one sub_group at a time.
-Host memory per node = 1.5 (DeepSpeed's additional_buffer_factor) x max(the fp32 model every rank
-builds at init, the offloaded states); under zero.Init stage 3 builds layers on the GPU. Per node,
-not per job as DeepSpeed's zero2+offload estimate has it (the two agree on one node).
+Host memory per node: planning/host_memory.py (the model is built on the GPU in the training dtype,
+offloaded states, async saves' pinned copies, the ranks' processes). Per node, not per job as
+DeepSpeed's zero2+offload estimate has it (the two agree on one node).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Mapping, NamedTuple, Optional, TypedDict
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
 from slurmtrain.planning import zero3_params
+from slurmtrain.planning.activations import LOGIT_BYTES, activation_bytes  # noqa: F401
+from slurmtrain.planning.host_memory import HOST_FIX, HostPlan, host_plan, misfit
 from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's API)
     OPT_SIZES,
     ModelShape,
@@ -46,9 +48,6 @@ REDUCE_BUCKET = 500_000_000
 ALLREDUCE_BUCKET = 500_000_000  # engine MEMORY_OPT_ALLREDUCE_SIZE: stage-0 grad all-reduce
 CUDA_CONTEXT = int(1.5 * GiB)  # CUDA context + cuBLAS workspaces + NCCL channel buffers
 FRAGMENTATION = 0.05  # caching-allocator slack, as a share of everything PyTorch allocates
-CPU_BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor for host memory
-# Per logit element (b*s*vocab): 16-bit logits + fp32 log-softmax kept by the loss + its grad.
-LOGIT_BYTES = {2: 2 + 4 + 4, 4: 4 + 4 + 4}
 
 
 class Knobs(TypedDict):
@@ -128,7 +127,13 @@ class MemoryPlan:
     activations: int
     buffers: int  # communication buckets
     overhead: int  # CUDA context + fragmentation
-    cpu_per_node: int
+    cpu_per_node: int  # host memory of one node: host.total
+    host: HostPlan
+
+    @property
+    def host_pinned(self) -> int:
+        """Async saves' pinned host copies on one node."""
+        return int(self.host.pinned)
 
     @property
     def world_size(self) -> int:
@@ -151,41 +156,6 @@ class MemoryPlan:
 class Recommendation(NamedTuple):
     setting: Setting
     plan: MemoryPlan
-
-
-def activation_bytes(
-    model: ModelShape,
-    micro_batch: int,
-    seq_len: int,
-    dtype_bytes: int,
-    checkpointing: bool,
-    attention: str = "sdpa",
-) -> int:
-    """Activations kept for backward (Korthikanti et al. 2022, no tensor/sequence parallelism).
-
-    One layer keeps s*b*h*(34 + 5*a*s/h) bytes in 16-bit: 34 sbh of inputs/outputs of its
-    matmuls, norms and masks, 5 a s^2 b of attention scores. Fused attention (PyTorch SDPA's
-    flash/memory-efficient kernels, Hugging Face OPT's default) keeps no scores, so "sdpa" drops
-    the second term and "eager" keeps it. Checkpointing each layer keeps only its 16-bit input
-    (2 sbh) plus one layer's full activations during its recompute. fp32 doubles the 2-byte terms.
-    Logits and the loss's fp32 log-softmax (LOGIT_BYTES per element) come on top either way.
-    Gated (Llama-shaped) layers keep, per token in 16-bit: 2 norm inputs 4h, attention 2h + 2(a*d)
-    + 4 kv*d (input, q, k, v) + 2(a*d) (output), MLP 2h + 8f (input; gate, up, SiLU(gate), product)
-    and no dropout masks (shapes.gated_mlp).
-    """
-    s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
-    scores = 5 * a * s * s * b if attention == "eager" else 0
-    per_token = 34 * h  # bytes in 16-bit
-    if gated_mlp(model):
-        q, kv = attention_width(model), kv_heads(model) * head_dim(model)
-        per_token = 4 * h + (2 * h + 4 * q + 4 * kv) + (2 * h + 8 * model.ffn_dim)
-    per_layer = (per_token * s * b + scores) * dtype_bytes // 2
-    layers = (
-        model.num_layers * 2 * s * b * h * dtype_bytes // 2 + per_layer
-        if checkpointing
-        else model.num_layers * per_layer
-    )
-    return layers + s * b * model.vocab_size * LOGIT_BYTES[dtype_bytes]
 
 
 def _check(
@@ -231,13 +201,15 @@ def plan_memory(
     overlap_comm: bool = False,
     device: str = "cuda",
     zero3: Optional[Mapping[str, object]] = None,
+    pretrained: bool = False,
+    async_save: bool = False,
 ) -> MemoryPlan:
     """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
 
     `zero_init`: stage 3 builds the model under deepspeed.zero.Init, so no rank ever holds it
-    whole; without it (and always in stages 0-2) every rank first builds it in fp32 on the host.
-    Host memory under zero.Init is then the offloaded states, or (no offload) DeepSpeed's budget
-    of one fp32 largest layer per rank. `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
+    whole (without it every rank builds it whole). `pretrained`: each rank loads
+    model.pretrained_path on the host first; `async_save`: pinned host copies of each rank's saved
+    state (planning/host_memory.py). `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
     (ds_config.zero_section); `zero3`: that section's stage3_* keys (None: what ds_config gives
     this model). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
     """
@@ -252,7 +224,6 @@ def plan_memory(
     grads: float
     optim: float
     buffers: float
-    cpu: float
     host: float = 0  # offloaded bytes per GPU
     if stage == 0:
         params, grads, optim = d * p, (d + master) * p, (8 + master) * p
@@ -280,11 +251,18 @@ def plan_memory(
         buffers = d * (reduce_bucket + zero3_params.extra_gathered(model, zero3))
     acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention)
     allocated = params + grads + optim + acts + buffers
-    if stage == 3 and zero_init:  # layers are built on the GPU; no rank holds the whole model
-        cpu = host * gpus_per_node if offload_optimizer else 4 * big * gpus_per_node
-    else:  # every rank first builds the model in fp32 on the host
-        cpu = max(4 * p * gpus_per_node, host * gpus_per_node)
-    cpu *= CPU_BUFFER_FACTOR
+    node = host_plan(
+        params=p,
+        largest_layer=big,
+        stage=stage,
+        dtype_bytes=d,
+        world=n,
+        gpus_per_node=gpus_per_node,
+        offloaded_per_rank=host,
+        zero_init=zero_init,
+        pretrained=pretrained,
+        async_save=async_save,
+    )
     return MemoryPlan(
         model=model.name,
         setting=setting,
@@ -299,7 +277,8 @@ def plan_memory(
         activations=int(acts),
         buffers=int(buffers),
         overhead=int(CUDA_CONTEXT + FRAGMENTATION * allocated) if device == "cuda" else 0,
-        cpu_per_node=int(cpu),
+        cpu_per_node=node.total,
+        host=node,
     )
 
 
@@ -338,6 +317,8 @@ def recommend(
     reduce_bucket: int = REDUCE_BUCKET,
     overlap_comm: bool = False,
     zero3: Optional[Mapping[str, object]] = None,
+    pretrained: bool = False,
+    async_save: bool = False,
 ) -> Optional[Recommendation]:
     """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
 
@@ -357,6 +338,8 @@ def recommend(
             reduce_bucket=reduce_bucket,
             overlap_comm=overlap_comm,
             zero3=zero3,
+            pretrained=pretrained,
+            async_save=async_save,
             **s.knobs(),
         )
         if plan.fits(gpu_mem_bytes, cpu_mem_bytes_per_node):
@@ -365,20 +348,28 @@ def recommend(
 
 
 def summary(
-    plan: MemoryPlan, gpu_mem_bytes: int, recommendation: Optional[Recommendation] = None
+    plan: MemoryPlan,
+    gpu_mem_bytes: int,
+    recommendation: Optional[Recommendation] = None,
+    cpu_mem_bytes: Optional[int] = None,
+    gpu_key: str = "",
 ) -> str:
-    """One line: the plan against the GPU, and (when it does not fit) what would."""
+    """One line: the plan against the GPU (`gpu_key`: the key its size came from) and the host,
+    and (when it does not fit) what would."""
     s = plan.setting
     head = f"{plan.model} {s.label()} seq={plan.seq_len}: {plan.total / GiB:.1f} GiB/GPU"
-    if plan.total <= gpu_mem_bytes:
-        return f"{head} <= {gpu_mem_bytes / GiB:.1f} GiB (fits)"
-    head += f" > {gpu_mem_bytes / GiB:.1f} GiB"
+    limit = f"{gpu_mem_bytes / GiB:.1f} GiB" + (f" ({gpu_key})" if gpu_key else "")
+    host = misfit(plan.cpu_per_node, cpu_mem_bytes, plan.host.parts())
+    if plan.total <= gpu_mem_bytes and host is None:
+        return f"{head} <= {limit} (fits)"
+    head += f" > {limit}" if plan.total > gpu_mem_bytes else f" <= {limit}"
+    head += f"; {host}" if host else ""
     if recommendation is None:
-        return (
-            f"{head}; nothing fits on {plan.nodes}x{plan.gpus_per_node} GPUs: "
-            f"add nodes or shorten data.seq_len"
-        )
+        what = "add nodes or shorten data.seq_len" if not host else HOST_FIX
+        return f"{head}; nothing fits on {plan.nodes}x{plan.gpus_per_node} GPUs: {what}"
     fix = recommendation.setting.overrides(current=s)
+    if not fix:  # the same setting fits: only the host is short of this plan
+        return f"{head}; {HOST_FIX}"
     return f"{head}; fits with {fix} ({recommendation.plan.total / GiB:.1f} GiB)"
 
 

@@ -17,7 +17,7 @@ from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dt
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.planning import deadlines, eta, memory, policy
+from slurmtrain.planning import cards, deadlines, eta, memory, policy
 from slurmtrain.planning.corpus_warning import corpus_warning
 
 
@@ -67,6 +67,22 @@ def _buckets(cfg: RootConfig) -> Buckets:
     return buckets
 
 
+class HostKnobs(TypedDict):
+    """What decides a plan's host memory besides the ZeRO setting (planning/host_memory.py)."""
+
+    pretrained: bool
+    async_save: bool
+
+
+def _host(cfg: RootConfig) -> HostKnobs:
+    saving = cfg.checkpoint.async_save
+    on_gpus = cfg.gpus_per_node > 0
+    return {
+        "pretrained": bool(cfg.model.pretrained_path),
+        "async_save": on_gpus and (saving is True or saving == policy.AUTO),
+    }
+
+
 def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
     """Memory per rank of this run on `nodes` nodes: per GPU, or per CPU rank on CPUs."""
     return memory.plan_memory(
@@ -77,24 +93,27 @@ def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
         dtype=resolved_dtype(cfg),
         device="cuda" if cfg.gpus_per_node > 0 else "cpu",
         **_buckets(cfg),
+        **_host(cfg),
         **_setting(cfg).knobs(),
     )
 
 
 def memory_lines(cfg: RootConfig, nodes: int, out: PlanReport) -> None:
-    gpus, dtype = cfg.gpus_per_node, resolved_dtype(cfg)
-    seq, gpu_mem = cfg.data.seq_len, int(cfg.cluster.gpu_mem_gb * memory.GiB)
+    gpus, dtype, seq = cfg.gpus_per_node, resolved_dtype(cfg), cfg.data.seq_len
+    gpu = cards.card(cfg)
+    gpu_mem = gpu.mem_bytes
     cpu_mem = int(cfg.cluster.cpu_mem_gb * memory.GiB) if cfg.cluster.cpu_mem_gb else None
     mine = memory_plan(cfg, nodes)
     g = memory.GiB
     out.lines.append(
-        f"plan: memory/GPU {mine.total / g:.1f} GiB of {cfg.cluster.gpu_mem_gb:g} GiB = params "
-        f"{mine.params / g:.1f} + grads {mine.grads / g:.1f} + optimizer {mine.optimizer / g:.1f} "
-        f"+ activations {mine.activations / g:.1f} + buffers {(mine.buffers + mine.overhead) / g:.1f}"
-        f"; host/node {mine.cpu_per_node / g:.0f} GiB"
+        f"plan: memory/GPU {mine.total / g:.1f} GiB of {gpu.mem_gib:.1f} GiB ({gpu.mem_source}) "
+        f"= params {mine.params / g:.1f} + grads {mine.grads / g:.1f} + optimizer "
+        f"{mine.optimizer / g:.1f} + activations {mine.activations / g:.1f} + buffers "
+        f"{(mine.buffers + mine.overhead) / g:.1f}; host/node {mine.cpu_per_node / g:.0f} GiB "
+        f"({mine.host.parts()})"
     )
     if mine.fits(gpu_mem, cpu_mem):
-        out.lines.append(f"plan: fits ({mine.total / g:.1f} <= {cfg.cluster.gpu_mem_gb:g} GiB/GPU)")
+        out.lines.append(f"plan: fits ({mine.total / g:.1f} <= {gpu.mem_gib:.1f} GiB/GPU)")
         return
     best = memory.recommend(
         cfg.model,
@@ -106,8 +125,10 @@ def memory_lines(cfg: RootConfig, nodes: int, out: PlanReport) -> None:
         cpu_mem_bytes_per_node=cpu_mem,
         global_batch_size=cfg.train.global_batch_size,
         **_buckets(cfg),
+        **_host(cfg),
     )
-    out.misfit = f"plan does not fit: {memory.summary(mine, gpu_mem, best)}"
+    line = memory.summary(mine, gpu_mem, best, cpu_mem, gpu.mem_source)
+    out.misfit = f"plan does not fit: {line}"
     out.lines.append(out.misfit)
 
 
