@@ -35,6 +35,7 @@ from slurmtrain.common.fingerprint import (
     drop_defaults,
     legacy_fingerprints,
 )
+from slurmtrain.common.hf_config import RUN_COPY
 from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: metrics, bad nodes
     FATE_EVENTS,
     LEDGER_DIR,
@@ -356,6 +357,7 @@ def create(
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
         sub.mkdir(parents=True, exist_ok=True)
         _set_mode(sub, mode)
+    data = _model_config_copied(run, cfg, data, durable)
     text = config_yaml(cfg, data)
     if run.config.exists() and run.config.read_text() != text:
         # Same fingerprint, different non-result keys (nodes, cluster, name...): keep the history.
@@ -366,6 +368,25 @@ def create(
     replace_atomically(
         run.path / "overrides.yaml", yaml.safe_dump(list(overrides)), mode=0o640, durable=False
     )
+
+
+def _model_config_copied(
+    run: RunDir, cfg: DictConfig, data: Optional[dict[str, object]], durable: bool
+) -> Optional[dict[str, object]]:
+    """model=hf: the model's config.json copied into the run directory (hf_config.RUN_COPY, what
+    the compute side builds from: it never reads the user's folder) and `data` (what config.yaml
+    records) naming that copy, relative to the run directory (schema.load_run_config resolves it).
+    model.config is not fingerprinted: the contents are, through the model keys."""
+    if data is None:
+        data = plain(cfg)
+    model = data.get("model")
+    if not isinstance(model, dict) or not model.get("config"):
+        return data
+    source = Path(str(model["config"]))
+    copy_path = run.path / RUN_COPY
+    if source.resolve() != copy_path.resolve():
+        replace_atomically(copy_path, source.read_text(), mode=0o640, durable=durable)
+    return {**data, "model": {**model, "config": RUN_COPY}}
 
 
 def _set_mode(path: Path, mode: int) -> None:

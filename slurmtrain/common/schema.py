@@ -97,6 +97,8 @@ class ModelConfig:
     tie_embeddings: bool = True  # lm_head shares the token embedding (OPT always does)
     hf_extra: dict[str, Any] = field(default_factory=dict)  # passed through to transformers
     config: Optional[str] = None  # model=hf: a local config.json or its folder, read at login
+    # auto: SDPA where the family's class supports it, else eager; sdpa, eager, flash_attention_2
+    attn_implementation: str = "auto"
 
 
 @dataclass
@@ -268,7 +270,10 @@ class RootConfig:
     dry_run: bool = False
     new_run: bool = False  # start a fresh run even if this exact config already ran
     force: bool = False  # submit even when the memory plan says it does not fit
-    mfu_guess: float = 0.4  # MFU assumed for an ETA before any throughput was measured
+    # MFU an ETA assumes before the run measured its throughput: a fraction set by hand, or auto:
+    # mfu_measured's (a bench/gpu_check.py JSON-lines file), else a table (planning/mfu.py).
+    mfu_guess: Any = "auto"
+    mfu_measured: Optional[str] = None
     peak_tflops: Optional[float] = None  # overrides the GPU table (MFU on CPUs or unlisted GPUs)
     # Slurm: a small job first (save, then load in a new job); this one depends on it (login/smoke.py).
     smoke: bool = False
@@ -292,6 +297,7 @@ NON_RESULT_KEYS = (
     "new_run",
     "force",
     "mfu_guess",
+    "mfu_measured",
     "peak_tflops",
     "nodes",
     "gpus_per_node",
@@ -356,6 +362,11 @@ def load_run_config(path: str) -> RootConfig:
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), kept)
     config = OmegaConf.to_object(merged)
     assert isinstance(config, RootConfig)
+    if config.model.config and not os.path.isabs(config.model.config):
+        # model=hf: the run directory's copy of config.json (common/rundir.py records it relative)
+        config.model.config = os.path.join(
+            os.path.dirname(os.path.abspath(path)), config.model.config
+        )
     return config
 
 

@@ -121,6 +121,27 @@ def write_weights(
     return list(split.filename_to_tensors)
 
 
+def write_folder(
+    cfg: RootConfig, state: StateDict, out: Path, dtype: torch.dtype, max_shard_size: str = "2GB"
+) -> tuple[StateDict, list[str]]:
+    """The Hugging Face folder of the run's model with `state`'s weights: config.json (the run's
+    transformers config: model=hf's own config.json with the run's overrides), the generation
+    config and the safetensors shards. Returns the state as written and the shard names."""
+    from transformers import GenerationConfig
+
+    from slurmtrain.compute.model import model_class, model_config
+
+    config = model_config(cfg)
+    config.dtype = dtype
+    config.architectures = [model_class(cfg).__name__]
+    config.use_cache = True
+    state = hf_keys(state, bool(config.tie_word_embeddings))
+    shards = write_weights(state, out, dtype, max_shard_size)
+    config.save_pretrained(str(out))
+    GenerationConfig.from_model_config(config).save_pretrained(str(out))
+    return state, shards
+
+
 def tokenizer_dir(cfg: RootConfig) -> Optional[Path]:
     """The tokenizer folder the run's token file was made with (its sidecar), or None (bytes)."""
     if cfg.data.kind != "tokens" or not cfg.data.path:
@@ -242,10 +263,8 @@ def export(
         )
     ckpt_dir, manifest = pick_checkpoint(run, step)
     import torch
-    from transformers import GenerationConfig
 
     from slurmtrain.common.schema import load_run_config
-    from slurmtrain.compute.model import model_class, model_config
 
     cfg = load_run_config(str(RunDir(run).config))
     saved = manifest["step"]
@@ -257,14 +276,7 @@ def export(
     tmp.mkdir(parents=True)
     started = time.time()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    config = model_config(cfg)
-    config.dtype = dtype
-    config.architectures = [model_class(cfg).__name__]
-    config.use_cache = True
-    state = hf_keys(lazy_state_dict(ckpt_dir), bool(config.tie_word_embeddings))
-    shards = write_weights(state, tmp, dtype, max_shard_size)
-    config.save_pretrained(str(tmp))
-    GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
+    state, shards = write_folder(cfg, lazy_state_dict(ckpt_dir), tmp, dtype, max_shard_size)
     tok = tokenizer_dir(cfg)
     if tok is not None:
         from transformers import AutoTokenizer

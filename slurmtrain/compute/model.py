@@ -1,13 +1,16 @@
 """The model, built from config with transformers' classes: nothing is downloaded.
 
-OPT (model.family=opt) through OPTConfig; any other family through AutoConfig.for_model and the
-causal LM class transformers maps it to. Weights ~ N(0, model.init_std); with model.scaled_init the
-residual branches' output projections get init_std / sqrt(2 * num_layers) (metaseq's OPT init), so
-the residual stream's variance does not grow with depth.
+OPT (model.family=opt) through OPTConfig; any other family through its transformers config
+(common/hf_config.py `family_config`: model=hf builds from the run directory's copy of the
+config.json, typed as transformers wrote it) and the causal LM class transformers maps it to.
+Weights ~ N(0, model.init_std); with model.scaled_init the residual branches' output projections
+get init_std / sqrt(2 * num_layers) (metaseq's OPT init), so the residual stream's variance does
+not grow with depth.
 
 ZeRO 0-2 build on the rank's device in the training dtype (never a whole fp32 copy per rank);
 ZeRO-3 builds under `deepspeed.zero.Init`, or loads `model.pretrained_path` with `HfDeepSpeedConfig`
-alive (transformers partitions each tensor as it loads). Attention is pinned to PyTorch's SDPA;
+alive (transformers partitions each tensor as it loads). Attention: model.attn_implementation
+(auto: PyTorch's SDPA where the family's class supports it, else eager; hf_config.attention);
 the loss never makes a full-vocabulary fp32 copy of 16-bit logits.
 """
 
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Mapping, Union
 
 import torch
 
-from slurmtrain.common.hf_config import family_config
+from slurmtrain.common.hf_config import attention, family_config
 from slurmtrain.common.schema import RootConfig
 
 if TYPE_CHECKING:
@@ -47,7 +50,7 @@ def opt_config(cfg: RootConfig) -> PretrainedConfig:
         enable_bias=True,
         use_cache=False,
         init_std=m.init_std,
-        attn_implementation="sdpa",  # pinned: fused attention, the same kernel on every version
+        attn_implementation=attention(m),  # auto: SDPA (fused attention)
         # No padding id: we never pad, and zeroing its embedding row fails on ZeRO-3 partitions.
         pad_token_id=None,
         bos_token_id=1,
@@ -138,7 +141,10 @@ def _pretrained(
     path = cfg.model.pretrained_path
     # This run's dropout, not the source's (from_pretrained applies these to its config).
     kwargs: dict[str, object] = dict(
-        local_files_only=True, dtype=dtype, attn_implementation="sdpa", use_cache=False
+        local_files_only=True,
+        dtype=dtype,
+        attn_implementation=attention(cfg.model),
+        use_cache=False,
     )
     if cfg.model.family == "opt":
         kwargs.update(

@@ -6,7 +6,9 @@ qwen2: RMSNorm, RoPE, GQA/MQA key-value heads, a gated SwiGLU MLP, tied or untie
 adds q/k/v biases). Any other family transformers ships (a `model.config` folder) is counted by
 building it on the meta device once (no memory, no weights; transformers imported only then).
 Counts equal transformers' `num_parameters()` (a tied lm_head counted once); tests check every
-shipped config and DeepSpeed's own counter.
+shipped config and DeepSpeed's own counter. Mixture-of-experts families (mixtral, qwen2_moe, ...):
+memory is planned on all parameters, FLOPs on the active ones (`active_params`, `matmul_params`:
+each token meets num_experts_per_tok of the routed experts; shared experts and routers always).
 
 OPT_SIZES (the planning table) is read from conf/model/*.yaml, not kept beside it.
 """
@@ -21,6 +23,7 @@ from typing import Mapping, Optional, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.hf_config import family_config
 from slurmtrain.common.schema import conf_dir
 
@@ -185,6 +188,32 @@ def matmul_params(model: ModelShape) -> int:
     return _measured(_spec(model))[1]
 
 
+def experts(model: ModelShape) -> Optional[tuple[int, int]]:
+    """(experts each token is routed to, routed experts) of a mixture-of-experts model; None for
+    a dense one. Read from transformers' names in config.json (model.hf_extra)."""
+    return routing(extra(model))
+
+
+def routing(more: Mapping[str, object]) -> Optional[tuple[int, int]]:
+    """`experts` from config.json's keys."""
+    top = more.get("num_experts_per_tok")
+    routed = next(
+        (more[k] for k in ("n_routed_experts", "num_local_experts", "num_experts") if more.get(k)),
+        None,
+    )
+    if isinstance(top, int) and isinstance(routed, int) and 0 < top < routed:
+        return top, routed
+    return None
+
+
+def active_params(model: ModelShape) -> int:
+    """Parameters one token meets: all of them, but for a mixture of experts only
+    num_experts_per_tok of the routed experts' weights (what FLOPs and MFU count)."""
+    if experts(model) is None or family(model) == "opt" or family(model) in LLAMA_LIKE:
+        return param_count(model)
+    return _measured(_spec(model))[2]
+
+
 # -- any other family: counted on the meta device ---------------------------------------------------
 
 
@@ -193,6 +222,7 @@ def _spec(model: ModelShape) -> str:
     keys = ("num_layers", "hidden_size", "num_heads", "ffn_dim", "vocab_size", "max_positions")
     view = {k: getattr(model, k) for k in keys}
     view.update(
+        config=getattr(model, "config", None),  # model=hf: built from the file, as compute does
         family=family(model),
         num_kv_heads=getattr(model, "num_kv_heads", None),
         tie_embeddings=getattr(model, "tie_embeddings", True),
@@ -208,13 +238,24 @@ def _plain(value: Mapping[str, object]) -> dict[str, object]:
 
 
 @functools.lru_cache(maxsize=16)
-def _measured(spec: str) -> tuple[tuple[list[int], ...], int]:
-    """(each module's parameter sizes, matmul weights) of the model built on the meta device."""
+def _measured(spec: str) -> tuple[tuple[list[int], ...], int, int]:
+    """(each module's parameter sizes, matmul weights a token meets, parameters a token meets) of
+    the model built on the meta device; a config transformers cannot build is one line."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(family_config(json.loads(spec)))
+    view = json.loads(spec)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(family_config(view))
+    except ConfigError:
+        raise
+    except Exception as err:  # any error of the family's code: the user's key, not our bug
+        text = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise ConfigError(
+            f"model.config: transformers cannot build this {view['family']} model ({text}); fix "
+            f"the key it names in config.json or with model.hf_extra.KEY=VALUE"
+        ) from None
     seen: set[int] = set()
     out = []
     for module in model.modules():
@@ -223,7 +264,24 @@ def _measured(spec: str) -> tuple[tuple[list[int], ...], int]:
         if own:
             out.append([p.numel() for p in own])
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return tuple(out), matmul
+    total = sum(sum(m) for m in out)
+    routed_by = routing(view["hf_extra"])
+    if routed_by is None:
+        return tuple(out), matmul, total
+    # Routed experts' weights: tensors under an `experts` module with one slice per expert (fused
+    # 3-D weights in transformers 5, or Linear layers in a per-expert ModuleList).
+    top, routed = routed_by
+    fused, linear = 0, 0
+    for name, p in model.named_parameters():
+        if ".experts." not in f".{name}" or "router" in name:
+            continue
+        if p.dim() >= 2 and p.shape[0] == routed and not name.endswith(".bias"):
+            fused += p.numel()
+        elif name.endswith(".weight"):
+            linear += p.numel()  # a per-expert Linear: counted by `matmul` above
+    expert_weights = fused + linear
+    idle = expert_weights - expert_weights * top // routed
+    return tuple(out), matmul - linear + (fused + linear) * top // routed, total - idle
 
 
 # -- the shipped configs ----------------------------------------------------------------------------
