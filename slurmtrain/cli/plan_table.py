@@ -24,7 +24,12 @@ def _nodes(text: str) -> list[int]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m slurmtrain.cli.plan_table", description=__doc__)
-    p.add_argument("--gpu-mem-gb", type=float, default=80.0, help="GPU memory, GiB (default 80)")
+    p.add_argument(
+        "--gpu-mem-gb",
+        type=float,
+        default=79.1,
+        help="GPU memory in GiB as the card reports it (default 79.1: an H100 80GB)",
+    )
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--nodes", type=_nodes, default=[1, 8, 64], help="comma list (default 1,8,64)")
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")

@@ -57,8 +57,12 @@ class ClusterConfig:
     exclusive: bool = False
     signal_lead_s: int = 120
     array_parallelism: int = 16  # %N throttle of a sweep's job array
-    gpu_type: str = "H100"  # for the plan's peak TFLOPS and ETA when nothing was measured yet
-    gpu_mem_gb: float = 80.0  # what the memory plan must fit into, per GPU
+    # The card the plan is for (peak TFLOPS, MFU table, memory): a name (H100, h200, a100_80gb),
+    # or auto: the partition's GRES type where it names one, else an H100 (planning/cards.py).
+    gpu_type: str = "auto"
+    # What the memory plan must fit into, per GPU, in GiB as the card reports it
+    # (torch.cuda.mem_get_info()[1] / 2**30: an H100 80GB reports ~79.1); auto: gpu_type's.
+    gpu_mem_gb: Any = "auto"
     cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
     container: Container = Container.none
     image: Optional[str] = None  # .sif (apptainer), REGISTRY#IMAGE/.sqsh (pyxis), bundle dir (oci)

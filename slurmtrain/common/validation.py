@@ -49,7 +49,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("checkpoint.publish_timeout_minutes", 0, False, "", "30"),
     ("cluster.signal_lead_s", 1, True, " (seconds of warning before the time limit)", "120"),
     ("cluster.array_parallelism", 1, True, " (sweep points running at once)", "16"),
-    ("cluster.gpu_mem_gb", 0, False, "", "80"),
+    ("cluster.gpu_mem_gb", 0, False, " (GiB as the card reports it; auto: the card's)", "79.1"),
     ("faults.crash_loop", 0, True, " (0: off)", "2"),
     ("faults.node_check_s", 0, True, " (0: this cluster's SlurmdTimeout + 30 s)", "330"),
     ("faults.collective_timeout_s", 0, False, "", "1800"),
@@ -65,7 +65,8 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("faults.io_safety", 1, True, " (times the expected IO time)", "3"),
     ("faults.node_mtbf_h", 0, False, " (hours between failures of one node)", "6334"),
 )
-_AUTO_KEYS = ("checkpoint.interval_steps",)  # "auto" until planned (planning/policy.py)
+# "auto" until planned (planning/policy.py, planning/cards.py)
+_AUTO_KEYS = ("checkpoint.interval_steps", "cluster.gpu_mem_gb")
 
 
 def _in_range(

@@ -23,7 +23,7 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import ClusterKind, RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo, SlurmError, mem_mb
 from slurmtrain.login.flags import task_defaults
-from slurmtrain.planning import policy
+from slurmtrain.planning import cards, policy
 
 ENV = "SLURMTRAIN_AUTO"
 PROBE_TIMEOUT_S = 5.0
@@ -133,6 +133,7 @@ def resolve_auto(cfg: RootConfig) -> None:
         or cfg.cluster.cpus_per_task is None
         or cfg.cluster.mem_per_gpu is None
         or cfg.cluster.time == policy.AUTO
+        or cfg.cluster.gpu_type == cards.AUTO
     ):
         probe = probe_slurm()
         unknown = probe.why
@@ -165,6 +166,10 @@ def resolve_auto(cfg: RootConfig) -> None:
         else:
             cfg.gpus_per_node, why = local_gpu_count(), "nvidia-smi -L"
         said.append(f"gpus_per_node={cfg.gpus_per_node} ({why})")
+    if cfg.cluster.gpu_type == cards.AUTO and part is not None and part.gpu_type:
+        if cards.card_key(part.gpu_type):  # a card the planner knows (else: an H100, said)
+            cfg.cluster.gpu_type = part.gpu_type
+            said.append(f"cluster.gpu_type={part.gpu_type} (partition {part.name}'s GRES)")
     if part is not None:
         slurm_defaults(cfg, part)
     if cfg.cluster.cpus_per_task is None:

@@ -91,8 +91,9 @@ def card(cfg: RootConfig) -> Card:
             f"cluster.gpu_type={name!r}; set cluster.gpu_mem_gb to the GiB the card reports "
             f"(torch.cuda.mem_get_info()[1] / 2**30, e.g. cluster.gpu_mem_gb=79.1 for an H100 80GB)"
         )
-    label = f"{key} {size}GB" + (" assumed (cluster.gpu_type=auto)" if assumed else "")
-    return Card(name, key, int(gib_auto * GiB), f"{label} as PyTorch reports it", assumed)
+    label = f"{key} {size}GB as PyTorch reports it"
+    label += "; cluster.gpu_type=auto: an H100 assumed" if assumed else ""
+    return Card(name, key, int(gib_auto * GiB), label, assumed)
 
 
 def peak_tflops(cfg: RootConfig, dtype: str) -> Optional[float]:

@@ -22,7 +22,7 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import ClusterKind, Container, RootConfig, VerifyMode
 from slurmtrain.common.slurm_text import PartitionInfo, format_time
-from slurmtrain.planning import ckpt_interval, deadlines, flops
+from slurmtrain.planning import cards, ckpt_interval, deadlines, flops, mfu
 from slurmtrain.planning.eta import slurm_time_seconds
 
 AUTO = "auto"
@@ -102,13 +102,15 @@ def tokens_per_step(cfg: RootConfig, world: int) -> Optional[float]:
 
 
 def planned_tokens_per_s(cfg: RootConfig, world: int) -> tuple[Optional[float], str]:
-    """The throughput a plan assumes before one was measured: the GPU's peak x `mfu_guess`
-    (None on CPUs or an unlisted GPU without `peak_tflops`: no honest guess)."""
-    peak = cfg.peak_tflops or flops.detect_peak(cfg.cluster.gpu_type, resolved_dtype(cfg))
+    """The throughput a plan assumes before one was measured: the GPU's peak x the planned MFU
+    (planning/mfu.py: set by hand, the GPU check's, or the table); None on CPUs or an unlisted
+    GPU without `peak_tflops`: no honest guess."""
+    peak = cards.peak_tflops(cfg, resolved_dtype(cfg))
     if (cfg.gpus_per_node == 0 and not cfg.peak_tflops) or not peak:
         return None, ""
     fpt = flops.flops_per_token(cfg.model, cfg.data.seq_len)
-    return world * peak * 1e12 * cfg.mfu_guess / fpt, f"{cfg.mfu_guess:.0%} MFU guess"
+    planned = mfu.planned(cfg)
+    return world * peak * 1e12 * planned.value / fpt, f"MFU {planned.value:.0%}, an estimate"
 
 
 @dataclass(frozen=True)

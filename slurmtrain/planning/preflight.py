@@ -17,7 +17,7 @@ from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dt
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.planning import cards, deadlines, eta, memory, policy
+from slurmtrain.planning import cards, deadlines, eta, memory, mfu, policy
 from slurmtrain.planning.corpus_warning import corpus_warning
 
 
@@ -281,6 +281,8 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     if cfg.cluster.kind == "slurm":
         out.lines.append(time_line(cfg))
     line = eta_line(cfg, low * per_node, measured_tps, checkpoints)
+    if line and measured_tps is None and cfg.gpus_per_node > 0:
+        out.lines.append(mfu.planned(cfg).line())  # the ETA's MFU and its source: one line
     if line:
         out.lines.append(line)
     advice = policy.stage_env_advice(cfg)  # many nodes: stage the environment node-locally

@@ -31,7 +31,7 @@ REFUSED = [
     ("checkpoint.publish_timeout_minutes=0", "checkpoint.publish_timeout_minutes=0.0: must be"),
     ("cluster.signal_lead_s=0", "cluster.signal_lead_s=0: must be a number >= 1"),
     ("cluster.array_parallelism=0", "cluster.array_parallelism=0: must be a number >= 1"),
-    ("cluster.gpu_mem_gb=0", "cluster.gpu_mem_gb=0.0: must be a number > 0"),
+    ("cluster.gpu_mem_gb=0", "cluster.gpu_mem_gb=0: must be a number > 0"),
     ("cluster.mem=lots", "cluster.mem='lots': not a Slurm memory size"),
     ("cluster.mem_per_gpu=8X", "cluster.mem_per_gpu='8X': not a Slurm memory size"),
     ("faults.max_hang=-2", "faults.max_hang=-2: must be a number >= -1 (-1: unlimited)"),
