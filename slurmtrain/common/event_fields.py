@@ -128,7 +128,11 @@ SPECS: dict[Kind, Spec] = {
     Kind.bad_node: Spec(
         True, "attempt: a node failed the health gate; the job exits", ("node", "reason")
     ),
-    Kind.health_ok: Spec(False, "attempt: every rank passed the health gate", ("seconds",)),
+    Kind.health_ok: Spec(
+        False,
+        "attempt: every rank passed the health gate",
+        ("seconds", "allreduce_gbps", "intra_node_gbps", "inter_node_gbps", "fabric"),
+    ),
     Kind.rendezvous_done: Spec(False, "attempt: the ranks' process group is up", ("seconds",)),
     Kind.startup: Spec(
         False,

@@ -90,12 +90,13 @@ def _healthy(
     mine = health.check_rank(
         where.node, where.rank, device, cfg.gpus_per_node, injector.fails_health(where.node)
     )
-    bad = health.gate(mine, where.world_size, cfg.faults.health_slow_factor)
-    if not bad:
-        attempt.record(events.Kind.health_ok, seconds=time.time() - t0)
+    verdict = health.gate(mine, where.world_size, cfg.faults.health_slow_factor)
+    if not verdict.bad:
+        figures: health.Figures = verdict.figures
+        attempt.record(events.Kind.health_ok, seconds=time.time() - t0, **figures)
         return True
     if where.rank == 0:
-        for row in bad:
+        for row in verdict.bad:
             append_jsonl(run.bad_nodes, {**row, "time": time.time(), "attempt": attempt.number})
             attempt.record(events.Kind.bad_node, node=row["node"], reason=row["reason"])
             print(

@@ -1,21 +1,27 @@
 """The health gate: a quick check of every node before the model is loaded.
 
 A node with a broken GPU, wrong arithmetic or a slow link costs a whole job. Each rank checks its
-devices, a matmul against a float64 reference, free device memory, and times an all-reduce; a
-failing or much slower node goes to the run's bad-node ledger so the next attempt excludes it.
+devices, a matmul against a float64 reference, free device memory, and times all-reduces: within
+its node, between node pairs (one rank a node), and over the world; a failing or much slower node,
+or a link below its fabric's floor (fabric.py), goes to the run's bad-node ledger so the next
+attempt excludes it.
 Healthy nodes must pass: timed calls are warmed up, timed with device events after a synchronize,
 the all-reduce starts after a barrier, and the matmul tolerance admits TF32.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from dataclasses import dataclass
-from typing import TypedDict
+from dataclasses import dataclass, field
+from typing import Optional, TypedDict
 
 import torch
 import torch.distributed as dist
+
+from slurmtrain.compute.faults import fabric
+from slurmtrain.compute.faults.fabric import Fabric
 
 
 @dataclass
@@ -28,6 +34,27 @@ class RankHealth:
     allreduce_s: float
     allreduce_gbps: float = 0.0  # bus bandwidth of the timed all-reduce (nccl-tests' busbw)
     free_gib: float = -1.0  # device memory free before loading (-1: not a GPU)
+    intra_gbps: float = 0.0  # all-reduce among its node's ranks (0: alone on its node)
+    pair_gbps: dict[str, float] = field(default_factory=dict)  # node lead: partner node -> GB/s
+    intra: Fabric = fabric.Fabric("gloo (CPU)", 0.0)
+    inter: Fabric = fabric.Fabric("gloo (CPU)", 0.0)
+
+
+class Figures(TypedDict, total=False):
+    """What `health_ok` records of the links: bus GB/s (the slowest node, the slowest pair)."""
+
+    allreduce_gbps: float  # over the world (rank 0's timing)
+    intra_node_gbps: float
+    inter_node_gbps: float
+    fabric: str  # "intra-node / inter-node", e.g. "NVLink / InfiniBand"
+
+
+@dataclass
+class Verdict:
+    """The gate's outcome: the nodes it failed and the figures it recorded."""
+
+    bad: list["BadNode"]
+    figures: Figures
 
 
 class BadNode(TypedDict):
@@ -95,21 +122,64 @@ def _matmul_check(device: torch.device) -> tuple[bool, str, float]:
     )
 
 
-def _allreduce(device: torch.device, world: int) -> tuple[float, float]:
+def _allreduce(
+    device: torch.device, group: Optional[dist.ProcessGroup] = None
+) -> tuple[float, float]:
     """Seconds and bus GB/s of an all-reduce, warmed up, every rank started together (barrier
     first: a late rank would be timed as a slow link), completion waited for (synchronize)."""
+    world = dist.get_world_size(group)
     size = ALLREDUCE_BYTES if device.type == "cuda" else CPU_ALLREDUCE_BYTES
     buf = torch.ones(size // 4, device=device)
-    dist.all_reduce(buf)  # warm-up: NCCL builds its rings/trees on the first call
+    dist.all_reduce(buf, group=group)  # warm-up: NCCL builds its rings/trees on the first call
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    dist.barrier()
+    dist.barrier(group=group)
     with _Timer(device) as t:
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=group)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     busbw = size * 2 * (world - 1) / max(world, 1) / t.seconds / 1e9 if t.seconds > 0 else 0.0
     return t.seconds, busbw
+
+
+def _in_group(device: torch.device, ranks: list[int]) -> float:
+    """Bus GB/s of an all-reduce among `ranks`, called by those ranks only (a group of their own,
+    made without the rest of the world: O(1) groups per rank at any scale)."""
+    group = dist.new_group(ranks, use_local_synchronization=True)
+    try:
+        return _allreduce(device, group)[1]
+    finally:
+        dist.destroy_process_group(group)
+
+
+def _pair_rounds(leads: list[int]) -> list[list[tuple[int, int]]]:
+    """Node pairs by their lowest ranks: (0,1), (2,3), ...; with an odd count, the last node and
+    the first in a second round."""
+    rounds = [[(leads[i], leads[i + 1]) for i in range(0, len(leads) - 1, 2)]]
+    if len(leads) % 2 and len(leads) > 1:
+        rounds.append([(leads[-1], leads[0])])
+    return rounds
+
+
+def _fabric_checks(mine: RankHealth, device: torch.device) -> None:
+    """Within the node, then between node pairs (one rank a node), one after the other so that
+    neither is timed beside the other's traffic."""
+    nodes: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(nodes, mine.node)
+    here = [r for r, n in enumerate(nodes) if n == mine.node]
+    if len(here) > 1:
+        mine.intra_gbps = _in_group(device, here)
+    dist.barrier()
+    first: dict[str, int] = {}
+    for r, n in enumerate(nodes):
+        first.setdefault(n, r)
+    leads = list(first.values())
+    for pairs in _pair_rounds(leads):
+        for a, b in pairs:
+            if mine.rank in (a, b):
+                partner = nodes[b if mine.rank == a else a]
+                mine.pair_gbps[partner] = _in_group(device, [a, b])
+        dist.barrier()
 
 
 def free_memory_gib(device: torch.device) -> tuple[float, float]:
@@ -142,26 +212,48 @@ def check_rank(
             )
     if injected_bad:
         ok, reason = False, "injected failure (SLURMTRAIN_INJECT bad_node)"
-    allreduce, gbps = _allreduce(device, dist.get_world_size())
-    return RankHealth(node, rank, ok, "" if ok else reason, seconds, allreduce, gbps, free)
+    mine = RankHealth(node, rank, ok, "" if ok else reason, seconds, 0.0)
+    mine.intra, mine.inter = fabric.intra_node(device), fabric.inter_node(device, os.environ)
+    _fabric_checks(mine, device)
+    mine.allreduce_s, mine.allreduce_gbps = _allreduce(device)
+    mine.free_gib = free
+    return mine
 
 
-def gate(mine: RankHealth, world: int, slow_factor: float) -> list[BadNode]:
-    """Gather every rank's result; the nodes that fail (or are `slow_factor` x the median)."""
+def gate(mine: RankHealth, world: int, slow_factor: float) -> Verdict:
+    """Gather every rank's result; judge them (`judge`)."""
     everyone = [mine] * world  # each entry replaced by that rank's
     dist.all_gather_object(everyone, mine)
+    return judge(everyone, slow_factor)
+
+
+def judge(everyone: list[RankHealth], slow_factor: float) -> Verdict:
+    """The nodes that fail, are `slow_factor` x the median matmul, or whose links are below their
+    fabric's floor (a node pair fails when every pair it was timed in is slow); the figures."""
     median = statistics.median(h.matmul_s for h in everyone)
     bad: dict[str, BadNode] = {}
+
+    def fail(h: RankHealth, reason: str) -> None:
+        bad.setdefault(h.node, {"node": h.node, "rank": h.rank, "reason": reason})
+
     for h in everyone:
         if not h.ok:
-            bad.setdefault(h.node, {"node": h.node, "rank": h.rank, "reason": h.reason})
+            fail(h, h.reason)
         elif median > 0 and h.matmul_s > slow_factor * median:
-            bad.setdefault(
-                h.node,
-                {
-                    "node": h.node,
-                    "rank": h.rank,
-                    "reason": f"slow: matmul {h.matmul_s / median:.1f}x median",
-                },
-            )
-    return list(bad.values())
+            fail(h, f"slow: matmul {h.matmul_s / median:.1f}x median")
+        elif fabric.below(h.intra_gbps, h.intra):
+            fail(h, fabric.why_slow(h.intra_gbps, h.intra, "intra-node fabric"))
+        elif h.pair_gbps and all(fabric.below(g, h.inter) for g in h.pair_gbps.values()):
+            partner, gbps = min(h.pair_gbps.items(), key=lambda kv: kv[1])
+            fail(h, fabric.why_slow(gbps, h.inter, f"link to node {partner}"))
+    intra = [h.intra_gbps for h in everyone if h.intra_gbps > 0]
+    pairs = [g for h in everyone for g in h.pair_gbps.values()]
+    figures: Figures = {
+        "allreduce_gbps": round(everyone[0].allreduce_gbps, 2),
+        "fabric": f"{everyone[0].intra.name} / {everyone[0].inter.name}",
+    }
+    if intra:
+        figures["intra_node_gbps"] = round(min(intra), 2)
+    if pairs:
+        figures["inter_node_gbps"] = round(min(pairs), 2)
+    return Verdict(list(bad.values()), figures)
