@@ -135,6 +135,12 @@ def precision(cfg: RootConfig, dtype: str) -> Section:
         "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 16},
     }
     if dtype == "bf16":
+        # The loop's step all-reduce already fails a non-finite loss or gradient norm (and
+        # DeepSpeed's -1 for one) and rolls back; DeepSpeed's own bf16 overflow check adds a
+        # host sync per step. It stays where ZeRO computes no norm (compute_grad_norm=false).
+        zero = _extra(cfg).get("zero_optimization")
+        norm = zero.get("compute_grad_norm", True) if isinstance(zero, dict) else True
+        section["bf16"] = {"enabled": True, "check_grad_overflow": norm is False}
         section["communication_data_type"] = "fp32"
         # Stages 2-3: DeepSpeed's ZeRO optimizer with an fp32 gradient partition. Not stage 0
         # (DeepSpeed refuses the mix) nor 1 (it would swap in its BF16_Optimizer, another

@@ -175,11 +175,14 @@ def _shared(
     loss = loss.to(torch.float64)
     checked = loss
     norm = engine.get_global_grad_norm()  # None when it computed none; a float or a tensor
+    # a negative norm is DeepSpeed's mark of a non-finite one (its group-norm helpers' -1)
     if isinstance(norm, torch.Tensor):
-        checked = torch.cat([loss, norm.detach().reshape(1).to(device, torch.float64)])
+        norm_ = norm.detach().reshape(1).to(device, torch.float64)
+        checked = torch.cat([loss, torch.where(norm_ >= 0, norm_, torch.nan)])
     bad = (~torch.isfinite(checked)).any().reshape(1).to(torch.float64)
-    if norm is not None and not isinstance(norm, torch.Tensor) and not math.isfinite(float(norm)):
-        bad = torch.ones_like(bad)
+    if norm is not None and not isinstance(norm, torch.Tensor):
+        if not 0 <= float(norm) < math.inf:
+            bad = torch.ones_like(bad)
     skipped, floor = _overflow(engine) if fp16 else (False, False)
     host = [torch.full((1,), float(x), dtype=torch.float64, device=device) for x in (code, due)]
     flags = [

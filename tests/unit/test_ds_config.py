@@ -71,3 +71,17 @@ def test_bf16_runs_accumulate_and_reduce_gradients_in_fp32():
         assert "communication_data_type" not in built and "data_types" not in built
     chosen = _gpu("model=opt13b", "+deepspeed.extra.communication_data_type=bf16")
     assert ds_config.build(chosen, 512)["communication_data_type"] == "bf16"  # extra still wins
+
+
+def test_bf16_leaves_the_overflow_check_to_the_loops_guard_unless_zero_computes_no_norm():
+    """The loop fails a non-finite loss or gradient norm on its own all-reduce and rolls back;
+    DeepSpeed's check would add a host sync per step."""
+    assert ds_config.build(_gpu("model=opt13b"), 512)["bf16"]["check_grad_overflow"] is False
+    no_norm = _gpu(
+        "model=opt13b",
+        "optim.grad_clip=0",
+        "+deepspeed.extra.zero_optimization.compute_grad_norm=false",
+    )
+    assert ds_config.build(no_norm, 512)["bf16"]["check_grad_overflow"] is True
+    mine = _gpu("model=opt13b", "+deepspeed.extra.bf16.check_grad_overflow=true")
+    assert ds_config.build(mine, 512)["bf16"]["check_grad_overflow"] is True  # extra wins

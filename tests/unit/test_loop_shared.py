@@ -35,6 +35,8 @@ def test_finite_step_carries_mean_loss_signal_and_due(norm):
         ([torch.tensor(1.0)], math.inf),
         ([torch.tensor(1.0)], torch.tensor(math.nan)),
         ([torch.tensor(math.nan)], torch.tensor(math.inf)),
+        ([torch.tensor(1.0)], torch.tensor(-1.0)),  # DeepSpeed's mark of a non-finite norm
+        ([torch.tensor(1.0)], -1.0),
     ],
 )
 def test_a_non_finite_loss_or_grad_norm_counts_the_rank_once(losses, norm):
