@@ -267,9 +267,10 @@ class PartitionInfo:
 
     @property
     def gpu_type(self) -> Optional[str]:
-        """The GPU type the partition's GRES names (`gres/gpu:h100=16` -> h100); None when it
-        names none (count-only `gres/gpu=16`) or several (a mixed partition: no one card)."""
-        return gres_gpu_type(self.tres)
+        """The one GPU type the TRES names (`gres/gpu:h100=16` -> h100, where the site's
+        AccountingStorageTRES tracks types); None when untyped (`gres/gpu=16`) or mixed."""
+        types = {k.split(":", 1)[1] for k in self.tres if k.startswith("gres/gpu:")}
+        return types.pop() if len(types) == 1 else None
 
     @property
     def cpus_per_node(self) -> int:
@@ -301,13 +302,6 @@ def _gpus(tres: Mapping[str, str]) -> int:
     typed = [v for k, v in tres.items() if k.startswith("gres/gpu:")]
     counts = (re.match(r"\d+", v) for v in (plain or typed))
     return sum(int(m.group()) for m in counts if m)
-
-
-def gres_gpu_type(tres: Mapping[str, str]) -> Optional[str]:
-    """The one GPU type a partition's TRES names (`gres/gpu:h100=16`, listed where the site's
-    AccountingStorageTRES tracks typed GPUs); None when untyped (`gres/gpu=16`) or mixed."""
-    types = {k.split(":", 1)[1] for k in tres if k.startswith("gres/gpu:")}
-    return types.pop() if len(types) == 1 else None
 
 
 def parse_partitions(text: str) -> dict[str, PartitionInfo]:
