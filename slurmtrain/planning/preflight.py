@@ -17,7 +17,7 @@ from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dt
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.planning import cards, deadlines, eta, memory, mfu, policy
+from slurmtrain.planning import cards, deadlines, eta, memory, mfu, policy, shapes
 from slurmtrain.planning.corpus_warning import corpus_warning
 
 
@@ -260,7 +260,8 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     out.lines.append(
         f"plan: {cfg.model.name} ({size} params), "
         f"ZeRO-{cfg.deepspeed.stage}, {resolved_dtype(cfg)}, nodes {cfg.nodes} x "
-        f"{per_node} tasks ({device})"
+        f"{per_node} tasks ({device}), "
+        + shapes.plan_notes(cfg.model, cfg.gpus_per_node)  # attention; MoE: active params
     )
     for n in sorted({low, high}):
         world = n * per_node

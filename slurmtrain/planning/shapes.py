@@ -24,7 +24,7 @@ from typing import Mapping, Optional, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.hf_config import family_config
+from slurmtrain.common.hf_config import attention, family_config
 from slurmtrain.common.schema import conf_dir
 
 # Families counted by arithmetic below, with their attention biases (q, k, v); the rest is measured.
@@ -212,6 +212,31 @@ def active_params(model: ModelShape) -> int:
     if experts(model) is None or family(model) == "opt" or family(model) in LLAMA_LIKE:
         return param_count(model)
     return _measured(_spec(model))[2]
+
+
+def plan_notes(model: ModelShape, gpus: Optional[int] = None) -> str:
+    """What the plan says of the model beyond its size: the attention it trains with, and for a
+    mixture of experts the parameters a token meets (FLOPs, MFU) beside all of them (memory)."""
+    chosen = attention(
+        {
+            "family": family(model),
+            "attn_implementation": getattr(model, "attn_implementation", None),
+        },
+        gpus,
+    )
+    out = f"attention {chosen}"
+    routed = experts(model)
+    if routed is not None:
+        total, active = param_count(model), active_params(model)
+        out += (
+            f"; MoE: {routed[0]} of {routed[1]} experts per token, {_size(active)} of "
+            f"{_size(total)} params active (FLOPs and MFU on active, memory on all)"
+        )
+    return out
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
 # -- any other family: counted on the meta device ---------------------------------------------------
