@@ -78,7 +78,7 @@ def table(card_key: Optional[str], stage: int, params: float, tp: int = 1) -> tu
     generic = GENERIC_BIG if size == ">30B" else GENERIC
     value, why = _SEED.get((fam, size), (generic, f"no published figure for {card_key or 'it'}"))
     if stage == 3:
-        value, why = value - ZERO3_PENALTY, f"{why}; ZeRO-3 -{ZERO3_PENALTY:.0%}"
+        value, why = value - ZERO3_PENALTY, f"{why}; ZeRO-3 {ZERO3_PENALTY * 100:.0f} points less"
     return value, f"{card_key or 'unknown card'}, {stage_group(stage)}, {size}, TP={tp}: {why}"
 
 
