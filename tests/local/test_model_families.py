@@ -126,3 +126,36 @@ def test_readme_your_own_model_commands_run_as_written(tmp_path):
     planned = outputs[1]
     assert "plan: hf_llama" in planned and "plan: fits" in planned and "MFU" in planned
     assert outputs[-1].startswith("LlamaForCausalLM ")
+
+
+@pytest.mark.parametrize("family", ["gemma2", "bloom", "mixtral"])
+def test_a_config_json_written_by_transformers_trains_as_a_local_run(family, tmp_path):
+    """Issue 33, end to end: `model=hf model.config=DIR` of a config transformers wrote (token ids
+    set; gemma2 and bloom on eager attention, bloom's ALiBi planned on data.seq_len, mixtral's
+    experts) trains 5 steps as a local job; the job built from the run directory's copy."""
+    from tests.local.test_hf_families import tiny_config
+
+    folder = tiny_config(family, tmp_path / "src")
+    done = run_cli(
+        [
+            "model=hf",
+            f"model.config={folder}",
+            "cluster=local",
+            "gpus_per_node=0",
+            "cluster.cpu_tasks_per_node=1",
+            "data.seq_len=32",
+            "train.max_steps=5",
+            "train.log_interval=1",
+            "train.global_batch_size=4",
+            "train.micro_batch_size=4",
+            f"name={family}",
+        ],
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    attention = "eager" if family in ("gemma2", "bloom") else "sdpa"
+    assert f"attention {attention}" in done.stdout, done.stdout
+    [run] = run_dirs(tmp_path / "runs")
+    assert (run / "model_config.json").read_text() == (folder / "config.json").read_text()
+    assert "oc.env" not in (run / "config.yaml").read_text()
+    assert sorted(_losses(run)) == [1, 2, 3, 4, 5]
