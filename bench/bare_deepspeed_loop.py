@@ -1,149 +1,167 @@
-"""A bare DeepSpeed loop: the same OPT, DeepSpeed config and batches as slurmtrain, nothing else.
+"""A really bare DeepSpeed loop: transformers' OPT, a DeepSpeed config written here, DeepSpeed's loop.
 
-Started once per rank (RANK/WORLD_SIZE/... set) by bench/loop_overhead.py (CPU, gloo) and
-bench/gpu_throughput.py (one GPU, NCCL): `python bench/bare_deepspeed_loop.py RUN_DIR WARMUP`.
-Prints, on rank 0, one JSON line with the tokens/s between step WARMUP and the last step, and the
-settings it trained with (the caller checks they are slurmtrain's). With a third argument UNTIL
-it trains until that file exists and reports the wall time after each step (bench/loop_overhead.py
---concurrent times it over the very seconds slurmtrain's timed steps ran).
+    python bench/bare_deepspeed_loop.py '{"num_layers": 24, "hidden_size": 2048, ...}' \\
+        --micro 8 --seq 2048 --warmup 10 --steps 20 [--dtype bf16|fp32]
 
-Same as slurmtrain's run in RUN_DIR: the DeepSpeed config dict (ds_config.build, timers included:
-`train.timers` decides for both), micro batch, grad accumulation (derived.grad_accumulation), the
-training windows and sampler (data.load: the held-out split cut off as ours does), the loss and the
-batch copy (loop.to_device). The loop itself is what a DeepSpeed user writes: forward, backward,
-step, and one all_reduce of the loss per step for logging.
+What a DeepSpeed user writes for this model, and nothing of slurmtrain's (it imports no slurmtrain
+module): OPTForCausalLM from an OPTConfig of the given shapes (SDPA attention, dropout off),
+built on the device in the training dtype; transformers' own shifted-label loss
+(`labels=input_ids`); the DeepSpeed config dict below; and `engine(...)`, `engine.backward`,
+`engine.step`. The config asks for what slurmtrain's run asks DeepSpeed for (ZeRO-2 with
+overlapped, contiguous one-layer buckets; bf16 with fp32 gradient accumulation and reduction;
+torch's fused AdamW; clipping at 1.0), so a ratio against it is about the training stack around
+DeepSpeed, not about different knobs. Batches are random token ids, copied to the device each step.
+
+Started once per rank with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set (NCCL on a GPU,
+gloo with DS_ACCELERATOR=cpu). Rank 0 prints one JSON line: tokens/s over steps WARMUP+1 to
+WARMUP+STEPS (the device synchronised at both ends), their seconds, the peak memory and the
+settings.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
-from typing import TYPE_CHECKING, NotRequired, TypedDict
-
-if TYPE_CHECKING:
-    from slurmtrain.common.ds_config import Section
-
-
-class Settings(TypedDict):
-    """What the bare loop trained with; bench/loop_overhead.py checks they are slurmtrain's."""
-
-    micro_batch: int
-    grad_accumulation: int
-    global_batch: int
-    seq_len: int
-    world: int
-    wall_clock_breakdown: bool
-    zero_stage: int
+from typing import Any, NotRequired, TypedDict
 
 
 class Result(TypedDict):
-    """Rank 0's JSON line (its readers json.loads it back into this shape)."""
+    """Rank 0's JSON line."""
 
     tokens_per_s: float
     seconds_timed: float
-    step_end_times: list[float]  # with UNTIL: time.time() after each step
-    intervals_s: list[float]  # CPU runs: seconds of each log interval of the timed steps
-    settings: Settings
+    steps_timed: int
+    final_loss: float
+    settings: dict[str, Any]
     peak_mem_bytes: NotRequired[int]  # GPU runs
 
 
-def zero_stage(config: Section) -> int:
-    """The ZeRO stage a DeepSpeed config dict (ds_config.build) asks for."""
-    zero = config["zero_optimization"]
-    assert isinstance(zero, dict) and isinstance(zero["stage"], int), zero
-    return zero["stage"]
+def ds_config(micro: int, hidden: int, bf16: bool, fused: bool) -> dict[str, Any]:
+    """The DeepSpeed config: ZeRO-2, one layer's gradients per bucket (12 h^2 elements)."""
+    bucket = max(12 * hidden * hidden, 20_000_000)
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {
+            "stage": 2,
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "reduce_bucket_size": bucket,
+            "allgather_bucket_size": bucket,
+        },
+        "bf16": {"enabled": bf16},
+        "communication_data_type": "fp32",
+        "data_types": {"grad_accum_dtype": "fp32"},
+        "gradient_clipping": 1.0,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": 1e-4,
+                "betas": [0.9, 0.95],
+                "eps": 1e-8,
+                "weight_decay": 0.1,
+                "torch_adam": True,
+                "fused": fused,
+            },
+        },
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
 
 
-def main(run_dir: str, warmup: int, until: str = "") -> None:
-    from slurmtrain.common.schema import load_run_config
+def build_model(shape: dict[str, Any], device: Any, dtype: Any) -> Any:
+    """OPTForCausalLM of these shapes, allocated and initialised on `device` in `dtype`."""
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
 
-    cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
-    gpu = cfg.gpus_per_node > 0
-    if not gpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    config = OPTConfig(
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["hidden_size"],
+        num_hidden_layers=shape["num_layers"],
+        ffn_dim=shape["ffn_dim"],
+        num_attention_heads=shape["num_heads"],
+        max_position_embeddings=shape["max_positions"],
+        word_embed_proj_dim=shape.get("word_embed_proj_dim") or shape["hidden_size"],
+        do_layer_norm_before=shape.get("layer_norm_before", True),
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        layerdrop=0.0,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(1234)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return OPTForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shape", help="the model's shapes, JSON (keys of conf/model/*.yaml)")
+    parser.add_argument("--micro", type=int, required=True)
+    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    args = parser.parse_args()
+    shape = json.loads(args.shape)
     import deepspeed
     import torch
     import torch.distributed as dist
 
-    from slurmtrain.common import ds_config
-    from slurmtrain.common.derived import grad_accumulation
-    from slurmtrain.compute import data, loop, model
-
+    gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu"
     if gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    else:
+    else:  # DeepSpeed's shared-memory all-reduce would JIT-compile for ~50 s first
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", verbose=False)
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     sync = torch.cuda.synchronize if gpu else (lambda: None)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    config = ds_config.build(cfg, world)  # exactly slurmtrain's (timers: train.timers, both sides)
-    net = model.build(cfg, config, device)
+    bf16 = args.dtype == "bf16"
+    model = build_model(shape, device, torch.bfloat16 if bf16 else torch.float32)
+    config = ds_config(args.micro, shape["hidden_size"], bf16, fused=gpu)
     engine, *_ = deepspeed.initialize(
-        model=net,
-        model_parameters=net.parameters(),
-        config=config,
-        lr_scheduler=ds_config.lr_scheduler(cfg),  # the schedule slurmtrain trains with
+        model=model, model_parameters=model.parameters(), config=config
     )
-    if engine.wall_clock_breakdown():  # DeepSpeed would print them every step; ours mutes them
-        engine.timers.log = lambda *a, **k: None
-    loaded = data.load(cfg.data)  # the training windows and sampler slurmtrain trains on
-    tokens, sampler = loaded.train, loaded.sampler
-    micro, gbs, seq = cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.data.seq_len
-    max_steps = cfg.train.max_steps
-    assert gbs is not None and max_steps is not None  # resolved before config.yaml was written
-    accum = grad_accumulation(cfg, world)
-    t_warm = 0.0
-    # CPU: the time after every log_interval steps, as slurmtrain's metrics rows are stamped (GPU:
-    # not taken, it would need a synchronize the bare loop does not otherwise do).
-    every, marks = cfg.train.log_interval, []
-    # `until`: run alongside slurmtrain (bench/loop_overhead.py --concurrent) until that file
-    # exists; the loss all-reduce then also carries rank 0's "stop" so every rank stops at the
-    # same step, and rank 0 stamps the wall time after every step.
-    stamps: list[float] = []
-    total = 10**9 if until else max_steps
+    total = args.warmup + args.steps
+    g = torch.Generator().manual_seed(dist.get_rank())
+    batches = [
+        torch.randint(0, shape["vocab_size"], (args.micro, args.seq), generator=g)
+        for _ in range(total)
+    ]
+    if gpu:
+        batches = [b.pin_memory() for b in batches]
+    started = 0.0
     for step in range(total):
-        if step == warmup:
+        if step == args.warmup:
             sync()
-            t_warm = time.perf_counter()
-        if not gpu and step >= warmup and (step - warmup) % every == 0:
-            marks.append(time.perf_counter())
-        for m in range(accum):
-            ids = sampler.indices(step, m, rank, micro, world, gbs)
-            window = loop.to_device(data.batch(tokens, ids, seq), device)
-            loss = model.loss_fn(engine, window)
-            engine.backward(loss)
-            engine.step()
-        if not until:
-            loss_t = loss.detach().reshape(1)
-            dist.all_reduce(loss_t)
-            continue
-        stop = float(rank == 0 and os.path.exists(until))
-        loss_t = torch.stack([loss.detach().float(), torch.tensor(stop, device=device)])
-        dist.all_reduce(loss_t)
-        stamps.append(time.time())
-        if loss_t[1].item() > 0:
-            break
+            started = time.perf_counter()
+        ids = batches[step].to(device, non_blocking=True)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
     sync()
-    elapsed = time.perf_counter() - t_warm
-    marks.append(time.perf_counter())
-    if rank == 0:
-        steps = (len(stamps) if until else max_steps) - warmup
+    elapsed = time.perf_counter() - started
+    if dist.get_rank() == 0:
+        world = dist.get_world_size()
         out: Result = {
-            "tokens_per_s": steps * gbs * seq / elapsed,
+            "tokens_per_s": args.steps * args.micro * args.seq * world / elapsed,
             "seconds_timed": elapsed,
-            "step_end_times": stamps,
-            "intervals_s": [b - a for a, b in zip(marks, marks[1:])] if not gpu else [],
+            "steps_timed": args.steps,
+            "final_loss": float(loss.detach().float().item()),
             "settings": {
-                "micro_batch": micro,
-                "grad_accumulation": accum,
-                "global_batch": gbs,
-                "seq_len": seq,
+                "micro_batch": args.micro,
+                "seq_len": args.seq,
                 "world": world,
-                "wall_clock_breakdown": bool(config.get("wall_clock_breakdown")),
-                "zero_stage": zero_stage(config),
+                "dtype": args.dtype,
+                "zero_stage": config["zero_optimization"]["stage"],
             },
         }
         if gpu:
@@ -154,4 +172,4 @@ def main(run_dir: str, warmup: int, until: str = "") -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")
+    main()

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The prepared GPU check for a 1-GPU machine without a package index (about 8 minutes of an H200).
+# The prepared GPU check for a 1-GPU machine without a package index (8 minutes of an H100).
 #
 #   bench/gpu_check.sh --fetch   # here, with a package index: fill .whl/ (once; git-ignored)
 #   bench/gpu_check.sh           # on the GPU machine, from the carried checkout (carry .whl)
 #   bench/gpu_check.sh --cpu     # the whole script on this machine's CPU (CI runs it)
+#   bench/gpu_check.sh --dry     # here: every run it would start, each asked of the planner for
+#                                # an 80 GB and a 141 GB card, with its timeout (sum <= 450 s)
 #
+# Arguments after the first go to bench/gpu_check.py (e.g. --extras, --only n1,throughput).
 # The GPU image's python3 is itself a virtual environment holding torch (CUDA) and transformers:
 # no venv is made from it (one would hide its torch). The missing packages travel as wheels in
 # .whl/ and go into /tmp/site with `pip --target`; the checkout itself is built into a wheel there
@@ -34,15 +37,21 @@ case "${1:-}" in
   du -sh "$WHL"
   exit 0
   ;;
---cpu)
-  # This machine's environment (the set-up .venv) has everything: the same checks on CPU.
+--cpu | --dry)
+  # This machine's environment (the set-up .venv) has everything: the same checks on CPU, or
+  # the plan alone (no torch import: the planner in this process, about 2 s).
   [ -n "${PYTHON:-}" ] || { [ -x .venv/bin/python ] && PY=.venv/bin/python; }
+  if [ "$1" = --dry ]; then
+    shift
+    exec env SLURMTRAIN_AUTO=off "$PY" bench/gpu_check.py --dry "$@"
+  fi
+  shift
   exec env DS_ACCELERATOR=cpu PYTHONWARNINGS=ignore SLURMTRAIN_AUTO=off \
-    "$PY" bench/gpu_check.py --cpu --out "$RESULTS"
+    "$PY" bench/gpu_check.py --cpu --out "$RESULTS" "$@"
   ;;
-"") ;;
+"" | -*) ;;
 *)
-  echo "usage: bench/gpu_check.sh [--fetch|--cpu]" >&2
+  echo "usage: bench/gpu_check.sh [--fetch|--cpu|--dry] [gpu_check.py's options]" >&2
   exit 2
   ;;
 esac
@@ -63,4 +72,5 @@ build=$(mktemp -d)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$build"/slurmtrain-*.whl
 export PYTHONPATH="$SITE" PYTHONWARNINGS=ignore SLURMTRAIN_AUTO=off PYTHONUNBUFFERED=1
 "$PY" -c "import torch, transformers, deepspeed, hydra, submitit, slurmtrain; print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)"
-exec timeout 480 "$PY" bench/gpu_check.py --out "$RESULTS"
+# The runs' own timeouts sum to at most 450 s (bench/gpu_check_plan.py); this one is the backstop.
+exec timeout 480 "$PY" bench/gpu_check.py --out "$RESULTS" "$@"

@@ -1,14 +1,16 @@
-"""GPU throughput: slurmtrain's real entrypoint vs a bare DeepSpeed loop, OPT-125m and OPT-1.3b.
+"""GPU throughput: slurmtrain's real entrypoint beside a really bare DeepSpeed loop, same shapes.
 
-    python bench/gpu_throughput.py [--models opt125m,opt1.3b] [--steps 30] [--warmup 10]
-                                   [--micro-batch opt125m=8,opt1.3b=4] [--budget-s 290]
+    python bench/gpu_throughput.py [--models opt1.3b,opt2.7b] [--micro-batch opt1.3b=8,opt2.7b=2]
+                                   [--card-gib 79.1]
 
-One GPU, bf16, seq 2048, ZeRO-2, synthetic data. Ours is `python -m slurmtrain model=M
-gpus_per_node=1 ...` (local executor: one task), timed from metrics.jsonl between the rows of steps
-WARMUP and WARMUP+STEPS; the bare loop builds the same model, DeepSpeed config and batches from the
-same run directory and times the same steps with CUDA synchronised at both ends. Prints tokens/s,
-TFLOPS and MFU (slurmtrain.planning.flops, model FLOPs) side by side and writes
-bench/results/<date>-<device>.json. Without a CUDA GPU it stops at once (exit 2) saying so.
+One GPU, bf16, seq 2048, ZeRO-2, synthetic data, the runs bench/gpu_check_plan.py defines (eval
+off, dropout off). Ours is `python -m slurmtrain ... gpus_per_node=1` (local executor: one task),
+timed over its steady window: from the metrics row of step WARMUP to the row of the last step
+(no evaluation, no save inside). The bare loop (bench/bare_deepspeed_loop.py: transformers' OPT and
+loss, its own DeepSpeed config, DeepSpeed's own loop) times the same steps of the same shapes with
+the device synchronised at both ends. Tokens/s, TFLOPS and MFU (planning/flops.py, model FLOPs)
+over the window, side by side; writes bench/results/<date>-<device>.json. Every process runs under
+a timeout that kills its whole process group. Also the helpers bench/gpu_check.py runs them with.
 """
 
 from __future__ import annotations
@@ -19,144 +21,144 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-SEQ = 2048
-LOG_INTERVAL = 5
-DEFAULT_MICRO = {"opt125m": 8, "opt1.3b": 4}
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu_check_plan as plan  # noqa: E402  (bench/ is not a package)
 
 
-def require_gpu() -> str:
-    """The CUDA device name, or exit 2 with one line saying why there is none."""
-    try:
-        import torch
-    except ImportError as e:
-        raise SystemExit(
-            f"bench/gpu_throughput.py: cannot import torch ({e}); run it in the "
-            f"project's venv on a GPU machine"
-        ) from e
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-        smi = "nvidia-smi found" if shutil.which("nvidia-smi") else "no nvidia-smi"
-        print(
-            f"bench/gpu_throughput.py: no CUDA GPU visible (torch {torch.__version__}, "
-            f"torch.cuda.is_available()={torch.cuda.is_available()}, {smi}); this benchmark "
-            f"needs one GPU: run it on a GPU machine",
-            file=sys.stderr,
+class RunFailed(RuntimeError):
+    """A process of the check failed or ran past its timeout; the message ends with its output."""
+
+
+def spawn(
+    cmd: Sequence[str], timeout: float, cwd: Path, env: Optional[dict[str, str]] = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in its own session; past `timeout` the whole group is killed (submitit's
+    controller and the training task with it), and RunFailed says so with the output's tail."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            list(cmd), cwd=cwd, env=env, stdout=out, stderr=err, text=True, start_new_session=True
         )
-        raise SystemExit(2)
-    return str(torch.cuda.get_device_name(0))
-
-
-def _micro_batches(text: str) -> dict[str, int]:
-    out = dict(DEFAULT_MICRO)
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, _, value = item.partition("=")
-        if not value.isdigit() or int(value) < 1:
-            raise SystemExit(
-                f"--micro-batch {text!r}: {item!r} is not MODEL=N with N >= 1; "
-                f"e.g. --micro-batch opt125m=8,opt1.3b=4"
-            )
-        out[name] = int(value)
-    return out
-
-
-def _remaining(deadline: float, what: str) -> float:
-    left = deadline - time.monotonic()
-    if left < 20:
-        raise SystemExit(
-            f"bench/gpu_throughput.py: out of time budget before {what}; "
-            f"raise --budget-s or run fewer --models"
+        try:
+            code = proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # leftovers too (the group outlives its lead)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if code is None:
+        raise RunFailed(
+            f"{' '.join(cmd[:4])}...: killed at its {timeout:.0f} s timeout\n{stderr[-1500:]}"
         )
-    return left
+    return subprocess.CompletedProcess(list(cmd), code, stdout, stderr)
 
 
-def _figures(tokens_per_s: float, fpt: float, device: str) -> dict[str, Any]:
+def run_slurmtrain(
+    overrides: Sequence[str], work: Path, timeout: float, pausing: bool = False
+) -> Path:
+    """`python -m slurmtrain cluster=local runs_root=WORK ...`: the run directory it trained."""
+    from slurmtrain.common.rundir import RunDir
+
+    name = next(a.split("=", 1)[1] for a in overrides if a.startswith("name="))
+    cmd = [sys.executable, "-m", "slurmtrain", "cluster=local", f"runs_root={work}", *overrides]
+    done = spawn(cmd, timeout, cwd=work)
+    found = sorted(work.glob(f"{name}/*/config.yaml"), key=os.path.getmtime)
+    run = found[-1].parent if found else None
+    paused = run is not None and bool(RunDir(run).events("paused"))
+    if run is None or (done.returncode and not (pausing and paused)):
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RunFailed(f"{name}: python -m slurmtrain exit {done.returncode}:\n{tail}")
+    return run
+
+
+def flops_per_token(model: str, seq: int, layers: Optional[int] = None) -> float:
     from slurmtrain.planning import flops
 
-    mfu = flops.mfu(tokens_per_s, fpt, device_name=device, dtype="bf16")
+    return flops.flops_per_token(model_shape(model, layers), seq)
+
+
+def model_shape(model: str, layers: Optional[int] = None) -> Any:
+    """conf/model/MODEL.yaml as the schema's ModelConfig (num_layers replaced when given)."""
+    from omegaconf import OmegaConf
+
+    from slurmtrain.common.schema import ModelConfig
+
+    spec = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml"))
+    assert isinstance(spec, dict)
+    if layers:
+        spec["num_layers"] = layers
+    return ModelConfig(**{str(k): v for k, v in spec.items()})
+
+
+def figures(tokens_per_s: float, fpt: float, device: str, dtype: str) -> dict[str, Any]:
+    """tokens/s, TFLOPS and MFU (None without a known peak: CPUs) of one rate."""
+    from slurmtrain.planning import flops
+
     return {
         "tokens_per_s": tokens_per_s,
         "tflops": flops.tflops_per_gpu(tokens_per_s, fpt),
-        "mfu": mfu,
+        "mfu": flops.mfu(tokens_per_s, fpt, device_name=device, dtype=dtype),
     }
 
 
-def run_ours(
-    model: str, micro: int, warmup: int, steps: int, workdir: Path, deadline: float
-) -> tuple[dict[str, Any], Path]:
-    """The real entrypoint, one local GPU task; the rate between two metrics rows."""
-    total = warmup + steps
-    name = f"gpubench-{model.replace('.', '_')}"
-    args = [
-        sys.executable,
-        "-m",
-        "slurmtrain",
-        f"model={model}",
-        "gpus_per_node=1",
-        f"data.seq_len={SEQ}",
-        "data=synthetic",
-        "deepspeed=zero2",
-        "deepspeed.dtype=bf16",
-        f"train.micro_batch_size={micro}",
-        f"train.global_batch_size={micro}",
-        f"train.max_steps={total}",
-        f"train.log_interval={LOG_INTERVAL}",
-        "checkpoint.interval_steps=0",
-        "new_run=true",
-        f"name={name}",
-        f"runs_root={workdir}",
-    ]
-    t0 = time.monotonic()
-    try:
-        done = subprocess.run(
-            args,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=_remaining(deadline, f"ours/{model}"),
-        )
-    except subprocess.TimeoutExpired as e:
-        raise SystemExit(
-            f"ours/{model}: did not finish within the time budget:\n"
-            f"{_captured(e.stdout)[-3000:]}{_captured(e.stderr)[-3000:]}"
-        ) from e
-    if done.returncode:
-        raise SystemExit(
-            f"ours/{model}: python -m slurmtrain failed ({done.returncode}):\n"
-            f"{(done.stdout + done.stderr)[-4000:]}"
-        )
-    run = max(workdir.glob(f"{name}/*/metrics.jsonl"), key=os.path.getmtime).parent
-    rows = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
-    seconds = rows[total]["time"] - rows[warmup]["time"]
-    tps = steps * micro * SEQ / seconds
-    last = rows[total]
+def window(run: Path, first: int, last: int, tokens_per_step: int) -> dict[str, Any]:
+    """Ours over its steady window: the metrics rows of steps `first` and `last` bound it; a row
+    holding an evaluation inside it is refused (its time is no training step's)."""
+    from slurmtrain.common import events
+    from slurmtrain.common.jsonl import read_jsonl
+
+    rows = {}
+    for r in read_jsonl(run / "metrics.jsonl"):
+        step = events.integer(r, "step")
+        if step is None or not first <= step <= last:
+            continue
+        if any(str(k).startswith("valid") for k in r) and step > first:
+            raise RunFailed(f"{run.name}: an evaluation at step {step}, inside the timed window")
+        rows[step] = r
+    if first not in rows or last not in rows:
+        raise RunFailed(f"{run.name}: no metrics rows for steps {first} and {last}: {sorted(rows)}")
+    seconds = events.number(rows[last], "time") - events.number(rows[first], "time")
+    peak = rows[last].get("peak_mem_bytes_max")
     return {
-        "tokens_per_s": tps,
+        "tokens_per_s": (last - first) * tokens_per_step / seconds,
         "seconds_timed": seconds,
-        "wall_s": time.monotonic() - t0,
-        "logged_mfu": last.get("mfu"),
-        "logged_tflops_per_gpu": last.get("tflops_per_gpu"),
-        "peak_mem_bytes": last.get("peak_mem_bytes_max"),
-    }, run
+        "steps_timed": last - first,
+        "peak_mem_bytes": peak,
+    }
 
 
-def _captured(output: bytes | str | None) -> str:
-    """What a timed-out child wrote: TimeoutExpired holds bytes even for a text=True run."""
-    if isinstance(output, bytes):
-        return output.decode(errors="replace")
-    return output or ""
-
-
-def run_bare(run: Path, warmup: int, deadline: float, model: str) -> dict[str, Any]:
-    """This file's --bare worker on the same run directory, as rank 0 of 1."""
+def run_bare(
+    model: str,
+    micro: int,
+    mode: plan.Mode,
+    timeout: float,
+    work: Path,
+    layers: Optional[int] = None,
+) -> dict[str, Any]:
+    """bench/bare_deepspeed_loop.py as rank 0 of 1, the shapes of conf/model/MODEL.yaml."""
     from slurmtrain.login.local_submit import free_port
 
+    shape = model_shape(model, layers)
+    keys = ("num_layers", "hidden_size", "num_heads", "ffn_dim", "vocab_size", "max_positions")
+    spec = {k: getattr(shape, k) for k in keys}
+    spec["word_embed_proj_dim"] = shape.word_embed_proj_dim
+    spec["layer_norm_before"] = shape.layer_norm_before
     env = dict(
         os.environ,
         RANK="0",
@@ -164,132 +166,125 @@ def run_bare(run: Path, warmup: int, deadline: float, model: str) -> dict[str, A
         LOCAL_RANK="0",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
-        PYTHONWARNINGS="ignore::FutureWarning",
-        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        PYTHONWARNINGS="ignore",
     )
-    env.pop("DS_ACCELERATOR", None)
-    t0 = time.monotonic()
-    try:
-        done = subprocess.run(
-            [sys.executable, __file__, "--bare", str(run), str(warmup)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=_remaining(deadline, f"bare/{model}"),
-        )
-    except subprocess.TimeoutExpired as e:
-        raise SystemExit(f"bare/{model}: did not finish within the time budget") from e
+    if mode.name == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    else:
+        env.pop("DS_ACCELERATOR", None)
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "bare_deepspeed_loop.py"),
+        json.dumps(spec),
+        f"--micro={micro}",
+        f"--seq={mode.seq}",
+        f"--warmup={mode.warmup}",
+        f"--steps={mode.steps}",
+        f"--dtype={mode.dtype}",
+    ]
+    done = spawn(cmd, timeout, cwd=work, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode or not lines:
-        raise SystemExit(
-            f"bare/{model}: failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
-        )
-    return dict(json.loads(lines[-1]), wall_s=time.monotonic() - t0)
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RunFailed(f"bare {model}: exit {done.returncode}:\n{tail}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
-def bare_worker(run_dir: str, warmup: int) -> None:
-    """bench/bare_deepspeed_loop.py on the same run directory (it picks NCCL on a GPU run)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bare_deepspeed_loop import main as bare_main
+def require_gpu() -> str:
+    """The CUDA device name, or exit 2 with one line saying why there is none."""
+    import torch
 
-    bare_main(run_dir, warmup)
-
-
-def _fmt(x: Optional[float], spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def print_table(results: list[dict[str, Any]]) -> None:
-    head = (
-        f"{'model':<9} {'micro':>5} | {'ours tok/s':>11} {'TFLOPS':>7} {'MFU':>6} | "
-        f"{'bare tok/s':>11} {'TFLOPS':>7} {'MFU':>6} | {'ours/bare':>9}"
-    )
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        o, b = r["ours"], r["bare"]
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        smi = "nvidia-smi found" if shutil.which("nvidia-smi") else "no nvidia-smi"
         print(
-            f"{r['model']:<9} {r['micro_batch']:>5} | {o['tokens_per_s']:>11,.0f} "
-            f"{o['tflops']:>7.1f} {_fmt(o['mfu'] and 100 * o['mfu'], '5.1f'):>5}% | "
-            f"{b['tokens_per_s']:>11,.0f} {b['tflops']:>7.1f} "
-            f"{_fmt(b['mfu'] and 100 * b['mfu'], '5.1f'):>5}% | "
-            f"{o['tokens_per_s'] / b['tokens_per_s']:>9.3f}"
+            f"bench/gpu_throughput.py: no CUDA GPU visible (torch {torch.__version__}, {smi}); "
+            f"run it on a GPU machine",
+            file=sys.stderr,
         )
+        raise SystemExit(2)
+    return str(torch.cuda.get_device_name(0))
+
+
+def compare(
+    mode: plan.Mode,
+    runs: list[plan.Run],
+    work: Path,
+    device: str,
+    deadline: float,
+    what: str,
+) -> dict[str, Any]:
+    """One throughput row: ours (runs[0]) and its bare twin (runs[1], if any), judged against
+    gpu_check_plan's floors (the row's `missed` lists what fell short; `ok` when nothing did)."""
+    ours_run, *twin = runs
+    layers = next((int(a.split("=")[1]) for a in ours_run.overrides if "num_layers=" in a), None)
+    fpt = flops_per_token(ours_run.model, mode.seq, layers)
+    tokens = ours_run.micro * mode.seq
+    total = mode.warmup + mode.steps
+    left = deadline - time.monotonic()
+    run = run_slurmtrain(ours_run.overrides, work, min(ours_run.timeout_s, left))
+    ours = window(run, mode.warmup, total, tokens)
+    ours.update(figures(ours["tokens_per_s"], fpt, device, mode.dtype))
+    row: dict[str, Any] = {"model": what, "micro": ours_run.micro, "seq": mode.seq, "ours": ours}
+    from slurmtrain.planning import flops
+
+    floors: dict[str, Optional[float]] = {
+        "mfu": plan.mfu_floor(flops.peak_key(device), what),
+        "ours_over_bare": plan.RATIO_FLOOR[mode.name],
+    }
+    if twin:
+        left = deadline - time.monotonic()
+        model = ours_run.model
+        bare = run_bare(model, ours_run.micro, mode, min(twin[0].timeout_s, left), work, layers)
+        bare.update(figures(bare["tokens_per_s"], fpt, device, mode.dtype))
+        row["bare"] = bare
+        row["ours_over_bare"] = ours["tokens_per_s"] / bare["tokens_per_s"]
+    else:
+        floors.pop("ours_over_bare")
+    missed = plan.judge({"mfu": ours["mfu"], **row}, floors)
+    row["thresholds"] = {
+        k: (f">= {v:g}" if v is not None else "not judged") for k, v in floors.items()
+    }
+    row["missed"] = missed
+    row["ok"] = not missed
+    return row
 
 
 def main() -> int:
-    if len(sys.argv) >= 2 and sys.argv[1] == "--bare":
-        bare_worker(sys.argv[2], int(sys.argv[3]))
-        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="opt125m,opt1.3b")
-    p.add_argument("--steps", type=int, default=30, help="timed steps after warm-up")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--micro-batch", default="", help="MODEL=N,... (default opt125m=8,opt1.3b=4)")
-    p.add_argument("--budget-s", type=float, default=290.0, help="stop (exit 1) past this")
+    p.add_argument("--models", default="opt1.3b")
+    p.add_argument("--micro-batch", default="", help="MODEL=N,... (default: gpu_check_plan's)")
+    p.add_argument("--card-gib", type=float, default=None, help="default: mem_get_info's total")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/)")
     args = p.parse_args()
-    if args.warmup % LOG_INTERVAL or args.steps % LOG_INTERVAL or args.warmup < LOG_INTERVAL:
-        raise SystemExit(
-            f"--warmup {args.warmup} / --steps {args.steps}: must be multiples of "
-            f"{LOG_INTERVAL} (ours is timed between logged rows), warm-up >= {LOG_INTERVAL}"
-        )
-    device = require_gpu()  # before anything slow
-    deadline = time.monotonic() + args.budget_s
-    micro = _micro_batches(args.micro_batch)
-    sys.path.insert(0, str(ROOT))
-    from omegaconf import OmegaConf
+    device = require_gpu()
+    import torch
 
-    from slurmtrain.common.schema import ModelConfig
-    from slurmtrain.planning import flops
-
+    gib = args.card_gib or plan.card_gib(torch.cuda.mem_get_info()[1])
+    micro = dict(plan.GPU.throughput + plan.GPU.extras)
+    for item in filter(None, args.micro_batch.split(",")):
+        name, _, value = item.partition("=")
+        micro[name] = int(value)
     results = []
     with tempfile.TemporaryDirectory(prefix="gpubench-") as tmp:
         for m in filter(None, args.models.split(",")):
-            mb = micro.get(m, 4)
-            spec = OmegaConf.load(ROOT / "conf" / "model" / f"{m}.yaml")
-            shape = ModelConfig(**OmegaConf.to_container(spec, resolve=True))  # type: ignore[arg-type]
-            fpt = flops.flops_per_token(shape, SEQ)
-            ours, run = run_ours(m, mb, args.warmup, args.steps, Path(tmp), deadline)
-            bare = run_bare(run, args.warmup, deadline, m)
-            ours.update(_figures(ours["tokens_per_s"], fpt, device))
-            bare.update(_figures(bare["tokens_per_s"], fpt, device))
-            results.append(
-                {"model": m, "micro_batch": mb, "flops_per_token": fpt, "ours": ours, "bare": bare}
-            )
-            print(
-                f"{m}: ours {ours['tokens_per_s']:,.0f} tok/s, bare "
-                f"{bare['tokens_per_s']:,.0f} tok/s",
-                flush=True,
-            )
-    import torch
-
-    print_table(results)
+            runs = plan.throughput_runs(plan.GPU, m, micro.get(m, 4), m)
+            runs = [replace(r, overrides=tuple(plan.with_card(r.overrides, gib))) for r in runs]
+            row = compare(plan.GPU, runs, Path(tmp), device, time.monotonic() + 600, m)
+            results.append(row)
+            print(json.dumps(row, default=str), flush=True)
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     out = args.out or ROOT / "bench" / "results" / f"{dt.date.today().isoformat()}-{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "device": device,
-                "date": dt.datetime.now().isoformat(timespec="seconds"),
-                "torch": torch.__version__,
-                "cuda": torch.version.cuda,
-                "seq_len": SEQ,
-                "dtype": "bf16",
-                "zero_stage": 2,
-                "steps_timed": args.steps,
-                "warmup": args.warmup,
-                "peak_tflops": flops.detect_peak(device, "bf16"),
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    meta = {
+        "device": device,
+        "card_gib": gib,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    out.write_text(json.dumps({**meta, "results": results}, indent=2, default=str) + "\n")
     print(f"wrote {out}")
-    return 0
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, cast
 
-from bare_deepspeed_loop import Result, Settings, zero_stage
+from loop_twin import Result, Settings, zero_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,7 +164,7 @@ def start_bare(run: Path, warmup: int, port: int, until: str = "") -> list[subpr
             PYTHONWARNINGS="ignore",
             PYTHONPATH=str(ROOT),
         )
-        script = str(ROOT / "bench" / "bare_deepspeed_loop.py")
+        script = str(ROOT / "bench" / "loop_twin.py")
         procs.append(
             subprocess.Popen(
                 [sys.executable, script, str(run), str(warmup)] + ([until] if until else []),
@@ -182,7 +182,7 @@ def finish_bare(procs: list[subprocess.Popen[str]]) -> Result:
     lines = [x for x in out[0].splitlines() if x.startswith("{")]
     if any(p.returncode for p in procs) or not lines:
         raise SystemExit(f"bare DeepSpeed loop failed ({[p.returncode for p in procs]})")
-    return cast(Result, json.loads(lines[-1]))  # the line bare_deepspeed_loop.py printed
+    return cast(Result, json.loads(lines[-1]))  # the line loop_twin.py printed
 
 
 def bare_in_window(

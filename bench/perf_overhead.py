@@ -6,7 +6,7 @@ On a shared machine a whole-run comparison (bench/loop_overhead.py) moves by ten
 run to run; here the variants take turns in blocks of steps inside the same rank processes (gloo,
 the tiny OPT), so the same noise hits all of them, and the median block time per step is compared:
 
-- bare: DeepSpeed forward/backward/step + one all_reduce per step (bench/bare_deepspeed_loop.py)
+- bare: DeepSpeed forward/backward/step + one all_reduce per step (bench/loop_twin.py)
 - bare+timers: the same with DeepSpeed's wall_clock_breakdown timers (muted by perf.StepTimers)
 - loop: slurmtrain's loop.train (metrics row + TensorBoard every log interval, perf tracking),
   with timers off and on, at log intervals 1 and 10
