@@ -191,9 +191,10 @@ def throughput(c: Check, extras: bool = False) -> None:
             row = compare(c.mode, runs, c.work, c.device, c.deadline, label.removeprefix("tp-"))
         except Exception as e:  # one model failing still runs the next
             model, micro = models[label]
-            c.out.emit("throughput", model=model, micro=micro, error=_error(e), ok=False)
+            check = "slice13b" if label == "tp-slice13b" else "throughput"
+            c.out.emit(check, model=model, micro=micro, error=_error(e), ok=False)
             continue
-        c.out.emit("throughput", **row)
+        c.out.emit("slice13b" if label == "tp-slice13b" else "throughput", **row)
 
 
 def losses(run: Path) -> dict[int, float]:

@@ -225,7 +225,10 @@ def compare(
     run = run_slurmtrain(ours_run.overrides, work, min(ours_run.timeout_s, left))
     ours = window(run, mode.warmup, total, tokens)
     ours.update(figures(ours["tokens_per_s"], fpt, device, mode.dtype))
-    row: dict[str, Any] = {"model": what, "micro": ours_run.micro, "seq": mode.seq, "ours": ours}
+    row: dict[str, Any] = {"model": ours_run.model, "micro": ours_run.micro, "seq": mode.seq}
+    if layers:  # a slice: the model's layer shapes, fewer of them (planning/mfu.py reads `model`)
+        row["layers"] = layers
+    row["ours"] = ours
     from slurmtrain.planning import flops
 
     floors: dict[str, Optional[float]] = {

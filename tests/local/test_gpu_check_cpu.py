@@ -8,7 +8,16 @@ import subprocess
 
 from tests.conftest import ROOT, slurmtrain_env
 
-CHECKS = {"binding", "gemm", "throughput", "slice13b", "checkpoint_io", "resume", "bf16_vs_fp32"}
+CHECKS = {
+    "device",
+    "binding",
+    "gemm",
+    "n1",
+    "throughput",
+    "checkpoint_io",
+    "resume",
+    "bf16_vs_fp32",
+}
 
 
 def test_gpu_check_runs_every_check_on_cpu(tmp_path):
@@ -27,7 +36,21 @@ def test_gpu_check_runs_every_check_on_cpu(tmp_path):
     failed = {c: by_check[c] for c in CHECKS if by_check[c].get("ok") is not True}
     assert not failed, failed
     assert done.returncode == 0 and by_check["done"]["ok"] is True
+    # Most important first: the N1 check, then throughput, then resume.
+    order = [r["check"] for r in rows]
+    assert order.index("n1") < order.index("throughput") < order.index("resume")
     # The binding check went through DeepSpeed: the task's one visible device is its device 0.
     assert by_check["binding"]["local_rank"] == "0" and by_check["binding"]["slurm_localid"] == "1"
-    assert by_check["throughput"]["ours"]["tokens_per_s"] > 0
+    # N1: the async save's fp32 partition is the step's, byte for byte, and training moved past it.
+    n1 = by_check["n1"]
+    assert n1["mode"] == "async" and n1["bytes_differing"] == 0 and n1["fp32_bytes"] > 0
+    assert n1["changed_after_save"] > 0 and n1["copy_threads"]
+    # Throughput: judged against its floors (CPU: ratio only, no MFU peak), both loops timed.
+    tp = by_check["throughput"]
+    assert tp["ours"]["tokens_per_s"] > 0 and tp["bare"]["tokens_per_s"] > 0
+    assert tp["missed"] == [] and tp["thresholds"]["mfu"] == "not judged"
+    assert tp["ours"]["steps_timed"] == tp["bare"]["steps_timed"]
+    # The save rate is over the whole save, not the seconds the loop was blocked.
+    io = by_check["checkpoint_io"]
+    assert io["mode"] == "async" and io["save_total_s"] >= io["save_blocked_s"] > 0
     assert by_check["resume"]["resumed_from"] == by_check["resume"]["paused_at"]
