@@ -11,6 +11,7 @@ what `model=hf` does with it (trains, or the one-line refusal the user sees).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -24,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def row(family: str, folder: Path, build: bool) -> str:
     from slurmtrain.common import hf_config
     from slurmtrain.common.errors import ConfigError
-    from tests.local.test_hf_families import SEQ_LEN, tiny_config
+
+    tests = importlib.import_module("tests.local.test_hf_families")  # its tiny_config factory
+    tiny_config, SEQ_LEN = tests.tiny_config, int(tests.SEQ_LEN)
 
     try:
         tiny_config(family, folder)

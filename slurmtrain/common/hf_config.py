@@ -164,10 +164,12 @@ def _defaults(family: str) -> dict[str, object]:
 def transformers_config(family: str, body: Mapping[str, object]) -> PretrainedConfig:
     """`body` (config.json's keys without model_type) in the family's config class; refused in
     one line when the class refuses it."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
 
+    # config.json's encoded floats ({"__float__": "Infinity"}) decoded as from_pretrained does
+    decoded = PretrainedConfig._decode_special_floats(dict(body))
     try:
-        config: PretrainedConfig = AutoConfig.for_model(family, **dict(body))
+        config: PretrainedConfig = AutoConfig.for_model(family, **decoded)
     except Exception as err:  # strict dataclass validation raises its own types
         raise ConfigError(
             f"model.config: transformers refuses this {family} config: {_one_line(err)}; fix "
