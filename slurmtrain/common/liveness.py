@@ -8,16 +8,21 @@ releases it; killed in between (or refused the release), it leaves a PENDING job
 Such an owner still held $SLURMTRAIN_HELD_OWNER_S (300 s) after its `submitted` row is released
 here, or, when it stays held, cancelled and treated as dead (status and the launch command both
 ask, so either one un-wedges the run).
+
+Many runs at once (`cli status` over a sweep): `batch(job_ids)` asks Slurm once for all of them
+(`squeue -j a,b,...`, then one `sacct` if squeue cannot be asked); inside it `slurm_job_alive` and
+`held` answer from that listing instead of one squeue per run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common.errors import ConfigError
@@ -36,6 +41,63 @@ ACTIVE_SLURM_STATES = set(
 
 class StateUnknown(ConfigError):
     """Slurm could not be asked whether the run's job is alive: refuse rather than guess."""
+
+
+# Inside `batch`: job id -> (state, reason) as one listing gave them; ABSENT for a job Slurm no
+# longer lists (ended), UNKNOWN when neither squeue nor sacct answered.
+_listed: dict[str, tuple[str, str]] = {}
+ABSENT, UNKNOWN = ("", ""), ("?", "")
+BATCH_IDS = 2000  # job ids per call: the -j argument stays far below the 128 KiB argument limit
+
+
+@contextlib.contextmanager
+def batch(job_ids: Iterable[str]) -> Iterator[None]:
+    """Ask Slurm about every job in `job_ids` at once (one squeue per 2,000 ids; one sacct more
+    only if squeue cannot be asked); `slurm_job_alive` and `held` answer from it until the block
+    ends. A job squeue does not list has ended (squeue lists every job in any state once -j
+    names it, until the controller forgets it)."""
+    ids = sorted({str(j) for j in job_ids if j} - set(_listed))
+    for start in range(0, len(ids), BATCH_IDS):
+        _listed.update(_listing(ids[start : start + BATCH_IDS]))
+    try:
+        yield
+    finally:
+        for job in ids:
+            _listed.pop(job, None)
+
+
+def slurm_owner(rows: list[dict[str, object]]) -> Optional[str]:
+    """The Slurm job id `job_alive` would ask about for these ledger rows (None: no owner, a
+    local run, or a finished one): what a caller collects for `batch`."""
+    last = owner(rows)
+    if last is None or any(r["event"] == "finished" for r in rows):
+        return None
+    return None if _executor(rows, last) == "local" else str(last.get("job_id"))
+
+
+def _listing(ids: list[str]) -> dict[str, tuple[str, str]]:
+    found = dict.fromkeys(ids, ABSENT)
+    try:
+        out = slurm_cmd.run(["squeue", "-h", "-r", "-j", ",".join(ids), "-o", "%i|%T|%r"])
+    except SlurmError as err:
+        if "invalid job id" in str(err).lower():  # one id asked, and the controller forgot it
+            return found
+        try:
+            out = slurm_cmd.run(
+                ["sacct", "-n", "-X", "-P", "-j", ",".join(ids), "-o", "JobID,State"]
+            )
+        except SlurmError:
+            return dict.fromkeys(ids, UNKNOWN)
+        for line in out.splitlines():  # "CANCELLED by 0" -> CANCELLED; a later row wins
+            job, _, state = line.strip().partition("|")
+            if job in found and state.split():
+                found[job] = (state.split()[0], "")
+        return found
+    for line in out.splitlines():
+        job, state, reason = (line.strip().split("|") + ["", ""])[:3]
+        if job in found:
+            found[job] = (state.strip(), reason.strip())
+    return found
 
 
 def job_alive(rows: list[dict[str, object]]) -> bool:
@@ -68,6 +130,13 @@ def held_owner_s() -> float:
 def held(job_id: str) -> Optional[bool]:
     """Whether Slurm holds the job (PENDING, reason JobHeldUser/JobHeldAdmin); False once it is
     released, running or gone; None when squeue cannot be asked."""
+    if str(job_id) in _listed:
+        listed = _listed[str(job_id)]
+        return (
+            None
+            if listed == UNKNOWN
+            else listed[0] == "PENDING" and listed[1].startswith("JobHeld")
+        )
     try:
         out = slurm_cmd.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r"])
     except SlurmError as err:
@@ -134,6 +203,9 @@ def _local_alive(rows: Sequence[Mapping[str, object]], last: Mapping[str, object
 def slurm_job_alive(job_id: str) -> Optional[bool]:
     """True while Slurm will still run the job (queued, running, requeued), False once it ended
     or Slurm has forgotten it, None when neither squeue nor sacct can be asked (fail closed)."""
+    if str(job_id) in _listed:  # inside `batch`
+        listed = _listed[str(job_id)]
+        return None if listed == UNKNOWN else listed[0] in ACTIVE_SLURM_STATES
     try:
         return slurm_cmd.job_state(job_id, strict=True) in ACTIVE_SLURM_STATES
     except SlurmError:

@@ -1,0 +1,126 @@
+"""`cli status` made for sweeps: a name directory, a bare name, a glob, `--state`, newest first,
+and one summary line per sweep (points by state, best valid_loss and its overrides). Run
+directories are written by hand (the layout real runs write); local runs, so no Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from slurmtrain.cli import status
+from slurmtrain.common.liveness import pid_start
+
+ME = dict(pid=os.getpid(), host=socket.gethostname(), pid_start=pid_start(os.getpid()))
+
+
+def _rows(path: Path, rows: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_run(
+    root: Path, name: str, fp: str, kind: str, t: float, lr: float = 1e-3, valid: float = 3.0
+) -> Path:
+    """One run directory: config, overrides, ledger and metrics as a local run writes them."""
+    run = root / name / fp
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        f"optim:\n  lr: {lr}\nfaults:\n  spare_nodes: 0\nname: {name}\n"
+    )
+    (run / "overrides.yaml").write_text(f"- name={name}\n- optim.lr={lr}\n- runs_root={root}\n")
+    if kind == "new":
+        os.utime(run, (t, t))
+        return run
+    job = f"{fp}-job"
+    sub = {"event": "submitted", "time": t, "job_id": job, "executor": "local", **ME}
+    if kind != "running":
+        sub["pid"] = 1  # not ours: the owner is gone
+    rows: list[dict[str, object]] = [sub]
+    rows.append({"event": "started", "time": t + 1, "job_id": job, "attempt": 1})
+    if kind == "finished":
+        rows.append({"event": "finished", "time": t + 3, "job_id": job, "step": 20})
+    if kind == "diverged":
+        rows.append(
+            {"event": "stopped", "time": t + 3, "job_id": job, "class": "diverged", "error": "nan"}
+        )
+    _rows(run / "ledger.d" / "host.1.abc.jsonl", rows)
+    metrics: list[dict[str, object]] = [{"step": 10, "time": t + 2, "loss": valid + 1}]
+    metrics.append({"step": 20, "time": t + 2.5, "loss": valid, "valid_loss": valid})
+    _rows(run / "metrics.jsonl", metrics)
+    return run
+
+
+@pytest.fixture
+def sweep_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "runs"
+    make_run(root, "lr_sweep", "aaa", "finished", 1000.0, lr=1e-3, valid=2.5)
+    make_run(root, "lr_sweep", "bbb", "finished", 3000.0, lr=3e-3, valid=2.1)
+    make_run(root, "lr_sweep", "ccc", "diverged", 2000.0, lr=1e-2, valid=9.0)
+    make_run(root, "lr_sweep", "ddd", "running", 4000.0, lr=1e-4, valid=3.3)
+    make_run(root, "lr_warmup", "eee", "finished", 500.0, lr=1e-3, valid=2.9)
+    make_run(root, "baseline", "fff", "new", 5000.0)
+    monkeypatch.setenv("SLURMTRAIN_RUNS_ROOT", str(root))
+    monkeypatch.chdir(tmp_path)
+    return root
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str, object]]:
+    assert status.main(["--json", *argv]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def _fps(rows: list[dict[str, object]]) -> list[str]:
+    return [Path(str(r["run"])).name for r in rows]
+
+
+def test_a_name_directory_lists_its_runs(
+    sweep_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: "status: no runs under runs/lr_sweep" (only a root or a run directory was read)
+    assert sorted(_fps(_json(capsys, "runs/lr_sweep"))) == ["aaa", "bbb", "ccc", "ddd"]
+    assert sorted(_fps(_json(capsys, str(sweep_root / "lr_sweep")))) == ["aaa", "bbb", "ccc", "ddd"]
+
+
+def test_a_bare_name_is_found_under_the_runs_root(
+    sweep_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.chdir(sweep_root.parent.parent)  # the name is not a path from here
+    assert _fps(_json(capsys, "lr_warmup")) == ["eee"]
+
+
+def test_globs_select_names(sweep_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sorted(_fps(_json(capsys, "runs/lr_*"))) == ["aaa", "bbb", "ccc", "ddd", "eee"]
+    assert sorted(_fps(_json(capsys, "lr_w*"))) == ["eee"]  # a bare glob: under the runs root
+    assert sorted(_fps(_json(capsys, "runs/*/fff"))) == ["fff"]  # run directories match too
+
+
+def test_whole_root_newest_first(sweep_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # newest ledger row first; a run with no ledger by its directory's mtime
+    assert _fps(_json(capsys)) == ["fff", "ddd", "bbb", "ccc", "aaa", "eee"]
+
+
+def test_state_filter_matches_the_state_word(
+    sweep_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _json(capsys, "--state", "stopped")
+    assert [(Path(str(r["run"])).name, r["state"]) for r in rows] == [("ccc", "stopped: diverged")]
+    assert _fps(_json(capsys, "--state", "finished", "runs/lr_sweep")) == ["bbb", "aaa"]
+    assert _fps(_json(capsys, "--state", "running,new")) == ["fff", "ddd"]
+    assert _fps(_json(capsys, "--state", "failed")) == ["ccc"]
+    assert status.main(["--state", "finished", "runs/baseline"]) == 0
+    assert "no runs in state finished" in capsys.readouterr().out
+
+
+def test_one_summary_line_per_sweep(sweep_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert status.main([]) == 0
+    out = capsys.readouterr().out
+    [line] = [ln for ln in out.splitlines() if ln.startswith("sweep lr_sweep")]
+    assert "4 points" in line and "2 finished" in line and "1 running" in line
+    assert "1 stopped (diverged 1)" in line
+    assert "best valid_loss 2.1000" in line and "optim.lr=0.003" in line
+    assert "bbb" in line and "runs_root=" not in line and "name=" not in line
+    assert not [ln for ln in out.splitlines() if ln.startswith("sweep lr_warmup")]  # one run
