@@ -41,7 +41,7 @@ class Result(TypedDict):
 def ds_config(micro: int, hidden: int, bf16: bool, fused: bool) -> dict[str, Any]:
     """The DeepSpeed config: ZeRO-2, one layer's gradients per bucket (12 h^2 elements)."""
     bucket = max(12 * hidden * hidden, 20_000_000)
-    return {
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": 1,
         "zero_optimization": {
@@ -52,8 +52,6 @@ def ds_config(micro: int, hidden: int, bf16: bool, fused: bool) -> dict[str, Any
             "allgather_bucket_size": bucket,
         },
         "bf16": {"enabled": bf16},
-        "communication_data_type": "fp32",
-        "data_types": {"grad_accum_dtype": "fp32"},
         "gradient_clipping": 1.0,
         "optimizer": {
             "type": "AdamW",
@@ -69,6 +67,9 @@ def ds_config(micro: int, hidden: int, bf16: bool, fused: bool) -> dict[str, Any
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if bf16:  # 16-bit weights, gradients accumulated and reduced in fp32
+        config.update(communication_data_type="fp32", data_types={"grad_accum_dtype": "fp32"})
+    return config
 
 
 def build_model(shape: dict[str, Any], device: Any, dtype: Any) -> Any:
