@@ -48,20 +48,87 @@ def world_size(cfg: RootConfig, nodes: Optional[int] = None) -> int:
     return (nodes or node_range(cfg.nodes)[1]) * tasks_per_node(cfg)
 
 
+def tensor_parallel(cfg: RootConfig) -> int:
+    """parallel.tensor (DeepSpeed AutoTP's degree); 1 for a config written before it existed."""
+    section = getattr(cfg, "parallel", None)
+    return max(1, int(getattr(section, "tensor", 1) or 1))
+
+
+def data_parallel(cfg: RootConfig, world: int) -> int:
+    """Data-parallel size: world / TP (a TP group reads one batch)."""
+    tp = tensor_parallel(cfg)
+    if world % tp:
+        raise ConfigError(
+            f"parallel.tensor={tp}: does not divide the world size {world}; use a divisor of "
+            f"the ranks per node ({tasks_per_node(cfg)})"
+        )
+    return world // tp
+
+
+def tp_choices(cfg: RootConfig) -> list[int]:
+    """The TP degrees a config could use: divisors of the ranks per node that divide the heads."""
+    per_node, heads = tasks_per_node(cfg), int(cfg.model.num_heads)
+    return [t for t in range(1, per_node + 1) if per_node % t == 0 and heads % t == 0]
+
+
+def _fits(gbs: int, world: int, tp: int, micro: int) -> bool:
+    return world % tp == 0 and gbs % (micro * (world // tp)) == 0
+
+
+def batch_choices(cfg: RootConfig, world: int, gbs: int) -> str:
+    """What would fit `gbs` on `world` ranks: the nearest global batches for this TP and micro
+    batch, the TP / micro-batch pairs that divide it (micro up to 2x this one), else node counts."""
+    micro, tp = int(cfg.train.micro_batch_size), tensor_parallel(cfg)
+    unit = micro * max(1, world // tp)
+    below, above = unit * (gbs // unit), unit * (gbs // unit + 1)
+    near = f"train.global_batch_size={above}" if below == 0 else f"{below} or {above}"
+    near = near if below == 0 else f"train.global_batch_size={near}"
+    pairs = []
+    for t in tp_choices(cfg):
+        micros = [m for m in range(1, max(2 * micro, 4) + 1) if _fits(gbs, world, t, m)]
+        if micros:
+            pairs.append(
+                f"parallel.tensor={t} with train.micro_batch_size={'|'.join(map(str, micros))}"
+            )
+    if pairs:
+        fit = f"or keep {gbs} with " + "; ".join(pairs)
+    else:
+        per_node = tasks_per_node(cfg)
+        nodes = [
+            n
+            for n in range(1, 2 * max(1, world // per_node) + 1)
+            if _fits(gbs, n * per_node, tp, micro)
+        ]
+        closest = sorted(nodes, key=lambda n: abs(n * per_node - world))[:2]
+        fit = (
+            f"no parallel.tensor in {tuple(tp_choices(cfg))} and micro batch up to "
+            f"{max(2 * micro, 4)} divides {gbs} on {world} ranks"
+            + (
+                f"; with parallel.tensor={tp} nodes={' or '.join(map(str, sorted(closest)))} do"
+                if closest
+                else ""
+            )
+        )
+    return f"nearest that divide: {near}; {fit}"
+
+
 def grad_accumulation(cfg: RootConfig, world: int) -> int:
-    """Global batch = micro batch x grad accumulation x data-parallel size; only accumulation moves."""
+    """Global batch = micro batch x grad accumulation x data-parallel size (world / TP); only
+    accumulation moves."""
     micro = int(cfg.train.micro_batch_size)
-    per_step = micro * world
+    dp = data_parallel(cfg, world)
+    per_step = micro * dp
     gbs = cfg.train.global_batch_size
     if gbs is None:
         raise ConfigError(
             "train.global_batch_size=None: not resolved; validation.resolve_batch fills it in"
         )
     if gbs % per_step:
+        tp = tensor_parallel(cfg)
+        size = f"world size {world}" if tp == 1 else f"world {world} / parallel.tensor={tp}"
         raise ConfigError(
-            f"train.global_batch_size={gbs}: not divisible by micro batch x world size "
-            f"= {micro} x {world} = {per_step}; use a multiple of {per_step} "
-            f"(e.g. train.global_batch_size={per_step * max(1, gbs // per_step)})"
+            f"train.global_batch_size={gbs}: not divisible by micro batch x data-parallel size "
+            f"= {micro} x {dp} = {per_step} ({size}); {batch_choices(cfg, world, gbs)}"
         )
     return gbs // per_step
 

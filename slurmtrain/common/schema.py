@@ -251,6 +251,12 @@ class TrainConfig:
 
 
 @dataclass
+class ParallelConfig:
+    # Tensor parallelism (DeepSpeed AutoTP) within a node; data-parallel size = world / tensor.
+    tensor: int = 1
+
+
+@dataclass
 class RootConfig:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
@@ -261,6 +267,7 @@ class RootConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # trackers: metrics, events
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     name: str = "demo"
     runs_root: str = "runs"
     nodes: Any = 1  # an int, or a range "2-4" that Slurm may start at any size within
@@ -358,6 +365,11 @@ def load_run_config(path: str) -> RootConfig:
     """A run directory's config.yaml, typed against the schema again (compute node)."""
     written = _unset_references_kept(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
     assert isinstance(written, dict), f"{path}: not a config"
+    cluster = written.get("cluster")
+    env = cluster.get("env") if isinstance(cluster, dict) else None
+    for key, value in (env or {}).items():  # `\${VAR}` is the shell's (secrets.kept_literal):
+        if isinstance(value, str):  # kept escaped, so a plain() of the typed config keeps it too
+            env[key] = value.replace("\\${", "\\\\\\${")
     kept = OmegaConf.create(written)
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), kept)
     config = OmegaConf.to_object(merged)

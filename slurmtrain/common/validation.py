@@ -13,7 +13,7 @@ import math
 import os
 import re
 
-from slurmtrain.common.derived import grad_accumulation, node_range, world_size
+from slurmtrain.common.derived import data_parallel, grad_accumulation, node_range, world_size
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import (
     DERIVED_DEEPSPEED_KEYS,
@@ -25,6 +25,7 @@ from slurmtrain.common.schema import (
 )
 from slurmtrain.common.validation_data import check_data, check_positive
 from slurmtrain.common.validation_login import check_all
+from slurmtrain.common.validation_parallel import check_parallel
 from slurmtrain.planning import policy
 from slurmtrain.planning.deadlines import MARGIN_FRACTION, MARGIN_S
 
@@ -156,7 +157,8 @@ def resolve_batch(cfg: RootConfig) -> None:
     if t.global_batch_size is None:
         check_positive("train.micro_batch_size", t.micro_batch_size)
         check_positive("train.grad_accumulation", t.grad_accumulation)
-        t.global_batch_size = t.micro_batch_size * t.grad_accumulation * world_size(cfg)
+        world = world_size(cfg)
+        t.global_batch_size = t.micro_batch_size * t.grad_accumulation * data_parallel(cfg, world)
     check_positive("train.global_batch_size", t.global_batch_size)
     step_tokens = t.global_batch_size * cfg.data.seq_len
     if t.max_steps is None:
@@ -217,6 +219,7 @@ def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
         )
     _ranges(cfg)
     check_timeout_order(cfg.faults)
+    check_parallel(cfg)  # before the batch arithmetic, which divides the world by it
     resolve_batch(cfg)
     policy.resolve_time(cfg, None, "not read from Slurm")  # placement.py had no partition
     policy.resolve_checkpoint(cfg)

@@ -43,7 +43,9 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
     small.checkpoint.interval_minutes = 0.0
     # Same work per rank and step as the big run (same memory profile), on one node.
     small.train.global_batch_size = (
-        cfg.train.micro_batch_size * accum * derived.world_size(typed_small, 1)
+        cfg.train.micro_batch_size
+        * accum
+        * derived.data_parallel(typed_small, derived.world_size(typed_small, 1))
     )
     for cls in events.FAILURE_CLASSES:
         if cls != ledger.PREEMPTED:  # a preempted smoke is requeued under the same job id

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, TypedDict
 
 from slurmtrain.common import ds_config
-from slurmtrain.common.derived import grad_accumulation, node_range, resolved_dtype, tasks_per_node
+from slurmtrain.common.derived import (
+    grad_accumulation,
+    node_range,
+    resolved_dtype,
+    tasks_per_node,
+    tensor_parallel,
+)
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
@@ -265,10 +271,12 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     )
     for n in sorted({low, high}):
         world = n * per_node
+        tp = tensor_parallel(cfg)
         out.lines.append(
             f"plan: world size {world}: global batch {cfg.train.global_batch_size} = micro "
             f"{cfg.train.micro_batch_size} x grad accumulation {grad_accumulation(cfg, world)} x "
-            f"data-parallel {world}"
+            f"data-parallel {world // tp}"
+            + (f" (world {world} / tensor-parallel {tp}, DeepSpeed AutoTP)" if tp > 1 else "")
         )
     if cfg.gpus_per_node > 0:
         memory_lines(cfg, low, out)  # the smallest allocation is the one that must fit

@@ -1,0 +1,63 @@
+"""Tensor parallelism's checks at login (parallel.tensor): one line naming key, value and fix.
+
+TP is DeepSpeed AutoTP within a node: its groups are consecutive ranks (DeepSpeed's mesh is
+data-parallel x tensor-parallel), so the degree must divide the ranks per node, and the attention
+heads. TP above the key-value heads runs with empty shards: a warning (kv_warning), not a refusal.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from slurmtrain.common.derived import tasks_per_node, tp_choices
+from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.schema import RootConfig
+
+COMPUTE_READY = False  # the compute side's TP (data sharding, checkpoints, export)
+
+
+def check_parallel(cfg: RootConfig) -> None:
+    """parallel.tensor is a whole number within a node that divides the heads."""
+    tp = cfg.parallel.tensor
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(
+            f"parallel.tensor={tp!r}: must be a whole number >= 1 (1: no tensor parallelism); "
+            f"e.g. parallel.tensor=2"
+        )
+    if tp == 1:
+        return
+    if not COMPUTE_READY:
+        raise ConfigError(
+            f"parallel.tensor={tp}: tensor parallelism is planned but not yet trained by this "
+            f"version; use parallel.tensor=1"
+        )
+    per_node = tasks_per_node(cfg)
+    where = (
+        f"gpus_per_node={cfg.gpus_per_node}"
+        if int(cfg.gpus_per_node) > 0
+        else f"cluster.cpu_tasks_per_node={per_node}"
+    )
+    choices = "|".join(str(t) for t in tp_choices(cfg))
+    if tp > per_node or per_node % tp:
+        raise ConfigError(
+            f"parallel.tensor={tp}: tensor parallelism stays within a node, whose {per_node} "
+            f"ranks ({where}) it must divide; use parallel.tensor={choices}"
+        )
+    heads = int(cfg.model.num_heads)
+    if heads % tp:
+        raise ConfigError(
+            f"parallel.tensor={tp}: must divide model.num_heads={heads} (each TP rank holds "
+            f"whole heads); use parallel.tensor={choices}"
+        )
+
+
+def kv_warning(cfg: RootConfig) -> Optional[str]:
+    """TP above the key-value heads: DeepSpeed runs it with some ranks' kv shards empty."""
+    tp, kv = int(cfg.parallel.tensor), cfg.model.num_kv_heads
+    if tp > 1 and kv is not None and tp > int(kv):
+        return (
+            f"warning: parallel.tensor={tp} exceeds model.num_kv_heads={kv}: DeepSpeed's AutoTP "
+            f"leaves some ranks' key-value shards empty (it trains, the kv weights are not split "
+            f"evenly); parallel.tensor<={kv} splits them"
+        )
+    return None
