@@ -181,6 +181,8 @@ def main() -> int:
     out["copy_threads"] = observer.copy_threads
     devices = {str(t["device"]) for t in observer.copy_threads}
     out["threads_on_rank_device"] = devices <= {observer.device} and bool(devices)
+    main = threading.main_thread().name  # else the next step's pre-hook made the copies itself
+    out["copied_on_save_thread"] = any(t["thread"] != main for t in observer.copy_threads)
     out["ok"] = bool(
         code == 0
         and out["mode"] == "async"

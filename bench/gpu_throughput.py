@@ -191,6 +191,14 @@ def run_bare(
     return result
 
 
+def _within(run: plan.Run, deadline: float) -> float:
+    """The run's timeout, cut to what is left before `deadline`; refused when little is."""
+    left = deadline - time.monotonic()
+    if left < 5:
+        raise RunFailed(f"{run.label}: not started, the check's time is spent")
+    return min(run.timeout_s, left)
+
+
 def require_gpu() -> str:
     """The CUDA device name, or exit 2 with one line saying why there is none."""
     import torch
@@ -221,8 +229,7 @@ def compare(
     fpt = flops_per_token(ours_run.model, mode.seq, layers)
     tokens = ours_run.micro * mode.seq
     total = mode.warmup + mode.steps
-    left = deadline - time.monotonic()
-    run = run_slurmtrain(ours_run.overrides, work, min(ours_run.timeout_s, left))
+    run = run_slurmtrain(ours_run.overrides, work, _within(ours_run, deadline))
     ours = window(run, mode.warmup, total, tokens)
     ours.update(figures(ours["tokens_per_s"], fpt, device, mode.dtype))
     row: dict[str, Any] = {"model": ours_run.model, "micro": ours_run.micro, "seq": mode.seq}
@@ -236,9 +243,8 @@ def compare(
         "ours_over_bare": plan.RATIO_FLOOR[mode.name],
     }
     if twin:
-        left = deadline - time.monotonic()
-        model = ours_run.model
-        bare = run_bare(model, ours_run.micro, mode, min(twin[0].timeout_s, left), work, layers)
+        model, timeout = ours_run.model, _within(twin[0], deadline)
+        bare = run_bare(model, ours_run.micro, mode, timeout, work, layers)
         bare.update(figures(bare["tokens_per_s"], fpt, device, mode.dtype))
         row["bare"] = bare
         row["ours_over_bare"] = ours["tokens_per_s"] / bare["tokens_per_s"]
