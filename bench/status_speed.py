@@ -13,7 +13,9 @@ runs' liveness is answered by a fake `squeue`/`sacct` put first on PATH that cou
 
 Then times, in fresh processes, warm (one untimed run first), median of `--repeat`:
   status over an empty root (imports and start-up), status over all runs, `status --json`,
-  `status ROOT/lr_sweep --state finished`; and prints the Slurm calls each made and the load.
+  status over all runs without its cache of finished runs' figures (cli/status_cache.py; the
+  first status after a sweep finishes pays this once), `status ROOT/lr_sweep --state finished`;
+  and prints the Slurm calls each made and the load.
 """
 
 from __future__ import annotations
@@ -211,6 +213,7 @@ def _fake_slurm(where: Path, queued: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
     env.update(FAKE_SLURM_STATES=str(states), FAKE_SLURM_LOG=str(where / "calls.log"))
     env["SLURMTRAIN_SLURM_RETRY_S"] = "0"
+    env["SLURMTRAIN_STATUS_CACHE"] = str(where / "status-cache.json")  # not the user's own
     env["COLUMNS"] = "200"
     return env
 
@@ -265,12 +268,15 @@ def main() -> int:
         ("empty root", [str(empty)]),
         (f"{args.runs} runs", [str(root)]),
         (f"{args.runs} runs --json", ["--json", str(root)]),
+        (f"{args.runs} runs, no cache", [str(root)]),
         ("one sweep --state finished", [str(root / "lr_sweep"), "--state", "finished"]),
     ]
     for label, argv in cases:
         load = os.getloadavg()[0]
+        # "no cache": every finished run's metrics read and its goodput computed, every time
+        off = dict(env, SLURMTRAIN_STATUS_CACHE="off") if "no cache" in label else env
         try:
-            median, calls = _time(argv, env, args.repeat, log, args.script)
+            median, calls = _time(argv, off, args.repeat, log, args.script)
         except RuntimeError as err:
             print(f"status {label:<28} fails: {err}")
             continue

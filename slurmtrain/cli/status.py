@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional, TypedDict
 
 from slurmtrain.cli import status_select as select
+from slurmtrain.cli.status_cache import Cache, Figures
 from slurmtrain.common import liveness
 from slurmtrain.common.events import Rows, integer, number, strings, text
 from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
@@ -114,19 +115,29 @@ def metrics_tail(run: RunDir, max_rows: int = 100_000) -> tuple[int, Optional[fl
     return (step if step is not None else 0), valid
 
 
-def summarize(run: RunDir, run_rows: Optional[Rows] = None) -> StatusRow:
+def summarize(
+    run: RunDir, run_rows: Optional[Rows] = None, cache: Optional[Cache] = None
+) -> StatusRow:
     """The status row of one run (plain values: also what tests and --json read). `run_rows`:
-    its run tier, when the caller has read it."""
+    its run tier, when the caller has read it; `cache`: the figures of runs that do not run
+    (cli/status_cache.py)."""
     run_rows, events = ledger_view(run, run_rows)
-    # goodput times every step: metrics are read whole for a run with a ledger, once
-    metrics = read_jsonl(run.metrics) if events else None
-    step, valid_loss = metrics_tail(run) if metrics is None else last_metrics(metrics)
+    state = _state(run, run_rows)
+    # goodput counts a queued or running run up to now; any other's figures are its files'
+    live = select.state_word(state) in ("running", "unknown")
+    key = cache.key(run.path, events) if cache is not None and events and not live else None
+    known = cache.get(run.path, key) if cache is not None and key is not None else None
+    if known is None:
+        known = figures(run, events, time.time() if live else None)
+        if cache is not None and key is not None:
+            cache.put(run.path, key, known)
+    step, valid_loss, goodput = known
     latest = run.latest
     last = events[-1] if events else {}
     row: StatusRow = {
         "run": str(run.path),
         "name": run.path.parent.name,
-        "state": _state(run, run_rows),
+        "state": state,
         "attempts": sum(e["event"] == "started" for e in run_rows),
         "step": step,
         "valid_loss": valid_loss,
@@ -138,7 +149,7 @@ def summarize(run: RunDir, run_rows: Optional[Rows] = None) -> StatusRow:
         "nodes": strings(last, "nodes"),
         "class": None,
         "error": None,
-        "goodput": None,
+        "goodput": goodput,
         "last_event": text(last, "event"),
         "rollbacks": 0,
         "last_rollback": None,
@@ -182,14 +193,22 @@ def summarize(run: RunDir, run_rows: Optional[Rows] = None) -> StatusRow:
         if held is not None:
             row["state"], row["class"] = held["state"], held["class"]
             row["error"], row["smoke_run"] = held["error"], held["smoke_run"]
-    if metrics is not None:
-        from slurmtrain.cli.goodput import analyze
-
-        try:  # the ledger is not re-read
-            row["goodput"] = analyze(events, metrics, time.time()).goodput.goodput
-        except Exception:  # noqa: BLE001  a damaged ledger must not hide the other runs
-            row["goodput"] = None
     return row
+
+
+def figures(run: RunDir, events: Rows, now: Optional[float]) -> Figures:
+    """(last step, last valid_loss, goodput; a live run's up to `now`): a run with a ledger has
+    its metrics read whole, once (goodput times every step); one without, only the tail."""
+    if not events:
+        return (*metrics_tail(run), None)
+    from slurmtrain.cli.goodput import analyze  # start-up speed: not for a cached sweep
+
+    metrics = read_jsonl(run.metrics)
+    try:  # the ledger is not re-read
+        goodput: Optional[float] = analyze(events, metrics, now).goodput.goodput
+    except Exception:  # noqa: BLE001  a damaged ledger must not hide the other runs
+        goodput = None
+    return (*last_metrics(metrics), goodput)
 
 
 def last_metrics(metrics: Rows) -> tuple[int, Optional[float]]:
@@ -303,8 +322,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     root = runs_root()
     paths, missing = select.select(args.paths, root)
     runs = [(RunDir(p), RunDir(p).run_events()) for p in paths]
+    cache = Cache()
     with liveness.batch(j for j in (liveness.slurm_owner(rows) for _, rows in runs) if j):
-        rows = [summarize(run, run_rows) for run, run_rows in runs]
+        rows = [summarize(run, run_rows, cache) for run, run_rows in runs]
+    cache.save()
     rows.sort(key=lambda r: -r["updated"])  # newest first
     words = select.wanted(args.state)
     shown = [r for r in rows if select.matches(r, words)] if words else rows

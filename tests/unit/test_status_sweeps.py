@@ -64,6 +64,7 @@ def sweep_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     make_run(root, "lr_warmup", "eee", "finished", 500.0, lr=1e-3, valid=2.9)
     make_run(root, "baseline", "fff", "new", 5000.0)
     monkeypatch.setenv("SLURMTRAIN_RUNS_ROOT", str(root))
+    monkeypatch.setenv("SLURMTRAIN_STATUS_CACHE", str(tmp_path / "cache" / "status.json"))
     monkeypatch.chdir(tmp_path)
     return root
 
@@ -124,3 +125,19 @@ def test_one_summary_line_per_sweep(sweep_root: Path, capsys: pytest.CaptureFixt
     assert "best valid_loss 2.1000" in line and "optim.lr=0.003" in line
     assert "bbb" in line and "runs_root=" not in line and "name=" not in line
     assert not [ln for ln in out.splitlines() if ln.startswith("sweep lr_warmup")]  # one run
+
+
+def test_figures_of_runs_that_do_not_run_are_remembered_until_a_file_grows(
+    sweep_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def ended() -> list[dict[str, object]]:  # a running run's goodput grows with the clock
+        return [r for r in _json(capsys) if r["state"] != "running"]
+
+    first = ended()
+    cache = json.loads((sweep_root.parent / "cache" / "status.json").read_text())["runs"]
+    assert sorted(Path(p).name for p in cache) == ["aaa", "bbb", "ccc", "eee"]  # not ddd, fff
+    assert ended() == first  # read back: the same rows
+    with open(sweep_root / "lr_sweep" / "bbb" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 30, "time": 3002.7, "valid_loss": 1.5}) + "\n")
+    [bbb] = [r for r in _json(capsys) if str(r["run"]).endswith("bbb")]
+    assert (bbb["step"], bbb["valid_loss"]) == (30, 1.5)
