@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 from typing import Optional, TypedDict
 
-from slurmtrain.cli import status_select as select
+from slurmtrain.cli import status_select
 from slurmtrain.cli.status_cache import Cache, Figures
-from slurmtrain.common import liveness
+from slurmtrain.common import ledger, liveness
 from slurmtrain.common.events import Rows, integer, number, strings, text
 from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
+from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.liveness import StateUnknown
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.slurm_text import compress_hostlist
@@ -70,7 +71,7 @@ StatusRow = TypedDict(
 def find_runs(paths: list[Path], root: Optional[Path] = None) -> list[RunDir]:
     """The run directories STATUS arguments name (status_select.select: a run, a name directory,
     a root, a bare name under `root`, a glob)."""
-    found, _ = select.select([str(p) for p in paths], root or runs_root())
+    found, _ = status_select.select([str(p) for p in paths], root or runs_root())
     return [RunDir(p) for p in found]
 
 
@@ -93,8 +94,6 @@ def ledger_view(run: RunDir, rows: Optional[Rows] = None) -> tuple[Rows, Rows]:
     among = rank_keys(run.path)
     if not among:
         return rows, rows
-    from slurmtrain.common import ledger  # start-up speed: only runs with rank rows need it
-
     key = ledger.newest_key(rows, among=among)
     return rows, merge_rows([rows, run.rank_rows(*key)]) if key else rows
 
@@ -123,15 +122,7 @@ def summarize(
     (cli/status_cache.py)."""
     run_rows, events = ledger_view(run, run_rows)
     state = _state(run, run_rows)
-    # goodput counts a queued or running run up to now; any other's figures are its files'
-    live = select.state_word(state) in ("running", "unknown")
-    key = cache.key(run.path, events) if cache is not None and events and not live else None
-    known = cache.get(run.path, key) if cache is not None and key is not None else None
-    if known is None:
-        known = figures(run, events, time.time() if live else None)
-        if cache is not None and key is not None:
-            cache.put(run.path, key, known)
-    step, valid_loss, goodput = known
+    step, valid_loss, goodput = _figures(run, events, state, cache)
     latest = run.latest
     last = events[-1] if events else {}
     row: StatusRow = {
@@ -153,16 +144,9 @@ def summarize(
         "last_event": text(last, "event"),
         "rollbacks": 0,
         "last_rollback": None,
-        "updated": select.updated(run.path, run_rows),
+        "updated": status_select.updated(run.path, run_rows),
     }
-    rollbacks = [e for e in events if e["event"] == "rollback"]
-    if rollbacks:
-        r = rollbacks[-1]
-        row["rollbacks"] = len(rollbacks)
-        row["last_rollback"] = (
-            f"step {r.get('step')} (loss {r.get('loss')}) -> step {r.get('to_step')}, "
-            f"{r.get('skipped_samples')} samples skipped"
-        )
+    _rollbacks(row, events)
     row["spares"] = spares(run, events)
     row["branched_from"] = None
     if any(e["event"] == "branched" for e in run_rows):  # resume_from: parent, step, changed keys
@@ -172,18 +156,7 @@ def summarize(
     windows = [e for e in run_rows if e["event"] == "budget_window"]
     row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
     row["window_after"] = text(windows[-1], "after_class") if windows else None
-    # an older window's stop and errors are history: the user resubmitted since
-    stopped = [e for e in window(events) if e["event"] in ("failed", "stopped")]
-    if stopped:
-        last = stopped[-1]
-        if last["event"] == "failed":  # an all-rank failure: the rank with a cause of its own
-            from slurmtrain.common.ledger import real_errors
-
-            same = [e for e in stopped if e.get("job_id") == last.get("job_id")]
-            last = (real_errors([e for e in same if e["event"] == "failed"]) or [last])[-1]
-        row["class"] = text(last, "class")
-        error = (text(last, "error") or "").strip().splitlines()[-1:]
-        row["error"] = error[0] if error else None
+    _last_stop(row, events)
     if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
     if any(e["event"] == "submitted" and e.get("smoke_run") for e in run_rows):
@@ -194,6 +167,44 @@ def summarize(
             row["state"], row["class"] = held["state"], held["class"]
             row["error"], row["smoke_run"] = held["error"], held["smoke_run"]
     return row
+
+
+def _figures(run: RunDir, events: Rows, state: str, cache: Optional[Cache]) -> Figures:
+    """`figures`, from the cache for a run that does not run: goodput counts a queued or
+    running run up to now; any other's figures depend on its files alone."""
+    live = status_select.state_word(state) in ("running", "unknown")
+    key = cache.key(run.path, events) if cache is not None and events and not live else None
+    known = cache.get(run.path, key) if cache is not None and key is not None else None
+    if known is None:
+        known = figures(run, events, time.time() if live else None)
+        if cache is not None and key is not None:
+            cache.put(run.path, key, known)
+    return known
+
+
+def _rollbacks(row: StatusRow, events: Rows) -> None:
+    rollbacks = [e for e in events if e["event"] == "rollback"]
+    if rollbacks:
+        r = rollbacks[-1]
+        row["rollbacks"] = len(rollbacks)
+        row["last_rollback"] = (
+            f"step {r.get('step')} (loss {r.get('loss')}) -> step {r.get('to_step')}, "
+            f"{r.get('skipped_samples')} samples skipped"
+        )
+
+
+def _last_stop(row: StatusRow, events: Rows) -> None:
+    """The class and last error line of the current budget window's last stop or failure (an
+    older window's are history: the user resubmitted since)."""
+    stopped = [e for e in window(events) if e["event"] in ("failed", "stopped")]
+    if stopped:
+        last = stopped[-1]
+        if last["event"] == "failed":  # an all-rank failure: the rank with a cause of its own
+            same = [e for e in stopped if e.get("job_id") == last.get("job_id")]
+            last = (real_errors([e for e in same if e["event"] == "failed"]) or [last])[-1]
+        row["class"] = text(last, "class")
+        error = (text(last, "error") or "").strip().splitlines()[-1:]
+        row["error"] = error[0] if error else None
 
 
 def figures(run: RunDir, events: Rows, now: Optional[float]) -> Figures:
@@ -320,15 +331,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per run")
     args = parser.parse_args(argv)
     root = runs_root()
-    paths, missing = select.select(args.paths, root)
+    paths, missing = status_select.select(args.paths, root)
     runs = [(RunDir(p), RunDir(p).run_events()) for p in paths]
     cache = Cache()
     with liveness.batch(j for j in (liveness.slurm_owner(rows) for _, rows in runs) if j):
         rows = [summarize(run, run_rows, cache) for run, run_rows in runs]
     cache.save()
     rows.sort(key=lambda r: -r["updated"])  # newest first
-    words = select.wanted(args.state)
-    shown = [r for r in rows if select.matches(r, words)] if words else rows
+    words = status_select.wanted(args.state)
+    shown = [r for r in rows if status_select.matches(r, words)] if words else rows
     if args.json:
         for r in shown:
             print(json.dumps(r))
@@ -340,7 +351,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"status: no runs under {where}")
     elif not shown:
         print(f"status: no runs in state {', '.join(sorted(words))} ({len(rows)} under {where})")
-    for line in select.sweep_lines(rows):  # the whole sweep, whatever --state shows
+    for line in status_select.sweep_lines(rows):  # the whole sweep, whatever --state shows
         print(line)
     for arg in missing if rows else ():
         print(f"status: no runs under {arg}")
