@@ -141,3 +141,37 @@ def test_figures_of_runs_that_do_not_run_are_remembered_until_a_file_grows(
         f.write(json.dumps({"step": 30, "time": 3002.7, "valid_loss": 1.5}) + "\n")
     [bbb] = [r for r in _json(capsys) if str(r["run"]).endswith("bbb")]
     assert (bbb["step"], bbb["valid_loss"]) == (30, 1.5)
+
+
+def test_slurm_is_asked_once_for_every_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slurmtrain.common import slurm_cmd
+
+    root = tmp_path / "runs"
+    for i, fp in enumerate(["r1", "r2", "r3", "r4"]):
+        run = make_run(root, "sw", fp, "running", 100.0 + i)
+        sub = {"event": "submitted", "time": 100.0 + i, "job_id": f"9_{i}", "executor": "slurm"}
+        _rows(run / "ledger.d" / "host.1.abc.jsonl", [sub])
+    calls: list[list[str]] = []
+
+    def squeue(args: list[str], **_: object) -> str:
+        calls.append(list(args))
+        return "9_0|RUNNING|None\n9_1|PENDING|JobHeldUser\n9_2|COMPLETED|None\n"
+
+    monkeypatch.setattr(slurm_cmd, "run", squeue)
+    monkeypatch.setenv("SLURMTRAIN_STATUS_CACHE", "off")
+    states = {Path(str(r["run"])).name: r["state"] for r in _json(capsys, str(root))}
+    assert states == {"r1": "running", "r2": "running", "r3": "stopped", "r4": "stopped"}
+    assert len(calls) == 1 and calls[0][:3] == ["squeue", "-h", "-r"]
+    assert calls[0][calls[0].index("-j") + 1] == "9_0,9_1,9_2,9_3"
+    calls.clear()
+
+    def down(args: list[str], **_: object) -> str:
+        calls.append(list(args))
+        raise slurm_cmd.SlurmError("squeue: Unable to contact slurm controller")
+
+    monkeypatch.setattr(slurm_cmd, "run", down)  # fail closed: unknown, and still one try each
+    rows = _json(capsys, str(root))
+    assert {str(r["state"]).split(":")[0] for r in rows} == {"unknown"}
+    assert [c[0] for c in calls] == ["squeue", "sacct"]
