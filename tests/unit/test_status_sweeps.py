@@ -147,6 +147,7 @@ def test_slurm_is_asked_once_for_every_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from slurmtrain.common import slurm_cmd
+    from slurmtrain.common.slurm_text import SlurmError
 
     root = tmp_path / "runs"
     for i, fp in enumerate(["r1", "r2", "r3", "r4"]):
@@ -169,7 +170,7 @@ def test_slurm_is_asked_once_for_every_run(
 
     def down(args: list[str], **_: object) -> str:
         calls.append(list(args))
-        raise slurm_cmd.SlurmError("squeue: Unable to contact slurm controller")
+        raise SlurmError("squeue: Unable to contact slurm controller")
 
     monkeypatch.setattr(slurm_cmd, "run", down)  # fail closed: unknown, and still one try each
     rows = _json(capsys, str(root))
