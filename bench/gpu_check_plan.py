@@ -18,8 +18,9 @@ from typing import Optional
 
 GiB = 2**30
 GPU_BUDGET_S = 450  # the GPU plan's timeouts together
-# ours / bare tokens/s. CPU: a sanity floor only (two shared cores: the two runs see other loads)
-RATIO_FLOOR = {"gpu": 0.97, "cpu": 0.05}
+# ours / bare tokens/s. CPU: not judged (on two shared cores the two runs see other loads: 0.16 to
+# 1.6 were seen for the same code here), the rows still show both rates
+RATIO_FLOOR: dict[str, Optional[float]] = {"gpu": 0.97, "cpu": None}
 
 # MFU floors for slurmtrain's own run (model FLOPs over the steady window, the dense bf16 peak of
 # planning/flops.py), by the card's flops.peak_key and the run (bf16, ZeRO-2, seq 2048, one GPU).

@@ -45,10 +45,12 @@ def test_gpu_check_runs_every_check_on_cpu(tmp_path):
     n1 = by_check["n1"]
     assert n1["mode"] == "async" and n1["bytes_differing"] == 0 and n1["fp32_bytes"] > 0
     assert n1["changed_after_save"] > 0 and n1["copy_threads"]
-    # Throughput: judged against its floors (CPU: ratio only, no MFU peak), both loops timed.
+    # Throughput: both loops timed over the same steps; on shared CPU cores nothing is judged
+    # (tests/unit/test_gpu_check_dry.py tests the GPU floors).
     tp = by_check["throughput"]
     assert tp["ours"]["tokens_per_s"] > 0 and tp["bare"]["tokens_per_s"] > 0
-    assert tp["missed"] == [] and tp["thresholds"]["mfu"] == "not judged"
+    assert tp["ours_over_bare"] > 0 and tp["missed"] == []
+    assert set(tp["thresholds"].values()) == {"not judged"}
     assert tp["ours"]["steps_timed"] == tp["bare"]["steps_timed"]
     # The save rate is over the whole save, not the seconds the loop was blocked.
     io = by_check["checkpoint_io"]
