@@ -5,14 +5,15 @@
 One process trains a slurmtrain run (the login side's resolve/check/record, then the compute
 side's attempt.run, as the local executor's task would) with `checkpoint.async_save=true` and a
 save at SAVE_STEP, training on past it. Around slurmtrain's own code three observers are put:
-- Checkpointer.save at SAVE_STEP clones `engine.optimizer.single_partition_of_fp32_groups` on the
-  device first (ordered on its stream, so the clone is the state of that step) and only then saves;
+- Checkpointer.save at SAVE_STEP clones `engine.optimizer.single_partition_of_fp32_groups` (and
+  Adam's moments of each partition) on the device first (ordered on its stream, so the clone is the
+  state of that step) and only then saves;
 - a global optimizer post-step hook counts, at the next step, the partition's elements that
   changed since: training moved on past the save, so a copy that landed late would show;
 - HostPool.run notes each thread that runs the deferred device-to-host copies and its current CUDA
   device (it must be the rank's: a new thread's is 0).
-After the run, the published `step_N/` optimizer file's fp32 partition is compared with the clone,
-byte for byte. This is how the stale-async-save defect (issue 32) shows: the file then holds the
+After the run, the published `step_N/` optimizer file's fp32 partition (and moments) are compared
+with the clone, byte for byte. This is how the stale-async-save defect (issue 32) shows: the file then holds the
 previous save's bytes (zeros at a first save) or a later step's. The rank's device is the last
 visible GPU (cuda:7 on an 8-GPU node, the ranks the defect hit; cuda:0 on a 1-GPU machine, where
 the async path, the event wait and the thread's device are still what is checked); CPU with
@@ -30,6 +31,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _differing(saved: Any, expected: Any) -> int:
+    """Bytes that differ between two tensors (all of them when the shapes do)."""
+    import torch
+
+    x, y = saved.contiguous().view(torch.uint8), expected.contiguous().view(torch.uint8)
+    return y.numel() if x.shape != y.shape else int(torch.ne(x, y).sum())
+
 
 class Observer:
     """The clone at the save, the changes after it, and the threads that copied to the host."""
@@ -38,6 +49,7 @@ class Observer:
         self.step, self.late_copy = step, late_copy
         self.stepped = threading.Event()  # the first optimizer step after the save ran
         self.clone: Optional[list[Any]] = None
+        self.moments: list[dict[str, Any]] = []
         self.live: list[Any] = []
         self.changed_after: Optional[int] = None
         self.copy_threads: list[dict[str, object]] = []
@@ -56,6 +68,11 @@ class Observer:
                 parts = list(engine.optimizer.single_partition_of_fp32_groups)
                 observer.live = parts
                 observer.clone = [t.detach().clone() for t in parts]
+                state = engine.optimizer.optimizer.state  # Adam's moments of each partition
+                observer.moments = [
+                    {k: state[t][k].detach().clone() for k in MOMENTS if k in state[t]}
+                    for t in parts
+                ]
                 observer.device = str(parts[0].device)
             real_save(self, engine, step, meta, rng)
 
@@ -104,14 +121,20 @@ class Observer:
         expected = [t.cpu() for t in self.clone]
         differing = zero = total = 0
         for a, b in zip(saved, expected):
-            x, y = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-            total += y.numel()
-            if x.shape != y.shape:
-                differing += y.numel()
-                continue
-            differing += int(torch.ne(x, y).sum())
-            zero += int((x == 0).all())
+            total += b.numel() * b.element_size()
+            differing += _differing(a, b)
+            zero += int((a == 0).all())
+        # Adam's moments too, where the file holds torch's optimizer state dict (ZeRO-1/2)
+        base = state["optimizer_state_dict"].get("base_optimizer_state")
+        held = base.get("state") if isinstance(base, dict) else None
+        moments: Optional[int] = None
+        if isinstance(held, dict) and len(held) == len(self.moments):
+            moments = 0
+            for i, clones in enumerate(self.moments):
+                for key, clone in clones.items():
+                    moments += _differing(held[i][key], clone.cpu())
         return {
+            "moment_bytes_differing": moments,
             "file": found[0].name,
             "groups": len(expected),
             "fp32_bytes": total,
@@ -189,6 +212,7 @@ def main() -> int:
         and out.get("groups_match")
         and out.get("fp32_bytes")
         and out.get("bytes_differing") == 0
+        and out.get("moment_bytes_differing") in (0, None)
         and (observer.changed_after or 0) > 0
         and out["threads_on_rank_device"]
     )

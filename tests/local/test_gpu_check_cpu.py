@@ -44,6 +44,7 @@ def test_gpu_check_runs_every_check_on_cpu(tmp_path):
     # N1: the async save's fp32 partition is the step's, byte for byte, and training moved past it.
     n1 = by_check["n1"]
     assert n1["mode"] == "async" and n1["bytes_differing"] == 0 and n1["fp32_bytes"] > 0
+    assert n1["moment_bytes_differing"] == 0  # Adam's moments of the partition too
     assert n1["changed_after_save"] > 0 and n1["copy_threads"]
     # Throughput: both loops timed over the same steps; on shared CPU cores nothing is judged
     # (tests/unit/test_gpu_check_dry.py tests the GPU floors).
