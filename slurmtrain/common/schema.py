@@ -367,9 +367,10 @@ def load_run_config(path: str) -> RootConfig:
     assert isinstance(written, dict), f"{path}: not a config"
     cluster = written.get("cluster")
     env = cluster.get("env") if isinstance(cluster, dict) else None
-    for key, value in (env or {}).items():  # `\${VAR}` is the shell's (secrets.kept_literal):
-        if isinstance(value, str):  # kept escaped, so a plain() of the typed config keeps it too
-            env[key] = value.replace("\\${", "\\\\\\${")
+    if isinstance(env, dict):  # `\${VAR}` is the shell's (secrets.kept_literal): kept escaped,
+        for key, value in env.items():  # so a plain() of the typed config keeps it too
+            if isinstance(value, str):
+                env[key] = value.replace("\\${", "\\\\\\${")
     kept = OmegaConf.create(written)
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), kept)
     config = OmegaConf.to_object(merged)

@@ -4,19 +4,9 @@ batch shell's Python, node-local environments).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
+from enum import StrEnum  # Python 3.11 (pyproject.toml's requires-python)
 from typing import Any, Optional
-
-if sys.version_info >= (3, 11):
-    from enum import StrEnum
-else:  # pyproject.toml allows 3.10: the same str-valued members, printed as their values
-    from enum import Enum
-
-    class StrEnum(str, Enum):
-        def __str__(self) -> str:
-            return str(self.value)
-
 
 __all__ = ["ClusterConfig", "ClusterKind", "Container", "StrEnum"]
 
@@ -71,7 +61,15 @@ class ClusterConfig:
     host_python: Optional[str] = None
     sbatch_extra: dict[str, Any] = field(default_factory=dict)  # #SBATCH --key=value, any value
     srun_extra: list[str] = field(default_factory=list)
+    # The job's environment, configuration: in job.sbatch and the dry run, exported by the batch
+    # shell, so $VAR and ${VAR} expand on the compute node at job time (README: Environment).
+    # An entry named like a credential (WANDB_API_KEY) is a secret: kept in the run's 0600 file.
     env: dict[str, str] = field(default_factory=dict)
+    # Secrets by name: each variable's value is read from the submitting shell into the run's 0600
+    # secrets.env (common/secrets.py); never in argv, config.yaml or job.sbatch.
+    secrets: list[str] = field(default_factory=list)
+    # The rendezvous port; None: derived from the job id and srun step (common/slurm_text.py).
+    master_port: Optional[int] = None
     # Import storms at scale: every rank runs Python from a node-local copy of the submitting venv,
     # packed once on the login node and unpacked once per node (login/stage_env.py, README).
     stage_env: bool = False

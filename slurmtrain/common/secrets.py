@@ -1,12 +1,17 @@
 """Secrets: config values that are never written in clear, and the redaction of what is recorded.
 
-Every `cluster.env` entry (the job's environment: API keys, tokens) and every key named like a
-credential (deepspeed.extra.comet.api_key) outside the sections that describe what is trained is
-recorded as a reference the job resolves from its environment: `cluster.env.NAME` as `${oc.env:NAME}`, any other key as
-`${oc.env:SLURMTRAIN_SECRET_<KEY PATH>}`. The values go to RUN_DIR/secrets.env only: mode 0600,
-written by the submitting user's own process on the shared filesystem, sourced by job.sbatch (srun
-hands the variables on to every rank). config.yaml, overrides.yaml, provenance/, job.sbatch and
-the dry-run output carry references or `<redacted>`, never a value.
+`cluster.env` is configuration (NCCL_SOCKET_IFNAME, OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK): written
+into job.sbatch, config.yaml and the dry run, exported by the batch shell (login/flags.py). The
+secrets are an explicit set: the names in `cluster.secrets` (values taken from the submitting
+environment), a `cluster.env` entry named like a credential (SECRET_ENV_NAME: WANDB_API_KEY,
+HF_TOKEN) or holding a credential-looking value (a token, a URL with a password), and every key
+named like a credential (deepspeed.extra.comet.api_key) outside the sections that describe what is
+trained. Each is recorded as a reference the job resolves from its environment: `cluster.env.NAME`
+as `${oc.env:NAME}`, any other key as `${oc.env:SLURMTRAIN_SECRET_<KEY PATH>}`, `cluster.secrets`
+as its names. The values go to RUN_DIR/secrets.env only: mode 0600, written by the submitting
+user's own process on the shared filesystem, sourced by job.sbatch (srun hands the variables on to
+every rank). config.yaml, overrides.yaml, provenance/, job.sbatch and the dry-run output carry
+references or `<redacted>`, never a value.
 
 Model, data, optim and train keys are never secrets, whatever they are called (model.hf_extra's
 bos_token_id, pad_token_id; train.tokens): they are what is trained, recorded as values, typed
@@ -17,6 +22,7 @@ is taken over config.yaml's text: a secret's reference (its name), never its val
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shlex
 from pathlib import Path
@@ -30,6 +36,7 @@ Found = tuple[str, dict[str, object], str]
 REDACTED = "<redacted>"
 ENV_FILE = "secrets.env"
 ENV_KEY = "cluster.env"
+NAMED_KEY = "cluster.secrets"  # names whose values come from the submitting environment
 SECRET_PREFIX = "SLURMTRAIN_SECRET_"
 # The job's list of the variables secrets.env set (names only): provenance redacts them all, also
 # those whose name or value does not look secret (cluster.env.WANDB_BASE_URL=https://u:pw@host).
@@ -57,6 +64,9 @@ SECRET_VALUE = re.compile(
     r"sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|xox[abpsr]-[A-Za-z0-9-]{10,}|"
     r"wandb_[A-Za-z0-9]{20,}|glpat-[A-Za-z0-9_-]{20,}|(?<![0-9A-Za-z])[0-9a-fA-F]{32,64}(?![0-9A-Za-z]))"
 )
+# A URL carrying a password (https://user:pw@host): a cluster.env value like that is a secret.
+URL_PASSWORD = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def redact_text(text: str) -> str:
@@ -64,11 +74,19 @@ def redact_text(text: str) -> str:
     return SECRET_VALUE.sub(REDACTED, text)
 
 
-def is_secret_key(path: str) -> bool:
-    """A config key whose value is a secret: any cluster.env entry, or a credential-named key
-    outside NEVER_SECRET's sections."""
+def looks_secret(value: object) -> bool:
+    """A value that is a credential whatever its key is called (a token, a URL with a password)."""
+    text = str(value)
+    return bool(SECRET_VALUE.search(text) or URL_PASSWORD.search(text))
+
+
+def is_secret_key(path: str, value: object = None) -> bool:
+    """A config key whose value is a secret: a cluster.env entry named like a credential (or,
+    given its value, holding one), or a credential-named key outside NEVER_SECRET's sections.
+    Any other cluster.env entry is configuration, written where the job's flags are."""
     if path.startswith(ENV_KEY + "."):
-        return True
+        name = path[len(ENV_KEY) + 1 :]
+        return bool(SECRET_ENV_NAME.search(name)) or (value is not None and looks_secret(value))
     if re.split(r"[.\[]", path, maxsplit=1)[0] in NEVER_SECRET:
         return False
     leaf = re.split(r"[.\[\]]", path.rstrip("]"))[-1]
@@ -98,7 +116,7 @@ def _walk(node: object, path: str = "") -> Iterator[Found]:
             here = f"{path}.{key}" if path else str(key)
             if isinstance(value, (dict, list)):
                 yield from _walk(value, here)
-            elif value is not None and is_secret_key(here):
+            elif value is not None and is_secret_key(here, value):
                 yield here, node, key
     elif isinstance(node, list):
         for i, value in enumerate(node):
@@ -111,7 +129,18 @@ def referenced(data: object) -> dict[str, object]:
     out = copy.deepcopy(data) if isinstance(data, dict) else _plain(data)
     for path, parent, key in list(_walk(out)):
         parent[key] = reference(path)
+    cluster = out.get("cluster")
+    env = cluster.get("env") if isinstance(cluster, dict) else None
+    if isinstance(env, dict):  # ${VAR} is the shell's, at job time: escaped so that config.yaml
+        for key, value in env.items():  # reads back as written
+            if isinstance(value, str) and "${" in value and value != reference(f"{ENV_KEY}.{key}"):
+                env[key] = kept_literal(value)
     return out
+
+
+def kept_literal(value: str) -> str:
+    """`value` with every `${` escaped for OmegaConf (`\\${`): read back, it is the text itself."""
+    return value.replace("${", "\\${")
 
 
 def _plain(cfg: object) -> dict[str, object]:
@@ -124,14 +153,43 @@ def _plain(cfg: object) -> dict[str, object]:
     return plain(cfg)
 
 
-def values(cfg: object) -> dict[str, str]:
-    """Environment name -> value of every secret in the config (its values, not references)."""
+def named(data: dict[str, object]) -> list[str]:
+    """The names in cluster.secrets (a plain config)."""
+    cluster = data.get("cluster")
+    names = cluster.get("secrets") if isinstance(cluster, dict) else None
+    return [str(n) for n in names or []]
+
+
+def check_named(cfg: object, env: Optional[dict[str, str]] = None) -> None:
+    """Every cluster.secrets entry is a variable name set in the submitting environment (a
+    ConfigError, one line, names the first that is not)."""
+    from slurmtrain.common.errors import ConfigError
+
     data = cfg if isinstance(cfg, dict) else _plain(cfg)
-    return {
+    environ = os.environ if env is None else env
+    for name in named(data):
+        if not ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{NAMED_KEY}: {name!r} is not an environment variable name")
+        if name not in environ:
+            raise ConfigError(
+                f"{NAMED_KEY}: {name} is not set in this shell; export it before submitting "
+                f"(its value goes to the run's 0600 secrets.env only)"
+            )
+
+
+def values(cfg: object) -> dict[str, str]:
+    """Environment name -> value of every secret in the config (its values, not references) and
+    of each cluster.secrets name set in this (the submitting) environment."""
+    data = cfg if isinstance(cfg, dict) else _plain(cfg)
+    found = {
         env_name(path): str(parent[key])
         for path, parent, key in _walk(data)
         if str(parent[key]) != reference(path)
     }
+    for name in named(data):
+        if name in os.environ:
+            found[name] = os.environ[name]
+    return found
 
 
 def job_environment(cfg: object) -> dict[str, str]:
@@ -164,11 +222,11 @@ def redact_overrides(args: Iterable[str]) -> list[str]:
     `KEY=${oc.env:NAME}`, and token-looking text anywhere is <redacted>."""
     out = []
     for arg in args:
-        key, sep, _ = str(arg).partition("=")
+        key, sep, value = str(arg).partition("=")
         bare = key.lstrip("+~")
         if sep and bare in (ENV_KEY, "cluster"):  # the whole dict given at once: none of it
             out.append(f"{key}={REDACTED}")
-        elif sep and re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", bare) and is_secret_key(bare):
+        elif sep and re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", bare) and is_secret_key(bare, value):
             out.append(f"{key}={reference(bare)}")
         else:
             out.append(redact_text(str(arg)))

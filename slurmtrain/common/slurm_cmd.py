@@ -148,8 +148,8 @@ def script_comment(script: str) -> str:
     try:
         with open(script) as f:
             for line in f:
-                if line.startswith("#SBATCH --comment="):
-                    return line.split("=", 1)[1].strip()
+                if line.startswith("#SBATCH --comment="):  # "TAG USER-COMMENT": quoted
+                    return line.split("=", 1)[1].strip().strip('"')
                 if line.strip() and not line.startswith("#"):
                     break  # sbatch reads no #SBATCH line after the first command
     except OSError:

@@ -17,11 +17,12 @@ from typing import Optional, TextIO
 
 from omegaconf import DictConfig
 
-from slurmtrain.common import rundir, secrets
+from slurmtrain.common import rundir, secrets, validation
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import SlurmError
+from slurmtrain.login import flags
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce
@@ -32,10 +33,12 @@ TEST_ONLY_TIMEOUT_S = 20.0
 
 
 def refusal(cfg: RootConfig, report: preflight.PlanReport) -> Optional[str]:
-    """The line a real submission would refuse with, or None: the plan gate, then the cluster's
-    partitions (Slurm)."""
+    """The line a real submission would refuse with, or None: the plan gate, the checks only a
+    submission makes (nodes=64 on the local executor, smoke or spares off Slurm), then the
+    cluster's partitions (Slurm)."""
     try:
         report.enforce(cfg)
+        validation.validate_config(cfg, submitting=True)
         if cfg.cluster.kind == "slurm":
             check_cluster(cfg)
     except ConfigError as err:
@@ -77,6 +80,13 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
         script = render_sbatch(typed_cfg, rundir.locate(cfg, secrets.referenced(cfg)))
         print("slurmtrain: dry run: the batch script that would be submitted:", file=out)
         print(script.rstrip("\n"), file=out)
+        dependency = flags.user_dependency(typed_cfg)
+        if dependency:
+            print(
+                f"slurmtrain: dry run: the first submission also waits: --dependency={dependency} "
+                f"(cluster.sbatch_extra; never in job.sbatch)",
+                file=out,
+            )
         try:
             answer = test_only(script)
             lines = [
@@ -84,7 +94,9 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
             ] or answer.splitlines()[-1:]
             print(f"slurmtrain: dry run: Slurm says: {' '.join(lines)}", file=out)
         except SlurmError as err:
-            print(f"slurmtrain: dry run: sbatch --test-only gave no answer ({err})", file=out)
+            # Slurm's own words; the real sbatch would be refused the same way (exit 2).
+            print(f"slurmtrain: dry run: sbatch --test-only refused the job ({err})", file=out)
+            refused = refused or f"cluster: Slurm refuses this job: sbatch --test-only: {err}"
     if refused:
         print(f"slurmtrain: error: {refused}", file=sys.stderr)
         print(

@@ -15,11 +15,12 @@ from typing import Optional, Union
 
 from omegaconf import OmegaConf
 
+from slurmtrain.common import secrets
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo
-from slurmtrain.login import container, stage_env
+from slurmtrain.login import container, owned_flags, stage_env
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%+/\-\[\]]*$")
@@ -101,13 +102,37 @@ def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
         opts["mem-per-gpu"] = checked("cluster.mem_per_gpu", c.mem_per_gpu)
     if c.exclusive:
         opts["exclusive"] = True
-    extra = OmegaConf.to_container(c.sbatch_extra, resolve=True)
-    assert isinstance(extra, dict)
-    for extra_key, value in extra.items():
-        given = str(extra_key)
-        option = checked("cluster.sbatch_extra", given.replace("_", "-"))
-        opts[option] = True if value is True else checked(f"cluster.sbatch_extra.{given}", value)
+    extra = extra_options(cfg)
+    owned_flags.memory_merged(opts, extra, c.mem)  # a user --mem-per-cpu/-gpu replaces ours
+    for option, value in extra.items():
+        if option in ("comment", "dependency"):  # render_script's comment; the first sbatch's
+            continue
+        key = f"cluster.sbatch_extra.{option.replace('-', '_')}"
+        opts[checked(key, option)] = True if value is True else checked(key, value)
     return opts
+
+
+def extra_options(cfg: RootConfig) -> dict[str, object]:
+    """cluster.sbatch_extra as sbatch's long options, what slurmtrain owns refused in one line
+    (login/owned_flags.py)."""
+    extra = OmegaConf.to_container(cfg.cluster.sbatch_extra, resolve=True)
+    assert isinstance(extra, dict)
+    return owned_flags.sbatch_extra({str(k): v for k, v in extra.items()})
+
+
+def job_comment(cfg: RootConfig, tag: Optional[str]) -> Optional[str]:
+    """#SBATCH --comment: the run's tag, and after a space the user's sbatch_extra.comment."""
+    extra = extra_options(cfg)
+    if "comment" in extra:
+        checked("cluster.sbatch_extra.comment", extra["comment"])
+    return owned_flags.comment(tag, extra)
+
+
+def user_dependency(cfg: RootConfig) -> Optional[str]:
+    """sbatch_extra.dependency: the first submission's only (never in job.sbatch: a later attempt
+    or a hand resubmission must not wait for a job long gone)."""
+    value = extra_options(cfg).get("dependency")
+    return None if value is None else checked("cluster.sbatch_extra.dependency", value)
 
 
 def sbatch_lines(opts: dict[str, Flag]) -> list[str]:
@@ -176,7 +201,11 @@ def per_task_text(cfg: RootConfig) -> str:
     """What each task is given, for the batch script's header (shown by the dry run)."""
     cpus = cpus_per_task(cfg)
     c = cfg.cluster
-    if c.mem:
+    extra = extra_options(cfg)
+    given = next((k for k in ("mem-per-cpu", "mem-per-gpu") if k in extra), None)
+    if given:
+        mem = f"--{given}={extra[given]} (cluster.sbatch_extra)"
+    elif c.mem:
         mem = "all of each node's memory (--mem=0)" if str(c.mem) == "0" else f"--mem={c.mem}"
         if str(c.mem) != "0" and cfg.gpus_per_node > 0:
             mem += " per node"
@@ -203,6 +232,7 @@ def srun_args(cfg: RootConfig) -> list[str]:
         args.append(f"--cpu-bind={checked('cluster.cpu_bind', bind)}")
         if not any(a.startswith(("--distribution", "-m")) for a in extra):
             args.append(f"--distribution={DISTRIBUTION}")
+    owned_flags.srun_extra(extra)  # a flag we own (--ntasks, --output...): refused, one line
     args += list(SRUN_FIXED) + extra
     for arg in args:
         if "\n" in arg or "\r" in arg:
@@ -233,6 +263,7 @@ def flight_recorder(cfg: RootConfig) -> bool:
 
 
 def job_env(cfg: RootConfig) -> dict[str, str]:
+    """The job's environment as configured: our defaults, then cluster.env (values unexpanded)."""
     env = dict(NCCL_DEFAULTS)
     if cfg.gpus_per_node == 0:
         env["DS_ACCELERATOR"] = "cpu"
@@ -241,8 +272,56 @@ def job_env(cfg: RootConfig) -> dict[str, str]:
     for key, value in dict(cfg.cluster.env).items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
             raise ConfigError(f"cluster.env.{key}: not a valid environment variable name")
+        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", str(value)):
+            raise ConfigError(
+                f"cluster.env.{key}: control characters (a newline) are not allowed in a "
+                f"value; fix the value"
+            )
         env[str(key)] = str(value)
     return env
+
+
+# $NAME and ${NAME}: what expands at job time in a cluster.env value (all else is literal).
+EXPANDS = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+
+
+def shell_value(value: str) -> str:
+    """`value` in double quotes for an `export NAME=...` line: $NAME and ${NAME} expand when the
+    batch shell runs it (on the compute node, at job time); every other `$`, `"`, `\\` and
+    backtick is escaped, so no command substitution, quote or `;` in it reaches the shell."""
+    out, at = [], 0
+    for m in EXPANDS.finditer(value):
+        out.append(re.sub(r'([$"\\`])', r"\\\1", value[at : m.start()]))
+        out.append(m.group(0))
+        at = m.end()
+    out.append(re.sub(r'([$"\\`])', r"\\\1", value[at:]))
+    return '"' + "".join(out) + '"'
+
+
+def expanded(value: str, env: dict[str, str]) -> str:
+    """What the batch shell makes of shell_value(value) with `env` (local runs: no shell)."""
+    return EXPANDS.sub(lambda m: env.get(m.group(1) or m.group(2), ""), value)
+
+
+def script_env(cfg: RootConfig) -> dict[str, str]:
+    """NAME -> the text after `export NAME=` in job.sbatch: our defaults (quoted), cluster.env
+    entries that are configuration (shell_value), not those that are secrets (secrets.env)."""
+    own = dict(cfg.cluster.env)
+    return {
+        k: shell_value(v) if k in own else shlex.quote(v)
+        for k, v in job_env(cfg).items()
+        if k not in own or not secrets.is_secret_key(f"{secrets.ENV_KEY}.{k}", v)
+    }
+
+
+def local_env(cfg: RootConfig, base: dict[str, str]) -> dict[str, str]:
+    """cluster.env's configuration entries as the batch shell would export them, expanded one
+    after the other against `base` (the local backend's environment)."""
+    env, out = dict(base), {}
+    for key, value in dict(cfg.cluster.env).items():
+        if not secrets.is_secret_key(f"{secrets.ENV_KEY}.{key}", value):
+            env[str(key)] = out[str(key)] = expanded(str(value), env)
+    return out
 
 
 def python_command(cfg: RootConfig) -> list[str]:

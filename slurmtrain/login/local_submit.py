@@ -29,6 +29,7 @@ from slurmtrain.common.events import Kind, Rows, integer, strings
 from slurmtrain.common.liveness import pid_start
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.login import flags
 from slurmtrain.login.submission import Submission, TrainTask
 
 
@@ -45,6 +46,7 @@ def submit(cfg: RootConfig, run: RunDir) -> Submission:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     os.environ.update(secrets.job_environment(cfg))  # the workers resolve config.yaml's references
+    os.environ.update(flags.local_env(cfg, dict(os.environ)))  # cluster.env, expanded as sbatch's
     executor = submitit.LocalExecutor(folder=str(run.logs / "submitit"))
     executor.update_parameters(
         tasks_per_node=tasks_per_node(cfg),

@@ -58,9 +58,14 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
 
 def _check_slurm_values(cfg: RootConfig) -> None:
     """Every #SBATCH value and cluster.env name is checked whatever cluster.kind is: a config
-    made for cluster=local is still refused, in one line, if it would not render for Slurm."""
+    made for cluster=local is still refused, in one line, if it would not render for Slurm.
+    Each cluster.secrets name must be set in this shell (its value is what the job gets)."""
     flags.sbatch_options(cfg, f"st-{cfg.name}")
     flags.job_env(cfg)
+    flags.srun_args(cfg)
+    flags.job_comment(cfg, None)
+    flags.user_dependency(cfg)
+    secrets.check_named(cfg)
 
 
 def refuse_inject_unless_allowed(allowed: bool, env: Mapping[str, str] = os.environ) -> None:

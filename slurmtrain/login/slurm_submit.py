@@ -93,9 +93,10 @@ def render_script(
     run_arg = '"$RUN_DIR"' if array_map else shlex.quote(flags.checked("runs_root", run_dir))
     logs = '"$RUN_DIR"/logs' if array_map else shlex.quote(f"{run_dir}/logs")
     srun = ["--unbuffered", "--open-mode=append", *flags.srun_args(cfg)]
-    # cluster.env and secret-named keys: sourced from the run's 0600 secrets.env, never written
-    # here (common/secrets.py); an array's points each have their own (or none).
-    env = {k: v for k, v in flags.job_env(cfg).items() if k not in cfg.cluster.env}
+    # cluster.env is configuration, exported here (flags.script_env); secrets are sourced from the
+    # run's 0600 secrets.env, never written here (common/secrets.py); an array's points each have
+    # their own (or none).
+    env = flags.script_env(cfg)
     secrets_file = None
     if array_map:
         secrets_file = f'"$RUN_DIR"/{secrets.ENV_FILE}'
@@ -106,7 +107,8 @@ def render_script(
         array_map=array_map,
         container=cfg.cluster.container,
         sbatch_lines=flags.sbatch_lines(options),
-        tag=None if array_map else run_tag(run_dir),  # an array trains many runs: no one tag
+        # an array trains many runs: no one tag; a user's sbatch_extra.comment after the tag
+        comment=flags.job_comment(cfg, None if array_map else run_tag(run_dir)),
         allow_inject=bool(cfg.faults.allow_inject),
         batch_log=batch_log,
         env=env,
@@ -167,15 +169,15 @@ def executor(
     from submitit.slurm.slurm import SlurmJob
 
     options = flags.sbatch_options(cfg, job_name(cfg))
+    # cluster.sbatch_extra.dependency: this (first) submission's only, like `after`.
+    waits = [f"afterok:{flags.checked('dependency', after)}"] if after else []
+    waits += [d for d in [flags.user_dependency(cfg)] if d]
+    if waits:
+        options["dependency"] = ",".join(waits)  # all of them (Slurm: `,` is AND)
     if after:
         # Slurm cancels a job whose dependency can never be met (the smoke failed) instead of
         # leaving it PENDING with Reason=DependencyNeverSatisfied; down a chain too.
-        options.update(
-            {
-                "dependency": f"afterok:{flags.checked('dependency', after)}",
-                "kill-on-invalid-dep": "yes",
-            }
-        )
+        options["kill-on-invalid-dep"] = "yes"
     run_dir = target[0] if target else ""
     batch_log = (
         f"{folder}/%A_%a.batch.out"

@@ -119,13 +119,33 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     assert quoted_name.returncode == 2 and "name='x; touch" in quoted_name.stderr
     newline = run_cli(SHORT + ["cluster.partition=debug\nhostname"], cwd=workdir)
     assert newline.returncode == 2 and "cluster.partition" in newline.stderr
-    # A value that reaches the script body is quoted: the job sees the literal text.
-    _submit(
-        ["name=quoted", f"+cluster.env.CANARY='$(touch {canary})'", "train.max_steps=5"], workdir
-    )
+    # A value that reaches the script body is quoted: the job sees the literal text, and only
+    # $VAR / ${VAR} expand, on the compute node at job time (issue 35: cluster.env is config).
+    env = [
+        f"+cluster.env.CANARY='$(touch {canary}); `touch {canary}`'",
+        "+cluster.env.SLURMTRAIN_T_JOB=job-$SLURM_JOB_ID",
+        "+cluster.env.OMP_NUM_THREADS=\\${SLURM_CPUS_PER_TASK}",  # Hydra's escape for ${...}
+        "+cluster.env.LD_LIBRARY_PATH=/opt/site/lib:$LD_LIBRARY_PATH",
+    ]
+    dry = run_cli(SHORT + ["name=quoted", "train.max_steps=5", *env, "dry_run=true"], workdir)
+    assert dry.returncode == 0 and 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK}"' in dry.stdout
+    _submit(["name=quoted", "train.max_steps=5", *env], workdir)
     run = only_run(workdir / "runs", "quoted")
     wait_event(run, "finished", timeout=400)
-    # cluster.env values: in the 0600 secrets.env the script sources (common/secrets.py), quoted
-    assert f"export CANARY='$(touch {canary})'" in (run / "secrets.env").read_text()
-    assert "CANARY" not in (run / "job.sbatch").read_text()
+    script = (run / "job.sbatch").read_text()
+    assert f'export CANARY="\\$(touch {canary}); \\`touch {canary}\\`"' in script
+    assert 'export SLURMTRAIN_T_JOB="job-$SLURM_JOB_ID"' in script
+    assert not (run / "secrets.env").exists()  # nothing secret: configuration only
     assert not canary.exists()
+    # The ranks' environment (rank 0's provenance): expanded there, literal where not a variable.
+    seen = read_jsonl_env(run)
+    [started] = [e for e in events(run) if e["event"] == "started"]
+    assert seen["SLURMTRAIN_T_JOB"] == f"job-{started['job_id']}"
+    assert seen["OMP_NUM_THREADS"] == seen["SLURM_CPUS_PER_TASK"] == "1"
+    assert seen["LD_LIBRARY_PATH"].startswith("/opt/site/lib:")
+
+
+def read_jsonl_env(run):
+    import json
+
+    return json.loads((run / "provenance" / "attempt_1.json").read_text())["env"]

@@ -12,7 +12,9 @@ HEAVY = ("torch", "deepspeed", "transformers")
 
 def test_dry_run_of_a_big_model_prints_the_plan(workdir):
     done = run_cli(["model=opt13b", "nodes=64", "dry_run=true"], cwd=workdir)
-    assert done.returncode == 0, done.stderr
+    # Planned and shown, then refused as the real submission is (issue 35): exit 2, one line.
+    assert done.returncode == 2, done.stderr
+    assert "nodes=64: the local executor runs on this machine only" in done.stderr
     assert "num_layers: 40" in done.stdout
     assert "plan:" in done.stdout and "world size 128" in done.stdout  # 64 nodes x 2 CPU tasks
     assert not (workdir / "runs").exists()

@@ -85,7 +85,9 @@ def test_sbatch_sources_a_0600_file_and_config_holds_references(tmp_path):
     script = render_sbatch(cfg, run)
     text = run.config.read_text()
     assert HEX40 not in script and HEX40 not in text
-    assert "ib0" in (run.path / "secrets.env").read_text()  # every cluster.env entry travels there
+    # cluster.env is configuration (issue 35): NCCL_SOCKET_IFNAME in job.sbatch, not secrets.env
+    assert "ib0" not in (run.path / "secrets.env").read_text()
+    assert 'export NCCL_SOCKET_IFNAME="ib0"' in script and "ib0" in text
     assert f". {run.path}/secrets.env" in script
     assert "${oc.env:WANDB_API_KEY" in text
     env_file = run.path / "secrets.env"
