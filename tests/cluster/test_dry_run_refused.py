@@ -1,0 +1,35 @@
+"""Refused means exit 2 (issue 35, build 7): a dry run that the real local Slurm refuses
+(`sbatch --test-only`), or that the real submission refuses (nodes beyond the cluster, local or
+Slurm), exits 2 with one line in Slurm's own words; what Slurm takes still exits 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slurm
+CASES = [
+    (["cluster=slurm", "cluster.constraint=a100"], "Invalid feature specification"),
+    (["cluster=slurm", "cluster.mem=100000G"], "sbatch --test-only"),
+    (["cluster=slurm", "nodes=64"], "64 nodes exceed partition 'debug'"),
+    (["cluster=local", "nodes=64"], "nodes=64: the local executor runs on this machine only"),
+]
+
+
+@pytest.mark.parametrize("args,words", CASES, ids=[c[0][-1] for c in CASES])
+def test_refused_dry_runs_exit_2_in_one_line(slurm_cluster, workdir, args, words):
+    done = run_cli([*args, "dry_run=true"], cwd=workdir)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("slurmtrain: error:")]
+    assert len(errors) == 1 and words in errors[0], done.stderr
+    assert "plan:" in done.stdout  # shown first: what force=true would queue
+    assert not (workdir / "runs").exists()
+
+
+def test_what_slurm_takes_exits_0(slurm_cluster, workdir):
+    done = run_cli(
+        ["cluster=slurm", "+cluster.sbatch_extra.mem_per_cpu=100M", "dry_run=true"], workdir
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Slurm says: sbatch: Job" in done.stdout and "#SBATCH --mem-per-cpu=100M" in done.stdout
