@@ -56,15 +56,16 @@ def select(args: Sequence[str], root: Path) -> tuple[list[Path], list[str]]:
 
 
 def _named(arg: str, root: Path) -> list[str]:
-    if GLOB_CHARS & set(arg):
-        paths = sorted(glob.glob(arg))
-        if not paths and not os.path.isabs(arg):
-            paths = sorted(glob.glob(os.path.join(str(root), arg)))
-    elif os.path.isdir(arg) or os.sep in arg:
-        paths = [arg]
-    else:  # a bare name: a directory here, else that name under the runs root
-        paths = [os.path.join(str(root), arg)]
-    return [r for p in paths for r in runs_in(p)]
+    """The runs `arg` names from here; a bare name or glob (no `/`) that names none here is
+    tried under the runs root."""
+    runs = [r for p in _expand(arg) for r in runs_in(p)]
+    if runs or os.path.isabs(arg) or os.sep in arg:
+        return runs
+    return [r for p in _expand(os.path.join(str(root), arg)) for r in runs_in(p)]
+
+
+def _expand(pattern: str) -> list[str]:
+    return sorted(glob.glob(pattern)) if GLOB_CHARS & set(pattern) else [pattern]
 
 
 def state_word(state: str) -> str:

@@ -91,6 +91,8 @@ def test_a_bare_name_is_found_under_the_runs_root(
 ) -> None:
     os.chdir(sweep_root.parent.parent)  # the name is not a path from here
     assert _fps(_json(capsys, "lr_warmup")) == ["eee"]
+    (sweep_root.parent.parent / "lr_warmup").mkdir()  # a folder of that name, with no runs
+    assert _fps(_json(capsys, "lr_warmup")) == ["eee"]
 
 
 def test_globs_select_names(sweep_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
