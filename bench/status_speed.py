@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -220,21 +221,25 @@ def _fake_slurm(where: Path, queued: dict[str, str]) -> dict[str, str]:
 
 def _time(
     args: list[str], env: dict[str, str], repeat: int, log: Path, script: Optional[Path]
-) -> tuple[float, int]:
-    """(median wall seconds of `repeat` runs after one warm-up, Slurm calls of one run)."""
+) -> tuple[float, float, int]:
+    """(median wall seconds of `repeat` runs after one warm-up, their median CPU seconds (user +
+    system: what a loaded machine does not inflate much), Slurm calls of one run)."""
     status = [str(script)] if script else ["-m", "slurmtrain.cli", "status"]
     cmd = [sys.executable, *status, *args]
     warm = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)  # warm caches
     if warm.returncode != 0:
         raise RuntimeError((warm.stderr.strip().splitlines() or ["?"])[-1])
     log.write_text("")
-    times = []
+    times, cpu = [], []
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(cmd, env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
         times.append(time.perf_counter() - t)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     calls = len(log.read_text().splitlines()) // repeat
-    return statistics.median(times), calls
+    return statistics.median(times), statistics.median(cpu), calls
 
 
 def main() -> int:
@@ -276,13 +281,13 @@ def main() -> int:
         # "no cache": every finished run's metrics read and its goodput computed, every time
         off = dict(env, SLURMTRAIN_STATUS_CACHE="off") if "no cache" in label else env
         try:
-            median, calls = _time(argv, off, args.repeat, log, args.script)
+            median, cpu, calls = _time(argv, off, args.repeat, log, args.script)
         except RuntimeError as err:
             print(f"status {label:<28} fails: {err}")
             continue
         print(
-            f"status {label:<28} {median:6.3f} s  (median of {args.repeat}, warm; "
-            f"{calls} Slurm call(s); load {load:.2f})"
+            f"status {label:<28} {median:6.3f} s  (CPU {cpu:.3f} s; median of {args.repeat}, "
+            f"warm; {calls} Slurm call(s); load {load:.2f})"
         )
     if not args.keep and args.root is None:
         shutil.rmtree(work, ignore_errors=True)
