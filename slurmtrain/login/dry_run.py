@@ -76,6 +76,9 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
         )
         report = preflight.report(typed_cfg)
     print(report.text, file=out)
+    note = flags.port_note(typed_cfg)
+    if note:
+        print(note, file=out)
     if typed_cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
         script = render_sbatch(typed_cfg, rundir.locate(cfg, secrets.referenced(cfg)))
         print("slurmtrain: dry run: the batch script that would be submitted:", file=out)

@@ -19,7 +19,7 @@ from slurmtrain.common import secrets
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.common.slurm_text import PartitionInfo
+from slurmtrain.common.slurm_text import FIXED_PORT_VAR, PartitionInfo
 from slurmtrain.login import container, owned_flags, stage_env
 
 # What an #SBATCH value may contain: hostlists, times, memory sizes, key=value lists, paths.
@@ -307,11 +307,47 @@ def script_env(cfg: RootConfig) -> dict[str, str]:
     """NAME -> the text after `export NAME=` in job.sbatch: our defaults (quoted), cluster.env
     entries that are configuration (shell_value), not those that are secrets (secrets.env)."""
     own = dict(cfg.cluster.env)
-    return {
+    out = {
         k: shell_value(v) if k in own else shlex.quote(v)
         for k, v in job_env(cfg).items()
         if k not in own or not secrets.is_secret_key(f"{secrets.ENV_KEY}.{k}", v)
     }
+    port = master_port(cfg)
+    if port is not None:  # every srun step's rendezvous (slurm_text.rendezvous_from_env)
+        out[FIXED_PORT_VAR] = str(port)
+    return out
+
+
+def master_port(cfg: RootConfig) -> Optional[int]:
+    """cluster.master_port (None: derived from the job id and step), checked."""
+    port = cfg.cluster.master_port
+    if port is None:
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+        raise ConfigError(
+            f"cluster.master_port={port!r}: a TCP port 1024..65535 (the one your site opens "
+            f"between nodes), or null to derive it from the job id"
+        )
+    return port
+
+
+def port_note(cfg: RootConfig) -> Optional[str]:
+    """The plan's line on a fixed cluster.master_port: where it can collide (None: derived)."""
+    port = master_port(cfg)
+    if port is None:
+        return None
+    shared = (
+        "this job holds its nodes (cluster.exclusive=true): no other job binds it there"
+        if cfg.cluster.exclusive
+        else "two jobs whose rank 0 share a node collide (EADDRINUSE: a sweep's points, or "
+        "another run there); cluster.exclusive=true keeps the node to this job"
+    )
+    return (
+        f"plan: rendezvous on the fixed port {port} (cluster.master_port): {shared}; restarts "
+        f"in the allocation reuse it once the previous step has exited (srun returned, its "
+        f"listening socket closed; torch's store binds with SO_REUSEADDR, so TIME_WAIT does not "
+        f"block it)"
+    )
 
 
 def local_env(cfg: RootConfig, base: dict[str, str]) -> dict[str, str]:

@@ -55,7 +55,7 @@ def submit(cfg: RootConfig, run: RunDir) -> Submission:
         nodes=1,
     )
     with _sigint_ignored():  # inherited by the controller; the workers install their own handler
-        job = executor.submit(TrainTask(str(run.path), free_port()))
+        job = executor.submit(TrainTask(str(run.path), flags.master_port(cfg) or free_port()))
     pid = int(job.job_id)
     run.record(
         Kind.submitted,

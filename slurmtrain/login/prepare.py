@@ -63,6 +63,7 @@ def _check_slurm_values(cfg: RootConfig) -> None:
     flags.sbatch_options(cfg, f"st-{cfg.name}")
     flags.job_env(cfg)
     flags.srun_args(cfg)
+    flags.master_port(cfg)
     flags.job_comment(cfg, None)
     flags.user_dependency(cfg)
     secrets.check_named(cfg)
@@ -99,6 +100,9 @@ def check(
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.text)
+        note = flags.port_note(typed_cfg)
+        if note:
+            print(note)
     # Fingerprinted, then written (record): secrets as references, so neither config.yaml nor the
     # run's name depends on a key's value (a rotated token resumes the same run).
     data = secrets.referenced(schema.plain(cfg))

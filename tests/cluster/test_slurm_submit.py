@@ -126,6 +126,7 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
         "+cluster.env.SLURMTRAIN_T_JOB=job-$SLURM_JOB_ID",
         "+cluster.env.OMP_NUM_THREADS=\\${SLURM_CPUS_PER_TASK}",  # Hydra's escape for ${...}
         "+cluster.env.LD_LIBRARY_PATH=/opt/site/lib:$LD_LIBRARY_PATH",
+        "cluster.master_port=29123",  # a fixed rendezvous port (build 3)
     ]
     dry = run_cli(SHORT + ["name=quoted", "train.max_steps=5", *env, "dry_run=true"], workdir)
     assert dry.returncode == 0 and 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK}"' in dry.stdout
@@ -143,6 +144,7 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     assert seen["SLURMTRAIN_T_JOB"] == f"job-{started['job_id']}"
     assert seen["OMP_NUM_THREADS"] == seen["SLURM_CPUS_PER_TASK"] == "1"
     assert seen["LD_LIBRARY_PATH"].startswith("/opt/site/lib:")
+    assert seen["MASTER_PORT"] == seen["SLURMTRAIN_MASTER_PORT"] == "29123"
 
 
 def read_jsonl_env(run):
