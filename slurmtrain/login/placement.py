@@ -47,12 +47,15 @@ _said: set[str] = set()
 _pending: list[str] = []  # the line, printed by announce() once the command goes ahead
 
 
-def probe_slurm(env: Mapping[str, str] = os.environ) -> Probe:
+def probe_slurm(env: Mapping[str, str] = os.environ, honour_off: bool = True) -> Probe:
     """Slurm when sbatch is on PATH and `scontrol ping` says the controller is UP (cached per
-    process: a sweep resolves every point, Slurm is asked once)."""
-    if "slurm" in _probe_cache:
-        return _probe_cache["slurm"]
-    if env.get(ENV, "").lower() == "off":
+    process: a sweep resolves every point, Slurm is asked once). `honour_off=False`: asked even
+    under SLURMTRAIN_AUTO=off (an explicit cluster=slurm whose GPUs are the partition's)."""
+    off = env.get(ENV, "").lower() == "off"
+    key = "slurm-asked" if off and not honour_off else "slurm"
+    if key in _probe_cache:
+        return _probe_cache[key]
+    if off and honour_off:
         probe = Probe(None, f"{ENV}=off")
     elif not shutil.which("sbatch", path=env.get("PATH")):
         probe = Probe(None, "no sbatch on PATH")
@@ -64,7 +67,7 @@ def probe_slurm(env: Mapping[str, str] = os.environ) -> Probe:
             probe = Probe(slurm_cmd.query_partitions(), "the Slurm controller answers")
         except SlurmError as err:
             probe = Probe(None, f"sbatch is on PATH but the controller does not answer ({err})")
-    _probe_cache["slurm"] = probe
+    _probe_cache[key] = probe
     return probe
 
 
@@ -119,6 +122,10 @@ def resolve_auto(cfg: RootConfig) -> None:
     machine reaches (mutates cfg). The line saying which and why waits for announce(): a command
     refused for bad input stays one line."""
     said = []
+    off = os.environ.get(ENV, "").lower() == "off"
+    # SLURMTRAIN_AUTO=off picks this machine and CPU ranks for what is auto; beside an explicit
+    # cluster=slurm, gpus_per_node=auto is still the partition's (never CPU ranks on GPU nodes).
+    ask = cfg.cluster.kind == "slurm" and cfg.gpus_per_node == "auto"
     if cfg.cluster.kind == "auto":
         probe = probe_slurm()
         cfg.cluster.kind = ClusterKind.slurm if probe.partitions is not None else ClusterKind.local
@@ -135,7 +142,7 @@ def resolve_auto(cfg: RootConfig) -> None:
         or cfg.cluster.time == policy.AUTO
         or cfg.cluster.gpu_type == cards.AUTO
     ):
-        probe = probe_slurm()
+        probe = probe_slurm(honour_off=not ask)
         unknown = probe.why
         if probe.partitions is not None:
             part = chosen_partition(cfg.cluster.partition, probe.partitions)
@@ -145,10 +152,10 @@ def resolve_auto(cfg: RootConfig) -> None:
         if cfg.cluster.kind == "slurm":
             said.append(f"cluster.time={cfg.cluster.time} ({note})")
     if cfg.gpus_per_node == "auto":
-        if os.environ.get(ENV, "").lower() == "off":
+        known = probe_slurm(honour_off=not ask).partitions if ask else None
+        if off and (not ask or known is None):  # off, and no controller to say otherwise
             cfg.gpus_per_node, why = 0, f"{ENV}=off"
         elif cfg.cluster.kind == "slurm":
-            known = probe_slurm().partitions
             if part is None and known is not None:
                 raise ConfigError(
                     f"cluster.partition={cfg.cluster.partition!r}: "

@@ -67,7 +67,9 @@ PEAK_TFLOPS: dict[str, dict[str, Optional[float]]] = {
     "B200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 75.0},
     "GB200": {"bf16": 2500.0, "fp16": 2500.0, "tf32": 1250.0, "fp32": 80.0},
     "MI300X": {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4},
-    "MI250X": {"bf16": 383.0, "fp16": 383.0, "tf32": None, "fp32": 95.7},
+    # Per GCD: an MI250X package is two dies (383 TFLOPS bf16, 95.7 fp32 matrix for both), and
+    # Slurm (LUMI's gres, ROCR_VISIBLE_DEVICES) and torch count each die as one GPU, one rank.
+    "MI250X": {"bf16": 191.5, "fp16": 191.5, "tf32": None, "fp32": 47.9},
 }
 
 # torch.cuda.get_device_name() strings -> table key; first match wins, so specific before general.

@@ -33,3 +33,14 @@ def test_what_slurm_takes_exits_0(slurm_cluster, workdir):
     )
     assert done.returncode == 0, done.stderr
     assert "Slurm says: sbatch: Job" in done.stdout and "#SBATCH --mem-per-cpu=100M" in done.stdout
+
+
+def test_auto_off_beside_an_explicit_slurm_keeps_the_partitions_gpus(slurm_cluster, workdir):
+    """SLURMTRAIN_AUTO=off picks this machine and CPU ranks for cluster=auto; beside an explicit
+    cluster=slurm it no longer forces gpus_per_node=0 on a GPU partition (issue 35)."""
+    off = {"SLURMTRAIN_AUTO": "off"}
+    gpu = run_cli(["cluster=slurm", "cluster.partition=gpu", "dry_run=true"], workdir, off)
+    assert "gpus_per_node=8 (partition gpu's GRES)" in gpu.stderr, gpu.stderr
+    assert "#SBATCH --gpus-per-node=8" in gpu.stdout
+    local = run_cli(["dry_run=true"], workdir, off)  # cluster=auto: this machine, CPU ranks
+    assert local.returncode == 0 and "gpus_per_node=0 (SLURMTRAIN_AUTO=off)" in local.stderr

@@ -113,6 +113,7 @@ def test_mfu_is_none_without_a_known_peak():
         ("NVIDIA GeForce RTX 3090", "RTX-3090"),
         ("NVIDIA RTX A6000", "RTX-A6000"),
         ("AMD Instinct MI300X", "MI300X"),
+        ("AMD Instinct MI250X", "MI250X"),
         ("NVIDIA A10G", None),
         ("cpu", None),
         ("", None),
@@ -120,6 +121,13 @@ def test_mfu_is_none_without_a_known_peak():
 )
 def test_device_names_map_to_their_peak(name, key):
     assert peak_key(name) == key
+
+
+def test_mi250x_peak_is_one_gcd():
+    """Slurm on LUMI counts each MI250X die (GCD) as a GPU, one rank each: the peak per GPU is
+    half the two-die package's 383 TFLOPS, else MFU and ETA are 2x optimistic (issue 35)."""
+    assert detect_peak("AMD Instinct MI250X", "bf16") == pytest.approx(383.0 / 2)
+    assert detect_peak("AMD Instinct MI250X", "fp32") == pytest.approx(95.7 / 2, abs=0.1)
 
 
 def test_peak_values_are_dense_datasheet_figures():
