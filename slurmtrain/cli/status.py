@@ -330,6 +330,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per run")
     args = parser.parse_args(argv)
+    words = status_select.wanted(args.state)
+    if words - set(status_select.STATE_WORDS):
+        unknown = ", ".join(sorted(words - set(status_select.STATE_WORDS)))
+        parser.error(f"--state {unknown}: not a state ({', '.join(status_select.STATE_WORDS)})")
     root = runs_root()
     paths, missing = status_select.select(args.paths, root)
     runs = [(RunDir(p), RunDir(p).run_events()) for p in paths]
@@ -338,7 +342,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = [summarize(run, run_rows, cache) for run, run_rows in runs]
     cache.save()
     rows.sort(key=lambda r: -r["updated"])  # newest first
-    words = status_select.wanted(args.state)
     shown = [r for r in rows if status_select.matches(r, words)] if words else rows
     if args.json:
         for r in shown:

@@ -17,6 +17,8 @@ CONFIG = "config.yaml"
 GLOB_CHARS = frozenset("*?[")
 # `--state failed`: a run that stopped with a failure class (also one whose smoke run failed)
 FAILED_WORDS = ("stopped", "blocked")
+# the words a status row's state starts with (RunDir.state's, and status's own), and `failed`
+STATE_WORDS = ("running", "stopped", "finished", "new", "unknown", "waiting", "blocked", "failed")
 
 
 def _is_run(path: str) -> bool:

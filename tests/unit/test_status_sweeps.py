@@ -116,6 +116,9 @@ def test_state_filter_matches_the_state_word(
     assert _fps(_json(capsys, "--state", "failed")) == ["ccc"]
     assert status.main(["--state", "finished", "runs/baseline"]) == 0
     assert "no runs in state finished" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a typo is refused, not an empty answer
+        status.main(["--state", "runing"])
+    assert "--state runing: not a state" in capsys.readouterr().err
 
 
 def test_one_summary_line_per_sweep(sweep_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
