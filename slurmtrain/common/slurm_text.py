@@ -19,9 +19,7 @@ MAX_RANGE = 65536  # Slurm refuses one bracket range with more hosts ("Too many 
 # 32768..60999 by default), so a port the kernel handed to some client socket on rank 0's node
 # cannot collide with the rendezvous; above the well-known and most registered service ports.
 PORT_BASE, PORT_SPAN = 10000, 32768 - 10000
-# cluster.master_port: the one port a site's firewall opens, exported by job.sbatch under this name
-# (not MASTER_PORT: a value left in the submitting shell must not pin the rendezvous).
-FIXED_PORT_VAR = "SLURMTRAIN_MASTER_PORT"
+FIXED_PORT_VAR = "SLURMTRAIN_MASTER_PORT"  # cluster.master_port, not a stray MASTER_PORT
 _UNLIMITED = {"UNLIMITED", "INFINITE"}
 
 
@@ -210,9 +208,8 @@ def rendezvous_from_env(env: Mapping[str, str]) -> dict[str, str]:
     hosts = expand_hostlist(nodelist)
     step = env.get("SLURM_STEP_ID", "0")
     port = master_port(need("SLURM_JOB_ID", "SLURM_JOBID"), int(step) if step.isdigit() else 0)
-    fixed = env.get(FIXED_PORT_VAR, "")
-    if fixed.isdigit():  # cluster.master_port, exported by job.sbatch: every step uses it
-        port = int(fixed)
+    if env.get(FIXED_PORT_VAR, "").isdigit():  # cluster.master_port: every step uses it
+        port = int(env[FIXED_PORT_VAR])
     out = {
         "MASTER_ADDR": hosts[0],
         "MASTER_PORT": str(port),

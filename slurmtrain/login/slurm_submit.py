@@ -276,13 +276,14 @@ def submit_array(items: Sequence[tuple[RootConfig, RunDir]], folder: Path) -> li
     if first.cluster.stage_env:  # one pack for every point (cached by its hash)
         stage_env.ensure_pack(first)
     base = flags.sbatch_options(first, job_name(first))
+    base_env = flags.script_env(first)  # the array's one script exports the first's cluster.env
     scripts = []
     for cfg, run in items:  # every point was checked against the cluster (prepare.check)
         options = flags.sbatch_options(cfg, job_name(first))  # the array's name is the first's
-        if options != base:
+        if options != base or flags.script_env(cfg) != base_env:
             raise ConfigError(
-                f"sweep point {run.path.name}: its Slurm flags differ from the first "
-                f"point's; sweep cluster.*/nodes in separate submissions"
+                f"sweep point {run.path.name}: its Slurm flags or cluster.env differ from the "
+                f"first point's; sweep cluster.*/nodes in separate submissions"
             )
         own = options if job_name(cfg) == job_name(first) else None  # job.sbatch: its own name
         scripts.append((run.sbatch, render_sbatch(cfg, run, own)))

@@ -146,3 +146,11 @@ def test_local_runs_expand_like_the_batch_shell():
     out = flags.local_env(C, {"HOME": "/h"})  # type: ignore[arg-type]
     assert out == {"A": "x-/h", "B": "x-/h/y", "C": "$(id)"}
     assert not re.search("HF_TOKEN", str(out))
+
+
+def test_a_sweep_array_refuses_points_whose_env_differs(tmp_path):
+    """One array, one script: the points must export the same cluster.env (else separate runs)."""
+    a = _cfg(tmp_path, "+cluster.env.NCCL_ALGO=Ring")
+    b = _cfg(tmp_path, "+cluster.env.NCCL_ALGO=Tree", "optim.lr=1e-4")
+    with pytest.raises(ConfigError, match="Slurm flags or cluster.env differ"):
+        slurm_submit.submit_array([(a, rundir.locate(a)), (b, rundir.locate(b))], tmp_path / "s")
