@@ -37,6 +37,12 @@ def _hydra_main(cfg: DictConfig) -> None:
     except ConfigError as err:  # exit here: Hydra would print its own banner first
         print(f"slurmtrain: error: {redact_text(str(err))}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    except Exception as err:  # an interpolation met while resolving (${X} in cluster.env): as above
+        line = one_line(err)
+        if line is None:
+            raise
+        print(f"slurmtrain: error: {redact_text(line)}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
     if code:
         raise SystemExit(code)
 

@@ -54,5 +54,11 @@ def one_line(err: BaseException) -> Optional[str]:
         where = key[1] if key else "a key"
         kind = m[2].lower()
         return f"{where}={m[1]!r}: not a valid {kind}; give {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    m = re.search(r"Interpolation key '([^']+)' not found", text)
+    if m and key and key[1].startswith("cluster.env."):  # meant for the shell, at job time
+        return (
+            f"{key[1]}: ${{{m[1]}}} is Hydra's interpolation; for the job's shell write "
+            f"'+{key[1]}=\\${{{m[1]}}}' (or ${m[1]})"
+        )
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return f"{first} (key: {key[1]})" if key else first

@@ -17,6 +17,10 @@ CASES = [
     (["cluster=local", "cluster.time=abc"], "cluster.time='abc'"),
     (["cluster=local", "cluster.partition=a;b"], "cluster.partition"),
     (["cluster=local", "+cluster.env.1BAD=x"], "cluster.env.1BAD"),
+    # ${X} is Hydra's interpolation: the line says how to write the shell's (issue 35)
+    (["cluster=local", "+cluster.env.A=${SLURM_JOB_ID}"], "'+cluster.env.A=\\${SLURM_JOB_ID}'"),
+    (["cluster=local", "cluster.secrets=[NOT_SET_HERE_X]"], "cluster.secrets: NOT_SET_HERE_X"),
+    (["cluster=local", "+cluster.sbatch_extra.requeue=false"], "cluster.sbatch_extra.requeue"),
     (["cluster=local", "run_dir_mode=0777"], "run_dir_mode='0777'"),
     # DeepSpeed saves its config into every checkpoint: a key there would be stored in clear.
     (["cluster=local", "+deepspeed.extra.comet.api_key=x"], "+cluster.env.COMET_API_KEY"),
