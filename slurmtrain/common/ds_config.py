@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common.derived import grad_accumulation, resolved_dtype
+from slurmtrain.common.derived import grad_accumulation, resolved_dtype, tensor_parallel
 from slurmtrain.common.schema import LrDecay, RootConfig, TrainConfig
 
 if TYPE_CHECKING:
@@ -234,6 +234,13 @@ def build(cfg: RootConfig, world: int, profile_dir: Optional[str] = None) -> Sec
         "wall_clock_breakdown": bool(train.timers),
         "checkpoint": {"tag_validation": "Fail"},
     }
+    if tensor_parallel(cfg) > 1:
+        # DeepSpeed AutoTP shards the model inside deepspeed.initialize. The output head stays
+        # whole (not vocabulary-parallel): model.loss_fn computes the loss from full logits.
+        config["tensor_parallel"] = {
+            "autotp_size": tensor_parallel(cfg),
+            "vocab_parallel_lm_head": False,
+        }
     if train.flops_profile_step > 0:
         config["flops_profiler"] = flops_profiler(train, profile_dir)
     return _merge(config, _extra(cfg))

@@ -13,8 +13,6 @@ from slurmtrain.common.derived import tasks_per_node, tp_choices
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 
-COMPUTE_READY = False  # the compute side's TP (data sharding, checkpoints, export)
-
 
 def check_parallel(cfg: RootConfig) -> None:
     """parallel.tensor is a whole number within a node that divides the heads."""
@@ -26,11 +24,6 @@ def check_parallel(cfg: RootConfig) -> None:
         )
     if tp == 1:
         return
-    if not COMPUTE_READY:
-        raise ConfigError(
-            f"parallel.tensor={tp}: tensor parallelism is planned but not yet trained by this "
-            f"version; use parallel.tensor=1"
-        )
     per_node = tasks_per_node(cfg)
     where = (
         f"gpus_per_node={cfg.gpus_per_node}"

@@ -38,8 +38,12 @@ class Evaluator:
         ctx: RankContext,
         deadline_s: float = 0.0,
         on_batch: Optional[Callable[[], None]] = None,
+        shard: Optional[tuple[int, int]] = None,
     ) -> None:
         self.data, self.rank, self.world, self.device = data, ctx.rank, ctx.world, ctx.device
+        if shard is not None:  # tensor parallelism: (data-parallel rank, size); a TP group
+            self.rank, self.world = shard  # evaluates the same windows (the sums count each TP
+            # rank once, numerator and denominator alike: the mean is unchanged)
         self.watchdog, self.deadline_s = ctx.watchdog, deadline_s
         self.interval = int(cfg.train.eval_interval or 0)
         self.max_steps = int(cfg.train.max_steps or 0)

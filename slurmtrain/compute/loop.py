@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.compute import evaluate
+from slurmtrain.compute import evaluate, parallel
 from slurmtrain.compute.context import RankContext
 from slurmtrain.compute.data import Sampler, Tokens, batch
 from slurmtrain.compute.divergence import Divergence, Guard
@@ -87,6 +87,8 @@ def train(
     fp16 = bool(engine.fp16_enabled())  # only a loss-scaled run skips steps on overflow
     # Config values read once: a config attribute costs ~10-80 us, a tiny model's step ~40 ms.
     world, device, perf = ctx.world, ctx.device, hooks.perf
+    # A tensor-parallel group reads one batch: the sampler shards by data-parallel rank and size.
+    dp_rank, dp_world = parallel.data_coords(cfg, ctx.rank, world)
     max_steps = int(cfg.train.max_steps or 0)
     end = min(hooks.stop_at or max_steps, max_steps)
     micro, seq = cfg.train.micro_batch_size, cfg.data.seq_len
@@ -100,7 +102,7 @@ def train(
         lr = engine.get_lr()[0]  # the rate this step trains with (the scheduler moves after it)
         losses = []
         for m in range(data.accum):
-            ids = data.sampler.indices(state.step, m, ctx.rank, micro, world, gbs)
+            ids = data.sampler.indices(state.step, m, dp_rank, micro, dp_world, gbs)
             window = to_device(batch(data.tokens, ids, seq), device)
             loss = loss_fn(engine, window)
             if m == 0 and hooks.poison is not None and hooks.poison(state.step + 1):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 from slurmtrain.common import errors, events, ledger
 from slurmtrain.common.checkpoint_format import Resume
-from slurmtrain.common.derived import grad_accumulation
+from slurmtrain.common.derived import grad_accumulation, tensor_parallel
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.checkpoint.rng import rng_state
@@ -143,7 +143,7 @@ class Trainer:
         import deepspeed
 
         from slurmtrain.common import ds_config
-        from slurmtrain.compute import data, resume_build, startup
+        from slurmtrain.compute import data, parallel, resume_build, startup
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
@@ -177,6 +177,7 @@ class Trainer:
             model_parameters=self.net.parameters(),
             config=self.ds_config,
             lr_scheduler=ds_config.lr_scheduler(cfg),  # metaseq's: not expressible in the dict
+            mpu=parallel.mpu(cfg),  # TP: DeepSpeed's groups (data-parallel size = world / TP)
         )
         self.checkpointer = Checkpointer(
             cfg.checkpoint,
@@ -252,6 +253,7 @@ class Trainer:
             "world_size": self.world,
             "consumed_samples": consumed,
             "zero_stage": self.cfg.deepspeed.stage,
+            "tensor_parallel": tensor_parallel(self.cfg),  # AutoTP degree (mp_rank_NN files)
             "loss": loss,
             # blends: samples per source; after rollbacks: the samples skipped past diverged windows
             "data_position": {
@@ -294,7 +296,7 @@ class Trainer:
         self.injector.after_step(step, seconds)
 
     def loop(self) -> Outcome:
-        from slurmtrain.compute import loop
+        from slurmtrain.compute import loop, parallel
         from slurmtrain.compute.divergence import Guard
         from slurmtrain.compute.evaluate import Evaluator
         from slurmtrain.compute.observe.perf import Perf
@@ -304,7 +306,8 @@ class Trainer:
         f = cfg.faults
         try:
             perf = Perf(self.engine, cfg, ctx, self.run.path)
-            evaluator = Evaluator(self.data, cfg, ctx, self.deadlines.fixed(EVAL))
+            shard = parallel.data_coords(cfg, self.rank, self.world)  # TP: a group, one batch
+            evaluator = Evaluator(self.data, cfg, ctx, self.deadlines.fixed(EVAL), shard=shard)
             hooks = loop.LoopHooks(
                 self.save,
                 self.flags,

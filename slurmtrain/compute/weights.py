@@ -90,6 +90,8 @@ def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, checkpoint_fo
 def lazy_state_dict(ckpt_dir: Path) -> StateDict:
     """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
     safe_load.enforce()  # zero_to_fp32 passes weights_only=False itself: the override covers it
+    if (ckpt_dir / "mp_rank_01_model_states.pt").is_file():
+        return tensor_parallel_state_dict(ckpt_dir)
     if list(ckpt_dir.glob("*_optim_states.pt")):
         from deepspeed.utils import zero_to_fp32
 
@@ -107,6 +109,32 @@ def lazy_state_dict(ckpt_dir: Path) -> StateDict:
     for name, source in (states.get("shared_params") or {}).items():
         module.setdefault(name, module[source])
     return module
+
+
+def tensor_parallel_state_dict(ckpt_dir: Path) -> StateDict:
+    """A tensor-parallel (AutoTP) checkpoint's whole parameters: zero_to_fp32 reads one
+    model-parallel rank's shards only, so the shards are gathered by DeepSpeed's universal
+    conversion (the one a resume on another world size uses, cached beside the step as
+    step_N_universal/), which writes each parameter whole: zero/<name>/fp32.pt."""
+    from slurmtrain.compute.checkpoint import reshape
+
+    manifest = checkpoint_format.read_manifest(ckpt_dir)
+    print(
+        f"slurmtrain: {ckpt_dir.name} is tensor-parallel: gathering its shards through "
+        f"DeepSpeed's universal checkpoint ({reshape.universal_dir(ckpt_dir).name})",
+        file=sys.stderr,
+    )
+    try:
+        converted = reshape.convert(ckpt_dir, manifest, verify="size")
+    except reshape.ReshapeError as e:
+        raise ExportError(f"{ckpt_dir}: the tensor-parallel shards did not gather: {e}") from None
+    state: StateDict = {}
+    for folder in sorted((converted.path / "zero").iterdir()):
+        if (folder / "fp32.pt").is_file():
+            loaded = safe_load.load(folder / "fp32.pt", "cpu", mmap=True)
+            assert isinstance(loaded, dict), folder
+            state[folder.name] = loaded["param"]
+    return state
 
 
 class _stdout_to_stderr:

@@ -39,6 +39,7 @@ ARCHITECTURE_KEYS = (
     "model.tie_embeddings",
     "model.hf_extra",
     "deepspeed.stage",  # the ZeRO partitioning the optimizer state was saved in
+    "parallel.tensor",  # the AutoTP shards (mp_rank_NN) it was saved in
 )
 LINEAGE_KEYS = ("resume_from", "branch_of")  # differ by construction; not "changed" keys
 _SPEC = re.compile(r"([^:].*?)(?::(?:step_)?(\d+))?")
@@ -165,7 +166,7 @@ def resolve(cfg: DictConfig) -> None:
     if differ:
         raise ConfigError(
             f"resume_from={spec}: the parent's checkpoint has another shape: {', '.join(differ)}; "
-            f"branch with the parent's model group and deepspeed.stage"
+            f"branch with the parent's model group, deepspeed.stage and parallel.tensor"
         )
     directory = _step_dir(parent, step, spec)
     manifest = checkpoint_format.read_manifest(directory)
