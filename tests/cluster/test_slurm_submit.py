@@ -3,6 +3,7 @@ validation against partitions, hostile values."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -139,15 +140,22 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     assert not (run / "secrets.env").exists()  # nothing secret: configuration only
     assert not canary.exists()
     # The ranks' environment (rank 0's provenance): expanded there, literal where not a variable.
-    seen = read_jsonl_env(run)
+    seen = json.loads((run / "provenance" / "attempt_1.json").read_text())["env"]
     [started] = [e for e in events(run) if e["event"] == "started"]
     assert seen["SLURMTRAIN_T_JOB"] == f"job-{started['job_id']}"
     assert seen["OMP_NUM_THREADS"] == seen["SLURM_CPUS_PER_TASK"] == "1"
     assert seen["LD_LIBRARY_PATH"].startswith("/opt/site/lib:")
     assert seen["MASTER_PORT"] == seen["SLURMTRAIN_MASTER_PORT"] == "29123"
-
-
-def read_jsonl_env(run):
-    import json
-
-    return json.loads((run / "provenance" / "attempt_1.json").read_text())["env"]
+    # A hand `sbatch job.sbatch` from a clean shell (`env -i`): the script alone gives the same.
+    wait_job_gone(started["job_id"])
+    sbatch = subprocess.run(["which", "sbatch"], capture_output=True, text=True).stdout.strip()
+    by_hand = subprocess.run(
+        ["env", "-i", sbatch, "--parsable", str(run / "job.sbatch")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    wait_job_gone(by_hand, timeout=300)
+    again = json.loads((run / "provenance" / "attempt_2.json").read_text())["env"]
+    assert again["SLURMTRAIN_T_JOB"] == f"job-{by_hand}" and again["OMP_NUM_THREADS"] == "1"
+    assert again["MASTER_PORT"] == "29123" and again["LD_LIBRARY_PATH"].startswith("/opt/site/lib")
