@@ -24,6 +24,7 @@ def activation_bytes(
     dtype_bytes: int,
     checkpointing: bool,
     attention: str = "sdpa",
+    tp: int = 1,
 ) -> int:
     """Activations kept for backward (Korthikanti et al. 2022, no tensor/sequence parallelism).
 
@@ -36,13 +37,17 @@ def activation_bytes(
     Gated (Llama-shaped) layers keep, per token in 16-bit: 2 norm inputs 4h, attention 2h + 2(a*d)
     + 4 kv*d (input, q, k, v) + 2(a*d) (output), MLP 2h + 8f (input; gate, up, SiLU(gate), product)
     and no dropout masks (shapes.gated_mlp).
+    Tensor parallelism `tp` (no sequence parallelism) splits what lies between the column- and
+    row-parallel matmuls: 34 -> 10 + 24/tp (Korthikanti's eq. 2), the scores / tp; the gated
+    layer's q, k, v, attention output and MLP inner terms / tp. The logits stay whole.
     """
     s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
-    scores = 5 * a * s * s * b if attention == "eager" else 0
-    per_token = 34 * h  # bytes in 16-bit
+    t = max(1, tp)
+    scores = 5 * a * s * s * b // t if attention == "eager" else 0
+    per_token = 10 * h + 24 * h // t  # bytes in 16-bit
     if gated_mlp(model):
         q, kv = attention_width(model), kv_heads(model) * head_dim(model)
-        per_token = 4 * h + (2 * h + 4 * q + 4 * kv) + (2 * h + 8 * model.ffn_dim)
+        per_token = 4 * h + (2 * h + (4 * q + 4 * kv) // t) + (2 * h + 8 * model.ffn_dim // t)
     per_layer = (per_token * s * b + scores) * dtype_bytes // 2
     layers = (
         model.num_layers * 2 * s * b * h * dtype_bytes // 2 + per_layer

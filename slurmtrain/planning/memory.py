@@ -21,6 +21,7 @@ from typing import Mapping, NamedTuple, Optional, TypedDict
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
+from slurmtrain.planning import tensor_parallel as tensor_parallel_plan
 from slurmtrain.planning import zero3_params
 from slurmtrain.planning.activations import LOGIT_BYTES, activation_bytes  # noqa: F401
 from slurmtrain.planning.host_memory import HOST_FIX, HostPlan, host_plan, misfit
@@ -203,6 +204,7 @@ def plan_memory(
     zero3: Optional[Mapping[str, object]] = None,
     pretrained: bool = False,
     async_save: bool = False,
+    tensor_parallel: int = 1,
 ) -> MemoryPlan:
     """Bytes one GPU (and one node's host memory) needs for this model and ZeRO setting.
 
@@ -212,13 +214,16 @@ def plan_memory(
     state (planning/host_memory.py). `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
     (ds_config.zero_section); `zero3`: that section's stage3_* keys (None: what ds_config gives
     this model). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
+    `tensor_parallel`: a TP rank's params (planning/tensor_parallel.py), ZeRO over world / TP.
     """
     setting = Setting(
         stage, offload_optimizer, offload_param, micro_batch, activation_checkpointing
     )
     _check(model, setting, nodes, gpus_per_node, seq_len, dtype, attention)
     d = DTYPE_BYTES[dtype]
-    p, big, n = param_count(model), largest_layer_params(model), nodes * gpus_per_node
+    tp = max(1, tensor_parallel)
+    p, big = tensor_parallel_plan.rank_params(model, tp), largest_layer_params(model)
+    n = max(1, nodes * gpus_per_node // tp)  # ZeRO partitions over data parallelism
     master = 0 if (dtype == "fp32" and stage == 0) else 4  # ZeRO always keeps an fp32 copy
     params: float
     grads: float
@@ -249,7 +254,7 @@ def plan_memory(
         buffers = d * reduce_bucket * (2 if overlap_comm else 1)
     else:
         buffers = d * (reduce_bucket + zero3_params.extra_gathered(model, zero3))
-    acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention)
+    acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention, tp)
     allocated = params + grads + optim + acts + buffers
     node = host_plan(
         params=p,
@@ -270,7 +275,7 @@ def plan_memory(
         gpus_per_node=gpus_per_node,
         seq_len=seq_len,
         dtype=dtype,
-        num_params=p,
+        num_params=param_count(model),
         params=int(params),
         grads=int(grads),
         optimizer=int(optim),
@@ -319,12 +324,13 @@ def recommend(
     zero3: Optional[Mapping[str, object]] = None,
     pretrained: bool = False,
     async_save: bool = False,
+    tensor_parallel: int = 1,
 ) -> Optional[Recommendation]:
     """The cheapest setting (see `candidates`) whose plan fits, or None when nothing does.
 
     With `global_batch_size`, only micro batches that divide it evenly over all GPUs are tried.
     """
-    world = nodes * gpus_per_node
+    world = nodes * gpus_per_node // max(1, tensor_parallel)  # data-parallel size
     for s in candidates(max_micro_batch):
         if global_batch_size is not None and global_batch_size % (s.micro_batch * world):
             continue
@@ -340,6 +346,7 @@ def recommend(
             zero3=zero3,
             pretrained=pretrained,
             async_save=async_save,
+            tensor_parallel=tensor_parallel,
             **s.knobs(),
         )
         if plan.fits(gpu_mem_bytes, cpu_mem_bytes_per_node):

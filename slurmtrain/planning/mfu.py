@@ -2,9 +2,9 @@
 
 In order: `mfu_guess=N` set by hand; the GPU check's measurement (`mfu_measured=FILE`, the JSON
 lines bench/gpu_check.py writes) for the plan's card, ZeRO stage group and size band; else the
-table below, keyed by card family, ZeRO stage group, size band and tensor-parallel degree (1 until
-tensor parallelism lands: the key is there for it). The plan prints one line with the figure and
-its source, always labelled an estimate until the run measures its own.
+table below, keyed by card family, ZeRO stage group, size band and tensor-parallel degree
+(parallel.tensor; TP > 1 has its own rows above 30B and 5 points less below). The plan prints one
+line with the figure and its source, always labelled an estimate until the run measures its own.
 
 Seeded from published bf16 figures at seq 2048 (MFU = 6N + attention FLOPs over the dense peak,
 as planning/flops.py counts):
@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from slurmtrain.common.derived import tensor_parallel
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.planning import cards
@@ -57,6 +58,23 @@ _SEED: dict[tuple[str, str], tuple[float, str]] = {
     ("ampere", "10-30B"): (0.50, "MosaicML 13-30B on 8 A100s: 54-56%"),
     ("ampere", ">30B"): (0.45, "MosaicML 70B on 64 A100s 53%, torchtitan 70B 51%"),
 }
+# TP > 1 (DeepSpeed AutoTP within a node): above 30B, published TP=8 figures less what AutoTP does
+# not do (overlap its all-reduces with compute, sequence parallelism): judgement on a source.
+_TP_SEED: dict[tuple[str, str], tuple[float, str]] = {
+    ("hopper", ">30B"): (
+        0.35,
+        "Llama 3 405B with TP 8 on 16k H100s: 38-43% (Dubey et al. 2024, its all-reduces "
+        "overlapped); AutoTP does not overlap them: a few points less",
+    ),
+    ("ampere", ">30B"): (
+        0.45,
+        "Megatron-LM 145B-1T with TP 8 on A100s: 47-52% (Narayanan et al. 2021, overlapped); "
+        "AutoTP does not overlap its all-reduces: a few points less",
+    ),
+}
+TP_PENALTY = (
+    0.05  # below 30B: TP's all-reduces, not hidden, on a model DP alone would run (judgement)
+)
 GENERIC, GENERIC_BIG = 0.35, 0.30  # cards without a published figure (judgement)
 
 
@@ -77,6 +95,13 @@ def table(card_key: Optional[str], stage: int, params: float, tp: int = 1) -> tu
     fam, size = family(card_key), band(params)
     generic = GENERIC_BIG if size == ">30B" else GENERIC
     value, why = _SEED.get((fam, size), (generic, f"no published figure for {card_key or 'it'}"))
+    if tp > 1 and (fam, size) in _TP_SEED:
+        value, why = _TP_SEED[(fam, size)]
+    elif tp > 1:
+        value, why = (
+            value - TP_PENALTY,
+            f"{why}; TP's per-layer all-reduces: {TP_PENALTY * 100:.0f} points less",
+        )
     if stage == 3:
         value, why = value - ZERO3_PENALTY, f"{why}; ZeRO-3 {ZERO3_PENALTY * 100:.0f} points less"
     return value, f"{card_key or 'unknown card'}, {stage_group(stage)}, {size}, TP={tp}: {why}"
@@ -135,8 +160,10 @@ def measured(path: str, card_key: Optional[str], stage: int, params: float) -> O
     return found
 
 
-def planned(cfg: RootConfig, tp: int = 1) -> Mfu:
-    """The MFU this run's ETA assumes before it measured its own throughput."""
+def planned(cfg: RootConfig, tp: Optional[int] = None) -> Mfu:
+    """The MFU this run's ETA assumes before it measured its own throughput (`tp`: the run's
+    parallel.tensor unless given)."""
+    tp = tensor_parallel(cfg) if tp is None else tp
     params = float(param_count(cfg.model))
     stage = int(cfg.deepspeed.stage)
     key = cards.card_key(cards.gpu_name(cfg)[0])

@@ -23,7 +23,9 @@ from slurmtrain.common.derived import (
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.planning import cards, deadlines, eta, memory, mfu, policy, shapes
+from slurmtrain.common.validation_parallel import kv_warning
+from slurmtrain.planning import cards, deadlines, eta, flops, memory, mfu, policy, shapes
+from slurmtrain.planning import tensor_parallel as tensor_parallel_plan
 from slurmtrain.planning.corpus_warning import corpus_warning
 
 
@@ -98,6 +100,7 @@ def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
         seq_len=cfg.data.seq_len,
         dtype=resolved_dtype(cfg),
         device="cuda" if cfg.gpus_per_node > 0 else "cpu",
+        tensor_parallel=tensor_parallel(cfg),
         **_buckets(cfg),
         **_host(cfg),
         **_setting(cfg).knobs(),
@@ -130,6 +133,7 @@ def memory_lines(cfg: RootConfig, nodes: int, out: PlanReport) -> None:
         dtype=dtype,
         cpu_mem_bytes_per_node=cpu_mem,
         global_batch_size=cfg.train.global_batch_size,
+        tensor_parallel=tensor_parallel(cfg),
         **_buckets(cfg),
         **_host(cfg),
     )
@@ -256,6 +260,35 @@ def lead_warning(cfg: RootConfig, saves: Sequence[Row]) -> Optional[str]:
     )
 
 
+def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
+    """Tensor parallelism: what a TP rank holds and computes, the communication a step moves,
+    and a warning when TP exceeds the key-value heads."""
+    d = memory.DTYPE_BYTES[resolved_dtype(cfg)]
+    comm = ds_config.precision(cfg, resolved_dtype(cfg)).get("communication_data_type")
+    comm = cfg.deepspeed.extra.get("communication_data_type", comm)
+    grad = memory.DTYPE_BYTES.get(str(comm), d)
+    tp, t = tensor_parallel(cfg), cfg.train
+    tokens = policy.tokens_per_step(cfg, world) or 0.0
+    per_step = flops.flops_per_token(cfg.model, cfg.data.seq_len) * tokens
+    lines = [tensor_parallel_plan.tp_line(cfg.model, tp, world, per_step)]
+    lines.append(
+        tensor_parallel_plan.comm_line(
+            cfg.model,
+            tp=tp,
+            world=world,
+            stage=int(cfg.deepspeed.stage),
+            micro_batch=int(t.micro_batch_size),
+            accum=grad_accumulation(cfg, world),
+            seq_len=int(cfg.data.seq_len),
+            dtype_bytes=d,
+            grad_bytes=grad,
+            checkpointing=bool(cfg.model.activation_checkpointing),
+        )
+    )
+    warning = kv_warning(cfg)
+    return lines + ([warning] if warning else [])
+
+
 def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     low, high = node_range(cfg.nodes)
     per_node = tasks_per_node(cfg)
@@ -278,6 +311,8 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
             f"data-parallel {world // tp}"
             + (f" (world {world} / tensor-parallel {tp}, DeepSpeed AutoTP)" if tp > 1 else "")
         )
+    if tensor_parallel(cfg) > 1:
+        out.lines += parallel_lines(cfg, low * per_node)
     if cfg.gpus_per_node > 0:
         memory_lines(cfg, low, out)  # the smallest allocation is the one that must fit
     else:
