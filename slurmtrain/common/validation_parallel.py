@@ -3,6 +3,8 @@
 TP is DeepSpeed AutoTP within a node: its groups are consecutive ranks (DeepSpeed's mesh is
 data-parallel x tensor-parallel), so the degree must divide the ranks per node, and the attention
 heads. TP above the key-value heads runs with empty shards: a warning (kv_warning), not a refusal.
+ZeRO-0 and ZeRO-3 with TP train (TP 2 x DP 2 equal to TP=1) but their checkpoints do not convert
+to DeepSpeed's universal form, which export and a world-size change need: refused until they do.
 """
 
 from __future__ import annotations
@@ -35,6 +37,19 @@ def check_parallel(cfg: RootConfig) -> None:
         raise ConfigError(
             f"parallel.tensor={tp}: tensor parallelism stays within a node, whose {per_node} "
             f"ranks ({where}) it must divide; use parallel.tensor={choices}"
+        )
+    stage = int(cfg.deepspeed.stage)
+    if stage not in (1, 2):
+        why = (
+            "fails on the AutoTP shards' recorded shapes"
+            if stage == 3
+            else "needs the ZeRO optimizer files ZeRO-0 does not write"
+        )
+        raise ConfigError(
+            f"parallel.tensor={tp} with deepspeed.stage={stage}: DeepSpeed 0.19.8 trains it but "
+            f"cannot convert its checkpoints to the universal form that export and a resume on "
+            f"another world size read (ds_to_universal {why}); use deepspeed=zero1 or "
+            f"deepspeed=zero2 (TP already divides the layers' params by {tp}) or parallel.tensor=1"
         )
     heads = int(cfg.model.num_heads)
     if heads % tp:

@@ -103,8 +103,11 @@ def build(
         import deepspeed
 
         # imported before zero.Init, whose patched tensor construction torch._dynamo's import refuses
+        from slurmtrain.compute import parallel
+
         cls, config = model_class(cfg), model_config(cfg)
-        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        # TP: DeepSpeed's groups, so the batch check and the partitions use DP = world / TP
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, mpu=parallel.mpu(cfg)):
             model = cls(config)
     else:
         model = _fresh(cfg, device, dtype)

@@ -90,7 +90,7 @@ def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, checkpoint_fo
 def lazy_state_dict(ckpt_dir: Path) -> StateDict:
     """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
     safe_load.enforce()  # zero_to_fp32 passes weights_only=False itself: the override covers it
-    if (ckpt_dir / "mp_rank_01_model_states.pt").is_file():
+    if any(ckpt_dir.glob("*mp_rank_01_model_states.pt")):  # AutoTP's second shard: TP > 1
         return tensor_parallel_state_dict(ckpt_dir)
     if list(ckpt_dir.glob("*_optim_states.pt")):
         from deepspeed.utils import zero_to_fp32

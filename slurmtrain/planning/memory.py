@@ -21,8 +21,7 @@ from typing import Mapping, NamedTuple, Optional, TypedDict
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
-from slurmtrain.planning import tensor_parallel as tensor_parallel_plan
-from slurmtrain.planning import zero3_params
+from slurmtrain.planning import parallel_plan, zero3_params
 from slurmtrain.planning.activations import LOGIT_BYTES, activation_bytes  # noqa: F401
 from slurmtrain.planning.host_memory import HOST_FIX, HostPlan, host_plan, misfit
 from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's API)
@@ -214,7 +213,7 @@ def plan_memory(
     state (planning/host_memory.py). `reduce_bucket`, `overlap_comm`: the run's ZeRO settings
     (ds_config.zero_section); `zero3`: that section's stage3_* keys (None: what ds_config gives
     this model). `device="cpu"` (CPU ranks): no CUDA context, no caching allocator.
-    `tensor_parallel`: a TP rank's params (planning/tensor_parallel.py), ZeRO over world / TP.
+    `tensor_parallel`: a TP rank's params (planning/parallel_plan.py), ZeRO over world / TP.
     """
     setting = Setting(
         stage, offload_optimizer, offload_param, micro_batch, activation_checkpointing
@@ -222,7 +221,7 @@ def plan_memory(
     _check(model, setting, nodes, gpus_per_node, seq_len, dtype, attention)
     d = DTYPE_BYTES[dtype]
     tp = max(1, tensor_parallel)
-    p, big = tensor_parallel_plan.rank_params(model, tp), largest_layer_params(model)
+    p, big = parallel_plan.rank_params(model, tp), largest_layer_params(model)
     n = max(1, nodes * gpus_per_node // tp)  # ZeRO partitions over data parallelism
     master = 0 if (dtype == "fp32" and stage == 0) else 4  # ZeRO always keeps an fp32 copy
     params: float
@@ -333,6 +332,8 @@ def recommend(
     world = nodes * gpus_per_node // max(1, tensor_parallel)  # data-parallel size
     for s in candidates(max_micro_batch):
         if global_batch_size is not None and global_batch_size % (s.micro_batch * world):
+            continue
+        if tensor_parallel > 1 and s.stage in (0, 3):  # refused (common/validation_parallel.py)
             continue
         plan = plan_memory(
             model,

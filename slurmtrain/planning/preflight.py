@@ -24,8 +24,17 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.validation_parallel import kv_warning
-from slurmtrain.planning import cards, deadlines, eta, flops, memory, mfu, policy, shapes
-from slurmtrain.planning import tensor_parallel as tensor_parallel_plan
+from slurmtrain.planning import (
+    cards,
+    deadlines,
+    eta,
+    flops,
+    memory,
+    mfu,
+    parallel_plan,
+    policy,
+    shapes,
+)
 from slurmtrain.planning.corpus_warning import corpus_warning
 
 
@@ -270,9 +279,9 @@ def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
     tp, t = tensor_parallel(cfg), cfg.train
     tokens = policy.tokens_per_step(cfg, world) or 0.0
     per_step = flops.flops_per_token(cfg.model, cfg.data.seq_len) * tokens
-    lines = [tensor_parallel_plan.tp_line(cfg.model, tp, world, per_step)]
+    lines = [parallel_plan.tp_line(cfg.model, tp, world, per_step)]
     lines.append(
-        tensor_parallel_plan.comm_line(
+        parallel_plan.comm_line(
             cfg.model,
             tp=tp,
             world=world,

@@ -15,8 +15,7 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.login import placement
 from slurmtrain.login.composed import typed
 from slurmtrain.login.prepare import resolve
-from slurmtrain.planning import memory, mfu, preflight
-from slurmtrain.planning import tensor_parallel as tp_plan
+from slurmtrain.planning import memory, mfu, parallel_plan, preflight
 
 schema.register()
 GiB = 2**30
@@ -93,6 +92,22 @@ def test_tp_beyond_a_node_or_not_dividing_it_is_refused_in_one_line(tmp_path, va
     assert str(err.value).startswith(f"parallel.tensor={value}:")
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_zero0_and_zero3_with_tp_are_refused_and_never_recommended(tmp_path, stage):
+    with pytest.raises(ConfigError) as err:
+        _cfg(tmp_path, *CPU4, "parallel.tensor=2", f"deepspeed=zero{stage}")
+    assert str(err.value).startswith(f"parallel.tensor=2 with deepspeed.stage={stage}: DeepSpeed")
+    assert "deepspeed=zero2" in str(err.value) and "\n" not in str(err.value)
+    best = memory.recommend(
+        memory.OPT_SIZES["opt66b"],
+        nodes=8,
+        gpus_per_node=8,
+        gpu_mem_bytes=int(79.1 * GiB),
+        tensor_parallel=8,
+    )
+    assert best is not None and best.setting.stage in (1, 2)
+
+
 def test_tp_must_divide_the_heads_and_above_the_kv_heads_is_a_warning(tmp_path):
     with pytest.raises(ConfigError, match=r"must divide model.num_heads=6 .*parallel.tensor=1\|2"):
         _cfg(tmp_path, *CPU4, "model.num_heads=6", "model.hidden_size=48", "parallel.tensor=4")
@@ -134,9 +149,9 @@ def test_tp_is_a_result_key_and_its_default_keeps_the_fingerprint(tmp_path):
 
 def test_a_tp_rank_holds_the_layers_matmuls_over_tp_and_its_activations_shrink():
     shape = memory.OPT_SIZES["opt66b"]
-    whole, sharded = memory.param_count(shape), tp_plan.sharded_params(shape)
+    whole, sharded = memory.param_count(shape), parallel_plan.sharded_params(shape)
     assert sharded == 64 * (4 * 9216**2 + 2 * 9216 * 36864)  # q k v out, fc1 fc2 weights
-    assert tp_plan.rank_params(shape, 8) == whole - sharded * 7 // 8
+    assert parallel_plan.rank_params(shape, 8) == whole - sharded * 7 // 8
     one = memory.plan_memory(shape, stage=2, nodes=64, gpus_per_node=8, micro_batch=1)
     eight = memory.plan_memory(
         shape, stage=2, nodes=64, gpus_per_node=8, micro_batch=1, tensor_parallel=8
