@@ -47,7 +47,7 @@ def _fabric(name: str) -> Fabric:
 def _nvlink_active(device: torch.device) -> Optional[bool]:
     """NVML's answer (some link of this GPU is up), or None where NVML is not at hand."""
     try:
-        import pynvml  # type: ignore[import-not-found, unused-ignore]
+        import pynvml  # type: ignore[import-untyped, unused-ignore]  # no hints
 
         pynvml.nvmlInit()
         props = torch.cuda.get_device_properties(device)
