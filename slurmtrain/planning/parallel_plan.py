@@ -41,7 +41,9 @@ def rank_params(model: ModelShape, tp: int) -> int:
 def _gb(nbytes: float) -> str:
     if nbytes >= 1e12:
         return f"{nbytes / 1e12:.2f} TB"
-    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 2**20:.0f} MiB"
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.1f} GB"
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
 
 
 def tp_line(model: ModelShape, tp: int, world: int, flops_per_step: float) -> str:

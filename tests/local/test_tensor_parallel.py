@@ -29,12 +29,24 @@ def _losses(run: Path) -> dict[tuple[int, int], float]:
     return {(r["attempt"], r["step"]): r["loss"] for r in read_jsonl(run / "metrics.jsonl")}
 
 
-def _logits(folder: Path) -> torch.Tensor:
+PROMPT = torch.tensor([list(b"def tensor_parallel(x):\n    return x\n")])
+
+
+def _logits(folder: Path, checkpoint: Path | None = None) -> torch.Tensor:
+    """The export's logits; with `checkpoint`, those of its consolidated weights (zero_to_fp32,
+    in this process) loaded into the same model class."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True).eval()
+    if checkpoint is not None:
+        from slurmtrain.compute.weights import lazy_state_dict, materialize
+
+        state = {k: materialize(v) for k, v in lazy_state_dict(checkpoint).items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        model.tie_weights()
     with torch.no_grad():
-        return model(torch.tensor([list(b"def tensor_parallel(x):\n    return x\n")])).logits
+        return model(PROMPT).logits
 
 
 def test_tp2_trains_resumes_and_exports_like_tp1(workdir):
@@ -68,13 +80,14 @@ def test_tp2_trains_resumes_and_exports_like_tp1(workdir):
     assert json.loads((step20 / "manifest.json").read_text())["tensor_parallel"] == 2
     assert (step20 / "mp_rank_01_model_states.pt").is_file()  # AutoTP's second shard
 
-    for name, path in (("tp1", ref), ("tp2", run)):
-        done = run_cli(
-            ["export", str(path), "--out", str(workdir / f"hf_{name}"), "--no-verify"],
-            cwd=workdir,
-            module="slurmtrain.cli",
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-    diff = float((_logits(workdir / "hf_tp1") - _logits(workdir / "hf_tp2")).abs().max())
-    print(f"TP=2 export vs TP=1 export: largest logit difference {diff:.2e}")
+    out = workdir / "hf_tp2"
+    done = run_cli(
+        ["export", str(run), "--out", str(out), "--no-verify"], cwd=workdir, module="slurmtrain.cli"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (run / "checkpoints" / "step_20_universal").is_dir()  # the shards gathered there
+    # TP=1's step 20 as its export would write it (the same consolidation, in this process)
+    one = _logits(out, ref / "checkpoints" / "step_20")
+    diff = float((_logits(out) - one).abs().max())
+    print(f"TP=2 export vs TP=1 weights: largest logit difference {diff:.2e}")
     assert diff <= 1e-4

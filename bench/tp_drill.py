@@ -1,0 +1,103 @@
+"""Tensor-parallelism drill on the local Slurm cluster (tools/slurm_cluster.py start): prints figures.
+
+`parallel.tensor=2` on 2 nodes x 2 CPU tasks (TP 2 x DP 2, each TP pair on one node), crashed in
+step 7 (a checkpoint every 5 steps; the supervisor restarts it), paused at step 10, then resumed on
+1 node x 2 tasks (TP 2 x DP 1: DeepSpeed's universal checkpoint, the global batch kept, grad
+accumulation 2 -> 4) to step 20; against a TP=1 run of the same global batch on 2 local ranks.
+Prints the largest loss difference per phase and the ledger's crash / convert / load rows.
+
+    python bench/tp_drill.py [WORKDIR]      # ~5 min on this 2-core machine
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurmtrain.common.rundir import RunDir  # noqa: E402
+from tests.conftest import read_jsonl, run_cli, run_dirs  # noqa: E402
+
+COMMON = [
+    "train.max_steps=20",
+    "train.log_interval=1",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",
+    "checkpoint.interval_steps=5",
+    "cluster.cpu_tasks_per_node=2",
+    "gpus_per_node=0",
+]
+
+
+def wait(run: Path, kind: str, timeout: float = 900) -> list[dict]:
+    start = time.time()
+    print(f"tp_drill: waiting for {kind!r} in {run}", flush=True)
+    while time.time() - start < timeout:
+        rows = RunDir(run).events() if (run / "config.yaml").exists() else []
+        if any(r["event"] == kind for r in rows):
+            return rows
+        time.sleep(2)
+    raise SystemExit(f"tp_drill: no {kind!r} in {run} after {timeout:.0f} s")
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl")}  # newest per step
+
+
+def main(work: Path) -> int:
+    ref = run_cli(COMMON + ["cluster=local", "name=tp_drill_ref"], cwd=work)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    tp = COMMON + ["cluster=slurm", "parallel.tensor=2", "name=tp_drill"]
+    first = run_cli(
+        tp + ["nodes=2", "train.pause_at_step=10", "faults.allow_inject=true"],
+        cwd=work,
+        env={"SLURMTRAIN_INJECT": "crash_at_step=7,attempts=1"},
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    run = next(p for p in run_dirs(work / "runs") if p.parent.name == "tp_drill")
+    wait(run, "paused")
+    second = run_cli(tp + ["nodes=1"], cwd=work)
+    assert second.returncode == 0, second.stdout + second.stderr
+    rows = wait(run, "finished")
+    want, got = (
+        losses(next(p for p in run_dirs(work / "runs") if p.parent.name == "tp_drill_ref")),
+        losses(run),
+    )
+    assert sorted(got) == list(range(1, 21)), sorted(got)
+    for label, steps in (
+        ("2 nodes x 2, TP 2 x DP 2", range(1, 11)),
+        ("1 node x 2, TP 2 x DP 1", range(11, 21)),
+    ):
+        worst = max(abs(got[s] - want[s]) for s in steps)
+        print(
+            f"tp_drill: steps {steps.start}-{steps.stop - 1} ({label}) vs TP=1: max |loss diff| {worst:.2e}"
+        )
+    for r in rows:
+        if r["event"] in (
+            "started",
+            "failed",
+            "checkpoint_converted",
+            "checkpoint_loaded",
+            "finished",
+        ):
+            keep = (
+                "event",
+                "attempt",
+                "world_size",
+                "step",
+                "from_world_size",
+                "to_world_size",
+                "class",
+            )
+            print("tp_drill:", {k: r[k] for k in keep if k in r})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(
+        main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="tp_drill_")))
+    )
