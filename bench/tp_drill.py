@@ -11,16 +11,38 @@ Prints the largest loss difference per phase and the ledger's crash / convert / 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from slurmtrain.common.rundir import RunDir  # noqa: E402
-from tests.conftest import read_jsonl, run_cli, run_dirs  # noqa: E402
+
+
+def run_cli(
+    args: list[str], cwd: Path, env: Optional[dict[str, str]] = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m slurmtrain ARGS` as a user runs it (tests/conftest.py's, without pytest)."""
+    full = {**os.environ, "SLURMTRAIN_AUTO": "off", **(env or {})}
+    full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "slurmtrain", *args]
+    return subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=600)
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.glob("*/*/config.yaml"))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
 
 COMMON = [
     "train.max_steps=20",
@@ -33,7 +55,7 @@ COMMON = [
 ]
 
 
-def wait(run: Path, kind: str, timeout: float = 900) -> list[dict]:
+def wait(run: Path, kind: str, timeout: float = 900) -> list[dict[str, Any]]:
     start = time.time()
     print(f"tp_drill: waiting for {kind!r} in {run}", flush=True)
     while time.time() - start < timeout:
