@@ -3,7 +3,8 @@ DeepSpeed without TP (DP 2 on 2 ranks), the same global batch 8 (micro 2, accumu
 
 One TP run, killed in step 12 (a checkpoint at step 10), resumed: every logged loss equals the TP=1
 run's within 1e-5, the steps trained twice equal the first attempt's, and the export (the shards
-gathered into one Hugging Face folder) gives the TP=1 export's logits within 1e-4.
+gathered into one Hugging Face folder) gives the TP=1 export's logits within 1e-4. The validation
+loss (a TP group evaluates the same held-out windows) equals TP=1's.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ ARGS = [
     "train.global_batch_size=8",
     "train.micro_batch_size=2",
     "checkpoint.interval_steps=10",
+    "data.valid_fraction=0.01",  # validation windows: a TP group evaluates the same ones
+    "train.eval_interval=10",
 ]
 
 
-def _losses(run: Path) -> dict[tuple[int, int], float]:
-    return {(r["attempt"], r["step"]): r["loss"] for r in read_jsonl(run / "metrics.jsonl")}
+def _losses(run: Path, key: str = "loss") -> dict[tuple[int, int], float]:
+    rows = read_jsonl(run / "metrics.jsonl")
+    return {(r["attempt"], r["step"]): r[key] for r in rows if r.get(key) is not None}
 
 
 PROMPT = torch.tensor([list(b"def tensor_parallel(x):\n    return x\n")])
@@ -72,6 +76,12 @@ def test_tp2_trains_resumes_and_exports_like_tp1(workdir):
     worst = max(abs(loss - want[step]) for (_, step), loss in got.items())
     print(f"TP=2 vs TP=1, 20 steps: largest loss difference {worst:.2e}")
     assert worst <= 1e-5
+    valid = {step: v for (_, step), v in _losses(ref, "valid_loss").items()}
+    got_valid = _losses(run, "valid_loss")
+    assert {step for _, step in got_valid} == {10, 20} == set(valid)
+    worst_valid = max(abs(v - valid[step]) for (_, step), v in got_valid.items())
+    print(f"TP=2 vs TP=1 validation loss at steps 10, 20: largest difference {worst_valid:.2e}")
+    assert worst_valid <= 1e-5
     again = [(step, loss) for (n, step), loss in got.items() if n == 2 and (1, step) in got]
     assert again and all(loss == got[(1, step)] for step, loss in again)  # resumed equal
     [loaded] = [e for e in ledger_events(run) if e["event"] == "checkpoint_loaded"]
