@@ -46,12 +46,16 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
 
 
+def _params(n: float) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+
+
 def tp_line(model: ModelShape, tp: int, world: int, flops_per_step: float) -> str:
     """What TP x DP means for this run: parameters per TP rank and FLOPs per GPU a step."""
     p, mine = shapes.param_count(model), rank_params(model, tp)
     return (
         f"plan: tensor-parallel {tp} x data-parallel {world // tp} (DeepSpeed AutoTP within each "
-        f"node): a TP rank holds {mine / 1e9:.3g}B of the {p / 1e9:.3g}B params (the layers' "
+        f"node): a TP rank holds {_params(mine)} of the {_params(p)} params (the layers' "
         f"matmuls / {tp}; embeddings, norms and the output head whole), ZeRO partitions them "
         f"over {world // tp} ranks; each GPU computes {flops_per_step / world / 1e12:,.0f} TFLOP "
         f"a step (1/{world} of {flops_per_step / 1e15:,.1f} PFLOP)"
@@ -105,7 +109,7 @@ def comm_line(
         )
         total = accum * (2 * params + grads)
     parts.append(
-        f"DP (ZeRO-{stage}) over {dp} ranks of the TP rank's {mine / 1e9:.3g}B params: {dp_text} "
+        f"DP (ZeRO-{stage}) over {dp} ranks of the TP rank's {_params(mine)} params: {dp_text} "
         f"({_gb(total)} a step)"
     )
     return "plan: communication per step: " + "; ".join(parts)
