@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 
@@ -62,3 +62,14 @@ def run_dirs(root: Path) -> list[Path]:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture
+def no_slurm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Plan as on a laptop: no controller is asked (SLURMTRAIN_AUTO=off), nothing cached."""
+    from slurmtrain.login import placement
+
+    monkeypatch.setenv("SLURMTRAIN_AUTO", "off")
+    placement._probe_cache.clear()
+    yield
+    placement._probe_cache.clear()

@@ -9,30 +9,18 @@ on 64 x 8 GPUs needs a few GiB of host memory per node, not 575 GiB.
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema
-from slurmtrain.login import placement
-from slurmtrain.login.prepare import resolve
 from slurmtrain.planning import memory, preflight
+from tests.plans import planned
 
-schema.register()
-GiB = 2**30
 HEADLINE = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=local", "dry_run=true"]
 
 
-@pytest.fixture(autouse=True)
-def _no_slurm(monkeypatch):
-    monkeypatch.setenv("SLURMTRAIN_AUTO", "off")
-    placement._probe_cache.clear()
-    yield
-    placement._probe_cache.clear()
+pytestmark = pytest.mark.usefixtures("no_slurm")
 
 
 def _cfg(tmp_path, *extra: str):
-    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
-        raw = compose("config", overrides=[f"runs_root={tmp_path}", *HEADLINE, *extra])
-    return resolve(raw)
+    return planned(tmp_path, *HEADLINE, *extra)
 
 
 def test_512_gib_hosts_accept_the_opt13b_zero2_plan_that_fits(tmp_path):

@@ -15,10 +15,10 @@ from hydra import compose, initialize_config_dir
 from slurmtrain.common import ds_config, schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import fingerprint
-from slurmtrain.planning import shapes
+from slurmtrain.planning import preflight, shapes
 from slurmtrain.planning.flops import flops_per_token, matmul_params
 from slurmtrain.planning.memory import plan_memory
-from tests.conftest import run_cli
+from tests.plans import plan_line, planned
 
 schema.register()
 SHIPPED = shapes.shipped()
@@ -224,30 +224,27 @@ def test_llama_recipe_is_cosine_to_ten_percent_after_2000_warmup_steps(tmp_path)
     assert lr == pytest.approx([1.0, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)), 0.1])
 
 
+@pytest.mark.usefixtures("no_slurm")
 def test_llama3_8b_plan_on_two_h100_nodes_fits_and_prints_mfu_and_eta(tmp_path):
-    done = run_cli(
-        [
-            "model=llama3_8b",
-            "recipe=llama",
-            "nodes=2",
-            "gpus_per_node=8",
-            "cluster=local",
-            "deepspeed=zero3",
-            "data.seq_len=8192",
-            "train.global_batch_tokens=4194304",
-            "train.micro_batch_size=1",
-            "train.tokens=2e10",
-            f"runs_root={tmp_path}",
-            "dry_run=true",
-        ],
-        cwd=tmp_path,
+    cfg = planned(
+        tmp_path,
+        "model=llama3_8b",
+        "recipe=llama",
+        "nodes=2",
+        "gpus_per_node=8",
+        "cluster=slurm",
+        "deepspeed=zero3",
+        "data.seq_len=8192",
+        "train.global_batch_tokens=4194304",
+        "train.micro_batch_size=1",
+        "train.tokens=2e10",
+        "dry_run=true",
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [x for x in done.stdout.splitlines() if x.startswith("plan")]
-    assert any("llama3_8b (8.03B params)" in x for x in lines), lines
-    assert any(x.startswith("plan: fits") for x in lines), lines
-    [eta] = [x for x in lines if x.startswith("plan: ETA")]
-    assert "MFU" in eta, eta
+    report = preflight.report(cfg)
+    assert report.misfit is None, report.text
+    assert "llama3_8b (8.03B params)" in report.lines[0], report.text
+    assert plan_line(report, "plan: fits")
+    assert "MFU" in plan_line(report, "plan: ETA")
 
 
 def test_model_hf_reads_an_opt_config_into_the_opt_keys(tmp_path):

@@ -6,49 +6,29 @@ from __future__ import annotations
 import json
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from slurmtrain.common import schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.slurm_text import parse_partitions
 from slurmtrain.login import placement
 from slurmtrain.login.composed import typed
-from slurmtrain.login.prepare import resolve
 from slurmtrain.planning import cards, mfu, preflight
+from tests.plans import composed, plan_line, planned
 
-schema.register()
-GiB = 2**30
 HEADLINE = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=local", "dry_run=true"]
-# opt2.7b on one GPU as bench/gpu_check.py runs it: 80.0 GiB/GPU at micro batch 4
+# opt2.7b on one GPU at micro batch 4: 80.0 GiB/GPU (bench/gpu_check.py runs micro batch 2)
 CHECK = ["model=opt2.7b", "nodes=1", "gpus_per_node=1", "cluster=local", "deepspeed=zero2"]
 CHECK += ["train.micro_batch_size=4", "train.global_batch_size=4", "dry_run=true"]
 
 
-@pytest.fixture(autouse=True)
-def _no_slurm(monkeypatch):
-    monkeypatch.setenv("SLURMTRAIN_AUTO", "off")
-    placement._probe_cache.clear()
-    yield
-    placement._probe_cache.clear()
-
-
-def _cfg(tmp_path, *overrides: str):
-    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
-        raw = compose("config", overrides=[f"runs_root={tmp_path}", *overrides])
-    return resolve(raw)
-
-
-def _line(report: preflight.PlanReport, start: str) -> str:
-    found = [ln for ln in report.lines if ln.startswith(start)]
-    assert len(found) == 1, report.text
-    return found[0]
+pytestmark = pytest.mark.usefixtures("no_slurm")
 
 
 # ---- GPU memory: GiB as the card reports it --------------------------------------------------
 
 
 def test_an_h100_is_planned_with_the_memory_pytorch_reports_not_80_gib(tmp_path):
-    cfg = _cfg(tmp_path, *CHECK)
+    cfg = planned(tmp_path, *CHECK)
     card = cards.card(cfg)
     assert card.mem_gib == pytest.approx(79.1) and card.assumed
     report = preflight.report(cfg)
@@ -58,9 +38,9 @@ def test_an_h100_is_planned_with_the_memory_pytorch_reports_not_80_gib(tmp_path)
 
 def test_the_measured_memory_set_by_the_gpu_check_wins_and_is_named(tmp_path):
     for measured in ("79.19", "139.81"):  # mem_get_info totals / 2**30 of an H100 and an H200
-        cfg = _cfg(tmp_path, *CHECK, f"cluster.gpu_mem_gb={measured}")
+        cfg = planned(tmp_path, *CHECK, f"cluster.gpu_mem_gb={measured}")
         report = preflight.report(cfg)
-        line = _line(report, "plan: memory/GPU")
+        line = plan_line(report, "plan: memory/GPU")
         assert f"({cards.card(cfg).mem_source})" in line
         assert f"cluster.gpu_mem_gb={float(measured):g}" in line
     assert report.misfit is None  # opt2.7b micro batch 4 fits an H200
@@ -77,13 +57,13 @@ def test_the_measured_memory_set_by_the_gpu_check_wins_and_is_named(tmp_path):
     ],
 )
 def test_gres_and_device_names_give_the_card_and_its_memory(tmp_path, name, gib, key):
-    cfg = _cfg(tmp_path, *CHECK, f"cluster.gpu_type={name}")
+    cfg = planned(tmp_path, *CHECK, f"cluster.gpu_type={name}")
     card = cards.card(cfg)
     assert (card.key, round(card.mem_gib, 1), card.assumed) == (key, gib, False)
 
 
 def test_a_card_without_a_memory_figure_is_refused_in_one_line(tmp_path):
-    cfg = _cfg(tmp_path, *CHECK, "cluster.gpu_type=l40s")
+    cfg = planned(tmp_path, *CHECK, "cluster.gpu_type=l40s")
     with pytest.raises(ConfigError) as err:
         preflight.report(cfg)
     text = str(err.value)
@@ -112,12 +92,7 @@ def test_the_gres_type_is_parsed_from_scontrols_tres():
 def _on_slurm(tmp_path, monkeypatch, *overrides: str) -> schema.RootConfig:
     monkeypatch.setenv("SLURMTRAIN_AUTO", "")
     placement._probe_cache["slurm"] = placement.Probe(parse_partitions(TYPED), "test")
-    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
-        raw = compose(
-            "config",
-            overrides=[f"runs_root={tmp_path}", "cluster=slurm", "gpus_per_node=8", *overrides],
-        )
-    return typed(raw)
+    return typed(composed(tmp_path, "cluster=slurm", "gpus_per_node=8", *overrides))
 
 
 def test_gpu_type_auto_takes_the_partitions_gres_and_an_explicit_one_wins(tmp_path, monkeypatch):
@@ -136,13 +111,13 @@ def test_gpu_type_auto_takes_the_partitions_gres_and_an_explicit_one_wins(tmp_pa
 
 
 def test_the_plan_prints_one_mfu_line_labelled_an_estimate_with_its_source(tmp_path):
-    report = preflight.report(_cfg(tmp_path, *HEADLINE))
-    line = _line(report, "plan: MFU")
+    report = preflight.report(planned(tmp_path, *HEADLINE))
+    line = plan_line(report, "plan: MFU")
     assert line.startswith(
         "plan: MFU 40% (estimate from the table: H100-SXM, ZeRO-0-2, 10-30B, TP=1"
     )
     assert "MosaicML" in line and "above 30B" not in line
-    assert "MFU 40%, an estimate" in _line(report, "plan: ETA")
+    assert "MFU 40%, an estimate" in plan_line(report, "plan: ETA")
 
 
 def test_the_table_is_keyed_by_card_stage_band_and_tp():
@@ -155,8 +130,10 @@ def test_the_table_is_keyed_by_card_stage_band_and_tp():
 
 
 def test_above_30b_without_tensor_parallelism_the_plan_says_what_it_expects_and_why(tmp_path):
-    cfg = _cfg(tmp_path, *HEADLINE, "model=opt66b", "deepspeed=zero3", "train.micro_batch_size=1")
-    line = _line(preflight.report(cfg), "plan: MFU")
+    cfg = planned(
+        tmp_path, *HEADLINE, "model=opt66b", "deepspeed=zero3", "train.micro_batch_size=1"
+    )
+    line = plan_line(preflight.report(cfg), "plan: MFU")
     assert line.startswith("plan: MFU 25% (estimate from the table: H100-SXM, ZeRO-3, >30B")
     assert "above 30B without tensor parallelism expect less" in line and "all-gathers" in line
 
@@ -169,13 +146,15 @@ def test_the_gpu_checks_measurement_replaces_the_table_for_its_key(tmp_path):
     ]
     path = tmp_path / "gpu_check.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = _cfg(tmp_path, *HEADLINE, f"mfu_measured={path}")
-    line = _line(preflight.report(cfg), "plan: MFU")
+    cfg = planned(tmp_path, *HEADLINE, f"mfu_measured={path}")
+    line = plan_line(preflight.report(cfg), "plan: MFU")
     assert line.startswith("plan: MFU 52% (estimate, measured by bench/gpu_check.py: slice13b")
-    zero3 = _cfg(tmp_path, *HEADLINE, f"mfu_measured={path}", "deepspeed=zero3")
-    assert "from the table" in _line(preflight.report(zero3), "plan: MFU")  # measured ZeRO-2 only
-    hand = _cfg(tmp_path, *HEADLINE, f"mfu_measured={path}", "mfu_guess=0.3")
-    assert _line(preflight.report(hand), "plan: MFU").startswith(
+    zero3 = planned(tmp_path, *HEADLINE, f"mfu_measured={path}", "deepspeed=zero3")
+    assert "from the table" in plan_line(
+        preflight.report(zero3), "plan: MFU"
+    )  # measured ZeRO-2 only
+    hand = planned(tmp_path, *HEADLINE, f"mfu_measured={path}", "mfu_guess=0.3")
+    assert plan_line(preflight.report(hand), "plan: MFU").startswith(
         "plan: MFU 30% (estimate, set by hand: mfu_guess=0.3)"
     )
 
@@ -183,5 +162,5 @@ def test_the_gpu_checks_measurement_replaces_the_table_for_its_key(tmp_path):
 @pytest.mark.parametrize("value", ["1.5", "0"])
 def test_a_bad_mfu_guess_is_refused_in_one_line(tmp_path, value):
     with pytest.raises(ConfigError) as err:
-        preflight.report(_cfg(tmp_path, *HEADLINE, f"mfu_guess={value}"))
+        preflight.report(planned(tmp_path, *HEADLINE, f"mfu_guess={value}"))
     assert f"mfu_guess={value}" in str(err.value) and "\n" not in str(err.value)

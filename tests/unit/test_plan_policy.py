@@ -9,36 +9,24 @@ import re
 from typing import Optional
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from slurmtrain.common import schema
 from slurmtrain.common.rundir import fingerprint
 from slurmtrain.common.slurm_text import PartitionInfo
-from slurmtrain.login import placement
 from slurmtrain.login.prepare import resolve
 from slurmtrain.planning import preflight
+from tests.plans import composed, planned
 
 schema.register()
 HEADLINE = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=slurm", "dry_run=true"]
 MIN = 60.0
 
 
-@pytest.fixture(autouse=True)
-def _no_slurm(monkeypatch):
-    """Plan as on a laptop: no controller is asked (SLURMTRAIN_AUTO=off), nothing cached."""
-    monkeypatch.setenv("SLURMTRAIN_AUTO", "off")
-    placement._probe_cache.clear()
-    yield
-    placement._probe_cache.clear()
-
-
-def _compose(tmp_path, *overrides: str):
-    with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
-        return compose("config", overrides=[f"runs_root={tmp_path}", *overrides])
+pytestmark = pytest.mark.usefixtures("no_slurm")
 
 
 def _headline(tmp_path, *extra: str):
-    return resolve(_compose(tmp_path, *HEADLINE, *extra))
+    return planned(tmp_path, *HEADLINE, *extra)
 
 
 def _partition(max_time_s: Optional[int]) -> PartitionInfo:
@@ -120,7 +108,7 @@ def test_the_node_mtbf_default_is_llama3_s_published_rate():
 def test_async_saves_are_on_by_default_on_gpus_and_off_on_cpus(tmp_path):
     assert _headline(tmp_path).checkpoint.async_save is True
     assert "async" in preflight.report(_headline(tmp_path)).text
-    cpu = resolve(_compose(tmp_path, "cluster=local", "dry_run=true"))
+    cpu = resolve(composed(tmp_path, "cluster=local", "dry_run=true"))
     assert cpu.checkpoint.async_save is False
     assert _headline(tmp_path, "checkpoint.async_save=false").checkpoint.async_save is False
 
@@ -134,7 +122,7 @@ def test_an_interval_set_by_hand_wins_and_cpu_runs_keep_today_s_default(tmp_path
     assert "checkpoint.interval_steps=500" in line and "Young/Daly" in line
     by_time = _headline(tmp_path, "checkpoint.interval_minutes=30")
     assert (by_time.checkpoint.interval_steps, by_time.checkpoint.interval_minutes) == (0, 30)
-    cpu = resolve(_compose(tmp_path, "cluster=local", "dry_run=true"))
+    cpu = resolve(composed(tmp_path, "cluster=local", "dry_run=true"))
     assert (cpu.checkpoint.interval_steps, cpu.checkpoint.interval_minutes) == (25, 0)
 
 
@@ -167,7 +155,7 @@ def test_the_time_limit_is_the_partition_s_max_time_capped_at_48_hours():
 def test_the_plan_uses_the_partition_s_max_time_and_shows_attempts_and_restart_cost(tmp_path):
     from slurmtrain.planning import policy
 
-    cfg = _compose(tmp_path, *HEADLINE)
+    cfg = composed(tmp_path, *HEADLINE)
     note = policy.resolve_time(cfg, _partition(24 * 3600))
     assert cfg.cluster.time == "1-00:00:00" and "MaxTime" in note
     cfg = resolve(cfg)
