@@ -162,6 +162,7 @@ def _unwedge(job_id: str) -> bool:
         slurm_cmd.run(["scontrol", "release", job_id])
     except SlurmError as err:
         print(f"slurmtrain: scontrol release {job_id}: {err}", file=sys.stderr)
+    _listed.pop(str(job_id), None)  # a batch's listing predates the release: ask Slurm again
     if held(job_id) is False:
         print(f"slurmtrain: released job {job_id}: its supervisor left it held", file=sys.stderr)
         return True
