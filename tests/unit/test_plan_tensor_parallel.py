@@ -157,7 +157,6 @@ def test_opt66b_on_64x8_with_tp8_plans_and_fits(tmp_path):
     )
     assert "without tensor parallelism" not in plan_line(report, "plan: MFU")
     assert "MFU 35%, an estimate" in plan_line(report, "plan: ETA")
-    print("\n".join(report.lines[:6]))
 
 
 def test_llama3_70b_shape_on_64x8_with_tp8_plans_and_fits(tmp_path):
@@ -176,7 +175,6 @@ def test_llama3_70b_shape_on_64x8_with_tp8_plans_and_fits(tmp_path):
     assert plan_line(report, "plan: MFU").startswith("plan: MFU 35% (estimate from the table:")
     # the kv heads (8) are not exceeded: no warning
     assert not [ln for ln in report.lines if ln.startswith("warning: parallel.tensor")]
-    print("\n".join(report.lines[:6]))
 
 
 def test_bloom176b_shape_on_48x8_global_batch_2048_names_what_divides(tmp_path):
@@ -188,7 +186,6 @@ def test_bloom176b_shape_on_48x8_global_batch_2048_names_what_divides(tmp_path):
         "or 2064; no parallel.tensor in (1, 2, 4, 8) and micro batch up to 4 divides 2048 on 384 "
         "ranks; with parallel.tensor=8 nodes=32 or 64 do"
     )
-    print(err.value)
     nearest = typed(planned(tmp_path, *BLOOM, "train.global_batch_size=2016"))
     assert grad_accumulation(nearest, 384) == 42
     report = preflight.report(nearest)
