@@ -54,15 +54,34 @@ def tensor_parallel(cfg: RootConfig) -> int:
     return max(1, int(getattr(section, "tensor", 1) or 1))
 
 
+def sequence_parallel(cfg: RootConfig) -> int:
+    """parallel.sequence (DeepSpeed Ulysses' degree); 1 for a config written before it existed."""
+    section = getattr(cfg, "parallel", None)
+    return max(1, int(getattr(section, "sequence", 1) or 1))
+
+
+def model_parallel(cfg: RootConfig) -> int:
+    """Ranks that share one batch: TP x SP (a TP group reads one batch, an SP group splits one)."""
+    return tensor_parallel(cfg) * sequence_parallel(cfg)
+
+
+def parallel_text(cfg: RootConfig) -> str:
+    """How the world divides, for messages: "tensor-parallel 2", "sequence-parallel 2" or both."""
+    tp, sp = tensor_parallel(cfg), sequence_parallel(cfg)
+    parts = [f"tensor-parallel {tp}"] * (tp > 1) + [f"sequence-parallel {sp}"] * (sp > 1)
+    return " x ".join(parts)
+
+
 def data_parallel(cfg: RootConfig, world: int) -> int:
-    """Data-parallel size: world / TP (a TP group reads one batch)."""
-    tp = tensor_parallel(cfg)
-    if world % tp:
+    """Data-parallel size: world / (TP x SP) (a TP or SP group reads one batch)."""
+    tp, mp = tensor_parallel(cfg), model_parallel(cfg)
+    if world % mp:
+        key = f"parallel.tensor={tp}" if mp == tp else f"parallel.sequence={mp // tp}"
         raise ConfigError(
-            f"parallel.tensor={tp}: does not divide the world size {world}; use a divisor of "
-            f"the ranks per node ({tasks_per_node(cfg)})"
+            f"{key}: does not divide the world size {world} (world / (tensor x sequence) is the "
+            f"data-parallel size); use a divisor of the ranks per node ({tasks_per_node(cfg)})"
         )
-    return world // tp
+    return world // mp
 
 
 def tp_choices(cfg: RootConfig) -> list[int]:
@@ -71,21 +90,22 @@ def tp_choices(cfg: RootConfig) -> list[int]:
     return [t for t in range(1, per_node + 1) if per_node % t == 0 and heads % t == 0]
 
 
-def _fits(gbs: int, world: int, tp: int, micro: int) -> bool:
-    return world % tp == 0 and gbs % (micro * (world // tp)) == 0
+def _fits(gbs: int, world: int, mp: int, micro: int) -> bool:
+    """`mp`: the ranks that share a batch (TP x SP)."""
+    return world % mp == 0 and gbs % (micro * (world // mp)) == 0
 
 
 def batch_choices(cfg: RootConfig, world: int, gbs: int) -> str:
     """What would fit `gbs` on `world` ranks: the nearest global batches for this TP and micro
     batch, the TP / micro-batch pairs that divide it (micro up to 2x this one), else node counts."""
-    micro, tp = int(cfg.train.micro_batch_size), tensor_parallel(cfg)
-    unit = micro * max(1, world // tp)
+    micro, tp, sp = int(cfg.train.micro_batch_size), tensor_parallel(cfg), sequence_parallel(cfg)
+    unit = micro * max(1, world // (tp * sp))
     below, above = unit * (gbs // unit), unit * (gbs // unit + 1)
     near = f"train.global_batch_size={above}" if below == 0 else f"{below} or {above}"
     near = near if below == 0 else f"train.global_batch_size={near}"
     pairs = []
     for t in tp_choices(cfg):
-        micros = [m for m in range(1, max(2 * micro, 4) + 1) if _fits(gbs, world, t, m)]
+        micros = [m for m in range(1, max(2 * micro, 4) + 1) if _fits(gbs, world, t * sp, m)]
         if micros:
             pairs.append(
                 f"parallel.tensor={t} with train.micro_batch_size={'|'.join(map(str, micros))}"
@@ -97,7 +117,7 @@ def batch_choices(cfg: RootConfig, world: int, gbs: int) -> str:
         nodes = [
             n
             for n in range(1, 2 * max(1, world // per_node) + 1)
-            if _fits(gbs, n * per_node, tp, micro)
+            if _fits(gbs, n * per_node, tp * sp, micro)
         ]
         closest = sorted(nodes, key=lambda n: abs(n * per_node - world))[:2]
         fit = (
@@ -113,8 +133,8 @@ def batch_choices(cfg: RootConfig, world: int, gbs: int) -> str:
 
 
 def grad_accumulation(cfg: RootConfig, world: int) -> int:
-    """Global batch = micro batch x grad accumulation x data-parallel size (world / TP); only
-    accumulation moves."""
+    """Global batch = micro batch x grad accumulation x data-parallel size (world / (TP x SP));
+    only accumulation moves."""
     micro = int(cfg.train.micro_batch_size)
     dp = data_parallel(cfg, world)
     per_step = micro * dp
@@ -124,8 +144,11 @@ def grad_accumulation(cfg: RootConfig, world: int) -> int:
             "train.global_batch_size=None: not resolved; validation.resolve_batch fills it in"
         )
     if gbs % per_step:
-        tp = tensor_parallel(cfg)
-        size = f"world size {world}" if tp == 1 else f"world {world} / parallel.tensor={tp}"
+        tp, sp = tensor_parallel(cfg), sequence_parallel(cfg)
+        size = f"world size {world}"
+        if tp * sp > 1:
+            keys = [f"parallel.tensor={tp}"] * (tp > 1) + [f"parallel.sequence={sp}"] * (sp > 1)
+            size = f"world {world} / " + " x ".join(keys)
         raise ConfigError(
             f"train.global_batch_size={gbs}: not divisible by micro batch x data-parallel size "
             f"= {micro} x {dp} = {per_step} ({size}); {batch_choices(cfg, world, gbs)}"

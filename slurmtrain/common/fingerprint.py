@@ -47,6 +47,7 @@ ADDED_RESULT_KEYS: dict[str, object] = {
     "optim.decay": "linear",  # the lr decay's shape after warm-up (recipe=llama: cosine)
     "model.attn_implementation": "auto",  # auto: SDPA where the class supports it, else eager
     "parallel.tensor": 1,  # DeepSpeed AutoTP's degree (equal within ~1e-6, not bitwise)
+    "parallel.sequence": 1,  # DeepSpeed Ulysses' degree (equal within ~1e-6, not bitwise)
 }
 
 

@@ -252,8 +252,11 @@ class TrainConfig:
 
 @dataclass
 class ParallelConfig:
-    # Tensor parallelism (DeepSpeed AutoTP) within a node; data-parallel size = world / tensor.
+    # Tensor parallelism (DeepSpeed AutoTP) within a node; data-parallel size = world / (tensor x
+    # sequence).
     tensor: int = 1
+    # Sequence parallelism (DeepSpeed Ulysses): each sequence split over this many ranks.
+    sequence: int = 1
 
 
 @dataclass

@@ -5,6 +5,13 @@ data-parallel x tensor-parallel), so the degree must divide the ranks per node, 
 heads. TP above the key-value heads runs with empty shards: a warning (kv_warning), not a refusal.
 ZeRO-0 and ZeRO-3 with TP train (TP 2 x DP 2 equal to TP=1) but their checkpoints do not convert
 to DeepSpeed's universal form, which export and a world-size change need: refused until they do.
+
+SP (parallel.sequence) is DeepSpeed Ulysses: each rank of an SP group holds 1/SP of every sequence,
+and its attention swaps sequence shards for head shards (all-to-all) around the attention kernel,
+so the sequence must split evenly, the query heads too, and the key-value heads either split or
+replicate evenly. Ulysses drops the attention mask (causality comes from the kernel's is_causal),
+which eager attention cannot do: refused. TP x SP is refused: AutoTP's and Ulysses' process groups
+are two meshes DeepSpeed 0.19.8 does not combine (each replaces the other's data-parallel group).
 """
 
 from __future__ import annotations
@@ -13,11 +20,14 @@ from typing import Optional
 
 from slurmtrain.common.derived import tasks_per_node, tp_choices
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.hf_config import attention
 from slurmtrain.common.schema import RootConfig
 
 
 def check_parallel(cfg: RootConfig) -> None:
-    """parallel.tensor is a whole number within a node that divides the heads."""
+    """parallel.tensor is a whole number within a node that divides the heads; parallel.sequence
+    (check_sequence) splits the sequence and the heads evenly."""
+    check_sequence(cfg)
     tp = cfg.parallel.tensor
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(
@@ -69,3 +79,50 @@ def kv_warning(cfg: RootConfig) -> Optional[str]:
             f"evenly); parallel.tensor<={kv} splits them"
         )
     return None
+
+
+def check_sequence(cfg: RootConfig) -> None:
+    """parallel.sequence: a whole number that splits data.seq_len and the heads, with an attention
+    kernel Ulysses can wrap, and no tensor parallelism beside it."""
+    sp = getattr(cfg.parallel, "sequence", 1)
+    if isinstance(sp, bool) or not isinstance(sp, int) or sp < 1:
+        raise ConfigError(
+            f"parallel.sequence={sp!r}: must be a whole number >= 1 (1: no sequence parallelism); "
+            f"e.g. parallel.sequence=2"
+        )
+    if sp == 1:
+        return
+    tp = int(cfg.parallel.tensor)
+    if tp > 1:
+        raise ConfigError(
+            f"parallel.sequence={sp} with parallel.tensor={tp}: not supported together (DeepSpeed "
+            f"0.19.8's AutoTP and Ulysses groups do not combine); use parallel.tensor=1 or "
+            f"parallel.sequence=1"
+        )
+    used = attention(cfg.model, int(cfg.gpus_per_node))
+    if used == "eager":
+        raise ConfigError(
+            f"parallel.sequence={sp} with model.attn_implementation={cfg.model.attn_implementation} "
+            f"(eager for {cfg.model.family}): DeepSpeed Ulysses cannot wrap eager attention (it "
+            f"needs the full attention mask); use model.attn_implementation=sdpa (or "
+            f"flash_attention_2 on GPUs), or parallel.sequence=1"
+        )
+    seq = int(cfg.data.seq_len)
+    if seq % sp:
+        fit = [s for s in (seq - seq % sp, seq - seq % sp + sp) if s > 0]
+        raise ConfigError(
+            f"parallel.sequence={sp}: must divide data.seq_len={seq} (each rank holds an equal "
+            f"slice); use data.seq_len={' or '.join(map(str, fit))}, or a parallel.sequence "
+            f"that divides {seq}"
+        )
+    heads = int(cfg.model.num_heads)
+    kv = int(cfg.model.num_kv_heads or heads)
+    if heads % sp or (kv % sp and sp % kv):
+        choices = "|".join(
+            str(d) for d in range(1, heads + 1) if heads % d == 0 and (kv % d == 0 or d % kv == 0)
+        )
+        raise ConfigError(
+            f"parallel.sequence={sp}: must divide model.num_heads={heads} and divide or be a "
+            f"multiple of model.num_kv_heads={kv} (Ulysses gives each rank whole heads); use "
+            f"parallel.sequence={choices}"
+        )

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute import parallel
 from slurmtrain.compute.context import RankContext
 from slurmtrain.compute.data import Data, share
 from slurmtrain.compute.faults.signals import NONE, TERMINATE, TIME_LIMIT, SignalFlags
@@ -25,6 +26,8 @@ from slurmtrain.planning import deadlines
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
+
+    from slurmtrain.compute.parallel import SequenceShard
 
 
 class Evaluator:
@@ -44,6 +47,9 @@ class Evaluator:
         if shard is not None:  # tensor parallelism: (data-parallel rank, size); a TP group
             self.rank, self.world = shard  # evaluates the same windows (the sums count each TP
             # rank once, numerator and denominator alike: the mean is unchanged)
+        # Sequence parallelism: each rank scores its slice of the same windows; the slices are
+        # equal, so the sums (each SP rank counted once, as TP's) give the whole windows' mean.
+        self.sequence = parallel.sequence_shard(cfg)
         self.watchdog, self.deadline_s = ctx.watchdog, deadline_s
         self.interval = int(cfg.train.eval_interval or 0)
         self.max_steps = int(cfg.train.max_steps or 0)
@@ -83,7 +89,7 @@ class Evaluator:
                 for n, (ids, weights) in enumerate(batches, 1):
                     assert self.data.valid is not None  # valid_ids index the held-out windows
                     window = torch.from_numpy(batch(self.data.valid, ids, self.seq)).to(self.device)
-                    per_window = window_losses(engine, window)
+                    per_window = window_losses(engine, window, self.sequence)
                     w = torch.tensor(weights, dtype=torch.float64, device=per_window.device)
                     self.watchdog.beat(f"eval batch {n}/{len(batches)}")
                     if self.on_batch is not None:
@@ -118,8 +124,14 @@ class _LanguageModel(Protocol):
     def __call__(self, *, input_ids: torch.Tensor) -> _Output: ...
 
 
-def window_losses(model: _LanguageModel, window: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy of each window (inputs window[:, :-1], labels window[:, 1:])."""
+def window_losses(
+    model: _LanguageModel, window: torch.Tensor, sequence: Optional[SequenceShard] = None
+) -> torch.Tensor:
+    """Mean next-token cross entropy of each window (inputs window[:, :-1], labels window[:, 1:]);
+    with `sequence`, of this rank's slice of each window."""
+    if sequence is not None:
+        assert isinstance(model, torch.nn.Module)
+        return parallel.slice_losses(model, window, sequence).mean(dim=1)
     logits = model(input_ids=window[:, :-1]).logits.float()
     flat = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.size(-1)), window[:, 1:].reshape(-1), reduction="none"

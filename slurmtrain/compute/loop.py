@@ -87,8 +87,10 @@ def train(
     fp16 = bool(engine.fp16_enabled())  # only a loss-scaled run skips steps on overflow
     # Config values read once: a config attribute costs ~10-80 us, a tiny model's step ~40 ms.
     world, device, perf = ctx.world, ctx.device, hooks.perf
-    # A tensor-parallel group reads one batch: the sampler shards by data-parallel rank and size.
+    # A tensor- or sequence-parallel group reads one batch: the sampler shards by data-parallel
+    # rank and size; an SP rank trains on its slice of each sequence.
     dp_rank, dp_world = parallel.data_coords(cfg, ctx.rank, world)
+    shard = parallel.sequence_shard(cfg)
     max_steps = int(cfg.train.max_steps or 0)
     end = min(hooks.stop_at or max_steps, max_steps)
     micro, seq = cfg.train.micro_batch_size, cfg.data.seq_len
@@ -104,12 +106,15 @@ def train(
         for m in range(data.accum):
             ids = data.sampler.indices(state.step, m, dp_rank, micro, dp_world, gbs)
             window = to_device(batch(data.tokens, ids, seq), device)
-            loss = loss_fn(engine, window)
+            if shard is None:
+                loss = shown = loss_fn(engine, window)
+            else:  # backward: the slice's share; shown: the whole sequences' mean
+                loss, shown = parallel.sequence_loss(engine, window, shard)
             if m == 0 and hooks.poison is not None and hooks.poison(state.step + 1):
-                loss = loss * float("nan")
+                loss, shown = loss * float("nan"), shown * float("nan")
             engine.backward(loss)
             engine.step()
-            losses.append(loss.detach().float())
+            losses.append(shown.detach().float())
         state.step += 1
 
         # One collective per step, built on the device; its .tolist() is the step's only host sync.

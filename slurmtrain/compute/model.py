@@ -243,6 +243,31 @@ def _ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
 
 
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token fp32 cross entropy, shaped as `labels` (sequence parallelism sums a slice's);
+    16-bit logits in checkpointed chunks, as loss_fn, so no full fp32 copy is kept."""
+    flat, target = logits.reshape(-1, logits.size(-1)), labels.reshape(-1)
+    if flat.dtype == torch.float32:
+        out = torch.nn.functional.cross_entropy(flat, target, reduction="none")
+        return out.view(labels.shape)
+    from torch.utils.checkpoint import checkpoint
+
+    pieces = [
+        checkpoint(
+            _ce,
+            flat[i : i + LOSS_CHUNK_TOKENS],
+            target[i : i + LOSS_CHUNK_TOKENS],
+            use_reentrant=False,
+        )
+        for i in range(0, flat.size(0), LOSS_CHUNK_TOKENS)
+    ]
+    return torch.cat(pieces).view(labels.shape)
+
+
+def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+
+
 def params_finite(module: torch.nn.Module, device: torch.device) -> bool:
     """Every rank's parameters (its ZeRO-3 partition) are finite: one pass, one all-reduce (a
     save refuses non-finite weights: nothing non-finite is ever published)."""

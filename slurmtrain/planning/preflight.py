@@ -14,9 +14,12 @@ from typing import Optional, Sequence, TypedDict
 
 from slurmtrain.common import ds_config
 from slurmtrain.common.derived import (
+    data_parallel,
     grad_accumulation,
     node_range,
+    parallel_text,
     resolved_dtype,
+    sequence_parallel,
     tasks_per_node,
     tensor_parallel,
 )
@@ -106,7 +109,7 @@ def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
         cfg.model,
         nodes=nodes,
         gpus_per_node=tasks_per_node(cfg),
-        seq_len=cfg.data.seq_len,
+        seq_len=cfg.data.seq_len // sequence_parallel(cfg),  # SP: a rank's slice's activations
         dtype=resolved_dtype(cfg),
         device="cuda" if cfg.gpus_per_node > 0 else "cpu",
         tensor_parallel=tensor_parallel(cfg),
@@ -117,7 +120,8 @@ def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
 
 
 def memory_lines(cfg: RootConfig, nodes: int, out: PlanReport) -> None:
-    gpus, dtype, seq = cfg.gpus_per_node, resolved_dtype(cfg), cfg.data.seq_len
+    gpus, dtype = cfg.gpus_per_node, resolved_dtype(cfg)
+    seq = cfg.data.seq_len // sequence_parallel(cfg)  # SP: a rank's slice
     gpu = cards.card(cfg)
     gpu_mem = gpu.mem_bytes
     cpu_mem = int(cfg.cluster.cpu_mem_gb * memory.GiB) if cfg.cluster.cpu_mem_gb else None
@@ -276,10 +280,15 @@ def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
     comm = ds_config.precision(cfg, resolved_dtype(cfg)).get("communication_data_type")
     comm = cfg.deepspeed.extra.get("communication_data_type", comm)
     grad = memory.DTYPE_BYTES.get(str(comm), d)
-    tp, t = tensor_parallel(cfg), cfg.train
+    tp, sp, t = tensor_parallel(cfg), sequence_parallel(cfg), cfg.train
     tokens = policy.tokens_per_step(cfg, world) or 0.0
     per_step = flops.flops_per_token(cfg.model, cfg.data.seq_len) * tokens
-    lines = [parallel_plan.tp_line(cfg.model, tp, world, per_step)]
+    seq = int(cfg.data.seq_len)
+    lines = [
+        parallel_plan.tp_line(cfg.model, tp, world, per_step)
+        if sp == 1
+        else parallel_plan.sp_line(cfg.model, sp, world, seq, per_step)
+    ]
     lines.append(
         parallel_plan.comm_line(
             cfg.model,
@@ -292,6 +301,7 @@ def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
             dtype_bytes=d,
             grad_bytes=grad,
             checkpointing=bool(cfg.model.activation_checkpointing),
+            sp=sp,
         )
     )
     warning = kv_warning(cfg)
@@ -313,14 +323,15 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     )
     for n in sorted({low, high}):
         world = n * per_node
-        tp = tensor_parallel(cfg)
+        tp, sp = tensor_parallel(cfg), sequence_parallel(cfg)
+        how = "DeepSpeed AutoTP" if sp == 1 else "DeepSpeed Ulysses"
         out.lines.append(
             f"plan: world size {world}: global batch {cfg.train.global_batch_size} = micro "
             f"{cfg.train.micro_batch_size} x grad accumulation {grad_accumulation(cfg, world)} x "
-            f"data-parallel {world // tp}"
-            + (f" (world {world} / tensor-parallel {tp}, DeepSpeed AutoTP)" if tp > 1 else "")
+            f"data-parallel {data_parallel(cfg, world)}"
+            + (f" (world {world} / {parallel_text(cfg)}, {how})" if tp * sp > 1 else "")
         )
-    if tensor_parallel(cfg) > 1:
+    if tensor_parallel(cfg) * sequence_parallel(cfg) > 1:
         out.lines += parallel_lines(cfg, low * per_node)
     if cfg.gpus_per_node > 0:
         memory_lines(cfg, low, out)  # the smallest allocation is the one that must fit
