@@ -1,4 +1,4 @@
-"""`python -m slurmtrain.cli cancel RUN_DIR|NAME`: stop every queued or running job of a run, for good.
+"""`slurmtrain cancel RUN`: stop every queued or running job of a run, for good.
 
 The run's jobs are found in one `squeue`: those carrying its tag (`--comment`, in job.sbatch too:
 login/slurm_submit.run_tag) and those the ledger names. `cancelled` is recorded before `scancel`,
@@ -17,17 +17,20 @@ import sys
 import time
 from typing import Optional
 
+from slurmtrain.cli import run_arg
 from slurmtrain.common import ledger, slurm_cmd
 from slurmtrain.common.events import Kind, Rows
 from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
-from slurmtrain.common.rundir import RunDir, runs_named
+from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.slurm_text import SlurmError
 from slurmtrain.login.slurm_submit import run_tag
 
 
 def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
-    """A run directory by path, or by name under runs_root; SystemExit(2) with one line otherwise."""
-    found, root = runs_named(arg, runs_root)
+    """The run `arg` names (cli/run_arg.py); of several, the one whose job is queued or running;
+    SystemExit(2) with one line otherwise: cancel never guesses."""
+    paths, root = run_arg.resolve(arg, runs_root)
+    found = [RunDir(p) for p in paths]
     if len(found) == 1:
         return found[0]
     if found:
@@ -39,10 +42,7 @@ def find_run(arg: str, runs_root: Optional[str]) -> RunDir:
             f"run name {arg!r}: {len(found)} run directories under {root} "
             f"({', '.join(r.path.name for r in found)}); pass the directory to cancel"
         )
-    _fail(
-        f"RUN_DIR={arg!r}: no config.yaml there and no run of that name under {root}; pass a "
-        f"run directory (runs/NAME/FINGERPRINT) or --runs-root"
-    )
+    _fail(run_arg.not_found(arg, root))
     raise AssertionError
 
 
@@ -123,9 +123,13 @@ def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m slurmtrain.cli cancel", description=__doc__.splitlines()[0]
+        prog="slurmtrain cancel",
+        description=__doc__.splitlines()[0],
+        epilog="example: slurmtrain cancel demo   (a name: its queued or running run)\n"
+        "         slurmtrain cancel runs/demo/3f2a9c1e77b0 --wait 0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run", help="run directory (runs/NAME/FINGERPRINT) or run name")
+    parser.add_argument("run", metavar="RUN", help=run_arg.HELP)
     parser.add_argument(
         "--runs-root",
         help="where run names are looked up (default: $SLURMTRAIN_RUNS_ROOT or ./runs)",

@@ -1,4 +1,4 @@
-"""`python -m slurmtrain.cli.logs RUN_DIR [--rank R] [--attempt A] [--all] [--errors]`: one merged log.
+"""`slurmtrain logs RUN [--rank R] [--attempt A] [--all] [--errors]`: one merged log.
 
 Every rank writes its own files; reading them one by one hides the question that matters after a crash:
 which rank failed first. This merges them (cli/log_merge.py), tags each line `[a{attempt} r{rank}]`,
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Optional
 
+from slurmtrain.cli import run_arg
 from slurmtrain.cli.log_merge import (  # noqa: F401  (the names callers and tests import from here)
     BIG_RUN,
     ERROR_LINE,
@@ -58,20 +58,28 @@ def _print_first_error(m: LogMerger) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m slurmtrain.cli.logs", description=__doc__.split("\n\n")[0]
+        prog="slurmtrain logs",
+        description=__doc__.split("\n\n")[0],
+        epilog="example: slurmtrain logs lr_sweep --errors   (a name: its newest run)\n"
+        "         slurmtrain logs runs/demo/3f2a9c1e77b0 --attempt 2 --rank 0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run", metavar="RUN", help=run_arg.HELP)
     p.add_argument("--rank", type=int, default=None, help="only this global rank's files")
     p.add_argument("--attempt", type=int, default=None, help="only this attempt")
     p.add_argument(
         "--all", action="store_true", help="every attempt (a big run shows its newest by default)"
     )
     p.add_argument("--errors", action="store_true", help="only traceback and error lines")
+    p.add_argument("--runs-root", default=None, help="where run names are looked up")
     args = p.parse_args(argv)
+    args.run_dir = run_arg.one(args.run, "logs", args.runs_root)
+    if args.run_dir is None:
+        return 2
     if not RunDir(args.run_dir).logs.is_dir():
         print(
-            f"run_dir={args.run_dir}: no logs/ directory; pass a run directory "
-            f"(<runs_root>/<name>/<fingerprint>)",
+            f"slurmtrain logs: {args.run_dir}: no logs/ directory (not a run directory, or a "
+            f"run that has not started)",
             file=sys.stderr,
         )
         return 2

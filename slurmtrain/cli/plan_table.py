@@ -1,4 +1,4 @@
-"""`python -m slurmtrain.cli.plan_table`: the cheapest fitting DeepSpeed setting per OPT size and
+"""`slurmtrain plan-table`: the cheapest fitting DeepSpeed setting per OPT size and
 node count, so a user can pick a size and a node count before writing any config."""
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ def _nodes(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m slurmtrain.cli.plan_table", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="slurmtrain plan-table",
+        description=__doc__,
+        epilog="example: slurmtrain plan-table --nodes 1,8 --seq 4096 --markdown",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--gpu-mem-gb",
         type=float,

@@ -1,4 +1,4 @@
-"""`python -m slurmtrain.cli.report RUN_DIR [--out PNG] [--live]`: a run over wall time in one PNG.
+"""`slurmtrain report RUN [--out PNG] [--live]`: a run over wall time in one PNG.
 
 Panels: loss (train, and the held-out valid_loss as its own line), tokens/s, MFU (or TFLOP/s per
 GPU), goodput breakdown (cumulative share and a timeline strip), all with markers for attempts,
@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, Optional, Sequence, TypedDict
 
+from slurmtrain.cli import run_arg
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
 from slurmtrain.cli.startup_phases import format_startup
 from slurmtrain.common.events import TRAITS, Row
@@ -295,13 +296,20 @@ def plot(run_dir: Path, out: Path, a: Analysis, ledger: Rows, metrics: Rows) -> 
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m slurmtrain.cli.report", description=(__doc__ or "").split("\n\n")[0]
+        prog="slurmtrain report",
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="example: slurmtrain report licenses   (a name: its newest run)\n"
+        "         slurmtrain report runs/demo/3f2a9c1e77b0 --live --out /tmp/demo.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run", metavar="RUN", help=run_arg.HELP)
     p.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/report.png)")
     p.add_argument("--live", action="store_true", help="count a queued/running run up to now")
+    p.add_argument("--runs-root", default=None, help="where run names are looked up")
     args = p.parse_args(argv)
-    run = args.run_dir
+    run = run_arg.one(args.run, "report", args.runs_root)
+    if run is None:
+        return 2
     rd = RunDir(run)
     if not rd.ledger_files() and not rd.metrics.exists():
         print(

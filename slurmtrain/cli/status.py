@@ -1,4 +1,4 @@
-"""`python -m slurmtrain.cli status [RUNS ...] [--state S]`: runs under a runs root, a name, a glob.
+"""`slurmtrain status [RUNS ...] [--state S]`: runs under a runs root, a name, a glob.
 
 One row per run, newest first: state, attempts, step, last validation loss (a sweep's points side by side), last
 checkpoint, job id, nodes, goodput; a stopped run shows its failure class and last error line (`diverged`,
@@ -311,7 +311,11 @@ def render(rows: list[StatusRow]) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m slurmtrain.cli status", description=__doc__.split("\n\n")[0]
+        prog="slurmtrain status",
+        description=__doc__.split("\n\n")[0],
+        epilog="example: slurmtrain status 'lr_*' --state failed,running\n"
+        "         slurmtrain status runs/demo --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "paths",

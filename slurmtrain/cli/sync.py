@@ -1,4 +1,4 @@
-"""`python -m slurmtrain.cli sync RUN_DIR|NAME [--dry-run] [--mlflow-uri URI]`: upload a run's offline trackers.
+"""`slurmtrain sync RUN [--dry-run] [--mlflow-uri URI]`: upload a run's offline trackers.
 
 Compute nodes seldom reach the internet: W&B writes one offline folder per attempt under
 RUN_DIR/wandb/, which `wandb sync` (in a child process) uploads in start order into ONE W&B run,
@@ -18,7 +18,8 @@ from typing import Optional, TypedDict
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
-from slurmtrain.common.rundir import RunDir, runs_named
+from slurmtrain.cli import run_arg
+from slurmtrain.common.rundir import RunDir
 
 
 def offline_dirs(run: RunDir) -> list[Path]:
@@ -121,20 +122,23 @@ def copy_mlflow(run: RunDir, uri: str) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurmtrain.cli sync", description=__doc__)
-    parser.add_argument("run", help="a run directory, or a run name under --runs-root")
-    parser.add_argument("--runs-root", default=None)
+    parser = argparse.ArgumentParser(
+        prog="slurmtrain sync",
+        description=__doc__,
+        epilog="example: slurmtrain sync lr_sweep --dry-run   (a name: every run of it)\n"
+        "         slurmtrain sync runs/demo/3f2a9c1e77b0 --mlflow-uri http://mlflow:5000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", metavar="RUN", help=run_arg.HELP)
+    parser.add_argument("--runs-root", default=None, help="where run names are looked up")
     parser.add_argument("--dry-run", action="store_true", help="say what would be uploaded")
     parser.add_argument("--mlflow-uri", help="copy the MLflow file store's run to this server")
     parser.add_argument("--only", choices=("wandb", "mlflow"), help="sync one tracker only")
     args = parser.parse_args(argv)
-    found, root = runs_named(args.run, args.runs_root)
+    paths, root = run_arg.resolve(args.run, args.runs_root)
+    found = [RunDir(p) for p in paths]
     if not found:
-        print(
-            f"sync: RUN_DIR={args.run!r}: no config.yaml there and no run of that name under "
-            f"{root}; pass a run directory (runs/NAME/FINGERPRINT) or --runs-root",
-            file=sys.stderr,
-        )
+        print(f"sync: {run_arg.not_found(args.run, root)}", file=sys.stderr)
         return 2
     rc = 0
     for run in found:

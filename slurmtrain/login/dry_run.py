@@ -22,7 +22,7 @@ from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import SlurmError
-from slurmtrain.login import flags
+from slurmtrain.login import flags, placement
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce
@@ -75,7 +75,8 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
             file=out,
         )
         report = preflight.report(typed_cfg)
-    print(report.text, file=out)
+    executor = placement.plan_line(typed_cfg)  # cluster=auto chose this machine: why
+    print(report.text if executor is None else f"{executor}\n{report.text}", file=out)
     note = flags.port_note(typed_cfg)
     if note:
         print(note, file=out)
@@ -101,7 +102,7 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
             print(f"slurmtrain: dry run: sbatch --test-only refused the job ({err})", file=out)
             refused = refused or f"cluster: Slurm refuses this job: sbatch --test-only: {err}"
     if refused:
-        print(f"slurmtrain: error: {refused}", file=sys.stderr)
+        print(f"slurmtrain: error: {placement.with_why(refused, typed_cfg)}", file=sys.stderr)
         print(
             "slurmtrain: dry run: the same command without dry_run=true would be refused (exit 2)",
             file=out,

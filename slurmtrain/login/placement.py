@@ -45,6 +45,9 @@ class Probe:
 _probe_cache: dict[str, Probe] = {}
 _said: set[str] = set()
 _pending: list[str] = []  # the line, printed by announce() once the command goes ahead
+# why the last resolve_auto's cluster=auto chose this machine (a probe's answer): the plan and
+# any refusal repeat it, with how to force Slurm (local_why)
+_chose_local: dict[str, Optional[str]] = {"why": None}
 
 
 def probe_slurm(env: Mapping[str, str] = os.environ, honour_off: bool = True) -> Probe:
@@ -117,19 +120,29 @@ def slurm_defaults(cfg: RootConfig, part: PartitionInfo) -> None:
     task_defaults(cfg, part)
 
 
+def _choose_kind(cfg: RootConfig, off: bool) -> Optional[str]:
+    """cluster=auto: Slurm when its controller answers, else this machine; the "which and why"
+    fragment (None: the kind was given). Why it chose this machine is kept for local_why (not
+    under SLURMTRAIN_AUTO=off: the line says so itself)."""
+    _chose_local["why"] = None
+    if cfg.cluster.kind != "auto":
+        return None
+    probe = probe_slurm()
+    cfg.cluster.kind = ClusterKind.slurm if probe.partitions is not None else ClusterKind.local
+    if cfg.cluster.kind == "local" and not off:
+        _chose_local["why"] = probe.why
+    return f"cluster={cfg.cluster.kind} ({local_why() or probe.why})"
+
+
 def resolve_auto(cfg: RootConfig) -> None:
     """Replace `cluster.kind=auto` / `gpus_per_node=auto` / unset per-task resources by what this
     machine reaches (mutates cfg). The line saying which and why waits for announce(): a command
     refused for bad input stays one line."""
-    said = []
     off = os.environ.get(ENV, "").lower() == "off"
     # SLURMTRAIN_AUTO=off picks this machine and CPU ranks for what is auto; beside an explicit
     # cluster=slurm, gpus_per_node=auto is still the partition's (never CPU ranks on GPU nodes).
     ask = cfg.cluster.kind == "slurm" and cfg.gpus_per_node == "auto"
-    if cfg.cluster.kind == "auto":
-        probe = probe_slurm()
-        cfg.cluster.kind = ClusterKind.slurm if probe.partitions is not None else ClusterKind.local
-        said.append(f"cluster={cfg.cluster.kind} ({probe.why})")
+    said = [kind for kind in (_choose_kind(cfg, off),) if kind]
     if cfg.cluster.cpu_tasks_per_node == 0:  # conf/cluster/auto.yaml: by the chosen kind
         cfg.cluster.cpu_tasks_per_node = (
             SLURM_CPU_TASKS if cfg.cluster.kind == "slurm" else LOCAL_CPU_TASKS
@@ -185,6 +198,27 @@ def resolve_auto(cfg: RootConfig) -> None:
     if said and line not in _said:  # once per process (a sweep resolves every point)
         _said.add(line)
         _pending.append(line)
+
+
+def local_why(cfg: Optional[RootConfig] = None) -> Optional[str]:
+    """Why cluster=auto chose this machine, and how to force Slurm ("no sbatch on PATH;
+    cluster=slurm forces Slurm"); None when it did not (or `cfg` is not a local run)."""
+    why = _chose_local["why"]
+    if why is None or (cfg is not None and cfg.cluster.kind != ClusterKind.local):
+        return None
+    return f"{why}; cluster=slurm forces Slurm"
+
+
+def plan_line(cfg: RootConfig) -> Optional[str]:
+    """The plan's line naming the executor, when cluster=auto chose this machine."""
+    why = local_why(cfg)
+    return f"plan: executor local, this machine (cluster=auto: {why})" if why else None
+
+
+def with_why(refusal: str, cfg: Optional[RootConfig] = None) -> str:
+    """A refusal's one line, saying why cluster=auto chose this machine when it did."""
+    why = local_why(cfg)
+    return f"{refusal} (cluster=auto chose local: {why})" if why else refusal
 
 
 def announce(out: Optional[TextIO] = None) -> None:

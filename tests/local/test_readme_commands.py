@@ -21,7 +21,13 @@ def readme_commands() -> list[str]:
 
 def test_the_readme_section_has_the_five_steps_in_order():
     cmds = readme_commands()
-    order = ["prepare_data.py", "python -m slurmtrain ", "cli report", "cli sample", "cli export"]
+    order = [
+        "prepare_data.py",
+        "python -m slurmtrain ",
+        "slurmtrain report",
+        "slurmtrain sample",
+        "slurmtrain export",
+    ]
     positions = [next(i for i, c in enumerate(cmds) if key in c) for key in order]
     assert positions == sorted(positions)
     assert "from_pretrained" in cmds[-1]
@@ -42,7 +48,11 @@ def test_readme_commands_run_as_written(tmp_path):
         outputs.append(done.stdout)
     assert "OPTForCausalLM" in outputs[-1]
     assert (tmp_path / "exports" / "licenses" / "config.json").is_file()
-    status = outputs[[i for i, c in enumerate(readme_commands()) if "cli status" in c][0]]
+    status = outputs[
+        [i for i, c in enumerate(readme_commands()) if c.startswith("slurmtrain status")][0]
+    ]
     assert "valid_loss" in status and "licenses" in status and "finished" in status
-    sample = outputs[[i for i, c in enumerate(readme_commands()) if "cli sample" in c][0]]
+    sample = outputs[
+        [i for i, c in enumerate(readme_commands()) if c.startswith("slurmtrain sample")][0]
+    ]
     assert sample.startswith("The GNU General Public License") and len(sample.strip()) > 40

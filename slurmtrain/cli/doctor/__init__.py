@@ -3,8 +3,8 @@
 Read-only by construction: it runs version/query commands and imports, creates and removes one temp
 file in the run root, and never installs, upgrades or configures anything.
 
-    python -m slurmtrain.cli.doctor [--runs-root DIR] [--partition P] [--container apptainer|pyxis|none]
-                                    [--planned-checkpoint-gb X] [--srun [--nodes N]] [--json] [--plain]
+    slurmtrain doctor [--runs-root DIR] [--partition P] [--container none|apptainer|pyxis|oci]
+                      [--image IMAGE] [--planned-checkpoint-gb X] [--srun [--nodes N]] [--json] [--plain]
 
 Exit code 1 when any check fails, else 0. Programmatic use: `run_checks(DoctorOptions(...))`.
 """
@@ -46,8 +46,11 @@ def _positive(kind: type[int] | type[float], key: str) -> Callable[[str], float]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m slurmtrain.cli.doctor",
+        prog="slurmtrain doctor",
         description="Check this machine (and compute nodes) for slurmtrain; changes nothing.",
+        epilog="example: slurmtrain doctor --container apptainer --image /shared/slurmtrain.sif\n"
+        "         slurmtrain doctor --srun --nodes 2 --partition gpu",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--runs-root",
