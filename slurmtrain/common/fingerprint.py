@@ -48,6 +48,7 @@ ADDED_RESULT_KEYS: dict[str, object] = {
     "model.attn_implementation": "auto",  # auto: SDPA where the class supports it, else eager
     "parallel.tensor": 1,  # DeepSpeed AutoTP's degree (equal within ~1e-6, not bitwise)
     "parallel.sequence": 1,  # DeepSpeed Ulysses' degree (equal within ~1e-6, not bitwise)
+    "data.text_checksum": None,  # data=text: the corpus's content + tokenizer (text_corpus.py)
 }
 
 

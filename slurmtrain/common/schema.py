@@ -30,6 +30,7 @@ class DataKind(StrEnum):
     synthetic = "synthetic"  # stdlib text as bytes, on every machine
     tokens = "tokens"  # one .bin file (data.path)
     blend = "blend"  # weighted .bin files (data.sources)
+    text = "text"  # jsonl/parquet/text/`datasets` folder (data.path), tokenized at submit
 
 
 class OptimName(StrEnum):
@@ -123,6 +124,16 @@ class DataConfig:
     # A branch (resume_from) skips this many samples past the parent's position: the "skip the data
     # that diverged" intervention.
     skip_samples: int = 0
+    # data=text (common/text_corpus.py): data.path's records are tokenized once, at submit, into a
+    # cache keyed by their content; the compute side reads that .bin as data=tokens reads its own.
+    text_field: str = "text"  # the column (jsonl key) holding each document
+    tokenizer: Optional[str] = None  # None: model.config's folder's tokenizer, else bytes
+    num_proc: int = 0  # tokenizing processes; 0: by corpus size (one per core for big corpora)
+    cache_dir: Optional[str] = None  # None: RUNS_ROOT/.tokenized (compute nodes read runs_root)
+    # Set at login, not by hand: the corpus's identity (input bytes, tokenizer, text_field) and
+    # the cached token file the compute side reads.
+    text_checksum: Optional[str] = None
+    tokens_path: Optional[str] = None
 
 
 @dataclass
@@ -318,6 +329,12 @@ NON_RESULT_KEYS = (
     "run_dir_mode",
     "resume_from",  # the parent's path; its identity and step are in branch_of
     "model.config",  # a path; its contents are read into model.family/shape keys/hf_extra
+    # data=text: what the tokens are is data.text_checksum (a result key); these say where from/to
+    "data.text_field",
+    "data.tokenizer",
+    "data.num_proc",
+    "data.cache_dir",
+    "data.tokens_path",
     "train.log_interval",
     "train.eval_interval",
     "train.pause_at_step",

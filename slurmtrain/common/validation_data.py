@@ -7,7 +7,7 @@ import os
 from typing import Optional
 
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.schema import DataKind, RootConfig
+from slurmtrain.common.schema import DataConfig, DataKind, RootConfig
 
 
 def check_positive(key: str, value: object) -> None:
@@ -52,6 +52,15 @@ def check_data(cfg: RootConfig) -> None:
     counts: list[tuple[str, Optional[int]]] = []
     if d.kind == DataKind.tokens:
         counts.append(("data.path", _token_file("data.path", d.path, vocab)))
+    if d.kind == DataKind.text:
+        check_text_keys(d)
+        if not d.text_checksum:
+            raise ConfigError(
+                "data.text_checksum=None: data=text not resolved; the launch flow calls "
+                "slurmtrain.common.text_corpus.resolve first"
+            )
+        if d.tokens_path:  # set at submit (a dry run tokenizes nothing)
+            counts.append(("data.path", _token_file("data.tokens_path", d.tokens_path, vocab)))
     if d.kind == DataKind.blend:
         if not d.sources:
             raise ConfigError(
@@ -80,6 +89,20 @@ def check_data(cfg: RootConfig) -> None:
                     f"{key} ({count} tokens), less than one window of data.seq_len + 1 = "
                     f"{d.seq_len + 1}; raise data.valid_fraction, or set data.valid_fraction=0"
                 )
+
+
+def check_text_keys(d: DataConfig) -> None:
+    """data=text's own keys, before anything is read (text_corpus.resolve calls it first)."""
+    if not str(d.text_field or "").strip():
+        raise ConfigError(
+            f"data.text_field={d.text_field!r}: names the field holding each document's text; "
+            f"e.g. data.text_field=text"
+        )
+    if not isinstance(d.num_proc, int) or isinstance(d.num_proc, bool) or d.num_proc < 0:
+        raise ConfigError(
+            f"data.num_proc={d.num_proc!r}: tokenizing processes, 0 (by corpus size) or more; "
+            f"e.g. data.num_proc=8"
+        )
 
 
 def _sidecar(meta_path: str) -> dict[str, object]:

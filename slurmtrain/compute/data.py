@@ -242,7 +242,8 @@ def load(d: DataConfig) -> Data:
         sampler: Sampler = BlendSampler(windows, weights, d.seq_len, d.seed, names)
         train: Tokens = windows
     else:
-        tokens = load_tokens(d.kind, d.path, d.max_corpus_bytes)
+        path = d.tokens_path if d.kind == "text" else d.path  # data=text: tokenized at submit
+        tokens = load_tokens(d.kind, path, d.max_corpus_bytes)
         train = tokens[: split_point(len(tokens), cut)]
         held = [tokens[split_point(len(tokens), cut) :]]
         sampler = Sampler(len(train), d.seq_len, d.seed)

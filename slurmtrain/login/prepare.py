@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import pretrained, rundir, schema, secrets, validation
+from slurmtrain.common import pretrained, rundir, schema, secrets, text_corpus, validation
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.login import branch, flags
@@ -49,6 +49,7 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     pretrained.resolve_config(typed_cfg)  # model=hf: model.config read into the model keys
     resolve_auto(typed_cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(typed_cfg)  # model.pretrained_checksum: the source is fingerprinted
+    text_corpus.resolve(typed_cfg, build=not typed_cfg.dry_run)  # data=text: tokenized once
     validation.validate_config(typed_cfg, submitting=not typed_cfg.dry_run)
     _check_slurm_values(typed_cfg)
     refuse_inject_unless_allowed(bool(typed_cfg.faults.allow_inject))
