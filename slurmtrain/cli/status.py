@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import time
 from pathlib import Path
 from typing import Optional, TypedDict
 
-from slurmtrain.cli import status_select
+from slurmtrain.cli import run_arg, status_select
 from slurmtrain.cli.status_cache import Cache, Figures
 from slurmtrain.common import ledger, liveness
 from slurmtrain.common.events import Rows, integer, number, strings, text
@@ -76,7 +75,7 @@ def find_runs(paths: list[Path], root: Optional[Path] = None) -> list[RunDir]:
 
 
 def runs_root() -> Path:
-    return Path(os.environ.get("SLURMTRAIN_RUNS_ROOT", "runs"))
+    return run_arg.root()
 
 
 def _state(run: RunDir, rows: Rows) -> str:
@@ -333,12 +332,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         "comma-separated or repeated",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per run")
+    parser.add_argument("--runs-root", default=None, help="where run names are looked up")
     args = parser.parse_args(argv)
     words = status_select.wanted(args.state)
     if words - set(status_select.STATE_WORDS):
         unknown = ", ".join(sorted(words - set(status_select.STATE_WORDS)))
         parser.error(f"--state {unknown}: not a state ({', '.join(status_select.STATE_WORDS)})")
-    root = runs_root()
+    root = run_arg.root(args.runs_root)
     paths, missing = status_select.select(args.paths, root)
     runs = [(RunDir(p), RunDir(p).run_events()) for p in paths]
     cache = Cache()

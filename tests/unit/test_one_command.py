@@ -46,6 +46,14 @@ def test_slurmtrain_status_is_a_command_not_an_override(tmp_path, monkeypatch, c
     assert "status: no runs under" in capsys.readouterr().out
 
 
+def test_status_takes_a_name_or_glob_and_runs_root(tmp_path, monkeypatch, capsys) -> None:
+    root = tmp_path / "elsewhere"
+    _run(root, "licenses", "3f2a9c1e77b0")
+    for arg in ("licenses", "lic*"):
+        assert _slurmtrain(monkeypatch, "status", arg, "--runs-root", str(root), "--json") == 0
+        assert '"name": "licenses"' in capsys.readouterr().out, arg
+
+
 def test_help_lists_every_command_and_where_the_config_help_is(monkeypatch, capsys) -> None:
     assert _slurmtrain(monkeypatch, "--help") == 0
     out = capsys.readouterr().out
