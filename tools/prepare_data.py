@@ -14,6 +14,10 @@ the tokens (vocabulary 256, what `model=opt_tiny` expects). Every document ends 
 document id (the tokenizer's EOS; byte level: 0). The sidecar `OUT.json` records dtype, token count,
 vocab_size and the tokenizer (its source path and the copy). A tokenizer whose vocabulary does not
 fit the model's embedding (`--vocab-size`) is refused before any work.
+
+Or skip this step: `data=text data.path=FILES_OR_DIR` reads jsonl, parquet, text files and saved
+`datasets` folders and tokenizes them at submit into a cache keyed by their content
+(slurmtrain/common/text_corpus.py); this script stays for a token file made once and shared.
 """
 
 from __future__ import annotations

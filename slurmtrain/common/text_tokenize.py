@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -169,7 +170,8 @@ def build_entry(corpus: Corpus, d: DataConfig, tok: TokInfo, entry: Path) -> Non
         f"{tok_dir or 'bytes'} in {procs} process{'es' if procs > 1 else ''} -> {entry}",
         flush=True,
     )
-    work = entry.with_name(f"{entry.name}.build-{os.getpid()}")
+    # private to this process on this host: login nodes share the cache's filesystem
+    work = entry.with_name(f"{entry.name}.build-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     (work / "hf").mkdir(parents=True)
     start = time.monotonic()
