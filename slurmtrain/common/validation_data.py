@@ -54,14 +54,7 @@ def check_data(cfg: RootConfig) -> None:
     if d.kind == DataKind.tokens:
         counts.append(("data.path", _token_file("data.path", d.path, vocab)))
     if d.kind == DataKind.text:
-        check_text_keys(d)
-        if not d.text_checksum:
-            raise ConfigError(
-                "data.text_checksum=None: data=text not resolved; the launch flow calls "
-                "slurmtrain.common.text_corpus.resolve first"
-            )
-        if d.tokens_path:  # set at submit (a dry run tokenizes nothing)
-            counts.append(("data.path", _token_file("data.tokens_path", d.tokens_path, vocab)))
+        counts.extend(_text_counts(d, vocab))
     if d.kind == DataKind.blend:
         if not d.sources:
             raise ConfigError(
@@ -90,6 +83,19 @@ def check_data(cfg: RootConfig) -> None:
                     f"{key} ({count} tokens), less than one window of data.seq_len + 1 = "
                     f"{d.seq_len + 1}; raise data.valid_fraction, or set data.valid_fraction=0"
                 )
+
+
+def _text_counts(d: DataConfig, vocab: int) -> list[tuple[str, Optional[int]]]:
+    """data=text after text_corpus.resolve: its cached token file, once a submit made it."""
+    check_text_keys(d)
+    if not d.text_checksum:
+        raise ConfigError(
+            "data.text_checksum=None: data=text not resolved; the launch flow calls "
+            "slurmtrain.common.text_corpus.resolve first"
+        )
+    if not d.tokens_path:  # a dry run tokenizes nothing
+        return []
+    return [("data.path", _token_file("data.tokens_path", d.tokens_path, vocab))]
 
 
 def check_text_keys(d: DataConfig) -> None:
