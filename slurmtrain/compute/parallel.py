@@ -97,6 +97,10 @@ class SequenceShard:
     rank: int
     size: int
     group: Any  # the torch.distributed process group of the SP ranks
+    # What the backward loss is multiplied by: ZeRO-3 (DeepSpeed 0.19.8) ends up with gradients
+    # and a global norm 1/SP of the true ones under Ulysses (measured: norm 1.27 at SP=4 where
+    # SP=1 has 5.06), so gradient clipping would cut at SP x optim.grad_clip; ZeRO 0-2 are exact.
+    grad_scale: float = 1.0
 
 
 def sequence_shard(cfg: RootConfig) -> Optional[SequenceShard]:
@@ -104,10 +108,12 @@ def sequence_shard(cfg: RootConfig) -> Optional[SequenceShard]:
     if sequence_parallel(cfg) <= 1:
         return None
     groups: Any = _ulysses(cfg)
+    size = int(groups.get_sequence_parallel_world_size())
     return SequenceShard(
         int(groups.get_sequence_parallel_rank()),
-        int(groups.get_sequence_parallel_world_size()),
+        size,
         groups.get_sequence_parallel_group(),
+        float(size) if int(cfg.deepspeed.stage) == 3 else 1.0,
     )
 
 
@@ -144,4 +150,4 @@ def sequence_loss(
     totals = torch.stack([local.detach(), local.new_tensor(float(count))])
     dist.all_reduce(totals, group=shard.group)
     loss_sum, count = totals[0], totals[1]
-    return local / count, loss_sum / count
+    return local * (shard.grad_scale / count), loss_sum / count
