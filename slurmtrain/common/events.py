@@ -1,60 +1,112 @@
-"""The ledger's vocabulary: every event kind a run writes, and the failure classes.
+"""The ledger's vocabulary: one row class per event kind a run writes (the attempt's measurements
+and checkpoints are in common/event_measures.py, re-exported here), and the failure classes.
 
-A ledger row is one JSON object; what each kind's row carries, and which kinds are
-fsynced, is common/event_fields.py. Writers build the class-bearing events with the constructors
-below (`attempt_ended`, `stopped`, `failed`, `relaunch_abandoned`, `requeued`) and hand them to
-`RunDir.record`; the class is written under the key "class", as it always was.
+A row is written by `RunDir.record(Kind(...fields), **placement)` and read back as the same class
+(common/row_codec.py parses what files hold: the only place old or odd rows are handled), so
+readers use attributes and `isinstance`. The failure class is the field `cls`, written under
+"class" as it always was.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence, TypedDict, TypeVar
+from typing import Optional, TypeVar
 
 from slurmtrain.common.errors import EXIT_BAD_NODE, EXIT_CONFIG, EXIT_HANG, EXIT_REQUEUE
+from slurmtrain.common.event_legacy import (
+    Event as Event,
+)
+from slurmtrain.common.event_legacy import (  # noqa: F401  older writers and readers, until moved
+    Kind as Kind,
+)
+from slurmtrain.common.event_legacy import (
+    Recorder as Recorder,
+)
+from slurmtrain.common.event_legacy import (
+    Where as Where,
+)
+from slurmtrain.common.event_legacy import (
+    attempt_ended as attempt_ended,
+)
+from slurmtrain.common.event_legacy import (
+    failed as failed,
+)
+from slurmtrain.common.event_legacy import (
+    integer as integer,
+)
+from slurmtrain.common.event_legacy import (
+    number as number,
+)
+from slurmtrain.common.event_legacy import (
+    relaunch_abandoned as relaunch_abandoned,
+)
+from slurmtrain.common.event_legacy import (
+    requeued as requeued,
+)
+from slurmtrain.common.event_legacy import (
+    stopped as stopped,
+)
+from slurmtrain.common.event_legacy import (
+    strings as strings,
+)
+from slurmtrain.common.event_legacy import (
+    text as text,
+)
+from slurmtrain.common.event_measures import (
+    CheckpointConverted as CheckpointConverted,
+)
+from slurmtrain.common.event_measures import (
+    CheckpointFailed as CheckpointFailed,
+)
+from slurmtrain.common.event_measures import (
+    CheckpointLoaded as CheckpointLoaded,
+)
+from slurmtrain.common.event_measures import (
+    CheckpointSaved as CheckpointSaved,
+)
+from slurmtrain.common.event_measures import (
+    CheckpointSkipped as CheckpointSkipped,
+)
+from slurmtrain.common.event_measures import (
+    CheckpointUnloadable as CheckpointUnloadable,
+)
+from slurmtrain.common.event_measures import (
+    CheckpointVerified as CheckpointVerified,
+)
+from slurmtrain.common.event_measures import (
+    Deadlines as Deadlines,
+)
+from slurmtrain.common.event_measures import (
+    FlopsProfile as FlopsProfile,
+)
+from slurmtrain.common.event_measures import (  # noqa: F401  the vocabulary's second half
+    HealthOk as HealthOk,
+)
+from slurmtrain.common.event_measures import (
+    MemoryChecked as MemoryChecked,
+)
+from slurmtrain.common.event_measures import (
+    RendezvousDone as RendezvousDone,
+)
+from slurmtrain.common.event_measures import (
+    ResumeApplied as ResumeApplied,
+)
+from slurmtrain.common.event_measures import (
+    Rollback as Rollback,
+)
+from slurmtrain.common.event_measures import (
+    Startup as Startup,
+)
+from slurmtrain.common.event_measures import (
+    Straggler as Straggler,
+)
+from slurmtrain.common.event_measures import (
+    TrackerFailed as TrackerFailed,
+)
+from slurmtrain.common.row_codec import REGISTRY, Row, Unknown, parse
 
-
-class Kind(StrEnum):
-    """Every event a run's ledger holds (old run directories included)."""
-
-    submitted = "submitted"
-    branched = "branched"
-    started = "started"
-    attempt_ended = "attempt_ended"
-    stopped = "stopped"
-    finished = "finished"
-    paused = "paused"
-    failed = "failed"
-    signal = "signal"
-    requeued = "requeued"
-    resubmitting = "resubmitting"
-    release_failed = "release_failed"
-    restarted_in_allocation = "restarted_in_allocation"
-    relaunch_abandoned = "relaunch_abandoned"
-    supervisor_failed = "supervisor_failed"
-    budget_window = "budget_window"
-    cancelled = "cancelled"
-    duplicate_refused = "duplicate_refused"
-    node_lost = "node_lost"
-    bad_node = "bad_node"
-    health_ok = "health_ok"
-    rendezvous_done = "rendezvous_done"
-    startup = "startup"
-    deadlines = "deadlines"
-    rollback = "rollback"
-    resume_applied = "resume_applied"
-    checkpoint_saved = "checkpoint_saved"
-    checkpoint_failed = "checkpoint_failed"
-    checkpoint_loaded = "checkpoint_loaded"
-    checkpoint_skipped = "checkpoint_skipped"
-    checkpoint_verified = "checkpoint_verified"
-    checkpoint_converted = "checkpoint_converted"
-    checkpoint_unloadable = "checkpoint_unloadable"
-    straggler = "straggler"
-    memory_checked = "memory_checked"
-    flops_profile = "flops_profile"
-    tracker_failed = "tracker_failed"
+__all__ = ["REGISTRY", "Row", "Unknown", "parse"]
 
 
 class FailureClass(StrEnum):
@@ -131,115 +183,259 @@ def budget_key(cls: FailureClass) -> str:
 
 
 # Rows as callers hold them. Functions that filter rows keep the caller's own row type.
-Row = Mapping[str, object]  # a ledger row as readers see it
-Rows = list[dict[str, object]]  # rows as the JSONL readers return them
-R = TypeVar("R", bound=Mapping[str, object])
+Rows = list[Row]
+R = TypeVar("R", bound=Row)
 
 
-class Where(TypedDict, total=False):
-    """Which start (and rank) wrote a row: writers pass it to `record` as keywords."""
+# ---- The rows, one class per kind (docstring: who writes it, when). Placement fields come from
+# Row (common/row_codec.py); `durable` rows are fsynced before `record` returns.
 
-    job_id: Optional[str]
-    attempt: Optional[int]
-    nodes: list[str]
-    restart: int
-    relaunch: Optional[int]
-    rank: int
-    node: Optional[str]
+_row = dataclass(frozen=True, kw_only=True)
 
 
-class Event(NamedTuple):
-    """An event to record: its kind and the fields its constructor fixes. `cls` arguments take a
-    FailureClass, or a class string read back from a rank's row (kept as written)."""
+@_row
+class Submitted(Row):
+    """A job of the run was queued: by the user's submit (a smoke chain's links too), by hand
+    after a cancel (by=hand, recorded by its start), or held by the supervisor (requeue_of)."""
 
-    kind: Kind
-    fields: dict[str, object]
-
-
-class Recorder(Protocol):
-    """What writes and reads a run's ledger (common/rundir.py's RunDir)."""
-
-    def record(
-        self,
-        event: str | Event,
-        *,
-        job_id: Optional[str] = None,
-        attempt: Optional[int] = None,
-        nodes: Iterable[str] = (),
-        durable: Optional[bool] = None,
-        **fields: object,
-    ) -> dict[str, object]: ...
-
-    def run_events(self, kind: Optional[str] = None) -> Sequence[Mapping[str, object]]: ...
+    kind = "submitted"
+    durable = True
+    executor: Optional[str] = None
+    fingerprint: Optional[str] = None
+    after: Optional[str] = None
+    requeue_of: Optional[str] = None
+    by: Optional[str] = None
+    pid: Optional[int] = None
+    host: Optional[str] = None
+    pid_start: Optional[str] = None
+    smoke_run: Optional[str] = None
+    smoke_job_id: Optional[str] = None
+    smoke_of: Optional[str] = None
+    smoke_part: Optional[int] = None
+    smoke_job_ids: tuple[str, ...] = ()
 
 
-def attempt_ended(cls: str, **fields: object) -> Event:
-    return Event(Kind.attempt_ended, {"class": str(cls), **fields})
+@_row
+class Branched(Row):
+    """Login, a branch's first row: the parent run, the step it branched at, the keys changed."""
+
+    kind = "branched"
+    parent: Optional[str] = None
+    parent_fingerprint: Optional[str] = None
+    parent_name: Optional[str] = None
+    step: Optional[int] = None
+    changed: Optional[dict[str, object]] = None
 
 
-def stopped(cls: str, error: str, **fields: object) -> Event:
-    return Event(Kind.stopped, {"class": str(cls), "error": error, **fields})
+@_row
+class Started(Row):
+    """Attempt, once every rank joined: an attempt begins (its number counts these rows)."""
+
+    kind = "started"
+    durable = True
+    tracked = True
+    world_size: Optional[int] = None
+    hosts: tuple[str, ...] = ()
+    pids: tuple[int, ...] = ()
+    executor: Optional[str] = None
 
 
-def failed(cls: str, error: str, **fields: object) -> Event:
-    return Event(Kind.failed, {"class": str(cls), "error": error, **fields})
+@_row
+class AttemptEnded(Row):
+    """How an attempt ended (`cls`): by its supervisor, by the next start or a cancel closing one
+    left open (closed_by), by the time-limit restart (at)."""
+
+    kind = "attempt_ended"
+    durable = True
+    closing = True
+    cls: str
+    exit_code: Optional[int] = None
+    step: Optional[int] = None
+    closed_by: Optional[int | str] = None
+    at: Optional[str] = None
+    before_started: Optional[bool] = None
+    failed_nodes: tuple[str, ...] = ()
+    supervisor_error: Optional[str] = None
 
 
-def relaunch_abandoned(cls: str, reason: str) -> Event:
-    return Event(Kind.relaunch_abandoned, {"class": str(cls), "reason": reason})
+@_row
+class Stopped(Row):
+    """The run stops without a restart (`cls`, `error`): a budget spent, no nodes, diverged, no
+    readable checkpoint, a failed supervisor fallback."""
+
+    kind = "stopped"
+    durable = True
+    tracked = True
+    cls: str
+    error: str = ""
+    step: Optional[int] = None
 
 
-def requeued(
-    reason: str,
-    new_job_id: str,
-    how: str,
-    *,
-    excluded: Optional[list[str]] = None,
-    exclusions_dropped: Optional[list[str]] = None,
-    at: Optional[str] = None,
-) -> Event:
-    """The run's next job exists: `how` requeue (same id) or resubmit; `at` names the time
-    limit or preemption that made a restart outside the supervisor's normal path."""
-    fields: dict[str, object] = {"reason": str(reason)}
-    if excluded is not None:
-        fields["excluded"] = excluded
-    if exclusions_dropped is not None:
-        fields["exclusions_dropped"] = exclusions_dropped
-    fields.update(new_job_id=new_job_id, how=how)
-    if at is not None:
-        fields["at"] = at
-    return Event(Kind.requeued, fields)
+@_row
+class Finished(Row):
+    """Attempt: train.max_steps reached and saved (on_signal: a stop signal came in that step)."""
+
+    kind = "finished"
+    durable = True
+    tracked = True
+    step: Optional[int] = None
+    on_signal: Optional[bool] = None
 
 
-def text(row: Row, key: str) -> Optional[str]:
-    """A field as a string (None when absent or null)."""
-    value = row.get(key)
-    return None if value is None else str(value)
+@_row
+class Paused(Row):
+    """Attempt: train.pause_at_step reached; the next job resumes."""
+
+    kind = "paused"
+    tracked = True
+    step: Optional[int] = None
 
 
-def number(row: Row, key: str, default: float = 0.0) -> float:
-    """A numeric field (`default` when absent, null or not a number)."""
-    value = row.get(key)
-    if isinstance(value, (int, float, str)):
-        try:
-            return float(value)
-        except ValueError:
-            return default
-    return default
+@_row
+class Failed(Row):
+    """Any rank that saw an error (a crash, a hang; its phase and traceback); in the run tier when
+    the start cannot claim the run, or the final checkpoint was not saved."""
+
+    kind = "failed"
+    durable = True
+    tracked = True
+    cls: str
+    error: str = ""
+    step: Optional[int] = None
+    phase: Optional[str] = None
+    traceback: Optional[str] = None
+    host: Optional[str] = None
+    step_nodes: tuple[str, ...] = ()
+    arrived_at: Optional[float] = None
 
 
-def integer(row: Row, key: str) -> Optional[int]:
-    """An integer field (None when absent, null or not an integer)."""
-    value = row.get(key)
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            return int(value)
-        except (ValueError, OverflowError):
-            return None
-    return None
+@_row
+class Signal(Row):
+    """Attempt: the ranks agreed to stop on a signal (SIGUSR2: the time limit), before the save."""
+
+    kind = "signal"
+    durable = True
+    tracked = True
+    signal: Optional[str] = None
+    step: Optional[int] = None
+    received_at: Optional[float] = None
+    before_save: Optional[bool] = None
 
 
-def strings(row: Row, key: str) -> list[str]:
-    """A list field as strings (empty when absent)."""
-    value = row.get(key)
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+@_row
+class Requeued(Row):
+    """The run's next job exists (how: requeue, same id, or resubmit); `at`: the time limit or
+    preemption that made it outside the supervisor's normal path."""
+
+    kind = "requeued"
+    durable = True
+    closing = True
+    reason: Optional[str] = None
+    excluded: Optional[tuple[str, ...]] = None
+    exclusions_dropped: Optional[tuple[str, ...]] = None
+    new_job_id: Optional[str] = None
+    how: Optional[str] = None
+    at: Optional[str] = None
+
+
+@_row
+class Resubmitting(Row):
+    """Supervisor: about to sbatch the next job (why, nodes excluded)."""
+
+    kind = "resubmitting"
+    closing = True
+    reason: Optional[str] = None
+    excluded: Optional[tuple[str, ...]] = None
+
+
+@_row
+class ReleaseFailed(Row):
+    """Supervisor: the held next job stays held after every release."""
+
+    kind = "release_failed"
+    new_job_id: Optional[str] = None
+    error: Optional[str] = None
+
+
+@_row
+class RestartedInAllocation(Row):
+    """Supervisor: the next attempt runs inside this job, on the nodes left and spares."""
+
+    kind = "restarted_in_allocation"
+    closing = True
+    reason: Optional[str] = None
+    left_out: tuple[str, ...] = ()
+    swapped_in: tuple[str, ...] = ()
+    step_nodes: tuple[str, ...] = ()
+    spares_left: Optional[int] = None
+
+
+@_row
+class RelaunchAbandoned(Row):
+    """The job was signalled (`cls`) before the in-allocation relaunch for `reason` started."""
+
+    kind = "relaunch_abandoned"
+    closing = True
+    cls: str
+    reason: Optional[str] = None
+
+
+@_row
+class SupervisorFailed(Row):
+    """Batch fallback: the supervisor itself raised."""
+
+    kind = "supervisor_failed"
+    durable = True
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    exit_code: Optional[int] = None
+
+
+@_row
+class BudgetWindow(Row):
+    """A user's submission after a stop starts: budgets count again."""
+
+    kind = "budget_window"
+    durable = True
+    window: Optional[int] = None
+    after_class: Optional[str] = None
+    after_error: Optional[str] = None
+    after_job_id: Optional[str] = None
+
+
+@_row
+class Cancelled(Row):
+    """Login, `slurmtrain cancel`: the jobs scancel'ed, by whom."""
+
+    kind = "cancelled"
+    durable = True
+    job_ids: tuple[str, ...] = ()
+    by: Optional[str] = None
+    host: Optional[str] = None
+
+
+@_row
+class DuplicateRefused(Row):
+    """A start found another live job training the run and exits untouched."""
+
+    kind = "duplicate_refused"
+    durable = True
+    owner: Optional[str] = None
+
+
+@_row
+class NodeLost(Row):
+    """A node the attempt lost (`node`): by its supervisor, or by the next start."""
+
+    kind = "node_lost"
+    durable = True
+    closing = True
+
+
+@_row
+class BadNode(Row):
+    """Attempt: a node (`node`) failed the health gate; the job exits."""
+
+    kind = "bad_node"
+    durable = True
+    reason: Optional[str] = None

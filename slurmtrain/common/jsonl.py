@@ -31,10 +31,11 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, TypeVar
 
-from slurmtrain.common import event_fields
 from slurmtrain.common.durable import fsync_dir
+from slurmtrain.common.events import REGISTRY, Row, parse
 
-FATE_EVENTS = event_fields.DURABLE_KINDS  # fsynced before record() returns
+# fsynced before record() returns
+FATE_EVENTS = frozenset(kind for kind, cls in REGISTRY.items() if cls.durable)
 
 _reported: set[tuple[str, int]] = set()
 _token = secrets.token_hex(3)
@@ -170,7 +171,7 @@ def read_jsonl(path: Path) -> list[dict[str, object]]:
     `RunDir.events()` returns): code that still reads `run.ledger` never sees half of it."""
     path = Path(path)
     if path.name == LEGACY_LEDGER and (path.parent / LEDGER_DIR).is_dir():
-        return ledger_rows(path.parent)
+        return [r.to_json() for r in ledger_rows(path.parent)]
     return list(iter_jsonl(path))
 
 
@@ -179,10 +180,16 @@ def _time(row: Mapping[str, object]) -> float:
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
 
-def ledger_rows(run_path: Path) -> list[dict[str, object]]:
-    """A run directory's whole ledger, both tiers, in time order."""
-    ranks = merge_jsonl(rank_tier_files(run_path), shared=True)
-    return merge_rows([merge_jsonl(run_tier_files(run_path)), ranks])
+def ledger_rows(run_path: Path) -> list[Row]:
+    """A run directory's whole ledger, both tiers, in time order, as row objects."""
+    ranks = merge_ledger(rank_tier_files(run_path), shared=True)
+    return merge_rows([merge_ledger(run_tier_files(run_path)), ranks])
+
+
+def merge_ledger(paths: Iterable[Path], shared: bool = False) -> list[Row]:
+    """Ledger files merged as `merge_jsonl` merges them, each row parsed (events.parse: the one
+    place old or odd rows are handled)."""
+    return [parse(r) for r in merge_jsonl(paths, shared)]
 
 
 def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, object]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import os
 import time
@@ -27,7 +28,7 @@ from omegaconf._utils import get_omega_conf_dumper
 from slurmtrain.common import runlock
 from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.events import Event, Rows
+from slurmtrain.common.events import Event, Row, Rows, parse
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
     digest,
@@ -45,6 +46,7 @@ from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: m
     append_rank_row,
     ledger_rows,
     merge_jsonl,
+    merge_ledger,
     merge_rows,
     rank_key,
     rank_tier_files,
@@ -178,11 +180,11 @@ class RunDir:
 
     def run_events(self, kind: Optional[str] = None) -> Rows:
         """The run tier only (login, supervisor, cancel, rank 0): O(attempts) files."""
-        return _kind(merge_jsonl(self.ledger_files()), kind)
+        return _kind(merge_ledger(self.ledger_files()), kind)
 
     def rank_rows(self, job_id: object, restart: int = 0, relaunch: int = 0) -> Rows:
         """The rows every rank wrote in one attempt key (failures, hangs): O(nodes) files."""
-        return merge_jsonl(self.rank_files(job_id, restart, relaunch), shared=True)
+        return merge_ledger(self.rank_files(job_id, restart, relaunch), shared=True)
 
     def attempt_events(
         self, job_id: object, restart: int = 0, relaunch: int = 0, run_rows: Optional[Rows] = None
@@ -194,50 +196,40 @@ class RunDir:
 
     def record(
         self,
-        event: str | Event,
+        event: str | Event | Row,
         *,
         job_id: Optional[str] = None,
         attempt: Optional[int] = None,
         nodes: Iterable[str] = (),
         durable: Optional[bool] = None,
         **fields: object,
-    ) -> dict[str, object]:
-        """Append one run-tier row: `event` is a kind, or an events constructor's Event whose
-        fields follow the caller's."""
-        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
-        row: dict[str, object] = {
-            "event": kind,
-            "time": time.time(),
-            "job_id": job_id,
-            "attempt": attempt,
-            "nodes": list(nodes),
-            **fields,
-            **fixed,
-        }
+    ) -> Row:
+        """Append one run-tier row: a row object (its placement filled from the keywords where it
+        has none), or (older writers) a kind or an events constructor's Event plus fields."""
+        where = dict(job_id=job_id, attempt=attempt, nodes=tuple(nodes))
+        row = _placed(event, {**where, **fields})
         # This process's own file (no other process ever writes it); fate-deciding events fsynced
         # (durable=False: the caller syncs many at once, as a sweep does its `submitted` events).
-        durable = kind in FATE_EVENTS if durable is None else durable
-        append_own(self.ledger_dir, row, durable=durable)
+        durable = type(row).durable if durable is None else durable
+        append_own(self.ledger_dir, row.to_json(), durable=durable)
         return row
 
     def record_rank(
         self,
-        event: str | Event,
+        event: str | Event | Row,
         *,
         job_id: Optional[str],
         restart: int,
         relaunch: int,
         on_node: str,
         **fields: object,
-    ) -> dict[str, object]:
+    ) -> Row:
         """A row any rank writes (a failure, a hang) into the rank tier: the file of its node
         `on_node` (also the row's `node` unless `fields` name another, or None)."""
-        kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
-        row: dict[str, object] = dict(
-            event=kind, time=time.time(), job_id=job_id, attempt=None, node=on_node
-        )
-        row.update(restart=restart, relaunch=relaunch, **fields, **fixed)
-        append_rank_row(self.path, rank_key(job_id, restart, relaunch), str(on_node or "_"), row)
+        where = dict(job_id=job_id, attempt=None, node=on_node, restart=restart, relaunch=relaunch)
+        row = _placed(event, {**where, **fields})
+        key = rank_key(job_id, restart, relaunch)
+        append_rank_row(self.path, key, str(on_node or "_"), row.to_json())
         return row
 
     @contextlib.contextmanager
@@ -263,15 +255,29 @@ class RunDir:
         rows = self.run_events() if rows is None else rows
         if not rows:
             return NEW
-        if any(r["event"] == "finished" for r in rows):
+        if any(r.event == "finished" for r in rows):
             return FINISHED
         if job_alive(rows):
             return RUNNING
         return STOPPED
 
 
+def _placed(event: str | Event | Row, fields: dict[str, object]) -> Row:
+    """The row to write, stamped now: a row object keeps its own placement values, the caller's
+    fill the rest; an older writer's kind/Event and fields are parsed like a row read back."""
+    if isinstance(event, Row):
+        own = {k: v for k, v in fields.items() if getattr(event, k) in (None, ())}
+        return dataclasses.replace(event, time=time.time(), **own)  # type: ignore[arg-type]
+    kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
+    nodes = fields.get("nodes")
+    raw = {"event": kind, "time": time.time(), **fields, **fixed}
+    if isinstance(nodes, tuple):
+        raw["nodes"] = list(nodes)
+    return parse(raw)
+
+
 def _kind(rows: Rows, kind: Optional[str]) -> Rows:
-    return rows if kind is None else [r for r in rows if r.get("event") == kind]
+    return rows if kind is None else [r for r in rows if r.event == kind]
 
 
 class RunLocked(ConfigError):

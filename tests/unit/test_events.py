@@ -1,23 +1,16 @@
-"""The ledger vocabulary (common/events.py): one failure-class table, rows unchanged on disk."""
+"""The ledger vocabulary (common/events.py): one failure-class table, one class per kind, rows
+unchanged on disk, old and odd rows read by one tolerant parser (common/row_codec.py)."""
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
 import json
 import re
-from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 from slurmtrain.cli import report
-from slurmtrain.common import errors, event_fields, events, jsonl, ledger, schema
+from slurmtrain.common import errors, events, jsonl, ledger, schema
 from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.compute import startup
-from slurmtrain.compute.checkpoint import select
-from slurmtrain.planning import deadlines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,9 +45,9 @@ def test_budgeted_classes_have_their_budget_key() -> None:
 
 
 def test_durable_kinds_are_the_fate_events() -> None:
-    assert jsonl.FATE_EVENTS == event_fields.DURABLE_KINDS
-    assert "attempt_ended" in event_fields.DURABLE_KINDS
-    assert "startup" not in event_fields.DURABLE_KINDS
+    assert jsonl.FATE_EVENTS == {k for k, c in events.REGISTRY.items() if c.durable}
+    assert events.AttemptEnded.durable and "attempt_ended" in jsonl.FATE_EVENTS
+    assert not events.Startup.durable and "startup" not in jsonl.FATE_EVENTS
 
 
 def test_writers_name_every_event_from_the_vocabulary() -> None:
@@ -90,7 +83,7 @@ def test_a_constructed_row_is_written_as_before(tmp_path: Path) -> None:
         "exit_code",
     ]
     (written,) = run.run_events()
-    assert written == json.loads(json.dumps(row))
+    assert written == row and written.to_json() == json.loads(json.dumps(row.to_json()))
     assert written["class"] == "cancelled" and type(written["class"]) is str
     stop = run.record(events.stopped(FailureClass.no_nodes, "no node set"), **where)
     assert stop["class"] == "no_nodes" and stop["error"] == "no node set"
@@ -126,270 +119,73 @@ def test_what_each_class_implies() -> None:
     }
 
 
-# ---- each kind's fields (common/event_fields.py) against every writer and constructor -----------
+# ---- the row classes and the parser --------------------------------------------------------------
 
-WRITERS = ("record", "record_rank", "record_any")  # RunDir's, and Attempt's (compute/context.py)
-SOURCES = ("slurmtrain", "bench", "tools")
-# Every constructor, each optional key filled: the fields it fixes on its kind's rows.
-BUILT = {
-    "attempt_ended": events.attempt_ended("crash"),
-    "stopped": events.stopped("crash", "why"),
-    "failed": events.failed("crash", "why"),
-    "relaunch_abandoned": events.relaunch_abandoned("crash", "why"),
-    "requeued": events.requeued(
-        "crash", "2", "resubmit", excluded=[], exclusions_dropped=[], at="x"
-    ),
-}
-# `**splats` whose keys no TypedDict, dict literal or annotation in the source gives: the code
-# that builds them, run.
-SPLATS: dict[str, Callable[[], set[str]]] = {
-    "self.row()": lambda: set(startup.StartupClock(0.0).row()) | _keywords(("mark", "_mark")),
-    "limits.summary()": lambda: set(deadlines.from_config(schema.FaultsConfig()).summary()),
-    "choice.applied": lambda: set(select.ResumeApplied.__annotations__),
-}
-Scopes = list["_Scope"]
+PREVIOUS = (
+    ROOT / "tests" / "unit" / "data" / "prev_release_run"
+)  # written by 44b79dc (crash, resume)
 
 
-@functools.cache
-def _trees() -> tuple[tuple[str, ast.Module], ...]:
-    return tuple(
-        (str(path.relative_to(ROOT)), ast.parse(path.read_text(), str(path)))
-        for folder in SOURCES
-        for path in sorted((ROOT / folder).rglob("*.py"))
+def _file_rows(run: Path) -> list[dict[str, object]]:
+    paths = sorted(run.glob("ledger.d/*.jsonl")) + sorted(run.glob("ledger.d/ranks/*/*.jsonl"))
+    return [json.loads(x) for p in paths for x in p.read_text().splitlines() if x.strip()]
+
+
+def _present(row: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def test_a_previous_release_run_directory_reads_the_same() -> None:
+    """Every row the previous release wrote parses into its own class (no Unknown), and writes
+    back the same keys and values (a null field is not written again; readers see None either
+    way): no field lost to a wrong type."""
+    raw = _file_rows(PREVIOUS)
+    assert len(raw) >= 20
+    kinds = set()
+    for row in raw:
+        parsed = events.parse(row)
+        assert not isinstance(parsed, events.Unknown), row
+        assert _present(parsed.to_json()) == _present(row), row
+        kinds.add(type(parsed))
+    assert {events.Started, events.AttemptEnded, events.Failed, events.CheckpointSaved} <= kinds
+    merged = RunDir(PREVIOUS).events()
+    assert [r.event for r in merged].count("started") == 2
+    (ended,) = [r for r in merged if isinstance(r, events.AttemptEnded)]
+    assert ended.cls == FailureClass.crash and isinstance(ended.attempt, int)
+
+
+def test_odd_rows_parse_to_defaults_and_unknown_kinds_survive() -> None:
+    odd = events.parse({"event": "started", "attempt": "3", "hosts": "n1", "pids": [1, "x"]})
+    assert isinstance(odd, events.Started)
+    assert (odd.attempt, odd.hosts, odd.pids, odd.time) == (3, (), (), 0.0)
+    newer = events.parse({"event": "from_a_newer_version", "time": 5, "job_id": 12, "x": [1]})
+    assert isinstance(newer, events.Unknown) and newer.event == "from_a_newer_version"
+    assert (newer.time, newer.job_id, newer.extra) == (5.0, "12", {"x": [1]})
+    assert newer.to_json()["x"] == [1] and newer.to_json()["event"] == "from_a_newer_version"
+    for junk in ({}, {"event": None}, {"event": "failed", "class": ["no"], "step": True}):
+        row = events.parse(junk)
+        assert isinstance(row.time, float)
+    failed = events.parse({"event": "failed", "class": "crash", "step": 7.0, "error": 3})
+    assert isinstance(failed, events.Failed) and (failed.cls, failed.step, failed.error) == (
+        "crash",
+        7,
+        "3",
     )
 
 
-def _nodes() -> Iterator[tuple[str, ast.AST]]:
-    return ((path, node) for path, tree in _trees() for node in ast.walk(tree))
-
-
-def _keywords(callees: tuple[str, ...]) -> set[str]:
-    """The keywords every call of `callees` passes (StartupClock.mark's facts go into `startup`)."""
-    return {
-        k.arg
-        for _, n in _nodes()
-        if isinstance(n, ast.Call) and _name(n.func) in callees
-        for k in n.keywords
-        if k.arg
-    }
-
-
-def _name(node: ast.expr) -> str:
-    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-
-
-def _own_nodes(node: ast.AST) -> Iterator[ast.AST]:
-    """`node` and what it holds, nested functions left out (each is a scope of its own)."""
-    yield node
-    for c in ast.iter_child_nodes(node):
-        if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            yield from _own_nodes(c)
-
-
-class _Scope:
-    """A function's (or module's) own names: each one's annotations and values, its
-    `name["key"] = ...` stores, and which are parameters (a writer passing its caller's on)."""
-
-    def __init__(self, node: ast.AST) -> None:
-        self.sources: dict[str, list[tuple[str, ast.expr]]] = {}
-        self.stores: dict[str, set[str]] = {}
-        self.params: set[str] = set()
-        args = getattr(node, "args", None)
-        if isinstance(args, ast.arguments):
-            every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-            for a in filter(None, every):
-                self.params.add(a.arg)
-                self._add(a.arg, "annotation", a.annotation)
-        body = getattr(node, "body", [])
-        for stmt in body if isinstance(body, list) else [body]:
-            for n in _own_nodes(stmt):
-                for t in n.targets if isinstance(n, ast.Assign) else []:
-                    if isinstance(t, ast.Name):
-                        self._add(t.id, "value", n.value)
-                    elif isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
-                        if isinstance(t.slice, ast.Constant) and isinstance(t.slice.value, str):
-                            self.stores.setdefault(t.value.id, set()).add(t.slice.value)
-                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
-                    self._add(n.target.id, "annotation", n.annotation)
-                    self._add(n.target.id, "value", n.value)
-
-    def _add(self, name: str, how: str, node: Optional[ast.expr]) -> None:
-        if node is not None:
-            self.sources.setdefault(name, []).append((how, node))
-
-
-class _Keys:
-    """The keys a `**splat` puts in a row, read from the source; None when it cannot tell."""
-
-    def __init__(self) -> None:
-        classes = [n for _, n in _nodes() if isinstance(n, ast.ClassDef)]
-        self.typed: dict[str, set[str]] = {"TypedDict": set()}
-        for _ in range(3):  # a TypedDict whose base comes later in the walk
-            for c in classes:
-                bases = [_name(b) for b in c.bases]
-                if bases and all(b in self.typed for b in bases):
-                    own = {s.target.id for s in c.body if isinstance(s, ast.AnnAssign)}
-                    self.typed[c.name] = own.union(*(self.typed[b] for b in bases))
-        defs = [n for _, n in _nodes() if isinstance(n, ast.FunctionDef)]
-        once = Counter(d.name for d in defs)  # a name defined twice could be either
-        self.returns = {d.name: d.returns for d in defs if once[d.name] == 1 and d.returns}
-
-    def of(self, node: ast.expr, scopes: Scopes) -> Optional[set[str]]:
-        if isinstance(node, ast.Dict):
-            keys: set[str] = set()
-            for key, value in zip(node.keys, node.values):
-                inner = {key.value} if isinstance(key, ast.Constant) else None
-                inner = self.of(value, scopes) if key is None else inner
-                if inner is None:
-                    return None
-                keys |= inner
-            return keys
-        if isinstance(node, ast.IfExp):
-            body, orelse = self.of(node.body, scopes), self.of(node.orelse, scopes)
-            return None if body is None or orelse is None else body | orelse
-        if isinstance(node, ast.Call) and _name(node.func) in self.typed:
-            return self.typed[_name(node.func)]
-        if isinstance(node, ast.Call) and _name(node.func) in self.returns:
-            return self.annotation(self.returns[_name(node.func)])
-        if isinstance(node, ast.Name):
-            return self.name(node.id, scopes)
-        built = SPLATS.get(ast.unparse(node))
-        return built() if built else None
-
-    def annotation(self, node: ast.expr) -> Optional[set[str]]:
-        """The keys of an annotation naming a TypedDict (`Unpack[T]`, `Optional[T]`, `T`)."""
-        if isinstance(node, ast.Subscript) and _name(node.value) in ("Unpack", "Optional"):
-            return self.annotation(node.slice)
-        return self.typed.get(_name(node))
-
-    def name(self, name: str, scopes: Scopes) -> Optional[set[str]]:
-        for scope in reversed(scopes):
-            if name in scope.sources or name in scope.stores:
-                found = [
-                    self.annotation(n) if how == "annotation" else self.of(n, scopes)
-                    for how, n in scope.sources.get(name, [])
-                ]
-                known = [k for k in found if k is not None]
-                if not known and name not in scope.stores:
-                    return None
-                return set(scope.stores.get(name, ())).union(*known)
-        return None
-
-
-def _kinds(first: ast.expr, scopes: Scopes) -> Optional[list[tuple[str, Optional[ast.Call]]]]:
-    """Which kinds a writer's first argument records, each with its constructor call if any: []
-    when it passes its caller's event on or is not an event (login/prepare.py's `record` takes a
-    prepared run); None when a name is assigned something the source cannot tell."""
-    if isinstance(first, ast.Attribute) and _name(first.value) == "Kind":
-        return [(first.attr, None)]
-    if isinstance(first, ast.Call) and _name(first.func) in BUILT:
-        return [(BUILT[_name(first.func)].kind.value, first)]
-    if not isinstance(first, ast.Name):
-        return []  # another `record` (login/branch.py's); a CUDA event's takes no argument
-    for scope in reversed(scopes):
-        if first.id in scope.params:
-            return []
-        values = [n for how, n in scope.sources.get(first.id, []) if how == "value"]
-        if values:
-            found = [_kinds(v, scopes) for v in values]
-            return None if None in found else [k for each in found for k in each or []]
-    return []  # a loop's or an import's name: no event is built that way
-
-
-def _writer_calls(node: ast.AST, scopes: Scopes) -> Iterator[tuple[ast.Call, Scopes]]:
-    """Every writer call under `node`, with the scopes it sees (innermost last)."""
-    if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-        scopes = [*scopes, _Scope(node)]
-    if isinstance(node, ast.Call) and _name(node.func) in WRITERS and node.args:
-        yield node, scopes
-    for child in ast.iter_child_nodes(node):
-        yield from _writer_calls(child, scopes)
-
-
-def _written() -> tuple[dict[str, set[str]], list[str]]:
-    """Each kind's keys as its writers pass them (constructors' fixed ones included), and the
-    problems: a key its kind does not declare, a kind or `**splat` the source cannot tell."""
-    own = {
-        name  # durable, on_node: record/record_rank's own, never a row key
-        for method in (RunDir.record, RunDir.record_rank)
-        for name, p in inspect.signature(method).parameters.items()
-        if p.kind is p.KEYWORD_ONLY
-    } - event_fields.PLACEMENT
-    keys, written, problems = _Keys(), {k.value: set() for k in events.Kind}, []
-    for path, tree in _trees():
-        for call, scopes in _writer_calls(tree, []):
-            at = f"{path}:{call.lineno}"
-            kinds = _kinds(call.args[0], scopes)
-            if kinds is None:
-                problems.append(f"{at}: which kind {ast.unparse(call.args[0])} records")
-            for kind, built in kinds or []:
-                given = [*call.keywords, *(built.keywords if built else [])]
-                fixed = set(BUILT[_name(built.func)].fields) if built else set()
-                for k in given:
-                    found = {k.arg} if k.arg else keys.of(k.value, scopes)
-                    if found is None:
-                        problems.append(f"{at}: the keys of **{ast.unparse(k.value)}")
-                        continue
-                    declared = event_fields.SPECS[events.Kind(kind)].fields
-                    problems += [
-                        f"{at}: {kind} gets {key!r}, undeclared (common/event_fields.py)"
-                        for key in sorted(found - set(declared) - event_fields.PLACEMENT - own)
-                    ]
-                    written[kind] |= found - own
-                written[kind] |= fixed
-    return written, problems
-
-
-def test_the_table_declares_every_kind_once() -> None:
-    tree = ast.parse((ROOT / "slurmtrain" / "common" / "event_fields.py").read_text())
-    (table,) = [
-        n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.AnnAssign) and _name(n.target) == "SPECS"
-    ]
-    assert isinstance(table, ast.Dict)
-    named = [ast.unparse(k) for k in table.keys if k is not None]
-    assert sorted(named) == sorted(f"Kind.{k.name}" for k in events.Kind)  # each exactly once
-    for kind, spec in event_fields.SPECS.items():
-        assert spec.when and len(set(spec.fields)) == len(spec.fields), kind
-    durable = {k for k, spec in event_fields.SPECS.items() if spec.durable}
-    assert event_fields.DURABLE_KINDS == durable
-
-
-def test_every_constructor_fixes_declared_fields_only() -> None:
-    made = {
-        name
-        for name, f in vars(events).items()
-        if inspect.isfunction(f)
-        and inspect.signature(f).return_annotation in ("Event", events.Event)
-    }
-    assert made == set(BUILT)  # a new constructor: add it to BUILT, its optional keys filled
-    for name, event in BUILT.items():
-        declared = event_fields.SPECS[event.kind].fields
-        assert set(event.fields) <= set(declared), (name, set(event.fields) - set(declared))
-
-
-def test_every_writer_passes_its_kinds_declared_fields() -> None:
-    """Every record/record_rank/record_any call in the sources, its `**splats` followed to the
-    TypedDict, dict or function that builds them: each key is declared for its kind (or a
-    placement key); each declared field has a writer; a kind no writer records declares none."""
-    written, problems = _written()
-    assert not problems, "\n".join(problems)
-    for kind, spec in event_fields.SPECS.items():
-        assert set(spec.fields) <= written[kind], (kind, set(spec.fields) - written[kind])
-
-
-def test_rows_built_by_hand_hold_declared_fields() -> None:
-    """Rows the sources build as dict literals (a bench's synthetic ledger, a reader's stand-in)
-    hold their kind's fields too."""
-    problems = []
-    for path, node in _nodes():
-        if not isinstance(node, ast.Dict):
-            continue
-        named = {k.value: v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
-        kind = named.get("event")
-        if not (isinstance(kind, ast.Constant) and kind.value in set(events.Kind)):
-            continue
-        declared = set(event_fields.SPECS[events.Kind(kind.value)].fields) | event_fields.PLACEMENT
-        problems += [f"{path}:{node.lineno}: {kind.value} {k!r}" for k in set(named) - declared]
-    assert not problems, "\n".join(problems)
+def test_a_row_object_is_written_with_its_placement(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    row = run.record(events.NodeLost(node="n3"), job_id="9", attempt=1, nodes=["n1", "n3"])
+    assert isinstance(row, events.NodeLost) and row.node == "n3" and row.time > 0
+    assert row.nodes == ("n1", "n3") and row.job_id == "9"
+    (back,) = run.run_events()
+    assert back == row
+    ranked = run.record_rank(
+        events.Failed(cls=FailureClass.hang, error="stuck"),
+        job_id="9",
+        restart=0,
+        relaunch=0,
+        on_node="n2",
+    )
+    (read,) = run.rank_rows("9")
+    assert read == ranked and read.node == "n2" and read.cls == "hang"

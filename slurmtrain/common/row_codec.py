@@ -1,0 +1,212 @@
+"""A ledger row as an object: the base class every event kind extends (common/events.py), the one
+tolerant parser of rows as files hold them, and the writer's JSON form.
+
+The parser is the only place that knows old or odd rows: a kind this version does not know
+becomes `Unknown`, a field of the wrong type takes its default, keys no class declares are kept in
+`extra` (a newer writer's fields survive a read). Readers therefore use attributes and
+`isinstance` and never test types or keys themselves.
+
+The JSON form is what the ledger always held: `event`, `time`, the placement, then the kind's own
+fields (`cls` is written as "class"); fields left None are not written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+from collections.abc import Iterator, Mapping
+from typing import ClassVar, Optional, Union, get_args, get_origin, get_type_hints
+
+# Attribute names that are Python keywords, and the keys rows hold them under.
+JSON_NAMES = {"cls": "class"}
+ATTR_NAMES = {v: k for k, v in JSON_NAMES.items()}
+# Placement keys every run-tier row has carried since the first release (written even when None).
+ALWAYS = ("job_id", "attempt", "nodes")
+
+REGISTRY: dict[str, type[Row]] = {}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Row(Mapping[str, object]):
+    """One ledger row: what it is (`kind`, a class attribute), when, and which start (and rank)
+    wrote it. `durable`: fsynced before `record` returns, because a later decision reads it.
+    `tracked`: marked on the experiment trackers; `closing`: written after the attempt it closes
+    (the next attempt's tracker reports it)."""
+
+    kind: ClassVar[str] = ""
+    durable: ClassVar[bool] = False
+    tracked: ClassVar[bool] = False
+    closing: ClassVar[bool] = False
+
+    time: float = 0.0
+    job_id: Optional[str] = None
+    attempt: Optional[int] = None
+    nodes: tuple[str, ...] = ()
+    restart: Optional[int] = None
+    relaunch: Optional[int] = None
+    rank: Optional[int] = None
+    node: Optional[str] = None
+    extra: Mapping[str, object] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__()
+        if cls.kind:
+            REGISTRY[cls.kind] = cls
+
+    @property
+    def event(self) -> str:
+        return type(self).kind
+
+    def to_json(self) -> dict[str, object]:
+        """The row as the ledger file holds it."""
+        out: dict[str, object] = {"event": self.event, "time": self.time}
+        for f in dataclasses.fields(self):
+            if f.name in ("time", "extra"):
+                continue
+            value = getattr(self, f.name)
+            if f.name in ALWAYS or not (value is None or value == ()):
+                out[JSON_NAMES.get(f.name, f.name)] = (
+                    list(value) if isinstance(value, tuple) else value
+                )
+        out.update(self.extra)
+        return out
+
+    # Mapping access by the ledger's keys: what readers written before the row classes use.
+    def __getitem__(self, key: str) -> object:
+        if key == "event":
+            return self.event
+        name = ATTR_NAMES.get(key, key)
+        if name != "extra" and name in _field_names(type(self)):
+            value = getattr(self, name)
+            return list(value) if isinstance(value, tuple) else value
+        return self.extra[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self.to_json()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Unknown(Row):
+    """A row of a kind this version does not know (a newer writer's, or a damaged one)."""
+
+    name: str = ""
+
+    @property
+    def event(self) -> str:
+        return self.name
+
+
+@functools.cache
+def _field_names(cls: type[Row]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _hints(cls: type[Row]) -> dict[str, object]:
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name != "extra"}
+
+
+def parse(raw: Mapping[str, object]) -> Row:
+    """A row from the file: never raises, whatever it holds."""
+    if isinstance(raw, Row):
+        return raw
+    kind = raw.get("event")
+    cls = REGISTRY.get(kind) if isinstance(kind, str) else None
+    target: type[Row] = cls or Unknown
+    values: dict[str, object] = {}
+    for name, tp in _hints(target).items():
+        key = JSON_NAMES.get(name, name)
+        default = _default(target, name, tp)
+        values[name] = _coerce(tp, raw[key], default) if key in raw else default
+    if cls is None:
+        values["name"] = str(kind) if kind is not None else ""
+    known = {JSON_NAMES.get(n, n) for n in _hints(target)} | {"event"}
+    values["extra"] = {k: v for k, v in raw.items() if k not in known}
+    return target(**values)
+
+
+def _default(cls: type[Row], name: str, tp: object) -> object:
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return _empty(tp)
+
+
+def _empty(tp: object) -> object:
+    """The value of a required field a row lacks."""
+    if _nullable(tp):
+        return None
+    base = {str: "", int: 0, float: 0.0, bool: False}
+    if tp in base:
+        return base[tp]  # type: ignore[index]
+    return () if get_origin(tp) is tuple else None
+
+
+def _nullable(tp: object) -> bool:
+    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
+
+
+def _coerce(tp: object, value: object, default: object) -> object:
+    """`value` as type `tp`, else `default`."""
+    if value is None:
+        return None if _nullable(tp) else default
+    if tp is object:
+        return value
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in get_args(tp) if a is not type(None)]
+        for option in options:  # a value already of one of the types is kept as it is
+            if _is(option, value):
+                return value
+        for option in options:
+            got = _coerce(option, value, _MISSING)
+            if got is not _MISSING:
+                return got
+        return default
+    if origin is tuple:
+        (item, *_) = get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            return default
+        items = [_coerce(item, v, _MISSING) for v in value]
+        return default if any(i is _MISSING for i in items) else tuple(items)
+    if origin is dict or tp is dict:
+        return value if isinstance(value, dict) else default
+    return _scalar(tp, value, default)
+
+
+_MISSING = object()
+
+
+def _is(tp: object, value: object) -> bool:
+    if tp in (int, float):
+        return isinstance(value, tp) and not isinstance(value, bool)  # type: ignore[arg-type]
+    return isinstance(tp, type) and isinstance(value, tp)
+
+
+def _scalar(tp: object, value: object, default: object) -> object:
+    if tp is bool:
+        return value if isinstance(value, bool) else default
+    if tp is str:
+        return str(value) if isinstance(value, (str, int, float)) else default
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (int, float) and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            return default
+        if tp is float:
+            return number
+        return int(number) if math.isfinite(number) and number == int(number) else default
+    return default
