@@ -13,7 +13,7 @@ model its 1/N slice of every sequence with the slice's global position_ids. Ulys
 attention kernel transformers calls with one that all-to-alls the slices into whole sequences of
 1/N of the heads and back. The loss (`sequence_loss`) is computed here from the slice's logits:
 each rank backpropagates its tokens' loss sum / the group's token count (DeepSpeed sums gradients
-over the SP group and averages over data parallelism), and the value it reports is the group's
+over the SP group and averages over data parallelism; x SP under ZeRO-3, SequenceShard.grad_scale), and the value it reports is the group's
 sum of token losses / count, all-reduced (an autograd all-gather fails on gloo subgroups).
 """
 

@@ -40,6 +40,9 @@ def activation_bytes(
     Tensor parallelism `tp` (no sequence parallelism) splits what lies between the column- and
     row-parallel matmuls: 34 -> 10 + 24/tp (Korthikanti's eq. 2), the scores / tp; the gated
     layer's q, k, v, attention output and MLP inner terms / tp. The logits stay whole.
+    Sequence parallelism (Ulysses) is planned by passing `seq_len` / SP (planning/preflight.py):
+    every term is per local token, attention's inside Ulysses too (whole sequences of 1/SP of
+    the heads: the same size), and the logits are the slice's; eager attention is refused with SP.
     """
     s, b, h, a = seq_len, micro_batch, model.hidden_size, model.num_heads
     t = max(1, tp)
