@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import pytest
+
+if TYPE_CHECKING:
+    from slurmtrain.common.events import Rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -48,8 +51,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def ledger_events(run: Path) -> list[dict[str, Any]]:
-    """A run's ledger as every reader sees it: all writers' files merged (RunDir.events)."""
+def ledger_events(run: Path) -> Rows:
+    """A run's ledger as every reader sees it: all writers' files merged (RunDir.events): row
+    objects (common/events.py), read by `isinstance` and attributes."""
     from slurmtrain.common.rundir import RunDir
 
     return RunDir(run).events()

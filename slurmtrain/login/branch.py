@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from slurmtrain.common import checkpoint_format, checkpoint_pins
 from slurmtrain.common.derived import node_range, tasks_per_node, world_size
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.events import Kind, Rows, integer
+from slurmtrain.common.events import Branched, Rows
 from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS
 from slurmtrain.common.rundir import RunDir, runs_named
 from slurmtrain.common.schema import NON_RESULT_KEYS, RootConfig, load_run_config, plain
@@ -218,7 +218,7 @@ def pin(cfg: DictConfig, child: RunDir) -> None:
 
 def record(cfg: DictConfig, data: Optional[dict[str, object]], child: RunDir) -> None:
     """The `branched` row, once (the same command again resumes the branch: no second row)."""
-    if child.run_events("branched"):
+    if any(isinstance(e, Branched) for e in child.run_events()):
         return
     parent, step = parent_of(cfg)
     try:  # merged over the schema: a key the parent's version did not have reads as its default
@@ -227,13 +227,16 @@ def record(cfg: DictConfig, data: Optional[dict[str, object]], child: RunDir) ->
         theirs = OmegaConf.to_container(OmegaConf.load(parent.config), resolve=True)
     ours = data if data is not None else plain(cfg)
     assert isinstance(theirs, dict) and isinstance(ours, dict)
+    name = theirs.get("name")
+    changed = changed_keys(_keyed(theirs.items()), _keyed(ours.items()))
     child.record(
-        Kind.branched,
-        parent=str(parent.path),
-        parent_fingerprint=parent.path.name,
-        parent_name=theirs.get("name"),
-        step=step,
-        changed=changed_keys(_keyed(theirs.items()), _keyed(ours.items())),
+        Branched(
+            parent=str(parent.path),
+            parent_fingerprint=parent.path.name,
+            parent_name=None if name is None else str(name),
+            step=step,
+            changed=dict[str, object](changed),
+        )
     )
 
 
@@ -243,13 +246,17 @@ def _keyed(items: Iterable[tuple[object, object]]) -> dict[str, object]:
 
 def lineage_line(events: Rows) -> Optional[str]:
     """`branched from PARENT at step_N (changed: k a->b, ...)` for status and the report."""
-    row = next((e for e in events if e.get("event") == "branched"), None)
+    row = next((e for e in events if isinstance(e, Branched)), None)
     if row is None:
         return None
-    written = row.get("changed")  # record() below: {key: [parent's, branch's]}
-    pairs = written.items() if isinstance(written, dict) else ()
-    changed = ", ".join(f"{k} {a}->{b}" for k, (a, b) in pairs)
-    return (
-        f"branched from {row.get('parent')} at {checkpoint_format.tag(integer(row, 'step') or 0)}"
-        + (f" (changed: {changed})" if changed else "")
+    pairs = (row.changed or {}).items()  # record() above: {key: [parent's, branch's]}
+    changed = ", ".join(f"{k} {_arrow(v)}" for k, v in pairs)
+    return f"branched from {row.parent} at {checkpoint_format.tag(row.step or 0)}" + (
+        f" (changed: {changed})" if changed else ""
     )
+
+
+def _arrow(pair: object) -> str:
+    """`a->b` of a changed key's [parent's, branch's] values."""
+    a, b = pair if isinstance(pair, (list, tuple)) and len(pair) == 2 else ("?", pair)
+    return f"{a}->{b}"

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import Stopped
 from slurmtrain.common.secrets import redact_overrides
 from slurmtrain.common.windows import current_stop
 from slurmtrain.login import cluster_check, placement
@@ -120,10 +121,10 @@ def _new_window(prepared: Prepared) -> None:
     if not prepared.resumed:
         return
     stop = current_stop(prepared.run.run_events())
-    if stop is not None:
-        why = str(stop.get("error") or "").strip().splitlines()[-1:] or ["-"]
+    if isinstance(stop, Stopped):
+        why = stop.error.strip().splitlines()[-1:] or ["-"]
         print(
-            f"slurmtrain: it stopped ({stop.get('class')}: {why[0][:200]}); the failure budgets "
+            f"slurmtrain: it stopped ({stop.cls}: {why[0][:200]}); the failure budgets "
             f"count again from this submission"
         )
 

@@ -23,9 +23,8 @@ from typing import Iterator, Optional
 import submitit
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from slurmtrain.common import ledger, secrets
+from slurmtrain.common import events, ledger, secrets
 from slurmtrain.common.derived import tasks_per_node
-from slurmtrain.common.events import Kind, Rows, integer, strings
 from slurmtrain.common.liveness import pid_start
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
@@ -58,12 +57,10 @@ def submit(cfg: RootConfig, run: RunDir) -> Submission:
         job = executor.submit(TrainTask(str(run.path), flags.master_port(cfg) or free_port()))
     pid = int(job.job_id)
     run.record(
-        Kind.submitted,
+        events.Submitted(
+            executor="local", pid=pid, host=socket.gethostname(), pid_start=pid_start(pid)
+        ),
         job_id=job.job_id,
-        executor="local",
-        pid=pid,
-        host=socket.gethostname(),
-        pid_start=pid_start(pid),
         nodes=[socket.gethostname()],
     )
     print(f"slurmtrain: started local job {job.job_id} in {run.path}")
@@ -75,19 +72,21 @@ def submit(cfg: RootConfig, run: RunDir) -> Submission:
         code = 0
     except Exception:  # noqa: BLE001  the workers' traceback is in the ledger and their logs
         code = 1
-        failed = run.run_events("failed") + run.rank_rows(job.job_id)  # rank rows: this job's
+        rows = run.run_events() + run.rank_rows(job.job_id)  # rank rows: this job's
+        failed = [e for e in rows if isinstance(e, events.Failed)]
         failed = ledger.real_errors(failed) or failed  # the cause, not a peer's lost connection
-        reason = failed[-1].get("error") if failed else "a worker died (see its log)"
+        reason = failed[-1].error if failed else "a worker died (see its log)"
         print(f"slurmtrain: local job {job.job_id} failed: {reason}")
         print(f"slurmtrain: worker logs: {run.logs}/{job.job_id}_*.err")
-    done = any(r["event"] == "finished" for r in run.run_events())
+    run_rows = run.run_events()
+    done = any(isinstance(r, events.Finished) for r in run_rows)
     if done:  # what to do with the model just trained
         _print_sample(run)
         print(f"sample: python -m slurmtrain.cli sample {run.path} --prompt 'def '")
         print(f"export: python -m slurmtrain.cli export {run.path} --out exports/{cfg.name}")
-    stopped = [e for e in run.run_events("stopped") if str(e.get("job_id")) == str(job.job_id)]
+    stopped = [e for e in run_rows if isinstance(e, events.Stopped) and e.job_id == str(job.job_id)]
     if stopped:  # diverged, checkpoint_unreadable, a budget: the attempt said why
-        print(f"slurmtrain: run stopped ({stopped[-1].get('class')}): {stopped[-1].get('error')}")
+        print(f"slurmtrain: run stopped ({stopped[-1].cls}): {stopped[-1].error}")
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
 
 
@@ -106,7 +105,7 @@ def _print_sample(run: RunDir) -> None:
     print(f"the model's continuation of {prompt!r}:\n{done.stdout.rstrip()}\n")
 
 
-def _new_rows(path: Path, offset: int) -> tuple[int, Rows]:
+def _new_rows(path: Path, offset: int) -> tuple[int, list[dict[str, object]]]:
     """The complete lines appended since `offset` (a torn last line waits for the next poll)."""
     try:
         with open(path, "rb") as f:
@@ -115,13 +114,19 @@ def _new_rows(path: Path, offset: int) -> tuple[int, Rows]:
     except FileNotFoundError:
         return offset, []
     done = data[: data.rfind(b"\n") + 1]
-    rows: Rows = []
+    rows: list[dict[str, object]] = []
     for line in done.splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
     return offset + len(done), rows
+
+
+def _step(metrics_row: dict[str, object]) -> Optional[int]:
+    """A metrics.jsonl row's step (None when it has none)."""
+    step = metrics_row.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 @contextlib.contextmanager
@@ -141,10 +146,12 @@ def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(job.job_id), signal.SIGTERM)  # the controller forwards it to every task
         return
-    started = [e for e in run.run_events("started") if str(e.get("job_id")) == str(job.job_id)]
-    pids = strings(started[-1], "pids") if started else []
+    started = [
+        e for e in run.run_events() if isinstance(e, events.Started) and e.job_id == str(job.job_id)
+    ]
+    pids = started[-1].pids if started else ()
     print("\nslurmtrain: Ctrl-C again: killing the workers now")
-    for pid in [*map(int, pids), int(job.job_id)]:
+    for pid in [*pids, int(job.job_id)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -152,8 +159,8 @@ def _stop(run: RunDir, job: submitit.Job, presses: int) -> None:
 def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
     """The attempt is closed `cancelled` (the user's stop, not a failure); the next start resumes."""
     ledger.close_cancelled(run, [str(job_id)], "ctrl-c")
-    saved = run.run_events("checkpoint_saved")
-    where = f"checkpoint step_{saved[-1]['step']}" if saved else "no checkpoint yet"
+    saved = [e for e in run.run_events() if isinstance(e, events.CheckpointSaved)]
+    where = f"checkpoint step_{saved[-1].step}" if saved else "no checkpoint yet"
     print(
         f"slurmtrain: stopped by Ctrl-C ({where}); run the same command again to resume: {run.path}"
     )
@@ -185,7 +192,7 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
                     last = rows[-1]
                     bar.update(
                         task,
-                        completed=integer(last, "step"),
+                        completed=_step(last),
                         loss=f"{last['loss']:.4f}",
                         tps=f"{last['tokens_per_s']:,.0f}",
                     )

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import pretrained, rundir, schema, secrets, text_corpus, validation
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import CheckpointSaved, Submitted
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.login import branch, flags
 from slurmtrain.login.cluster_check import check_cluster
@@ -116,7 +117,8 @@ def check(
                 f"runs_root={cfg.runs_root!r}: cannot create {run.path} ({err.strerror}); "
                 f"use a directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
             ) from None
-    warning = preflight.lead_warning(typed_cfg, run.run_events("checkpoint_saved"))
+    saves = [e for e in run.run_events() if isinstance(e, CheckpointSaved)]
+    warning = preflight.lead_warning(typed_cfg, saves)
     if warning:
         print(f"slurmtrain: {warning}")
     state = run.state()
@@ -153,6 +155,6 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
         p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(
         p.run.provenance,
-        f"submit_{len(p.run.run_events('submitted')) + 1}",
+        f"submit_{sum(isinstance(e, Submitted) for e in p.run.run_events()) + 1}",
         extra={"overrides": overrides},
     )

@@ -7,6 +7,7 @@ to RUN_DIR/job.sbatch: every restart and a hand resubmission run what the first 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -15,7 +16,7 @@ import time
 import uuid
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence, TypedDict, Unpack
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
@@ -23,7 +24,7 @@ from slurmtrain.common import secrets, slurm_cmd
 from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
 from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
-from slurmtrain.common.events import Kind
+from slurmtrain.common.events import Submitted
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.login import container, flags, stage_env
@@ -32,20 +33,6 @@ from slurmtrain.login.submission import Submission
 
 if TYPE_CHECKING:
     from submitit import SlurmExecutor
-
-
-class SmokeLink(TypedDict, total=False):
-    """What ties a smoke chain's jobs together in their `submitted` rows (login/smoke.py)."""
-
-    smoke_run: str  # on the big run: the smoke run that gates it
-    smoke_job_id: Optional[str]
-    smoke_of: str  # on a smoke job: the big run it gates
-    smoke_part: int
-    smoke_job_ids: list[str]  # on the big run: both smoke jobs
-
-
-class AfterJob(TypedDict, total=False):
-    after: str  # the job whose success this one waits for (afterok)
 
 
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
@@ -245,20 +232,17 @@ def prepare(cfg: RootConfig, run: RunDir) -> None:
 
 
 def submit(
-    cfg: RootConfig, run: RunDir, after: Optional[str] = None, **ledger: Unpack[SmokeLink]
+    cfg: RootConfig, run: RunDir, after: Optional[str] = None, link: Optional[Submitted] = None
 ) -> Submission:
-    """Queue the run (after job `after` succeeds, if given); `ledger` goes into `submitted`."""
+    """Queue the run (after job `after` succeeds, if given). `link`: what ties a smoke chain's
+    jobs together in their `submitted` rows (login/smoke.py: smoke_run, smoke_job_id(s) on the
+    big run; smoke_of, smoke_part on a smoke job)."""
     prepare(cfg, run)
     job = executor(cfg, run.logs / "submitit", [str(run.path)], after=after).submit(_no_task)
-    dependency: AfterJob = {"after": after} if after else {}
-    run.record(
-        Kind.submitted,
-        job_id=job.job_id,
-        executor="slurm",
-        fingerprint=run.path.name,
-        **dependency,
-        **ledger,
+    row = dataclasses.replace(
+        link or Submitted(), executor="slurm", fingerprint=run.path.name, after=after or None
     )
+    run.record(row, job_id=job.job_id)
     waits = f" (after job {after} succeeds)" if after else ""
     print(f"slurmtrain: submitted job {job.job_id} for {run.path}{waits}")
     return Submission(job.job_id, "slurm")
@@ -305,10 +289,8 @@ def submit_array(items: Sequence[tuple[RootConfig, RunDir]], folder: Path) -> li
         jobs = [ex.submit(_no_task) for _ in items]
     in_parallel(
         lambda done: done[1].record(
-            Kind.submitted,
+            Submitted(executor="slurm", fingerprint=done[1].path.name),
             job_id=done[0].job_id,
-            executor="slurm",
-            fingerprint=done[1].path.name,
             durable=False,
         ),
         [(job, run) for job, (_, run) in zip(jobs, items)],

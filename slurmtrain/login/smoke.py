@@ -15,6 +15,7 @@ from typing import Optional, TypedDict
 from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common import derived, events, ledger, rundir, validation
+from slurmtrain.common.events import FailureClass
 from slurmtrain.login.composed import typed
 from slurmtrain.login.prepare import Prepared, record
 from slurmtrain.planning import preflight
@@ -48,8 +49,8 @@ def smoke_config(cfg: DictConfig) -> DictConfig:
         * derived.data_parallel(typed_small, derived.world_size(typed_small, 1))
     )
     for cls in events.FAILURE_CLASSES:
-        if cls != ledger.PREEMPTED:  # a preempted smoke is requeued under the same job id
-            small.faults[f"max_{cls}"] = 0
+        if cls != FailureClass.preempted:  # a preempted smoke is requeued under the same job id
+            small.faults[events.budget_key(cls)] = 0
     validation.validate_config(typed_small, submitting=True)
     return small
 
@@ -67,7 +68,11 @@ def smoke_overrides(overrides: list[str], small: DictConfig) -> list[str]:
             f"checkpoint.interval_steps={SMOKE_SAVE_STEP}",
             f"train.global_batch_size={small.train.global_batch_size}",
         ]
-        + [f"faults.max_{c}=0" for c in events.FAILURE_CLASSES if c != ledger.PREEMPTED]
+        + [
+            f"faults.{events.budget_key(c)}=0"
+            for c in events.FAILURE_CLASSES
+            if c != FailureClass.preempted
+        ]
     )
 
 
@@ -94,25 +99,32 @@ def submit_chain(big: Prepared, overrides: list[str]) -> int:
     if passed:
         print(f"slurmtrain: smoke test of this config already passed: {smoke_run.path}")
         record(big, overrides)
-        slurm_submit.submit(
-            big.typed_cfg, big.run, smoke_run=str(smoke_run.path), smoke_job_id=None
-        )
+        link = events.Submitted(smoke_run=str(smoke_run.path))
+        slurm_submit.submit(big.typed_cfg, big.run, link=link)
         return 0
     prepared = Prepared(small, smoke_run, resumed=False)
     record(prepared, smoke_overrides(overrides, small))
     typed_small = typed(small)
-    first = slurm_submit.submit(typed_small, smoke_run, smoke_of=str(big.run.path), smoke_part=1)
+    gates = str(big.run.path)
+    first = slurm_submit.submit(
+        typed_small, smoke_run, link=events.Submitted(smoke_of=gates, smoke_part=1)
+    )
     second = slurm_submit.submit(
-        typed_small, smoke_run, after=first.job_id, smoke_of=str(big.run.path), smoke_part=2
+        typed_small,
+        smoke_run,
+        after=first.job_id,
+        link=events.Submitted(smoke_of=gates, smoke_part=2),
     )
     record(big, overrides)
     slurm_submit.submit(
         big.typed_cfg,
         big.run,
         after=second.job_id,
-        smoke_job_id=second.job_id,
-        smoke_job_ids=[first.job_id, second.job_id],
-        smoke_run=str(smoke_run.path),
+        link=events.Submitted(
+            smoke_job_id=second.job_id,
+            smoke_job_ids=(first.job_id, second.job_id),
+            smoke_run=str(smoke_run.path),
+        ),
     )
     print(
         f"slurmtrain: smoke test first: jobs {first.job_id} (save at step {SMOKE_SAVE_STEP}) "
@@ -133,18 +145,17 @@ SmokeHold = TypedDict(
 def blocked(big_rows: events.Rows) -> Optional[SmokeHold]:
     """Why a big run (its ledger rows) that has not started waits or will never start, from its
     smoke run; None when no smoke holds it (or it passed)."""
-    subs = [e for e in big_rows if e["event"] == "submitted"]
-    if not subs or not subs[-1].get("smoke_run") or not subs[-1].get("smoke_job_id"):
+    subs = [e for e in big_rows if isinstance(e, events.Submitted)]
+    if not subs or not subs[-1].smoke_run or not subs[-1].smoke_job_id:
         return None
     last = subs[-1]
-    since = events.number(last, "time")
-    if any(e["event"] == "started" and events.number(e, "time") >= since for e in big_rows):
+    if any(isinstance(e, events.Started) and e.time >= last.time for e in big_rows):
         return None
-    smoke = rundir.RunDir(Path(str(last["smoke_run"])))
+    smoke = rundir.RunDir(Path(str(last.smoke_run)))
     rows = smoke.events()
-    if any(e["event"] == "finished" for e in rows):
+    if any(isinstance(e, events.Finished) for e in rows):
         return None
-    stops = [e for e in rows if e["event"] in ("stopped", "failed")]
+    stops = [e for e in rows if isinstance(e, (events.Stopped, events.Failed))]
     if not stops and smoke.state() == rundir.RUNNING:
         return {
             "state": "waiting: smoke test",
@@ -152,8 +163,8 @@ def blocked(big_rows: events.Rows) -> Optional[SmokeHold]:
             "error": None,
             "smoke_run": str(smoke.path),
         }
-    error = ledger.last_error(rows) or (events.text(stops[-1], "error") if stops else None)
-    cls = next((events.text(e, "class") for e in reversed(stops) if e.get("class")), None)
+    error = ledger.last_error(rows) or (stops[-1].error or None if stops else None)
+    cls = next((e.cls for e in reversed(stops) if e.cls), None)
     return {
         "state": "blocked: smoke failed",
         "class": f"smoke {cls}" if cls else "smoke",
