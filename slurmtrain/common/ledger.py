@@ -1,9 +1,9 @@
 """Failure budgets and the one classification of how an attempt ended, read from the ledger.
 
-Every attempt ends with exactly one `attempt_ended{class}`: written by the batch-shell supervisor
-(slurmtrain.batch.supervise) when the step exits, or, for an attempt that vanished (Slurm requeued
-the job itself), by the next attempt as it starts. Both decide the class with `classify`. Budgets
-count those rows within the run's current budget window (common/windows.py).
+Every attempt ends with exactly one `AttemptEnded` row (its `cls`): written by the batch-shell
+supervisor (slurmtrain.batch.supervise) when the step exits, or, for an attempt that vanished
+(Slurm requeued the job itself), by the next attempt as it starts. Both decide the class with
+`classify`. Budgets count those rows within the run's current budget window (common/windows.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from slurmtrain.common import errors, events
 from slurmtrain.common.events import (
@@ -23,6 +23,9 @@ from slurmtrain.common.events import (
 )
 from slurmtrain.common.schema import FaultsConfig
 from slurmtrain.common.windows import (  # re-exported: readers find budget windows here too
+    Recorder as Recorder,
+)
+from slurmtrain.common.windows import (
     current_stop as current_stop,
 )
 from slurmtrain.common.windows import (
@@ -38,7 +41,7 @@ from slurmtrain.common.windows import (
     window,
 )
 
-# The classes as plain strings, as rows hold them (writers and readers across the code use them).
+# transitional: deleted once callers use FailureClass
 PREEMPTED = FailureClass.preempted.value
 TIMED_OUT = FailureClass.timed_out.value
 NODE_FAILURE = FailureClass.node_failure.value
@@ -50,6 +53,20 @@ DIVERGED = FailureClass.diverged.value
 CHECKPOINT_UNREADABLE = FailureClass.checkpoint_unreadable.value
 CANCELLED = FailureClass.cancelled.value
 
+# A failure class as a row holds it: one this version knows, or a newer version's string.
+Class = Union[FailureClass, str]
+
+# The rows that close an attempt (the newest `Started` without one is still open).
+CLOSING = (events.AttemptEnded, events.Finished, events.Stopped, events.Paused)
+
+
+def failure_class(cls: str) -> Class:
+    """A row's class string as a FailureClass (a newer version's unknown class kept as written)."""
+    try:
+        return FailureClass(cls)
+    except ValueError:
+        return cls
+
 
 def budgets(faults_cfg: FaultsConfig) -> dict[FailureClass, int]:
     return {cls: int(getattr(faults_cfg, events.budget_key(cls))) for cls in FAILURE_CLASSES}
@@ -57,7 +74,7 @@ def budgets(faults_cfg: FaultsConfig) -> dict[FailureClass, int]:
 
 def ended_classes(rows: Sequence[Row]) -> Counter[str]:
     """Attempts ended per class in the current budget window."""
-    return Counter(str(e["class"]) for e in window(rows) if e["event"] == "attempt_ended")
+    return Counter(e.cls for e in window(rows) if isinstance(e, events.AttemptEnded))
 
 
 def over_budget(rows: Sequence[Row], faults_cfg: FaultsConfig) -> Optional[str]:
@@ -67,50 +84,47 @@ def over_budget(rows: Sequence[Row], faults_cfg: FaultsConfig) -> Optional[str]:
     counts = ended_classes(rows)
     for cls, limit in budgets(faults_cfg).items():
         if limit >= 0 and counts.get(cls, 0) > limit:
-            return str(cls)
-    ended = [e for e in rows if e["event"] == "attempt_ended"]
+            return cls.value
+    ended = [e for e in rows if isinstance(e, events.AttemptEnded)]
     loop = int(faults_cfg.crash_loop)
     tail = ended[-loop:] if loop > 0 else []
-    if len(tail) == loop and all(e["class"] == CRASH for e in tail):
-        steps = {e.get("step") for e in tail}
+    if len(tail) == loop and all(e.cls == FailureClass.crash for e in tail):
+        steps = {e.step for e in tail}
         if len(steps) == 1 and None not in steps:
-            return f"{CRASH} loop"
+            return f"{FailureClass.crash.value} loop"
     return None
 
 
-def rollbacks(rows: Sequence[R]) -> list[R]:
+def rollbacks(rows: Sequence[Row]) -> list[events.Rollback]:
     """The in-process rollbacks after divergence, over every attempt of the budget window."""
-    return [e for e in window(rows) if e["event"] == "rollback"]
+    return [e for e in window(rows) if isinstance(e, events.Rollback)]
 
 
 def rolled_back_to(rows: Sequence[Row]) -> set[int]:
     """The steps rollbacks returned to: never pruned, since a repeated divergence may need them."""
-    steps = (events.integer(e, "to_step") for e in rollbacks(rows))
-    return {s for s in steps if s is not None}
+    return {e.to_step for e in rollbacks(rows) if e.to_step is not None}
 
 
 def resume_request(rows: Sequence[Row], resume: str) -> str:
     """`resume` as the next attempt must apply it: none/step_N only once after the submission
-    that asked for it (its `resume_applied` event), else auto; the config keeps the key."""
+    that asked for it (its `ResumeApplied` row), else auto; the config keeps the key."""
     if resume == "auto":
         return "auto"
-    subs = [i for i, e in enumerate(rows) if e["event"] == "submitted" and not e.get("requeue_of")]
+    subs = [i for i, e in enumerate(rows) if isinstance(e, events.Submitted) and not e.requeue_of]
     since = subs[-1] if subs else 0
-    if any(e["event"] == "resume_applied" for e in rows[since:]):
+    if any(isinstance(e, events.ResumeApplied) for e in rows[since:]):
         return "auto"
     return resume
 
 
-def published_since_reset(rows: Sequence[Row]) -> list[Row]:
-    """`checkpoint_saved` events that still count: after the last `resume_applied` (which moved
-    the checkpoints it did not keep aside)."""
-    resets = [i for i, e in enumerate(rows) if e["event"] == "resume_applied"]
-    start = resets[-1] + 1 if resets else 0
-    saved = [e for e in rows[start:] if e["event"] == "checkpoint_saved"]
-    if resets:
-        kept = rows[resets[-1]].get("kept_step")
-        if kept is not None:
-            saved.insert(0, {"event": "checkpoint_saved", "step": kept})
+def published_since_reset(rows: Sequence[Row]) -> list[events.CheckpointSaved]:
+    """`CheckpointSaved` rows that still count: after the last `ResumeApplied` (which moved the
+    checkpoints it did not keep aside; the step it kept counts as saved)."""
+    resets = [(i, e) for i, e in enumerate(rows) if isinstance(e, events.ResumeApplied)]
+    start = resets[-1][0] + 1 if resets else 0
+    saved = [e for e in rows[start:] if isinstance(e, events.CheckpointSaved)]
+    if resets and resets[-1][1].kept_step is not None:
+        saved.insert(0, events.CheckpointSaved(step=resets[-1][1].kept_step))
     return saved
 
 
@@ -119,21 +133,19 @@ def last_error(rows: Sequence[Row], attempt: Optional[int] = None) -> Optional[s
     found = [
         e
         for e in rows
-        if e["event"] == "failed"
-        and (attempt is None or e.get("attempt") == attempt)
-        and e.get("error")
+        if isinstance(e, events.Failed) and (attempt is None or e.attempt == attempt) and e.error
     ]
-    return str(found[-1]["error"]).strip().splitlines()[-1] if found else None
+    return found[-1].error.strip().splitlines()[-1] if found else None
 
 
-def unended_attempt(rows: Sequence[R]) -> Optional[R]:
-    """The newest `started` event whose attempt has no `attempt_ended` and no `finished`."""
-    started = [e for e in rows if e["event"] == "started"]
+def unended_attempt(rows: Sequence[Row]) -> Optional[events.Started]:
+    """The newest `Started` row whose attempt has no closing row (ended, finished, stopped,
+    paused)."""
+    started = [e for e in rows if isinstance(e, events.Started)]
     if not started:
         return None
     last = started[-1]
-    closing = {"attempt_ended", "finished", "stopped", "paused"}
-    if any(e["event"] in closing and e.get("attempt") == last["attempt"] for e in rows):
+    if any(isinstance(e, CLOSING) and e.attempt == last.attempt for e in rows):
         return None
     return last
 
@@ -144,45 +156,45 @@ class Classified:
     explains it; the caller asks Slurm or assumes a node died) and, for an OOM or a device
     error, the rows that show it (their nodes are named)."""
 
-    cls: Optional[str]
-    rows: list[Row] = field(default_factory=list)
+    cls: Optional[Class]
+    rows: list[events.Failed] = field(default_factory=list)
 
 
 def classify(rows: Sequence[Row], rc: Optional[int] = None) -> Classified:
-    """How one attempt ended, from its `failed` and `signal` rows: the one decision both the
+    """How one attempt ended, from its `Failed` and `Signal` rows: the one decision both the
     supervisor (with the step's exit code `rc`) and the next attempt (an attempt that vanished,
     `rc` None) make.
 
     Vanished: SIGTERM first means preemption (Slurm requeued the job itself), SIGINT a Ctrl-C.
-    The `signal` row is written when the ranks agree to stop, before their save, so a save that
+    The `Signal` row is written when the ranks agree to stop, before their save, so a save that
     outlasts GraceTime still leaves it. An exit code that names its class wins (a hang's code
     still looks at the rows). A real error outranks hang rows and peers' communication errors:
     an OOM is `oom`, a local CUDA/NCCL/ECC error a node failure, anything else its row's class."""
     if rc is None:
-        signals = [e.get("signal") for e in rows if e["event"] == "signal"]
+        signals = [e.signal for e in rows if isinstance(e, events.Signal)]
         if "SIGTERM" in signals:
-            return Classified(PREEMPTED)
+            return Classified(FailureClass.preempted)
         if "SIGINT" in signals:
-            return Classified(CANCELLED)
+            return Classified(FailureClass.cancelled)
     elif rc in EXIT_CLASS and rc != errors.EXIT_HANG:
-        return Classified(EXIT_CLASS[rc])
-    real = real_errors([e for e in rows if e["event"] == "failed"])
+        return Classified(failure_class(EXIT_CLASS[rc]))
+    real = real_errors([e for e in rows if isinstance(e, events.Failed)])
     oom = [e for e in real if is_oom(e)]
     if oom:
-        return Classified(OOM, oom)
+        return Classified(FailureClass.oom, oom)
     device = [e for e in real if is_device_error(e)]
     if device:
-        return Classified(NODE_FAILURE, device)
+        return Classified(FailureClass.node_failure, device)
     if real:
-        return Classified(events.text(real[0], "class") or CRASH)
+        return Classified(failure_class(real[0].cls) if real[0].cls else FailureClass.crash)
     return Classified(None)
 
 
-def vanished_class(rows: Sequence[Row], attempt: Optional[int]) -> str:
+def vanished_class(rows: Sequence[Row], attempt: Optional[int]) -> Class:
     """Why an attempt ended without telling anyone (`classify`); no error of its own: the job
     was requeued under us, so a node failed."""
-    mine = [e for e in rows if e.get("attempt") == attempt]
-    return classify(mine).cls or NODE_FAILURE
+    mine = [e for e in rows if e.attempt == attempt]
+    return classify(mine).cls or FailureClass.node_failure
 
 
 PEER_ERRORS = (
@@ -210,82 +222,77 @@ DEVICE_ERRORS = re.compile(
 )
 
 
-def _text(row: Row) -> str:
-    return str(row.get("error", ""))
+def is_oom(row: events.Failed) -> bool:
+    return bool(OOM_ERRORS.search(row.error))
 
 
-def is_oom(row: Row) -> bool:
-    return bool(OOM_ERRORS.search(_text(row)))
-
-
-def is_device_error(row: Row) -> bool:
+def is_device_error(row: events.Failed) -> bool:
     """A local CUDA/NCCL/ECC failure: the node that recorded it is sick (exclude it)."""
-    return not is_oom(row) and bool(DEVICE_ERRORS.search(_text(row)))
+    return not is_oom(row) and bool(DEVICE_ERRORS.search(row.error))
 
 
-def _is_peer(row: Row) -> bool:
-    return (
-        not is_oom(row) and not is_device_error(row) and any(k in _text(row) for k in PEER_ERRORS)
-    )
+def _is_peer(row: events.Failed) -> bool:
+    return not is_oom(row) and not is_device_error(row) and any(k in row.error for k in PEER_ERRORS)
 
 
-def is_peer_error(failed: Sequence[Row]) -> bool:
+def is_peer_error(failed: Sequence[events.Failed]) -> bool:
     """Every recorded error is a communication error: the cause is elsewhere (a dead peer/node).
     A local device error ("NCCL ... unhandled cuda error", ECC, Xid) or an OOM is not one."""
     return bool(failed) and all(_is_peer(e) for e in failed)
 
 
-def real_errors(failed: Sequence[R]) -> list[R]:
+def real_errors(failed: Sequence[events.Failed]) -> list[events.Failed]:
     """Rows that name a cause of their own: not a hang, not a peer's communication error."""
-    return [e for e in failed if e.get("class") != HANG and not _is_peer(e)]
+    return [e for e in failed if e.cls != FailureClass.hang and not _is_peer(e)]
 
 
 def row_node(row: Row, rows: Sequence[Row]) -> Optional[str]:
-    """The node a rank's row came from: its `node` field, else the rank's host in `started`."""
-    if row.get("node"):
-        return str(row["node"])
-    rank = row.get("rank")
+    """The node a rank's row came from: its `node` field, else the rank's host in `Started`."""
+    if row.node:
+        return row.node
     for e in reversed(rows):
-        if e["event"] == "started" and e.get("attempt") == row.get("attempt"):
-            hosts = events.strings(e, "hosts")
-            if isinstance(rank, int) and 0 <= rank < len(hosts):
-                return hosts[rank]
+        if isinstance(e, events.Started) and e.attempt == row.attempt:
+            if row.rank is not None and 0 <= row.rank < len(e.hosts):
+                return e.hosts[row.rank]
     return None
 
 
 def restart_count(row: Row) -> int:
     """Slurm's restart count of the attempt a row belongs to (0 for rows written before it was)."""
-    return events.integer(row, "restart") or 0
+    return row.restart or 0
 
 
 def relaunch_count(row: Row) -> int:
     """In-allocation restarts of its job before the attempt a row belongs to (0 when none)."""
-    return events.integer(row, "relaunch") or 0
+    return row.relaunch or 0
 
 
 def attempt_key(row: Row) -> tuple[str, int, int]:
     """(job id, Slurm restart count, in-allocation relaunch) of the start a row belongs to: the
     rank tier keeps every rank's rows of one start in that key's folder (RunDir.rank_rows)."""
-    return str(row.get("job_id")), restart_count(row), relaunch_count(row)
+    return str(row.job_id), restart_count(row), relaunch_count(row)
 
 
-def started_row(rows: Sequence[R], attempt: Optional[int]) -> Optional[R]:
-    """The `started` event of attempt number `attempt` (None when it has none)."""
-    found = [e for e in rows if e["event"] == "started" and e.get("attempt") == attempt]
+def started_row(rows: Sequence[Row], attempt: Optional[int]) -> Optional[events.Started]:
+    """The `Started` row of attempt number `attempt` (None when it has none)."""
+    found = [e for e in rows if isinstance(e, events.Started) and e.attempt == attempt]
     return found[-1] if found else None
+
+
+# Run-tier rows a start that never got as far as `Started` may leave (closed or refused early).
+EARLY = (events.AttemptEnded, events.Failed, events.DuplicateRefused)
 
 
 def newest_key(
     rows: Sequence[Row], among: Optional[set[str]] = None
 ) -> Optional[tuple[str, int, int]]:
-    """The attempt key of the newest start the run tier names (a `started`, or a start closed or
-    refused before `started`); `among`: only keys whose rank-tier folder name is in it."""
+    """The attempt key of the newest start the run tier names (a `Started`, or a start closed or
+    refused before `Started`); `among`: only keys whose rank-tier folder name is in it."""
     from slurmtrain.common.jsonl import rank_key
 
-    early = ("attempt_ended", "failed", "duplicate_refused")
     for e in reversed(rows):
-        if e["event"] == "started" or (
-            e["event"] in early and e.get("attempt") is None and e.get("job_id")
+        if isinstance(e, events.Started) or (
+            isinstance(e, EARLY) and e.attempt is None and e.job_id
         ):
             key = attempt_key(e)
             if among is None or rank_key(*key) in among:
@@ -297,13 +304,13 @@ def attempt_of(
     rows: Sequence[Row], job_id: str, restart: Optional[int], relaunch: int = 0
 ) -> Optional[int]:
     """The attempt number of job `job_id` at Slurm restart `restart` (and in-allocation relaunch
-    `relaunch`): its `started` event. None when that start never got as far as `started` (it
+    `relaunch`): its `Started` row. None when that start never got as far as `Started` (it
     failed in rendezvous, say): an earlier start of the same job id is another attempt, whose
     outcome is not this one's."""
-    found = [e for e in rows if e["event"] == "started" and str(e.get("job_id")) == job_id]
+    found = [e for e in rows if isinstance(e, events.Started) and str(e.job_id) == job_id]
     if restart is not None:
         found = [e for e in found if restart_count(e) == restart and relaunch_count(e) == relaunch]
-    return events.integer(found[-1], "attempt") if found else None
+    return found[-1].attempt if found else None
 
 
 def attempt_rows(
@@ -313,54 +320,53 @@ def attempt_rows(
     attempt: Optional[int],
     relaunch: int = 0,
 ) -> list[R]:
-    """One attempt's rows: by attempt number, or, for a start that never recorded `started`, by
-    job id, Slurm restart count and in-allocation relaunch."""
+    """One attempt's rows: by attempt number, or, for a start that never recorded `Started`, by
+    job id, Slurm restart count and in-allocation relaunch (its `Failed` and `Signal` rows)."""
     if attempt is not None:
-        return [e for e in rows if e.get("attempt") == attempt]
+        return [e for e in rows if e.attempt == attempt]
     return [
         e
         for e in rows
-        if e.get("attempt") is None
-        and str(e.get("job_id")) == job_id
+        if e.attempt is None
+        and str(e.job_id) == job_id
         and restart_count(e) == restart
         and relaunch_count(e) == relaunch
-        and e["event"] in ("failed", "signal")
+        and isinstance(e, (events.Failed, events.Signal))
     ]
 
 
-def owner(rows: Sequence[R]) -> Optional[R]:
-    """The job that holds the run: the newest `submitted` or `started` event."""
-    found = [e for e in rows if e["event"] in ("submitted", "started") and e.get("job_id")]
+def owner(rows: Sequence[Row]) -> Optional[events.Submitted | events.Started]:
+    """The job that holds the run: the newest `Submitted` or `Started` row."""
+    found = [e for e in rows if isinstance(e, (events.Submitted, events.Started)) and e.job_id]
     return found[-1] if found else None
 
 
 def cancelled_since(rows: Sequence[Row], job_id: str, attempt: Optional[int]) -> bool:
-    """A `cancelled` event (slurmtrain.cli.cancel) after this job's attempt started (or after its
+    """A `Cancelled` row (slurmtrain.cli.cancel) after this job's attempt started (or after its
     submission, when the attempt never started)."""
     marks = [
         e
         for e in rows
-        if e["event"] in ("started", "submitted")
-        and str(e.get("job_id")) == job_id
-        and (attempt is None or e["event"] == "submitted" or e.get("attempt") == attempt)
+        if isinstance(e, (events.Started, events.Submitted))
+        and str(e.job_id) == job_id
+        and (attempt is None or isinstance(e, events.Submitted) or e.attempt == attempt)
     ]
+    cancels = [e for e in rows if isinstance(e, events.Cancelled)]
     if not marks:  # a hand-submitted job that never started: only a cancel naming it counts
-        return any(
-            e["event"] == "cancelled" and job_id in events.strings(e, "job_ids") for e in rows
-        )
-    since = max(events.number(e, "time") for e in marks)
-    return any(e["event"] == "cancelled" and events.number(e, "time") >= since for e in rows)
+        return any(job_id in e.job_ids for e in cancels)
+    since = max(e.time for e in marks)
+    return any(e.time >= since for e in cancels)
 
 
-def close_cancelled(run: events.Recorder, job_ids: list[str], closed_by: str) -> None:
+def close_cancelled(run: Recorder, job_ids: list[str], closed_by: str) -> None:
     """Close the open attempt of one of `job_ids` as `cancelled`: the user stopped it (scancel
     kills the batch shell before its supervisor runs; Ctrl-C on a local run). Left open, the next
     start would count it as a vanished preemption."""
     prev = unended_attempt(run.run_events())
-    if prev is not None and str(prev.get("job_id")) in job_ids:
+    if prev is not None and str(prev.job_id) in job_ids:
         run.record(
-            events.attempt_ended(CANCELLED, closed_by=closed_by),
-            job_id=events.text(prev, "job_id"),
-            attempt=events.integer(prev, "attempt"),
-            nodes=events.strings(prev, "nodes"),
+            events.AttemptEnded(cls=FailureClass.cancelled, closed_by=closed_by),
+            job_id=prev.job_id,
+            attempt=prev.attempt,
+            nodes=prev.nodes,
         )

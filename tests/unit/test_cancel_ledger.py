@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from slurmtrain.cli.cancel import job_ids
+from slurmtrain.common.events import Row, parse
 from slurmtrain.common.ledger import cancelled_since
 
 
-def _e(event, t, **kw):
-    return {"event": event, "time": t, **kw}
+def _e(event: str, t: float, **kw: object) -> Row:
+    return parse({"event": event, "time": t, **kw})
 
 
 def test_job_ids_cover_submissions_requeues_and_resubmissions_once_each():

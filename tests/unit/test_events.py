@@ -90,21 +90,26 @@ def test_a_constructed_row_is_written_as_before(tmp_path: Path) -> None:
 
 
 def test_one_classification_for_supervisor_and_next_attempt() -> None:
-    oom = {
-        "event": "failed",
-        "attempt": 1,
-        "node": "n1",
-        "error": "CUDA out of memory",
-        "class": "crash",
-    }
-    term = {"event": "signal", "attempt": 1, "signal": "SIGTERM"}
-    assert ledger.classify([oom]).cls == "oom"
-    assert ledger.classify([oom], rc=1).cls == "oom"
-    assert ledger.classify([term, oom]).cls == "preempted"  # vanished: the signal first
-    assert ledger.classify([term, oom], rc=1).cls == "oom"  # the supervisor read the rc already
-    assert ledger.vanished_class([term], 1) == "preempted"
-    assert ledger.vanished_class([], 1) == "node_failure"
+    oom = events.Failed(attempt=1, node="n1", error="CUDA out of memory", cls=FailureClass.crash)
+    term = events.Signal(attempt=1, signal="SIGTERM")
+    assert ledger.classify([oom]) == ledger.Classified(FailureClass.oom, [oom])
+    assert ledger.classify([oom], rc=1).cls == FailureClass.oom
+    assert ledger.classify([term, oom]).cls == FailureClass.preempted  # vanished: signal first
+    assert ledger.classify([term, oom], rc=1).cls == FailureClass.oom  # the rc read already
+    assert ledger.classify([], rc=errors.EXIT_REQUEUE).cls == FailureClass.timed_out
+    assert ledger.vanished_class([term], 1) == FailureClass.preempted
+    assert ledger.vanished_class([], 1) == FailureClass.node_failure
     assert ledger.classify([], rc=1).cls is None
+
+
+def test_a_class_from_a_newer_version_is_kept_as_written() -> None:
+    """A rank's row naming a class this version does not know classifies as that class."""
+    newer = events.Failed(attempt=1, error="boom", cls="a_newer_class")
+    assert ledger.classify([newer]).cls == "a_newer_class"
+    assert ledger.classify([events.Failed(attempt=1, error="boom", cls="")]).cls == "crash"
+    hang = events.Failed(attempt=1, error="no progress", cls=FailureClass.hang)
+    assert ledger.classify([hang]).cls is None  # a hang alone names no cause of its own
+    assert isinstance(ledger.classify([events.parse({**newer, "class": "oom"})]).cls, FailureClass)
 
 
 def test_what_each_class_implies() -> None:

@@ -7,6 +7,7 @@ would be asked, the test either leaves nothing to ask or makes Slurm's commands 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -14,7 +15,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from slurmtrain.batch import exclusions, supervise
-from slurmtrain.common import ledger, schema
+from slurmtrain.common import events, ledger, schema
+from slurmtrain.common.events import FailureClass, Row, parse
 from slurmtrain.common.rundir import RunDir, StateUnknown, create, locate
 from slurmtrain.login.prepare import resolve
 
@@ -23,19 +25,13 @@ schema.register()
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 PEER = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
 NCCL_LOCAL = "torch.distributed.DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)"
-STARTED = {"event": "started", "job_id": "7", "attempt": 1, "hosts": ["n1", "n2"], "restart": 0}
+STARTED = events.Started(job_id="7", attempt=1, hosts=("n1", "n2"), restart=0)
 
 
-def _failed(rank, cls, error, attempt=1, step=12):
-    return {
-        "event": "failed",
-        "job_id": "7",
-        "attempt": attempt,
-        "rank": rank,
-        "class": cls,
-        "error": error,
-        "step": step,
-    }
+def _failed(rank, cls, error, attempt=1, step=12, **more):
+    return events.Failed(
+        job_id="7", attempt=attempt, rank=rank, cls=cls, error=error, step=step, **more
+    )
 
 
 def test_a_real_error_outranks_hang_rows_and_oom_is_its_own_class_with_node_and_step():
@@ -46,8 +42,8 @@ def test_a_real_error_outranks_hang_rows_and_oom_is_its_own_class_with_node_and_
     assert verdict.cls == "oom"
     cpu = _failed(0, "crash", "RuntimeError: DefaultCPUAllocator: can't allocate memory")
     assert supervise.classify(1, [cpu], [STARTED, cpu], [], 0).cls == "oom"
-    assert ledger.vanished_class([STARTED, *rows], 1) == "oom"
-    assert ledger.budgets(schema.FaultsConfig())["oom"] == 3
+    assert ledger.vanished_class([STARTED, *rows], 1) == FailureClass.oom
+    assert ledger.budgets(schema.FaultsConfig())[FailureClass.oom] == 3
 
 
 def test_a_local_cuda_error_names_and_excludes_its_node_instead_of_counting_as_a_peer_error():
@@ -64,7 +60,7 @@ def test_a_local_cuda_error_names_and_excludes_its_node_instead_of_counting_as_a
         "DeviceError: gpus_per_node=8 but this task sees no CUDA device (CUDA_VISIBLE_DEVICES='0')",
         "RuntimeError: No CUDA GPUs are available",
     ):
-        row = {**local, "error": text, "node": "n1"}
+        row = dataclasses.replace(local, error=text, node="n1")
         assert supervise.classify(1, [row], [STARTED, row], [], 0).exclude == {"n1": ANY_REASON}
 
 
@@ -77,13 +73,13 @@ ANY_REASON = _Any()
 
 
 def test_a_hang_before_started_is_attributed_to_the_stuck_ranks_node():
-    hung = {
-        **_failed(1, "hang", "no progress for 600 s after start-up", attempt=None),
-        "node": "n2",
-    }
+    hung = _failed(1, "hang", "no progress for 600 s after start-up", attempt=None, node="n2")
     verdict = supervise.classify(5, [hung], [hung], ["n1", "n2"], 0, started=False)
     assert verdict.cls == "hang" and verdict.exclude == {"n2": "hang before started"}
-    assert supervise.classify(5, [{**hung, "attempt": 1}], [STARTED], [], 0).exclude == {}
+    assert (
+        supervise.classify(5, [dataclasses.replace(hung, attempt=1)], [STARTED], [], 0).exclude
+        == {}
+    )
 
 
 def test_a_rendezvous_that_timed_out_blames_the_step_nodes_whose_ranks_never_joined():
@@ -91,15 +87,18 @@ def test_a_rendezvous_that_timed_out_blames_the_step_nodes_whose_ranks_never_joi
     step = ["n1", "n2", "n3"]
 
     def waited(rank, host, arrived_at=70.0, time=100.0):
-        return {
-            **_failed(rank, "hang", "no progress (waiting for ranks to join)", attempt=None),
-            "node": None,
-            "host": host,
-            "phase": "startup:rendezvous",
-            "step_nodes": step,
-            "arrived_at": arrived_at,
-            "time": time,
-        }
+        return _failed(
+            rank,
+            "hang",
+            "no progress (waiting for ranks to join)",
+            attempt=None,
+            node=None,
+            host=host,
+            phase="startup:rendezvous",
+            step_nodes=tuple(step),
+            arrived_at=arrived_at,
+            time=time,
+        )
 
     hung = [waited(0, "n1"), waited(1, "n1"), waited(4, "n3"), waited(5, "n3", time=101.0)]
     verdict = supervise.classify(5, hung, hung, step, 0, started=False)
@@ -140,7 +139,7 @@ def _run_with(tmp_path, rows, *overrides):
     run = locate(cfg)
     create(run, cfg, [])
     for row in rows:
-        run.record(**row)
+        run.record(row if isinstance(row, Row) else parse(row))
     return run
 
 
@@ -152,7 +151,7 @@ def test_a_start_that_dies_before_started_does_not_inherit_the_previous_outcome(
     # Attempt 1 of job 7 was stopped by its time-limit signal and requeued (same job id); the
     # requeued start (SLURM_RESTART_COUNT=1) fails in rendezvous, before `started`.
     rows = [
-        {**STARTED},
+        STARTED,
         {"event": "signal", "job_id": "7", "attempt": 1, "signal": "SIGUSR2", "step": 5},
         {"event": "attempt_ended", "job_id": "7", "attempt": 1, "class": "timed_out"},
         {"event": "requeued", "job_id": "7", "attempt": 1, "new_job_id": "7", "how": "requeue"},
@@ -168,7 +167,7 @@ def test_a_start_that_dies_before_started_does_not_inherit_the_previous_outcome(
 
 def test_a_start_after_a_preemption_that_dies_before_started_is_not_recorded_cancelled(tmp_path):
     rows = [
-        {**STARTED},
+        STARTED,
         {"event": "signal", "job_id": "7", "attempt": 1, "signal": "SIGTERM", "step": 5},
     ]
     run = _run_with(tmp_path, rows, "faults.max_crash=0", "faults.node_check_s=0")
@@ -180,7 +179,7 @@ def test_a_start_after_a_preemption_that_dies_before_started_is_not_recorded_can
 
 
 def test_a_refused_duplicate_is_neither_restarted_nor_recorded_stopped(tmp_path):
-    run = _run_with(tmp_path, [{**STARTED}])
+    run = _run_with(tmp_path, [STARTED])
     before = run.events()
     assert supervise.supervise(str(run.path), 7, {"SLURM_JOB_ID": "8"}) == 0
     assert run.events() == before
@@ -236,7 +235,7 @@ def test_a_node_that_fails_again_after_its_retry_stays_excluded_and_turns_end_in
 
 
 def test_when_no_node_set_can_run_the_job_the_run_stops_saying_so(tmp_path):
-    rows = [{**STARTED}, _failed(1, "crash", NCCL_LOCAL)]
+    rows = [STARTED, _failed(1, "crash", NCCL_LOCAL)]
     run = _run_with(
         tmp_path, rows, "nodes=2", "cluster.exclude='n[1-3]'", "cluster.partition=debug"
     )
@@ -263,12 +262,13 @@ def test_the_state_fails_closed_when_slurm_cannot_be_asked(tmp_path, monkeypatch
 
 def test_the_owner_is_the_newest_submission_or_start():
     rows = [
-        {"event": "submitted", "job_id": "5"},
-        {"event": "started", "job_id": "5", "attempt": 1},
-        {"event": "started", "job_id": "9", "attempt": 2},
-        {"event": "duplicate_refused", "job_id": "11"},
+        events.Submitted(job_id="5"),
+        events.Started(job_id="5", attempt=1),
+        events.Started(job_id="9", attempt=2),
+        events.DuplicateRefused(job_id="11"),
     ]
-    assert ledger.owner(rows)["job_id"] == "9"
+    owner = ledger.owner(rows)
+    assert owner is not None and owner.job_id == "9"
 
 
 def test_a_health_gate_failure_is_a_node_failure_whatever_srun_returned():
@@ -277,7 +277,7 @@ def test_a_health_gate_failure_is_a_node_failure_whatever_srun_returned():
     from slurmtrain.batch import supervise
     from slurmtrain.common import errors
 
-    rows = [{"event": "started", "attempt": 1}, {"event": "bad_node", "node": "n2", "attempt": 1}]
+    rows = [events.Started(attempt=1), events.BadNode(node="n2", attempt=1)]
     assert supervise._effective_rc(143, rows) == errors.EXIT_BAD_NODE
     assert supervise._effective_rc(0, rows) == 0
     assert supervise._effective_rc(143, rows[:1]) == 143
