@@ -22,12 +22,14 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
-from slurmtrain.common import slurm_cmd
+from slurmtrain.common import events, slurm_cmd
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.ledger import owner
 from slurmtrain.common.slurm_text import SlurmError
+
+Owner = Union[events.Submitted, events.Started]  # the row of the job that holds a run (owner)
 
 HELD_OWNER_ENV = "SLURMTRAIN_HELD_OWNER_S"
 # Longer than a supervisor's own release with retries (Slurm's 180 s retry budget + ~15 s).
@@ -66,13 +68,13 @@ def batch(job_ids: Iterable[str]) -> Iterator[None]:
             _listed.pop(job, None)
 
 
-def slurm_owner(rows: list[dict[str, object]]) -> Optional[str]:
+def slurm_owner(rows: Sequence[events.Row]) -> Optional[str]:
     """The Slurm job id `job_alive` would ask about for these ledger rows (None: no owner, a
     local run, or a finished one): what a caller collects for `batch`."""
     last = owner(rows)
-    if last is None or any(r["event"] == "finished" for r in rows):
+    if last is None or any(isinstance(r, events.Finished) for r in rows):
         return None
-    return None if _executor(rows, last) == "local" else str(last.get("job_id"))
+    return None if _executor(rows, last) == "local" else str(last.job_id)
 
 
 def _listing(ids: list[str]) -> dict[str, tuple[str, str]]:
@@ -100,7 +102,7 @@ def _listing(ids: list[str]) -> dict[str, tuple[str, str]]:
     return found
 
 
-def job_alive(rows: list[dict[str, object]]) -> bool:
+def job_alive(rows: Sequence[events.Row]) -> bool:
     """Whether the run's owner (its newest submission or start) is still queued or running (Slurm)
     or its process lives (local). Raises StateUnknown when neither squeue nor sacct answers."""
     last = owner(rows)
@@ -108,15 +110,15 @@ def job_alive(rows: list[dict[str, object]]) -> bool:
         return False
     if _executor(rows, last) == "local":
         return _local_alive(rows, last)
-    alive = slurm_job_alive(str(last.get("job_id")))
+    alive = slurm_job_alive(str(last.job_id))
     if alive is None:
         raise StateUnknown(
-            f"cannot tell whether job {last.get('job_id')}, which holds this run, is still queued "
+            f"cannot tell whether job {last.job_id}, which holds this run, is still queued "
             f"or running: neither squeue nor sacct answered; nothing submitted (try again when "
             f"Slurm answers)"
         )
     if alive and _held_too_long(last):
-        return _unwedge(str(last.get("job_id")))
+        return _unwedge(str(last.job_id))
     return alive
 
 
@@ -145,14 +147,14 @@ def held(job_id: str) -> Optional[bool]:
     return state == "PENDING" and reason.strip().startswith("JobHeld")
 
 
-def _held_too_long(last: Mapping[str, object]) -> bool:
+def _held_too_long(last: Owner) -> bool:
     """The owner is the supervisor's held successor (`requeue_of`), recorded longer ago than the
     bound and still held: one squeue, asked only of such an owner."""
-    if last["event"] != "submitted" or not last.get("requeue_of"):
+    if not isinstance(last, events.Submitted) or not last.requeue_of:
         return False  # a user's own hold on a job they submitted is theirs to lift
-    if time.time() - float(str(last.get("time") or 0)) < held_owner_s():
+    if time.time() - last.time < held_owner_s():
         return False
-    return held(str(last.get("job_id"))) is True
+    return held(str(last.job_id)) is True
 
 
 def _unwedge(job_id: str) -> bool:
@@ -174,31 +176,36 @@ def _unwedge(job_id: str) -> bool:
     return False
 
 
-def _executor(rows: Sequence[Mapping[str, object]], last: Mapping[str, object]) -> str:
-    if last.get("executor"):
-        return str(last["executor"])
-    subs = [r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")]
-    if subs and subs[-1].get("executor"):
-        return str(subs[-1]["executor"])
-    return "slurm" if str(last.get("job_id")).replace("_", "").isdigit() else "local"
+def _submissions(rows: Sequence[events.Row], last: Owner) -> list[events.Submitted]:
+    """The `Submitted` rows of the owner's job."""
+    return [r for r in rows if isinstance(r, events.Submitted) and r.job_id == last.job_id]
 
 
-def _local_alive(rows: Sequence[Mapping[str, object]], last: Mapping[str, object]) -> bool:
-    if last["event"] != "submitted":  # a local start: its submission carries the pid
-        subs = [
-            r for r in rows if r["event"] == "submitted" and r.get("job_id") == last.get("job_id")
-        ]
+def _executor(rows: Sequence[events.Row], last: Owner) -> str:
+    if last.executor:
+        return last.executor
+    subs = _submissions(rows, last)
+    if subs and subs[-1].executor:
+        return subs[-1].executor
+    return "slurm" if str(last.job_id).replace("_", "").isdigit() else "local"
+
+
+def _local_alive(rows: Sequence[events.Row], last: Owner) -> bool:
+    if isinstance(last, events.Submitted):
+        sub = last
+    else:  # a local start: its submission carries the pid
+        subs = _submissions(rows, last)
         if not subs:
             return False
-        last = subs[-1]
-    pid = last.get("pid")
-    if last.get("host") != socket.gethostname() or not pid:
+        sub = subs[-1]
+    pid = sub.pid
+    if sub.host != socket.gethostname() or not pid:
         return False
     try:
-        os.kill(int(str(pid)), 0)
+        os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return pid_start(int(str(pid))) == last.get("pid_start")
+    return pid_start(pid) == sub.pid_start
 
 
 def slurm_job_alive(job_id: str) -> Optional[bool]:

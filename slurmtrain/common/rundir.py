@@ -28,7 +28,7 @@ from omegaconf._utils import get_omega_conf_dumper
 from slurmtrain.common import runlock
 from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.events import Event, Row, Rows, parse
+from slurmtrain.common.events import Event, Finished, Row, Rows, Started, parse
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
     digest,
@@ -246,7 +246,7 @@ class RunDir:
             yield
 
     def attempts(self) -> int:
-        return len(self.run_events("started"))
+        return sum(isinstance(r, Started) for r in self.run_events())
 
     def state(self, rows: Optional[Rows] = None) -> str:
         """finished | running | stopped | new, from the ledger's run tier (`rows` when the caller
@@ -255,7 +255,7 @@ class RunDir:
         rows = self.run_events() if rows is None else rows
         if not rows:
             return NEW
-        if any(r.event == "finished" for r in rows):
+        if any(isinstance(r, Finished) for r in rows):
             return FINISHED
         if job_alive(rows):
             return RUNNING
