@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from slurmtrain.common import events, slurm_cmd, slurm_text
+from slurmtrain.common import slurm_cmd, slurm_text
 from slurmtrain.common.derived import node_range
-from slurmtrain.common.events import Row
 from slurmtrain.common.jsonl import read_jsonl
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
@@ -35,21 +34,36 @@ class Exclusions:
         return ", ".join(f"{n} ({self.reasons.get(n, 'cluster.exclude')})" for n in self.nodes)
 
 
-def active(rows: Sequence[Row], hours: float, now: float) -> dict[str, dict[str, object]]:
+# A bad_nodes.jsonl row (not a ledger row): node, reason, time, and the attempt that wrote it.
+BadNodeRow = Mapping[str, object]
+
+
+def _number(row: BadNodeRow, key: str, default: float = 0.0) -> float:
+    """A numeric field of a bad-node row (`default` when absent or not a number)."""
+    value = row.get(key)
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            return default
+    return default
+
+
+def active(rows: Sequence[BadNodeRow], hours: float, now: float) -> dict[str, dict[str, object]]:
     """node -> its newest failure row, for failures newer than `hours` (stragglers left out),
     with `jobs`: how many attempts (job id, restart, relaunch, attempt) it failed in then."""
-    newest: dict[str, Row] = {}
+    newest: dict[str, BadNodeRow] = {}
     jobs: dict[str, set[tuple[str, ...]]] = {}
     for row in rows:
         if row.get("reason") == "straggler" or not row.get("node"):
             continue
-        when = events.number(row, "time")
+        when = _number(row, "time")
         if hours >= 0 and when < now - hours * 3600:
             continue
         node = str(row["node"])
         which = tuple(str(row.get(k)) for k in ("job_id", "restart", "relaunch", "attempt"))
         jobs.setdefault(node, set()).add(which)
-        if node not in newest or when >= events.number(newest[node], "time"):
+        if node not in newest or when >= _number(newest[node], "time"):
             newest[node] = row
     return {node: {**row, "jobs": len(jobs[node])} for node, row in newest.items()}
 
@@ -65,11 +79,11 @@ def fit(
     failed again after a retry (`jobs` >= 2) are always kept. `asked`: how the request reads in
     the problem line (default `nodes=<needed>`)."""
     reasons = {n: str(r.get("reason") or "failed") for n, r in failed.items()}
-    order = sorted(failed, key=lambda n: events.number(failed[n], "time"), reverse=True)
+    order = sorted(failed, key=lambda n: _number(failed[n], "time"), reverse=True)
     if partition_nodes is None:  # the partition is unknown: trust the rows
         return Exclusions(sorted(set(order) | set(user)), [], reasons)
     members = set(partition_nodes)
-    again = [n for n in order if n in members and (events.integer(failed[n], "jobs") or 1) >= 2]
+    again = [n for n in order if n in members and _number(failed[n], "jobs", 1) >= 2]
     left = members - set(user) - set(again)
     if len(left) < needed:
         why = [f"cluster.exclude={slurm_text.compress_hostlist(user)}"] if user else []

@@ -19,9 +19,6 @@ from slurmtrain.common import errors, events, ledger, slurm_text, windows
 from slurmtrain.common.events import FailureClass, Row, Where
 from slurmtrain.common.rundir import RunDir
 
-# The stop class when neither the supervisor nor this fallback could go on.
-SUPERVISOR_ERROR = FailureClass.supervisor_error.value
-
 
 def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> int:
     """The batch script's exit code after the supervisor raised `err` on step exit code `rc`."""
@@ -32,13 +29,9 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
     print(f"slurmtrain: the supervisor failed: {error}; falling back", file=sys.stderr)
     where = Where(job_id=job_id, restart=restart, relaunch=relaunch)
     try:  # the ledger itself may be what failed: then only the batch log says so
-        run.record(
-            events.Kind.supervisor_failed,
-            **where,
-            error=error,
-            traceback=traceback.format_exc()[-4000:],
-            exit_code=rc,
-        )
+        trace = traceback.format_exc()[-4000:]
+        failure = events.SupervisorFailed(error=error, traceback=trace, exit_code=rc)
+        run.record(failure, **where)
     except Exception as why:  # noqa: BLE001
         print(f"slurmtrain: cannot record supervisor_failed: {why}", file=sys.stderr)
     try:
@@ -51,21 +44,24 @@ def recover(run_dir: str, rc: int, env: dict[str, str], err: BaseException) -> i
         return verdict
     attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch) if run_rows else None
     where["attempt"] = attempt
+    # the stop class when neither the supervisor nor this fallback could go on
+    stop_cls = FailureClass.supervisor_error
     try:
         if attempt is not None and not any(
-            e["event"] == "attempt_ended" and e.get("attempt") == attempt for e in run_rows
+            isinstance(e, events.AttemptEnded) and e.attempt == attempt for e in run_rows
         ):
-            ended = events.attempt_ended(ledger.CRASH, exit_code=rc, supervisor_error=error)
+            crash = FailureClass.crash
+            ended = events.AttemptEnded(cls=crash, exit_code=rc, supervisor_error=error)
             run.record(ended, **where)
-        new_id = next_job.submit_held(run, job_id, [], where, reason=SUPERVISOR_ERROR)
-        run.record(events.requeued(SUPERVISOR_ERROR, new_id, "resubmit"), **where)
+        new_id = next_job.submit_held(run, job_id, [], where, reason=stop_cls)
+        run.record(events.Requeued(reason=stop_cls, new_job_id=new_id, how="resubmit"), **where)
         print(f"slurmtrain: fallback restart of job {job_id} -> {new_id}", file=sys.stderr)
         return 0
     except Exception as why:  # noqa: BLE001  nothing else can restart it: say so in `stopped`
         text = f"supervisor failed ({error}); fallback resubmit failed: {why}"
         print(f"slurmtrain: stopping the run: {text}", file=sys.stderr)
         try:
-            run.record(events.stopped(SUPERVISOR_ERROR, text), **where)
+            run.record(events.Stopped(cls=stop_cls, error=text), **where)
         except Exception:  # noqa: BLE001
             pass
         return next_job.EXIT_STOPPED
@@ -79,7 +75,7 @@ def _decide(
     already (then only made sure to be released)."""
     if rc in (0, errors.EXIT_DUPLICATE):
         return 0
-    if any(e["event"] == "finished" for e in run_rows):
+    if any(isinstance(e, events.Finished) for e in run_rows):
         return 0
     if windows.current_stop(run_rows) is not None:
         return next_job.EXIT_STOPPED
@@ -90,14 +86,14 @@ def _decide(
     def mine(e: Row) -> bool:  # a row of this start: (job id, restart, relaunch)
         return ledger.attempt_key(e) == (job_id, restart, relaunch)
 
-    made = [e for e in run_rows if e["event"] == "requeued" and mine(e)]
-    intents = [i for i, e in enumerate(run_rows) if e["event"] == "resubmitting" and mine(e)]
+    made = [e for e in run_rows if isinstance(e, events.Requeued) and mine(e)]
+    intents = [i for i, e in enumerate(run_rows) if isinstance(e, events.Resubmitting) and mine(e)]
     later = run_rows[intents[-1] :] if intents else []
-    subs = [e for e in later if e["event"] == "submitted" and str(e.get("requeue_of")) == job_id]
+    subs = [e for e in later if isinstance(e, events.Submitted) and e.requeue_of == job_id]
     if subs:  # the supervisor got as far as submitting: make sure its job is released
         from slurmtrain.common.liveness import held
 
-        new_id = str(subs[-1]["job_id"])
+        new_id = str(subs[-1].job_id)
         if held(new_id) is not False:
             next_job.release(run, new_id, Where(job_id=job_id, attempt=attempt))
         return 0

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 from slurmtrain.batch import exclusions, next_job
 from slurmtrain.common import events, inject_spec, ledger, slurm_cmd, slurm_text
 from slurmtrain.common.derived import node_range, restarts_in_allocation
-from slurmtrain.common.events import RELAUNCH_CLASSES, Row, Where
+from slurmtrain.common.events import RELAUNCH_CLASSES, FailureClass, Row, Where
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 
@@ -76,17 +76,17 @@ def allocation_nodes(job_id: str, env: dict[str, str]) -> list[str]:
 def step_hosts(rows: Sequence[Row], attempt: Optional[int]) -> list[str]:
     """The finished step's nodes in rank order (its `started` row), empty if it never started."""
     for e in reversed(rows):
-        if e["event"] == "started" and attempt is not None and e.get("attempt") == attempt:
-            return list(dict.fromkeys(events.strings(e, "hosts")))
+        if isinstance(e, events.Started) and attempt is not None and e.attempt == attempt:
+            return list(dict.fromkeys(e.hosts))
     return []
 
 
 def suspects(cls: str, named: list[str], rows: Sequence[Row], run_rows: Sequence[Row]) -> list[str]:
     """Nodes the failure points at: those the verdict named; for a crash whose real errors all
     come from one node, that node (swapped out only while a spare is at hand)."""
-    if named or cls != ledger.CRASH:
+    if named or cls != FailureClass.crash:
         return sorted(set(named))
-    real = ledger.real_errors([e for e in rows if e["event"] == "failed"])
+    real = ledger.real_errors([e for e in rows if isinstance(e, events.Failed)])
     nodes = {n for n in (ledger.row_node(e, run_rows) for e in real) if n is not None}
     return sorted(nodes) if len(nodes) == 1 else []
 
@@ -137,39 +137,38 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
     job_id = env.get("SLURM_JOB_ID", "")
     restart, _ = slurm_text.attempt_counters(env)
     mine = [
-        e
-        for e in run.run_events()
-        if e.get("job_id") == job_id and ledger.restart_count(e) == restart
+        e for e in run.run_events() if e.job_id == job_id and ledger.restart_count(e) == restart
     ]
-    decided = [e for e in mine if e["event"] == "restarted_in_allocation"]
+    decided = [e for e in mine if isinstance(e, events.RestartedInAllocation)]
     if not decided:
         return 0
     last = decided[-1]
-    after = [e for e in mine if events.number(e, "time") >= events.number(last, "time")]
-    if any(e["event"] in ("started", "relaunch_abandoned", "stopped", "finished") for e in after):
+    after = [e for e in mine if e.time >= last.time]
+    closed = (events.Started, events.RelaunchAbandoned, events.Stopped, events.Finished)
+    if any(isinstance(e, closed) for e in after):
         return 0
     where = Where(
         job_id=job_id,
-        attempt=events.integer(last, "attempt"),
-        nodes=events.strings(last, "nodes"),
+        attempt=last.attempt,
+        nodes=list(last.nodes),
         restart=restart,
-        relaunch=events.integer(last, "relaunch"),
+        relaunch=last.relaunch,
     )
-    cls = str(last.get("reason") or ledger.CRASH)
+    cls = last.reason or FailureClass.crash
     if next_job.past_time_limit(job_id):
-        why = ledger.TIMED_OUT
+        why = FailureClass.timed_out
     elif next_job.preempted(job_id):
-        why = ledger.PREEMPTED
+        why = FailureClass.preempted
     else:  # scancel: never restarted
-        run.record(events.relaunch_abandoned(ledger.CANCELLED, cls), **where)
+        run.record(events.RelaunchAbandoned(cls=FailureClass.cancelled, reason=cls), **where)
         return 0
-    run.record(events.relaunch_abandoned(why, cls), **where)
+    run.record(events.RelaunchAbandoned(cls=why, reason=cls), **where)
     cfg = load_run_config(str(run.config))
     excl = exclusions.plan(run, cfg)
     if excl.problem:
         return next_job.stop_no_nodes(run, where, excl, excl.problem)
     try:
-        if why == ledger.PREEMPTED:  # same job id, as the supervisor requeues a preempted job
+        if why == FailureClass.preempted:  # same job id, as the supervisor requeues a preempted job
             slurm_cmd.requeue(job_id)
             new_id, how = job_id, "requeue"
         else:  # the time limit: a new job that starts once this one has ended
@@ -177,7 +176,10 @@ def abandon(run_dir: str, env: dict[str, str]) -> int:
             how = "resubmit"
     except slurm_text.SlurmError as err:
         return next_job.stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
-    run.record(events.requeued(cls, new_id, how, excluded=excl.nodes, at=why), **where)
+    restarted = events.Requeued(
+        reason=cls, new_job_id=new_id, how=how, excluded=tuple(excl.nodes), at=why
+    )
+    run.record(restarted, **where)
     print(f"slurmtrain: {why} during an in-allocation restart: job {job_id} -> {new_id}")
     return 0
 

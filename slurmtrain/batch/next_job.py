@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Optional, TypedDict, Unpack
+from typing import Optional, Sequence
 
 from slurmtrain.batch import exclusions
 from slurmtrain.common import events, inject_spec, ledger, slurm_cmd, slurm_text
@@ -21,7 +21,6 @@ from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 
 EXIT_STOPPED = 1  # the batch script's code when a run stops past a budget: the job is FAILED
-NO_NODES = FailureClass.no_nodes.value  # the stop class when no node set can run the job
 RELEASE_TRIES = 5  # `scontrol release` + check, 1+2+4+8 s apart: ~15 s beyond Slurm's own retries
 
 
@@ -56,7 +55,7 @@ def stop_no_nodes(run: RunDir, where: Where, excl: exclusions.Exclusions, why: s
     error = f"{why}; excluded: {excl.describe() or 'none'}"
     if excl.dropped:
         error += f"; not excluded (the job needs them): {', '.join(excl.dropped)}"
-    run.record(events.stopped(NO_NODES, error), **where)
+    run.record(events.Stopped(cls=FailureClass.no_nodes, error=error), **where)
     print(f"slurmtrain: stopping the run: {error}", file=sys.stderr)
     return EXIT_STOPPED
 
@@ -77,7 +76,8 @@ def restart_job(
     A new job is submitted held, recorded (`submitted`), then released: it cannot start before
     the ledger names it the run's owner. `resubmitting` is recorded first, so a supervisor killed
     mid-way leaves its intent (and at worst a held job nobody can start by accident)."""
-    if not after and (cfg.faults.restart == "requeue" or cls == ledger.NODE_FAILURE and not bad):
+    node_failure = cls == FailureClass.node_failure
+    if not after and (cfg.faults.restart == "requeue" or node_failure and not bad):
         slurm_cmd.requeue(job_id)
         if bad:
             slurm_cmd.exclude_nodes(job_id, bad)
@@ -90,38 +90,29 @@ def restart_job(
     return submit_held(run, job_id, args, where, reason=cls, excluded=bad, after=after)
 
 
-class Intent(TypedDict, total=False):
-    """Why the supervisor resubmits (its `resubmitting` row)."""
-
-    reason: str
-    excluded: list[str]
-
-
-class After(TypedDict, total=False):
-    after: str  # the job the new one starts after (absent: it starts when Slurm lets it)
-
-
 def submit_held(
     run: RunDir,
     job_id: str,
     args: list[str],
     where: Where,
     after: Optional[str] = None,
-    **intent: Unpack[Intent],
+    *,
+    reason: str,
+    excluded: Optional[Sequence[str]] = None,
 ) -> str:
     """`sbatch --hold job.sbatch`, recorded as the run's owner (`submitted`, `requeue_of` this
-    job), then released and checked (`release`); `resubmitting` (with `intent`) first."""
-    run.record(events.Kind.resubmitting, **where, **intent)
+    job, `after`: the job it starts after), then released and checked (`release`);
+    `resubmitting` (why: `reason`, nodes `excluded`) first."""
+    intent = events.Resubmitting(
+        reason=reason, excluded=None if excluded is None else tuple(excluded)
+    )
+    run.record(intent, **where)
     # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
     new_id = slurm_cmd.sbatch(["--hold", *args], str(run.sbatch))
-    run.record(
-        events.Kind.submitted,
-        job_id=new_id,
-        executor="slurm",
-        fingerprint=run.path.name,
-        requeue_of=job_id,
-        **(After(after=after) if after else After()),
+    owner = events.Submitted(
+        executor="slurm", fingerprint=run.path.name, requeue_of=job_id, after=after or None
     )
+    run.record(owner, job_id=new_id)
     if injected("skip_release", where):  # a drill: the supervisor dies before the release
         return new_id
     release(run, new_id, where)
@@ -147,12 +138,8 @@ def release(run: RunDir, job_id: str, where: Where, tries: int = RELEASE_TRIES) 
         if i + 1 < tries:
             time.sleep(delay)
             delay *= 2
-    run.record(
-        events.Kind.release_failed,
-        **where,
-        new_job_id=job_id,
-        error=error or f"job {job_id} still held after {tries} releases",
-    )
+    error = error or f"job {job_id} still held after {tries} releases"
+    run.record(events.ReleaseFailed(new_job_id=job_id, error=error), **where)
     return False
 
 
@@ -181,7 +168,8 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
     run_rows = run.run_events()  # only whether the attempt is closed: no rank's row is needed
     attempt = ledger.attempt_of(run_rows, job_id, restart, relaunch)
     rows = ledger.attempt_rows(run_rows, job_id, restart, attempt, relaunch)
-    if attempt is None or any(e["event"] in ("attempt_ended", "finished", "stopped") for e in rows):
+    closed = (events.AttemptEnded, events.Finished, events.Stopped)
+    if attempt is None or any(isinstance(e, closed) for e in rows):
         return 0
     nodes = (
         slurm_text.expand_hostlist(env["SLURM_JOB_NODELIST"])
@@ -189,17 +177,22 @@ def on_sigterm(run_dir: str, env: dict[str, str]) -> int:
         else []
     )
     where = Where(job_id=job_id, attempt=attempt, nodes=nodes, restart=restart)
-    run.record(events.attempt_ended(ledger.TIMED_OUT, at="time limit"), **where)
+    timed_out = FailureClass.timed_out
+    run.record(events.AttemptEnded(cls=timed_out, at="time limit"), **where)
     if ledger.over_budget(run.run_events(), cfg.faults) is not None:
-        run.record(events.stopped(ledger.TIMED_OUT, "time-limit budget"), **where)
+        run.record(events.Stopped(cls=timed_out, error="time-limit budget"), **where)
         return EXIT_STOPPED
     excl = exclusions.plan(run, cfg)
     try:
-        new_id = restart_job(run, job_id, excl.nodes, cfg, ledger.TIMED_OUT, where, after=job_id)
+        new_id = restart_job(run, job_id, excl.nodes, cfg, timed_out, where, after=job_id)
     except slurm_text.SlurmError as err:
         return stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
-    resubmitted = events.requeued(
-        ledger.TIMED_OUT, new_id, "resubmit", excluded=excl.nodes, at="time limit"
+    resubmitted = events.Requeued(
+        reason=timed_out,
+        new_job_id=new_id,
+        how="resubmit",
+        excluded=tuple(excl.nodes),
+        at="time limit",
     )
     run.record(resubmitted, **where)
     print(

@@ -42,9 +42,10 @@ from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tes
 )
 from slurmtrain.common import errors, events, ledger, slurm_cmd, slurm_text, windows
 from slurmtrain.common.derived import restarts_in_allocation
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.jsonl import append_jsonl, merge_rows
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import load_run_config
+from slurmtrain.common.schema import RootConfig, load_run_config
 
 EXIT_STOPPED = next_job.EXIT_STOPPED
 
@@ -73,18 +74,18 @@ def supervise(
         return 0
     view = attempt_view(run, job_id, restart, relaunch)
     ledger_rows, attempt, rows = view.events, view.attempt, view.rows
-    closing = [e["event"] for e in rows if e["event"] in ("finished", "stopped")]
+    closing = [e for e in rows if isinstance(e, (events.Finished, events.Stopped))]
     if attempt is not None and closing:
         # Stopped by a budget: exit non-zero, or `--dependency=afterok` on this job (the big job
         # of a smoke chain) would start after a run that failed.
-        return EXIT_STOPPED if "stopped" in closing else 0
+        return EXIT_STOPPED if any(isinstance(e, events.Stopped) for e in closing) else 0
     where = events.Where(
         job_id=job_id, attempt=attempt, nodes=nodes, restart=restart, relaunch=relaunch
     )
-    if attempt is not None and any(e["event"] == "attempt_ended" for e in rows):
+    if attempt is not None and any(isinstance(e, events.AttemptEnded) for e in rows):
         return 0  # closed already: by on_sigterm's early restart, or by `cli cancel`
     if ledger.cancelled_since(ledger_rows, job_id, attempt):  # `cli cancel`: never restart it
-        run.record(events.attempt_ended(ledger.CANCELLED, exit_code=rc), **where)
+        run.record(events.AttemptEnded(cls=FailureClass.cancelled, exit_code=rc), **where)
         return 0
     rc = _effective_rc(rc, rows)
     if rc == 0:
@@ -95,58 +96,46 @@ def supervise(
         # Slurm 22.05 requeues a preempted job only if it outlives GraceTime; ours saved and exited
         # first, so it requeues itself (same job id: no second copy can appear). A scancel is final.
         if not next_job.preempted(job_id):
-            run.record(events.attempt_ended(ledger.CANCELLED, exit_code=rc), **where)
+            run.record(events.AttemptEnded(cls=FailureClass.cancelled, exit_code=rc), **where)
             return 0
-        run.record(events.attempt_ended(ledger.PREEMPTED, exit_code=rc), **where)
-        if ledger.over_budget(run.run_events(), cfg.faults) is not None:
-            run.record(events.stopped(ledger.PREEMPTED, "preemption budget exhausted"), **where)
-            return EXIT_STOPPED
-        slurm_cmd.requeue(job_id)
-        run.record(events.requeued(ledger.PREEMPTED, job_id, "requeue"), **where)
-        return 0
-    failed = [e for e in rows if e["event"] == "failed"]
+        return _preempted(run, cfg, job_id, rc, where)
     # In-allocation: a dead node is found by probing its slurmd now, not by waiting for Slurm.
     inside = relaunch_file is not None and restarts_in_allocation(cfg) and not terminated
-    hosts = in_allocation.step_hosts(ledger_rows, attempt) or nodes  # the step's nodes
+    return _failed(run, cfg, view, rc, where, env, relaunch_file if inside else None)
+
+
+def _failed(
+    run: RunDir,
+    cfg: RootConfig,
+    view: AttemptView,
+    rc: int,
+    where: events.Where,
+    env: dict[str, str],
+    relaunch_file: Optional[str],
+) -> int:
+    """A failed step (`rc`): judged, closed, then the run stops past a budget, or the next
+    attempt starts in this allocation (`relaunch_file`: its nodes) or through Slurm."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    ledger_rows, attempt, rows = view.events, view.attempt, view.rows
+    inside = relaunch_file is not None
+    hosts = in_allocation.step_hosts(ledger_rows, attempt) or where.get("nodes") or []
     verdict = judge(view, rc, hosts, 0.0 if inside else node_check_s(cfg), probe=inside)
     cls = verdict.cls
     if attempt is None:  # a start that failed before `started` may be the user's after a stop
         windows.open_window(run, run.run_events(), job_id)
-    steps = [e.get("step") for e in failed]
-    extra: dict[str, object] = {"before_started": True} if attempt is None else {}
-    if verdict.nodes and cls != ledger.NODE_FAILURE:
-        extra["failed_nodes"] = verdict.nodes
-    step = next((s for s in steps if s is not None), None)
-    run.record(events.attempt_ended(cls, exit_code=rc, step=step, **extra), **where)
-    lost = verdict.nodes if cls == ledger.NODE_FAILURE else []
-    for node in lost:
-        run.record(events.Kind.node_lost, **where, node=node)
-    for node, reason in verdict.exclude.items():
-        append_jsonl(
-            run.bad_nodes,
-            {
-                "node": node,
-                "reason": reason,
-                "time": time.time(),
-                "attempt": attempt,
-                "job_id": job_id,
-                "restart": restart,  # a requeued job keeps its id: this tells its attempts apart
-                "relaunch": relaunch,
-            },
-            durable=True,
-        )
+    lost = _close(run, view, verdict, rc, where)
     ledger_rows = merge_rows([run.run_events(), view.rank])  # with what was just recorded
     stop = ledger.over_budget(ledger_rows, cfg.faults)
     if stop is not None or not events.restarts(cls):
         error = _last_error(ledger_rows, rows) or f"exit code {rc}"
-        run.record(events.stopped(stop or cls, error), **where)
+        run.record(events.Stopped(cls=stop or cls, error=error), **where)
         print(
             f"slurmtrain: stopping the run: {stop or cls} budget exhausted; last error: {error}",
             file=sys.stderr,
         )
         return rc
     excl = exclusions.plan(run, cfg)
-    if inside:
+    if relaunch_file is not None:
         step = in_allocation.plan(
             cfg,
             cls,
@@ -157,24 +146,77 @@ def supervise(
             optional=in_allocation.suspects(cls, verdict.nodes, rows, ledger_rows),
         )
         if step is not None:
-            assert relaunch_file is not None
-            step.write(relaunch_file)
-            run.record(
-                events.Kind.restarted_in_allocation,
-                **where,
-                reason=cls,
-                left_out=step.failed,
-                swapped_in=step.swapped_in,
-                step_nodes=step.nodes,
-                spares_left=step.spares_left,
-            )
-            print(
-                f"slurmtrain: {cls}: next attempt inside job {job_id} on "
-                f"{slurm_text.compress_hostlist(step.nodes)} (left out: "
-                f"{', '.join(step.failed) or 'none'}; spares left: {step.spares_left})",
-                file=sys.stderr,
-            )
-            return errors.EXIT_RELAUNCH
+            return _relaunch(run, step, cls, relaunch_file, where)
+    return _restart(run, cfg, job_id, cls, excl, where)
+
+
+def _close(
+    run: RunDir, view: AttemptView, verdict: Verdict, rc: int, where: events.Where
+) -> list[str]:
+    """Record how the attempt ended (`attempt_ended`), the nodes it lost (`node_lost`: returned)
+    and those the next attempts exclude (bad_nodes.jsonl)."""
+    cls = verdict.cls
+    lost = verdict.nodes if cls == FailureClass.node_failure else []
+    failed = [e for e in view.rows if isinstance(e, events.Failed)]
+    ended = events.AttemptEnded(
+        cls=cls,
+        exit_code=rc,
+        step=next((e.step for e in failed if e.step is not None), None),
+        before_started=True if view.attempt is None else None,
+        failed_nodes=() if cls == FailureClass.node_failure else tuple(verdict.nodes),
+    )
+    run.record(ended, **where)
+    for node in lost:
+        run.record(events.NodeLost(node=node), **where)
+    for node, reason in verdict.exclude.items():
+        append_jsonl(
+            run.bad_nodes,
+            {
+                "node": node,
+                "reason": reason,
+                "time": time.time(),
+                "attempt": view.attempt,
+                "job_id": where.get("job_id"),
+                # a requeued job keeps its id: this tells its attempts apart
+                "restart": where.get("restart"),
+                "relaunch": where.get("relaunch"),
+            },
+            durable=True,
+        )
+    return lost
+
+
+def _relaunch(
+    run: RunDir, step: in_allocation.Relaunch, cls: str, relaunch_file: str, where: events.Where
+) -> int:
+    """The next attempt runs in this allocation, on `step`'s nodes (named in `relaunch_file`)."""
+    step.write(relaunch_file)
+    relaunched = events.RestartedInAllocation(
+        reason=cls,
+        left_out=tuple(step.failed),
+        swapped_in=tuple(step.swapped_in),
+        step_nodes=tuple(step.nodes),
+        spares_left=step.spares_left,
+    )
+    run.record(relaunched, **where)
+    print(
+        f"slurmtrain: {cls}: next attempt inside job {where.get('job_id')} on "
+        f"{slurm_text.compress_hostlist(step.nodes)} (left out: "
+        f"{', '.join(step.failed) or 'none'}; spares left: {step.spares_left})",
+        file=sys.stderr,
+    )
+    return errors.EXIT_RELAUNCH
+
+
+def _restart(
+    run: RunDir,
+    cfg: RootConfig,
+    job_id: str,
+    cls: str,
+    excl: exclusions.Exclusions,
+    where: events.Where,
+) -> int:
+    """The next attempt through Slurm (requeue or resubmit), or a stop when Slurm refuses."""
     if excl.problem:
         return next_job.stop_no_nodes(run, where, excl, excl.problem)
     try:
@@ -183,8 +225,12 @@ def supervise(
         print(f"slurmtrain: restart of job {job_id} failed: {err}", file=sys.stderr)
         return next_job.stop_no_nodes(run, where, excl, f"Slurm refused the restart: {err}")
     how = "requeue" if new_id == job_id else "resubmit"
-    restarted = events.requeued(
-        cls, new_id, how, excluded=excl.nodes, exclusions_dropped=excl.dropped
+    restarted = events.Requeued(
+        reason=cls,
+        new_job_id=new_id,
+        how=how,
+        excluded=tuple(excl.nodes),
+        exclusions_dropped=tuple(excl.dropped),
     )
     run.record(restarted, **where)
     print(
@@ -195,14 +241,27 @@ def supervise(
     return 0
 
 
+def _preempted(run: RunDir, cfg: RootConfig, job_id: str, rc: int, where: events.Where) -> int:
+    """A preempted attempt: closed, then requeued (same job id) within the preemption budget."""
+    run.record(events.AttemptEnded(cls=FailureClass.preempted, exit_code=rc), **where)
+    if ledger.over_budget(run.run_events(), cfg.faults) is not None:
+        why = "preemption budget exhausted"
+        run.record(events.Stopped(cls=FailureClass.preempted, error=why), **where)
+        return EXIT_STOPPED
+    slurm_cmd.requeue(job_id)
+    requeued = events.Requeued(reason=FailureClass.preempted, new_job_id=job_id, how="requeue")
+    run.record(requeued, **where)
+    return 0
+
+
 def _last_error(run_rows: Sequence[events.Row], rows: Sequence[events.Row]) -> Optional[str]:
     """The attempt's last real error (an all-rank failure: the one rank with a cause of its own,
     not the last of its peers' connection errors), else its last error, else the run's."""
-    errs = [e for e in rows if e["event"] == "failed" and e.get("error")]
+    errs = [e for e in rows if isinstance(e, events.Failed) and e.error]
     errs = ledger.real_errors(errs) or errs
     if errs:
-        return str(errs[-1]["error"]).strip().splitlines()[-1]
-    return ledger.last_error(run_rows, events.integer(rows[0], "attempt") if rows else None)
+        return errs[-1].error.strip().splitlines()[-1]
+    return ledger.last_error(run_rows, rows[0].attempt if rows else None)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

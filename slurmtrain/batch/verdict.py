@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from slurmtrain.batch import in_allocation
 from slurmtrain.common import errors, events, ledger, slurm_cmd, slurm_text
-from slurmtrain.common.events import Row
+from slurmtrain.common.events import FailureClass, Row, Rows
 from slurmtrain.common.jsonl import merge_rows
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
@@ -33,12 +33,12 @@ def _effective_rc(rc: int, rows: Sequence[Row]) -> int:
     """What the attempt meant to exit with. After a collective stop every rank exits with the same
     code, but srun --kill-on-bad-exit may kill the slower ranks first, so srun's own code can be
     a signal's; the ledger's `signal` and `bad_node` events say what really happened."""
-    signals = [e.get("signal") for e in rows if e["event"] == "signal"]
+    signals = [e.signal for e in rows if isinstance(e, events.Signal)]
     if "SIGTERM" in signals:
         return errors.EXIT_TERMINATED
     if "SIGUSR2" in signals:
         return errors.EXIT_REQUEUE
-    if rc and any(e["event"] == "bad_node" for e in rows):
+    if rc and any(isinstance(e, events.BadNode) for e in rows):
         return errors.EXIT_BAD_NODE  # the health gate failed a node: no wait for Slurm to see it
     return rc
 
@@ -47,21 +47,17 @@ def _nodes_of(rows: Sequence[Row], run_rows: Sequence[Row]) -> list[str]:
     return sorted({n for n in (ledger.row_node(e, run_rows) for e in rows) if n})
 
 
-def never_joined(hung: Sequence[Row]) -> list[str]:
+def never_joined(hung: Sequence[events.Failed]) -> list[str]:
     """The step's nodes none of whose ranks had joined the rendezvous when the first rank gave up
     waiting: a node wedged in start-up or dead. Its ranks may write rows later (Slurm's SIGCONT and
     SIGTERM at the kill wake a stopped one), so a row counts only if it joined in time. When no
     rank joined in time, the cause is not one node's (a shared filesystem, say): none is named."""
-    waiting = [e for e in hung if e.get("phase") == deadlines.RENDEZVOUS and e.get("step_nodes")]
+    waiting = [e for e in hung if e.phase == deadlines.RENDEZVOUS and e.step_nodes]
     if not waiting:
         return []
-    gave_up = min(events.number(e, "time") for e in waiting)
-    joined = {
-        str(e.get("host"))
-        for e in waiting
-        if e.get("arrived_at") is not None and events.number(e, "arrived_at") <= gave_up
-    }
-    step_nodes = {n for e in waiting for n in events.strings(e, "step_nodes")}
+    gave_up = min(e.time for e in waiting)
+    joined = {str(e.host) for e in waiting if e.arrived_at is not None and e.arrived_at <= gave_up}
+    step_nodes = {n for e in waiting for n in e.step_nodes}
     return sorted(step_nodes - joined) if joined else []
 
 
@@ -94,7 +90,7 @@ def _poll_down(nodes: list[str], wait_s: float) -> list[str]:
 
 def classify(
     rc: int,
-    failed: Sequence[Row],
+    failed: Sequence[events.Failed],
     run_rows: Sequence[Row],
     nodes: list[str],
     wait_s: float,
@@ -114,35 +110,36 @@ def classify(
     Other classes make none. The caller adds one `scontrol show config` when
     faults.node_check_s is 0."""
     found = ledger.classify(failed, rc)
-    if found.cls == ledger.OOM:
+    if found.cls == FailureClass.oom:
         return Verdict(found.cls, _nodes_of(found.rows, run_rows))
-    if found.cls == ledger.NODE_FAILURE and found.rows:
+    if found.cls == FailureClass.node_failure and found.rows:
         named = _nodes_of(found.rows, run_rows)
-        why = str(found.rows[0].get("error", "")).strip().splitlines()[-1:] or ["device error"]
+        first = found.rows[0]
+        error = first.error if isinstance(first, events.Failed) else ""
+        why = error.strip().splitlines()[-1:] or ["device error"]
         return Verdict(found.cls, named, {n: f"device error: {why[0][:200]}" for n in named})
     if found.cls is not None:
         return Verdict(found.cls)
-    hung = [e for e in failed if e.get("class") == ledger.HANG]
+    hung = [e for e in failed if e.cls == FailureClass.hang]
     if hung or rc == errors.EXIT_HANG:
         if started:
-            return Verdict(ledger.HANG)
+            return Verdict(FailureClass.hang)
         named = _nodes_of(hung, run_rows)
         if named:
-            return Verdict(ledger.HANG, named, {n: "hang before started" for n in named})
+            return Verdict(FailureClass.hang, named, {n: "hang before started" for n in named})
         absent = never_joined(hung)
-        return Verdict(
-            ledger.HANG, absent, {n: "its ranks never joined the rendezvous" for n in absent}
-        )
+        reason = "its ranks never joined the rendezvous"
+        return Verdict(FailureClass.hang, absent, {n: reason for n in absent})
     # Nobody raised a real error: a peer or node died. Ask its slurmd (`probe`), or give Slurm
     # time to notice.
     dead = slurm_cmd.unreachable_nodes(nodes) if probe else []
     if dead:  # excluded like a bad node: the next job must not land on it before Slurm sees it
-        return Verdict(ledger.NODE_FAILURE, dead, {n: "slurmd unreachable" for n in dead})
+        return Verdict(FailureClass.node_failure, dead, {n: "slurmd unreachable" for n in dead})
     down = _poll_down(nodes, wait_s)
     if down:
-        return Verdict(ledger.NODE_FAILURE, down)
-    classes = [str(e["class"]) for e in failed if e.get("class")]
-    return Verdict(classes[0] if classes else ledger.CRASH)
+        return Verdict(FailureClass.node_failure, down)
+    classes = [e.cls for e in failed if e.cls]
+    return Verdict(classes[0] if classes else FailureClass.crash)
 
 
 @dataclass
@@ -152,10 +149,10 @@ class AttemptView:
     rows, and its rank rows alone (`rank`). O(attempts + nodes) files, never every rank's rows of
     every attempt."""
 
-    events: list[dict[str, object]]
+    events: Rows
     attempt: Optional[int]
-    rows: list[dict[str, object]]
-    rank: list[dict[str, object]]
+    rows: Rows
+    rank: Rows
 
 
 def attempt_view(run: RunDir, job_id: str, restart: int, relaunch: int) -> AttemptView:
@@ -178,6 +175,6 @@ def judge(
     view: AttemptView, rc: int, nodes: list[str], wait_s: float, probe: bool = False
 ) -> Verdict:
     """classify() on what `attempt_view` read: the attempt's `failed` rows and its step's hosts."""
-    failed = [e for e in view.rows if e["event"] == "failed"]
+    failed = [e for e in view.rows if isinstance(e, events.Failed)]
     hosts = in_allocation.step_hosts(view.events, view.attempt) or nodes
     return classify(rc, failed, view.events, hosts, wait_s, view.attempt is not None, probe)

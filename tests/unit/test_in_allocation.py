@@ -7,7 +7,8 @@ import subprocess
 from omegaconf import OmegaConf
 
 from slurmtrain.batch import in_allocation
-from slurmtrain.common import ledger
+from slurmtrain.common import events, ledger
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.slurm_text import master_port
 
 
@@ -19,33 +20,33 @@ def cfg(nodes="2", spares=1, kind="slurm"):
 
 def test_a_spare_takes_the_failed_nodes_place_and_ranks_keep_their_hosts():
     step = in_allocation.plan(
-        cfg(), ledger.NODE_FAILURE, ["n1", "n2", "n3"], ["n1", "n2"], ["n2"], []
+        cfg(), FailureClass.node_failure, ["n1", "n2", "n3"], ["n1", "n2"], ["n2"], []
     )
     assert step.nodes == ["n1", "n3"] and step.swapped_in == ["n3"] and step.failed == ["n2"]
     assert step.spares_left == 0
 
 
 def test_a_hang_naming_no_node_restarts_on_the_same_nodes():
-    step = in_allocation.plan(cfg(), ledger.HANG, ["n1", "n2", "n3"], ["n1", "n2"], [], [])
+    step = in_allocation.plan(cfg(), FailureClass.hang, ["n1", "n2", "n3"], ["n1", "n2"], [], [])
     assert step.nodes == ["n1", "n2"] and step.swapped_in == [] and step.spares_left == 1
 
 
 def test_excluded_nodes_and_slurm_dropping_a_node_are_respected():
     step = in_allocation.plan(
-        cfg(spares=2), ledger.CRASH, ["n1", "n3", "n4"], ["n1", "n2"], [], ["n4"]
+        cfg(spares=2), FailureClass.crash, ["n1", "n3", "n4"], ["n1", "n2"], [], ["n4"]
     )
     assert step.nodes == ["n1", "n3"] and step.failed == ["n2"]
 
 
 def test_a_range_shrinks_in_place_when_no_spare_is_left():
     step = in_allocation.plan(
-        cfg("2-3", 0), ledger.NODE_FAILURE, ["n1", "n2", "n3"], ["n1", "n2", "n3"], ["n3"], []
+        cfg("2-3", 0), FailureClass.node_failure, ["n1", "n2", "n3"], ["n1", "n2", "n3"], ["n3"], []
     )
     assert step.nodes == ["n1", "n2"] and step.failed == ["n3"]
     # below the range's smaller end: back to requeue/resubmit
     assert (
         in_allocation.plan(
-            cfg("2-3", 0), ledger.NODE_FAILURE, ["n1", "n2"], ["n1", "n2"], ["n2"], []
+            cfg("2-3", 0), FailureClass.node_failure, ["n1", "n2"], ["n1", "n2"], ["n2"], []
         )
         is None
     )
@@ -53,22 +54,29 @@ def test_a_range_shrinks_in_place_when_no_spare_is_left():
 
 def test_no_spare_and_fixed_nodes_or_an_incurable_class_falls_back_to_the_queue():
     assert (
-        in_allocation.plan(cfg("2", 0), ledger.NODE_FAILURE, ["n1", "n2"], [], ["n2"], []) is None
+        in_allocation.plan(cfg("2", 0), FailureClass.node_failure, ["n1", "n2"], [], ["n2"], [])
+        is None
     )
-    for cls in (ledger.OOM, ledger.DIVERGED, ledger.CONFIG_ERROR, ledger.PREEMPTED):
+    for cls in (
+        FailureClass.oom,
+        FailureClass.diverged,
+        FailureClass.config_error,
+        FailureClass.preempted,
+    ):
         assert in_allocation.plan(cfg(), cls, ["n1", "n2", "n3"], ["n1", "n2"], [], []) is None
     assert (
-        in_allocation.plan(cfg(kind="local"), ledger.HANG, ["n1", "n2", "n3"], [], [], []) is None
+        in_allocation.plan(cfg(kind="local"), FailureClass.hang, ["n1", "n2", "n3"], [], [], [])
+        is None
     )
 
 
 def test_a_crash_on_one_node_swaps_it_out_only_while_a_spare_is_at_hand():
     step = in_allocation.plan(
-        cfg(), ledger.CRASH, ["n1", "n2", "n3"], ["n1", "n2"], [], [], optional=["n2"]
+        cfg(), FailureClass.crash, ["n1", "n2", "n3"], ["n1", "n2"], [], [], optional=["n2"]
     )
     assert step.nodes == ["n1", "n3"]
     step = in_allocation.plan(
-        cfg(spares=0, nodes="2-2"), ledger.CRASH, ["n1", "n2"], ["n1", "n2"], [], [], ["n2"]
+        cfg(spares=0, nodes="2-2"), FailureClass.crash, ["n1", "n2"], ["n1", "n2"], [], [], ["n2"]
     )
     assert step is None  # fixed nodes, no spare: not an in-allocation job at all
 
@@ -80,13 +88,18 @@ def test_each_step_of_a_job_gets_its_own_rendezvous_port():
 
 
 def test_attempts_of_one_job_are_told_apart_by_their_relaunch():
-    events = [
-        {"event": "started", "job_id": "9", "attempt": 1, "restart": 0},
-        {"event": "started", "job_id": "9", "attempt": 2, "restart": 0, "relaunch": 1},
+    rows = [
+        events.Started(job_id="9", attempt=1, restart=0),
+        events.Started(job_id="9", attempt=2, restart=0, relaunch=1),
     ]
-    assert ledger.attempt_of(events, "9", 0) == 1
-    assert ledger.attempt_of(events, "9", 0, 1) == 2
-    assert ledger.attempt_of(events, "9", 0, 2) is None
+    assert ledger.attempt_of(rows, "9", 0) == 1
+    assert ledger.attempt_of(rows, "9", 0, 1) == 2
+    assert ledger.attempt_of(rows, "9", 0, 2) is None
+    assert in_allocation.step_hosts([events.Started(attempt=2, hosts=("n2", "n1", "n2"))], 2) == [
+        "n2",
+        "n1",
+    ]
+    assert in_allocation.step_hosts(rows, None) == []
 
 
 def test_the_batch_script_with_spares_holds_them_and_loops_inside_the_allocation(tmp_path):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurmtrain.common import events as rows
 from slurmtrain.common.schema import FaultsConfig
 from slurmtrain.compute.checkpoint.beats import Beats
 from slurmtrain.compute.faults.watchdog import Watchdog
@@ -98,9 +99,9 @@ def test_a_rank_s_bytes_alone_still_give_minutes_on_the_compute_side():
         deepspeed=SimpleNamespace(stage=2, dtype="bf16"),
         gpus_per_node=8,
     )
-    started = {"event": "started", "world_size": 512, "nodes": [f"g{i}" for i in range(64)]}
+    started = rows.Started(world_size=512, nodes=tuple(f"g{i}" for i in range(64)))
     d = deadlines.from_config(FaultsConfig(), [started], world=512)
-    assert d.nodes == 64 and d.summary()["node_count"] == 64
+    assert d.nodes == 64 and d.row().node_count == 64 and d.summary()["node_count"] == 64
     rank = deadlines.planned_state_bytes(cfg, 512)
     # ZeRO-2: the fp32 partitions and moments only (the module file holds no weights): 301 MB
     assert rank == pytest.approx(12 * OPT13B / 512, rel=1e-3)
@@ -115,42 +116,24 @@ def test_a_rank_s_bytes_alone_still_give_minutes_on_the_compute_side():
 def test_measured_rates_replace_the_planned_ones():
     """A measured save: the ledger's `bytes` are all ranks' (a per-node rate over its nodes);
     its `rank_bytes` over its seconds time the next save of the busiest rank."""
-    two = ["n1", "n2"]
+    two = ("n1", "n2")
+    saved = rows.CheckpointSaved(bytes=400 * MB, rank_bytes=200 * MB, total_seconds=2.0, nodes=two)
     events = [
-        {
-            "event": "checkpoint_saved",
-            "bytes": 400 * MB,
-            "rank_bytes": 200 * MB,
-            "total_seconds": 2.0,
-            "nodes": two,
-        },
-        {
-            "event": "checkpoint_saved",
-            "bytes": 400 * MB,
-            "rank_bytes": 200 * MB,
-            "total_seconds": 4.0,
-            "nodes": two,
-        },  # the slowest
-        {
-            "event": "checkpoint_verified",
-            "ok": True,
-            "bytes": 900 * MB,
-            "rank_bytes": 450 * MB,
-            "seconds": 1.0,
-            "nodes": two,
-        },
-        {"event": "checkpoint_verified", "ok": False, "bytes": 900 * MB, "seconds": 0.01},
-        {
-            "event": "checkpoint_loaded",
-            "rank_bytes": 150 * MB,
-            "world_size": 2,
-            "seconds": 1.0,
-            "nodes": two,
-        },
+        saved,
+        rows.CheckpointSaved(
+            bytes=400 * MB, rank_bytes=200 * MB, total_seconds=4.0, seconds=0.5, nodes=two
+        ),  # the slowest (until published: an async save's loop waited only 0.5 s)
+        rows.CheckpointVerified(
+            ok=True, bytes=900 * MB, rank_bytes=450 * MB, seconds=1.0, nodes=two
+        ),
+        rows.CheckpointVerified(ok=False, bytes=900 * MB, seconds=0.01),
+        rows.CheckpointLoaded(rank_bytes=150 * MB, world_size=2, seconds=1.0, nodes=two),
+        rows.Started(world_size=2, nodes=two),  # neither a save nor a read
     ]
     d = deadlines.from_config(FaultsConfig(), events, world=2, nodes=2)
     assert d.write_measured and d.write_bps == 50 * MB  # 400 MB / 4 s / 2 nodes
     assert d.read_measured and d.read_bps == pytest.approx(300 * MB)  # median; failed one ignored
+    assert d.row().write_rate == "measured" and d.row().read_rate == "measured"
     assert d.summary()["write_rate"] == "measured"
     assert d.save_s(200 * MB) == pytest.approx(300 + 4.0 * 3)  # as long as the slowest save
     # reads keep the per-node model: a verification (one rank checks the module file) does not
@@ -353,13 +336,16 @@ def test_ds_to_universal_runs_on_every_core_of_the_node_and_the_task_keeps_its_o
 
 def test_a_rendezvous_hang_blames_no_waiting_node_but_a_later_start_up_hang_names_its_own():
     """Rows as compute/attempt.py writes them before `started` (the supervisor's classify)."""
-    from slurmtrain.batch.supervise import classify
+    import dataclasses
 
-    waiting = {"event": "failed", "class": "hang", "node": None, "host": "n1", "rank": 0}
+    from slurmtrain.batch.supervise import classify
+    from slurmtrain.common.events import Failed, FailureClass
+
+    waiting = Failed(cls=FailureClass.hang, node=None, host="n1", rank=0)
     verdict = classify(
-        5, [waiting, {**waiting, "rank": 1, "host": "n2"}], [], ["n1", "n2"], 0, False
+        5, [waiting, dataclasses.replace(waiting, rank=1, host="n2")], [], ["n1", "n2"], 0, False
     )
-    assert verdict.cls == "hang" and not verdict.nodes and not verdict.exclude
-    stuck = {"event": "failed", "class": "hang", "node": "n2", "rank": 1}
+    assert verdict.cls == FailureClass.hang and not verdict.nodes and not verdict.exclude
+    stuck = Failed(cls=FailureClass.hang, node="n2", rank=1)
     verdict = classify(5, [stuck], [], ["n1", "n2"], 0, False)
-    assert verdict.cls == "hang" and verdict.nodes == ["n2"]
+    assert verdict.cls == FailureClass.hang and verdict.nodes == ["n2"]

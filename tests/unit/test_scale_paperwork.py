@@ -30,6 +30,7 @@ DECIDE = r"""
 import json, sys
 from pathlib import Path
 from slurmtrain.batch import supervise
+from slurmtrain.common import events
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.compute.faults import owner
 run, job = RunDir(Path(sys.argv[1])), sys.argv[2]
@@ -38,10 +39,10 @@ verdict = supervise.verdict_of(run, job, 0, 0, 1, [], 0.0)
 claim, own = owner.check(run, {job})
 print(json.dumps({
     "attempt": view.attempt,
-    "failed": sum(e["event"] == "failed" for e in view.rows),
+    "failed": sum(isinstance(e, events.Failed) for e in view.rows),
     "class": verdict.cls,
     "claim": claim,
-    "owner": own["job_id"],
+    "owner": own.job_id,
 }))
 """
 

@@ -4,12 +4,13 @@ resubmit, and when the ledger says nothing is to be done. Pure ledger logic."""
 from __future__ import annotations
 
 from slurmtrain.batch import fallback, next_job
-from slurmtrain.common import errors
+from slurmtrain.common import errors, events
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 
 
 def started(job="100", attempt=1, t=10.0):
-    return {"event": "started", "job_id": job, "attempt": attempt, "time": t}
+    return events.Started(job_id=job, attempt=attempt, time=t)
 
 
 def decide(tmp_path, rows, rc=1, job="100"):
@@ -17,7 +18,7 @@ def decide(tmp_path, rows, rc=1, job="100"):
 
 
 def test_a_crashed_attempt_with_no_restart_yet_is_resubmitted(tmp_path):
-    rows = [{"event": "submitted", "job_id": "100", "time": 1.0}, started()]
+    rows = [events.Submitted(job_id="100", time=1.0), started()]
     assert decide(tmp_path, rows) is None
 
 
@@ -29,16 +30,16 @@ def test_nothing_is_resubmitted_when_the_step_exited_cleanly_or_another_job_hold
 
 
 def test_nothing_is_resubmitted_after_the_run_finished_stopped_or_restarted(tmp_path):
-    assert decide(tmp_path, [started(), {"event": "finished", "time": 11.0}]) == 0
-    stop = {"event": "stopped", "job_id": "100", "class": "crash", "time": 11.0}
+    assert decide(tmp_path, [started(), events.Finished(time=11.0)]) == 0
+    stop = events.Stopped(job_id="100", cls=FailureClass.crash, time=11.0)
     assert decide(tmp_path, [started(), stop]) == next_job.EXIT_STOPPED
-    requeued = {"event": "requeued", "job_id": "100", "restart": 0, "new_job_id": "100"}
+    requeued = events.Requeued(job_id="100", restart=0, new_job_id="100")
     assert decide(tmp_path, [started(), requeued]) == 0
 
 
 def test_a_restart_of_an_earlier_start_of_the_same_job_does_not_count(tmp_path):
     # restart 0 crashed and was requeued (same id); restart 1 failed: it needs its own restart
-    old = {"event": "requeued", "job_id": "100", "restart": 0, "new_job_id": "100"}
+    old = events.Requeued(job_id="100", restart=0, new_job_id="100")
     rows = [started(), old]
     assert fallback._decide(RunDir(tmp_path), rows, "100", 1, 0, 1) is None
     assert fallback._decide(RunDir(tmp_path), rows, "100", 0, 0, 1) == 0
