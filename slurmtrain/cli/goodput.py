@@ -12,34 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple, Optional
+from typing import Iterable, Mapping, NamedTuple, Optional
 
+from slurmtrain.common import events
 from slurmtrain.common.events import Row, Rows
-from slurmtrain.common.jsonl import merge_jsonl, merge_rows, rank_keys, rank_tier_files, read_jsonl
+from slurmtrain.common.jsonl import merge_ledger, merge_rows, rank_keys, rank_tier_files, read_jsonl
 from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.planning.eta import format_duration
 
-# Display order; PRECEDENCE decides who owns a second claimed by two rules.
-PARTS = (
-    "queue_wait",
-    "startup",
-    "checkpoint_load",
-    "productive",
-    "checkpoint_save",
-    "work_lost",
-    "signal_idle",
-    "other",
-)
-PRECEDENCE = (
-    "checkpoint_save",
-    "checkpoint_load",
-    "work_lost",
-    "productive",
-    "signal_idle",
-    "startup",
-    "queue_wait",
-)
+# Display order (the labels'); PRECEDENCE decides who owns a second claimed by two rules.
 LABELS = {
     "queue_wait": "queue wait",
     "startup": "start-up",
@@ -50,6 +32,9 @@ LABELS = {
     "signal_idle": "idle after signal",
     "other": "other",
 }
+PARTS = tuple(LABELS)
+PRECEDENCE: tuple[str, ...] = ("checkpoint_save", "checkpoint_load", "work_lost", "productive")
+PRECEDENCE += ("signal_idle", "startup", "queue_wait")
 
 
 @dataclass(frozen=True)
@@ -93,20 +78,12 @@ class Analysis:
     lost_records: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # (attempt, step)
 
 
-class _Event(NamedTuple):
-    """A ledger row with a finite time and an event name (the rows `analyze` reads)."""
-
-    time: float
-    kind: str
-    row: Row
-
-
 class _Step(NamedTuple):
     """A metrics row with a finite time and a step."""
 
     time: float
     step: int
-    row: Row
+    row: Mapping[str, object]
 
 
 @dataclass
@@ -116,14 +93,14 @@ class _Attempt:
     end: float = -math.inf
     started: Optional[float] = None
     loaded_step: Optional[int] = None
-    events: list[_Event] = field(default_factory=list)
+    rows: Rows = field(default_factory=list)
     steps: list[_Step] = field(default_factory=list)
 
     def see(self, t: float) -> None:
         self.begin, self.end = min(self.begin, t), max(self.end, t)
 
-    def kinds(self) -> set[str]:
-        return {e.kind for e in self.events}
+    def kinds(self) -> set[type[Row]]:
+        return {type(e) for e in self.rows}
 
     def resume_step(self) -> Optional[int]:
         """Steps above this were (re)computed here. An attempt that started without loading a
@@ -133,6 +110,20 @@ class _Attempt:
             r = 0
         known = [s for s in (r, (self.steps[0].step - 1) if self.steps else None) if s is not None]
         return min(known) if known else None
+
+
+_RANK = {p: i for i, p in enumerate(PRECEDENCE)}
+
+
+class _Claims:
+    """Intervals of wall time claimed by parts (`_paint` gives each instant to one)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float, int]] = []
+
+    def add(self, s: float, e: float, part: str) -> None:
+        if e > s:
+            self.spans.append((s, e, _RANK[part]))
 
 
 def _num(x: object) -> Optional[float]:
@@ -146,17 +137,12 @@ def _int(x: object) -> Optional[int]:
     return int(v) if v is not None else None
 
 
-def _events(ledger: Iterable[Row]) -> list[_Event]:
-    """The rows with a finite time and an event name, in time order."""
-    timed = []
-    for e in ledger:
-        t, kind = _num(e.get("time")), e.get("event")
-        if t is not None and isinstance(kind, str):
-            timed.append(_Event(t, kind, e))
-    return sorted(timed, key=lambda e: e.time)
+def _timed(ledger: Iterable[Row]) -> Rows:
+    """The ledger rows with a finite time, in time order."""
+    return sorted((e for e in ledger if math.isfinite(e.time)), key=lambda e: e.time)
 
 
-def _steps(metrics: Iterable[Row]) -> list[_Step]:
+def _steps(metrics: Iterable[Mapping[str, object]]) -> list[_Step]:
     """The metrics rows with a finite time and step, in time order."""
     timed = []
     for m in metrics:
@@ -166,128 +152,39 @@ def _steps(metrics: Iterable[Row]) -> list[_Step]:
     return sorted(timed, key=lambda m: m.time)
 
 
-def analyze(ledger: Iterable[Row], metrics: Iterable[Row], now: Optional[float] = None) -> Analysis:
-    """Goodput parts and the painted timeline. `now` extends a live run (queued or running) to now."""
-    events = _events(ledger)
+def analyze(
+    ledger: Iterable[Row], metrics: Iterable[Mapping[str, object]], now: Optional[float] = None
+) -> Analysis:
+    """Goodput parts and the painted timeline of ledger rows and metrics.jsonl rows. `now` extends
+    a live run (queued or running) to now."""
+    rows = _timed(ledger)
     steps = _steps(metrics)
-    times = [e.time for e in events] + [m.time for m in steps]
+    times = [e.time for e in rows] + [m.time for m in steps]
     if not times:
         return Analysis(Goodput(), [])
     start, end = min(times), max(times)
-    submitted = [e.time for e in events if e.kind == "submitted"]
-
-    attempts: dict[int, _Attempt] = {}
-    for e in events:
-        n = _int(e.row.get("attempt"))
-        if e.kind == "submitted" or n is None or n < 1:
-            continue
-        a = attempts.setdefault(n, _Attempt(n))
-        a.see(e.time)
-        a.events.append(e)
-        if e.kind == "started" and a.started is None:
-            a.started = e.time
-        if e.kind == "checkpoint_loaded":
-            a.loaded_step = _int(e.row.get("step"))
-    for m in steps:
-        n = _int(m.row.get("attempt")) or 1
-        a = attempts.setdefault(n, _Attempt(n))
-        a.see(m.time)
-        a.steps.append(m)
-    chain = sorted(attempts.values(), key=lambda a: a.number)
-    # The process began before `started`: rendezvous_done.seconds counts from its start.
-    for a in chain:
-        if a.started is not None:
-            a.begin = a.started
-        for e in a.events:
-            if e.kind == "rendezvous_done" and (sec := _num(e.row.get("seconds"))) is not None:
-                a.begin = min(a.begin, e.time - max(sec, 0.0))
-            if e.kind == "startup" and (t := _num(e.row.get("process_started_at"))) is not None:
-                a.begin = min(a.begin, t)  # the process's exec: interpreter and imports too
-
+    submitted = [e.time for e in rows if isinstance(e, events.Submitted)]
+    chain = _chain(rows, steps)
     start = min([start, *(a.begin for a in chain)])
     last = chain[-1] if chain else None
-    kinds = last.kinds() if last else set()
+    kinds: set[type[Row]] = last.kinds() if last else set()
     resubmitted = last is not None and any(s > last.end for s in submitted)
-    stopped = "finished" in kinds or ("failed" in kinds and "requeued" not in kinds)
+    stopped = events.Finished in kinds or (events.Failed in kinds and events.Requeued not in kinds)
     live = last is None or resubmitted or not stopped
     if live and now is not None:
         end = max(end, now)
-    last_running = last is not None and live and not resubmitted and "requeued" not in kinds
+    last_running = last is not None and live and not resubmitted and events.Requeued not in kinds
     if last_running and last is not None:
         last.end = end
-
-    claims: list[tuple[float, float, int]] = []
-    rank = {p: i for i, p in enumerate(PRECEDENCE)}
-
-    def claim(s: float, e: float, part: str) -> None:
-        if e > s:
-            claims.append((s, e, rank[part]))
-
-    # Queue wait: submitted -> first start; after each attempt, the gap until the next start (from a
-    # resubmission inside the gap, if any: before it nobody asked for the run, that is "other").
-    prev_end: Optional[float] = None
-    gaps: list[tuple[float, Optional[_Attempt]]] = [(a.begin, a) for a in chain]
-    gaps += [] if last_running else [(end, None)]
-    for begin, ended in gaps:
-        lo = prev_end if prev_end is not None else -math.inf
-        subs = [s for s in submitted if lo <= s <= begin]
-        if subs:
-            claim(min(subs), begin, "queue_wait")
-        elif prev_end is not None:
-            claim(prev_end, begin, "queue_wait")
-        if ended is not None:
-            prev_end = ended.end
-
-    # Steps above a later attempt's resume point were recomputed there: work lost.
-    cutoffs: dict[int, float] = {}
-    floor = math.inf
-    if not live and "failed" in kinds:  # a stopped run loses what its last checkpoint did not hold
-        saved = [
-            _int(e.row.get("step")) for a in chain for e in a.events if e.kind == "checkpoint_saved"
-        ]
-        floor = float(max([s for s in saved if s is not None], default=0))
-    for a in reversed(chain):
-        cutoffs[a.number] = floor
-        r = a.resume_step()
-        if r is not None:
-            floor = min(floor, r)
-
+    claims = _Claims()
+    _queue_wait(claims, chain, submitted, None if last_running else end)
+    cutoffs = _cutoffs(chain, stopped_failed=not live and events.Failed in kinds)
     kept_n = lost_n = 0
     lost_records: set[tuple[int, int]] = set()
     for a in chain:
-        work_begin = math.inf
-        for e in a.events:
-            t = e.time
-            if e.kind in ("checkpoint_loaded", "checkpoint_saved"):
-                sec = max(_num(e.row.get("seconds")) or 0.0, 0.0)
-                part = "checkpoint_load" if e.kind == "checkpoint_loaded" else "checkpoint_save"
-                claim(t - sec, t, part)
-                if part == "checkpoint_load":
-                    work_begin = min(work_begin, t - sec)
-        prev_step, prev_t = a.resume_step(), a.begin if a.started is not None else -math.inf
-        for m in a.steps:
-            step, t = m.step, m.time
-            n = max(1, step - prev_step) if prev_step is not None else 1
-            st = _num(m.row.get("step_time"))
-            gap = max(t - prev_t, 0.0)  # a step cannot begin before the attempt or the last step
-            span = min(n * max(st, 0.0), gap) if st is not None else gap
-            lost = min(max(step - cutoffs[a.number], 0), n)
-            kept_t = t - span + span * (n - lost) / n
-            claim(t - span, kept_t, "productive")
-            claim(kept_t, t, "work_lost")
-            kept_n, lost_n = kept_n + n - int(lost), lost_n + int(lost)
-            if lost:
-                lost_records.add((a.number, step))
-            work_begin = min(work_begin, t - span)
-            prev_step, prev_t = step, t
-        if work_begin == math.inf:  # never reached work: the whole attempt was start-up
-            work_begin = a.end
-        claim(a.begin, min(work_begin, a.end), "startup")
-        signals = [e.time for e in a.events if e.kind == "signal"]
-        if signals:
-            claim(min(signals), a.end, "signal_idle")
-
-    segments = _paint(claims, start, end)
+        kept, lost = _attempt_claims(claims, a, cutoffs[a.number], lost_records)
+        kept_n, lost_n = kept_n + kept, lost_n + lost
+    segments = _paint(claims.spans, start, end)
     totals = dict.fromkeys(PARTS, 0.0)
     for s in segments:
         totals[s.part] += s.end - s.start
@@ -304,6 +201,114 @@ def analyze(ledger: Iterable[Row], metrics: Iterable[Row], now: Optional[float] 
         **totals,
     )
     return Analysis(g, segments, frozenset(lost_records))
+
+
+def _chain(rows: Rows, steps: list[_Step]) -> list[_Attempt]:
+    """The attempts in order, each with its ledger rows and steps, from the start of its process
+    (before `started`: rendezvous_done.seconds counts from it, and the `startup` row names it)."""
+    attempts: dict[int, _Attempt] = {}
+    for e in rows:
+        n = e.attempt
+        if isinstance(e, events.Submitted) or n is None or n < 1:
+            continue
+        a = attempts.setdefault(n, _Attempt(n))
+        a.see(e.time)
+        a.rows.append(e)
+        if isinstance(e, events.Started) and a.started is None:
+            a.started = e.time
+        if isinstance(e, events.CheckpointLoaded):
+            a.loaded_step = e.step
+    for m in steps:
+        n = _int(m.row.get("attempt")) or 1
+        a = attempts.setdefault(n, _Attempt(n))
+        a.see(m.time)
+        a.steps.append(m)
+    chain = sorted(attempts.values(), key=lambda a: a.number)
+    for a in chain:
+        if a.started is not None:
+            a.begin = a.started
+        for e in a.rows:
+            if isinstance(e, events.RendezvousDone) and (sec := _num(e.seconds)) is not None:
+                a.begin = min(a.begin, e.time - max(sec, 0.0))
+            if isinstance(e, events.Startup) and (t := _num(e.process_started_at)) is not None:
+                a.begin = min(a.begin, t)  # the process's exec: interpreter and imports too
+    return chain
+
+
+def _queue_wait(
+    claims: _Claims, chain: list[_Attempt], submitted: list[float], end: Optional[float]
+) -> None:
+    """Queue wait: submitted -> first start; after each attempt, the gap until the next start (from a
+    resubmission inside the gap, if any: before it nobody asked for the run, that is "other").
+    `end`: the end of the wall time, when the last attempt no longer runs (None while it does)."""
+    prev_end: Optional[float] = None
+    gaps: list[tuple[float, Optional[_Attempt]]] = [(a.begin, a) for a in chain]
+    gaps += [] if end is None else [(end, None)]
+    for begin, ended in gaps:
+        lo = prev_end if prev_end is not None else -math.inf
+        subs = [s for s in submitted if lo <= s <= begin]
+        if subs:
+            claims.add(min(subs), begin, "queue_wait")
+        elif prev_end is not None:
+            claims.add(prev_end, begin, "queue_wait")
+        if ended is not None:
+            prev_end = ended.end
+
+
+def _cutoffs(chain: list[_Attempt], stopped_failed: bool) -> dict[int, float]:
+    """Per attempt, the step above which its steps were recomputed by a later attempt (above a
+    later attempt's resume point), or never kept (`stopped_failed`: above the last checkpoint)."""
+    floor = math.inf
+    if stopped_failed:
+        saved = [e.step for a in chain for e in a.rows if isinstance(e, events.CheckpointSaved)]
+        floor = float(max([s for s in saved if s is not None], default=0))
+    cutoffs: dict[int, float] = {}
+    for a in reversed(chain):
+        cutoffs[a.number] = floor
+        r = a.resume_step()
+        if r is not None:
+            floor = min(floor, r)
+    return cutoffs
+
+
+def _attempt_claims(
+    claims: _Claims, a: _Attempt, cutoff: float, lost_records: set[tuple[int, int]]
+) -> tuple[int, int]:
+    """One attempt's claims: checkpoint load and save, its steps (productive, or work lost above
+    `cutoff`: its records go to `lost_records`), start-up before its first work, idle after a
+    signal. Returns (steps kept, steps lost)."""
+    kept_n = lost_n = 0
+    work_begin = math.inf
+    for e in a.rows:
+        if isinstance(e, (events.CheckpointLoaded, events.CheckpointSaved)):
+            sec = max(_num(e.seconds) or 0.0, 0.0)
+            load = isinstance(e, events.CheckpointLoaded)
+            claims.add(e.time - sec, e.time, "checkpoint_load" if load else "checkpoint_save")
+            if load:
+                work_begin = min(work_begin, e.time - sec)
+    prev_step, prev_t = a.resume_step(), a.begin if a.started is not None else -math.inf
+    for m in a.steps:
+        step, t = m.step, m.time
+        n = max(1, step - prev_step) if prev_step is not None else 1
+        st = _num(m.row.get("step_time"))
+        gap = max(t - prev_t, 0.0)  # a step cannot begin before the attempt or the last step
+        span = min(n * max(st, 0.0), gap) if st is not None else gap
+        lost = min(max(step - cutoff, 0), n)
+        kept_t = t - span + span * (n - lost) / n
+        claims.add(t - span, kept_t, "productive")
+        claims.add(kept_t, t, "work_lost")
+        kept_n, lost_n = kept_n + n - int(lost), lost_n + int(lost)
+        if lost:
+            lost_records.add((a.number, step))
+        work_begin = min(work_begin, t - span)
+        prev_step, prev_t = step, t
+    if work_begin == math.inf:  # never reached work: the whole attempt was start-up
+        work_begin = a.end
+    claims.add(a.begin, min(work_begin, a.end), "startup")
+    signals = [e.time for e in a.rows if isinstance(e, events.Signal)]
+    if signals:
+        claims.add(min(signals), a.end, "signal_idle")
+    return kept_n, lost_n
 
 
 def _paint(claims: list[tuple[float, float, int]], start: float, end: float) -> list[Segment]:
@@ -341,13 +346,13 @@ def ledger_rows(rd: RunDir) -> Rows:
     """The run tier, and one `failed` row per start in the rank tier (its first real error, else
     its first row): what goodput and report show of failures. An all-rank failure is one
     failure, not 4,096 rows (each rank file is read once, one open at a time)."""
-    firsts = []
+    firsts: Rows = []
     for key in sorted(rank_keys(rd.path)):
-        rows = merge_jsonl(rank_tier_files(rd.path, key), shared=True)
-        failed = [e for e in rows if e.get("event") == "failed"]
+        rows = merge_ledger(rank_tier_files(rd.path, key), shared=True)
+        failed = [e for e in rows if isinstance(e, events.Failed)]
         if failed:
             firsts.append((real_errors(failed) or failed)[0])
-    firsts.sort(key=lambda e: _num(e.get("time")) or 0.0)
+    firsts.sort(key=lambda e: e.time)
     return merge_rows([rd.run_events(), firsts])
 
 
@@ -385,13 +390,8 @@ def format_table(g: Goodput) -> str:
     def line(r: tuple[str, str, str, str]) -> str:
         return f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}"
 
-    body = [
-        line(head),
-        "-" * (sum(w) + 6),
-        *(line(r) for r in rows[:-1]),
-        "-" * (sum(w) + 6),
-        line(rows[-1]),
-    ]
+    rule = "-" * (sum(w) + 6)
+    body = [line(head), rule, *(line(r) for r in rows[:-1]), rule, line(rows[-1])]
     return (
         "\n".join(body) + f"\ngoodput {100 * g.goodput:.1f}%  attempts {g.attempts}  "
         f"steps kept {g.steps_kept} lost {g.steps_lost}" + ("  (live)" if g.live else "")

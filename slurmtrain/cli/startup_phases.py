@@ -3,9 +3,10 @@ step: compute/startup.py), as the text table `report` prints. Login node: no tor
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Iterable, Optional
 
-from slurmtrain.common.events import Rows
+from slurmtrain.common import events
+from slurmtrain.common.events import Row
 
 # The compute side's order (compute/startup.py PHASES); a phase not listed goes after them.
 ORDER = (
@@ -23,19 +24,18 @@ ORDER = (
 SHORT = {"deepspeed_init": "ds_init", "first_step": "1st step", "rendezvous": "rendezv"}
 
 
-def startup_rows(ledger: Rows) -> Rows:
+def startup_rows(ledger: Iterable[Row]) -> list[events.Startup]:
     """One `startup` row per attempt (the first, should a record be repeated)."""
-    rows: Rows = []
-    seen: set[object] = set()  # attempts
+    rows: list[events.Startup] = []
+    seen: set[Optional[int]] = set()  # attempts
     for e in ledger:
-        if e.get("event") == "startup" and isinstance(e.get("phases"), dict):
-            if e.get("attempt") not in seen:
-                seen.add(e.get("attempt"))
-                rows.append(e)
+        if isinstance(e, events.Startup) and e.phases is not None and e.attempt not in seen:
+            seen.add(e.attempt)
+            rows.append(e)
     return rows
 
 
-def format_startup(ledger: Rows) -> Optional[str]:
+def format_startup(ledger: Iterable[Row]) -> Optional[str]:
     """Seconds per phase, one line per attempt, and where its torch came from when staged."""
     rows = startup_rows(ledger)
     if not rows:
@@ -45,9 +45,9 @@ def format_startup(ledger: Rows) -> Optional[str]:
     head = ["attempt", *(SHORT.get(p, p) for p in names), "total"]
     body = [
         [
-            str(r.get("attempt", "?")),
+            "?" if r.attempt is None else str(r.attempt),
             *(_sec(_phases(r).get(p)) for p in names),
-            _sec(r.get("seconds")),
+            _sec(r.seconds),
         ]
         for r in rows
     ]
@@ -57,16 +57,15 @@ def format_startup(ledger: Rows) -> Optional[str]:
         return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
 
     out = ["start-up (seconds, process start to first step)", line(head), *map(line, body)]
-    staged = [r for r in rows if r.get("staged_env")]
+    staged = [r for r in rows if r.staged_env]
     if staged:
-        out.append(f"staged environment: torch from {staged[-1].get('torch_from')}")
+        out.append(f"staged environment: torch from {staged[-1].torch_from}")
     return "\n".join(out)
 
 
-def _phases(row: Mapping[str, object]) -> dict[str, object]:
+def _phases(row: events.Startup) -> dict[str, object]:
     """A `startup` row's seconds per phase (`startup_rows` keeps only rows that have them)."""
-    phases = row.get("phases")
-    return phases if isinstance(phases, dict) else {}
+    return row.phases or {}
 
 
 def _sec(value: object) -> str:

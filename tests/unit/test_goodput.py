@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,19 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmtrain.cli.goodput import PARTS, analyze, compute_goodput, format_line, format_table
+from slurmtrain.common import events
+from slurmtrain.common.events import FailureClass
 
 T0 = 1_700_000_000.0
 
 
-def ev(event: str, t: float, attempt: int | None, **kw) -> dict:
-    return {
-        "event": event,
-        "time": T0 + t,
-        "job_id": "100",
-        "attempt": attempt,
-        "nodes": ["n1"],
-        **kw,
-    }
+def ev(row: events.Row, t: float, attempt: int | None) -> events.Row:
+    """`row` placed: at T0 + t, by job 100's attempt `attempt` on n1."""
+    return dataclasses.replace(row, time=T0 + t, job_id="100", attempt=attempt, nodes=("n1",))
 
 
 def steps(attempt: int, first: int, last: int, first_end: float, dt: float = 10.0) -> list[dict]:
@@ -39,28 +36,29 @@ def steps(attempt: int, first: int, last: int, first_end: float, dt: float = 10.
     ]
 
 
-def hand_made_run() -> tuple[list[dict], list[dict]]:
+def hand_made_run() -> tuple[events.Rows, list[dict]]:
     """Attempt 1: fresh start, USR2 at t=285, save, requeue. Attempt 2: resume 16, crash at 23 after
     saving 20. Attempt 3: resume 20 (steps 21-23 recomputed), finish at 25. Wall 705 s."""
+    saved = {"seconds": 10, "total_seconds": 12, "bytes": 1, "path": "p"}
     ledger = [
-        ev("submitted", 0, None, fingerprint="abc"),
-        ev("started", 100, 1, step=0, world_size=2, hosts=["n1"]),
-        ev("rendezvous_done", 110, 1, seconds=10),
-        ev("health_ok", 120, 1, seconds=10),
-        ev("checkpoint_saved", 230, 1, step=10, seconds=10, total_seconds=12, bytes=1, path="p"),
-        ev("signal", 285, 1, signal="USR2", step=15),
-        ev("checkpoint_saved", 300, 1, step=16, seconds=10, total_seconds=12, bytes=1, path="p"),
-        ev("requeued", 305, 1, reason="time limit"),
-        ev("started", 405, 2, step=16, world_size=2, hosts=["n1"]),
-        ev("rendezvous_done", 415, 2, seconds=10),
-        ev("health_ok", 420, 2, seconds=5),
-        ev("checkpoint_loaded", 430, 2, step=16, seconds=5, path="p"),
-        ev("checkpoint_saved", 480, 2, step=20, seconds=10, total_seconds=12, bytes=1, path="p"),
-        ev("failed", 515, 2, error="RuntimeError", step=23, **{"class": "crash"}),
-        ev("started", 615, 3, step=20, world_size=2, hosts=["n1"]),
-        ev("checkpoint_loaded", 640, 3, step=20, seconds=5, path="p"),
-        ev("checkpoint_saved", 700, 3, step=25, seconds=10, total_seconds=12, bytes=1, path="p"),
-        ev("finished", 705, 3, step=25),
+        ev(events.Submitted(fingerprint="abc"), 0, None),
+        ev(events.Started(world_size=2, hosts=("n1",)), 100, 1),
+        ev(events.RendezvousDone(seconds=10), 110, 1),
+        ev(events.HealthOk(seconds=10), 120, 1),
+        ev(events.CheckpointSaved(step=10, **saved), 230, 1),
+        ev(events.Signal(signal="USR2", step=15), 285, 1),
+        ev(events.CheckpointSaved(step=16, **saved), 300, 1),
+        ev(events.Requeued(reason="time limit"), 305, 1),
+        ev(events.Started(world_size=2, hosts=("n1",)), 405, 2),
+        ev(events.RendezvousDone(seconds=10), 415, 2),
+        ev(events.HealthOk(seconds=5), 420, 2),
+        ev(events.CheckpointLoaded(step=16, seconds=5, path="p"), 430, 2),
+        ev(events.CheckpointSaved(step=20, **saved), 480, 2),
+        ev(events.Failed(cls=FailureClass.crash, error="RuntimeError", step=23), 515, 2),
+        ev(events.Started(world_size=2, hosts=("n1",)), 615, 3),
+        ev(events.CheckpointLoaded(step=20, seconds=5, path="p"), 640, 3),
+        ev(events.CheckpointSaved(step=25, **saved), 700, 3),
+        ev(events.Finished(step=25), 705, 3),
     ]
     metrics = (
         steps(1, 1, 10, 130)
@@ -72,9 +70,9 @@ def hand_made_run() -> tuple[list[dict], list[dict]]:
     return ledger, metrics
 
 
-def write_run(path: Path, ledger: list[dict], metrics: list[dict]) -> Path:
+def write_run(path: Path, ledger: events.Rows, metrics: list[dict]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
+    (path / "ledger.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in ledger))
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     return path
 
@@ -134,9 +132,9 @@ def test_failed_run_loses_steps_after_its_last_checkpoint() -> None:
 
 def test_sparse_logging_counts_every_step_in_the_window() -> None:
     ledger = [
-        ev("submitted", 0, None),
-        ev("started", 10, 1, step=0),
-        ev("finished", 120, 1, step=10),
+        ev(events.Submitted(), 0, None),
+        ev(events.Started(), 10, 1),
+        ev(events.Finished(step=10), 120, 1),
     ]
     metrics = [
         {"step": s, "time": T0 + 20 + 10 * s, "attempt": 1, "step_time": 10.0} for s in (5, 10)
@@ -170,14 +168,14 @@ def test_formatters_name_every_part() -> None:
 
 event_kinds = st.sampled_from(
     [
-        "started",
-        "checkpoint_loaded",
-        "checkpoint_saved",
-        "signal",
-        "requeued",
-        "failed",
-        "finished",
-        "health_ok",
+        events.Started,
+        events.CheckpointLoaded,
+        events.CheckpointSaved,
+        events.Signal,
+        events.Requeued,
+        events.Failed,
+        events.Finished,
+        events.HealthOk,
     ]
 )
 
@@ -194,8 +192,10 @@ event_kinds = st.sampled_from(
     st.one_of(st.none(), st.floats(0, 2e4)),
 )
 def test_parts_always_sum_to_wall(evs, mets, now) -> None:
-    ledger = [ev("submitted", 0, None)] + [
-        ev(k, t, a, step=int(s) % 50, seconds=s) for k, t, a, s in evs
+    # Every kind with a step and seconds (a kind without such fields keeps them as extra keys).
+    ledger = [ev(events.Submitted(), 0, None)] + [
+        ev(events.parse({"event": k.kind, "step": int(s) % 50, "seconds": s}), t, a)
+        for k, t, a, s in evs
     ]
     metrics = [{"step": s, "time": T0 + t, "attempt": a, "step_time": d} for s, t, a, d in mets]
     g = analyze(ledger, metrics, None if now is None else T0 + now).goodput

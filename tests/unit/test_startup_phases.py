@@ -3,12 +3,14 @@ of it; the resume build that skips the weights' init. The real rows: tests/local
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 from omegaconf import OmegaConf
 
 from slurmtrain.cli.startup_phases import format_startup
+from slurmtrain.common import events
 from slurmtrain.compute import resume_build, startup
 
 
@@ -35,21 +37,19 @@ def test_the_clock_records_one_row_with_every_phase_in_order():
 
 def test_report_prints_each_attempts_phases():
     rows = [
-        {"event": "started", "attempt": 1},
-        {
-            "event": "startup",
-            "attempt": 1,
-            "phases": {"launch": 0.5, "imports": 3.0, "build": 1.0, "first_step": 0.4},
-            "seconds": 4.9,
-        },
-        {
-            "event": "startup",
-            "attempt": 2,
-            "phases": {"launch": 0.4, "imports": 2.5, "build": 0.2, "load": 0.3},
-            "seconds": 3.4,
-            "staged_env": "/tmp/slurmtrain-env-k-n1",
-            "torch_from": "/tmp/slurmtrain-env-k-n1/lib/python3.11/site-packages/torch/__init__.py",
-        },
+        events.Started(attempt=1),
+        events.Startup(
+            attempt=1,
+            phases={"launch": 0.5, "imports": 3.0, "build": 1.0, "first_step": 0.4},
+            seconds=4.9,
+        ),
+        events.Startup(
+            attempt=2,
+            phases={"launch": 0.4, "imports": 2.5, "build": 0.2, "load": 0.3},
+            seconds=3.4,
+            staged_env="/tmp/slurmtrain-env-k-n1",
+            torch_from="/tmp/slurmtrain-env-k-n1/lib/python3.11/site-packages/torch/__init__.py",
+        ),
     ]
     text = format_startup(rows)
     lines = text.splitlines()
@@ -66,7 +66,7 @@ def test_report_prints_each_attempts_phases():
     assert lines[2].split() == ["1", "0.50", "3.00", "1.00", "-", "0.40", "4.90"]
     assert lines[3].split() == ["2", "0.40", "2.50", "0.20", "0.30", "-", "3.40"]
     assert "torch from /tmp/slurmtrain-env-k-n1/" in lines[4]
-    assert format_startup([{"event": "started", "attempt": 1}]) is None
+    assert format_startup([events.Started(attempt=1)]) is None
 
 
 def _cfg(stage=2, pretrained=None):
@@ -159,20 +159,20 @@ def test_goodput_counts_start_up_from_the_process_start_the_startup_row_names():
     real beginning (interpreter, imports): 10 s more of start-up, taken from queue wait."""
     from slurmtrain.cli.goodput import analyze
 
-    def ev(event, t, attempt, **kw):
-        return {"event": event, "time": float(t), "attempt": attempt, "job_id": "1", **kw}
+    def ev(row, t, attempt):
+        return dataclasses.replace(row, time=float(t), attempt=attempt, job_id="1")
 
     ledger = [
-        ev("submitted", 0, None),
-        ev("started", 100, 1, step=0),
-        ev("rendezvous_done", 100, 1, seconds=5),
-        ev("finished", 200, 1, step=10),
+        ev(events.Submitted(), 0, None),
+        ev(events.Started(), 100, 1),
+        ev(events.RendezvousDone(seconds=5), 100, 1),
+        ev(events.Finished(step=10), 200, 1),
     ]
     metrics = [
         {"step": s, "time": 110.0 + 9 * s, "attempt": 1, "step_time": 9.0} for s in range(1, 11)
     ]
     without = analyze(ledger, metrics).goodput
-    row = ev("startup", 111, 1, phases={"launch": 15.0}, process_started_at=80.0, seconds=31.0)
+    row = ev(events.Startup(phases={"launch": 15.0}, process_started_at=80.0, seconds=31.0), 111, 1)
     with_row = analyze([*ledger[:3], row, ledger[3]], metrics).goodput
     assert with_row.startup == pytest.approx(without.startup + 15.0)
     assert with_row.queue_wait == pytest.approx(without.queue_wait - 15.0)
