@@ -79,7 +79,7 @@ def _ulysses(cfg: RootConfig) -> object:
         # Ulysses reads num_key_value_heads, which OPT's config does not have (MHA: all heads)
         if getattr(config, "num_key_value_heads", None) is None:
             config.num_key_value_heads = config.num_attention_heads
-        _ULYSSES["mpu"] = UlyssesSPAttentionHF.register_with_transformers(
+        groups = UlyssesSPAttentionHF.register_with_transformers(
             model_name_or_path=types.SimpleNamespace(config=config),  # "a loaded model"
             core_attn_implementation=attention(cfg.model, int(cfg.gpus_per_node)),
             sequence_parallel_size=sequence_parallel(cfg),
@@ -87,7 +87,26 @@ def _ulysses(cfg: RootConfig) -> object:
             seq_length=int(cfg.data.seq_len),
             seq_length_is_variable=True,  # evaluation's last batch may hold fewer windows
         )
+        _ULYSSES["mpu"] = _UlyssesGroups(groups)
     return _ULYSSES["mpu"]
+
+
+class _UlyssesGroups:
+    """Ulysses' mpu (deepspeed parallel_state_sp) plus a tensor-parallel size of 1. Without it
+    DeepSpeed 0.19.8 takes the model-parallel size (= SP there) for TP: every checkpoint records
+    tp_degree=SP beside its one model file, and ds_to_universal (a resume on another world size,
+    export) refuses it. Everything else (the SP rank as the model-parallel rank, which its norms
+    count replicated parameters by) is the module's own."""
+
+    def __init__(self, module: object) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    @staticmethod
+    def get_tensor_model_parallel_world_size() -> int:
+        return 1
 
 
 @dataclass(frozen=True)
