@@ -15,9 +15,10 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import CheckpointSaved, Row
 
 # Llama 3 (Dubey et al. 2024, sec. 3.3.4): 419 unexpected interruptions in 54 days of pre-training
 # on 16,384 H100s = 2,048 nodes of 8 GPUs (faults.node_mtbf_h's default: 24 h / this).
@@ -61,20 +62,16 @@ def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
     return math.sqrt(2.0 * save * mtbf)
 
 
-def _seconds(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) else 0.0
-
-
 def measured_save_seconds(
-    ledger: Sequence[Mapping[str, object]], last: int = 5, worst: bool = False, key: str = "seconds"
+    ledger: Sequence[Row], last: int = 5, worst: bool = False, total: bool = False
 ) -> Optional[float]:
-    """The run's save time from its last `last` saves (ledger rows; None before the first save):
-    their median, or with `worst` the longest. `key`: seconds (what blocked the loop) or
-    total_seconds (until published, async saves included; falls back to seconds)."""
+    """The run's save time from its last `last` saves (its `CheckpointSaved` rows; None before
+    the first save): their median, or with `worst` the longest. `total`: until published (async
+    saves included; falls back to `seconds`), else `seconds` (what blocked the loop)."""
     secs = [
-        _seconds(e.get(key)) or _seconds(e.get("seconds"))
+        (e.total_seconds if total else None) or e.seconds or 0.0
         for e in ledger
-        if e.get("event", "checkpoint_saved") == "checkpoint_saved"
+        if isinstance(e, CheckpointSaved)
     ]
     secs = [s for s in secs if s > 0][-last:]
     if not secs:

@@ -18,7 +18,14 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
 
-from slurmtrain.common.events import Row, number
+from slurmtrain.common.events import (
+    CheckpointLoaded,
+    CheckpointSaved,
+    CheckpointVerified,
+    Row,
+    Started,
+)
+from slurmtrain.common.events import Deadlines as DeadlinesRow
 from slurmtrain.planning.shapes import param_count
 
 if TYPE_CHECKING:
@@ -40,8 +47,9 @@ CONVERT = "startup:convert"
 BUILD = "startup:build"
 LOAD = "startup:load"
 
-WRITES = ("checkpoint_saved",)
-READS = ("checkpoint_verified", "checkpoint_loaded")
+IoRow = Union[CheckpointSaved, CheckpointVerified, CheckpointLoaded]
+WRITES: tuple[type[IoRow], ...] = (CheckpointSaved,)
+READS: tuple[type[IoRow], ...] = (CheckpointVerified, CheckpointLoaded)
 
 
 @dataclass(frozen=True)
@@ -90,23 +98,30 @@ def _moved(nbytes: Bytes, world: int, per_node: int) -> Moved:
 
 
 def _nodes(e: Row) -> int:
-    nodes = e.get("nodes")
-    return max(1, len(nodes) if isinstance(nodes, (list, tuple)) else 0)
+    return max(1, len(e.nodes))
+
+
+def _measured(e: IoRow) -> tuple[float, float, float]:
+    """(seconds, busiest rank's bytes, bytes in all) of one save, verification or load: until
+    published for async saves; all ranks' bytes, else the busiest rank's x `world_size`."""
+    seconds = e.seconds or 0.0
+    if isinstance(e, CheckpointSaved):
+        seconds = e.total_seconds or seconds
+    rank = float(e.rank_bytes or 0)
+    nbytes = None if isinstance(e, CheckpointLoaded) else e.bytes
+    return seconds, rank, float(nbytes or rank * (e.world_size or 1))
 
 
 def _rates(
-    events: Iterable[Row], kinds: tuple[str, ...], last: int
+    events: Iterable[Row], kinds: tuple[type[IoRow], ...], last: int
 ) -> list[tuple[float, Optional[float]]]:
-    """(per-node rate, busiest rank's rate or None) of the newest `last` events of `kinds`: their
-    `bytes` (all ranks; else the busiest rank's `rank_bytes` x `world_size`) over their nodes and
-    seconds (until published, for async saves)."""
+    """(per-node rate, busiest rank's rate or None) of the newest `last` rows of `kinds` (a
+    failed verification left out): their bytes over their nodes and seconds (`_measured`)."""
     found = []
     for e in events:
-        if e.get("event") not in kinds or e.get("ok") is False:
+        if not isinstance(e, kinds) or (isinstance(e, CheckpointVerified) and e.ok is False):
             continue
-        seconds = number(e, "total_seconds") or number(e, "seconds")
-        rank = number(e, "rank_bytes")
-        nbytes = number(e, "bytes") or rank * int(number(e, "world_size") or 1)
+        seconds, rank, nbytes = _measured(e)
         if nbytes and seconds > 0:
             found.append((nbytes / seconds / _nodes(e), rank / seconds if rank else None))
     return found[-last:]
@@ -183,27 +198,32 @@ class Deadlines:
         """The deadline of a phase that has no byte count."""
         return self.step_s if phase in (STEP, EVAL) else self.startup_s
 
+    def row(self) -> DeadlinesRow:
+        """The ledger row: what this attempt allows and where the rates came from."""
+        return DeadlinesRow(
+            step_s=self.step_s,
+            startup_s=self.startup_s,
+            io_floor_s=self.io_floor_s,
+            io_safety=self.io_safety,
+            world_size=self.world,
+            node_count=self.nodes,  # not `nodes`: every ledger row has that list
+            write_mb_per_s=round(self.write_bps / MB, 1),  # per node
+            read_mb_per_s=round(self.read_bps / MB, 1),
+            write_rate="measured" if self.write_measured else "planned",
+            read_rate="measured" if self.read_measured else "planned",
+        )
+
     def summary(self) -> dict[str, object]:
-        """The `deadlines` ledger row: what this attempt allows and where the rates came from."""
-        return {
-            "step_s": self.step_s,
-            "startup_s": self.startup_s,
-            "io_floor_s": self.io_floor_s,
-            "io_safety": self.io_safety,
-            "world_size": self.world,
-            "node_count": self.nodes,  # not `nodes`: every ledger row has that list
-            "write_mb_per_s": round(self.write_bps / MB, 1),  # per node
-            "read_mb_per_s": round(self.read_bps / MB, 1),
-            "write_rate": "measured" if self.write_measured else "planned",
-            "read_rate": "measured" if self.read_measured else "planned",
-        }
+        """`row`'s own fields (transitional: deleted once its writer records `row()`)."""
+        placement = {"event", "time", "job_id", "attempt", "nodes"}
+        return {k: v for k, v in self.row().to_json().items() if k not in placement}
 
 
 def _attempt_nodes(events: list[Row], world: int) -> int:
-    """The nodes of this attempt: its `started` row (the newest of this world size); 1 when
+    """The nodes of this attempt: its `Started` row (the newest of this world size); 1 when
     unknown, which overestimates a node's bytes (a longer deadline, never a false hang)."""
     for e in reversed(events):
-        if e.get("event") == "started" and int(number(e, "world_size")) == world:
+        if isinstance(e, Started) and (e.world_size or 0) == world:
             return _nodes(e)
     return 1
 
@@ -215,7 +235,7 @@ def from_config(
     nodes: Optional[int] = None,
 ) -> Deadlines:
     """The deadlines of an attempt on `world` ranks over `nodes` nodes (None: from the ledger's
-    `started` row): `faults.*` keys, and the rates this run measured when it has any."""
+    `Started` row): `faults.*` keys, and the rates this run measured when it has any."""
     events = list(events)
     write, read = measured_write_bps(events), measured_read_bps(events)
     world = max(1, int(world))

@@ -151,7 +151,7 @@ def checkpoints(cfg: RootConfig, nodes: int, saves: Iterable[Row] = ()) -> Check
     """The checkpoint plan of this run on `nodes` nodes; `saves`: its `checkpoint_saved` rows."""
     lay = checkpoint_layout(cfg, nodes)
     d = attempt_deadlines(cfg, nodes)
-    measured = ckpt_interval.measured_save_seconds(list(saves), worst=True, key="total_seconds")
+    measured = ckpt_interval.measured_save_seconds(list(saves), worst=True, total=True)
     save = measured if measured is not None else d.seconds(lay.save, True) + SAVE_FIXED_S
     async_save = cfg.checkpoint.async_save
     if async_save == AUTO:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import CheckpointSaved, Started
 from slurmtrain.planning import ckpt_interval
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,9 +102,13 @@ def test_cli_prints_a_row_per_interval_and_young_daly() -> None:
 
 
 def test_measured_save_seconds_is_the_median_of_recent_saves() -> None:
-    rows = [{"event": "checkpoint_saved", "seconds": s} for s in (100, 10, 20, 30, 40, 50)]
+    rows = [CheckpointSaved(seconds=s, total_seconds=2 * s) for s in (100, 10, 20, 30, 40, 50)]
     assert ckpt_interval.measured_save_seconds(rows) == 30
-    assert ckpt_interval.measured_save_seconds([{"event": "started"}]) is None
+    assert ckpt_interval.measured_save_seconds(rows, total=True) == 60
+    assert ckpt_interval.measured_save_seconds(rows, worst=True) == 50
+    blocking = [CheckpointSaved(seconds=7.0)]  # a save without a published time: its seconds
+    assert ckpt_interval.measured_save_seconds(blocking, total=True) == 7.0
+    assert ckpt_interval.measured_save_seconds([Started(world_size=8)]) is None
 
 
 # ---- hot spares ----------------------------------------------------------------------------------

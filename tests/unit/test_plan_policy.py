@@ -127,11 +127,12 @@ def test_an_interval_set_by_hand_wins_and_cpu_runs_keep_today_s_default(tmp_path
 
 
 def test_the_interval_follows_the_measured_save_time_once_the_ledger_has_one(tmp_path):
+    from slurmtrain.common.events import CheckpointSaved
     from slurmtrain.planning import policy
 
     cfg = _headline(tmp_path)
     planned = policy.checkpoints(cfg, 64)
-    slow = [{"event": "checkpoint_saved", "seconds": 4.0, "total_seconds": 4 * planned.save_s}]
+    slow = [CheckpointSaved(seconds=4.0, total_seconds=4 * planned.save_s)]
     measured = policy.checkpoints(cfg, 64, slow)
     assert measured.save_how == "measured" and measured.save_s == pytest.approx(4 * planned.save_s)
     assert measured.interval_s == pytest.approx(2 * planned.interval_s, rel=1e-6)  # sqrt(4)
