@@ -12,12 +12,13 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, Optional, Sequence, TypedDict
+from typing import TYPE_CHECKING, Mapping, NotRequired, Optional, Sequence, TypedDict
 
 from slurmtrain.cli import run_arg
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
 from slurmtrain.cli.startup_phases import format_startup
-from slurmtrain.common.events import TRAITS, Row
+from slurmtrain.common import events
+from slurmtrain.common.events import TRAITS, Row, Rows
 from slurmtrain.common.jsonl import read_jsonl
 from slurmtrain.common.rundir import RunDir
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.lines import Line2D
 
-from slurmtrain.common.events import Rows
+Metrics = Sequence[Mapping[str, object]]  # metrics.jsonl rows (not ledger rows)
 
 PART_COLORS = {
     "productive": "#2ca02c",
@@ -59,10 +60,14 @@ class Style(TypedDict):
     alpha: NotRequired[float]
 
 
-MARKERS: dict[str, Style] = {
-    "started": Style(color="#2ca02c", ls="--", lw=1.0, alpha=0.8),
-    "requeued": Style(color="#ff7f0e", ls=":", lw=1.4, alpha=0.9),
-    "checkpoint_saved": Style(color="#1f77b4", ls="-", lw=0.6, alpha=0.35),
+# The ledger rows marked on every panel (failures too, coloured by class) and their legend names.
+MARKERS: dict[type[Row], tuple[Style, str]] = {
+    events.Started: (Style(color="#2ca02c", ls="--", lw=1.0, alpha=0.8), "attempt started"),
+    events.Requeued: (Style(color="#ff7f0e", ls=":", lw=1.4, alpha=0.9), "job requeued"),
+    events.CheckpointSaved: (
+        Style(color="#1f77b4", ls="-", lw=0.6, alpha=0.35),
+        "checkpoint saved",
+    ),
 }
 
 
@@ -74,10 +79,10 @@ def _unit(wall: float) -> tuple[float, str]:
     return 86400.0, "days"
 
 
-def summary(run_dir: Path, a: Analysis, ledger: Rows, metrics: Rows) -> str:
+def summary(run_dir: Path, a: Analysis, ledger: Rows, metrics: Metrics) -> str:
     """Steps, attempts, failures by class and the goodput table, as plain text."""
-    kinds = Counter(e.get("event") for e in ledger)
-    failures = Counter(str(e.get("class", "?")) for e in ledger if e.get("event") == "failed")
+    kinds = Counter(type(e) for e in ledger)
+    failures = Counter(e.cls or "?" for e in ledger if isinstance(e, events.Failed))
     steps = [step for m in metrics if isinstance(step := m.get("step"), int)]
     g = a.goodput
     fail = ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none"
@@ -95,8 +100,8 @@ def summary(run_dir: Path, a: Analysis, ledger: Rows, metrics: Rows) -> str:
                 if valid
                 else []
             ),
-            f"attempts  {g.attempts}   requeues {kinds['requeued']}   signals {kinds['signal']}   "
-            f"checkpoints saved {kinds['checkpoint_saved']}",
+            f"attempts  {g.attempts}   requeues {kinds[events.Requeued]}   "
+            f"signals {kinds[events.Signal]}   checkpoints saved {kinds[events.CheckpointSaved]}",
             f"failures  {fail}",
             "",
             format_table(g),
@@ -106,7 +111,7 @@ def summary(run_dir: Path, a: Analysis, ledger: Rows, metrics: Rows) -> str:
 
 
 def _series(
-    metrics: Sequence[Row], key: str, t0: float, unit: float
+    metrics: Metrics, key: str, t0: float, unit: float
 ) -> dict[int, tuple[list[float], list[float]]]:
     """Per attempt (so lines never join across a restart): x in `unit` since t0, y."""
     out: dict[int, tuple[list[float], list[float]]] = {}
@@ -119,14 +124,14 @@ def _series(
     return out
 
 
-def _attempt_of(m: Row) -> int:
+def _attempt_of(m: Mapping[str, object]) -> int:
     attempt = m.get("attempt")
     return int(attempt) if isinstance(attempt, (int, float)) and attempt else 1
 
 
 def _metric_panel(
     ax: Axes,
-    metrics: Sequence[Row],
+    metrics: Metrics,
     key: str,
     label: str,
     t0: float,
@@ -165,7 +170,7 @@ def _metric_panel(
     return bool(series)
 
 
-def _valid_line(ax: Axes, metrics: Sequence[Row], t0: float, unit: float) -> bool:
+def _valid_line(ax: Axes, metrics: Metrics, t0: float, unit: float) -> bool:
     """The held-out loss (valid_loss) on the loss panel: its own line and points, per attempt."""
     series = _series(metrics, "valid_loss", t0, unit)
     for i, (_attempt, (xs, ys)) in enumerate(sorted(series.items())):
@@ -209,13 +214,6 @@ def _strip(ax: Axes, a: Analysis, t0: float, unit: float) -> None:
     ax.set_ylabel("timeline", rotation=0, ha="right", va="center")
 
 
-MARKER_NAMES = {
-    "started": "attempt started",
-    "requeued": "requeued",
-    "checkpoint_saved": "checkpoint saved",
-}
-
-
 def class_color(cls: str) -> str:
     """A failure class's marker colour (events.TRAITS)."""
     return CLASS_COLORS.get(cls, UNKNOWN_CLASS_COLOR)
@@ -226,17 +224,15 @@ def _markers(axes: Sequence[Axes], ledger: Sequence[Row], t0: float, unit: float
 
     seen: dict[str, Line2D] = {}
     for e in ledger:
-        kind, t = str(e.get("event")), e.get("time")
-        if not isinstance(t, (int, float)):
-            continue
         style: Style
-        if kind == "failed":
-            cls = str(e.get("class", "?"))
+        if isinstance(e, events.Failed):
+            cls = e.cls or "?"
             style, name = Style(color=class_color(cls), ls="-", lw=1.6), f"failed: {cls}"
-        elif kind in MARKERS:
-            style, name = MARKERS[kind], MARKER_NAMES[kind]
+        elif type(e) in MARKERS:
+            style, name = MARKERS[type(e)]
         else:
             continue
+        t = e.time
         color, ls, lw, alpha = style["color"], style["ls"], style["lw"], style.get("alpha")
         for ax in axes:
             ax.axvline((t - t0) / unit, color=color, ls=ls, lw=lw, alpha=alpha)
@@ -244,7 +240,7 @@ def _markers(axes: Sequence[Axes], ledger: Sequence[Row], t0: float, unit: float
     return list(seen.values())
 
 
-def plot(run_dir: Path, out: Path, a: Analysis, ledger: Rows, metrics: Rows) -> Path:
+def plot(run_dir: Path, out: Path, a: Analysis, ledger: Rows, metrics: Metrics) -> Path:
     """Write the report PNG to `out` and return it."""
     import matplotlib
 

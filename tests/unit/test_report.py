@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 from slurmtrain.cli import report
+from slurmtrain.common import events
+from slurmtrain.common.events import FailureClass
 
 T0 = 1_700_000_000.0
 
@@ -16,33 +19,23 @@ T0 = 1_700_000_000.0
 def make_run(path: Path, with_mfu: bool = True) -> Path:
     """Attempt 1 hits the time limit (USR2, save, requeue); attempt 2 crashes 40 steps after its last
     save; attempt 3 resumes from step 400 and finishes at 600. One step = 6 s, save every 100 steps."""
-    ledger: list[dict] = [
-        {"event": "submitted", "time": T0, "job_id": "7", "attempt": None, "nodes": []}
-    ]
+    ledger: events.Rows = [events.Submitted(time=T0, job_id="7")]
     metrics: list[dict] = []
 
-    def ev(event: str, t: float, attempt: int, **kw) -> None:
-        ledger.append(
-            {
-                "event": event,
-                "time": t,
-                "job_id": "7",
-                "attempt": attempt,
-                "nodes": ["n1", "n2"],
-                **kw,
-            }
-        )
+    def ev(row: events.Row, t: float, attempt: int) -> None:
+        where = {"time": t, "job_id": "7", "attempt": attempt, "nodes": ("n1", "n2")}
+        ledger.append(dataclasses.replace(row, **where))
 
     t = T0 + 600
     plan = [(1, 0, 250, "requeue"), (2, 250, 440, "crash"), (3, 400, 600, "finish")]
     for attempt, first, last, end in plan:
-        ev("started", t, attempt, world_size=16, hosts=["n1", "n2"])
-        ev("rendezvous_done", t + 20, attempt, seconds=20)
-        ev("health_ok", t + 35, attempt, seconds=15)
+        ev(events.Started(world_size=16, hosts=("n1", "n2")), t, attempt)
+        ev(events.RendezvousDone(seconds=20), t + 20, attempt)
+        ev(events.HealthOk(seconds=15), t + 35, attempt)
         t += 35
         if first:
             t += 25
-            ev("checkpoint_loaded", t, attempt, step=first, seconds=25, path=f"step_{first}")
+            ev(events.CheckpointLoaded(step=first, seconds=25, path=f"step_{first}"), t, attempt)
         for step in range(first + 1, last + 1):
             t += 6.0
             row = {
@@ -58,37 +51,25 @@ def make_run(path: Path, with_mfu: bool = True) -> Path:
             metrics.append(row)
             if step % 100 == 0 or (end == "requeue" and step == last):
                 t += 30
-                ev(
-                    "checkpoint_saved",
-                    t,
-                    attempt,
-                    step=step,
-                    seconds=30,
-                    total_seconds=45,
-                    bytes=1,
-                    path="p",
+                saved = events.CheckpointSaved(
+                    step=step, seconds=30, total_seconds=45, bytes=1, path="p"
                 )
+                ev(saved, t, attempt)
         if end == "requeue":
-            ev("signal", t - 40, attempt, signal="USR2", step=last)
+            ev(events.Signal(signal="USR2", step=last), t - 40, attempt)
             t += 5
-            ev("requeued", t, attempt, reason="time limit")
+            ev(events.Requeued(reason="time limit"), t, attempt)
             t += 900
         elif end == "crash":
             t += 3
-            ev(
-                "failed",
-                t,
-                attempt,
-                error="RuntimeError: loss is NaN",
-                step=last,
-                **{"class": "crash"},
-            )
+            crash = FailureClass.crash
+            ev(events.Failed(cls=crash, error="RuntimeError: loss is NaN", step=last), t, attempt)
             t += 400
         else:
             t += 2
-            ev("finished", t, attempt, step=last)
+            ev(events.Finished(step=last), t, attempt)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
+    (path / "ledger.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in ledger))
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     return path
 
