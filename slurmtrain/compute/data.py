@@ -8,8 +8,9 @@ skipped after divergences, plus a branch's `data.skip_samples`, checkpoint/selec
 Held-out data: `data.valid_fraction` cuts the last fraction of every source before any window is
 formed (no training window shares a token with a validation one), or `data.valid_path` is a
 separate file. Validation uses `data.valid_windows` fixed windows evenly spaced over it, each rank
-evaluating `ids[rank::world]`. Under tensor parallelism "rank" and "world" here are the
-data-parallel rank and size (compute/parallel.py): the ranks of a TP group read the same samples.
+evaluating `ids[rank::world]`. Under tensor or sequence parallelism "rank" and "world" here are
+the data-parallel rank and size (compute/parallel.py): the ranks of a TP or SP group read the same
+samples (an SP rank then takes its slice of each window: parallel.local_slice).
 
 Blends: sample g comes from source `schedule[g % PERIOD]`, a fixed greedy interleaving that keeps
 every prefix within one sample of the weights, at a position in that source's own order that
