@@ -56,6 +56,16 @@ class ClusterConfig:
     cpu_mem_gb: Optional[float] = None  # host memory per node (checked for offload plans)
     container: Container = Container.none
     image: Optional[str] = None  # .sif (apptainer), REGISTRY#IMAGE/.sqsh (pyxis), bundle dir (oci)
+    # More paths inside the container, each SRC[:DST[:ro]] (absolute paths; DST defaults to SRC):
+    # apptainer --bind, pyxis --container-mounts, oci bind mounts. The runs root is always
+    # mounted; data files and model.pretrained_path outside it are mounted read-only by themselves.
+    container_binds: list[str] = field(default_factory=list)
+    # The runtime's own extra flags: `apptainer exec` flags (--cleanenv, --contain) or pyxis' srun
+    # flags (--no-container-mount-home, --container-workdir=DIR); the ranks' and the in-image
+    # supervisor's steps get the same ones (login/container.py).
+    container_flags: list[str] = field(default_factory=list)
+    apptainer_binary: str = "apptainer"  # or singularity, or an absolute path to either
+    apptainer_gpu: str = "nv"  # nv (--nv, NVIDIA), rocm (--rocm, AMD) or none
     # The batch shell's Python (runs the supervisor when it can import slurmtrain; else, with a
     # container, the supervisor runs inside the image). None: the Python that submitted.
     host_python: Optional[str] = None

@@ -23,12 +23,14 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.secrets import is_secret_key, reference, secret_keys
 from slurmtrain.common.slurm_text import parse_time
+from slurmtrain.common.validation_container import check_container
 
 
 def check_all(cfg: RootConfig) -> None:
     if isinstance(cfg, DictConfig):  # only a composed config can carry keys the schema lacks
         check_known_keys(cfg)
     check_cluster_values(cfg)
+    check_container(cfg)  # container keys, every runtime (common/validation_container.py)
     check_run_dir_mode(cfg.run_dir_mode)
     check_deepspeed_secrets(cfg)
     check_runs_root(str(cfg.runs_root))

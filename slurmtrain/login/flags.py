@@ -227,7 +227,7 @@ def srun_args(cfg: RootConfig) -> list[str]:
     keeps them on one socket (DISTRIBUTION); a --distribution/-m in cluster.srun_extra wins."""
     args = [f"--cpus-per-task={cpus_per_task(cfg)}"]
     bind = str(cfg.cluster.cpu_bind)
-    extra = [str(a) for a in cfg.cluster.srun_extra]
+    extra, _ = container.split_srun_extra(cfg)  # pyxis' own flags: container.pyxis_args
     if bind != "none":
         args.append(f"--cpu-bind={checked('cluster.cpu_bind', bind)}")
         if not any(a.startswith(("--distribution", "-m")) for a in extra):
@@ -240,16 +240,7 @@ def srun_args(cfg: RootConfig) -> list[str]:
                 f"cluster.srun_extra={arg!r}: newlines are not allowed; fix the value"
             )
     if cfg.cluster.container == "pyxis":
-        image = cfg.cluster.image
-        if not image:
-            raise ConfigError(
-                "cluster.image=None: cluster.container=pyxis needs an image; set "
-                "cluster.image=REGISTRY#IMAGE or a .sqsh path"
-            )
-        args += [
-            f"--container-image={image}",
-            f"--container-mounts={cfg.runs_root}:{cfg.runs_root}",
-        ]
+        args += container.pyxis_args(cfg)
     return args
 
 
@@ -363,20 +354,7 @@ def local_env(cfg: RootConfig, base: dict[str, str]) -> dict[str, str]:
 def python_command(cfg: RootConfig) -> list[str]:
     """The interpreter on the compute node, inside the container when there is one."""
     if cfg.cluster.container == "apptainer":
-        if not cfg.cluster.image:
-            raise ConfigError(
-                "cluster.image=None: cluster.container=apptainer needs an image; "
-                "set cluster.image=PATH.sif"
-            )
-        return [
-            "apptainer",
-            "exec",
-            "--nv",
-            "--bind",
-            f"{cfg.runs_root}",
-            str(cfg.cluster.image),
-            "python",
-        ]
+        return container.apptainer_command(cfg)
     if cfg.cluster.container == "pyxis":
         return ["python"]
     if cfg.cluster.container == "oci":
@@ -389,9 +367,9 @@ def python_command(cfg: RootConfig) -> list[str]:
 
 
 def container_srun_args(cfg: RootConfig) -> list[str]:
-    """srun's own container flags for the in-image supervisor's step: pyxis' image and mounts
-    (apptainer wraps the command, python_command; oci runs the job script's oci_task)."""
-    return [a for a in srun_args(cfg) if a.startswith("--container-")]
+    """srun's own container flags for the in-image supervisor's step: exactly the ranks' pyxis
+    flags (apptainer wraps the command, python_command; oci runs the job script's oci_task)."""
+    return container.pyxis_args(cfg) if cfg.cluster.container == "pyxis" else []
 
 
 def host_python(cfg: RootConfig) -> str:
