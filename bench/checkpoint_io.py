@@ -33,13 +33,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from slurmtrain.common import events  # noqa: E402
-from slurmtrain.common.events import Row, Rows  # noqa: E402
+
+R = TypeVar("R", bound=events.Row)
 
 BATCH = ["train.global_batch_size=8", "train.micro_batch_size=4"]  # recipes use 0.5M tokens a step
 MODEL_ARGS = {
@@ -124,16 +125,17 @@ def train(workdir: Path, model: str, mode: str, steps: int, every: int) -> Path:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True)
     [run] = (workdir / f"io-{model}-{'async' if mode == 'async' else 'sync'}").glob("*/config.yaml")
-    paused = mode != "load" and _events(run.parent, "paused")  # a paused run exits 1
+    paused = mode != "load" and bool(_of(run.parent, events.Paused))  # a paused run exits 1
     if done.returncode and not paused:
         raise SystemExit(f"slurmtrain failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return run.parent
 
 
-def _events(run: Path, kind: str) -> Rows:
+def _of(run: Path, kind: type[R]) -> list[R]:
+    """The run's ledger rows of one kind."""
     from slurmtrain.common.rundir import RunDir
 
-    return RunDir(run).events(kind)
+    return [e for e in RunDir(run).events() if isinstance(e, kind)]
 
 
 def evict(directory: Path) -> None:
@@ -173,12 +175,10 @@ class SaveFigures(TypedDict):
 
 
 def load_figures(run: Path) -> LoadFigures:
-    from slurmtrain.common.rundir import RunDir
-
-    loaded = max(RunDir(run).events("checkpoint_loaded"), key=lambda e: events.number(e, "seconds"))
-    path = Path(events.text(loaded, "path") or "")
+    loaded = max(_of(run, events.CheckpointLoaded), key=lambda e: e.seconds or 0.0)
+    path = Path(loaded.path or "")
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return {"seconds": events.number(loaded, "seconds"), "mb": size / 1e6}
+    return {"seconds": loaded.seconds or 0.0, "mb": size / 1e6}
 
 
 def universal_seconds(run: Path) -> float:
@@ -190,25 +190,23 @@ def universal_seconds(run: Path) -> float:
     return reshape.convert(found.path, found.manifest).seconds
 
 
-def _part(save: Row, key: str) -> float:
+def _part(save: events.CheckpointSaved, key: str) -> float:
     """One phase of a save's writer (its `write_seconds`), 0 when absent."""
-    parts = save.get("write_seconds")
-    return events.number(parts, key) if isinstance(parts, dict) else 0.0
+    value = (save.write_seconds or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def figures(run: Path) -> SaveFigures:
-    from slurmtrain.common.rundir import RunDir
-
-    saves = RunDir(run).events("checkpoint_saved")
-    mb = statistics.median(events.number(e, "bytes") for e in saves) / 1e6
+    saves = _of(run, events.CheckpointSaved)
+    mb = statistics.median(e.bytes or 0 for e in saves) / 1e6
     parts = {
         k: round(statistics.median(_part(e, k) for e in saves), 2)
         for k in ("serialize", "write", "disk_wait", "hash", "fsync", "copy", "step_wait")
     }
     later = saves[1:] or saves  # the first async save allocates the host pool (page faults)
 
-    def stall(e: Row) -> float:  # + the next optimizer step's wait for the host copy
-        return events.number(e, "seconds") + _part(e, "step_wait")
+    def stall(e: events.CheckpointSaved) -> float:  # + the next step's wait for the host copy
+        return (e.seconds or 0.0) + _part(e, "step_wait")
 
     return {
         "saves": len(saves),
@@ -216,7 +214,7 @@ def figures(run: Path) -> SaveFigures:
         "blocked": statistics.median(stall(e) for e in saves),
         "blocked_later": statistics.median(stall(e) for e in later),
         "blocked_max": max(stall(e) for e in saves),
-        "total": statistics.median(events.number(e, "total_seconds") for e in saves),
+        "total": statistics.median(e.total_seconds or 0.0 for e in saves),
         "parts": parts,
     }
 

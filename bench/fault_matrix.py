@@ -38,9 +38,11 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fault_recipes import FAULTS  # noqa: E402
-from fault_trial import Trial  # noqa: E402
+from fault_trial import FINISHED, STOPPED, Expect, Trial, Want  # noqa: E402
+from metric_fields import integer, number  # noqa: E402
 
 from slurmtrain.common import events  # noqa: E402  (fault_trial put the repository on the path)
+from slurmtrain.common.events import FailureClass  # noqa: E402
 
 # --- figures from the ledger and metrics -----------------------------------------------------
 
@@ -49,13 +51,10 @@ def steps_lost(t: Trial) -> int:
     """Max over attempt boundaries of (last step attempt k trained) - (step attempt k+1 loaded)."""
     by_attempt: dict[int, int] = {}
     for r in t.metrics():
-        attempt, step = events.integer(r, "attempt"), events.integer(r, "step")
+        attempt, step = integer(r, "attempt"), integer(r, "step")
         if attempt is not None and step is not None:
             by_attempt[attempt] = max(by_attempt.get(attempt, 0), step)
-    loaded = {
-        events.integer(e, "attempt"): events.integer(e, "step") or 0
-        for e in t.events("checkpoint_loaded")
-    }
+    loaded = {e.attempt: e.step or 0 for e in t.of(events.CheckpointLoaded)}
     attempts = sorted(by_attempt)
     lost = 0
     for prev, nxt in zip(attempts, attempts[1:]):
@@ -64,7 +63,14 @@ def steps_lost(t: Trial) -> int:
     return lost
 
 
-OWN_EVENTS = {"checkpoint_saved", "checkpoint_loaded", "finished", "signal", "paused", "failed"}
+OWN_EVENTS = (
+    events.CheckpointSaved,
+    events.CheckpointLoaded,
+    events.Finished,
+    events.Signal,
+    events.Paused,
+    events.Failed,
+)
 
 
 def duplicate_trainers(t: Trial) -> bool:
@@ -75,19 +81,18 @@ def duplicate_trainers(t: Trial) -> bool:
     spans: dict[int, list[float]] = {}  # attempt -> [started, its last own row]
     jobs: dict[int, str] = {}  # attempt -> the job it started in
     for e in ev:
-        attempt = events.integer(e, "attempt")
-        if e["event"] == "started" and attempt is not None:
-            spans[attempt] = [events.number(e, "time")] * 2
-            jobs[attempt] = str(e.get("job_id"))
+        if isinstance(e, events.Started) and e.attempt is not None:
+            spans[e.attempt] = [e.time] * 2
+            jobs[e.attempt] = str(e.job_id)
     own = [
-        (attempt, events.number(e, "time"))
+        (e.attempt, e.time)
         for e in ev
-        if (attempt := events.integer(e, "attempt")) is not None
-        and e["event"] in OWN_EVENTS
-        and str(e.get("job_id")) == jobs.get(attempt)
+        if e.attempt is not None
+        and isinstance(e, OWN_EVENTS)
+        and str(e.job_id) == jobs.get(e.attempt)
     ]
     rows = t.metrics()
-    for a, ts in own + [(events.integer(r, "attempt"), events.number(r, "time")) for r in rows]:
+    for a, ts in own + [(integer(r, "attempt"), number(r, "time")) for r in rows]:
         if a is not None and a in spans:
             spans[a][1] = max(spans[a][1], ts)
     ordered = [spans[a] for a in sorted(spans)]
@@ -95,39 +100,36 @@ def duplicate_trainers(t: Trial) -> bool:
         return True
     # An in-process rollback retrains the steps after the checkpoint it went back to, in the same
     # attempt: a step counts twice only within one stretch between rollbacks.
-    rollbacks = sorted(events.number(e, "time") for e in ev if e["event"] == "rollback")
+    rollbacks = sorted(e.time for e in ev if isinstance(e, events.Rollback))
     seen: dict[tuple[Optional[int], int, Optional[int]], int] = {}
     for r in rows:
-        at = events.number(r, "time")
-        key = (
-            events.integer(r, "attempt"),
-            sum(t <= at for t in rollbacks),
-            events.integer(r, "step"),
-        )
+        at = number(r, "time")
+        key = (integer(r, "attempt"), sum(t <= at for t in rollbacks), integer(r, "step"))
         seen[key] = seen.get(key, 0) + 1
     return any(n > 1 for n in seen.values())
 
 
 def corrupt_resumes(t: Trial) -> int:
-    saved = {events.integer(e, "step") for e in t.events("checkpoint_saved")}
+    saved = {e.step for e in t.of(events.CheckpointSaved)}
     bad = 0
-    for e in t.events("checkpoint_loaded"):
-        path = str(e.get("path", ""))
-        name = Path(path).name.removesuffix("_universal")
-        if name.endswith(".tmp") or name in t.corrupted or events.integer(e, "step") not in saved:
+    for e in t.of(events.CheckpointLoaded):
+        name = Path(e.path or "").name.removesuffix("_universal")
+        if name.endswith(".tmp") or name in t.corrupted or e.step not in saved:
             bad += 1
     return bad
 
 
-def class_recorded(t: Trial, want: str) -> bool:
+def class_recorded(t: Trial, want: Want) -> bool:
     ev = t.events()
-    if want == "none":  # nothing failed: one clean chain, no failure recorded
-        return not any(e["event"] in ("failed", "stopped") for e in ev)
-    if want == "attempt_ended!=finished":
-        ended = [e for e in ev if e["event"] == "attempt_ended" and e.get("attempt") == 1]
-        return bool(ended) and ended[0].get("class") not in ("finished", "cancelled")
-    classes = {e.get("class") for e in ev if e["event"] in ("attempt_ended", "stopped", "failed")}
-    return want in classes or any(e["event"] == want for e in ev)
+    if want == Expect.nothing_failed:  # one clean chain, no failure recorded
+        return not any(isinstance(e, (events.Failed, events.Stopped)) for e in ev)
+    if want == Expect.first_attempt_failed:
+        ended = [e for e in ev if isinstance(e, events.AttemptEnded) and e.attempt == 1]
+        return bool(ended) and ended[0].cls not in (events.Finished.kind, FailureClass.cancelled)
+    if isinstance(want, type):
+        return any(isinstance(e, want) for e in ev)
+    failures = (events.AttemptEnded, events.Stopped, events.Failed)
+    return want in {e.cls for e in ev if isinstance(e, failures)}
 
 
 def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
@@ -141,7 +143,7 @@ def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
         row.update(
             # recovered: ended as it must (a stop only with its class), one trainer, no bad resume
             recovered=end == outcome
-            and (outcome != "stopped" or class_ok)
+            and (outcome != STOPPED or class_ok)
             and not dup
             and corrupt == 0,
             lost=steps_lost(t),
@@ -219,7 +221,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         p.error("--trials: at least 1")
     rows = [trial(f, i, a.keep) for f in chosen for i in range(1, a.trials + 1)]
     print(table(rows))
-    details = [r for r in rows if r.get("end") not in ("finished", "stopped")]
+    details = [r for r in rows if r.get("end") not in (FINISHED, STOPPED)]
     for r in details:
         print(f"{r['fault']}: {r['end']}")
 

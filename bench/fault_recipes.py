@@ -19,9 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fault_trial import (  # noqa: E402
     BASE,
+    CANCELLED,
+    FINISHED,
+    REFUSED,
     ROOT,
     STATE_DIR,
+    STOPPED,
+    Expect,
     Trial,
+    Want,
     harness,
     left_queue,
     rank1,
@@ -29,10 +35,13 @@ from fault_trial import (  # noqa: E402
     squeue_state,
 )
 
+from slurmtrain.common import events  # noqa: E402  (fault_trial put the repository on the path)
+from slurmtrain.common.events import FailureClass  # noqa: E402
+
 # --- the faults: each produces the fault on a trial and returns the run's expected end ---------
 
 
-def time_limit(t: Trial) -> tuple[str, str]:
+def time_limit(t: Trial) -> tuple[str, Want]:
     t.submit(
         [
             "cluster.time=2",
@@ -42,10 +51,10 @@ def time_limit(t: Trial) -> tuple[str, str]:
         ],
         inject="step_delay=0.8",
     )
-    return "finished", "timed_out"
+    return FINISHED, FailureClass.timed_out
 
 
-def preemption(t: Trial) -> tuple[str, str]:
+def preemption(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=40"], inject="step_delay=0.5")
     t.wait_step(6)
     sh(
@@ -60,13 +69,13 @@ def preemption(t: Trial) -> tuple[str, str]:
         "--wrap",
         "sleep 3",
     )
-    return "finished", "preempted"
+    return FINISHED, FailureClass.preempted
 
 
-def node_failure(t: Trial) -> tuple[str, str]:
+def node_failure(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=40"], inject="step_delay=0.5")
     t.wait_step(12)
-    victim, rank_pid = rank1(t.events("started")[-1])
+    victim, rank_pid = rank1(t.of(events.Started)[-1])
     pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     try:
@@ -80,27 +89,27 @@ def node_failure(t: Trial) -> tuple[str, str]:
         sh("scontrol", "update", f"nodename={victim}", "state=resume")
 
     t.cleanup.append(back)
-    return "finished", "node_failure"
+    return FINISHED, FailureClass.node_failure
 
 
-def sigkill_mid_save(t: Trial) -> tuple[str, str]:
+def sigkill_mid_save(t: Trial) -> tuple[str, Want]:
     t.submit([], inject="kill_during_save=20,attempts=1")
-    return "finished", "attempt_ended!=finished"
+    return FINISHED, Expect.first_attempt_failed
 
 
-def corrupt_newest_checkpoint(t: Trial) -> tuple[str, str]:
+def corrupt_newest_checkpoint(t: Trial) -> tuple[str, Want]:
     t.paused_at_20()
     t.flip(20)
     t.submit([])
-    return "finished", "checkpoint_skipped"
+    return FINISHED, events.CheckpointSkipped
 
 
-def all_checkpoints_corrupt(t: Trial) -> tuple[str, str]:
+def all_checkpoints_corrupt(t: Trial) -> tuple[str, Want]:
     t.paused_at_20()
     t.flip(10)
     t.flip(20)
     t.submit([])
-    return "stopped", "checkpoint_unreadable"
+    return STOPPED, FailureClass.checkpoint_unreadable
 
 
 def run_dir_of(t: Trial, args: list[str]) -> Path:
@@ -128,7 +137,7 @@ def run_dir_of(t: Trial, args: list[str]) -> Path:
     return Path(str(cfg.runs_root), str(cfg.name), fingerprint(cfg))
 
 
-def disk_full_on_save(t: Trial) -> tuple[str, str]:
+def disk_full_on_save(t: Trial) -> tuple[str, Want]:
     # A 4 MB tmpfs as the run's checkpoints/: one checkpoint fits, the next does not (ENOSPC).
     ckpts = run_dir_of(t, ["train.max_steps=40"]) / "checkpoints"
     ckpts.mkdir(parents=True)
@@ -136,82 +145,82 @@ def disk_full_on_save(t: Trial) -> tuple[str, str]:
         raise RuntimeError("cannot mount a tmpfs (needs root)")
     t.cleanup.append(lambda: subprocess.run(["umount", "-l", str(ckpts)]))
     t.submit(["train.max_steps=40"])
-    t.wait_event("checkpoint_failed")
+    t.wait_event(events.CheckpointFailed)
     subprocess.run(["mount", "-o", "remount,size=64M", "tmpfs", str(ckpts)])  # space freed
-    return "finished", "checkpoint_failed"
+    return FINISHED, events.CheckpointFailed
 
 
-def hang_on_one_rank(t: Trial) -> tuple[str, str]:
+def hang_on_one_rank(t: Trial) -> tuple[str, Want]:
     t.submit(
         ["faults.hang_timeout_s=15", "train.max_steps=20"],
         inject="stall_at_step=8,stall_rank=1,attempts=1",
     )
-    return "finished", "hang"
+    return FINISHED, FailureClass.hang
 
 
-def nan_loss(t: Trial) -> tuple[str, str]:
+def nan_loss(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=40"], inject="nan_at_step=15,attempts=1")
-    return "finished", "rollback"
+    return FINISHED, events.Rollback
 
 
-def bad_node(t: Trial) -> tuple[str, str]:
+def bad_node(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=10"], inject="bad_rank=1,attempts=1")
-    return "finished", "bad_node"
+    return FINISHED, events.BadNode
 
 
-def node_never_joins(t: Trial) -> tuple[str, str]:
+def node_never_joins(t: Trial) -> tuple[str, Want]:
     # rank 1 wedges before the rendezvous (SIGSTOP), once: its node is named and excluded
     t.submit(["faults.startup_timeout_s=30", "train.max_steps=10"], inject="absent_rank=1")
-    return "finished", "hang"
+    return FINISHED, FailureClass.hang
 
 
-def gpus_invisible(t: Trial) -> tuple[str, str]:
+def gpus_invisible(t: Trial) -> tuple[str, Want]:
     # the gpu partition's nodes advertise 8 GPUs their tasks cannot see: each node is named and
     # excluded, retried once, then the run stops no_nodes instead of taking turns on them
     t.submit(["cluster.partition=gpu", "gpus_per_node=8"])
-    return "stopped", "no_nodes"
+    return STOPPED, FailureClass.no_nodes
 
 
-def crash_loop(t: Trial) -> tuple[str, str]:
+def crash_loop(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=20"], inject="crash_at_step=7")
-    return "stopped", "crash"
+    return STOPPED, FailureClass.crash
 
 
-def world_size_change(t: Trial) -> tuple[str, str]:
+def world_size_change(t: Trial) -> tuple[str, Want]:
     batch = ["train.global_batch_size=8", "train.micro_batch_size=4"]  # same run on 1 or 2 nodes
     t.paused_at_20(batch)
     t.submit([*batch, "nodes=1"])  # 2 ranks -> 1: universal conversion, grad accumulation 2
-    return "finished", "checkpoint_converted"
+    return FINISHED, events.CheckpointConverted
 
 
-def duplicate_submission(t: Trial) -> tuple[str, str]:
+def duplicate_submission(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=40"], inject="step_delay=0.3")
     t.wait_step(5)
     sh("sbatch", "--parsable", str(t.path / "job.sbatch"))
-    return "finished", "duplicate_refused"
+    return FINISHED, events.DuplicateRefused
 
 
-def controller_restart(t: Trial) -> tuple[str, str]:
+def controller_restart(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=60", "checkpoint.interval_steps=5"], inject="step_delay=0.5")
     t.wait_step(8)
     harness("restart-ctld", "--down-s", "15")
-    return "finished", "none"
+    return FINISHED, Expect.nothing_failed
 
 
-def sigterm_batch_shell(t: Trial) -> tuple[str, str]:
+def sigterm_batch_shell(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=40"], inject="step_delay=0.5")
     t.wait_step(8)
-    job = str(t.events("started")[-1]["job_id"])
+    job = str(t.of(events.Started)[-1].job_id)
     sh("scancel", "--batch", "--signal=TERM", job)
-    return "finished", "none"
+    return FINISHED, Expect.nothing_failed
 
 
-def hand_job_then_cancel(t: Trial) -> tuple[str, str]:
+def hand_job_then_cancel(t: Trial) -> tuple[str, Want]:
     # a hand `sbatch job.sbatch` pending behind the run, then `cli cancel`:
     # every job of the run leaves the queue and nothing trains afterwards
     t.submit(["train.max_steps=200"], inject="step_delay=0.5")
     t.wait_step(3)
-    first = str(t.events("submitted")[-1]["job_id"])
+    first = str(t.of(events.Submitted)[-1].job_id)
     hand = sh("sbatch", "--parsable", f"--dependency=afterany:{first}", str(t.path / "job.sbatch"))
     assert squeue_state(hand) == "PENDING", f"hand job {hand}: {squeue_state(hand)!r}"
     out = subprocess.run(
@@ -224,21 +233,21 @@ def hand_job_then_cancel(t: Trial) -> tuple[str, str]:
     time.sleep(30)  # long enough for a missed job to start and a supervisor to resubmit
     left = [j for j in (first, hand) if squeue_state(j)]
     ev = t.events()
-    at = max(i for i, e in enumerate(ev) if e["event"] == "cancelled")
+    at = max(i for i, e in enumerate(ev) if isinstance(e, events.Cancelled))
     # the cancelled job saves on its SIGTERM (checkpoints are kept); no other job may start
     later = {
-        e["event"]
+        e.event
         for e in ev[at + 1 :]
-        if e["event"] in ("started", "submitted")
-        or (e["event"] == "checkpoint_saved" and str(e.get("job_id")) != first)
+        if isinstance(e, (events.Started, events.Submitted))
+        or (isinstance(e, events.CheckpointSaved) and e.job_id != first)
     }
     assert not left and not later, f"after cancel: queued {left}, ledger {sorted(later)}"
     t.notes.append(f"cancelled {first} and hand job {hand}")
-    t.ended = "cancelled"
-    return "cancelled", "cancelled"
+    t.ended = CANCELLED
+    return CANCELLED, FailureClass.cancelled
 
 
-def inject_without_opt_in(t: Trial) -> tuple[str, str]:
+def inject_without_opt_in(t: Trial) -> tuple[str, Want]:
     # SLURMTRAIN_INJECT without faults.allow_inject=true is refused at submit
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env["SLURMTRAIN_INJECT"] = "crash_at_step=3"
@@ -253,11 +262,11 @@ def inject_without_opt_in(t: Trial) -> tuple[str, str]:
     said = [line for line in done.stderr.splitlines() if "SLURMTRAIN_INJECT" in line]
     assert done.returncode == 2 and len(said) == 1, done.stdout + done.stderr
     assert not (t.workdir / "runs").exists(), "a refused submission wrote a run directory"
-    t.ended = "refused"
-    return "refused", "none"
+    t.ended = REFUSED
+    return REFUSED, Expect.nothing_failed
 
 
-def load_failure(t: Trial) -> tuple[str, str]:
+def load_failure(t: Trial) -> tuple[str, Want]:
     # step_20 validates (its manifest rewritten over bytes DeepSpeed rejects, as a buggy writer
     # would) but does not load: marked, and step_10 loaded in the same attempt
     import json
@@ -275,10 +284,10 @@ def load_failure(t: Trial) -> tuple[str, str]:
     (step / MANIFEST).write_text(json.dumps(manifest, indent=1))
     t.corrupted.add(step.name)
     t.submit([])
-    return "finished", "checkpoint_unloadable"
+    return FINISHED, events.CheckpointUnloadable
 
 
-def converter_signal(t: Trial) -> tuple[str, str]:
+def converter_signal(t: Trial) -> tuple[str, Want]:
     # the time-limit USR2 reaches every process of the step while ds_to_universal converts
     # (2 ranks -> 1): the conversion completes, the rank saves and is requeued, the run finishes
     from slurmtrain.common.checkpoint_format import validate
@@ -288,54 +297,54 @@ def converter_signal(t: Trial) -> tuple[str, str]:
     t.submit([*batch, "nodes=1"])
     source = str(t.path / "checkpoints" / "step_20")
     t.wait(lambda: source in sh("pgrep", "-af", "ds_to_universal"), 300, "the conversion")
-    sh("scancel", "--signal=USR2", str(t.events("submitted")[-1]["job_id"]))
-    if t.wait_end() == "finished":
+    sh("scancel", "--signal=USR2", str(t.of(events.Submitted)[-1].job_id))
+    if t.wait_end() == FINISHED:
         bad = validate(t.path / "checkpoints" / "step_20_universal", full=True)
         if bad is not None:
             raise RuntimeError(f"universal checkpoint corrupt: {bad}")
-    return "finished", "checkpoint_converted"
+    return FINISHED, events.CheckpointConverted
 
 
-def final_step_signal(t: Trial) -> tuple[str, str]:
+def final_step_signal(t: Trial) -> tuple[str, Want]:
     # USR2 during step 30 of 30: the stop's save is the final checkpoint; finished, no extra job
     t.submit([], inject="step_delay=2")
     t.wait_step(29)
-    sh("scancel", "--signal=USR2", str(t.events("submitted")[-1]["job_id"]))
-    if t.wait_end() == "finished" and len(t.events("started")) != 1:
-        raise RuntimeError(f"{len(t.events('started'))} attempts: the signal cost an extra job")
-    return "finished", "signal"
+    sh("scancel", "--signal=USR2", str(t.of(events.Submitted)[-1].job_id))
+    if t.wait_end() == FINISHED and len(t.of(events.Started)) != 1:
+        raise RuntimeError(f"{len(t.of(events.Started))} attempts: the signal cost an extra job")
+    return FINISHED, events.Signal
 
 
-def resubmit_after_stop(t: Trial) -> tuple[str, str]:
+def resubmit_after_stop(t: Trial) -> tuple[str, Want]:
     # a crash loop stops the run; the user "fixes" it (no injection) and runs the same command:
     # a new budget window opens and the run finishes
     t.submit(["train.max_steps=20"], inject="crash_at_step=7")
-    job = str(t.wait_event("stopped", timeout=600)["job_id"])
+    job = str(t.wait_event(events.Stopped, timeout=600).job_id)
     t.wait(left_queue(job), 120, f"job {job} to end")
     t.submit(["train.max_steps=20"])
-    t.wait_event("finished", timeout=900)
-    return "finished", "budget_window"
+    t.wait_event(events.Finished, timeout=900)
+    return FINISHED, events.BudgetWindow
 
 
-def held_successor(t: Trial) -> tuple[str, str]:
+def held_successor(t: Trial) -> tuple[str, Want]:
     # the supervisor "dies" between recording its held successor and releasing it; `status`
     # past the bound (SLURMTRAIN_HELD_OWNER_S) releases it and the run finishes
     t.submit(["train.max_steps=20"], inject="crash_at_step=7,attempts=1,skip_release=1")
-    t.wait(lambda: any(e.get("requeue_of") for e in t.events("submitted")), 600, "successor")
+    t.wait(lambda: any(e.requeue_of for e in t.of(events.Submitted)), 600, "successor")
     time.sleep(8)
     env = dict(os.environ, PYTHONPATH=str(ROOT), SLURMTRAIN_HELD_OWNER_S="5")
     status = [sys.executable, "-m", "slurmtrain.cli", "status", str(t.path)]
     subprocess.run(status, env=env, capture_output=True, text=True, timeout=300)
-    return "finished", "crash"
+    return FINISHED, FailureClass.crash
 
 
-def supervisor_exception(t: Trial) -> tuple[str, str]:
+def supervisor_exception(t: Trial) -> tuple[str, Want]:
     # the supervisor raises after a crash: its catch-all records it and resubmits
     t.submit(["train.max_steps=20"], inject="crash_at_step=7,attempts=1,supervisor_raise=1")
-    return "finished", "supervisor_failed"
+    return FINISHED, events.SupervisorFailed
 
 
-FAULTS: dict[str, Callable[[Trial], tuple[str, str]]] = {
+FAULTS: dict[str, Callable[[Trial], tuple[str, Want]]] = {
     "time_limit": time_limit,
     "preemption": preemption,
     "node_failure": node_failure,

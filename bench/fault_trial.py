@@ -14,16 +14,38 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar, Union
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurmtrain.common import events  # noqa: E402
-from slurmtrain.common.events import Row, Rows  # noqa: E402
+from metric_fields import integer  # noqa: E402
+
+from slurmtrain.common import events, rundir  # noqa: E402
+from slurmtrain.common.events import FailureClass, Row, Rows  # noqa: E402
 from slurmtrain.common.jsonl import read_jsonl  # noqa: E402
 from slurmtrain.common.rundir import RunDir  # noqa: E402
+
+R = TypeVar("R", bound=Row)
+
+# How a trial's run ends (Trial.wait_end, a recipe's `ended`): the run's end state, or how a
+# recipe ended it; `stuck`: nobody will restart it.
+FINISHED, STOPPED = rundir.FINISHED, rundir.STOPPED
+CANCELLED, REFUSED, STUCK = events.Cancelled.kind, "refused", "stuck"
+
+
+class Expect(Enum):
+    """What a fault must leave in the ledger besides a failure class or a row of one kind."""
+
+    nothing_failed = "none"  # one clean chain, no failure recorded
+    first_attempt_failed = "attempt 1 ended, not cancelled"  # its class may be any
+
+
+# What a recipe expects recorded: a failure class (of an attempt_ended, stopped or failed row), a
+# row kind, or an Expect.
+Want = Union[FailureClass, type[Row], Expect]
 
 HARNESS = ROOT / "tools" / "slurm_cluster.py"
 STATE_DIR = Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster"))
@@ -80,10 +102,14 @@ class Trial:
             raise RuntimeError(f"{self.name}: not submitted yet")
         return self.run
 
-    def events(self, kind: Optional[str] = None) -> Rows:
-        return RunDir(self.run).events(kind) if self.run else []
+    def events(self) -> Rows:
+        return RunDir(self.run).events() if self.run else []
 
-    def metrics(self) -> Rows:
+    def of(self, kind: type[R]) -> list[R]:
+        """The ledger's rows of one kind."""
+        return [e for e in self.events() if isinstance(e, kind)]
+
+    def metrics(self) -> list[dict[str, object]]:
         return read_jsonl(self.run / "metrics.jsonl") if self.run else []
 
     def wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -96,45 +122,44 @@ class Trial:
 
     def wait_step(self, step: int, timeout: float = 300) -> None:
         self.wait(
-            lambda: (
-                max((events.integer(r, "step") or 0 for r in self.metrics()), default=0) >= step
-            ),
+            lambda: max((integer(r, "step") or 0 for r in self.metrics()), default=0) >= step,
             timeout,
             f"step {step}",
         )
 
-    def wait_event(self, kind: str, timeout: float = 400) -> dict[str, object]:
-        self.wait(lambda: bool(self.events(kind)), timeout, f"event {kind}")
-        return self.events(kind)[-1]
+    def wait_event(self, kind: type[R], timeout: float = 400) -> R:
+        self.wait(lambda: bool(self.of(kind)), timeout, f"event {kind.kind}")
+        return self.of(kind)[-1]
 
     def wait_end(self, timeout: float = 600, idle_s: float = 90) -> str:
-        """finished | stopped once the run's last job has left the queue; `stuck` when no job of
-        the run has been queued for `idle_s` and the ledger has no end (nobody will restart it)."""
+        """rundir.FINISHED | STOPPED once the run's last job has left the queue; `stuck` when no
+        job of the run has been queued for `idle_s` and the ledger has no end (nobody will restart
+        it)."""
         if self.ended:
             return self.ended
         deadline, idle_since = time.time() + timeout, None
         while time.time() < deadline:
-            if self.events("finished") or self.events("stopped"):
+            if any(isinstance(e, (events.Finished, events.Stopped)) for e in self.events()):
                 break
-            jobs = {str(e.get("job_id")) for e in self.events("submitted")}
-            jobs |= {str(e.get("new_job_id")) for e in self.events("requeued")}
+            jobs = {str(e.job_id) for e in self.of(events.Submitted)}
+            jobs |= {str(e.new_job_id) for e in self.of(events.Requeued)}
             if any(squeue_state(j) for j in jobs):
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.time()
             elif time.time() - idle_since > idle_s:
-                return "stuck"
+                return STUCK
             time.sleep(2)
         else:
             raise TimeoutError(f"no finished or stopped within {timeout:.0f} s")
-        for job in {str(e.get("job_id")) for e in self.events("submitted")}:
+        for job in {str(e.job_id) for e in self.of(events.Submitted)}:
             self.wait(left_queue(job), 120, f"job {job} to leave the queue")
-        return "finished" if self.events("finished") else "stopped"
+        return FINISHED if self.of(events.Finished) else STOPPED
 
     def paused_at_20(self, args: Sequence[str] = ()) -> None:
         self.submit([*args, "train.pause_at_step=20"])
-        self.wait_event("paused")
-        job = str(self.events("submitted")[-1]["job_id"])
+        self.wait_event(events.Paused)
+        job = str(self.of(events.Submitted)[-1].job_id)
         self.wait(left_queue(job), 120, f"job {job} to end")
 
     def flip(self, step: int) -> None:
@@ -145,11 +170,9 @@ class Trial:
         self.corrupted.add(shard.parent.name)
 
 
-def rank1(started: Row) -> tuple[str, Optional[int]]:
+def rank1(started: events.Started) -> tuple[str, Optional[int]]:
     """Rank 1's node and pid in a `started` row (its node is not the batch shell's, rank 0's)."""
-    pids = started.get("pids")
-    pid = pids[1] if isinstance(pids, list) and len(pids) > 1 else None
-    return events.strings(started, "hosts")[1], pid if isinstance(pid, int) else None
+    return started.hosts[1], started.pids[1] if len(started.pids) > 1 else None
 
 
 def left_queue(job: str) -> Callable[[], bool]:

@@ -198,13 +198,14 @@ def throughput(c: Check, extras: bool = False) -> None:
 
 
 def losses(run: Path) -> dict[int, float]:
-    from slurmtrain.common import events
+    from metric_fields import integer, number
+
     from slurmtrain.common.jsonl import read_jsonl
 
     return {
-        step: events.number(r, "loss")
+        step: number(r, "loss")
         for r in read_jsonl(run / "metrics.jsonl")
-        if "loss" in r and (step := events.integer(r, "step")) is not None
+        if "loss" in r and (step := integer(r, "step")) is not None
     }
 
 
@@ -227,23 +228,25 @@ def resume(c: Check) -> None:
     n = c.mode.resume_n
     c.whole1 = losses(c.slurmtrain("resume-whole1"))
     run = c.slurmtrain("resume-cut", pausing=True)
-    [saved] = RunDir(run).events("checkpoint_saved")[-1:] or [{}]
+    saves = [e for e in RunDir(run).events() if isinstance(e, events.CheckpointSaved)]
     drop_cache(run / "checkpoints")
     c.slurmtrain("resume-cont")
-    [loaded] = RunDir(run).events("checkpoint_loaded")[-1:] or [{}]
+    loads = [e for e in RunDir(run).events() if isinstance(e, events.CheckpointLoaded)]
+    saved = saves[-1] if saves else events.CheckpointSaved()
+    loaded = loads[-1] if loads else events.CheckpointLoaded()
     # The whole save (host copy, write, fsync, publish), not the seconds the loop was blocked.
-    whole_s = events.number(saved, "total_seconds") or events.number(saved, "seconds")
-    load_bytes = events.number(loaded, "rank_bytes") * (events.integer(loaded, "world_size") or 1)
-    load_s = events.number(loaded, "seconds")
+    whole_s = saved.total_seconds or saved.seconds or 0.0
+    load_bytes = (loaded.rank_bytes or 0) * (loaded.world_size or 1)
+    load_s = loaded.seconds or 0.0
     c.out.emit(
         "checkpoint_io",
-        bytes=saved.get("bytes"),
-        mode=saved.get("mode"),
+        bytes=saved.bytes,
+        mode=saved.mode,
         save_total_s=whole_s,
-        save_blocked_s=saved.get("seconds"),
-        save_gb_s=events.number(saved, "bytes") / whole_s / 1e9 if whole_s else None,
+        save_blocked_s=saved.seconds,
+        save_gb_s=(saved.bytes or 0) / whole_s / 1e9 if whole_s else None,
         load_gb_s=load_bytes / load_s / 1e9 if load_s else None,
-        ok=bool(saved) and bool(loaded) and bool(whole_s),
+        ok=bool(saves) and bool(loads) and bool(whole_s),
     )
     resumed = losses(run)
     whole2 = losses(c.slurmtrain("resume-whole2"))

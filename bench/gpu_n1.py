@@ -189,6 +189,7 @@ def main() -> int:
     run = prepare(overrides)
     observer = Observer(step, late)
     observer.install()
+    from slurmtrain.common import events
     from slurmtrain.common.rundir import RunDir
     from slurmtrain.compute import attempt
 
@@ -197,8 +198,10 @@ def main() -> int:
     seconds = time.monotonic() - started
     out: dict[str, Any] = {"exit": code, "train_s": round(seconds, 1), "device": observer.device}
     out["save_step"] = step
-    saved = [r for r in RunDir(run).events("checkpoint_saved") if r.get("step") == step]
-    out["mode"] = saved[-1].get("mode") if saved else None
+    saved = [
+        r for r in RunDir(run).events() if isinstance(r, events.CheckpointSaved) and r.step == step
+    ]
+    out["mode"] = saved[-1].mode if saved else None
     out.update(observer.compare(run))
     out["changed_after_save"] = observer.changed_after
     out["copy_threads"] = observer.copy_threads

@@ -73,6 +73,7 @@ def run_slurmtrain(
     overrides: Sequence[str], work: Path, timeout: float, pausing: bool = False
 ) -> Path:
     """`python -m slurmtrain cluster=local runs_root=WORK ...`: the run directory it trained."""
+    from slurmtrain.common import events
     from slurmtrain.common.rundir import RunDir
 
     name = next(a.split("=", 1)[1] for a in overrides if a.startswith("name="))
@@ -80,7 +81,7 @@ def run_slurmtrain(
     done = spawn(cmd, timeout, cwd=work)
     found = sorted(work.glob(f"{name}/*/config.yaml"), key=os.path.getmtime)
     run = found[-1].parent if found else None
-    paused = run is not None and bool(RunDir(run).events("paused"))
+    paused = run is not None and any(isinstance(e, events.Paused) for e in RunDir(run).events())
     if run is None or (done.returncode and not (pausing and paused)):
         tail = (done.stdout + done.stderr)[-2000:]
         raise RunFailed(f"{name}: python -m slurmtrain exit {done.returncode}:\n{tail}")
@@ -120,12 +121,13 @@ def figures(tokens_per_s: float, fpt: float, device: str, dtype: str) -> dict[st
 def window(run: Path, first: int, last: int, tokens_per_step: int) -> dict[str, Any]:
     """Ours over its steady window: the metrics rows of steps `first` and `last` bound it; a row
     holding an evaluation inside it is refused (its time is no training step's)."""
-    from slurmtrain.common import events
+    from metric_fields import integer, number
+
     from slurmtrain.common.jsonl import read_jsonl
 
     rows = {}
     for r in read_jsonl(run / "metrics.jsonl"):
-        step = events.integer(r, "step")
+        step = integer(r, "step")
         if step is None or not first <= step <= last:
             continue
         if any(str(k).startswith("valid") for k in r) and step > first:
@@ -133,7 +135,7 @@ def window(run: Path, first: int, last: int, tokens_per_step: int) -> dict[str, 
         rows[step] = r
     if first not in rows or last not in rows:
         raise RunFailed(f"{run.name}: no metrics rows for steps {first} and {last}: {sorted(rows)}")
-    seconds = events.number(rows[last], "time") - events.number(rows[first], "time")
+    seconds = number(rows[last], "time") - number(rows[first], "time")
     peak = rows[last].get("peak_mem_bytes_max")
     return {
         "tokens_per_s": (last - first) * tokens_per_step / seconds,

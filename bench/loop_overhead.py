@@ -88,25 +88,26 @@ def ours(
 
 def _row_times(run: Path) -> dict[int, float]:
     """When each metrics row was written (its `time`), by step."""
-    from slurmtrain.common import events
+    from metric_fields import integer, number
+
     from slurmtrain.common.jsonl import read_jsonl
 
     stamped = {}
     for row in read_jsonl(run / "metrics.jsonl"):
-        step = events.integer(row, "step")
+        step = integer(row, "step")
         if step is not None:
-            stamped[step] = events.number(row, "time")
+            stamped[step] = number(row, "time")
     return stamped
 
 
 def _last_step(workdir: Path) -> int:
-    from slurmtrain.common import events
+    from metric_fields import integer
 
     files = list(workdir.glob("demo/*/metrics.jsonl"))
     if not files:
         return 0
     lines = max(files, key=os.path.getmtime).read_text().splitlines()
-    return (events.integer(json.loads(lines[-1]), "step") or 0) if lines else 0
+    return (integer(json.loads(lines[-1]), "step") or 0) if lines else 0
 
 
 def _login_side_share(proc: subprocess.Popen[str], workdir: Path, warmup: int, steps: int) -> float:

@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_trial import STATE_DIR, Trial, harness, rank1, sh  # noqa: E402
+from metric_fields import integer, number  # noqa: E402
 
 from slurmtrain.common import events  # noqa: E402  (fault_trial put the repository on the path)
-from slurmtrain.common.events import Rows  # noqa: E402
 
 BLOCK_S = 90
 
@@ -60,7 +60,7 @@ def one(variant: str, workdir: Path, index: int) -> dict[str, Any]:
     spare = ["faults.spare_nodes=1"] if variant == "spare" else []
     t.submit(["train.max_steps=40", "checkpoint.interval_steps=5", *spare], "step_delay=0.5")
     t.wait_step(12)
-    started = t.events("started")[-1]
+    started = t.of(events.Started)[-1]
     victim, rank_pid = rank1(started)
     pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
     killed_at = time.time()
@@ -78,21 +78,19 @@ def one(variant: str, workdir: Path, index: int) -> dict[str, Any]:
         sh("scontrol", "update", f"nodename={victim}", "state=resume")
         if busy:
             sh("scancel", busy)
-    failed = events.integer(started, "attempt")
+    failed = started.attempt
     assert failed is not None, started  # every `started` row names its attempt
-    ended = [e for e in t.events("attempt_ended") if e.get("attempt") == failed]
-    first_next = _later(t.metrics(), failed)
-    next_start = _later(t.events("started"), failed)
-    loaded = _later(t.events("checkpoint_loaded"), failed)
+    ended = [e.time for e in t.of(events.AttemptEnded) if e.attempt == failed]
+    first_next = [number(m, "time") for m in t.metrics() if (integer(m, "attempt") or 0) > failed]
+    next_start = [e.time for e in t.of(events.Started) if (e.attempt or 0) > failed]
+    loaded = [e for e in t.of(events.CheckpointLoaded) if (e.attempt or 0) > failed]
     last_before = max(
-        events.integer(m, "step") or 0
-        for m in t.metrics()
-        if events.integer(m, "attempt") == failed
+        integer(m, "step") or 0 for m in t.metrics() if integer(m, "attempt") == failed
     )
-    jobs = sorted({str(e["job_id"]) for e in t.events("started")})
+    jobs = sorted({str(e.job_id) for e in t.of(events.Started)})
 
-    def since_kill(rows: Rows) -> float:
-        return events.number(rows[0], "time") - killed_at if rows else float("nan")
+    def since_kill(times: list[float]) -> float:
+        return times[0] - killed_at if times else float("nan")
 
     return {
         "variant": variant,
@@ -100,15 +98,10 @@ def one(variant: str, workdir: Path, index: int) -> dict[str, Any]:
         "detect_s": since_kill(ended),
         "start_s": since_kill(next_start),
         "resume_s": since_kill(first_next),
-        "lost": last_before - (events.integer(loaded[0], "step") or 0) if loaded else None,
+        "lost": last_before - (loaded[0].step or 0) if loaded else None,
         "jobs": jobs,
-        "moved": bool(t.events("restarted_in_allocation")),
+        "moved": bool(t.of(events.RestartedInAllocation)),
     }
-
-
-def _later(rows: Rows, attempt: int) -> Rows:
-    """The rows of attempts after `attempt`."""
-    return [r for r in rows if (events.integer(r, "attempt") or 0) > attempt]
 
 
 def main() -> None:

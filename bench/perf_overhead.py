@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
+    from slurmtrain.common.events import Row
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PORT = 29733  # the ranks' rendezvous on this machine
@@ -203,8 +205,8 @@ def rank_main(args: argparse.Namespace) -> None:
     _teardown(engines)
 
 
-def _no_ledger(event: str, **fields: object) -> None:
-    """The bench writes no ledger: Perf's straggler and FLOPs events go nowhere."""
+def _no_ledger(row: Row) -> None:
+    """The bench writes no ledger: Perf's straggler and FLOPs rows go nowhere."""
 
 
 def _teardown(engines: dict[bool, DeepSpeedEngine]) -> None:

@@ -17,13 +17,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from metric_fields import integer, number  # noqa: E402
+
+from slurmtrain.common import events  # noqa: E402
+from slurmtrain.common.events import Rows  # noqa: E402
 
 
 def measure(restart: str, workdir: Path) -> tuple[float, float, dict[str, float]]:
-    sys.path.insert(0, str(ROOT))
-    from slurmtrain.common import events
     from slurmtrain.common.jsonl import read_jsonl
     from slurmtrain.common.rundir import RunDir
 
@@ -53,41 +58,39 @@ def measure(restart: str, workdir: Path) -> tuple[float, float, dict[str, float]
     run = next((workdir / name).glob("*/config.yaml")).parent
     deadline = time.time() + 600
     while time.time() < deadline:
-        ledger, metrics = RunDir(run).events(), read_jsonl(run / "metrics.jsonl")
-        # the ranks' row of the time-limit signal (a batch-shell row has no received_at)
-        signal = next((e for e in ledger if e["event"] == "signal" and e.get("received_at")), None)
-        if signal is None:
-            time.sleep(1)
-            continue
-        t0, resumed = events.number(signal, "received_at"), events.integer(signal, "attempt")
-        assert resumed is not None, signal  # the ranks' rows name their attempt
-        resumed += 1
-        after = [m for m in metrics if events.integer(m, "attempt") == resumed]
-        started = [
-            e for e in ledger if e["event"] == "started" and events.integer(e, "attempt") == resumed
-        ]
-        startup = [
-            e for e in ledger if e["event"] == "startup" and events.integer(e, "attempt") == resumed
-        ]
-        if after and started and startup:
+        got = timings(RunDir(run).events(), read_jsonl(run / "metrics.jsonl"))
+        if got is not None:
             subprocess.run(["scancel", "-n", f"st-{name}"])
-            # The way from the signal to the next process: save, supervisor, sbatch, Slurm, srun.
-            began = events.number(startup[0], "process_started_at")
-            between = [
-                e for e in ledger if t0 <= events.number(e, "time") <= began and e is not signal
-            ]
-            phases = {f"  +{e['event']}": events.number(e, "time") - t0 for e in between}
-            phases["USR2 -> process start"] = began - t0
-            laid_out = startup[0].get("phases")  # compute/startup.py: phase -> seconds
-            if isinstance(laid_out, dict):
-                phases.update({str(k): events.number(laid_out, k) for k in laid_out})
-            return (
-                events.number(started[0], "time") - t0,
-                events.number(after[0], "time") - t0,
-                phases,
-            )
+            return got
         time.sleep(1)
     raise RuntimeError(f"{restart}: no second attempt within 10 minutes")
+
+
+def timings(
+    ledger: Rows, metrics: list[dict[str, object]]
+) -> Optional[tuple[float, float, dict[str, float]]]:
+    """(signal -> next attempt started, -> its first step, start-up phases), once the attempt
+    after the time-limit signal has started and trained; else None."""
+    # the ranks' row of the time-limit signal (a batch-shell row has no received_at)
+    signal = next((e for e in ledger if isinstance(e, events.Signal) and e.received_at), None)
+    if signal is None or signal.received_at is None:
+        return None
+    t0, resumed = signal.received_at, signal.attempt
+    assert resumed is not None, signal  # the ranks' rows name their attempt
+    resumed += 1
+    after = [m for m in metrics if integer(m, "attempt") == resumed]
+    started = [e for e in ledger if isinstance(e, events.Started) and e.attempt == resumed]
+    startup = [e for e in ledger if isinstance(e, events.Startup) and e.attempt == resumed]
+    if not (after and started and startup):
+        return None
+    # The way from the signal to the next process: save, supervisor, sbatch, Slurm, srun.
+    began = startup[0].process_started_at or 0.0
+    between = [e for e in ledger if t0 <= e.time <= began and e is not signal]
+    phases = {f"  +{e.event}": e.time - t0 for e in between}
+    phases["USR2 -> process start"] = began - t0
+    laid_out = startup[0].phases or {}  # compute/startup.py: phase -> seconds
+    phases.update({str(k): number(laid_out, k) for k in laid_out})
+    return started[0].time - t0, number(after[0], "time") - t0, phases
 
 
 def main() -> None:

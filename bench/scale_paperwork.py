@@ -23,18 +23,39 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurmtrain.common import events  # noqa: E402
+from slurmtrain.common.events import FailureClass  # noqa: E402
+
+T0 = 1.0e9  # the first submission's time
 GPUS = 8
 REAL = "ValueError: synthetic real error: logits and labels differ in shape (4096 vs 4095)"
 PEER = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
 STEPS = 10  # metrics rows per attempt
 
 
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def _write(path: Path, rows: Sequence[events.Row]) -> None:
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A synthetic run's shape: its nodes, each rank's host, the rank whose error is real."""
+
+    nodes: list[str]
+    hosts: list[str]
+    real_rank: int
+    layout: str
+
+    @property
+    def ranks(self) -> int:
+        return len(self.hosts)
 
 
 def make_paperwork(
@@ -43,143 +64,43 @@ def make_paperwork(
     """A finished-by-failure run of `ranks` ranks (8 a node) and `attempts` attempts under `root`;
     returns the run directory and the answers its readers must give."""
     nodes = [f"n{i:04d}" for i in range(max(1, ranks // GPUS))]
-    hosts = [nodes[r // GPUS] for r in range(ranks)]
+    shape = Shape(nodes, [nodes[r // GPUS] for r in range(ranks)], ranks // 3, layout)
     run = root / "scale" / f"r{ranks}a{attempts}{layout[0]}"
     ledger, metrics_rows = run / "ledger.d", []
     (ledger / "ranks").mkdir(parents=True)
     (run / "logs").mkdir()
     (run / "config.yaml").write_text("name: scale\nfaults:\n  spare_nodes: 0\n")
-    t0, real_rank = 1.0e9, ranks // 3
-    base = {"nodes": nodes, "executor": "local", "restart": 0, "relaunch": 0}
-    first = {"event": "submitted", "time": t0, "job_id": "1001", "host": "login-elsewhere"}
-    _write(ledger / "login.100.aaaaaa.jsonl", [{**first, "executor": "local", "pid": 1}])
-    pids = list(range(50000, 50000 + ranks))
+    first = events.Submitted(
+        time=T0, job_id="1001", host="login-elsewhere", executor="local", pid=1
+    )
+    _write(ledger / "login.100.aaaaaa.jsonl", [first])
     for a in range(1, attempts + 1):
-        job, t, last = str(1000 + a), t0 + a * 1000.0, a == attempts
-        key = dict(job_id=job, attempt=a)
-        zero = [
-            {
-                "event": "started",
-                "time": t + 1,
-                **key,
-                **base,
-                "world_size": ranks,
-                "hosts": hosts,
-                "pids": pids,
-                "rank": 0,
-                "node": nodes[0],
-            },
-            {"event": "rendezvous_done", "time": t + 2, **key, "seconds": 1.0},
-            {
-                "event": "checkpoint_loaded",
-                "time": t + 3,
-                **key,
-                "step": (a - 1) * STEPS,
-                "seconds": 1.0,
-            },
-            {
-                "event": "checkpoint_saved",
-                "time": t + 50,
-                **key,
-                "step": a * STEPS,
-                "seconds": 2.0,
-                "bytes": 1 << 30,
-            },
-        ]
-        for s in range(STEPS):
-            metrics_rows.append(
-                {
-                    "step": (a - 1) * STEPS + s + 1,
-                    "loss": 5.0 - a * 0.01,
-                    "time": t + 10 + s,
-                    "attempt": a,
-                    "step_time": 1.0,
-                    "tokens_per_s": 1e6,
-                }
-            )
-        if last:
-            metrics_rows[-3]["valid_loss"] = 3.25
-        failed: list[dict[str, Any]] = []
-        if last:
-            failed = [
-                {
-                    "event": "failed",
-                    "time": t + 60 + r * 1e-4,
-                    **key,
-                    # as the writers did: the attempt's nodes before the rank tier, its own now
-                    "nodes": [hosts[r]] if layout == "tiered" else nodes,
-                    "rank": r,
-                    "node": hosts[r],
-                    "restart": 0,
-                    "relaunch": 0,
-                    "class": "crash",
-                    "error": REAL if r == real_rank else PEER,
-                    "step": None,
-                }
-                for r in range(ranks)
-            ]
-        elif a % 2:
-            r = (a * 7) % ranks
-            failed = [
-                {
-                    "event": "failed",
-                    "time": t + 60,
-                    **key,
-                    "rank": r,
-                    "node": hosts[r],
-                    "class": "crash",
-                    "error": f"KeyError: synthetic {a}",
-                }
-            ]
-        else:
-            zero.append({"event": "signal", "time": t + 60, **key, "signal": "SIGTERM"})
-        cls = "crash" if failed else "preempted"
+        job, t = str(1000 + a), T0 + a * 1000.0
+        metrics_rows += _metrics(a, t)
+        failed = _failed(shape, a, attempts, t)
+        zero = _rank0(shape, a, t, failed)
         _write(ledger / f"{nodes[0]}.{10000 + a}.r0{a:04d}.jsonl", zero)
-        sup = [
-            {
-                "event": "attempt_ended",
-                "time": t + 100,
-                **key,
-                "nodes": nodes,
-                "class": cls,
-                "exit_code": 1,
-            }
-        ]
-        if last:
-            sup.append(
-                {"event": "stopped", "time": t + 101, **key, "class": "crash", "error": REAL}
-            )
-        else:
-            nxt = str(1001 + a)
-            sup += [
-                {"event": "resubmitting", "time": t + 101, **key, "reason": cls},
-                {
-                    "event": "submitted",
-                    "time": t + 102,
-                    "job_id": nxt,
-                    "executor": "local",
-                    "host": "login-elsewhere",
-                    "requeue_of": job,
-                },
-                {"event": "requeued", "time": t + 103, **key, "new_job_id": nxt},
-            ]
+        sup = _supervisor(shape, a, t, failed, last=a == attempts)
         _write(ledger / f"batch.{20000 + a}.sv{a:04d}.jsonl", sup)
-        by_file: dict[Path, list[dict[str, Any]]] = {}
+        by_file: dict[Path, list[events.Row]] = {}
         for row in failed:
             if layout == "tiered":
-                path = ledger / "ranks" / f"{job}.0.0" / f"{row['node']}.jsonl"
+                path = ledger / "ranks" / f"{job}.0.0" / f"{row.node}.jsonl"
             else:  # before the rank tier: one file per failing process
-                path = ledger / f"{row['node']}.{30000 + row['rank']}.f{a:05d}.jsonl"
+                path = ledger / f"{row.node}.{30000 + (row.rank or 0)}.f{a:05d}.jsonl"
             by_file.setdefault(path, []).append(row)
         for path, rows in by_file.items():
             path.parent.mkdir(exist_ok=True)
             _write(path, rows)
-    _write(run / "metrics.jsonl", metrics_rows)
+    metrics_rows[-3]["valid_loss"] = 3.25  # the last attempt's
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows))
     if logs:
         job = str(1000 + attempts)
         for r in range(ranks):
-            text = f"rank {r} on {hosts[r]}: step 1\nrank {r}: step 2\n"
-            text += f"Traceback (most recent call last):\n{REAL if r == real_rank else PEER}\n"
+            text = f"rank {r} on {shape.hosts[r]}: step 1\nrank {r}: step 2\n"
+            text += (
+                f"Traceback (most recent call last):\n{REAL if r == shape.real_rank else PEER}\n"
+            )
             (run / "logs" / f"{job}_{r}.out").write_text(text)
     return {
         "run": str(run),
@@ -188,9 +109,119 @@ def make_paperwork(
         "step": metrics_rows[-1]["step"],
         "valid_loss": 3.25,
         "error": REAL,
-        "real_rank": real_rank,
+        "real_rank": shape.real_rank,
         "ranks": ranks,
     }
+
+
+def _metrics(a: int, t: float) -> list[dict[str, Any]]:
+    """Attempt `a`'s metrics.jsonl rows (plain dicts: metrics are no ledger rows)."""
+    return [
+        {
+            "step": (a - 1) * STEPS + s + 1,
+            "loss": 5.0 - a * 0.01,
+            "time": t + 10 + s,
+            "attempt": a,
+            "step_time": 1.0,
+            "tokens_per_s": 1e6,
+        }
+        for s in range(STEPS)
+    ]
+
+
+def _rank0(shape: Shape, a: int, t: float, failed: list[events.Failed]) -> list[events.Row]:
+    """Rank 0's file of attempt `a`: its start, load and save; a signal if nothing failed."""
+    job = str(1000 + a)
+    zero: list[events.Row] = [
+        events.Started(
+            time=t + 1,
+            job_id=job,
+            attempt=a,
+            nodes=tuple(shape.nodes),
+            restart=0,
+            relaunch=0,
+            executor="local",
+            world_size=shape.ranks,
+            hosts=tuple(shape.hosts),
+            pids=tuple(range(50000, 50000 + shape.ranks)),
+            rank=0,
+            node=shape.nodes[0],
+        ),
+        events.RendezvousDone(time=t + 2, job_id=job, attempt=a, seconds=1.0),
+        events.CheckpointLoaded(
+            time=t + 3, job_id=job, attempt=a, step=(a - 1) * STEPS, seconds=1.0
+        ),
+        events.CheckpointSaved(
+            time=t + 50, job_id=job, attempt=a, step=a * STEPS, seconds=2.0, bytes=1 << 30
+        ),
+    ]
+    if not failed:
+        zero.append(events.Signal(time=t + 60, job_id=job, attempt=a, signal="SIGTERM"))
+    return zero
+
+
+def _failed(shape: Shape, a: int, attempts: int, t: float) -> list[events.Failed]:
+    """Attempt `a`'s `failed` rows: every rank's in the last one (one real error, the rest its
+    peers'), one rank's in every odd one, none in the others (preempted)."""
+    job = str(1000 + a)
+    if a == attempts:
+        return [
+            events.Failed(
+                time=t + 60 + r * 1e-4,
+                job_id=job,
+                attempt=a,
+                # as the writers did: the attempt's nodes before the rank tier, its own now
+                nodes=(shape.hosts[r],) if shape.layout == "tiered" else tuple(shape.nodes),
+                rank=r,
+                node=shape.hosts[r],
+                restart=0,
+                relaunch=0,
+                cls=FailureClass.crash,
+                error=REAL if r == shape.real_rank else PEER,
+            )
+            for r in range(shape.ranks)
+        ]
+    if a % 2 == 0:
+        return []
+    r = (a * 7) % shape.ranks
+    error = f"KeyError: synthetic {a}"
+    return [
+        events.Failed(
+            time=t + 60,
+            job_id=job,
+            attempt=a,
+            rank=r,
+            node=shape.hosts[r],
+            cls=FailureClass.crash,
+            error=error,
+        )
+    ]
+
+
+def _supervisor(
+    shape: Shape, a: int, t: float, failed: list[events.Failed], last: bool
+) -> list[events.Row]:
+    """The supervisor's file of attempt `a`: how it ended, then the stop (the last attempt) or
+    the next job."""
+    job, nodes = str(1000 + a), tuple(shape.nodes)
+    cls = FailureClass.crash if failed else FailureClass.preempted
+    ended = events.AttemptEnded(
+        time=t + 100, job_id=job, attempt=a, nodes=nodes, cls=cls, exit_code=1
+    )
+    if last:
+        stop = events.Stopped(
+            time=t + 101, job_id=job, attempt=a, cls=FailureClass.crash, error=REAL
+        )
+        return [ended, stop]
+    nxt = str(1001 + a)
+    return [
+        ended,
+        events.Resubmitting(time=t + 101, job_id=job, attempt=a, reason=cls),
+        events.Submitted(
+            time=t + 102, job_id=nxt, executor="local", host="login-elsewhere", requeue_of=job
+        ),
+        events.Requeued(time=t + 103, job_id=job, attempt=a, new_job_id=nxt),
+    ]
 
 
 # ---- one command, in a child process ---------------------------------------------------------
@@ -310,7 +341,7 @@ def main() -> None:
                     + " ".join(f"{c:>20}" for c in cells)
                     + f"  (made {made:.1f}s)"
                 )
-                want = {"status": info["error"], "supervisor": "crash", "claim": "free"}
+                want = {"status": info["error"], "supervisor": FailureClass.crash, "claim": "free"}
                 for cmd in COMMANDS:
                     got = results[(r, a, cmd)]["answer"]
                     if str(got).startswith("FAILED") or want.get(cmd, got) != got:

@@ -21,6 +21,7 @@ Then times, in fresh processes, warm (one untimed run first), median of `--repea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -33,11 +34,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional, Sequence, TypeVar
 
 import yaml  # type: ignore[import-untyped]
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from slurmtrain.common import events  # noqa: E402
+from slurmtrain.common.events import FailureClass  # noqa: E402
+
+R = TypeVar("R", bound=events.Row)
 SWEEPS = (("lr_sweep", 200), ("lr_warmup", 150), ("wd_sweep", 150), ("baseline", 1))
 JOB_BASE = 7000
 NODE = "gpu-a017"
@@ -75,15 +82,12 @@ def _config_template() -> dict[str, object]:
     return data
 
 
-def _dump(path: Path, rows: list[dict[str, object]]) -> None:
+def _dump(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
+    """Append rows to a JSON-lines file: ledger rows as the ledger holds them, metrics as dicts."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
-
-
-def _row(event: str, t: float, job: str, attempt: object = 1, **kw: object) -> dict[str, object]:
-    return {"event": event, "time": t, "job_id": job, "attempt": attempt, "nodes": [NODE], **kw}
+            f.write(json.dumps(row.to_json() if isinstance(row, events.Row) else row) + "\n")
 
 
 def make_runs(root: Path, n: int = 501, seed: int = 0) -> dict[str, str]:
@@ -125,14 +129,17 @@ def make_runs(root: Path, n: int = 501, seed: int = 0) -> dict[str, str]:
     return queued
 
 
+DONE, DIVERGING = "done", "nan_loss"  # synthetic runs' kinds (with new, pending, ...)
+
+
 def _kind(rnd: random.Random, sweep: str, point: int) -> str:
     if sweep == "baseline":
-        return "finished"
+        return DONE
     r = rnd.random()
     for kind, p in (("new", 0.02), ("pending", 0.08), ("running", 0.2), ("crashed", 0.3)):
         if r < p:
             return kind
-    return "diverged" if r < 0.34 else "finished"
+    return DIVERGING if r < 0.34 else DONE
 
 
 def _fill(
@@ -145,7 +152,11 @@ def _fill(
     token = rnd.getrandbits(24)
     _dump(
         led / f"login1.{rnd.randint(1000, 99999)}.{token:06x}.jsonl",
-        [_row("submitted", t, job, None, executor="slurm", fingerprint=run.name)],
+        [
+            events.Submitted(
+                time=t, job_id=job, nodes=(NODE,), executor="slurm", fingerprint=run.name
+            )
+        ],
     )
     if kind == "pending":
         q[job] = "PENDING"
@@ -153,16 +164,45 @@ def _fill(
     t += rnd.uniform(30, 600)
     max_steps = 1000
     steps = {"running": rnd.randint(20, 990), "crashed": rnd.randint(20, 990)}.get(kind, max_steps)
-    if kind == "diverged":
+    if kind == DIVERGING:
         steps = rnd.randint(120, 990)
     rank0 = led / f"{NODE}.{rnd.randint(1000, 99999)}.{rnd.getrandbits(24):06x}.jsonl"
-    rows = [
-        _row("started", t, job, world_size=8, hosts=[NODE] * 8, restart=0, relaunch=0),
-        _row("rendezvous_done", t + 2, job, seconds=2.1, rank=0, node=NODE),
-        _row("health_ok", t + 3, job, seconds=0.6, allreduce_gbps=180.0, rank=0, node=NODE),
-        _row("startup", t + 20, job, seconds=18.9, phases={"imports": 5.0}, rank=0, node=NODE),
+    rows = _started(t, job)
+    _dump(run / "metrics.jsonl", _metrics(run, job, t, lr, steps, rnd, rows))
+    end = t + 20 + steps * 1.5
+    if kind == "running":
+        q[job] = "RUNNING"
+    elif kind == DONE:
+        rows.append(_at(job, events.Finished(time=end, step=steps, rank=0, node=NODE)))
+    else:
+        _stop(led, kind, job, end, steps, rnd, rows)
+    _dump(rank0, rows)
+
+
+def _at(job: str, row: R) -> R:
+    """`row` placed where a synthetic run's rank-0 and supervisor rows are: attempt 1 of `job`."""
+    return dataclasses.replace(row, job_id=job, attempt=1, nodes=(NODE,))
+
+
+def _started(t: float, job: str) -> list[events.Row]:
+    """Rank 0's first rows: the start, the rendezvous, the health gate, the start-up phases."""
+    return [
+        _at(job, events.Started(time=t, world_size=8, hosts=(NODE,) * 8, restart=0, relaunch=0)),
+        _at(job, events.RendezvousDone(time=t + 2, seconds=2.1, rank=0, node=NODE)),
+        _at(job, events.HealthOk(time=t + 3, seconds=0.6, allreduce_gbps=180.0, rank=0, node=NODE)),
+        _at(
+            job,
+            events.Startup(time=t + 20, seconds=18.9, phases={"imports": 5.0}, rank=0, node=NODE),
+        ),
     ]
-    metrics = []
+
+
+def _metrics(
+    run: Path, job: str, t: float, lr: float, steps: int, rnd: random.Random, rows: list[events.Row]
+) -> list[dict[str, object]]:
+    """metrics.jsonl's rows (plain dicts) up to `steps`; a `checkpoint_saved` row (and `latest`)
+    every 250 steps."""
+    metrics: list[dict[str, object]] = []
     loss = 10.0
     for step in range(10, steps + 1, 10):
         st = t + 20 + step * 1.5
@@ -174,33 +214,41 @@ def _fill(
             m["valid_ppl"] = 2.718**loss
         metrics.append(m)
         if step % 250 == 0:
-            rows.append(_row("checkpoint_saved", st, job, step=step, seconds=0.4, rank=0))
+            rows.append(_at(job, events.CheckpointSaved(time=st, step=step, seconds=0.4, rank=0)))
             (run / "checkpoints" / "latest").write_text(f"step_{step}\n")
-    _dump(run / "metrics.jsonl", metrics)
-    end = t + 20 + steps * 1.5
-    if kind == "running":
-        q[job] = "RUNNING"
-    elif kind == "finished":
-        rows.append(_row("finished", end, job, step=steps, rank=0, node=NODE))
-    else:
-        cls, err = ("crash", "RuntimeError: CUDA error: an illegal memory access was encountered")
-        if kind == "diverged":
-            cls, err = "diverged", f"loss nan at step {steps}: rollback budget (3) spent"
-            rows += [_row("rollback", end - 5, job, step=steps, loss=None, to_step=steps - 25)]
-        tb = "Traceback (most recent call last):\n  ...\n" + err
-        _dump(
-            led / "ranks" / f"{job}.0.0" / f"{NODE}.jsonl",
-            [_row("failed", end, job, None, node=NODE, step=steps, error=tb, restart=0)],
-        )
-        sup = led / f"{NODE}.{rnd.randint(1000, 99999)}.{rnd.getrandbits(24):06x}.jsonl"
-        _dump(
-            sup,
-            [
-                _row("attempt_ended", end + 1, job, exit_code=1, step=steps, **{"class": cls}),
-                _row("stopped", end + 2, job, step=steps, error=err, **{"class": cls}),
-            ],
-        )
-    _dump(rank0, rows)
+    return metrics
+
+
+def _stop(
+    led: Path,
+    kind: str,
+    job: str,
+    end: float,
+    steps: int,
+    rnd: random.Random,
+    rows: list[events.Row],
+) -> None:
+    """A crashed or diverged run: its rank's `failed` row, the supervisor's end and stop."""
+    cls, err = (
+        FailureClass.crash,
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    )
+    if kind == DIVERGING:
+        cls, err = FailureClass.diverged, f"loss nan at step {steps}: rollback budget (3) spent"
+        rows += [_at(job, events.Rollback(time=end - 5, step=steps, to_step=steps - 25))]
+    tb = "Traceback (most recent call last):\n  ...\n" + err
+    failed = events.Failed(
+        time=end, job_id=job, nodes=(NODE,), node=NODE, step=steps, error=tb, restart=0, cls=cls
+    )
+    _dump(led / "ranks" / f"{job}.0.0" / f"{NODE}.jsonl", [failed])
+    sup = led / f"{NODE}.{rnd.randint(1000, 99999)}.{rnd.getrandbits(24):06x}.jsonl"
+    _dump(
+        sup,
+        [
+            _at(job, events.AttemptEnded(time=end + 1, exit_code=1, step=steps, cls=cls)),
+            _at(job, events.Stopped(time=end + 2, step=steps, error=err, cls=cls)),
+        ],
+    )
 
 
 def _fake_slurm(where: Path, queued: dict[str, str]) -> dict[str, str]:

@@ -23,6 +23,8 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from slurmtrain.common import events  # noqa: E402
+from slurmtrain.common.events import Row, Rows  # noqa: E402
 from slurmtrain.common.rundir import RunDir  # noqa: E402
 
 
@@ -55,15 +57,26 @@ COMMON = [
 ]
 
 
-def wait(run: Path, kind: str, timeout: float = 900) -> list[dict[str, Any]]:
+def wait(run: Path, kind: type[Row], timeout: float = 900) -> Rows:
     start = time.time()
-    print(f"tp_drill: waiting for {kind!r} in {run}", flush=True)
+    print(f"tp_drill: waiting for {kind.kind!r} in {run}", flush=True)
     while time.time() - start < timeout:
         rows = RunDir(run).events() if (run / "config.yaml").exists() else []
-        if any(r["event"] == kind for r in rows):
+        if any(isinstance(r, kind) for r in rows):
             return rows
         time.sleep(2)
-    raise SystemExit(f"tp_drill: no {kind!r} in {run} after {timeout:.0f} s")
+    raise SystemExit(f"tp_drill: no {kind.kind!r} in {run} after {timeout:.0f} s")
+
+
+# The rows the drill prints: the attempts, the crash, the conversion and load, the end.
+SHOWN = (
+    events.Started,
+    events.Failed,
+    events.CheckpointConverted,
+    events.CheckpointLoaded,
+    events.Finished,
+)
+KEEP = ("event", "attempt", "world_size", "step", "from_world_size", "to_world_size", "class")
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -81,10 +94,10 @@ def main(work: Path) -> int:
     )
     assert first.returncode == 0, first.stdout + first.stderr
     run = next(p for p in run_dirs(work / "runs") if p.parent.name == "tp_drill")
-    wait(run, "paused")
+    wait(run, events.Paused)
     second = run_cli(tp + ["nodes=1"], cwd=work)
     assert second.returncode == 0, second.stdout + second.stderr
-    rows = wait(run, "finished")
+    rows = wait(run, events.Finished)
     want, got = (
         losses(next(p for p in run_dirs(work / "runs") if p.parent.name == "tp_drill_ref")),
         losses(run),
@@ -99,23 +112,9 @@ def main(work: Path) -> int:
             f"tp_drill: steps {steps.start}-{steps.stop - 1} ({label}) vs TP=1: max |loss diff| {worst:.2e}"
         )
     for r in rows:
-        if r["event"] in (
-            "started",
-            "failed",
-            "checkpoint_converted",
-            "checkpoint_loaded",
-            "finished",
-        ):
-            keep = (
-                "event",
-                "attempt",
-                "world_size",
-                "step",
-                "from_world_size",
-                "to_world_size",
-                "class",
-            )
-            print("tp_drill:", {k: r[k] for k in keep if k in r})
+        if isinstance(r, SHOWN):
+            shown = r.to_json()
+            print("tp_drill:", {k: shown[k] for k in KEEP if k in shown})
     return 0
 
 
