@@ -9,10 +9,28 @@ from typing import Optional
 
 from slurmtrain.common.row_codec import Row
 
-_row = dataclass(frozen=True, kw_only=True)
+__all__ = [
+    "HealthOk",
+    "RendezvousDone",
+    "Startup",
+    "Deadlines",
+    "Rollback",
+    "ResumeApplied",
+    "CheckpointSaved",
+    "CheckpointFailed",
+    "CheckpointLoaded",
+    "CheckpointSkipped",
+    "CheckpointVerified",
+    "CheckpointConverted",
+    "CheckpointUnloadable",
+    "Straggler",
+    "MemoryChecked",
+    "FlopsProfile",
+    "TrackerFailed",
+]
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class HealthOk(Row):
     """Attempt: every rank passed the health gate."""
 
@@ -24,7 +42,7 @@ class HealthOk(Row):
     fabric: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class RendezvousDone(Row):
     """Attempt: the ranks' process group is up."""
 
@@ -32,7 +50,7 @@ class RendezvousDone(Row):
     seconds: Optional[float] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Startup(Row):
     """Attempt, after the first step: seconds per start-up phase (compute/startup.py)."""
 
@@ -46,7 +64,7 @@ class Startup(Row):
     build_skipped_init: Optional[bool] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Deadlines(Row):
     """Attempt: its phase deadlines and the IO rates behind them (planning/deadlines.py)."""
 
@@ -63,7 +81,7 @@ class Deadlines(Row):
     read_rate: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Rollback(Row):
     """Attempt: a diverged step rolled back in-process, skipping the data window."""
 
@@ -71,7 +89,7 @@ class Rollback(Row):
     durable = True
     tracked = True
     step: Optional[int] = None
-    loss: Optional[float] = None
+    loss: Optional[float | str] = None  # "nan", "inf" as text: JSON has no NaN
     reason: Optional[str] = None
     to_step: Optional[int] = None
     path: Optional[str] = None
@@ -82,7 +100,7 @@ class Rollback(Row):
     seconds: Optional[float] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class ResumeApplied(Row):
     """Attempt: train.resume=none|step_N applied (the rest moved aside); saves count from here."""
 
@@ -92,7 +110,7 @@ class ResumeApplied(Row):
     kept_step: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class CheckpointSaved(Row):
     """Attempt: a checkpoint was published."""
 
@@ -112,7 +130,7 @@ class CheckpointSaved(Row):
     data_position: Optional[dict[str, object]] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class CheckpointFailed(Row):
     """Attempt: a save failed; earlier ones are intact."""
 
@@ -123,7 +141,7 @@ class CheckpointFailed(Row):
     path: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class CheckpointLoaded(Row):
     """Attempt: resumed from a checkpoint."""
 
@@ -138,7 +156,7 @@ class CheckpointLoaded(Row):
     skipped_samples: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class CheckpointSkipped(Row):
     """Attempt: the resume choice passed a checkpoint over."""
 
@@ -148,7 +166,7 @@ class CheckpointSkipped(Row):
     reason: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class CheckpointVerified(Row):
     """Attempt: the ranks verified a checkpoint before loading it."""
 
@@ -163,7 +181,7 @@ class CheckpointVerified(Row):
     seconds: Optional[float] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConverted(Row):
     """Attempt: another world size's checkpoint converted (or its cached copy reused)."""
 
@@ -176,7 +194,7 @@ class CheckpointConverted(Row):
     to_world_size: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class CheckpointUnloadable(Row):
     """Attempt: a checkpoint failed to load; marked, the one before is tried."""
 
@@ -187,7 +205,7 @@ class CheckpointUnloadable(Row):
     error: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Straggler(Row):
     """Attempt: a rank's (`rank`, `node`) compute time per step passed train.straggler_factor x
     the median."""
@@ -198,7 +216,7 @@ class Straggler(Row):
     step: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class MemoryChecked(Row):
     """Attempt: measured peak memory against the plan."""
 
@@ -211,7 +229,7 @@ class MemoryChecked(Row):
     planned_parts: Optional[dict[str, object]] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class FlopsProfile(Row):
     """Attempt: DeepSpeed's flops profile of one step against the model's count."""
 
@@ -223,7 +241,7 @@ class FlopsProfile(Row):
     flops_per_token_model: Optional[float] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class TrackerFailed(Row):
     """Attempt: a metrics tracker failed and was dropped."""
 

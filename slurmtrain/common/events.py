@@ -14,99 +14,43 @@ from enum import StrEnum
 from typing import Optional, TypeVar
 
 from slurmtrain.common.errors import EXIT_BAD_NODE, EXIT_CONFIG, EXIT_HANG, EXIT_REQUEUE
-from slurmtrain.common.event_legacy import (
-    Event as Event,
+from slurmtrain.common.event_legacy import (  # older writers and readers, until moved
+    Event,
+    Kind,
+    Recorder,
+    Where,
+    attempt_ended,
+    failed,
+    integer,
+    number,
+    relaunch_abandoned,
+    requeued,
+    stopped,
+    strings,
+    text,
 )
-from slurmtrain.common.event_legacy import (  # noqa: F401  older writers and readers, until moved
-    Kind as Kind,
-)
-from slurmtrain.common.event_legacy import (
-    Recorder as Recorder,
-)
-from slurmtrain.common.event_legacy import (
-    Where as Where,
-)
-from slurmtrain.common.event_legacy import (
-    attempt_ended as attempt_ended,
-)
-from slurmtrain.common.event_legacy import (
-    failed as failed,
-)
-from slurmtrain.common.event_legacy import (
-    integer as integer,
-)
-from slurmtrain.common.event_legacy import (
-    number as number,
-)
-from slurmtrain.common.event_legacy import (
-    relaunch_abandoned as relaunch_abandoned,
-)
-from slurmtrain.common.event_legacy import (
-    requeued as requeued,
-)
-from slurmtrain.common.event_legacy import (
-    stopped as stopped,
-)
-from slurmtrain.common.event_legacy import (
-    strings as strings,
-)
-from slurmtrain.common.event_legacy import (
-    text as text,
-)
-from slurmtrain.common.event_measures import (
-    CheckpointConverted as CheckpointConverted,
-)
-from slurmtrain.common.event_measures import (
-    CheckpointFailed as CheckpointFailed,
-)
-from slurmtrain.common.event_measures import (
-    CheckpointLoaded as CheckpointLoaded,
-)
-from slurmtrain.common.event_measures import (
-    CheckpointSaved as CheckpointSaved,
-)
-from slurmtrain.common.event_measures import (
-    CheckpointSkipped as CheckpointSkipped,
-)
-from slurmtrain.common.event_measures import (
-    CheckpointUnloadable as CheckpointUnloadable,
-)
-from slurmtrain.common.event_measures import (
-    CheckpointVerified as CheckpointVerified,
-)
-from slurmtrain.common.event_measures import (
-    Deadlines as Deadlines,
-)
-from slurmtrain.common.event_measures import (
-    FlopsProfile as FlopsProfile,
-)
-from slurmtrain.common.event_measures import (  # noqa: F401  the vocabulary's second half
-    HealthOk as HealthOk,
-)
-from slurmtrain.common.event_measures import (
-    MemoryChecked as MemoryChecked,
-)
-from slurmtrain.common.event_measures import (
-    RendezvousDone as RendezvousDone,
-)
-from slurmtrain.common.event_measures import (
-    ResumeApplied as ResumeApplied,
-)
-from slurmtrain.common.event_measures import (
-    Rollback as Rollback,
-)
-from slurmtrain.common.event_measures import (
-    Startup as Startup,
-)
-from slurmtrain.common.event_measures import (
-    Straggler as Straggler,
-)
-from slurmtrain.common.event_measures import (
-    TrackerFailed as TrackerFailed,
-)
+from slurmtrain.common.event_measures import *  # noqa: F403  the vocabulary's second half
 from slurmtrain.common.row_codec import REGISTRY, Row, Unknown, parse
 
-__all__ = ["REGISTRY", "Row", "Unknown", "parse"]
+__all__ = [  # re-exported: the row codec and the older helpers until moved (event_measures: *)
+    "REGISTRY",
+    "Row",
+    "Unknown",
+    "parse",
+    "Event",
+    "Kind",
+    "Recorder",
+    "Where",
+    "attempt_ended",
+    "failed",
+    "integer",
+    "number",
+    "relaunch_abandoned",
+    "requeued",
+    "stopped",
+    "strings",
+    "text",
+]
 
 
 class FailureClass(StrEnum):
@@ -124,6 +68,7 @@ class FailureClass(StrEnum):
     cancelled = "cancelled"
     no_nodes = "no_nodes"
     supervisor_error = "supervisor_error"
+    setup_failed = "setup_failed"
 
 
 @dataclass(frozen=True)
@@ -159,6 +104,9 @@ TRAITS: dict[FailureClass, Traits] = {
     # Stop classes only: no node set can run the job; neither supervisor nor fallback could go on.
     FailureClass.no_nodes: Traits(False, False, False, None, "#393b79"),
     FailureClass.supervisor_error: Traits(False, False, False, None, "#843c39"),
+    # A cluster.setup line failed in the batch shell before any rank started: it would fail the
+    # same way again, so the run stops (batch/setup_failed.py) until the user fixes the line.
+    FailureClass.setup_failed: Traits(False, False, False, None, "#637939"),
 }
 
 FAILURE_CLASSES: tuple[FailureClass, ...] = tuple(c for c, t in TRAITS.items() if t.budgeted)
@@ -190,10 +138,8 @@ R = TypeVar("R", bound=Row)
 # ---- The rows, one class per kind (docstring: who writes it, when). Placement fields come from
 # Row (common/row_codec.py); `durable` rows are fsynced before `record` returns.
 
-_row = dataclass(frozen=True, kw_only=True)
 
-
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Submitted(Row):
     """A job of the run was queued: by the user's submit (a smoke chain's links too), by hand
     after a cancel (by=hand, recorded by its start), or held by the supervisor (requeue_of)."""
@@ -215,7 +161,7 @@ class Submitted(Row):
     smoke_job_ids: tuple[str, ...] = ()
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Branched(Row):
     """Login, a branch's first row: the parent run, the step it branched at, the keys changed."""
 
@@ -227,7 +173,7 @@ class Branched(Row):
     changed: Optional[dict[str, object]] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Started(Row):
     """Attempt, once every rank joined: an attempt begins (its number counts these rows)."""
 
@@ -240,7 +186,7 @@ class Started(Row):
     executor: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class AttemptEnded(Row):
     """How an attempt ended (`cls`): by its supervisor, by the next start or a cancel closing one
     left open (closed_by), by the time-limit restart (at)."""
@@ -258,7 +204,7 @@ class AttemptEnded(Row):
     supervisor_error: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Stopped(Row):
     """The run stops without a restart (`cls`, `error`): a budget spent, no nodes, diverged, no
     readable checkpoint, a failed supervisor fallback."""
@@ -271,7 +217,7 @@ class Stopped(Row):
     step: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Finished(Row):
     """Attempt: train.max_steps reached and saved (on_signal: a stop signal came in that step)."""
 
@@ -282,7 +228,7 @@ class Finished(Row):
     on_signal: Optional[bool] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Paused(Row):
     """Attempt: train.pause_at_step reached; the next job resumes."""
 
@@ -291,7 +237,7 @@ class Paused(Row):
     step: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Failed(Row):
     """Any rank that saw an error (a crash, a hang; its phase and traceback); in the run tier when
     the start cannot claim the run, or the final checkpoint was not saved."""
@@ -309,7 +255,7 @@ class Failed(Row):
     arrived_at: Optional[float] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Signal(Row):
     """Attempt: the ranks agreed to stop on a signal (SIGUSR2: the time limit), before the save."""
 
@@ -322,7 +268,7 @@ class Signal(Row):
     before_save: Optional[bool] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Requeued(Row):
     """The run's next job exists (how: requeue, same id, or resubmit); `at`: the time limit or
     preemption that made it outside the supervisor's normal path."""
@@ -338,7 +284,7 @@ class Requeued(Row):
     at: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Resubmitting(Row):
     """Supervisor: about to sbatch the next job (why, nodes excluded)."""
 
@@ -348,7 +294,7 @@ class Resubmitting(Row):
     excluded: Optional[tuple[str, ...]] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class ReleaseFailed(Row):
     """Supervisor: the held next job stays held after every release."""
 
@@ -357,7 +303,7 @@ class ReleaseFailed(Row):
     error: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class RestartedInAllocation(Row):
     """Supervisor: the next attempt runs inside this job, on the nodes left and spares."""
 
@@ -370,7 +316,7 @@ class RestartedInAllocation(Row):
     spares_left: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class RelaunchAbandoned(Row):
     """The job was signalled (`cls`) before the in-allocation relaunch for `reason` started."""
 
@@ -380,7 +326,7 @@ class RelaunchAbandoned(Row):
     reason: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class SupervisorFailed(Row):
     """Batch fallback: the supervisor itself raised."""
 
@@ -391,7 +337,7 @@ class SupervisorFailed(Row):
     exit_code: Optional[int] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class BudgetWindow(Row):
     """A user's submission after a stop starts: budgets count again."""
 
@@ -403,7 +349,7 @@ class BudgetWindow(Row):
     after_job_id: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class Cancelled(Row):
     """Login, `slurmtrain cancel`: the jobs scancel'ed, by whom."""
 
@@ -414,7 +360,7 @@ class Cancelled(Row):
     host: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class DuplicateRefused(Row):
     """A start found another live job training the run and exits untouched."""
 
@@ -423,7 +369,7 @@ class DuplicateRefused(Row):
     owner: Optional[str] = None
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class NodeLost(Row):
     """A node the attempt lost (`node`): by its supervisor, or by the next start."""
 
@@ -432,7 +378,7 @@ class NodeLost(Row):
     closing = True
 
 
-@_row
+@dataclass(frozen=True, kw_only=True)
 class BadNode(Row):
     """Attempt: a node (`node`) failed the health gate; the job exits."""
 

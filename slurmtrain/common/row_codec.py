@@ -131,7 +131,7 @@ def parse(raw: Mapping[str, object]) -> Row:
         values["name"] = str(kind) if kind is not None else ""
     known = {JSON_NAMES.get(n, n) for n in _hints(target)} | {"event"}
     values["extra"] = {k: v for k, v in raw.items() if k not in known}
-    return target(**values)
+    return target(**values)  # type: ignore[arg-type]  # each value coerced to its field's type
 
 
 def _default(cls: type[Row], name: str, tp: object) -> object:
@@ -149,7 +149,7 @@ def _empty(tp: object) -> object:
         return None
     base = {str: "", int: 0, float: 0.0, bool: False}
     if tp in base:
-        return base[tp]  # type: ignore[index]
+        return base[tp]
     return () if get_origin(tp) is tuple else None
 
 
@@ -190,7 +190,7 @@ _MISSING = object()
 
 def _is(tp: object, value: object) -> bool:
     if tp in (int, float):
-        return isinstance(value, tp) and not isinstance(value, bool)  # type: ignore[arg-type]
+        return isinstance(value, tp) and not isinstance(value, bool)
     return isinstance(tp, type) and isinstance(value, tp)
 
 
