@@ -25,9 +25,7 @@ class _Axes:
 
 def test_every_failure_class_has_its_own_report_colour() -> None:
     """A `failed` row of any class is drawn in a colour of its own, never the unknown grey."""
-    rows = [
-        {"event": "failed", "time": 1.0 + i, "class": c.value} for i, c in enumerate(FailureClass)
-    ]
+    rows = [events.Failed(time=1.0 + i, cls=c) for i, c in enumerate(FailureClass)]
     ax = _Axes()
     report._markers([ax], rows, 0.0, 1.0)
     colours = [line["color"] for line in ax.lines]
