@@ -8,19 +8,18 @@ validation.validate_config on the login node before anything is written or queue
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.util
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.common.schema_keys import key_tree, unknown_key
 from slurmtrain.common.secrets import is_secret_key, reference, secret_keys
 from slurmtrain.common.slurm_text import parse_time
 from slurmtrain.common.validation_container import check_container
@@ -37,20 +36,12 @@ def check_all(cfg: RootConfig) -> None:
     check_trackers(cfg)
 
 
-@functools.lru_cache(maxsize=8)
-def _template(kind: type) -> DictConfig:
-    """The schema's structure (a dataclass as an OmegaConf node), built once per process."""
-    node = OmegaConf.structured(kind)
-    assert isinstance(node, DictConfig)
-    return node
-
-
 def check_known_keys(cfg: DictConfig) -> None:
     """Every key is one the schema has: Hydra's `+key=value` adds a key even to a struct config,
     and the workers' schema.load_run_config would refuse it. Walked against the schema's
     dataclasses (open dicts such as cluster.env take any key), which is far cheaper per sweep point
     than merging the config into the schema."""
-    key = _unknown_key(OmegaConf.to_container(cfg, resolve=False), _template(RootConfig), "")
+    key = unknown_key(OmegaConf.to_container(cfg, resolve=False), key_tree(RootConfig))
     if key is None:
         return
     value = OmegaConf.select(cfg, key, default=None)
@@ -62,42 +53,6 @@ def check_known_keys(cfg: DictConfig) -> None:
         f"{given}: not a slurmtrain setting; check the spelling (`python -m slurmtrain "
         f"--cfg job` lists every key) or drop it"
     )
-
-
-def _is_dataclass_type(kind: object) -> bool:
-    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
-
-
-def _typed(node: object) -> object:
-    """A schema node with its dataclass's keys: a section left MISSING in the schema (model: the
-    group chooses it) is typed by its field only."""
-    kind = getattr(getattr(node, "_metadata", None), "ref_type", None)
-    if isinstance(node, DictConfig) and not _is_dataclass_type(OmegaConf.get_type(node)):
-        return _template(kind) if isinstance(kind, type) and _is_dataclass_type(kind) else node
-    return node
-
-
-def _unknown_key(data: object, template: object, path: str) -> Optional[str]:
-    """The first key of `data` that the schema node `template` does not have, or None."""
-    if isinstance(data, dict) and isinstance(template, DictConfig):
-        if not _is_dataclass_type(OmegaConf.get_type(template)):
-            return None  # a dict field: any key
-        known = set(template.keys())
-        for key, value in data.items():
-            here = f"{path}.{key}" if path else str(key)
-            if key not in known:
-                return here
-            found = _unknown_key(value, _typed(template._get_node(key)), here)
-            if found:
-                return found
-    elif isinstance(data, list) and isinstance(template, ListConfig):
-        element = template._metadata.element_type
-        if isinstance(element, type) and _is_dataclass_type(element):
-            for i, value in enumerate(data):
-                found = _unknown_key(value, _template(element), f"{path}[{i}]")
-                if found:
-                    return found
-    return None
 
 
 def check_cluster_values(cfg: RootConfig) -> None:
