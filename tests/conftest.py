@@ -7,12 +7,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, TypeVar
 
 import pytest
 
 if TYPE_CHECKING:
-    from slurmtrain.common.events import Rows
+    from slurmtrain.common.events import Row, Rows
+
+R = TypeVar("R", bound="Row")
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -57,6 +59,11 @@ def ledger_events(run: Path) -> Rows:
     from slurmtrain.common.rundir import RunDir
 
     return RunDir(run).events()
+
+
+def ledger_of(run: Path, kind: type[R]) -> list[R]:
+    """A run's ledger rows of one kind (a row class of common/events.py), in time order."""
+    return [e for e in ledger_events(run) if isinstance(e, kind)]
 
 
 def run_dirs(root: Path) -> list[Path]:

@@ -12,14 +12,19 @@ from pathlib import Path
 import yaml
 
 from slurmtrain.common.ds_config import lr_at
-from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
+from slurmtrain.common.events import (
+    Branched,
+    CheckpointLoaded,
+    FailureClass,
+    Finished,
+    Paused,
+    Rollback,
+    Stopped,
+)
+from tests.conftest import ledger_of, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 DIVERGE = {"SLURMTRAIN_INJECT": "nan_at_step=15,nan_repeat=1"}
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def checksums(folder: Path) -> dict[str, str]:
@@ -37,8 +42,8 @@ def losses(run: Path) -> dict[int, dict]:
 def test_branch_after_divergence_continues_from_the_parent_step_with_the_new_lr(workdir):
     parent_done = run_cli([*BASE, "faults.allow_inject=true"], cwd=workdir, env=DIVERGE)
     [parent] = run_dirs(workdir / "runs")
-    [stopped] = events(parent, "stopped")
-    assert stopped["class"] == "diverged", parent_done.stdout + parent_done.stderr
+    [stopped] = ledger_of(parent, Stopped)
+    assert stopped.cls == FailureClass.diverged, parent_done.stdout + parent_done.stderr
     step_10 = parent / "checkpoints" / "step_10"
     before = checksums(step_10)
     parent_rows = losses(parent)
@@ -46,15 +51,15 @@ def test_branch_after_divergence_continues_from_the_parent_step_with_the_new_lr(
     branch = ["train.max_steps=20", "optim.lr=5e-4", "train.pause_at_step=15"]
     first = run_cli(BASE[1:] + branch + [f"resume_from={parent}:step_10"], cwd=workdir)
     child = next(p for p in run_dirs(workdir / "runs") if p != parent)
-    assert events(child, "paused"), first.stdout + first.stderr  # unfinished: the next resumes
+    assert ledger_of(child, Paused), first.stdout + first.stderr  # unfinished: the next resumes
     assert child.parent == parent.parent and child.name != parent.name  # its own fingerprint
 
     # Lineage: parent, step and the changed keys, in the ledger and in status.
-    [branched] = events(child, "branched")
-    assert branched["parent"] == str(parent) and branched["step"] == 10
-    assert branched["parent_fingerprint"] == parent.name
-    assert branched["changed"]["optim.lr"] == [0.001, 0.0005]
-    assert branched["changed"]["train.max_steps"] == [40, 20]
+    [branched] = ledger_of(child, Branched)
+    assert branched.parent == str(parent) and branched.step == 10
+    assert branched.parent_fingerprint == parent.name
+    assert branched.changed["optim.lr"] == [0.001, 0.0005]
+    assert branched.changed["train.max_steps"] == [40, 20]
     status = run_cli([str(child)], cwd=workdir, module="slurmtrain.cli.status")
     assert f"branched from {parent} at step_10" in status.stdout, status.stdout + status.stderr
     assert "optim.lr 0.001->0.0005" in status.stdout
@@ -62,8 +67,8 @@ def test_branch_after_divergence_continues_from_the_parent_step_with_the_new_lr(
     assert f"lineage   branched from {parent} at step_10" in report.stdout, report.stderr
 
     # The child starts at the parent's step 10: loaded from there, metrics from step 11.
-    [loaded] = events(child, "checkpoint_loaded")
-    assert loaded["step"] == 10 and loaded["path"] == str(step_10)
+    [loaded] = ledger_of(child, CheckpointLoaded)
+    assert loaded.step == 10 and loaded.path == str(step_10)
     rows = losses(child)
     assert min(rows) == 11 and max(rows) == 15  # paused at 15
     # The loss continues from the parent's level (step 11 before the injected NaN), not step 1's.
@@ -86,10 +91,10 @@ def test_branch_after_divergence_continues_from_the_parent_step_with_the_new_lr(
     again = run_cli(BASE[1:] + branch[:2] + [f"resume_from={parent}:step_10"], cwd=workdir)
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(run_dirs(workdir / "runs")) == 2
-    assert len(events(child, "branched")) == 1
-    assert events(child, "checkpoint_loaded")[-1]["path"] == str(child / "checkpoints" / "step_15")
+    assert len(ledger_of(child, Branched)) == 1
+    assert ledger_of(child, CheckpointLoaded)[-1].path == str(child / "checkpoints" / "step_15")
     assert not (parent / "checkpoints" / "pins" / f"step_10.{child.name}").exists()  # released
-    assert events(child, "finished")
+    assert ledger_of(child, Finished)
     rows = losses(child)
     assert sorted(rows) == list(range(11, 21))
     assert all(math.isfinite(r["loss"]) for r in rows.values())
@@ -122,14 +127,14 @@ def test_branch_skips_data_and_refuses_a_bad_parent(workdir):
     done = run_cli(skip, cwd=workdir, env={"SLURMTRAIN_INJECT": "nan_at_step=12"})
     assert done.returncode == 0, done.stdout + done.stderr
     [child] = [p for p in run_dirs(workdir / "runs") if p != parent]
-    [loaded] = events(child, "checkpoint_loaded")
-    assert loaded["step"] == 10 and loaded["skipped_samples"] == 64
-    [rollback] = events(child, "rollback")
-    assert rollback["to_step"] == 10 and rollback["path"] == str(step_10)
-    assert rollback["data_skip"] == 64 + rollback["skipped_samples"]
-    assert events(child, "finished")
+    [loaded] = ledger_of(child, CheckpointLoaded)
+    assert loaded.step == 10 and loaded.skipped_samples == 64
+    [rollback] = ledger_of(child, Rollback)
+    assert rollback.to_step == 10 and rollback.path == str(step_10)
+    assert rollback.data_skip == 64 + rollback.skipped_samples
+    assert ledger_of(child, Finished)
     manifest = json.loads((child / "checkpoints" / "step_14" / "manifest.json").read_text())
-    assert manifest["data_position"]["skipped_samples"] == rollback["data_skip"]  # carried on
-    [branched] = events(child, "branched")
-    assert branched["changed"]["data.skip_samples"] == [0, 64]
+    assert manifest["data_position"]["skipped_samples"] == rollback.data_skip  # carried on
+    [branched] = ledger_of(child, Branched)
+    assert branched.changed["data.skip_samples"] == [0, 64]
     assert checksums(step_10) == before

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
+from slurmtrain.common.events import CheckpointLoaded, CheckpointSaved, CheckpointSkipped, Finished
+from tests.conftest import ledger_of, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -21,10 +22,6 @@ SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 def losses_by_step(run: Path) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in read_jsonl(run / "metrics.jsonl")}
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +60,10 @@ def test_sigkill_during_a_save_never_loads_the_partial_checkpoint(killed, refere
     run, work = _resume_copy(killed, tmp_path / "w")
     resumed = run_cli(BASE, cwd=work)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    [loaded] = events(run, "checkpoint_loaded")
-    assert loaded["step"] == 20 and loaded["path"].endswith("/step_20")
-    assert events(run, "checkpoint_skipped") == []  # a .tmp directory is never even a candidate
-    assert events(run, "finished")
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.step == 20 and loaded.path.endswith("/step_20")
+    assert ledger_of(run, CheckpointSkipped) == []  # a .tmp directory is never even a candidate
+    assert ledger_of(run, Finished)
     assert losses_by_step(run) == losses_by_step(reference)  # bitwise: fp32 on CPU
 
 
@@ -75,9 +72,9 @@ def test_async_saves_write_the_same_shards_as_sync_saves(killed, reference):
     async_dir, sync_dir = run / "checkpoints" / "step_20", reference / "checkpoints" / "step_20"
     for name in ("mp_rank_00_model_states.pt", SHARD):
         assert (async_dir / name).read_bytes() == (sync_dir / name).read_bytes(), name
-    saved = events(run, "checkpoint_saved")
-    assert [e["mode"] for e in saved] == ["async", "async"]
-    assert all(0 < e["seconds"] <= e["total_seconds"] for e in saved)
+    saved = ledger_of(run, CheckpointSaved)
+    assert [e.mode for e in saved] == ["async", "async"]
+    assert all(0 < e.seconds <= e.total_seconds for e in saved)
 
 
 def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous(
@@ -90,10 +87,10 @@ def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous(
     shard.write_bytes(bytes(data))
     resumed = run_cli(BASE, cwd=work)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    [skipped] = events(run, "checkpoint_skipped")
-    assert skipped["path"].endswith("/step_20") and "checksum mismatch" in skipped["reason"]
-    [loaded] = events(run, "checkpoint_loaded")
-    assert loaded["step"] == 10
+    [skipped] = ledger_of(run, CheckpointSkipped)
+    assert skipped.path.endswith("/step_20") and "checksum mismatch" in skipped.reason
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.step == 10
     assert losses_by_step(run) == losses_by_step(reference)
 
 
@@ -102,7 +99,7 @@ def test_a_zero_byte_shard_is_skipped(killed, reference, tmp_path):
     (run / "checkpoints" / "step_20" / SHARD).write_bytes(b"")  # metaseq's empty-shard case
     resumed = run_cli(BASE, cwd=work)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    [skipped] = events(run, "checkpoint_skipped")
-    assert skipped["path"].endswith("/step_20") and f"{SHARD}: 0 bytes" in skipped["reason"]
-    assert [e["step"] for e in events(run, "checkpoint_loaded")] == [10]
+    [skipped] = ledger_of(run, CheckpointSkipped)
+    assert skipped.path.endswith("/step_20") and f"{SHARD}: 0 bytes" in skipped.reason
+    assert [e.step for e in ledger_of(run, CheckpointLoaded)] == [10]
     assert losses_by_step(run) == losses_by_step(reference)

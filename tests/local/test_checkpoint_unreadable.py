@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
+from slurmtrain.common.events import (
+    CheckpointLoaded,
+    CheckpointSaved,
+    FailureClass,
+    Finished,
+    Paused,
+    ResumeApplied,
+    Started,
+    Stopped,
+)
+from tests.conftest import ledger_of, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def flip(path: Path) -> None:
@@ -23,20 +29,20 @@ def flip(path: Path) -> None:
 def test_all_checkpoints_corrupt_stops_then_resume_none_trains_from_zero(workdir):
     paused = run_cli(BASE + ["train.pause_at_step=20"], cwd=workdir)
     [run] = run_dirs(workdir / "runs")
-    assert events(run, "paused"), paused.stdout + paused.stderr  # unfinished: the next one resumes
-    assert [e["step"] for e in events(run, "checkpoint_saved")] == [10, 20]
+    assert ledger_of(run, Paused), paused.stdout + paused.stderr  # unfinished: the next one resumes
+    assert [e.step for e in ledger_of(run, CheckpointSaved)] == [10, 20]
     for step in (10, 20):
         flip(run / "checkpoints" / f"step_{step}" / "mp_rank_00_model_states.pt")
     rows_before = len(read_jsonl(run / "metrics.jsonl"))
 
     refused = run_cli(BASE, cwd=workdir)
-    [stopped] = events(run, "stopped")
-    assert stopped["class"] == "checkpoint_unreadable", refused.stdout + refused.stderr
-    assert "step_20: " in stopped["error"] and "step_10: " in stopped["error"]
-    assert "checksum mismatch" in stopped["error"] and "resume=none" in stopped["error"]
+    [stopped] = ledger_of(run, Stopped)
+    assert stopped.cls == FailureClass.checkpoint_unreadable, refused.stdout + refused.stderr
+    assert "step_20: " in stopped.error and "step_10: " in stopped.error
+    assert "checksum mismatch" in stopped.error and "resume=none" in stopped.error
     assert "run stopped (checkpoint_unreadable)" in refused.stdout
     assert len(read_jsonl(run / "metrics.jsonl")) == rows_before  # nothing trained
-    assert not events(run, "checkpoint_loaded")
+    assert not ledger_of(run, CheckpointLoaded)
     assert (run / "checkpoints" / "step_20").is_dir()  # nothing deleted
 
     bad = run_cli(BASE + ["resume=step_x"], cwd=workdir)
@@ -44,10 +50,10 @@ def test_all_checkpoints_corrupt_stops_then_resume_none_trains_from_zero(workdir
 
     fresh = run_cli(BASE + ["resume=none"], cwd=workdir)
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
-    [applied] = events(run, "resume_applied")
-    assert applied["resume"] == "none" and sorted(applied["moved"]) == ["step_10", "step_20"]
-    assert not events(run, "checkpoint_loaded") and events(run, "finished")
-    last_attempt = max(e["attempt"] for e in events(run, "started"))
+    [applied] = ledger_of(run, ResumeApplied)
+    assert applied.resume == "none" and sorted(applied.moved) == ["step_10", "step_20"]
+    assert not ledger_of(run, CheckpointLoaded) and ledger_of(run, Finished)
+    last_attempt = max(e.attempt for e in ledger_of(run, Started))
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["attempt"] == last_attempt]
     assert [r["step"] for r in rows] == list(range(1, 41))  # from step 0
     assert len(list((run / "checkpoints" / "discarded").glob("*/step_20"))) == 1

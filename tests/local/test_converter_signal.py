@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from slurmtrain.common import checkpoint_format
-from tests.conftest import PYTHON, ledger_events, run_cli, run_dirs, slurmtrain_env
+from slurmtrain.common.events import CheckpointConverted, Failed, Finished, Paused, Signal, Started
+from tests.conftest import PYTHON, ledger_of, run_cli, run_dirs, slurmtrain_env
 
 BASE = [
     "train.max_steps=30",
@@ -25,10 +26,6 @@ BASE = [
     "train.global_batch_size=8",
     "train.micro_batch_size=4",
 ]
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def converters(folder: Path) -> list[int]:
@@ -47,7 +44,7 @@ def converters(folder: Path) -> list[int]:
 def test_signal_during_a_world_size_conversion_does_not_kill_it(workdir):
     paused = run_cli(BASE + ["train.pause_at_step=20"], cwd=workdir)
     [run] = run_dirs(workdir / "runs")
-    assert events(run, "paused"), paused.stdout + paused.stderr
+    assert ledger_of(run, Paused), paused.stdout + paused.stderr
     step_dir = run / "checkpoints" / "step_20"
 
     proc = subprocess.Popen(
@@ -64,22 +61,22 @@ def test_signal_during_a_world_size_conversion_does_not_kill_it(workdir):
         found = converters(step_dir)
         time.sleep(0.02)
     assert found, "the conversion never started"
-    [started] = [e for e in events(run, "started") if e["world_size"] == 1]
-    for pid in [*started["pids"], *converters(step_dir)]:  # what Slurm's cgroup delivery does
+    [started] = [e for e in ledger_of(run, Started) if e.world_size == 1]
+    for pid in [*started.pids, *converters(step_dir)]:  # what Slurm's cgroup delivery does
         try:
             os.kill(pid, signal.SIGUSR2)
         except ProcessLookupError:
             pass
     out, _ = proc.communicate(timeout=300)
 
-    [converted] = events(run, "checkpoint_converted")
-    assert converted["step"] == 20 and converted["cached"] is False, out
+    [converted] = ledger_of(run, CheckpointConverted)
+    assert converted.step == 20 and converted.cached is False, out
     universal = run / "checkpoints" / "step_20_universal"
     assert checkpoint_format.validate(universal, full=True) is None
-    [sig] = events(run, "signal")
-    assert sig["signal"] == "SIGUSR2"
-    assert not events(run, "failed"), out
+    [sig] = ledger_of(run, Signal)
+    assert sig.signal == "SIGUSR2"
+    assert not ledger_of(run, Failed), out
 
     again = run_cli(BASE + ["cluster.cpu_tasks_per_node=1"], cwd=workdir)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert events(run, "finished")
+    assert ledger_of(run, Finished)

@@ -13,6 +13,15 @@ import signal
 import subprocess
 import time
 
+from slurmtrain.common.events import (
+    AttemptEnded,
+    CheckpointLoaded,
+    CheckpointSaved,
+    FailureClass,
+    Finished,
+    Signal,
+    Started,
+)
 from tests.conftest import PYTHON, ledger_events, read_jsonl, run_cli, slurmtrain_env
 
 ARGS = ["cluster=local", "train.max_steps=120", "train.log_interval=1"]
@@ -52,21 +61,21 @@ def test_ctrl_c_saves_the_agreed_step_closes_the_attempt_and_the_rerun_resumes(w
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out
     rows = ledger_events(run)
-    [sig] = [e for e in rows if e["event"] == "signal"]
-    [saved] = [e for e in rows if e["event"] == "checkpoint_saved"]
-    assert sig["signal"] == "SIGINT" and saved["step"] == sig["step"] >= 10
-    [ended] = [e for e in rows if e["event"] == "attempt_ended"]
-    assert ended["class"] == "cancelled" and ended["closed_by"] == "ctrl-c"
-    assert f"stopped by Ctrl-C (checkpoint step_{sig['step']})" in out
-    [started] = [e for e in rows if e["event"] == "started"]
-    assert not any(_alive(pid) for pid in started["pids"])
+    [sig] = [e for e in rows if isinstance(e, Signal)]
+    [saved] = [e for e in rows if isinstance(e, CheckpointSaved)]
+    assert sig.signal == "SIGINT" and saved.step == sig.step >= 10
+    [ended] = [e for e in rows if isinstance(e, AttemptEnded)]
+    assert ended.cls == FailureClass.cancelled and ended.closed_by == "ctrl-c"
+    assert f"stopped by Ctrl-C (checkpoint step_{sig.step})" in out
+    [started] = [e for e in rows if isinstance(e, Started)]
+    assert not any(_alive(pid) for pid in started.pids)
 
     again = run_cli(ARGS, cwd=workdir)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming unfinished run" in again.stdout
     rows = ledger_events(run)
-    [loaded] = [e for e in rows if e["event"] == "checkpoint_loaded"]
-    assert loaded["step"] == sig["step"] and loaded["attempt"] == 2
-    assert [e["event"] for e in rows][-1] == "finished"
+    [loaded] = [e for e in rows if isinstance(e, CheckpointLoaded)]
+    assert loaded.step == sig.step and loaded.attempt == 2
+    assert isinstance(rows[-1], Finished)
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["attempt"] == 2]
-    assert steps == list(range(sig["step"] + 1, 121))  # nothing lost, nothing trained twice
+    assert steps == list(range(sig.step + 1, 121))  # nothing lost, nothing trained twice

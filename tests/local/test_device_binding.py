@@ -3,6 +3,7 @@ SLURMTRAIN_VISIBLE_DEVICES goes through the same compute.distributed.device_inde
 
 from __future__ import annotations
 
+from slurmtrain.common.events import Failed, Finished, Stopped
 from tests.conftest import ledger_events, run_cli, run_dirs
 
 FAST = ["cluster=local", "train.max_steps=4", "train.log_interval=2", "checkpoint.interval_steps=0"]
@@ -13,7 +14,7 @@ def test_one_visible_device_and_local_id_1_trains(workdir):
     done = run_cli(FAST + ["name=bound"], cwd=workdir, env={"SLURMTRAIN_VISIBLE_DEVICES": "3"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     events = ledger_events(run_dirs(workdir / "runs")[0])
-    assert any(e["event"] == "finished" for e in events), events[-3:]
+    assert any(isinstance(e, Finished) for e in events), events[-3:]
 
 
 def test_a_binding_it_cannot_read_fails_with_the_lookup_error(workdir):
@@ -31,6 +32,7 @@ def test_a_binding_it_cannot_read_fails_with_the_lookup_error(workdir):
     )
     assert done.returncode != 0
     events = ledger_events(run_dirs(workdir / "runs")[0])
-    assert any("cannot tell which is its own" in str(e.get("error", "")) for e in events), events[
-        -3:
-    ]
+    assert any(
+        isinstance(e, (Failed, Stopped)) and "cannot tell which is its own" in e.error
+        for e in events
+    ), events[-3:]

@@ -17,17 +17,20 @@ import yaml
 from omegaconf import OmegaConf
 
 from slurmtrain.common import checkpoint_format, rundir
-from tests.conftest import ledger_events, read_jsonl, run_cli
+from slurmtrain.common.events import (
+    CheckpointFailed,
+    CheckpointLoaded,
+    CheckpointSaved,
+    Failed,
+    Finished,
+)
+from tests.conftest import ledger_of, read_jsonl, run_cli
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
 
 def losses_by_step(run: Path) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in read_jsonl(run / "metrics.jsonl")}
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def _run_dir(args: list[str], cwd: Path) -> Path:
@@ -72,12 +75,12 @@ def test_disk_full_fails_the_save_keeps_earlier_checkpoints_and_training_goes_on
     small_disk(run / "checkpoints", "3M")  # one 2.0 MB checkpoint fits, a second one does not
     first = run_cli(BASE, cwd=workdir)
     assert first.returncode != 0  # its final state is not on disk: not finished
-    assert [e["step"] for e in events(run, "checkpoint_saved")] == [10]
-    failed = events(run, "checkpoint_failed")
-    assert [e["step"] for e in failed] == [20, 30, 40]  # every later save retried
-    assert all("No space left on device" in e["error"] for e in failed)
-    [crash] = events(run, "failed")
-    assert "final checkpoint not saved" in crash["error"] and not events(run, "finished")
+    assert [e.step for e in ledger_of(run, CheckpointSaved)] == [10]
+    failed = ledger_of(run, CheckpointFailed)
+    assert [e.step for e in failed] == [20, 30, 40]  # every later save retried
+    assert all("No space left on device" in e.error for e in failed)
+    [crash] = ledger_of(run, Failed)
+    assert "final checkpoint not saved" in crash.error and not ledger_of(run, Finished)
     assert "checkpoint step_20 NOT saved" in _worker_log(run)
     checkpoints = run / "checkpoints"
     assert (checkpoints / "latest").read_text() == "step_10"
@@ -89,8 +92,8 @@ def test_disk_full_fails_the_save_keeps_earlier_checkpoints_and_training_goes_on
     small_disk(run / "checkpoints", "64M", remount=True)  # space freed: the rerun resumes
     second = run_cli(BASE, cwd=workdir)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert [e["step"] for e in events(run, "checkpoint_loaded")] == [10]
-    assert events(run, "finished")
+    assert [e.step for e in ledger_of(run, CheckpointLoaded)] == [10]
+    assert ledger_of(run, Finished)
     # bitwise what the first attempt computed after its failed saves: nothing was disturbed
     assert losses_by_step(run) == first_losses
 
@@ -101,10 +104,10 @@ def test_disk_full_with_on_save_error_stop_stops_all_ranks_cleanly(workdir, smal
     small_disk(run / "checkpoints", "3M")
     done = run_cli(args, cwd=workdir)
     assert done.returncode != 0
-    assert [e["step"] for e in events(run, "checkpoint_saved")] == [10]
-    assert [e["step"] for e in events(run, "checkpoint_failed")] == [20]
-    [stop] = [e for e in events(run, "failed") if e.get("rank", 0) == 0]  # each rank records
-    assert "SaveFailed" in stop["error"] and "on_save_error=stop" in stop["error"]
+    assert [e.step for e in ledger_of(run, CheckpointSaved)] == [10]
+    assert [e.step for e in ledger_of(run, CheckpointFailed)] == [20]
+    [stop] = [e for e in ledger_of(run, Failed) if (e.rank or 0) == 0]  # each rank records
+    assert "SaveFailed" in stop.error and "on_save_error=stop" in stop.error
     # async: the ranks learn of step 20's failure at the next save, and stop there
     assert max(losses_by_step(run)) == 30
     assert (run / "checkpoints" / "latest").read_text() == "step_10"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slurmtrain.common.events import Started
 from tests.conftest import ROOT, ledger_events, run_cli, run_dirs
 
 FAST = [
@@ -124,8 +125,8 @@ def test_zero2_export_after_a_two_to_one_world_size_change(tmp_path):
     resumed = run_cli(args + ["cluster.cpu_tasks_per_node=1"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     [run] = run_dirs(tmp_path / "runs")
-    started = [e for e in ledger_events(run) if e["event"] == "started"]
-    assert [e["world_size"] for e in started] == [2, 1]
+    started = [e for e in ledger_events(run) if isinstance(e, Started)]
+    assert [e.world_size for e in started] == [2, 1]
     before = _export(run, tmp_path / "s4", "--step", "4")  # written by 2 ranks
     after = _export(run, tmp_path / "s8", "--step", "8")  # written by 1 rank after the change
     assert (before["world_size"], after["world_size"], after["zero_stage"]) == (2, 1, 2)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 
+from slurmtrain.common.events import CheckpointSaved, Finished, Requeued, Signal, Started
 from tests.conftest import PYTHON, ledger_events, read_jsonl, slurmtrain_env
 
 MAX = 12
@@ -39,15 +40,15 @@ def test_signal_in_the_final_step_finishes_the_run_without_another_attempt(workd
             run = found[0].parent
         time.sleep(0.05)
     assert run is not None, f"never reached step {MAX - 1}"
-    [started] = [e for e in ledger_events(run) if e["event"] == "started"]
-    os.kill(started["pids"][1], signal.SIGUSR2)  # the time-limit warning, on one rank
+    [started] = [e for e in ledger_events(run) if isinstance(e, Started)]
+    os.kill(started.pids[1], signal.SIGUSR2)  # the time-limit warning, on one rank
     out, _ = proc.communicate(timeout=300)
     rows = ledger_events(run)
-    names = [e["event"] for e in rows]
-    [sig] = [e for e in rows if e["event"] == "signal"]
-    assert sig["signal"] == "SIGUSR2" and sig["step"] == MAX, out
-    assert "finished" in names, out
-    [saved] = [e for e in rows if e["event"] == "checkpoint_saved"]
-    assert saved["step"] == MAX
-    assert names.count("started") == 1 and "requeued" not in names
+    kinds = [type(e) for e in rows]
+    [sig] = [e for e in rows if isinstance(e, Signal)]
+    assert sig.signal == "SIGUSR2" and sig.step == MAX, out
+    assert Finished in kinds, out
+    [saved] = [e for e in rows if isinstance(e, CheckpointSaved)]
+    assert saved.step == MAX
+    assert kinds.count(Started) == 1 and Requeued not in kinds
     assert proc.returncode == 0, out

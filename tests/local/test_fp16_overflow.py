@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from slurmtrain.common.events import FailureClass, Finished, Rollback, Stopped
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 FP16 = [
@@ -30,8 +31,8 @@ def test_overflowing_fp16_steps_are_skipped_and_the_run_finishes(workdir):
     done = run_cli(FP16, cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
-    kinds = [e["event"] for e in ledger_events(run)]
-    assert "finished" in kinds and "rollback" not in kinds and "stopped" not in kinds
+    kinds = [type(e) for e in ledger_events(run)]
+    assert Finished in kinds and Rollback not in kinds and Stopped not in kinds
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 21))
     skipped = rows[-1]["skipped_steps"]
@@ -42,6 +43,6 @@ def test_overflowing_fp16_steps_are_skipped_and_the_run_finishes(workdir):
 def test_a_sustained_run_of_overflows_is_a_divergence(workdir):
     done = run_cli([*FP16, "faults.max_overflow_steps=3"], cwd=workdir)
     [run] = run_dirs(workdir / "runs")
-    [stopped] = [e for e in ledger_events(run) if e["event"] == "stopped"]
-    assert stopped["class"] == "diverged", done.stdout + done.stderr
-    assert "4 fp16 overflow steps in a row" in stopped["error"] and stopped["step"] == 4
+    [stopped] = [e for e in ledger_events(run) if isinstance(e, Stopped)]
+    assert stopped.cls == FailureClass.diverged, done.stdout + done.stderr
+    assert "4 fp16 overflow steps in a row" in stopped.error and stopped.step == 4

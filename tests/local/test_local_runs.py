@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from slurmtrain.common.events import CheckpointLoaded, Finished, Started, Startup, Submitted
 from tests.conftest import PYTHON, ledger_events, read_jsonl, run_cli, run_dirs, slurmtrain_env
 
 FAST = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
@@ -23,8 +24,8 @@ def test_default_run_finishes_with_falling_loss_and_a_rerun_trains_nothing(workd
     done = run_cli(FAST, cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
-    events = [e["event"] for e in ledger_events(run)]
-    assert events[0] == "submitted" and events[-1] == "finished"
+    kinds = [type(e) for e in ledger_events(run)]
+    assert kinds[0] is Submitted and kinds[-1] is Finished
     losses = losses_by_step(run)
     assert sorted(losses) == list(range(1, 41))
     assert sum(losses[s] for s in range(36, 41)) < 0.85 * sum(losses[s] for s in range(1, 6))
@@ -41,7 +42,7 @@ def test_default_run_finishes_with_falling_loss_and_a_rerun_trains_nothing(workd
     again = run_cli(FAST, cwd=workdir)
     assert again.returncode == 0
     assert "already finished" in again.stdout and str(run) in again.stdout
-    assert [e["event"] for e in ledger_events(run)] == events
+    assert [type(e) for e in ledger_events(run)] == kinds
 
 
 def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -77,21 +78,21 @@ def test_sigkill_mid_run_then_rerun_resumes_bitwise(workdir):
     )
     run = workdir / "runs" / "killed" / ref_run.name  # same config: same fingerprint
     _wait_for_step(run / "metrics.jsonl", 25, proc)
-    [started] = [e for e in ledger_events(run) if e["event"] == "started"]
-    for pid in started["pids"]:
+    [started] = [e for e in ledger_events(run) if isinstance(e, Started)]
+    for pid in started.pids:
         os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=120)
     assert proc.returncode != 0
-    assert not any(e["event"] == "finished" for e in ledger_events(run))
+    assert not any(isinstance(e, Finished) for e in ledger_events(run))
 
     resumed = run_cli(args + ["name=killed"], cwd=workdir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stdout
     ledger = ledger_events(run)
-    [loaded] = [e for e in ledger if e["event"] == "checkpoint_loaded"]
-    assert loaded["attempt"] == 2 and loaded["step"] in (20, 30)
-    assert ledger[-1]["event"] == "finished"
+    [loaded] = [e for e in ledger if isinstance(e, CheckpointLoaded)]
+    assert loaded.attempt == 2 and loaded.step in (20, 30)
+    assert isinstance(ledger[-1], Finished)
     assert losses_by_step(run) == losses  # bitwise: bf16 on CPU
     # ... though the resume built the model without initialising it (the load overwrites it)
-    startups = {e["attempt"]: e for e in ledger if e["event"] == "startup"}
-    assert startups[2]["build_skipped_init"] is True and startups[2]["phases"]["load"] > 0
+    startups = {e.attempt: e for e in ledger if isinstance(e, Startup)}
+    assert startups[2].build_skipped_init is True and startups[2].phases["load"] > 0

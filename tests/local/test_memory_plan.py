@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from slurmtrain.common.events import MemoryChecked
 from tests.conftest import ledger_events, run_cli, run_dirs
 
 
@@ -25,8 +26,8 @@ def test_measured_peak_of_a_tiny_cpu_run_is_within_25_percent_of_the_plan(overri
     done = run_cli(["train.max_steps=3", "train.memory_check_step=3", *overrides], cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
-    [check] = [e for e in ledger_events(run) if e["event"] == "memory_checked"]
-    parts = check["planned_parts"]
-    assert check["planned_bytes"] == sum(parts.values())  # CPU ranks: no CUDA context on top
-    assert check["measured_bytes"] > 10**6  # a real figure, not an empty profile
-    assert 0.75 <= check["measured_bytes"] / check["planned_bytes"] <= 1.25, check
+    [check] = [e for e in ledger_events(run) if isinstance(e, MemoryChecked)]
+    parts = check.planned_parts
+    assert check.planned_bytes == sum(parts.values())  # CPU ranks: no CUDA context on top
+    assert check.measured_bytes > 10**6  # a real figure, not an empty profile
+    assert 0.75 <= check.measured_bytes / check.planned_bytes <= 1.25, check

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmtrain.common.events import FlopsProfile, Started, Straggler
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 # train.timers=true: the forward/backward/optimizer/comm split (off by default).
@@ -113,28 +114,28 @@ def test_flops_profiler_step_writes_its_file_and_records_the_measured_flops(prof
     text = (profiled_run / "profile" / "flops_step3.txt").read_text()
     assert "DeepSpeed Flops Profiler" in text and "Profile Summary at step 3" in text
     ledger = ledger_events(profiled_run)
-    [event] = [e for e in ledger if e["event"] == "flops_profile"]
-    assert event["step"] == 3 and event["path"].endswith("profile/flops_step3.txt")
+    [event] = [e for e in ledger if isinstance(e, FlopsProfile)]
+    assert event.step == 3 and event.path.endswith("profile/flops_step3.txt")
     # The profiler's count and the analytic model count agree within a factor (they differ by
     # what each counts: elementwise ops, the attention term).
-    assert 0.5 < event["flops_per_token_measured"] / event["flops_per_token_model"] < 2
+    assert 0.5 < event.flops_per_token_measured / event.flops_per_token_model < 2
     rows = read_jsonl(profiled_run / "metrics.jsonl")
     [row] = [r for r in rows if "flops_per_token_measured" in r]
-    assert row["step"] == 5 and row["flops_per_token_measured"] == event["flops_per_token_measured"]
+    assert row["step"] == 5 and row["flops_per_token_measured"] == event.flops_per_token_measured
 
 
 def test_a_slow_rank_is_flagged_as_straggler_and_offered_as_bad_node(tmp_path):
     inject = {"SLURMTRAIN_INJECT": "slow_rank=1,slow_factor=4"}
     run = _train(tmp_path, "faults.allow_inject=true", env=inject)
     ledger = ledger_events(run)
-    [started] = [e for e in ledger if e["event"] == "started"]
-    flagged = [e for e in ledger if e["event"] == "straggler"]
-    assert flagged and {e["rank"] for e in flagged} == {1}
-    assert all(e["node"] == started["hosts"][1] and e["factor"] > 1.5 for e in flagged)
-    assert {e["step"] for e in flagged} <= {5, 10, 15, 20}
+    [started] = [e for e in ledger if isinstance(e, Started)]
+    flagged = [e for e in ledger if isinstance(e, Straggler)]
+    assert flagged and {e.rank for e in flagged} == {1}
+    assert all(e.node == started.hosts[1] and e.factor > 1.5 for e in flagged)
+    assert {e.step for e in flagged} <= {5, 10, 15, 20}
     offered = read_jsonl(run / "bad_nodes.jsonl")
     assert len(offered) == len(flagged)
-    assert all(o["node"] == started["hosts"][1] and o["reason"] == "straggler" for o in offered)
+    assert all(o["node"] == started.hosts[1] and o["reason"] == "straggler" for o in offered)
     rows = read_jsonl(run / "metrics.jsonl")
     # Its own time, not its peers' waiting for it, is what stands out.
     assert all(r["compute_time_per_rank"][1] > r["compute_time_per_rank"][0] for r in rows)

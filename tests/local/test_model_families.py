@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slurmtrain.common.events import Started
 from slurmtrain.planning import shapes
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
@@ -45,8 +46,8 @@ def test_family_trains_resumes_on_another_world_size_and_exports(family, tmp_pat
     resumed = run_cli(args + ["cluster.cpu_tasks_per_node=1"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     [run] = run_dirs(tmp_path / "runs")
-    started = [e for e in ledger_events(run) if e["event"] == "started"]
-    assert [e["world_size"] for e in started] == [2, 1]
+    started = [e for e in ledger_events(run) if isinstance(e, Started)]
+    assert [e.world_size for e in started] == [2, 1]
     losses = _losses(run)
     assert sorted(losses) == list(range(1, 13))
     again = [s for s, v in losses.items() if len(v) == 2]  # computed before the crash and after

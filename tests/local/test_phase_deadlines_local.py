@@ -8,13 +8,14 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.conftest import ledger_events, run_cli, run_dirs
+from slurmtrain.common.events import CheckpointSaved, Deadlines, Failed, FailureClass, Finished
+from tests.conftest import ledger_events, ledger_of, run_cli, run_dirs
 
 BASE = ["train.max_steps=20", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
 
-def _hangs(run: Path) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == "failed" and e.get("class") == "hang"]
+def _hangs(run: Path) -> list[Failed]:
+    return [e for e in ledger_of(run, Failed) if e.cls == FailureClass.hang]
 
 
 def test_a_save_longer_than_the_step_hang_window_is_not_a_hang(tmp_path):
@@ -28,10 +29,10 @@ def test_a_save_longer_than_the_step_hang_window_is_not_a_hang(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert not _hangs(run)
     events = ledger_events(run)
-    assert [e["step"] for e in events if e["event"] == "checkpoint_saved"] == [10, 20]
-    assert any(e["event"] == "finished" for e in events)
-    [limits] = [e for e in events if e["event"] == "deadlines"]
-    assert limits["step_s"] == 12 and limits["io_floor_s"] == 300
+    assert [e.step for e in events if isinstance(e, CheckpointSaved)] == [10, 20]
+    assert any(isinstance(e, Finished) for e in events)
+    [limits] = [e for e in events if isinstance(e, Deadlines)]
+    assert limits.step_s == 12 and limits.io_floor_s == 300
 
 
 def test_a_rank_stalled_in_a_save_is_killed_after_the_save_deadline_not_the_step_s(tmp_path):
@@ -48,7 +49,7 @@ def test_a_rank_stalled_in_a_save_is_killed_after_the_save_deadline_not_the_step
     hangs = _hangs(run)
     assert hangs, done.stderr[-3000:]
     for row in hangs:
-        assert row["phase"] == "save" and "(phase save, deadline 3" in row["error"], row
+        assert row.phase == "save" and "(phase save, deadline 3" in row.error, row
     dumps = sorted((run / "hangs").glob("attempt1.*.txt"))  # one file per node
     assert dumps and all(d.read_text().startswith("==== rank ") for d in dumps)
     assert all("no progress for" in d.read_text() for d in dumps)
@@ -76,11 +77,11 @@ def test_a_rank_stuck_in_the_rendezvous_is_a_hang_of_that_phase(tmp_path):
     assert done.returncode == 5, done.stderr[-3000:]  # EXIT_HANG
     [row] = _hangs(run)
     assert (
-        row["phase"] == "startup:rendezvous"
-        and "(phase startup:rendezvous, deadline 20 s)" in row["error"]
+        row.phase == "startup:rendezvous"
+        and "(phase startup:rendezvous, deadline 20 s)" in row.error
     )
-    assert row["job_id"] == "77" and row["restart"] == 0 and row.get("attempt") is None
+    assert row.job_id == "77" and row.restart == 0 and row.attempt is None
     # it waited for a rank that never joined: its own node is not the one to blame
-    assert row["node"] is None and row["host"] and "waiting for ranks to join" in row["error"]
+    assert row.node is None and row.host and "waiting for ranks to join" in row.error
     [dump] = (run / "hangs").glob("startup.job77.restart0.*.txt")  # its node's file
     assert dump.read_text().startswith("==== rank 0 ====\nno progress for")

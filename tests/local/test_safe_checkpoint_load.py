@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ledger_events, run_cli, run_dirs
+from slurmtrain.common.events import CheckpointLoaded, CheckpointUnloadable, Finished, Paused
+from tests.conftest import ledger_of, run_cli, run_dirs
 
 BASE = ["train.max_steps=30", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
@@ -51,10 +52,6 @@ def _enforced_only_here(monkeypatch):
     monkeypatch.setattr(safe_load, "_enforced", False)
 
 
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
-
-
 def test_a_planted_object_is_refused_at_load_and_never_runs(workdir, tmp_path):
     import torch
 
@@ -74,11 +71,11 @@ def test_a_planted_object_is_refused_at_load_and_never_runs(workdir, tmp_path):
 def test_a_clean_resume_loads_weights_only_and_a_planted_checkpoint_is_refused(workdir, tmp_path):
     first = run_cli(BASE + ["train.pause_at_step=10"], cwd=workdir)
     [run] = run_dirs(workdir / "runs")
-    assert events(run, "paused"), first.stdout + first.stderr
+    assert ledger_of(run, Paused), first.stdout + first.stderr
     # A normal resume: model, optimizer and RNG files all load through the weights-only path.
     second = run_cli(BASE + ["train.pause_at_step=20"], cwd=workdir)
-    assert [e["step"] for e in events(run, "checkpoint_loaded")] == [10], second.stdout
-    assert len(events(run, "paused")) == 2, second.stdout + second.stderr
+    assert [e.step for e in ledger_of(run, CheckpointLoaded)] == [10], second.stdout
+    assert len(ledger_of(run, Paused)) == 2, second.stdout + second.stderr
 
     marker = tmp_path / "ran"
     plant(run / "checkpoints" / "step_20", "mp_rank_00_model_states.pt", marker)
@@ -87,11 +84,11 @@ def test_a_clean_resume_loads_weights_only_and_a_planted_checkpoint_is_refused(w
     out = third.stdout + third.stderr
     assert not marker.exists(), out  # the planted command never ran, on any rank
     # Refused, recorded, and the previous checkpoint loaded instead (compute/recovery.py).
-    [refused] = events(run, "checkpoint_unloadable")
-    assert refused["step"] == 20 and "Weights only load failed" in refused["error"], out
-    assert "posix.system" in refused["error"], out
-    assert [e["step"] for e in events(run, "checkpoint_loaded")][-1] == 10, out
-    assert events(run, "finished"), out
+    [refused] = ledger_of(run, CheckpointUnloadable)
+    assert refused.step == 20 and "Weights only load failed" in refused.error, out
+    assert "posix.system" in refused.error, out
+    assert [e.step for e in ledger_of(run, CheckpointLoaded)][-1] == 10, out
+    assert ledger_of(run, Finished), out
 
 
 def test_every_type_deepspeed_and_the_rng_files_pickle_loads_weights_only(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slurmtrain.common.events import CheckpointLoaded
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 ARGS = [
@@ -62,5 +63,5 @@ def test_sp2_trains_and_resumes_like_sp1(workdir):
     assert worst_valid <= 1e-5
     again = [(step, loss) for (n, step), loss in got.items() if n == 2 and (1, step) in got]
     assert again and all(loss == got[(1, step)] for step, loss in again)  # resumed equal
-    [loaded] = [e for e in ledger_events(run) if e["event"] == "checkpoint_loaded"]
-    assert loaded["step"] == 10 and loaded["world_size_changed"] is False
+    [loaded] = [e for e in ledger_events(run) if isinstance(e, CheckpointLoaded)]
+    assert loaded.step == 10 and loaded.world_size_changed is False

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
+from slurmtrain.common.events import CheckpointLoaded, Started
+from tests.conftest import ledger_of, read_jsonl, run_cli, run_dirs
 
 BASE = [
     "deepspeed=zero2",
@@ -29,10 +30,6 @@ BASE = [
 
 def losses(run: Path) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in read_jsonl(run / "metrics.jsonl")}
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +79,16 @@ def test_model_states_file_holds_no_module_weights(runs):
 
 def test_resume_from_partitions_only_is_bitwise_equal(runs):
     run, reference = runs["resumed"], runs["reference"]
-    [loaded] = events(run, "checkpoint_loaded")
-    assert loaded["step"] == 4 and loaded["path"].endswith("/step_4")
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.step == 4 and loaded.path.endswith("/step_4")
     assert losses(run) == losses(reference)  # fp32 on CPU: bitwise
 
 
 def test_two_to_one_world_size_change_from_it(runs):
     run = runs["elastic"]
-    assert [e["world_size"] for e in events(run, "started")] == [2, 1]
-    [loaded] = events(run, "checkpoint_loaded")
-    assert loaded["world_size_changed"] is True and loaded["path"].endswith("/step_4_universal")
+    assert [e.world_size for e in ledger_of(run, Started)] == [2, 1]
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.world_size_changed is True and loaded.path.endswith("/step_4_universal")
     want, got = losses(runs["reference"]), losses(run)
     assert sorted(got) == list(range(1, 13))
     worst = max(abs(got[s] - want[s]) for s in range(5, 13))

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+from slurmtrain.common.events import CheckpointSaved, Signal, Started
 from tests.conftest import PYTHON, ledger_events, read_jsonl, slurmtrain_env
 
 FAST = ["train.max_steps=200", "train.log_interval=1", "checkpoint.interval_steps=100"]
@@ -33,13 +34,13 @@ def test_signal_is_recorded_before_the_stop_save(workdir):
             break
         time.sleep(0.1)
     assert ledger is not None, "never reached step 5"
-    [started] = [e for e in ledger_events(ledger) if e["event"] == "started"]
-    os.kill(started["pids"][1], signal.SIGUSR2)  # rank 1 only: the ranks agree on it
+    [started] = [e for e in ledger_events(ledger) if isinstance(e, Started)]
+    os.kill(started.pids[1], signal.SIGUSR2)  # rank 1 only: the ranks agree on it
     proc.communicate(timeout=300)
     rows = ledger_events(ledger)
-    names = [e["event"] for e in rows]
-    [sig] = [e for e in rows if e["event"] == "signal"]
-    assert sig["signal"] == "SIGUSR2" and sig["before_save"] is True
-    saved = [i for i, e in enumerate(rows) if e["event"] == "checkpoint_saved"]
-    assert saved and names.index("signal") < saved[-1]
-    assert rows[saved[-1]]["step"] == sig["step"]
+    kinds = [type(e) for e in rows]
+    [sig] = [e for e in rows if isinstance(e, Signal)]
+    assert sig.signal == "SIGUSR2" and sig.before_save is True
+    saved = [i for i, e in enumerate(rows) if isinstance(e, CheckpointSaved)]
+    assert saved and kinds.index(Signal) < saved[-1]
+    assert rows[saved[-1]].step == sig.step

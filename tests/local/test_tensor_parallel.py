@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from slurmtrain.common.events import CheckpointLoaded
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 ARGS = [
@@ -84,8 +85,8 @@ def test_tp2_trains_resumes_and_exports_like_tp1(workdir):
     assert worst_valid <= 1e-5
     again = [(step, loss) for (n, step), loss in got.items() if n == 2 and (1, step) in got]
     assert again and all(loss == got[(1, step)] for step, loss in again)  # resumed equal
-    [loaded] = [e for e in ledger_events(run) if e["event"] == "checkpoint_loaded"]
-    assert loaded["step"] == 10 and loaded["world_size_changed"] is False
+    [loaded] = [e for e in ledger_events(run) if isinstance(e, CheckpointLoaded)]
+    assert loaded.step == 10 and loaded.world_size_changed is False
     step20 = run / "checkpoints" / "step_20"
     assert json.loads((step20 / "manifest.json").read_text())["tensor_parallel"] == 2
     assert (step20 / "mp_rank_01_model_states.pt").is_file()  # AutoTP's second shard

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from slurmtrain.common.events import CheckpointLoaded
 from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
 
 ARGS = [
@@ -53,8 +54,8 @@ def test_jsonl_with_a_tokenizer_trains_is_killed_reuses_the_cache_and_resumes_bi
     assert "resuming" in resumed.stdout
 
     [run] = run_dirs(tmp_path / "runs")
-    [loaded] = [e for e in ledger_events(run) if e["event"] == "checkpoint_loaded"]
-    assert loaded["step"] == 4
+    [loaded] = [e for e in ledger_events(run) if isinstance(e, CheckpointLoaded)]
+    assert loaded.step == 4
     losses: dict[int, list[float]] = {}
     for row in read_jsonl(run / "metrics.jsonl"):
         if "loss" in row:

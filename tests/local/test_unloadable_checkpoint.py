@@ -14,15 +14,19 @@ from pathlib import Path
 import torch
 
 from slurmtrain.common.checkpoint_format import CHECKSUM, MANIFEST, _digest, validate
+from slurmtrain.common.events import (
+    CheckpointLoaded,
+    CheckpointSkipped,
+    CheckpointUnloadable,
+    Failed,
+    Finished,
+    Paused,
+)
 from slurmtrain.compute.checkpoint import select
-from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
+from tests.conftest import ledger_of, read_jsonl, run_cli, run_dirs
 
 BASE = ["train.max_steps=30", "train.log_interval=1", "checkpoint.interval_steps=10"]
 STATES = "mp_rank_00_model_states.pt"
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 def make_unloadable(step_dir: Path) -> None:
@@ -38,19 +42,19 @@ def make_unloadable(step_dir: Path) -> None:
 def test_checkpoint_that_fails_to_load_is_marked_and_the_previous_one_loads(workdir):
     paused = run_cli(BASE + ["train.pause_at_step=20"], cwd=workdir)
     [run] = run_dirs(workdir / "runs")
-    assert events(run, "paused"), paused.stdout + paused.stderr
+    assert ledger_of(run, Paused), paused.stdout + paused.stderr
     ckpts = run / "checkpoints"
     make_unloadable(ckpts / "step_20")
     assert validate(ckpts / "step_20", full=True) is None  # the manifest check cannot see it
 
     # Stops at step 15, so step_20 (marked now) is not saved again over the damaged one.
     second = run_cli(BASE + ["train.pause_at_step=15"], cwd=workdir)
-    assert len(events(run, "paused")) == 2, second.stdout + second.stderr
-    [bad] = events(run, "checkpoint_unloadable")
-    assert bad["step"] == 20 and "KeyError" in bad["error"], bad
-    [loaded] = events(run, "checkpoint_loaded")
-    assert loaded["step"] == 10 and loaded["attempt"] == 2
-    assert not events(run, "failed")
+    assert len(ledger_of(run, Paused)) == 2, second.stdout + second.stderr
+    [bad] = ledger_of(run, CheckpointUnloadable)
+    assert bad.step == 20 and "KeyError" in bad.error, bad
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.step == 10 and loaded.attempt == 2
+    assert not ledger_of(run, Failed)
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["attempt"] == 2]
     assert steps == list(range(11, 16))  # from step 10, in the same attempt
     assert (ckpts / "step_20" / select.UNLOADABLE).is_file()
@@ -59,10 +63,10 @@ def test_checkpoint_that_fails_to_load_is_marked_and_the_previous_one_loads(work
     # still validates) and resumes from step 15.
     third = run_cli(BASE, cwd=workdir)
     assert third.returncode == 0, third.stdout + third.stderr
-    assert len(events(run, "checkpoint_unloadable")) == 1
-    loaded = [e for e in events(run, "checkpoint_loaded") if e["attempt"] == 3]
-    assert [e["step"] for e in loaded] == [15]
-    skipped = [e for e in events(run, "checkpoint_skipped") if e["attempt"] == 3]
-    assert [Path(e["path"]).name for e in skipped] == ["step_20"]
-    assert "failed to load" in skipped[0]["reason"]
-    assert events(run, "finished")
+    assert len(ledger_of(run, CheckpointUnloadable)) == 1
+    loaded = [e for e in ledger_of(run, CheckpointLoaded) if e.attempt == 3]
+    assert [e.step for e in loaded] == [15]
+    skipped = [e for e in ledger_of(run, CheckpointSkipped) if e.attempt == 3]
+    assert [Path(e.path).name for e in skipped] == ["step_20"]
+    assert "failed to load" in skipped[0].reason
+    assert ledger_of(run, Finished)

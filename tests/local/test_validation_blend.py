@@ -10,6 +10,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from slurmtrain.common.events import CheckpointSaved
 from tests.conftest import ROOT, ledger_events, read_jsonl, run_cli, run_dirs
 
 
@@ -65,12 +66,12 @@ def test_a_blend_trains_and_every_checkpoint_records_samples_per_source(workdir)
     done = run_cli(args, cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(workdir / "runs")
-    saved = [e for e in ledger_events(run) if e["event"] == "checkpoint_saved"]
-    assert [e["step"] for e in saved] == [10, 20]
+    saved = [e for e in ledger_events(run) if isinstance(e, CheckpointSaved)]
+    assert [e.step for e in saved] == [10, 20]
     for e in saved:
-        per = e["data_position"]["per_source"]
-        consumed = e["data_position"]["consumed_samples"]
-        assert sum(per.values()) == consumed == 40 * e["step"]
+        per = e.data_position["per_source"]
+        consumed = e.data_position["consumed_samples"]
+        assert sum(per.values()) == consumed == 40 * e.step
         assert abs(per[str(a)] - 0.7 * consumed) <= 1 and abs(per[str(b)] - 0.3 * consumed) <= 1
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "valid_loss" in r] == [10, 20]
 

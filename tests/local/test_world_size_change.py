@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurmtrain.common import checkpoint_format
-from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
+from slurmtrain.common.events import CheckpointConverted, CheckpointLoaded, Started
+from tests.conftest import ledger_of, read_jsonl, run_cli, run_dirs
 
 BASE = [
     "train.max_steps=40",
@@ -24,10 +25,6 @@ BASE = [
 
 def losses_by_step(run: Path) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in read_jsonl(run / "metrics.jsonl")}
-
-
-def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in ledger_events(run) if e["event"] == kind]
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
@@ -47,17 +44,17 @@ def test_two_rank_checkpoint_resumes_on_one_rank_with_the_same_losses(stage, wor
     found = {path.parent.name: path for path in run_dirs(workdir / "runs")}
     ref_run, run = found["reference"], found["elastic"]
     assert ref_run.name == run.name  # cluster.* is not in the fingerprint: the same run resumed
-    assert [e["world_size"] for e in events(run, "started")] == [2, 1]
-    [converted] = events(run, "checkpoint_converted")
-    assert (converted["step"], converted["from_world_size"], converted["to_world_size"]) == (
+    assert [e.world_size for e in ledger_of(run, Started)] == [2, 1]
+    [converted] = ledger_of(run, CheckpointConverted)
+    assert (converted.step, converted.from_world_size, converted.to_world_size) == (
         20,
         2,
         1,
     )
-    assert converted["cached"] is False
-    [loaded] = events(run, "checkpoint_loaded")
-    assert loaded["step"] == 20 and loaded["world_size_changed"] is True
-    assert loaded["path"].endswith("/step_20_universal")
+    assert converted.cached is False
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.step == 20 and loaded.world_size_changed is True
+    assert loaded.path.endswith("/step_20_universal")
     universal = run / "checkpoints" / "step_20_universal"
     assert checkpoint_format.validate(universal) is None
     assert checkpoint_format.read_manifest(universal)["source"]["step"] == 20
