@@ -71,6 +71,8 @@ class SlurmtrainLauncher(Launcher):
         finally:
             if collecting:
                 gc.enable()
+        if code:  # Hydra keeps a job's return value to itself: a refused dry run point exits 2
+            raise SystemExit(code)
         return [_done(o, code) for o in job_overrides]
 
     def _kind(self) -> str:

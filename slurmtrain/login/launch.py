@@ -17,7 +17,6 @@ from omegaconf import DictConfig
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Stopped
-from slurmtrain.common.secrets import redact_overrides
 from slurmtrain.common.windows import current_stop
 from slurmtrain.login import cluster_check, placement
 from slurmtrain.login.prepare import Prepared, check, record, resolve
@@ -130,16 +129,12 @@ def _new_window(prepared: Prepared) -> None:
 
 
 def dry_run(points: Sequence[Point]) -> int:
-    """Show each point (config, plan, batch script, Slurm's answer); nothing is written or queued.
-    Exits 2 when the same command without dry_run=true would be refused (login/dry_run.py)."""
-    from slurmtrain.login.dry_run import show  # start-up speed: jinja2, for a dry run only
+    """Show the plan (one point) or one line per point and a summary (a sweep); nothing is queued
+    and the run directories stay unwritten. Exits 2 when the same command without dry_run=true
+    would be refused (login/dry_run.py)."""
+    from slurmtrain.login import dry_run as shown  # start-up speed: jinja2, for a dry run only
 
-    code = 0
-    for cfg, overrides in points:
-        if len(points) > 1:
-            print(f"sweep point: {' '.join(redact_overrides(overrides))}")
-        code = show(cfg) or code
-    return code
+    return shown.show(points[0][0]) if len(points) == 1 else shown.sweep(points)
 
 
 def _submit_array(todo: list[tuple[Prepared, list[str]]], total: int) -> int:

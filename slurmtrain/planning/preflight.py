@@ -308,17 +308,26 @@ def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
     return lines + ([warning] if warning else [])
 
 
+def placement_text(cfg: RootConfig) -> str:
+    """`64 nodes x 8 GPUs = 512 ranks` (`2-4 nodes x 8 GPUs = 16-32 ranks`; CPUs: `2 CPU ranks`)."""
+    low, high = node_range(cfg.nodes)
+    per_node = tasks_per_node(cfg)
+    each = f"{per_node} GPU" if cfg.gpus_per_node else f"{per_node} CPU rank"
+    each += "s" if per_node > 1 else ""
+    nodes = f"{low}" if low == high else f"{low}-{high}"
+    ranks = f"{low * per_node}" if low == high else f"{low * per_node}-{high * per_node}"
+    return f"{nodes} node{'s' if high > 1 else ''} x {each} = {ranks} ranks"
+
+
 def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     low, high = node_range(cfg.nodes)
     per_node = tasks_per_node(cfg)
     out = PlanReport()
-    device = f"{cfg.gpus_per_node} GPUs" if cfg.gpus_per_node else "CPU"
     n = memory.param_count(cfg.model)
     size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
     out.lines.append(
-        f"plan: {cfg.model.name} ({size} params), "
-        f"ZeRO-{cfg.deepspeed.stage}, {resolved_dtype(cfg)}, nodes {cfg.nodes} x "
-        f"{per_node} tasks ({device}), "
+        f"plan: {cfg.model.name} ({size} params), ZeRO-{cfg.deepspeed.stage}, "
+        f"{resolved_dtype(cfg)}, {placement_text(cfg)}, "
         + shapes.plan_notes(cfg.model, cfg.gpus_per_node)  # attention; MoE: active params
     )
     for n in sorted({low, high}):
