@@ -195,9 +195,25 @@ def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
     """Every check Hydra's types cannot do; the first failure raises one ConfigError line.
 
     A dry run plans any size (`model=opt13b nodes=64` on a laptop); only a real submission needs a
-    backend that can place it.
+    backend that can place it. The order matters (the first failure is the one reported): what
+    the run is, its numbers, what is derived from them, then the checks that read the derived.
     """
-    low, high = node_range(cfg.nodes)
+    _check_placed_and_named(cfg)
+    _ranges(cfg)
+    check_timeout_order(cfg.faults)
+    check_parallel(cfg)  # before the batch arithmetic, which divides the world by it
+    resolve_batch(cfg)
+    policy.resolve_time(cfg, None, "not read from Slurm")  # placement.py had no partition
+    policy.resolve_checkpoint(cfg)
+    check_all(cfg)  # unknown keys, cluster.* for every kind, runs_root, run_dir_mode
+    _check_train_steps(cfg)  # after resolve_batch: train.max_steps is known only then
+    _check_slurm_only(cfg, submitting)
+    _check_faults(cfg, submitting)
+    _check_model_and_data(cfg, submitting)
+
+
+def _check_placed_and_named(cfg: RootConfig) -> None:
+    """cluster.kind and gpus_per_node resolved to real values; the name usable as a path."""
     if cfg.gpus_per_node == "auto" or cfg.cluster.kind == ClusterKind.auto:
         raise ConfigError(
             "cluster.kind/gpus_per_node=auto: not resolved; the launch flow calls "
@@ -217,25 +233,26 @@ def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
             f"name={cfg.name!r}: a run name is a directory and a job name; use "
             f"letters, digits and ._- (e.g. name=opt13b-lr3e-4)"
         )
-    _ranges(cfg)
-    check_timeout_order(cfg.faults)
-    check_parallel(cfg)  # before the batch arithmetic, which divides the world by it
-    resolve_batch(cfg)
-    policy.resolve_time(cfg, None, "not read from Slurm")  # placement.py had no partition
-    policy.resolve_checkpoint(cfg)
-    check_all(cfg)  # unknown keys, cluster.* for every kind, runs_root, run_dir_mode
-    for key in (
-        "train.max_steps",
-        "train.micro_batch_size",
-        "train.global_batch_size",
-        "train.log_interval",
-        "data.seq_len",
-        "model.num_layers",
-        "model.hidden_size",
-        "model.num_heads",
-        "cluster.cpu_tasks_per_node",
-        "checkpoint.keep_last",
-    ):
+
+
+# Counts and sizes that have no meaningful zero once the batch is resolved.
+_POSITIVE_KEYS = (
+    "train.max_steps",
+    "train.micro_batch_size",
+    "train.global_batch_size",
+    "train.log_interval",
+    "data.seq_len",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.num_heads",
+    "cluster.cpu_tasks_per_node",
+    "checkpoint.keep_last",
+)
+
+
+def _check_train_steps(cfg: RootConfig) -> None:
+    """Positive counts, the one-off steps inside the run, the straggler and pause settings."""
+    for key in _POSITIVE_KEYS:
         check_positive(key, _value(cfg, key))
     for key, example in (("train.flops_profile_step", 10), ("train.memory_check_step", 3)):
         value = _value(cfg, key)
@@ -254,6 +271,10 @@ def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
             f"train.pause_at_step={cfg.train.pause_at_step}: must be 0 (never) or a "
             f"step; e.g. train.pause_at_step=10"
         )
+
+
+def _check_slurm_only(cfg: RootConfig, submitting: bool) -> None:
+    """Smoke jobs and staged environments are batch-script features: Slurm only, no container."""
     if submitting and cfg.smoke and cfg.cluster.kind != "slurm":
         raise ConfigError(
             f"smoke=true: chains a smoke job before the real one on Slurm; use "
@@ -274,6 +295,10 @@ def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
             f"cluster.stage_env_dir={cfg.cluster.stage_env_dir!r}: must be an absolute node-local "
             f"directory; e.g. cluster.stage_env_dir=/tmp"
         )
+
+
+def _check_faults(cfg: RootConfig, submitting: bool) -> None:
+    """What a restart resumes from, the spare nodes it may use, the loss-spike trigger."""
     if not re.fullmatch(r"auto|none|step_\d+", str(cfg.resume)):
         raise ConfigError(
             f"resume={cfg.resume!r}: must be auto (newest valid checkpoint), none (start from "
@@ -295,6 +320,11 @@ def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
             f"faults.spike_factor={cfg.faults.spike_factor}: must be 0 (off) or > 1 (times the "
             f"running median loss); e.g. faults.spike_factor=3"
         )
+
+
+def _check_model_and_data(cfg: RootConfig, submitting: bool) -> None:
+    """ZeRO, the model's shape, the data, and that every node count in the range divides."""
+    low, high = node_range(cfg.nodes)
     ds = cfg.deepspeed
     check_zero(ds.stage, ds.offload_optimizer, ds.offload_param)
     for key in DERIVED_DEEPSPEED_KEYS:
@@ -316,6 +346,7 @@ def validate_config(cfg: RootConfig, submitting: bool = True) -> None:
             f"nodes={cfg.nodes!r}: the local executor runs on this machine only; "
             f"use nodes=1 or cluster=slurm"
         )
+    # the smallest and the largest world of the range: the global batch must divide over both
     for n in sorted({low, high}):
         grad_accumulation(cfg, world_size(cfg, n))
     if cfg.model.pretrained_path and not os.path.isdir(cfg.model.pretrained_path):
