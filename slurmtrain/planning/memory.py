@@ -21,7 +21,7 @@ from typing import Mapping, NamedTuple, Optional, TypedDict
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.validation import check_seq_len, check_zero
-from slurmtrain.planning import parallel_plan, zero3_params
+from slurmtrain.planning import parallel_plan
 from slurmtrain.planning.activations import LOGIT_BYTES, activation_bytes  # noqa: F401
 from slurmtrain.planning.host_memory import HOST_FIX, HostPlan, host_plan, misfit
 from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's API)
@@ -36,16 +36,18 @@ from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's A
     largest_layer_params,
     param_count,
 )
+from slurmtrain.planning.zero_states import (  # noqa: F401  (the buckets: part of this module's API)
+    ALLREDUCE_BUCKET,
+    REDUCE_BUCKET,
+    ModelStates,
+    Shards,
+    comm_buffers,
+    model_states,
+)
 
 GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
-# DeepSpeed defaults (deepspeed/runtime/zero/config.py, engine.py), in elements.
-# reduce_bucket_size: with contiguous_gradients DeepSpeed allocates the whole bucket (torch.empty of
-# reduce_bucket_size elements, however small the model; two with overlap_comm in stages 1-2) for
-# the gradients being reduced. The all-gather after step writes into the params' own flat buffer.
-REDUCE_BUCKET = 500_000_000
-ALLREDUCE_BUCKET = 500_000_000  # engine MEMORY_OPT_ALLREDUCE_SIZE: stage-0 grad all-reduce
 CUDA_CONTEXT = int(1.5 * GiB)  # CUDA context + cuBLAS workspaces + NCCL channel buffers
 FRAGMENTATION = 0.05  # caching-allocator slack, as a share of everything PyTorch allocates
 
@@ -219,54 +221,45 @@ def plan_memory(
         stage, offload_optimizer, offload_param, micro_batch, activation_checkpointing
     )
     _check(model, setting, nodes, gpus_per_node, seq_len, dtype, attention)
-    d = DTYPE_BYTES[dtype]
-    tp = max(1, tensor_parallel)
-    p, big = parallel_plan.rank_params(model, tp), largest_layer_params(model)
+    d, tp = DTYPE_BYTES[dtype], max(1, tensor_parallel)
     n = max(1, nodes * gpus_per_node // tp)  # ZeRO partitions over data parallelism
-    master = 0 if (dtype == "fp32" and stage == 0) else 4  # ZeRO always keeps an fp32 copy
-    params: float
-    grads: float
-    optim: float
-    buffers: float
-    host: float = 0  # offloaded bytes per GPU
-    if stage == 0:
-        params, grads, optim = d * p, (d + master) * p, (8 + master) * p
-    elif stage in (1, 2):
-        params = d * p
-        grads16 = d * p if stage == 1 else d * p / n
-        if offload_optimizer:  # fp32 grads, master and moments on the host
-            grads, optim, host = (grads16 if stage == 1 else 0), 0, 16 * p / n
-        else:
-            grads, optim = grads16 + 4 * p / n, 12 * p / n
-    else:
-        work = 2 * d * big  # one gathered layer: its param and its grad
-        params = (0 if offload_param else d * p / n) + work / 2
-        state = (d + 2) * p / n + 12 * p / n  # grads16 + DeepSpeed's fp32-grad budget + optimizer
-        if offload_optimizer:
-            grads, optim = work / 2, 0
-            host = state + (d * p / n if offload_param else 0)
-        else:
-            grads, optim = (d + 2) * p / n + work / 2, 12 * p / n
-    if stage == 0:
-        buffers = d * min(ALLREDUCE_BUCKET, p)  # the flattened gradients of one all-reduce
-    elif stage < 3:
-        buffers = d * reduce_bucket * (2 if overlap_comm else 1)
-    else:
-        buffers = d * (reduce_bucket + zero3_params.extra_gathered(model, zero3))
+    shards = Shards(parallel_plan.rank_params(model, tp), largest_layer_params(model), n, d)
+    states = model_states(shards, stage, offload_optimizer, offload_param, fp32=dtype == "fp32")
+    buffers = comm_buffers(model, shards, stage, reduce_bucket, overlap_comm, zero3)
     acts = activation_bytes(model, micro_batch, seq_len, d, activation_checkpointing, attention, tp)
-    allocated = params + grads + optim + acts + buffers
     node = host_plan(
-        params=p,
-        largest_layer=big,
+        params=shards.params,
+        largest_layer=shards.largest_layer,
         stage=stage,
         dtype_bytes=d,
         world=n,
         gpus_per_node=gpus_per_node,
-        offloaded_per_rank=host,
+        offloaded_per_rank=states.offloaded,
         zero_init=zero_init,
         pretrained=pretrained,
         async_save=async_save,
     )
+    return _recorded(
+        model, setting, nodes, gpus_per_node, seq_len, dtype, states, acts, buffers, node, device
+    )
+
+
+def _recorded(
+    model: ModelShape,
+    setting: Setting,
+    nodes: int,
+    gpus_per_node: int,
+    seq_len: int,
+    dtype: str,
+    states: ModelStates,
+    activations: float,
+    buffers: float,
+    host: HostPlan,
+    device: str,
+) -> MemoryPlan:
+    """The plan in whole bytes (arguments in MemoryPlan's field order), with the overhead: a CPU
+    rank has no CUDA context and no caching allocator to fragment."""
+    allocated = states.params + states.grads + states.optimizer + activations + buffers
     return MemoryPlan(
         model=model.name,
         setting=setting,
@@ -275,14 +268,14 @@ def plan_memory(
         seq_len=seq_len,
         dtype=dtype,
         num_params=param_count(model),
-        params=int(params),
-        grads=int(grads),
-        optimizer=int(optim),
-        activations=int(acts),
+        params=int(states.params),
+        grads=int(states.grads),
+        optimizer=int(states.optimizer),
+        activations=int(activations),
         buffers=int(buffers),
         overhead=int(CUDA_CONTEXT + FRAGMENTATION * allocated) if device == "cuda" else 0,
-        cpu_per_node=node.total,
-        host=node,
+        cpu_per_node=host.total,
+        host=host,
     )
 
 
