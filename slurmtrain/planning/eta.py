@@ -50,6 +50,31 @@ def _saves(current: int, last: int, every: int, final: bool) -> int:
     return periodic + (1 if final and last > current and (not every or last % every) else 0)
 
 
+def _save_interval_steps(every_steps: int, every_s: float, step_time: float) -> int:
+    """Steps between periodic saves: the step and time intervals, whichever comes first (0: none)."""
+    if not every_s:
+        return every_steps
+    by_time = max(1, int(every_s // step_time))
+    return min(every_steps, by_time) if every_steps else by_time
+
+
+def _attempts(
+    work: float, time_limit_s: Optional[float], restart_overhead_s: float, stop_early_s: float
+) -> int:
+    """Allocations `work` seconds of training and saving need: each loses its start-up and the
+    `stop_early_s` it stops before the limit to save; no limit means one allocation does it all."""
+    if time_limit_s is None:
+        return 1
+    usable = time_limit_s - restart_overhead_s - stop_early_s
+    if usable <= 0:
+        raise ConfigError(
+            f"cluster.time={time_limit_s:.0f}s: leaves no training time after restart "
+            f"overhead ({restart_overhead_s:.0f}s) and the final save "
+            f"({stop_early_s:.0f}s); raise cluster.time"
+        )
+    return max(1, math.ceil(work / usable))
+
+
 def estimate_eta(
     *,
     current_step: int,
@@ -85,25 +110,14 @@ def estimate_eta(
     remaining = max(0, max_steps - current_step)
     step_time = tokens_per_step / tokens_per_s
     compute = remaining * step_time
-    every = save_every_steps
-    if save_every_s:
-        by_time = max(1, int(save_every_s // step_time))
-        every = min(every, by_time) if every else by_time
+    every = _save_interval_steps(save_every_steps, save_every_s, step_time)
     saves = _saves(current_step, max(current_step, max_steps), every, save_final)
     work = compute + saves * save_s
-    if remaining == 0:
-        attempts = 0
-    elif time_limit_s is None:
-        attempts = 1
-    else:
-        usable = time_limit_s - restart_overhead_s - max(signal_lead_s, forced_s)
-        if usable <= 0:
-            raise ConfigError(
-                f"cluster.time={time_limit_s:.0f}s: leaves no training time after restart "
-                f"overhead ({restart_overhead_s:.0f}s) and the final save "
-                f"({max(signal_lead_s, forced_s):.0f}s); raise cluster.time"
-            )
-        attempts = max(1, math.ceil(work / usable))
+    attempts = (
+        _attempts(work, time_limit_s, restart_overhead_s, max(signal_lead_s, forced_s))
+        if remaining
+        else 0
+    )
     forced = max(0, attempts - 1) * forced_s  # the save each requeue signal triggers
     restarts = attempts * restart_overhead_s
     return Eta(
