@@ -217,6 +217,7 @@ class Trainer:
     def resume(self) -> None:
         """Load the chosen checkpoint (weights, optimizer, scheduler, RNG) on every rank; one
         that fails to load is marked and the previous one tried (recovery.load_resumed)."""
+        from slurmtrain.common.resumed import resumed_line
         from slurmtrain.compute import recovery
 
         if self.found.path is None or self.load_dir is None:
@@ -237,6 +238,14 @@ class Trainer:
             world_size_changed=not self.same_world,
             skipped_samples=self.sampler.skip,
         )
+        if self.rank == 0:  # every attempt says where it resumed from (common/resumed.py)
+            line = resumed_line(
+                self.start_step,
+                self.found.path,
+                self.found.manifest.get("time"),
+                universal=not self.same_world,
+            )
+            print(line, file=sys.stderr, flush=True)
 
     # ---- loop ----------------------------------------------------------------------------------
     def save(self, step: int, loss: float) -> Optional[str]:

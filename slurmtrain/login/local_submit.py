@@ -1,7 +1,7 @@
 """Local backend: submitit's LocalExecutor starts one worker per task on this machine and we wait.
 
-The workers write metrics.jsonl; this side turns it into a rich progress bar, so the same
-entrypoint runs here and on Slurm. Ctrl-C stops the run the way a preemption does: the workers
+The workers write metrics.jsonl; this side turns it into a rich progress bar (plain lines at least
+every PLAIN_EVERY_S when stdout is a file or a pipe), so the same entrypoint runs here and on Slurm. Ctrl-C stops the run the way a preemption does: the workers
 agree on a step, save it and exit; a second Ctrl-C kills them (the newest complete checkpoint
 stays). submitit's controller would SIGKILL its tasks a second after a Ctrl-C of its own, so it
 is started deaf to SIGINT and only relays our SIGTERM.
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import submitit
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -26,10 +26,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from slurmtrain.common import events, ledger, secrets
 from slurmtrain.common.derived import tasks_per_node
 from slurmtrain.common.liveness import pid_start
+from slurmtrain.common.resumed import resumed_line
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.login import flags
 from slurmtrain.login.submission import Submission, TrainTask
+from slurmtrain.planning.eta import format_duration
 
 
 def free_port() -> int:
@@ -167,12 +169,48 @@ def _stopped_by_user(run: RunDir, job_id: str) -> Submission:
     return Submission(job_id, "local", finished=False, exit_code=130)
 
 
-def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
-    """Progress bar fed by metrics.jsonl until the job's processes exit; True after a Ctrl-C.
+PLAIN_EVERY_S = 15.0  # stdout not a terminal (a file, a pipe): a progress line at least this often
 
-    This process shares the machine with the workers: it reads only the new lines and redraws
-    twice a second (no 10 Hz refresh thread), so following a long run costs next to nothing.
-    """
+
+def progress_line(row: Optional[dict[str, object]], max_steps: Optional[int]) -> str:
+    """`train: step 40/200, loss 4.1200, 21,000 tok/s, ETA 0:00:08`: the bar, as one line."""
+    if row is None:
+        return f"train: step 0/{max_steps or '?'}, starting (no step logged yet)"
+    loss, tps, eta = row.get("loss"), row.get("tokens_per_s"), row.get("eta_s")
+    parts = [f"train: step {_step(row)}/{max_steps or '?'}"]
+    parts += [f"loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
+    parts += [f"{tps:,.0f} tok/s"] if isinstance(tps, (int, float)) else []
+    parts += [f"ETA {format_duration(eta, clock=True)}"] if isinstance(eta, (int, float)) else []
+    return ", ".join(parts)
+
+
+class _Lines:
+    """The progress bar's form when stdout is not a terminal (a rich bar would show nothing until
+    the end there): a line on the first logged step, at least every PLAIN_EVERY_S, and at the end."""
+
+    def __init__(self, max_steps: Optional[int]) -> None:
+        self.max_steps = max_steps
+        self.row: Optional[dict[str, object]] = None  # the newest metrics row
+        self.shown: Optional[dict[str, object]] = None  # the row last printed
+        self.at = time.monotonic()
+
+    def refresh(self, row: Optional[dict[str, object]], final: bool = False) -> None:
+        self.row = row or self.row
+        first = self.shown is None and self.row is not None
+        due = time.monotonic() - self.at >= PLAIN_EVERY_S
+        if first or due or (final and self.row is not self.shown):
+            print(progress_line(self.row, self.max_steps), flush=True)
+            self.shown, self.at = self.row, time.monotonic()
+
+
+@contextlib.contextmanager
+def _display(
+    max_steps: Optional[int],
+) -> Iterator[Callable[[Optional[dict[str, object]], bool], None]]:
+    """show(row or None, final): a rich bar on a terminal, plain lines (_Lines) otherwise."""
+    if not sys.stdout.isatty():
+        yield _Lines(max_steps).refresh
+        return
     columns = (
         TextColumn("[bold]train"),
         BarColumn(),
@@ -183,20 +221,52 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
     )
     with Progress(*columns, transient=False, auto_refresh=False) as bar:
         task = bar.add_task("train", total=max_steps, loss="-", tps="-")
-        offset, presses = 0, 0
+
+        def drawn(row: Optional[dict[str, object]], final: bool) -> None:
+            if row is not None:
+                bar.update(
+                    task,
+                    completed=_step(row),
+                    loss=f"{row['loss']:.4f}",
+                    tps=f"{row['tokens_per_s']:,.0f}",
+                )
+            bar.refresh()
+
+        yield drawn
+
+
+def _say_resumed(run: RunDir, job_id: str) -> bool:
+    """The attempt's `resumed from` line (its workers print theirs in its log) from its
+    `checkpoint_loaded` row, aged by the `checkpoint_saved` row of that step; True once said."""
+    rows = run.run_events()
+    for row in rows:
+        if isinstance(row, events.CheckpointLoaded) and row.job_id == job_id:
+            saved = [
+                r.time for r in rows if isinstance(r, events.CheckpointSaved) and r.step == row.step
+            ]
+            universal = bool(row.world_size_changed)
+            line = resumed_line(
+                row.step, row.path, saved[-1] if saved else None, universal=universal
+            )
+            print(line, flush=True)
+    return True
+
+
+def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
+    """Progress fed by metrics.jsonl until the job's processes exit; True after a Ctrl-C.
+
+    This process shares the machine with the workers: it reads only the new lines and redraws
+    twice a second (no 10 Hz refresh thread), so following a long run costs next to nothing.
+    """
+    with _display(max_steps) as show:
+        offset, presses, said = 0, 0, False
         while True:
             try:
                 exited = job.done()  # checked before the read, so the last rows are always shown
                 offset, rows = _new_rows(run.metrics, offset)
-                if rows:
-                    last = rows[-1]
-                    bar.update(
-                        task,
-                        completed=_step(last),
-                        loss=f"{last['loss']:.4f}",
-                        tps=f"{last['tokens_per_s']:,.0f}",
-                    )
-                bar.refresh()
+                if (rows or exited) and not said:  # the checkpoint is loaded before step 1
+                    said = _say_resumed(run, str(job.job_id))
+                show(rows[-1] if rows else None, exited)
                 if exited:
                     return presses > 0
                 time.sleep(0.5)
