@@ -10,14 +10,22 @@ import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, TypeVar
 
 from slurmtrain.common import slurm_cmd
+from slurmtrain.common.events import Failed, Row, Rows, Started
 from slurmtrain.common.rundir import RunDir
 
+R = TypeVar("R", bound=Row)
 
-def events(run: Path) -> list[dict[str, Any]]:
+
+def events(run: Path) -> Rows:
     return RunDir(run).events()
+
+
+def rows_of(run: Path, kind: type[R]) -> list[R]:
+    """The run's ledger rows of one kind (a row class of common/events.py)."""
+    return [e for e in events(run) if isinstance(e, kind)]
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float = 1.0) -> None:
@@ -31,21 +39,21 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float
 
 def wait_event(
     run: Path,
-    event: str,
+    kind: type[R],
     timeout: float = 300,
     count: int = 1,
-    fail_on: tuple[str, ...] = ("failed",),
-) -> list[dict[str, Any]]:
-    """Wait for `count` events of a kind; an unexpected `fail_on` event fails at once."""
+    fail_on: tuple[type[Row], ...] = (Failed,),
+) -> list[R]:
+    """Wait for `count` rows of a kind; an unexpected `fail_on` row fails at once."""
 
     def check() -> bool:
         rows = events(run)
-        bad = [e for e in rows if e["event"] in fail_on]
-        assert not bad, f"unexpected {bad[-1]['event']}: {bad[-1].get('error')}"
-        return sum(e["event"] == event for e in rows) >= count
+        bad = [e for e in rows if isinstance(e, fail_on)]
+        assert not bad, f"unexpected {bad[-1].event}: {getattr(bad[-1], 'error', None)}"
+        return sum(isinstance(e, kind) for e in rows) >= count
 
-    wait_until(check, timeout, f"{count} x {event!r} in the ledger of {run}")
-    return [e for e in events(run) if e["event"] == event]
+    wait_until(check, timeout, f"{count} x {kind.kind!r} in the ledger of {run}")
+    return rows_of(run, kind)
 
 
 def wait_job_gone(job_id: str, timeout: float = 120) -> None:
@@ -68,7 +76,7 @@ def time_limit_soon(run: Path, lead_s: int = 30, margin_s: int = 5) -> int:
         300,
         "training to start",
     )
-    [job_id] = [str(e["job_id"]) for e in events(run) if e["event"] == "started"][-1:]
+    [job_id] = [str(e.job_id) for e in rows_of(run, Started)][-1:]
     start_time = slurm_cmd.job_info(job_id)["StartTime"]
     start = datetime.strptime(start_time, "%Y-%m-%dT%H:%M:%S").timestamp()
     minutes = max(1, math.ceil((time.time() - start + lead_s + margin_s) / 60))
@@ -116,11 +124,11 @@ def steps_by_attempt(run: Path) -> dict[int, list[int]]:
 
 
 @contextlib.contextmanager
-def node_killed(slurm_cluster, started: dict[str, Any], index: int):
+def node_killed(slurm_cluster, started: Started, index: int):
     """Kill the node of rank `index` (its slurmd and its rank); bring it back on the way out."""
-    victim = started["hosts"][index]
+    victim = started.hosts[index]
     os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)
-    os.kill(started["pids"][index], signal.SIGKILL)
+    os.kill(started.pids[index], signal.SIGKILL)
     try:
         yield victim
     finally:

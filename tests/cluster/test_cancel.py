@@ -9,6 +9,15 @@ import time
 import pytest
 
 from slurmtrain.common import checkpoint_format
+from slurmtrain.common.events import (
+    Cancelled,
+    CheckpointLoaded,
+    CheckpointSaved,
+    Finished,
+    Requeued,
+    Started,
+    Submitted,
+)
 from slurmtrain.common.rundir import STOPPED, RunDir
 from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import run_cli
@@ -36,14 +45,14 @@ def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluste
     done = run_cli([*ARGS, "faults.allow_inject=true"], cwd=workdir, env=inject)
     assert done.returncode == 0, done.stdout + done.stderr
     run = only_run(workdir / "runs", "cancelme")
-    wait_event(run, "checkpoint_saved", timeout=300)
-    [submitted] = [e for e in events(run) if e["event"] == "submitted"]
+    wait_event(run, CheckpointSaved, timeout=300)
+    [submitted] = [e for e in events(run) if isinstance(e, Submitted)]
 
     t0 = time.time()
     cancelled = run_cli(["cancel", "cancelme"], cwd=workdir, module="slurmtrain.cli")  # by name
     took = time.time() - t0
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    assert f"cancelled job(s) {submitted['job_id']}" in cancelled.stdout, cancelled.stdout
+    assert f"cancelled job(s) {submitted.job_id}" in cancelled.stdout, cancelled.stdout
     assert "checkpoints kept" in cancelled.stdout
     assert not _queued("cancelme")  # cancel waits until the jobs have left the queue
 
@@ -51,11 +60,11 @@ def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluste
     # a restart would come from, has left the queue: a requeued job would be in it again).
     time.sleep(10)
     rows = events(run)
-    at = next(i for i, e in enumerate(rows) if e["event"] == "cancelled")
-    after = [e["event"] for e in rows[at + 1 :]]
-    assert not {"submitted", "requeued", "started"} & set(after), after
+    at = next(i for i, e in enumerate(rows) if isinstance(e, Cancelled))
+    after = [e.event for e in rows[at + 1 :]]
+    assert not any(isinstance(e, (Submitted, Requeued, Started)) for e in rows[at + 1 :]), after
     assert not _queued("cancelme")
-    assert "finished" not in after
+    assert not any(isinstance(e, Finished) for e in rows[at + 1 :]), after
     assert RunDir(run).state() == STOPPED
     resume = checkpoint_format.find_resumable(run / "checkpoints")
     assert resume.path is not None
@@ -66,7 +75,7 @@ def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluste
     # Resumable: the same config again continues from that checkpoint and finishes.
     again = run_cli(ARGS, cwd=workdir)
     assert again.returncode == 0 and "resuming" in again.stdout, again.stdout + again.stderr
-    wait_event(run, "finished", timeout=400)
-    loaded = [e for e in events(run) if e["event"] == "checkpoint_loaded"]
-    assert loaded and loaded[-1]["step"] == resume.manifest["step"]
+    wait_event(run, Finished, timeout=400)
+    loaded = [e for e in events(run) if isinstance(e, CheckpointLoaded)]
+    assert loaded and loaded[-1].step == resume.manifest["step"]
     wait_until(lambda: not _queued("cancelme"), 120, "the resumed job to leave the queue")

@@ -13,8 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone, wait_until
-from tests.conftest import read_jsonl, run_cli
+from slurmtrain.common.events import (
+    AttemptEnded,
+    CheckpointConverted,
+    CheckpointLoaded,
+    CheckpointSkipped,
+    Finished,
+    Paused,
+    Started,
+    Submitted,
+)
+from tests.cluster.helpers import only_run, wait_event, wait_job_gone, wait_until
+from tests.conftest import ledger_of, read_jsonl, run_cli
 
 pytestmark = pytest.mark.slurm
 BASE = [
@@ -43,16 +53,12 @@ def losses(run: Path) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in read_jsonl(run / "metrics.jsonl")}
 
 
-def kind(run: Path, event: str) -> list[dict]:
-    return [e for e in events(run) if e["event"] == event]
-
-
 def paused_at_20(workdir: Path, name: str) -> Path:
     """A run that saved step_20 and ended (train.pause_at_step), its job gone from the queue."""
     run = submit(workdir, name, ["train.pause_at_step=20"])
-    [paused] = wait_event(run, "paused", timeout=400)
-    assert paused["step"] == 20 and (run / "checkpoints" / "step_20" / "manifest.json").exists()
-    wait_job_gone(kind(run, "submitted")[-1]["job_id"])
+    [paused] = wait_event(run, Paused, timeout=400)
+    assert paused.step == 20 and (run / "checkpoints" / "step_20" / "manifest.json").exists()
+    wait_job_gone(ledger_of(run, Submitted)[-1].job_id)
     return run
 
 
@@ -63,7 +69,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def finished(run: Path) -> Path:
-    wait_event(run, "finished", timeout=600)
+    wait_event(run, Finished, timeout=600)
     return run
 
 
@@ -74,14 +80,14 @@ def test_sigkill_of_every_rank_mid_save_never_loads_the_partial_checkpoint(refer
         workdir, "killsave", ["faults.node_check_s=12"], inject="kill_during_save=20,attempts=1"
     )
     finished(run)
-    attempts = {e["attempt"] for e in kind(run, "started")}
+    attempts = {e.attempt for e in ledger_of(run, Started)}
     assert attempts == {1, 2}, attempts
-    [ended] = [e for e in kind(run, "attempt_ended") if e["attempt"] == 1]
-    assert ended["class"] != "finished"
-    [loaded] = kind(run, "checkpoint_loaded")
-    assert loaded["attempt"] == 2 and loaded["step"] == 10  # step_20.tmp was never a candidate
-    assert loaded["path"].endswith("/step_10")
-    assert kind(run, "checkpoint_skipped") == []
+    [ended] = [e for e in ledger_of(run, AttemptEnded) if e.attempt == 1]
+    assert ended.cls != Finished.kind
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.attempt == 2 and loaded.step == 10  # step_20.tmp was never a candidate
+    assert loaded.path.endswith("/step_10")
+    assert ledger_of(run, CheckpointSkipped) == []
     assert not list((run / "checkpoints").glob("*.tmp"))  # the partial save was cleared
     assert losses(run) == losses(finished(reference))  # bitwise: fp32, same world size
 
@@ -95,10 +101,10 @@ def test_flipped_bytes_in_the_newest_checkpoint_load_the_previous_one(reference,
     run_again = submit(workdir, "flipped")
     assert run_again == run
     finished(run)
-    [skipped] = kind(run, "checkpoint_skipped")
-    assert skipped["path"].endswith("/step_20") and "checksum mismatch" in skipped["reason"]
-    [loaded] = kind(run, "checkpoint_loaded")
-    assert loaded["step"] == 10 and loaded["path"].endswith("/step_10")
+    [skipped] = ledger_of(run, CheckpointSkipped)
+    assert skipped.path.endswith("/step_20") and "checksum mismatch" in skipped.reason
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.step == 10 and loaded.path.endswith("/step_10")
     assert losses(run) == losses(finished(reference))
 
 
@@ -133,19 +139,19 @@ def test_two_node_run_resumes_on_one_node_with_the_same_global_batch(reference, 
         )
         done = run_cli(BASE[:-1] + ["name=shrink", "nodes=1-2"], cwd=workdir)
         assert done.returncode == 0, done.stdout + done.stderr
-        wait_event(run, "checkpoint_loaded", timeout=400)
+        wait_event(run, CheckpointLoaded, timeout=400)
     finally:
         subprocess.run(["scancel", hog], capture_output=True)
     finished(run)
-    assert [e["world_size"] for e in kind(run, "started")] == [2, 1]
-    [converted] = kind(run, "checkpoint_converted")
-    assert (converted["step"], converted["from_world_size"], converted["to_world_size"]) == (
+    assert [e.world_size for e in ledger_of(run, Started)] == [2, 1]
+    [converted] = ledger_of(run, CheckpointConverted)
+    assert (converted.step, converted.from_world_size, converted.to_world_size) == (
         20,
         2,
         1,
     )
-    [loaded] = kind(run, "checkpoint_loaded")
-    assert loaded["step"] == 20 and loaded["world_size_changed"] is True
+    [loaded] = ledger_of(run, CheckpointLoaded)
+    assert loaded.step == 20 and loaded.world_size_changed is True
     config = (run / "config.yaml").read_text()
     assert "global_batch_size: 8" in config
     want, got = losses(finished(reference)), losses(run)

@@ -15,6 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from slurmtrain.common.events import (
+    AttemptEnded,
+    FailureClass,
+    Finished,
+    Requeued,
+    RestartedInAllocation,
+    Signal,
+    Started,
+)
 from tests.cluster.helpers import (
     events,
     node_killed,
@@ -85,13 +94,13 @@ def test_container_run_is_requeued_at_its_time_limit_and_resumes_inside_the_imag
     )
     assert 'bash -c "$oci_task" oci-task python3' in (run / "job.sbatch").read_text()
     assert time_limit_soon(run) == 1
-    [requeued] = wait_event(run, "requeued", timeout=400)
-    set_time_limit(str(requeued["new_job_id"]), 3)
-    wait_event(run, "finished", timeout=500)
+    [requeued] = wait_event(run, Requeued, timeout=400)
+    set_time_limit(str(requeued.new_job_id), 3)
+    wait_event(run, Finished, timeout=500)
     ev = events(run)
-    [sig, *_] = [e for e in ev if e["event"] == "signal"]
-    assert sig["signal"] == "SIGUSR2"  # Slurm's signal reached the Python inside the container
-    assert any(e["event"] == "attempt_ended" and e["class"] == "timed_out" for e in ev)
+    [sig, *_] = [e for e in ev if isinstance(e, Signal)]
+    assert sig.signal == "SIGUSR2"  # Slurm's signal reached the Python inside the container
+    assert any(isinstance(e, AttemptEnded) and e.cls == FailureClass.timed_out for e in ev)
     flat = [s for a in sorted(steps_by_attempt(run)) for s in steps_by_attempt(run)[a]]
     assert flat == list(range(1, 81))  # resumed from its checkpoint: no step lost or repeated
     # The ranks ran the image's Python (Debian's 3.11.2 + torch), not this test's interpreter.
@@ -114,16 +123,16 @@ def test_node_failure_with_a_spare_restarts_inside_the_container(slurm_cluster, 
         400,
         "step 12",
     )
-    first = [e for e in events(run) if e["event"] == "started"][0]
+    first = [e for e in events(run) if isinstance(e, Started)][0]
     with node_killed(slurm_cluster, first, 1) as victim:  # the batch shell is on rank 0's node
-        wait_event(run, "finished", timeout=400, fail_on=())
+        wait_event(run, Finished, timeout=400, fail_on=())
     ev = events(run)
-    started = [e for e in ev if e["event"] == "started"]
-    assert len({e["job_id"] for e in started}) == 1 and len(started) == 2  # same job, no queue
+    started = [e for e in ev if isinstance(e, Started)]
+    assert len({e.job_id for e in started}) == 1 and len(started) == 2  # same job, no queue
     assert victim not in started[1]["hosts"]
-    [moved] = [e for e in ev if e["event"] == "restarted_in_allocation"]
-    assert moved["left_out"] == [victim] and moved["reason"] == "node_failure"
-    assert not any(e["event"] == "requeued" for e in ev)
+    [moved] = [e for e in ev if isinstance(e, RestartedInAllocation)]
+    assert moved.left_out == (victim,) and moved.reason == FailureClass.node_failure
+    assert not any(isinstance(e, Requeued) for e in ev)
     _ranks_ran_the_images_python(run)
 
 

@@ -13,6 +13,15 @@ import sys
 
 import pytest
 
+from slurmtrain.common.events import (
+    AttemptEnded,
+    CheckpointLoaded,
+    CheckpointSaved,
+    Failed,
+    Finished,
+    Started,
+    Stopped,
+)
 from tests.cluster.helpers import events, only_run, wait_event, wait_until
 from tests.conftest import read_jsonl, run_cli
 
@@ -56,18 +65,15 @@ def test_controller_restart_during_a_run_loses_nothing(slurm_cluster, workdir):
     assert outage.returncode == 0, outage.stdout + outage.stderr
     during = max(r["step"] for r in read_jsonl(metrics))
     assert during < STEPS, "the run ended before the controller came back: nothing was tested"
-    wait_event(run, "finished", timeout=500)
+    wait_event(run, Finished, timeout=500)
 
     ev = events(run)
-    kinds = [e["event"] for e in ev]
-    assert "failed" not in kinds and "stopped" not in kinds, ev
-    starts = [e for e in ev if e["event"] == "started"]
+    assert not any(isinstance(e, (Failed, Stopped)) for e in ev), ev
+    starts = [e for e in ev if isinstance(e, Started)]
     # no duplicate trainer: every attempt after the first starts after the previous one ended
     for prev, nxt in zip(starts, starts[1:]):
-        ended = [
-            e for e in ev if e["event"] == "attempt_ended" and e.get("attempt") == prev["attempt"]
-        ]
-        assert ended and ended[0]["time"] <= nxt["time"], (prev, nxt)
+        ended = [e for e in ev if isinstance(e, AttemptEnded) and e.attempt == prev.attempt]
+        assert ended and ended[0].time <= nxt.time, (prev, nxt)
     rows = read_jsonl(metrics)
     by_attempt: dict[int, list[int]] = {}
     for r in rows:
@@ -75,15 +81,15 @@ def test_controller_restart_during_a_run_loses_nothing(slurm_cluster, workdir):
     for steps in by_attempt.values():
         assert steps == sorted(set(steps))  # one trainer per attempt: each step once
     if len(by_attempt) == 1:
-        assert by_attempt[starts[0]["attempt"]] == list(range(1, STEPS + 1))  # nothing lost
+        assert by_attempt[starts[0].attempt] == list(range(1, STEPS + 1))  # nothing lost
     else:  # a restart may redo at most the steps after the last checkpoint
-        loads = [e["step"] for e in ev if e["event"] == "checkpoint_loaded"]
+        loads = [e.step for e in ev if isinstance(e, CheckpointLoaded)]
         first = by_attempt[min(by_attempt)]
         assert max(first) - loads[-1] <= INTERVAL
     # (other tests' jobs may preempt this one on the shared cluster: a signal save is off-interval)
-    saved = sorted({e["step"] for e in ev if e["event"] == "checkpoint_saved"})
+    saved = sorted({e.step for e in ev if isinstance(e, CheckpointSaved)})
     assert saved[-1] == STEPS
-    [fin] = [e for e in ev if e["event"] == "finished"]
-    assert fin["step"] == STEPS
+    [fin] = [e for e in ev if isinstance(e, Finished)]
+    assert fin.step == STEPS
     status = run_cli(["status", str(run)], cwd=workdir, module="slurmtrain.cli")
     assert "finished" in status.stdout, status.stdout + status.stderr

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from slurmtrain.common.events import Finished
 from tests.cluster.helpers import only_run, wait_event
 from tests.conftest import run_cli
 
@@ -83,4 +84,4 @@ def test_no_cluster_key_submits_to_slurm_when_it_answers(slurm_cluster, workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "slurmtrain: auto: cluster=slurm (the Slurm controller answers)" in done.stderr
     assert "submitted job" in done.stdout
-    wait_event(only_run(workdir / "runs", "auto"), "finished", timeout=400)
+    wait_event(only_run(workdir / "runs", "auto"), Finished, timeout=400)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from slurmtrain.common.events import CheckpointLoaded, Finished, Requeued, Stopped
 from tests.cluster.helpers import events, steps_by_attempt, submit_run, wait_event
 from tests.conftest import read_jsonl
 
@@ -31,11 +32,11 @@ def test_families_are_requeued_after_a_crash_and_resume_bitwise(slurm_cluster, w
         for family in ("llama_tiny", "qwen2_tiny")
     }
     for family, run in runs.items():
-        wait_event(run, "finished", timeout=600, fail_on=("stopped",))
+        wait_event(run, Finished, timeout=600, fail_on=(Stopped,))
         ev = events(run)
-        assert any(e["event"] == "requeued" for e in ev), family
-        [loaded] = [e for e in ev if e["event"] == "checkpoint_loaded"]
-        assert loaded["step"] == 4, family
+        assert any(isinstance(e, Requeued) for e in ev), family
+        [loaded] = [e for e in ev if isinstance(e, CheckpointLoaded)]
+        assert loaded.step == 4, family
         attempts = steps_by_attempt(run)
         first, *rest = sorted(attempts)
         assert attempts[first] == list(range(1, 7)) and rest, (family, attempts)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmtrain.common.events import Finished, Requeued, Signal, Started, Straggler
 from tests.cluster.helpers import cancel_all_of, events, only_run, wait_event
 from tests.conftest import read_jsonl, run_cli
 
@@ -67,14 +68,14 @@ def runs(slurm_cluster, tmp_path_factory):
 
 def test_slowed_rank_is_flagged_as_a_straggler_with_its_node(runs):
     run = runs[SLOW]
-    wait_event(run, "finished", timeout=300)
+    wait_event(run, Finished, timeout=300)
     ev = events(run)
-    [started] = [e for e in ev if e["event"] == "started"]
-    node1 = started["hosts"][1]
-    flagged = [e for e in ev if e["event"] == "straggler"]
+    [started] = [e for e in ev if isinstance(e, Started)]
+    node1 = started.hosts[1]
+    flagged = [e for e in ev if isinstance(e, Straggler)]
     assert flagged, "no straggler event for the slowed rank"
-    assert all(e["rank"] == 1 for e in flagged), flagged  # rank 0 is never named
-    assert all(e["node"] == node1 and e["factor"] > 1.5 for e in flagged), flagged
+    assert all(e.rank == 1 for e in flagged), flagged  # rank 0 is never named
+    assert all(e.node == node1 and e.factor > 1.5 for e in flagged), flagged
     rows = read_jsonl(run / "bad_nodes.jsonl")
     stragglers = [r for r in rows if r["reason"] == "straggler"]
     assert stragglers and {r["node"] for r in stragglers} == {node1}, rows
@@ -82,15 +83,15 @@ def test_slowed_rank_is_flagged_as_a_straggler_with_its_node(runs):
 
 def test_interrupted_run_goodput_adds_up_and_the_cli_shows_it(runs):
     run, workdir = runs[LIMITED], runs["workdir"]
-    wait_event(run, "finished", timeout=400)
+    wait_event(run, Finished, timeout=400)
     ev = events(run)
-    assert any(e["event"] == "signal" for e in ev) and any(e["event"] == "requeued" for e in ev)
+    assert any(isinstance(e, Signal) for e in ev) and any(isinstance(e, Requeued) for e in ev)
 
     from slurmtrain.cli.goodput import compute_goodput
 
     g = compute_goodput(run)
     assert g.attempts >= 2 and not g.live
-    times = [e["time"] for e in ev]
+    times = [e.time for e in ev]
     wall = max(times) - min(times)  # submitted -> finished, from the ledger alone
     assert abs(sum(g.parts().values()) - wall) <= 0.02 * wall, (g, wall)
     for part in ("queue_wait", "startup", "productive", "checkpoint_save"):
@@ -109,8 +110,8 @@ def test_interrupted_run_goodput_adds_up_and_the_cli_shows_it(runs):
 
 def test_logs_tag_the_lines_of_both_attempts(runs):
     run, workdir = runs[LIMITED], runs["workdir"]
-    wait_event(run, "finished", timeout=400)
-    attempts = sum(e["event"] == "started" for e in events(run))
+    wait_event(run, Finished, timeout=400)
+    attempts = sum(isinstance(e, Started) for e in events(run))
     logs = run_cli(["logs", str(run)], cwd=workdir, module="slurmtrain.cli")
     assert logs.returncode == 0, logs.stderr
     tagged = {int(a) for a in re.findall(r"^\[a(\d+) r[\d?]+\]", logs.stdout, re.MULTILINE)}

@@ -15,6 +15,20 @@ import time
 
 import pytest
 
+from slurmtrain.common.events import (
+    AttemptEnded,
+    CheckpointLoaded,
+    CheckpointSaved,
+    DuplicateRefused,
+    FailureClass,
+    Finished,
+    Paused,
+    Requeued,
+    Resubmitting,
+    Started,
+    Stopped,
+    Submitted,
+)
 from tests.cluster.helpers import (
     events,
     only_run,
@@ -60,18 +74,18 @@ def test_a_second_job_of_a_running_run_refuses_and_the_first_finishes_untouched(
     run = submit(workdir, "dup", ["train.max_steps=40"], inject="step_delay=0.5")
     wait_until(trained_to(run, 3), 300, "training to start")
     second = hand_sbatch(run, inject="step_delay=0.5")
-    [refused] = wait_event(run, "duplicate_refused", timeout=300)
-    first = [e for e in events(run) if e["event"] == "started"][0]["job_id"]
-    assert refused["job_id"] == second and refused["owner"] == first
-    wait_event(run, "finished", timeout=400)
+    [refused] = wait_event(run, DuplicateRefused, timeout=300)
+    first = [e for e in events(run) if isinstance(e, Started)][0].job_id
+    assert refused.job_id == second and refused.owner == first
+    wait_event(run, Finished, timeout=400)
     wait_job_gone(second)
     ev = events(run)
-    assert [e["job_id"] for e in ev if e["event"] == "started"] == [first]
+    assert [e.job_id for e in ev if isinstance(e, Started)] == [first]
     assert steps(run) == [(1, s) for s in range(1, 41)]  # one trainer, every step once
-    saves = [e for e in ev if e["event"] == "checkpoint_saved"]
-    assert {e["job_id"] for e in saves} == {first}
-    assert [e["step"] for e in saves] == [5, 10, 15, 20, 25, 30, 35, 40]
-    assert not any(e["event"] in ("stopped", "requeued", "resubmitting") for e in ev)
+    saves = [e for e in ev if isinstance(e, CheckpointSaved)]
+    assert {e.job_id for e in saves} == {first}
+    assert [e.step for e in saves] == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert not any(isinstance(e, (Stopped, Requeued, Resubmitting)) for e in ev)
     log = (run / "logs" / f"{second}.batch.out").read_text()
     assert "another job holds it" in log
 
@@ -92,21 +106,21 @@ def test_two_shells_submitting_the_same_config_at_once_queue_one_job(slurm_clust
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     said = "".join(r.stdout for r in results)
     assert said.count("submitted job") == 1 and "already queued or running" in said
-    wait_event(run, "finished", timeout=300)
-    assert sum(e["event"] == "submitted" for e in events(run)) == 1
-    assert sum(e["event"] == "started" for e in events(run)) == 1
+    wait_event(run, Finished, timeout=300)
+    assert sum(isinstance(e, Submitted) for e in events(run)) == 1
+    assert sum(isinstance(e, Started) for e in events(run)) == 1
 
 
 def test_a_stopped_run_resubmitted_by_hand_resumes(slurm_cluster, workdir):
     run = submit(workdir, "byhand", ["train.max_steps=12", "train.pause_at_step=5"])
-    wait_event(run, "paused", timeout=300)
-    job = [e for e in events(run) if e["event"] == "started"][0]["job_id"]
+    wait_event(run, Paused, timeout=300)
+    job = [e for e in events(run) if isinstance(e, Started)][0].job_id
     wait_job_gone(job)
     hand_sbatch(run)
-    wait_event(run, "finished", timeout=300)
+    wait_event(run, Finished, timeout=300)
     ev = events(run)
-    assert not any(e["event"] == "duplicate_refused" for e in ev)
-    assert [e["step"] for e in ev if e["event"] == "checkpoint_loaded"] == [5]
+    assert not any(isinstance(e, DuplicateRefused) for e in ev)
+    assert [e.step for e in ev if isinstance(e, CheckpointLoaded)] == [5]
     assert [s for _, s in steps(run)] == list(range(1, 13))
 
 
@@ -129,12 +143,12 @@ def _batch_shell_pid(job_id):
 def test_sigterm_to_the_batch_shell_does_not_end_the_run(slurm_cluster, workdir):
     run = submit(workdir, "termshell", ["train.max_steps=25"], inject="step_delay=0.5")
     wait_until(trained_to(run, 3), 300, "training to start")
-    [sub] = [e for e in events(run) if e["event"] == "submitted"]
-    os.kill(_batch_shell_pid(str(sub["job_id"])), signal.SIGTERM)
-    wait_event(run, "finished", timeout=300)
+    [sub] = [e for e in events(run) if isinstance(e, Submitted)]
+    os.kill(_batch_shell_pid(str(sub.job_id)), signal.SIGTERM)
+    wait_event(run, Finished, timeout=300)
     assert [s for _, s in steps(run)] == list(range(1, 26))
     time.sleep(2)
-    log = (run / "logs" / f"{sub['job_id']}.batch.out").read_text()
+    log = (run / "logs" / f"{sub.job_id}.batch.out").read_text()
     assert "batch shell got SIGTERM" in log
 
 
@@ -156,20 +170,20 @@ def test_a_time_limit_that_strikes_mid_save_still_restarts_the_run(slurm_cluster
     )
     try:
         assert time_limit_soon(run) == 1
-        starts = wait_event(run, "started", count=2, timeout=400, fail_on=())
+        starts = wait_event(run, Started, count=2, timeout=400, fail_on=())
         ev = events(run)
-        [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
-        assert end["class"] == "timed_out"
-        [sub] = [e for e in ev if e["event"] == "submitted" and e.get("requeue_of")]
-        assert starts[1]["job_id"] == sub["job_id"] != starts[0]["job_id"]
-        kinds = [e["event"] for e in ev]
-        assert kinds.index("resubmitting") < kinds.index("submitted", kinds.index("resubmitting"))
-        assert not any(e["event"] == "duplicate_refused" for e in ev)
+        [end] = [e for e in ev if isinstance(e, AttemptEnded) and e.attempt == 1]
+        assert end.cls == FailureClass.timed_out
+        [sub] = [e for e in ev if isinstance(e, Submitted) and e.requeue_of]
+        assert starts[1].job_id == sub.job_id != starts[0].job_id
+        kinds = [type(e) for e in ev]
+        assert kinds.index(Resubmitting) < kinds.index(Submitted, kinds.index(Resubmitting))
+        assert not any(isinstance(e, DuplicateRefused) for e in ev)
         # a scancel's SIGTERM is not the time limit's: the trap must not restart a cancelled run
-        subprocess.run(["scancel", str(sub["job_id"])], check=True)
-        wait_job_gone(str(sub["job_id"]))
+        subprocess.run(["scancel", str(sub.job_id)], check=True)
+        wait_job_gone(str(sub.job_id))
         time.sleep(5)
-        subs = [e for e in events(run) if e["event"] == "submitted"]
-        assert subs[-1]["job_id"] == sub["job_id"], subs
+        subs = [e for e in events(run) if isinstance(e, Submitted)]
+        assert subs[-1].job_id == sub.job_id, subs
     finally:
         subprocess.run(["scancel", "--name", "st-overrun"], capture_output=True)

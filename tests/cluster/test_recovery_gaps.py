@@ -12,6 +12,15 @@ from hydra import compose, initialize_config_dir
 
 from slurmtrain.batch import exclusions
 from slurmtrain.common import schema
+from slurmtrain.common.events import (
+    AttemptEnded,
+    FailureClass,
+    Finished,
+    RelaunchAbandoned,
+    Requeued,
+    Started,
+    Submitted,
+)
 from slurmtrain.common.rundir import RunDir
 from tests.cluster.helpers import events, submit_run, wait_until
 
@@ -69,27 +78,27 @@ def test_sigterm_during_the_relaunch_decision_leaves_a_successor(slurm_cluster, 
     )
 
     def ended():
-        return [e for e in events(run) if e["event"] == "attempt_ended" and e["attempt"] == 1]
+        return [e for e in events(run) if isinstance(e, AttemptEnded) and e.attempt == 1]
 
     wait_until(lambda: bool(ended()), 400, "attempt 1 ended (the crash)")
     [first] = ended()
-    assert first["class"] == "crash"
-    job = first["job_id"]
+    assert first.cls == FailureClass.crash
+    job = first.job_id
     # The time limit, now: Slurm TERMs the batch step within its 30 s timeout check.
     done = subprocess.run(
         ["scontrol", "update", f"JobId={job}", "TimeLimit=1"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     wait_until(
-        lambda: any(e["event"] == "finished" for e in events(run)), 600, "the successor finished"
+        lambda: any(isinstance(e, Finished) for e in events(run)), 600, "the successor finished"
     )
     ev = events(run)
-    [abandoned] = [e for e in ev if e["event"] == "relaunch_abandoned"]
-    assert abandoned["class"] == "timed_out" and abandoned["reason"] == "crash"
-    [queued] = [e for e in ev if e["event"] == "requeued"]
-    assert queued["how"] == "resubmit" and queued["new_job_id"] != job
-    started = [e for e in ev if e["event"] == "started"]
-    assert [e["job_id"] for e in started] == [job, queued["new_job_id"]]  # no step in the dying job
+    [abandoned] = [e for e in ev if isinstance(e, RelaunchAbandoned)]
+    assert abandoned.cls == FailureClass.timed_out and abandoned.reason == FailureClass.crash
+    [queued] = [e for e in ev if isinstance(e, Requeued)]
+    assert queued.how == "resubmit" and queued.new_job_id != job
+    started = [e for e in ev if isinstance(e, Started)]
+    assert [e.job_id for e in started] == [job, queued.new_job_id]  # no step in the dying job
 
 
 def test_a_scancel_during_the_relaunch_decision_is_recorded_and_nothing_restarts(
@@ -106,14 +115,14 @@ def test_a_scancel_during_the_relaunch_decision_is_recorded_and_nothing_restarts
     )
 
     def rows(kind):
-        return [e for e in events(run) if e["event"] == kind]
+        return [e for e in events(run) if isinstance(e, kind)]
 
-    wait_until(lambda: bool(rows("attempt_ended")), 400, "attempt 1 ended (the crash)")
-    job = rows("attempt_ended")[0]["job_id"]
+    wait_until(lambda: bool(rows(AttemptEnded)), 400, "attempt 1 ended (the crash)")
+    job = rows(AttemptEnded)[0].job_id
     assert subprocess.run(["scancel", job]).returncode == 0
-    wait_until(lambda: bool(rows("relaunch_abandoned")), 120, "the abandoned relaunch recorded")
-    [abandoned] = rows("relaunch_abandoned")
-    assert abandoned["class"] == "cancelled" and abandoned["reason"] == "crash"
+    wait_until(lambda: bool(rows(RelaunchAbandoned)), 120, "the abandoned relaunch recorded")
+    [abandoned] = rows(RelaunchAbandoned)
+    assert abandoned.cls == FailureClass.cancelled and abandoned.reason == FailureClass.crash
     time.sleep(20)  # past KillWait: whatever the job was going to do, it has done
-    assert not rows("requeued") and not rows("submitted")[1:]
-    assert [e["job_id"] for e in rows("started")] == [job]
+    assert not rows(Requeued) and not rows(Submitted)[1:]
+    assert [e.job_id for e in rows(Started)] == [job]

@@ -9,6 +9,19 @@ import time
 
 import pytest
 
+from slurmtrain.common.events import (
+    AttemptEnded,
+    BudgetWindow,
+    FailureClass,
+    Finished,
+    Paused,
+    ReleaseFailed,
+    Requeued,
+    Started,
+    Stopped,
+    Submitted,
+    SupervisorFailed,
+)
 from slurmtrain.common.rundir import RunDir
 from tests.cluster.helpers import events, submit_run, wait_event, wait_job_gone, wait_until
 from tests.conftest import run_cli
@@ -39,15 +52,17 @@ def wait_finished(run, timeout: float = 600, stops: int = 0, idle_s: float = 90)
 
     def check() -> bool:
         rows = events(run)
-        kinds = [e["event"] for e in rows]
-        assert kinds.count("stopped") <= stops, f"stopped: {rows[-1]}"
-        if "finished" in kinds:
+        kinds = [type(e) for e in rows]
+        assert kinds.count(Stopped) <= stops, f"stopped: {rows[-1]}"
+        if Finished in kinds:
             return True
-        jobs = {str(e["job_id"]) for e in rows if e["event"] in ("submitted", "started")}
-        jobs |= {str(e["new_job_id"]) for e in rows if e["event"] == "requeued"}
+        jobs = {str(e.job_id) for e in rows if isinstance(e, (Submitted, Started))}
+        jobs |= {str(e.new_job_id) for e in rows if isinstance(e, Requeued)}
         if any(queued(j) for j in jobs):
             idle_since[0] = time.time()
-        assert time.time() - idle_since[0] < idle_s, f"no job of the run queued: {kinds[-5:]}"
+        assert time.time() - idle_since[0] < idle_s, (
+            f"no job of the run queued: {[e.event for e in rows[-5:]]}"
+        )
         return False
 
     wait_until(check, timeout, f"{run} to finish", poll=2)
@@ -62,17 +77,17 @@ def test_a_run_stopped_by_a_crash_loop_finishes_when_the_user_resubmits_the_same
     slurm_cluster, workdir
 ):
     run = submit_run(BASE, workdir, "window", [], inject="crash_at_step=7")
-    stop = wait_event(run, "stopped", timeout=600, fail_on=())[-1]
-    assert stop["class"] == "crash loop"
-    wait_job_gone(str(stop["job_id"]))
+    stop = wait_event(run, Stopped, timeout=600, fail_on=())[-1]
+    assert stop.cls == "crash loop"
+    wait_job_gone(str(stop.job_id))
     # The user "fixes" the cause (no injected crash) and runs the same command again.
     again = run_cli([*BASE, "name=window"], cwd=workdir)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming unfinished run" in again.stdout
     assert "count again from this submission" in again.stdout
     wait_finished(run, stops=1)  # the old window's stop only
-    [opened] = [e for e in events(run) if e["event"] == "budget_window"]
-    assert opened["after_class"] == "crash loop" and opened["window"] == 2
+    [opened] = [e for e in events(run) if isinstance(e, BudgetWindow)]
+    assert opened.after_class == "crash loop" and opened.window == 2
     row = status_row(run, workdir)
     assert row["state"] == "finished" and row["window"] == 2
 
@@ -81,8 +96,8 @@ def test_a_held_successor_left_by_a_dead_supervisor_is_released_and_the_run_fini
     slurm_cluster, workdir
 ):
     run = submit_run(BASE, workdir, "heldowner", ["train.pause_at_step=5"])
-    paused = wait_event(run, "paused", timeout=600)[-1]
-    wait_job_gone(str(paused["job_id"]))
+    paused = wait_event(run, Paused, timeout=600)[-1]
+    wait_job_gone(str(paused.job_id))
     # What a supervisor killed between recording its successor and releasing it leaves behind.
     held = subprocess.run(
         ["sbatch", "--parsable", "--hold", str(run / "job.sbatch")],
@@ -91,11 +106,8 @@ def test_a_held_successor_left_by_a_dead_supervisor_is_released_and_the_run_fini
         check=True,
     ).stdout.strip()
     RunDir(run).record(
-        "submitted",
+        Submitted(executor="slurm", fingerprint=run.name, requeue_of=str(paused.job_id)),
         job_id=held,
-        executor="slurm",
-        fingerprint=run.name,
-        requeue_of=str(paused["job_id"]),
     )
     time.sleep(6)
     assert queued(held) == "PENDING|JobHeldUser"
@@ -104,20 +116,20 @@ def test_a_held_successor_left_by_a_dead_supervisor_is_released_and_the_run_fini
     # released by the liveness check that status made, not left held
     assert not queued(held).endswith("JobHeldUser"), queued(held)
     wait_finished(run)
-    assert [e["job_id"] for e in events(run) if e["event"] == "started"][-1] == held
+    assert [e.job_id for e in events(run) if isinstance(e, Started)][-1] == held
 
 
 def test_a_supervisor_exception_is_recorded_and_the_run_still_finishes(slurm_cluster, workdir):
     run = submit_run(BASE, workdir, "supfail", [], inject="crash_at_step=7,attempts=1")
-    wait_event(run, "started", timeout=600, fail_on=())
+    wait_event(run, Started, timeout=600, fail_on=())
     # A damaged run directory: reading the bad-node ledger raises IsADirectoryError (an OSError)
     # in the supervisor once the attempt has crashed.
     (run / "bad_nodes.jsonl").mkdir()
     wait_finished(run, timeout=900)
-    [failed] = [e for e in events(run) if e["event"] == "supervisor_failed"]
-    assert "IsADirectoryError" in failed["error"]
-    ended = [e for e in events(run) if e["event"] == "attempt_ended"]
-    assert [e["class"] for e in ended] == ["crash"]
+    [failed] = [e for e in events(run) if isinstance(e, SupervisorFailed)]
+    assert "IsADirectoryError" in failed.error
+    ended = [e for e in events(run) if isinstance(e, AttemptEnded)]
+    assert [e.cls for e in ended] == [FailureClass.crash]
     wait_until(lambda: status_row(run, workdir)["state"] == "finished", 60, "status finished")
 
 
@@ -138,6 +150,6 @@ def test_release_lifts_a_real_hold_and_checks_that_it_is_gone(slurm_cluster, tmp
         assert held(job) is True
         assert next_job.release(run, job, {"job_id": "1", "attempt": 1}) is True
         assert held(job) is False
-        assert not [e for e in run.run_events() if e["event"] == "release_failed"]
+        assert not [e for e in run.run_events() if isinstance(e, ReleaseFailed)]
     finally:
         subprocess.run(["scancel", job], capture_output=True)

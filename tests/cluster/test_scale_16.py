@@ -18,6 +18,16 @@ from typing import Any
 
 import pytest
 
+from slurmtrain.common.events import (
+    AttemptEnded,
+    CheckpointLoaded,
+    Finished,
+    RendezvousDone,
+    Requeued,
+    RestartedInAllocation,
+    Started,
+    Submitted,
+)
 from tests.cluster.helpers import (
     events,
     node_killed,
@@ -62,50 +72,50 @@ def drill(slurm_cluster, workdir, nodes: int, spares: int = 2) -> dict[str, Any]
         600,
         f"step {KILL_AT} at {nodes} nodes",
     )
-    first = [e for e in events(run) if e["event"] == "started"][0]
-    assert first["world_size"] == nodes
+    first = [e for e in events(run) if isinstance(e, Started)][0]
+    assert first.world_size == nodes
     # the last rank's node: the batch shell lives on the first node of the allocation
     with node_killed(slurm_cluster, first, nodes - 1) as victim:
         killed_at = time.time()
-        wait_event(run, "finished", timeout=600, fail_on=())
+        wait_event(run, Finished, timeout=600, fail_on=())
     ev = events(run)
-    started = [e for e in ev if e["event"] == "started"]
-    assert len(started) == 2 and started[1]["world_size"] == nodes
-    assert victim not in started[1]["hosts"]
-    moved = [e for e in ev if e["event"] == "restarted_in_allocation"]
+    started = [e for e in ev if isinstance(e, Started)]
+    assert len(started) == 2 and started[1].world_size == nodes
+    assert victim not in started[1].hosts
+    moved = [e for e in ev if isinstance(e, RestartedInAllocation)]
     if spares:  # recovered inside the job, not through the queue
-        assert len({e["job_id"] for e in started}) == 1
-        assert moved[0]["left_out"] == [victim] and len(moved[0]["swapped_in"]) == 1
+        assert len({e.job_id for e in started}) == 1
+        assert moved[0].left_out == (victim,) and len(moved[0].swapped_in) == 1
     else:
-        assert not moved and any(e["event"] == "requeued" for e in ev)
+        assert not moved and any(isinstance(e, Requeued) for e in ev)
     # Nothing trained twice: each attempt's steps once each, the second from the checkpoint on,
     # and never two attempts training at once.
     steps = steps_by_attempt(run)
     assert sorted(steps) == [1, 2]
-    loaded = [e for e in ev if e["event"] == "checkpoint_loaded" and e["attempt"] == 2][0]["step"]
+    loaded = [e for e in ev if isinstance(e, CheckpointLoaded) and e.attempt == 2][0].step
     assert steps[2] == list(range(loaded + 1, MAX_STEPS + 1))
     assert steps[1] == list(range(1, max(steps[1]) + 1)) and loaded <= max(steps[1])
     rows = read_jsonl(run / "metrics.jsonl")
     assert max(r["time"] for r in rows if r["attempt"] == 1) < min(
         r["time"] for r in rows if r["attempt"] == 2
     )
-    submitted = [e for e in ev if e["event"] == "submitted"][0]
-    [ended] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
+    submitted = [e for e in ev if isinstance(e, Submitted)][0]
+    [ended] = [e for e in ev if isinstance(e, AttemptEnded) and e.attempt == 1]
     rendezvous = {
-        a: max(e["seconds"] for e in ev if e["event"] == "rendezvous_done" and e["attempt"] == a)
+        a: max(e.seconds for e in ev if isinstance(e, RendezvousDone) and e.attempt == a)
         for a in (1, 2)
     }
     first_step = [min(r["time"] for r in rows if r["attempt"] == a) for a in (1, 2)]
     return {
         "nodes": nodes,
         "spares": spares,
-        "start-up s": started[0]["time"] - submitted["time"],  # queue, srun, imports, rendezvous
+        "start-up s": started[0].time - submitted.time,  # queue, srun, imports, rendezvous
         "rendezvous s": rendezvous[1],  # imports done -> all ranks met (slowest rank)
-        "first step s": first_step[0] - started[0]["time"],  # model, optimizer, step 1
-        "detect s": ended["time"] - killed_at,  # kill -> attempt_ended
-        "restart s": started[1]["time"] - ended["time"],  # attempt_ended -> next started
+        "first step s": first_step[0] - started[0].time,  # model, optimizer, step 1
+        "detect s": ended.time - killed_at,  # kill -> attempt_ended
+        "restart s": started[1].time - ended.time,  # attempt_ended -> next started
         "rendezvous 2 s": rendezvous[2],
-        "resume s": first_step[1] - ended["time"],  # attempt_ended -> first step after
+        "resume s": first_step[1] - ended.time,  # attempt_ended -> first step after
         "redone": max(steps[1]) - loaded,
     }
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from slurmtrain.common.events import Failed, Finished, Submitted
 from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone
 from tests.conftest import run_cli
 
@@ -39,15 +40,15 @@ def test_secret_reaches_every_rank_and_no_record(slurm_cluster, workdir, monkeyp
     assert done.returncode == 0, done.stdout + done.stderr
     run = only_run(workdir / "runs", "secrets")
     seen_in_ps: list[str] = []
-    while not any(e["event"] == "finished" for e in events(run)):  # no process shows it
+    while not any(isinstance(e, Finished) for e in events(run)):  # no process shows it
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         seen_in_ps += [line for line in ps.splitlines() if DB_PASSWORD in line]
-        assert not any(e["event"] == "failed" for e in events(run))
+        assert not any(isinstance(e, Failed) for e in events(run))
         time.sleep(0.5)
     assert not seen_in_ps, seen_in_ps
-    wait_event(run, "finished", timeout=600)
-    [submitted] = [e for e in events(run) if e["event"] == "submitted"]
-    wait_job_gone(submitted["job_id"])
+    wait_event(run, Finished, timeout=600)
+    [submitted] = [e for e in events(run) if isinstance(e, Submitted)]
+    wait_job_gone(submitted.job_id)
     for out in (dry, done):
         for value in (WANDB_KEY, HF_TOKEN, DB_PASSWORD):
             assert value not in out.stdout + out.stderr

@@ -17,6 +17,7 @@ import pytest
 
 from slurmtrain.batch import supervise
 from slurmtrain.common import slurm_cmd
+from slurmtrain.common.events import Failed, FailureClass
 
 pytestmark = pytest.mark.slurm
 WAIT_S = 30  # production waits SlurmdTimeout + 30 s (330 s by default); the bound is the same shape
@@ -46,7 +47,7 @@ def test_an_unexplained_failure_costs_a_bounded_number_of_batched_slurm_calls(
     slurm_cluster, logged
 ):
     nodes = slurm_cluster.nodes  # all alive: the poll runs to its end, the worst case
-    rows = [{"event": "failed", "rank": 1, "class": "crash", "error": "", "peer": True}]
+    rows = [Failed(rank=1, cls=FailureClass.crash, error="", extra={"peer": True})]
     verdict = supervise.classify(1, [], rows, nodes, WAIT_S)
     assert verdict.nodes == []  # nobody is down
     made = calls(logged)

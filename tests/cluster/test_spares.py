@@ -12,6 +12,16 @@ import subprocess
 
 import pytest
 
+from slurmtrain.common.events import (
+    AttemptEnded,
+    CheckpointLoaded,
+    FailureClass,
+    Finished,
+    Requeued,
+    RestartedInAllocation,
+    Started,
+    Submitted,
+)
 from tests.cluster.helpers import (
     events,
     node_killed,
@@ -48,9 +58,9 @@ def wait_step(run, step):
 
 
 def one_job(ev):
-    submitted = [e for e in ev if e["event"] == "submitted"]
-    started = [e for e in ev if e["event"] == "started"]
-    assert len(submitted) == 1 and {e["job_id"] for e in started} == {submitted[0]["job_id"]}
+    submitted = [e for e in ev if isinstance(e, Submitted)]
+    started = [e for e in ev if isinstance(e, Started)]
+    assert len(submitted) == 1 and {e.job_id for e in started} == {submitted[0].job_id}
     return started
 
 
@@ -62,22 +72,22 @@ def test_node_failure_with_a_spare_restarts_inside_the_job(slurm_cluster, workdi
         inject="step_delay=0.5",
     )
     wait_step(run, 12)
-    first = [e for e in events(run) if e["event"] == "started"][0]
+    first = [e for e in events(run) if isinstance(e, Started)][0]
     with node_killed(slurm_cluster, first, 1) as victim:  # the batch shell is on rank 0's node
-        wait_event(run, "finished", timeout=300, fail_on=())
+        wait_event(run, Finished, timeout=300, fail_on=())
     ev = events(run)
     started = one_job(ev)
-    assert len(started) == 2 and started[1]["world_size"] == started[0]["world_size"] == 2
-    assert victim not in started[1]["hosts"]
-    [moved] = [e for e in ev if e["event"] == "restarted_in_allocation"]
-    assert moved["left_out"] == [victim] and moved["reason"] == "node_failure"
-    assert len(moved["swapped_in"]) == 1 and moved["swapped_in"][0] in started[1]["hosts"]
-    [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
-    assert end["class"] == "node_failure"
-    loaded = [e for e in ev if e["event"] == "checkpoint_loaded"][-1]
-    lost = max(steps_by_attempt(run)[1]) - loaded["step"]
+    assert len(started) == 2 and started[1].world_size == started[0].world_size == 2
+    assert victim not in started[1].hosts
+    [moved] = [e for e in ev if isinstance(e, RestartedInAllocation)]
+    assert moved.left_out == (victim,) and moved.reason == FailureClass.node_failure
+    assert len(moved.swapped_in) == 1 and moved.swapped_in[0] in started[1].hosts
+    [end] = [e for e in ev if isinstance(e, AttemptEnded) and e.attempt == 1]
+    assert end.cls == FailureClass.node_failure
+    loaded = [e for e in ev if isinstance(e, CheckpointLoaded)][-1]
+    lost = max(steps_by_attempt(run)[1]) - loaded.step
     assert lost <= 5  # at most one checkpoint interval lost
-    assert not any(e["event"] == "requeued" for e in ev)
+    assert not any(isinstance(e, Requeued) for e in ev)
     status = run_cli(["status", "--json", str(run)], cwd=workdir, module="slurmtrain.cli")
     assert '"spares": {"held": 1, "idle": 0, "used": 1, "lost": 1}' in status.stdout
 
@@ -89,14 +99,14 @@ def test_hang_with_a_spare_restarts_inside_the_job(slurm_cluster, workdir):
         ["nodes=2", "faults.spare_nodes=1", "faults.hang_timeout_s=15", "train.max_steps=20"],
         inject="stall_at_step=8,stall_rank=1,attempts=1",
     )
-    wait_event(run, "finished", timeout=400, fail_on=())
+    wait_event(run, Finished, timeout=400, fail_on=())
     ev = events(run)
     started = one_job(ev)  # every attempt in the one job (a loaded machine may hang twice)
-    assert len(started) >= 2 and {e["world_size"] for e in started} == {2}
-    [end] = [e for e in ev if e["event"] == "attempt_ended" and e["attempt"] == 1]
-    assert end["class"] == "hang"
-    moved = [e for e in ev if e["event"] == "restarted_in_allocation"]
-    assert len(moved) == len(started) - 1 and {e["reason"] for e in moved} == {"hang"}
+    assert len(started) >= 2 and {e.world_size for e in started} == {2}
+    [end] = [e for e in ev if isinstance(e, AttemptEnded) and e.attempt == 1]
+    assert end.cls == FailureClass.hang
+    moved = [e for e in ev if isinstance(e, RestartedInAllocation)]
+    assert len(moved) == len(started) - 1 and {e.reason for e in moved} == {FailureClass.hang}
 
 
 def idle_nodes(names):
@@ -124,12 +134,12 @@ def test_a_range_with_no_spare_shrinks_in_place(slurm_cluster, workdir):
         inject="step_delay=0.5",
     )
     wait_step(run, 12)
-    first = [e for e in events(run) if e["event"] == "started"][0]
-    assert first["world_size"] == 3
+    first = [e for e in events(run) if isinstance(e, Started)][0]
+    assert first.world_size == 3
     with node_killed(slurm_cluster, first, 2) as victim:
-        wait_event(run, "finished", timeout=300, fail_on=())
+        wait_event(run, Finished, timeout=300, fail_on=())
     ev = events(run)
     started = one_job(ev)
-    assert started[-1]["world_size"] == 2 and victim not in started[-1]["hosts"]
-    [moved] = [e for e in ev if e["event"] == "restarted_in_allocation"]
-    assert moved["left_out"] == [victim] and moved["swapped_in"] == []
+    assert started[-1].world_size == 2 and victim not in started[-1].hosts
+    [moved] = [e for e in ev if isinstance(e, RestartedInAllocation)]
+    assert moved.left_out == (victim,) and moved.swapped_in == ()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmtrain.common.events import Finished, Started, Startup
 from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone
 from tests.conftest import run_cli
 
@@ -35,18 +36,18 @@ def test_two_node_job_runs_its_ranks_from_each_nodes_staged_copy(slurm_cluster, 
     )
     assert done.returncode == 0, done.stdout + done.stderr
     run = only_run(workdir / "runs", "staged")
-    [finished] = wait_event(run, "finished", timeout=600)
-    assert finished["step"] == 4
-    [started] = [e for e in events(run) if e["event"] == "started"]
-    wait_job_gone(started["job_id"])
-    nodes = sorted(set(started["hosts"]))
+    [finished] = wait_event(run, Finished, timeout=600)
+    assert finished.step == 4
+    [started] = [e for e in events(run) if isinstance(e, Started)]
+    wait_job_gone(started.job_id)
+    nodes = sorted(set(started.hosts))
     assert len(nodes) == 2
     # Each node unpacked its own copy, named by the node.
     copies = sorted(p.name for p in stage_dir.iterdir() if (p / "bin" / "python").exists())
     assert [c.rsplit("-", 1)[1] for c in copies] == nodes, copies
     # Every rank says where its torch came from: its own node's copy.
-    logs = sorted((run / "logs").glob(f"{started['job_id']}_[0-9]*.out"))
-    assert len(logs) == len(started["hosts"]), logs  # one log per rank
+    logs = sorted((run / "logs").glob(f"{started.job_id}_[0-9]*.out"))
+    assert len(logs) == len(started.hosts), logs  # one log per rank
     for log in logs:
         said = re.search(r"rank (\d+) on (\S+): staged (\S+), torch (\S+)", log.read_text())
         assert said, log.read_text()[-2000:]
@@ -54,6 +55,6 @@ def test_two_node_job_runs_its_ranks_from_each_nodes_staged_copy(slurm_cluster, 
         assert staged == f"{stage_dir}/slurmtrain-env-{copies[0].split('-')[2]}-{node}"
         assert torch_file.startswith(staged + "/lib/") and "site-packages/torch" in torch_file
     # Rank 0's start-up row records it too; `report` shows it.
-    [row] = [e for e in events(run) if e["event"] == "startup"]
-    assert row["staged_env"] and row["torch_from"].startswith(row["staged_env"])
-    assert set(row["phases"]) >= {"launch", "imports", "rendezvous", "build", "first_step"}
+    [row] = [e for e in events(run) if isinstance(e, Startup)]
+    assert row.staged_env and row.torch_from.startswith(row.staged_env)
+    assert set(row.phases) >= {"launch", "imports", "rendezvous", "build", "first_step"}

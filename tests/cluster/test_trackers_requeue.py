@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from slurmtrain.common.events import Finished, Requeued, Signal, Started
 from tests.cluster.helpers import events, submit_run, wait_event, wait_until
 from tests.conftest import read_jsonl
 from tests.tracker_files import mlflow_runs, mlflow_steps, wandb_offline
@@ -34,19 +35,19 @@ def _time_limit_at(run, attempt: int, step: int) -> None:
         return any(r["attempt"] == attempt and r["step"] >= step for r in rows)
 
     wait_until(reached, 400, f"attempt {attempt} at step {step}", poll=0.2)
-    [job] = [str(e["job_id"]) for e in events(run) if e["event"] == "started"][-1:]
+    [job] = [str(e.job_id) for e in events(run) if isinstance(e, Started)][-1:]
     subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)
-    wait_event(run, "requeued", timeout=300, count=attempt)
+    wait_event(run, Requeued, timeout=300, count=attempt)
 
 
 def test_two_time_limit_requeues_log_to_one_wandb_and_one_mlflow_run(slurm_cluster, workdir):
     run = submit_run(BASE, workdir, "trackers", [], inject="step_delay=0.4")
     _time_limit_at(run, 1, 5)
     _time_limit_at(run, 2, 12)
-    wait_event(run, "finished", timeout=400)
+    wait_event(run, Finished, timeout=400)
     ev = events(run)
-    assert sum(e["event"] == "started" for e in ev) == 3
-    assert [e["signal"] for e in ev if e["event"] == "signal"] == ["SIGUSR2", "SIGUSR2"]
+    assert sum(isinstance(e, Started) for e in ev) == 3
+    assert [e.signal for e in ev if isinstance(e, Signal)] == ["SIGUSR2", "SIGUSR2"]
 
     # W&B: one offline folder per attempt, one run id, steps 1..MAX once each, in order
     parts = wandb_offline(run)
