@@ -15,11 +15,11 @@ import getpass
 import socket
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from slurmtrain.cli import run_arg
 from slurmtrain.common import ledger, slurm_cmd
-from slurmtrain.common.events import Kind, Rows
+from slurmtrain.common.events import Cancelled, Finished, Requeued, Row, Submitted
 from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.slurm_text import SlurmError
@@ -59,14 +59,14 @@ def _fail(line: str) -> None:
     raise SystemExit(2)
 
 
-def job_ids(events: Rows) -> list[str]:
+def job_ids(events: Sequence[Row]) -> list[str]:
     """Every Slurm job id the run ever had, oldest first (submissions, requeues, resubmissions)."""
-    ids: list[str] = []
+    ids: list[Optional[str]] = []
     for e in events:
-        if e["event"] == "submitted" and e.get("executor", "slurm") == "slurm":
-            ids.append(str(e.get("job_id")))
-        elif e["event"] == "requeued":
-            ids += [str(e.get(k)) for k in ("job_id", "new_job_id") if e.get(k)]
+        if isinstance(e, Submitted) and e.executor in (None, "slurm"):
+            ids.append(e.job_id)
+        elif isinstance(e, Requeued):
+            ids += [e.job_id, e.new_job_id]
     return list(dict.fromkeys(i for i in ids if i and i != "None"))
 
 
@@ -95,12 +95,8 @@ def cancel(run: RunDir, wait_s: float, poll_s: float = 1.0) -> tuple[list[str], 
     """(job ids scancel'ed, ids still in the queue when `wait_s` ran out)."""
     listing = _listing()
     known = job_ids(run.run_events())
-    run.record(
-        Kind.cancelled,
-        job_ids=list(dict.fromkeys(known + _active(run, listing))),
-        by=getpass.getuser(),
-        host=socket.gethostname(),
-    )
+    ids = tuple(dict.fromkeys(known + _active(run, listing)))
+    run.record(Cancelled(job_ids=ids, by=getpass.getuser(), host=socket.gethostname()))
     cancelled: list[str] = []
     deadline = time.time() + wait_s
     while True:
@@ -143,13 +139,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     run = find_run(args.run, args.runs_root)
     events = run.run_events()
-    if any(e["event"] == "finished" for e in events):
+    if any(isinstance(e, Finished) for e in events):
         print(f"slurmtrain cancel: {run.path} already finished; nothing to cancel")
         return 0
-    local = [e for e in events if e["event"] == "submitted" and e.get("executor") == "local"]
+    local = [e for e in events if isinstance(e, Submitted) and e.executor == "local"]
     if local and not job_ids(events):
         _fail(
-            f"{run.path}: a local run (pid {local[-1].get('pid')} on {local[-1].get('host')}); "
+            f"{run.path}: a local run (pid {local[-1].pid} on {local[-1].host}); "
             f"stop it with Ctrl-C or `kill -TERM` (it saves first)"
         )
     try:

@@ -18,9 +18,10 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
-from slurmtrain.common.events import Rows
+from slurmtrain.common import events
+from slurmtrain.common.events import Row
 from slurmtrain.common.rundir import RunDir
 
 MergeKey = tuple[int, float, int, int]  # (attempt, timestamp, file index, line number)
@@ -156,21 +157,17 @@ def find_logs(run_dir: Path) -> list[LogFile]:
     return scan_logs(RunDir(Path(run_dir)).logs)
 
 
-def attempt_windows(ledger: Rows) -> dict[str, list[tuple[int, float]]]:
+def attempt_windows(ledger: Iterable[Row]) -> dict[str, list[tuple[int, float]]]:
     """Per job id, its attempts and the time up to which a log line belongs to each: the middle of the
     queue gap before the next attempt (a requeued Slurm job keeps its id and appends to its files)."""
     spans: dict[int, tuple[Optional[str], float, float]] = {}  # attempt -> (job, begin, end)
     for e in ledger:
-        n, t = e.get("attempt"), e.get("time")
-        if (
-            e.get("event") == "submitted"
-            or not isinstance(n, int)
-            or not isinstance(t, (int, float))
-        ):
+        n, t = e.attempt, e.time
+        if isinstance(e, events.Submitted) or n is None:
             continue
         job, begin, end = spans.get(n, (None, math.inf, -math.inf))
-        job = job or (str(e["job_id"]) if e.get("job_id") is not None else None)
-        begin = t if e.get("event") == "started" else min(begin, t)
+        job = job or e.job_id
+        begin = t if isinstance(e, events.Started) else min(begin, t)
         spans[n] = (job, begin, max(end, t))
     by_job: dict[str, list[tuple[int, float, float]]] = {}
     for n, (job, begin, end) in sorted(spans.items()):
@@ -247,7 +244,7 @@ class LogMerger:
         self.run_dir = Path(run_dir)
         run = RunDir(self.run_dir)
         # Only the run tier (started/attempt_ended...) is needed: rows without per-rank failures.
-        self.windows = attempt_windows(getattr(run, "run_events", run.events)())
+        self.windows = attempt_windows(run.run_events())
         self.by_job = {job: tuple(n for n, _ in w) for job, w in self.windows.items()}
         # By name alone (nothing opened yet): (path, attempt, rank, job id).
         every = [(p, *name_parts(name)) for p, name in _scan(run.logs)]

@@ -16,12 +16,22 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Optional, TypedDict
+from typing import Mapping, Optional, Sequence, TypedDict
 
 from slurmtrain.cli import run_arg, status_select
 from slurmtrain.cli.status_cache import Cache, Figures
 from slurmtrain.common import ledger, liveness
-from slurmtrain.common.events import Rows, integer, number, strings, text
+from slurmtrain.common.events import (
+    Branched,
+    BudgetWindow,
+    Failed,
+    RestartedInAllocation,
+    Rollback,
+    Rows,
+    Started,
+    Stopped,
+    Submitted,
+)
 from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
 from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.liveness import StateUnknown
@@ -104,9 +114,9 @@ def metrics_tail(run: RunDir, max_rows: int = 100_000) -> tuple[int, Optional[fl
     valid: Optional[float] = None
     for i, m in enumerate(tail_jsonl(run.metrics)):
         if step is None and "step" in m:
-            step = integer(m, "step")
+            step = _integer(m["step"])
         if "valid_loss" in m:
-            valid = number(m, "valid_loss") if m["valid_loss"] is not None else None
+            valid = _number(m["valid_loss"])
             break
         if i >= max_rows:
             break
@@ -123,24 +133,21 @@ def summarize(
     state = _state(run, run_rows)
     step, valid_loss, goodput = _figures(run, events, state, cache)
     latest = run.latest
-    last = events[-1] if events else {}
+    last = events[-1] if events else None
     row: StatusRow = {
         "run": str(run.path),
         "name": run.path.parent.name,
         "state": state,
-        "attempts": sum(e["event"] == "started" for e in run_rows),
+        "attempts": sum(isinstance(e, Started) for e in run_rows),
         "step": step,
         "valid_loss": valid_loss,
         "checkpoint": latest.read_text().strip() if latest.exists() else None,
-        "job_id": next(
-            (text(e, "job_id") for e in reversed(events) if e["event"] == "submitted"),
-            None,
-        ),
-        "nodes": strings(last, "nodes"),
+        "job_id": next((e.job_id for e in reversed(events) if isinstance(e, Submitted)), None),
+        "nodes": list(last.nodes) if last else [],
         "class": None,
         "error": None,
         "goodput": goodput,
-        "last_event": text(last, "event"),
+        "last_event": last.event if last else None,
         "rollbacks": 0,
         "last_rollback": None,
         "updated": status_select.updated(run.path, run_rows),
@@ -148,17 +155,17 @@ def summarize(
     _rollbacks(row, events)
     row["spares"] = spares(run, events)
     row["branched_from"] = None
-    if any(e["event"] == "branched" for e in run_rows):  # resume_from: parent, step, changed keys
+    if any(isinstance(e, Branched) for e in run_rows):  # resume_from: parent, step, changed keys
         from slurmtrain.login.branch import lineage_line
 
         row["branched_from"] = lineage_line(run_rows)
-    windows = [e for e in run_rows if e["event"] == "budget_window"]
+    windows = [e for e in run_rows if isinstance(e, BudgetWindow)]
     row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
-    row["window_after"] = text(windows[-1], "after_class") if windows else None
+    row["window_after"] = windows[-1].after_class if windows else None
     _last_stop(row, events)
     if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
-    if any(e["event"] == "submitted" and e.get("smoke_run") for e in run_rows):
+    if any(isinstance(e, Submitted) and e.smoke_run for e in run_rows):
         from slurmtrain.login.smoke import blocked  # start-up speed: smoke=true runs only
 
         held = blocked(events)  # the big job waits for (or was cancelled by) its smoke run
@@ -182,27 +189,27 @@ def _figures(run: RunDir, events: Rows, state: str, cache: Optional[Cache]) -> F
 
 
 def _rollbacks(row: StatusRow, events: Rows) -> None:
-    rollbacks = [e for e in events if e["event"] == "rollback"]
+    rollbacks = [e for e in events if isinstance(e, Rollback)]
     if rollbacks:
         r = rollbacks[-1]
         row["rollbacks"] = len(rollbacks)
         row["last_rollback"] = (
-            f"step {r.get('step')} (loss {r.get('loss')}) -> step {r.get('to_step')}, "
-            f"{r.get('skipped_samples')} samples skipped"
+            f"step {r.step} (loss {r.loss}) -> step {r.to_step}, "
+            f"{r.skipped_samples} samples skipped"
         )
 
 
 def _last_stop(row: StatusRow, events: Rows) -> None:
     """The class and last error line of the current budget window's last stop or failure (an
     older window's are history: the user resubmitted since)."""
-    stopped = [e for e in window(events) if e["event"] in ("failed", "stopped")]
+    stopped = [e for e in window(events) if isinstance(e, (Failed, Stopped))]
     if stopped:
         last = stopped[-1]
-        if last["event"] == "failed":  # an all-rank failure: the rank with a cause of its own
-            same = [e for e in stopped if e.get("job_id") == last.get("job_id")]
-            last = (real_errors([e for e in same if e["event"] == "failed"]) or [last])[-1]
-        row["class"] = text(last, "class")
-        error = (text(last, "error") or "").strip().splitlines()[-1:]
+        if isinstance(last, Failed):  # an all-rank failure: the rank with a cause of its own
+            same = [e for e in stopped if isinstance(e, Failed) and e.job_id == last.job_id]
+            last = (real_errors(same) or [last])[-1]
+        row["class"] = last.cls or None
+        error = last.error.strip().splitlines()[-1:]
         row["error"] = error[0] if error else None
 
 
@@ -221,16 +228,37 @@ def figures(run: RunDir, events: Rows, now: Optional[float]) -> Figures:
     return (*last_metrics(metrics), goodput)
 
 
-def last_metrics(metrics: Rows) -> tuple[int, Optional[float]]:
-    """metrics_tail's (last step, last validation loss) from rows already read."""
+def last_metrics(metrics: Sequence[Mapping[str, object]]) -> tuple[int, Optional[float]]:
+    """metrics_tail's (last step, last validation loss) from metrics.jsonl rows already read."""
     step: Optional[int] = None
     for m in reversed(metrics):
         if step is None and "step" in m:
-            step = integer(m, "step")
+            step = _integer(m["step"])
         if "valid_loss" in m:
-            valid = number(m, "valid_loss") if m["valid_loss"] is not None else None
-            return (step if step is not None else 0), valid
+            return (step if step is not None else 0), _number(m["valid_loss"])
     return (step if step is not None else 0), None
+
+
+def _integer(value: object) -> Optional[int]:
+    """A metrics value as an integer (None: null, or not a number)."""
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
+def _number(value: object) -> Optional[float]:
+    """A metrics value as a number (None: null; 0.0: not a number, as status always showed)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float, str)):
+        try:
+            return float(value)
+        except ValueError:
+            return 0.0
+    return 0.0
 
 
 # faults.spare_nodes in config.yaml as the login side writes it (two-space indent): one search,
@@ -248,13 +276,11 @@ def spares(run: RunDir, events: Rows) -> Optional[SpareNodes]:
         return None
     if held <= 0:
         return None
-    job = next((e.get("job_id") for e in reversed(events) if e["event"] == "started"), None)
-    swaps = [
-        e for e in events if e["event"] == "restarted_in_allocation" and e.get("job_id") == job
-    ]
-    used = sum(len(strings(e, "swapped_in")) for e in swaps)
-    lost = sum(len(strings(e, "left_out")) for e in swaps)
-    idle = (integer(swaps[-1], "spares_left") or 0) if swaps else held
+    job = next((e.job_id for e in reversed(events) if isinstance(e, Started)), None)
+    swaps = [e for e in events if isinstance(e, RestartedInAllocation) and e.job_id == job]
+    used = sum(len(e.swapped_in) for e in swaps)
+    lost = sum(len(e.left_out) for e in swaps)
+    idle = (swaps[-1].spares_left or 0) if swaps else held
     return {"held": held, "idle": idle, "used": used, "lost": lost}
 
 

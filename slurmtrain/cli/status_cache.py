@@ -17,7 +17,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:
+    from slurmtrain.common.events import Row
 
 CACHE_ENV = "SLURMTRAIN_STATUS_CACHE"
 MAX_RUNS = 20_000  # the newest entries kept
@@ -49,13 +52,15 @@ class Cache:
             self.runs = data["runs"]
 
     @staticmethod
-    def key(run: Path, events: Sequence[dict[str, object]]) -> Optional[Key]:
+    def key(run: Path, events: Sequence[Row]) -> Optional[Key]:
+        """What the figures were computed from: the ledger rows status read (how many, the
+        newest's time) and metrics.jsonl's size and mtime."""
         try:
             st = os.stat(run / "metrics.jsonl")
             metrics: list[Optional[int]] = [st.st_size, st.st_mtime_ns]
         except OSError:
             metrics = [None, None]
-        return [len(events), events[-1].get("time") if events else None, *metrics]
+        return [len(events), events[-1].time if events else None, *metrics]
 
     def get(self, run: Path, key: Key) -> Optional[Figures]:
         entry = self.runs.get(str(run))

@@ -11,7 +11,10 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
+
+if TYPE_CHECKING:
+    from slurmtrain.common.events import Row
 
 CONFIG = "config.yaml"
 GLOB_CHARS = frozenset("*?[")
@@ -86,11 +89,10 @@ def matches(row: Mapping[str, object], words: set[str]) -> bool:
     return word in words or ("failed" in words and word in FAILED_WORDS and bool(row.get("class")))
 
 
-def updated(run: Path, rows: Sequence[Mapping[str, object]]) -> float:
+def updated(run: Path, rows: Sequence[Row]) -> float:
     """When the run last changed: its newest ledger row's time, else its directory's mtime."""
-    times = [t for t in (r.get("time") for r in rows) if isinstance(t, (int, float))]
-    if times:
-        return float(max(times))
+    if rows:
+        return max(r.time for r in rows)
     try:
         return os.stat(run).st_mtime
     except OSError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema
+from slurmtrain.common import events, schema
 from slurmtrain.common.rundir import locate
 from slurmtrain.login import slurm_submit
 from slurmtrain.login.prepare import resolve
@@ -18,10 +18,6 @@ def _cfg(tmp_path, *overrides):
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["cluster=slurm", f"runs_root={tmp_path}", *overrides])
     return resolve(cfg)
-
-
-def _e(event, t, **kw):
-    return {"event": event, "time": t, **kw}
 
 
 def test_job_sbatch_carries_the_run_tag_and_a_sweep_array_does_not(tmp_path):
@@ -59,33 +55,38 @@ def test_cancel_finds_tagged_jobs_and_ledger_ids_in_one_listing():
 
 
 def test_a_start_after_a_cancel_trains_only_after_a_user_submission():
-    from slurmtrain.compute.faults.owner import cancelled_start
+    from slurmtrain.compute.faults.owner import CANCELLED, LIFTED, cancelled_start
 
-    base = [_e("submitted", 1, job_id="7", executor="slurm"), _e("started", 2, job_id="7")]
-    cancel = _e("cancelled", 5, job_ids=["7"])
+    base = [
+        events.Submitted(time=1, job_id="7", executor="slurm"),
+        events.Started(time=2, job_id="7"),
+    ]
+    cancel = events.Cancelled(time=5, job_ids=("7",))
     assert cancelled_start(base, {"7"}, lambda: 0.5) is None  # never cancelled
     rows = base + [cancel]
-    assert cancelled_start(rows, {"7"}, lambda: 0.5) == "cancelled"  # a job it cancelled
+    assert cancelled_start(rows, {"7"}, lambda: 0.5) == CANCELLED  # a job it cancelled
     # a hand job submitted before the cancel and missed by it: cancelled
-    assert cancelled_start(rows, {"8"}, lambda: 3.0) == "cancelled"
+    assert cancelled_start(rows, {"8"}, lambda: 3.0) == CANCELLED
     # a hand job submitted after the cancel: a user submission, it lifts the cancel
-    assert cancelled_start(rows, {"8"}, lambda: 6.0) == "lifted"
+    assert cancelled_start(rows, {"8"}, lambda: 6.0) == LIFTED
     # submitted in the cancel's own second (SubmitTime has whole seconds): maybe before it, and
     # missed by it (an untagged job): fail closed; the next second is after it
-    assert cancelled_start(rows, {"8"}, lambda: 5.0) == "cancelled"
+    assert cancelled_start(rows, {"8"}, lambda: 5.0) == CANCELLED
     assert (
-        cancelled_start(rows[:-1] + [_e("cancelled", 5.4, job_ids=["7"])], {"8"}, lambda: 5.0)
-        == "cancelled"
+        cancelled_start(
+            rows[:-1] + [events.Cancelled(time=5.4, job_ids=("7",))], {"8"}, lambda: 5.0
+        )
+        == CANCELLED
     )
     # Slurm cannot say when: fail closed
-    assert cancelled_start(rows, {"8"}, lambda: None) == "cancelled"
+    assert cancelled_start(rows, {"8"}, lambda: None) == CANCELLED
     # a supervisor's resubmission racing the cancel does not lift it
-    resub = rows + [_e("submitted", 6, job_id="9", executor="slurm", requeue_of="7")]
-    assert cancelled_start(resub, {"9"}, lambda: 6.0) == "cancelled"
+    resub = rows + [events.Submitted(time=6, job_id="9", executor="slurm", requeue_of="7")]
+    assert cancelled_start(resub, {"9"}, lambda: 6.0) == CANCELLED
     # the user ran the same command again: that submission (and its restarts) train
-    again = rows + [_e("submitted", 9, job_id="10", executor="slurm")]
+    again = rows + [events.Submitted(time=9, job_id="10", executor="slurm")]
     assert cancelled_start(again, {"10"}, lambda: 9.0) is None
-    later = again + [_e("submitted", 12, job_id="11", executor="slurm", requeue_of="10")]
+    later = again + [events.Submitted(time=12, job_id="11", executor="slurm", requeue_of="10")]
     assert cancelled_start(later, {"11"}, lambda: 12.0) is None
     # ... but a job the cancel named stays cancelled
-    assert cancelled_start(again, {"7"}, lambda: 0.5) == "cancelled"
+    assert cancelled_start(again, {"7"}, lambda: 0.5) == CANCELLED
