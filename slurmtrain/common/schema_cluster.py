@@ -75,6 +75,12 @@ class ClusterConfig:
     # shell, so $VAR and ${VAR} expand on the compute node at job time (README: Environment).
     # An entry named like a credential (WANDB_API_KEY) is a secret: kept in the run's 0600 file.
     env: dict[str, str] = field(default_factory=dict)
+    # Shell lines the batch script runs in its own shell before the first srun of every attempt
+    # (module load, conda activate, source site_env.sh): a list, or one string of lines. They are
+    # the user's shell code, written into job.sbatch as given (a hand resubmission runs them too),
+    # after cluster.env is exported; what they set reaches the ranks and the supervisor. A failing
+    # line stops the run with class setup_failed (slurmtrain.batch.setup_failed).
+    setup: Any = field(default_factory=list)
     # Secrets by name: each variable's value is read from the submitting shell into the run's 0600
     # secrets.env (common/secrets.py); never in argv, config.yaml or job.sbatch.
     secrets: list[str] = field(default_factory=list)
@@ -87,3 +93,10 @@ class ClusterConfig:
     stage_env_cache: Optional[str] = (
         None  # the packs (read by every node); None: runs_root/.env_packs
     )
+
+
+def setup_lines(setup: object) -> list[str]:
+    """cluster.setup as the batch script's lines: a string's lines, or the list's items (blank
+    ones dropped)."""
+    items = setup.splitlines() if isinstance(setup, str) else list(setup or [])  # type: ignore[call-overload]
+    return [str(line) for line in items if str(line).strip()]

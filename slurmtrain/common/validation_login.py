@@ -15,7 +15,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
@@ -29,6 +29,7 @@ def check_all(cfg: RootConfig) -> None:
     if isinstance(cfg, DictConfig):  # only a composed config can carry keys the schema lacks
         check_known_keys(cfg)
     check_cluster_values(cfg)
+    check_setup(cfg.cluster.setup)
     check_container(cfg)  # container keys, every runtime (common/validation_container.py)
     check_run_dir_mode(cfg.run_dir_mode)
     check_deepspeed_secrets(cfg)
@@ -53,6 +54,28 @@ def check_known_keys(cfg: DictConfig) -> None:
         f"{given}: not a slurmtrain setting; check the spelling (`python -m slurmtrain "
         f"--cfg job` lists every key) or drop it"
     )
+
+
+def check_setup(setup: object) -> None:
+    """cluster.setup: one string of lines, or a list of one-line strings (each becomes one line of
+    job.sbatch, its exit code checked there)."""
+    if setup is None or isinstance(setup, str):
+        items: list[object] = [setup or ""]
+    elif isinstance(setup, (list, tuple, ListConfig)):
+        items = list(setup)
+    else:
+        raise ConfigError(
+            f"cluster.setup={setup!r}: a list of shell lines, e.g. "
+            f"'cluster.setup=[module load cuda/12.4,source $HOME/env.sh]'"
+        )
+    for i, line in enumerate(items):
+        if not isinstance(line, str) or "\0" in line:
+            raise ConfigError(f"cluster.setup[{i}]={line!r}: each entry is one shell line (text)")
+        if isinstance(setup, (list, tuple, ListConfig)) and "\n" in line.strip():
+            raise ConfigError(
+                f"cluster.setup[{i}]={line!r}: one line per entry (its exit code is checked "
+                f"line by line); split it into several entries"
+            )
 
 
 def check_cluster_values(cfg: RootConfig) -> None:

@@ -27,6 +27,7 @@ from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.events import Submitted
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.common.schema_cluster import setup_lines
 from slurmtrain.login import container, flags, stage_env
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.submission import Submission
@@ -100,6 +101,7 @@ def render_script(
         batch_log=batch_log,
         env=env,
         secrets_file=secrets_file,
+        setup=setup_lines(cfg.cluster.setup),
         python_path=flags.host_python(cfg),
         logs=logs,
         srun_args=flags.quote_all(srun),
