@@ -125,7 +125,7 @@ def examine(cfg: DictConfig, point: str = "") -> Examined:
     found.folder = folder = details_folder(cfg, point)
     (folder / "config.yaml").write_text(secrets.redacted_yaml(cfg) + "\n")  # secrets: references
     (folder / "plan.txt").write_text(found.report.text + "\n")
-    found.after.append(f"slurmtrain: dry run: full config: {folder / 'config.yaml'} (or --cfg job)")
+    found.after.append(f"slurmtrain: dry run: full config (or --cfg job): {folder / 'config.yaml'}")
     if typed_cfg.cluster.kind == "slurm":  # shown even when refused: what force=true would queue
         _slurm(cfg, found)
     refused = [f"slurmtrain: error: {found.refused}"] if found.refused else []
