@@ -8,6 +8,7 @@ from pathlib import Path
 
 from slurmtrain.cli import logs
 from slurmtrain.cli.logs import LogMerger, describe, parse_timestamp
+from slurmtrain.common import events
 
 VALUE_ERROR_TB = """Traceback (most recent call last):
   File "/app/slurmtrain/train/data.py", line 40, in load_tokens
@@ -129,11 +130,11 @@ def test_submitit_files_split_into_attempts_by_ledger(tmp_path: Path) -> None:
     run = tmp_path / "run"
     t1 = datetime(2024, 5, 1, 10, 0, 0).timestamp()
     ledger = [
-        {"event": "started", "time": t1, "job_id": "77", "attempt": 1, "nodes": []},
-        {"event": "requeued", "time": t1 + 60, "job_id": "77", "attempt": 1, "nodes": []},
-        {"event": "started", "time": t1 + 600, "job_id": "77", "attempt": 2, "nodes": []},
+        events.Started(time=t1, job_id="77", attempt=1),
+        events.Requeued(time=t1 + 60, job_id="77", attempt=1),
+        events.Started(time=t1 + 600, job_id="77", attempt=2),
     ]
-    write(run / "ledger.jsonl", "\n".join(json.dumps(r) for r in ledger))
+    write(run / "ledger.jsonl", "\n".join(json.dumps(r.to_json()) for r in ledger))
     write(
         run / "logs" / "77_0_log.out",
         """

@@ -4,22 +4,28 @@ directories are written by hand (the layout real runs write); local runs, so no 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
 from slurmtrain.cli import status
+from slurmtrain.common import events
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.liveness import pid_start
 
 ME = dict(pid=os.getpid(), host=socket.gethostname(), pid_start=pid_start(os.getpid()))
 
 
-def _rows(path: Path, rows: list[dict[str, object]]) -> None:
+def _rows(path: Path, rows: Sequence[events.Row | dict[str, object]]) -> None:
+    """Ledger rows (objects) or metrics rows (dicts) as the file holds them."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = (r.to_json() if isinstance(r, events.Row) else r for r in rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
 def make_run(
@@ -36,17 +42,15 @@ def make_run(
         os.utime(run, (t, t))
         return run
     job = f"{fp}-job"
-    sub = {"event": "submitted", "time": t, "job_id": job, "executor": "local", **ME}
+    sub = events.Submitted(time=t, job_id=job, executor="local", **ME)
     if kind != "running":
-        sub["pid"] = 1  # not ours: the owner is gone
-    rows: list[dict[str, object]] = [sub]
-    rows.append({"event": "started", "time": t + 1, "job_id": job, "attempt": 1})
+        sub = dataclasses.replace(sub, pid=1)  # not ours: the owner is gone
+    rows: events.Rows = [sub, events.Started(time=t + 1, job_id=job, attempt=1)]
     if kind == "finished":
-        rows.append({"event": "finished", "time": t + 3, "job_id": job, "step": 20})
+        rows.append(events.Finished(time=t + 3, job_id=job, step=20))
     if kind == "diverged":
-        rows.append(
-            {"event": "stopped", "time": t + 3, "job_id": job, "class": "diverged", "error": "nan"}
-        )
+        diverged = FailureClass.diverged
+        rows.append(events.Stopped(time=t + 3, job_id=job, cls=diverged, error="nan"))
     _rows(run / "ledger.d" / "host.1.abc.jsonl", rows)
     metrics: list[dict[str, object]] = [{"step": 10, "time": t + 2, "loss": valid + 1}]
     metrics.append({"step": 20, "time": t + 2.5, "loss": valid, "valid_loss": valid})
@@ -157,7 +161,7 @@ def test_slurm_is_asked_once_for_every_run(
     root = tmp_path / "runs"
     for i, fp in enumerate(["r1", "r2", "r3", "r4"]):
         run = make_run(root, "sw", fp, "running", 100.0 + i)
-        sub = {"event": "submitted", "time": 100.0 + i, "job_id": f"9_{i}", "executor": "slurm"}
+        sub = events.Submitted(time=100.0 + i, job_id=f"9_{i}", executor="slurm")
         _rows(run / "ledger.d" / "host.1.abc.jsonl", [sub])
     calls: list[list[str]] = []
 
