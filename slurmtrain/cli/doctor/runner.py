@@ -174,14 +174,7 @@ def run_on_nodes(
 ) -> tuple[list[NodeReport], list[CheckResult]]:
     """The same checks on `nodes` compute nodes (one task each). Returns the node reports and srun-level
     failures (no allocation, a task that printed nothing)."""
-    marker: Optional[Path] = None
-    base = storage.existing_ancestor(o.runs_root.expanduser().absolute())
-    try:
-        fd, name = tempfile.mkstemp(prefix=".slurmtrain-doctor-shared-", dir=base)
-        os.close(fd)
-        marker = Path(name)
-    except OSError:
-        pass  # the run_root check reports the unwritable root
+    marker = _shared_marker(o)
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -201,29 +194,11 @@ def run_on_nodes(
             CheckResult("srun", "fail", "srun not on PATH", "run the doctor on a Slurm login node")
         ]
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # srun cancels its allocation / step on SIGTERM
-        try:
-            out, err = proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        err = (
-            err or ""
-        ) + f"\nno result within {timeout:g} s (queue wait? pass a free --partition)"
+        out, err = _output_within(proc, timeout)
     finally:
         if marker is not None:
             marker.unlink(missing_ok=True)
-    docs = parse_srun_output(out or "")
-    reports = [
-        NodeReport(
-            str(d.get("node") or d.get("host") or f"task{t}"),
-            str(d.get("host", "?")),
-            [CheckResult.from_dict(c) for c in d.get("checks", [])],
-        )
-        for t, d in docs.items()
-    ]
+    reports = _node_reports(parse_srun_output(out or ""))
     problems: list[CheckResult] = []
     if len(reports) < nodes:
         last = [ln for ln in (err or "").splitlines() if ln.strip()]
@@ -237,6 +212,45 @@ def run_on_nodes(
             )
         )
     return reports, problems
+
+
+def _shared_marker(o: DoctorOptions) -> Optional[Path]:
+    """A file the nodes look for to tell whether they see the login node's runs_root (None when
+    it cannot be written)."""
+    base = storage.existing_ancestor(o.runs_root.expanduser().absolute())
+    try:
+        fd, name = tempfile.mkstemp(prefix=".slurmtrain-doctor-shared-", dir=base)
+        os.close(fd)
+    except OSError:
+        return None  # the run_root check reports the unwritable root
+    return Path(name)
+
+
+def _output_within(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """srun's stdout and stderr; past `timeout` it is stopped and stderr says why."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # srun cancels its allocation / step on SIGTERM
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        why = f"no result within {timeout:g} s (queue wait? pass a free --partition)"
+        return out, f"{err or ''}\n{why}"
+
+
+def _node_reports(docs: dict[int, DoctorDoc]) -> list[NodeReport]:
+    """One report per task that printed its doctor JSON, named by its node (else its task)."""
+    return [
+        NodeReport(
+            str(d.get("node") or d.get("host") or f"task{t}"),
+            str(d.get("host", "?")),
+            [CheckResult.from_dict(c) for c in d.get("checks", [])],
+        )
+        for t, d in docs.items()
+    ]
 
 
 def this_node() -> tuple[str, str]:
