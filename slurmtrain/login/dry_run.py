@@ -209,11 +209,12 @@ def sweep(points: Sequence[tuple[DictConfig, list[str]]], out: Optional[TextIO] 
             refused.append((index, found.refused))
         print(point_line(index, len(points), axes, found), file=out)
     where = os.path.commonpath(folders) if folders else "-"
+    slurm = any(cfg.cluster.kind == "slurm" for cfg, _ in points)
     print(
         fit(
             f"slurmtrain: dry run: {len(points)} sweep points, {len(points) - len(refused)} ok, "
-            f"{len(refused)} refused; each point's plan, config and script (dry_run.txt, "
-            f"config.yaml, job.sbatch): under {where}"
+            f"{len(refused)} refused; each point's full output and config (dry_run.txt, "
+            f"config.yaml{', job.sbatch' if slurm else ''}) under {where}"
         ),
         file=out,
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import run_cli, slurmtrain_env
 
@@ -15,7 +17,8 @@ def test_dry_run_of_a_big_model_prints_the_plan(workdir):
     # Planned and shown, then refused as the real submission is (issue 35): exit 2, one line.
     assert done.returncode == 2, done.stderr
     assert "nodes=64: the local executor runs on this machine only" in done.stderr
-    assert "num_layers: 40" in done.stdout
+    config = re.findall(r"full config \(or --cfg job\):\s+(\S+)", done.stdout)[0]
+    assert "num_layers: 40" in Path(config).read_text()  # the plan is printed, the config written
     assert "plan:" in done.stdout and "world size 128" in done.stdout  # 64 nodes x 2 CPU tasks
     assert not (workdir / "runs").exists()
 

@@ -4,6 +4,8 @@ later with its default (registered in common/fingerprint.py) leaves it alone."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -78,9 +80,9 @@ def test_the_command_line_composes_the_same_fingerprint(tmp_path):
     done = run_cli([*args, f"runs_root={tmp_path}", "dry_run=true"], cwd=tmp_path)
     # shown, then refused as a real local submission of nodes=2 is (issue 35)
     assert done.returncode == 2 and "the local executor runs on this machine only" in done.stderr
-    shown = done.stdout.split("\nplan: ", 1)[0]  # the resolved config, as a run directory has it
-    (tmp_path / "config.yaml").write_text(shown)
-    assert rundir.fingerprint(schema.load_run_config(str(tmp_path / "config.yaml"))) == golden
+    # the resolved config, as a run directory has it: the dry run writes it and prints its path
+    [shown] = re.findall(r"full config \(or --cfg job\):\s+(\S+)", done.stdout)
+    assert rundir.fingerprint(schema.load_run_config(shown)) == golden
 
 
 def _with(cfg, key: str, value):

@@ -4,7 +4,9 @@ never values; the batch script sources a 0600 file instead; token-looking string
 from __future__ import annotations
 
 import os
+import re
 import stat
+from pathlib import Path
 
 from hydra import compose, initialize_config_module
 
@@ -129,9 +131,12 @@ def test_error_lines_and_sweep_points_do_not_echo_a_secret(tmp_path):
         "optim.lr=1e-4,3e-4",
     ]
     points = run_cli(sweep, tmp_path, env)
-    assert points.returncode == 0 and points.stdout.count("sweep point:") == 2, points.stderr
+    assert points.returncode == 0 and points.stdout.count("\npoint ") == 1, points.stderr
     for done in (typo, points):
         assert HEX40 not in done.stdout + done.stderr
+    [folder] = re.findall(r" under\s+(\S+)", points.stdout)
+    for written in Path(folder).rglob("*.*"):
+        assert HEX40 not in written.read_text(), written  # the dry run's config files
 
 
 def test_array_script_sources_each_points_file_if_it_has_one(tmp_path):
