@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from slurmtrain.common import errors, events, ledger, provenance, windows
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 from slurmtrain.common.slurm_text import expand_hostlist
@@ -56,21 +57,25 @@ def _close_previous_attempt(run: RunDir, attempt: Attempt) -> None:
     if prev is None:
         return
     prev_rows = run.attempt_events(*ledger.attempt_key(prev), run_rows=attempt.rows)
-    number, prev_nodes = events.integer(prev, "attempt"), events.strings(prev, "nodes")
-    cls = ledger.vanished_class(prev_rows, number)
-    record = events.Where(job_id=events.text(prev, "job_id"), attempt=number, nodes=prev_nodes)
-    closed = run.record(events.attempt_ended(cls, closed_by=attempt.number), **record)
-    attempt.rows.append(closed)
-    lost = sorted(set(prev_nodes) - set(attempt.nodes))
-    if cls == ledger.NODE_FAILURE and not lost:  # the same names came back: ask Slurm who died
+    cls = ledger.vanished_class(prev_rows, prev.attempt)
+
+    def close(row: events.Row) -> None:  # placed in the attempt it closes
+        attempt.rows.append(
+            run.record(row, job_id=prev.job_id, attempt=prev.attempt, nodes=prev.nodes)
+        )
+
+    close(events.AttemptEnded(cls=cls, closed_by=attempt.number))
+    lost = sorted(set(prev.nodes) - set(attempt.nodes))
+    node_failure = cls == FailureClass.node_failure
+    if node_failure and not lost:  # the same names came back: ask Slurm who died
         from slurmtrain.common.slurm_cmd import down_nodes
 
-        lost = down_nodes(prev_nodes)
-    for node in lost if cls == ledger.NODE_FAILURE else []:
-        attempt.rows.append(run.record(events.Kind.node_lost, **record, node=node))
+        lost = down_nodes(list(prev.nodes))
+    for node in lost if node_failure else []:
+        close(events.NodeLost(node=node))
 
 
-def _last_error(run: RunDir, rows: list[dict[str, object]], number: int) -> Optional[str]:
+def _last_error(run: RunDir, rows: events.Rows, number: int) -> Optional[str]:
     """The last error of the run up to the start before attempt `number` (its rank rows too)."""
     prev = ledger.started_row(rows, number - 1)
     since = run.attempt_events(*ledger.attempt_key(prev), run_rows=rows) if prev else rows
@@ -93,21 +98,28 @@ def _healthy(
     verdict = health.gate(mine, where.world_size, cfg.faults.health_slow_factor)
     if not verdict.bad:
         figures: health.Figures = verdict.figures
-        attempt.record(events.Kind.health_ok, seconds=time.time() - t0, **figures)
+        ok = events.HealthOk(
+            seconds=time.time() - t0,
+            allreduce_gbps=figures.get("allreduce_gbps"),
+            intra_node_gbps=figures.get("intra_node_gbps"),
+            inter_node_gbps=figures.get("inter_node_gbps"),
+            fabric=figures.get("fabric"),
+        )
+        attempt.record(ok)
         return True
     if where.rank == 0:
-        for row in verdict.bad:
-            append_jsonl(run.bad_nodes, {**row, "time": time.time(), "attempt": attempt.number})
-            attempt.record(events.Kind.bad_node, node=row["node"], reason=row["reason"])
+        for bad in verdict.bad:  # the bad-node file's rows (not the ledger's)
+            append_jsonl(run.bad_nodes, {**bad, "time": time.time(), "attempt": attempt.number})
+            attempt.record(events.BadNode(node=bad["node"], reason=bad["reason"]))
             print(
-                f"slurmtrain: node {row['node']} failed the health gate: {row['reason']}",
+                f"slurmtrain: node {bad['node']} failed the health gate: {bad['reason']}",
                 file=sys.stderr,
             )
     return False
 
 
 def _claim(
-    run: RunDir, where: Placement, lock: contextlib.ExitStack, rows: list[dict[str, object]]
+    run: RunDir, where: Placement, lock: contextlib.ExitStack, rows: events.Rows
 ) -> Optional[int]:
     """Rank 0: take the run (its lock stays held until `started` is recorded), or the exit code
     of a job that must not train it (compute/faults/owner.py). `rows` gets the run tier, read
@@ -116,12 +128,13 @@ def _claim(
         rows += run.run_events()
         return None  # local runs: the login shell's lock and pid check keep them single
     mine = owner.my_job_ids()
+    why: Optional[str] = None
     try:
         lock.enter_context(run.locked(timeout=300))
         rows += run.run_events()
         verdict, own = owner.check(run, mine, rows)
     except errors.ConfigError as err:  # the lock stayed busy (RunLocked)
-        verdict, own = owner.UNKNOWN, {"job_id": None, "why": str(err)}
+        verdict, own, why = owner.UNKNOWN, None, str(err)
     if verdict == owner.FREE:  # ... unless `cli cancel` stopped the run since
         stop = owner.honour_cancel(
             run,
@@ -133,27 +146,30 @@ def _claim(
             relaunch=relaunch_count(),
         )
         return 0 if stop else None
-    row = events.Where(
-        job_id=where.job_id, attempt=None, nodes=[where.node], rank=0, node=where.node
-    )
-    other = (own or {}).get("job_id")
-    if verdict == owner.DUPLICATE:
+
+    def refuse(row: events.Row) -> None:  # before `started`: placed by job id and counters
         run.record(
-            events.Kind.duplicate_refused,
-            **row,
-            owner=other,
+            row,
+            job_id=where.job_id,
+            attempt=None,
+            nodes=[where.node],
+            rank=0,
+            node=where.node,
             restart=restart_count(),
             relaunch=relaunch_count(),
         )
+
+    other = own.job_id if own is not None else None
+    if verdict == owner.DUPLICATE:
+        refuse(events.DuplicateRefused(owner=other))
         print(
             f"slurmtrain: job {where.job_id} refuses to train {run.path}: job {other} holds it "
             f"and Slurm reports it alive; this job exits without touching the run",
             file=sys.stderr,
         )
         return errors.EXIT_DUPLICATE
-    why = (own or {}).get("why") or f"neither squeue nor sacct says whether job {other} is alive"
-    claim_failed = events.failed(ledger.CRASH, f"cannot claim the run: {why}")
-    run.record(claim_failed, **row, restart=restart_count(), relaunch=relaunch_count())
+    why = why or f"neither squeue nor sacct says whether job {other} is alive"
+    refuse(events.Failed(cls=FailureClass.crash, error=f"cannot claim the run: {why}"))
     print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
     return 1
 
@@ -169,8 +185,16 @@ def _startup_hang(
     waiting = watchdog.current == deadlines.RENDEZVOUS
     step_nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     late = " (waiting for ranks to join)" if arrived_at is not None else " (before joining)"
+    hang = events.Failed(
+        cls=FailureClass.hang,
+        error=why + (late if waiting else ""),
+        host=where.node,
+        phase=watchdog.current,
+        step_nodes=tuple(expand_hostlist(step_nodes)) if waiting and step_nodes else (),
+        arrived_at=arrived_at if waiting else None,
+    )
     run.record_rank(
-        events.failed(ledger.HANG, why + (late if waiting else "")),
+        hang,
         job_id=where.job_id,
         restart=restart_count(),
         relaunch=relaunch_count(),
@@ -178,10 +202,6 @@ def _startup_hang(
         nodes=[where.node],
         rank=where.rank,
         node=None if waiting else where.node,  # the node to blame, if any
-        host=where.node,
-        phase=watchdog.current,
-        step_nodes=expand_hostlist(step_nodes) if waiting and step_nodes else None,
-        arrived_at=arrived_at if waiting else None,
     )
 
 
@@ -262,7 +282,7 @@ def _run(
         gathered: list[tuple[str, int]] = [("", 0)] * where.world_size
         dist.all_gather_object(gathered, (where.node, os.getpid()))
         nodes = sorted({node for node, _ in gathered})
-        rows: list[dict[str, object]] = []  # rank 0: the run tier, read once (under the lock)
+        rows: events.Rows = []  # rank 0: the run tier, read once (under the lock)
         with contextlib.ExitStack() as lock:
             claim: Optional[int] = broadcast(
                 _claim(run, where, lock, rows) if where.rank == 0 else None
@@ -270,7 +290,7 @@ def _run(
             if claim is not None:  # another live job trains this run, or Slurm cannot say
                 dist.destroy_process_group()
                 return claim
-            number = sum(e["event"] == "started" for e in rows) + 1
+            number = sum(isinstance(e, events.Started) for e in rows) + 1
             attempt = Attempt(run, where, nodes, broadcast(number if where.rank == 0 else 0), rows)
             Injector(
                 where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed
@@ -280,27 +300,29 @@ def _run(
                 # the user's resubmission after a stop: budgets count again from here
                 windows.open_window(run, attempt.rows, where.job_id)
             attempt.record(
-                events.Kind.started,
-                world_size=where.world_size,
-                hosts=[n for n, _ in gathered],
-                pids=[p for _, p in gathered],
-                restart=restart_count(),
-                relaunch=relaunch_count(),
-                executor="slurm" if owner.under_slurm() else "local",
+                events.Started(
+                    world_size=where.world_size,
+                    hosts=tuple(n for n, _ in gathered),
+                    pids=tuple(p for _, p in gathered),
+                    restart=restart_count(),
+                    relaunch=relaunch_count(),
+                    executor="slurm" if owner.under_slurm() else "local",
+                )
             )
     except Exception as err:  # every rank that fails writes a row: the rank tier
         run.record_rank(
-            events.failed(ledger.CRASH, f"{type(err).__name__}: {err}"),
+            events.Failed(
+                cls=FailureClass.crash, error=f"{type(err).__name__}: {err}", phase="start-up"
+            ),
             job_id=where.job_id,
             restart=restart_count(),
             relaunch=relaunch_count(),
             on_node=where.node,
             nodes=[where.node],
             rank=where.rank,
-            phase="start-up",
         )
         raise
-    attempt.record(events.Kind.rendezvous_done, seconds=rendezvous_s)
+    attempt.record(events.RendezvousDone(seconds=rendezvous_s))
     clock.mark("rendezvous")
     attempt.clock = clock if where.rank == 0 else None
     if where.rank == 0:
@@ -312,13 +334,13 @@ def _run(
     stop = broadcast(ledger.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
         error = _last_error(run, attempt.rows, attempt.number) if where.rank == 0 else None
-        attempt.record(events.stopped(stop, error or f"{stop} budget exhausted"))
+        attempt.record(events.Stopped(cls=stop, error=error or f"{stop} budget exhausted"))
         dist.destroy_process_group()
         return 0
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed)
     watchdog.stacks = run.hang_dump(attempt.number, where.node)
     watchdog.on_hang = lambda why: attempt.record_any(
-        events.failed(ledger.HANG, why, phase=watchdog.current)
+        events.Failed(cls=FailureClass.hang, error=why, phase=watchdog.current)
     )
     try:
         watchdog.phase(deadlines.HEALTH, cfg.faults.startup_timeout_s)
@@ -332,10 +354,11 @@ def _run(
         code = Trainer(cfg, run, ctx, attempt, flags, injector).fit()
     except Exception as err:  # the failing rank records its error and class, then re-raises
         error, trace = f"{type(err).__name__}: {err}", traceback.format_exc()
-        attempt.record_any(
-            events.failed(ledger.CRASH, error, step=attempt.step), traceback=trace[-4000:]
+        failed = events.Failed(
+            cls=FailureClass.crash, error=error, step=attempt.step, traceback=trace[-4000:]
         )
-        if ledger.is_peer_error([{"error": error}]):
+        attempt.record_any(failed)
+        if ledger.is_peer_error([failed]):
             watchdog.dump_after_peer_failure(f"peer failure: {error}\n{trace}\n")
         raise
     finally:

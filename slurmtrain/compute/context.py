@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 
 class Record(Protocol):
-    """A ledger write: the event's kind and its fields (rank 0 writes one copy: Attempt.record)."""
+    """A ledger write: one row object (rank 0 writes one copy: Attempt.record)."""
 
-    def __call__(self, event: str, **fields: object) -> None: ...
+    def __call__(self, row: events.Row) -> None: ...
 
 
 def restart_count() -> int:
@@ -56,35 +56,34 @@ class Attempt:
     step: Optional[int] = None  # the step being trained, for failure records
     clock: Optional[startup.StartupClock] = None  # rank 0: start-up phases (compute/startup.py)
 
-    def record(self, event: str | events.Event, **fields: object) -> None:
-        """Rank 0 writes the attempt's events (one copy, not one per rank), in the run tier."""
+    def record(self, row: events.Row) -> None:
+        """Rank 0 writes the attempt's rows (one copy, not one per rank), in the run tier; the
+        row's own placement (a straggler's rank and node) is kept, this rank's fills the rest."""
         if self.where.rank == 0:
-            fields.setdefault("rank", self.where.rank)
-            fields.setdefault("node", self.where.node)
             self.rows.append(
                 self.run.record(
-                    event,
+                    row,
                     job_id=self.where.job_id,
                     attempt=self.number,
                     nodes=self.nodes,
-                    durable=None,  # by the event's kind (RunDir.record)
-                    **fields,
+                    durable=None,  # by the row's class (RunDir.record)
+                    rank=self.where.rank,
+                    node=self.where.node,
                 )
             )
 
-    def record_any(self, event: str | events.Event, **fields: object) -> None:
+    def record_any(self, row: events.Row) -> None:
         """Any rank: failures are recorded by the rank that saw them, in its node's file of the
         rank tier (one file per node, not per rank: common/jsonl.py)."""
-        fields.setdefault("rank", self.where.rank)
         self.run.record_rank(
-            event,
+            row,
             job_id=self.where.job_id,
             restart=restart_count(),
             relaunch=relaunch_count(),
             on_node=self.where.node,
             attempt=self.number,
-            nodes=[self.where.node],  # its own: the attempt's list is in `started`, once
-            **fields,
+            nodes=(self.where.node,),  # its own: the attempt's list is in `started`, once
+            rank=self.where.rank,
         )
 
 

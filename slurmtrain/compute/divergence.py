@@ -18,19 +18,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from slurmtrain.common.events import Row
+from slurmtrain.common.events import Rollback
 from slurmtrain.common.schema import FaultsConfig
 
 MIN_HISTORY = 10  # losses the spike test needs before it judges
 
-Rows = Sequence[Row]  # the ledger's `rollback` rows, oldest first
-
-
-def _int(value: object) -> int:
-    """A ledger row's number (JSON: an int)."""
-    if isinstance(value, (int, float, str)):
-        return int(value)
-    raise TypeError(f"not a number: {value!r}")
+Rollbacks = Sequence[Rollback]  # the ledger's rollback rows, oldest first
 
 
 @dataclass
@@ -125,22 +118,23 @@ class Plan:
     number: int = 0  # this rollback's number over the whole run
 
 
-def deeper_than(d: Divergence, previous: Rows, faults_cfg: FaultsConfig) -> Optional[int]:
+def deeper_than(d: Divergence, previous: Rollbacks, faults_cfg: FaultsConfig) -> Optional[int]:
     """The step a repeated divergence must roll back before (the previous rollback's target), or
     None when this one is new (no rollback before, or more than the window ago)."""
     window = int(getattr(faults_cfg, "rollback_repeat_window", 0))
-    if not previous or window <= 0 or previous[-1].get("to_step") is None:
+    last = previous[-1] if previous else None
+    if last is None or window <= 0 or last.to_step is None:
         return None
-    if d.step - _int(previous[-1].get("step", d.step)) > window:
+    if d.step - (d.step if last.step is None else last.step) > window:
         return None
-    return _int(previous[-1]["to_step"])
+    return last.to_step
 
 
 def plan_rollback(
     d: Divergence,
     checkpoint_step: Optional[int],
     checkpoint_skip: int,
-    previous: Rows,
+    previous: Rollbacks,
     faults_cfg: FaultsConfig,
     max_steps: int,
     global_batch: int,
@@ -160,16 +154,16 @@ def plan_rollback(
         last = previous[-1]
         return Plan(
             stop=f"{what}; diverged again within faults.rollback_repeat_window="
-            f"{faults_cfg.rollback_repeat_window} steps of the rollback at step {last.get('step')} "
+            f"{faults_cfg.rollback_repeat_window} steps of the rollback at step {last.step} "
             f"(to step {before}), and no valid checkpoint older than step {before} is left"
         )
     if checkpoint_step is None:
         return Plan(stop=f"{what}; no valid checkpoint to roll back to")
-    if previous and previous[-1].get("to_step") == checkpoint_step:
+    if previous and previous[-1].to_step == checkpoint_step:
         last = previous[-1]
         return Plan(
             stop=f"{what}; diverged again after rolling back to step {checkpoint_step} and "
-            f"skipping {last.get('skipped_samples')} samples (rollback at step {last.get('step')})"
+            f"skipping {last.skipped_samples} samples (rollback at step {last.step})"
         )
     window = max(d.step - checkpoint_step, 1)
     skip_steps = max(window, min(int(faults_cfg.skip_batches), max(max_steps // 10, 1)))
@@ -181,10 +175,10 @@ def plan_rollback(
     )
 
 
-def resumed_skip(manifest_skip: int, step: int, previous: Rows) -> int:
+def resumed_skip(manifest_skip: int, step: int, previous: Rollbacks) -> int:
     """The sampler offset for a run resumed at `step`: the checkpoint's own, unless a rollback
     returned to this very checkpoint (and skipped data) before the attempt ended: then that one."""
     for e in reversed(previous):
-        if e.get("to_step") == step and e.get("data_skip") is not None:
-            return max(_int(e["data_skip"]), manifest_skip)
+        if e.to_step == step and e.data_skip is not None:
+            return max(e.data_skip, manifest_skip)
     return manifest_skip

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 from slurmtrain.common import events, ledger
 from slurmtrain.common.checkpoint_format import Manifest, Resume, SavedPosition
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.checkpoint.rng import RngState, set_rng_state
@@ -103,9 +104,7 @@ def mark_unloadable(t: Resuming, found: Resume, error: str) -> None:
 
     assert found.path is not None  # only a found checkpoint fails to load
     step = int(found.manifest.get("step", found.path.name.split("_")[1]))
-    t.attempt.record(
-        events.Kind.checkpoint_unloadable, step=step, path=str(found.path), error=error
-    )
+    t.attempt.record(events.CheckpointUnloadable(step=step, path=str(found.path), error=error))
     if t.rank != 0:
         return
     try:
@@ -138,7 +137,7 @@ def load_resumed(t: Resuming) -> bool:
         )
         if found.path is None:
             t.stop = (
-                ledger.CHECKPOINT_UNREADABLE,
+                FailureClass.checkpoint_unreadable,
                 f"{t.found.path.name} failed to load ({error}) and no older checkpoint validates; "
                 f"pass resume=none to start from step 0",
             )
@@ -182,7 +181,7 @@ def rollback(t: Resuming, d: Divergence) -> bool:
         plan = broadcast(plan)
         assert plan is not None  # rank 0 planned it
         if plan.stop is not None:
-            t.stop = (ledger.DIVERGED, plan.stop)
+            t.stop = (FailureClass.diverged, plan.stop)
             t.attempt.step = d.step
             return False
         t0 = time.time()
@@ -207,17 +206,18 @@ def _rolled_back(t: Resuming, d: Divergence, found: Resume, plan: Plan, seconds:
     t.checkpointer.protect.add(plan.to_step)  # a later repeat may need it again
     t.watchdog.beat("rollback")
     t.attempt.record(
-        events.Kind.rollback,
-        step=d.step,
-        loss=loss,
-        reason=d.why,
-        to_step=plan.to_step,
-        path=str(found.path),
-        skipped_steps=plan.skip_steps,
-        skipped_samples=plan.skip_steps * gbs,
-        data_skip=plan.skip_samples,
-        number=plan.number,
-        seconds=seconds,
+        events.Rollback(
+            step=d.step,
+            loss=loss,
+            reason=d.why,
+            to_step=plan.to_step,
+            path=str(found.path),
+            skipped_steps=plan.skip_steps,
+            skipped_samples=plan.skip_steps * gbs,
+            data_skip=plan.skip_samples,
+            number=plan.number,
+            seconds=seconds,
+        )
     )
     if t.rank == 0:
         print(

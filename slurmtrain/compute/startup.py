@@ -73,28 +73,31 @@ class StartupClock:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + max(now - self.last, 0.0), 3)
         self.last = now
 
-    def row(self) -> dict[str, object]:
-        """The `startup` row's fields: phases in order (missing ones 0), total, where torch is."""
-        phases = {p: self.seconds.get(p, 0.0) for p in PHASES}
+    def row(self) -> events.Startup:
+        """The `Startup` row: phases in order (missing ones 0), total, where torch is; the facts
+        phases noted (build_skipped_init; any other is kept beside the row's fields)."""
+        phases: dict[str, object] = {p: self.seconds.get(p, 0.0) for p in PHASES}
         phases.update({k: v for k, v in self.seconds.items() if k not in phases})
-        return {
-            "phases": phases,
-            "seconds": round(self.last - self.began, 3),
-            "process_started_at": self.began,
-            "torch_from": _torch_file(),
-            "python": sys.executable,
+        skipped = self.facts.get("build_skipped_init")
+        return events.Startup(
+            phases=phases,
+            seconds=round(self.last - self.began, 3),
+            process_started_at=self.began,
+            torch_from=_torch_file(),
+            python=sys.executable,
             # the node-local copy this process runs from (the batch script's staging block)
-            "staged_env": os.environ.get("SLURMTRAIN_STAGED_ENV") or None,
-            **self.facts,
-        }
+            staged_env=os.environ.get("SLURMTRAIN_STAGED_ENV") or None,
+            build_skipped_init=skipped if isinstance(skipped, bool) else None,
+            extra={k: v for k, v in self.facts.items() if k != "build_skipped_init"},
+        )
 
-    def finish(self, record: Callable[..., object]) -> None:
-        """After the first step: the one `startup` row (rank 0 writes: Attempt.record)."""
+    def finish(self, record: Callable[[events.Row], object]) -> None:
+        """After the first step: the one `Startup` row (rank 0 writes: Attempt.record)."""
         if self.done:
             return
         self.done = True
         self.mark("first_step")
-        record(events.Kind.startup, **self.row())
+        record(self.row())
 
 
 def _torch_file() -> Optional[str]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Optional
 from slurmtrain.common import errors, events, ledger
 from slurmtrain.common.checkpoint_format import Resume
 from slurmtrain.common.derived import grad_accumulation, tensor_parallel
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.checkpoint.rng import rng_state
@@ -121,18 +122,18 @@ class Trainer:
         self.ctx = replace(self.ctx, deadlines=self.deadlines)  # the checkpointer's IO phases
         self.found = choice.found
         for path, reason in self.found.skipped:
-            self.attempt.record(events.Kind.checkpoint_skipped, path=path, reason=reason)
+            self.attempt.record(events.CheckpointSkipped(path=path, reason=reason))
             if self.rank == 0:
                 print(f"slurmtrain: skipping checkpoint {path}: {reason}", file=sys.stderr)
         if choice.applied is not None:
-            self.attempt.record(events.Kind.resume_applied, **choice.applied)
+            self.attempt.record(choice.applied)
         if choice.stop is not None:
-            self.stop = (ledger.CHECKPOINT_UNREADABLE, choice.stop)
+            self.stop = (FailureClass.checkpoint_unreadable, choice.stop)
 
     def stopped(self) -> int:
         """Stop the run (`stopped`, its class and error line): the supervisor does not restart it."""
-        cls, error = self.stop or (ledger.CRASH, "?")
-        self.attempt.record(events.stopped(cls, error, step=self.attempt.step))
+        cls, error = self.stop or (FailureClass.crash, "?")
+        self.attempt.record(events.Stopped(cls=cls, error=error, step=self.attempt.step))
         if self.rank == 0:
             print(f"slurmtrain: stopping the run ({cls}): {error}", file=sys.stderr)
         return 0
@@ -228,8 +229,7 @@ class Trainer:
         self.start_step = int(self.found.manifest["step"])
         self.sampler.skip = recovery.data_skip(self, self.found.manifest)
         self.watchdog.beat("checkpoint load")
-        self.attempt.record(
-            events.Kind.checkpoint_loaded,
+        loaded = events.CheckpointLoaded(
             step=self.start_step,
             seconds=time.time() - t0,
             rank_bytes=self.checkpointer.loaded_bytes,  # the measured read rate's bytes
@@ -238,6 +238,7 @@ class Trainer:
             world_size_changed=not self.same_world,
             skipped_samples=self.sampler.skip,
         )
+        self.attempt.record(loaded)
         if self.rank == 0:  # every attempt says where it resumed from (common/resumed.py)
             line = resumed_line(
                 self.start_step,
@@ -282,11 +283,9 @@ class Trainer:
         name = "SIGINT" if self.flags.received == "SIGINT" else "SIGTERM"  # INT: Ctrl-C
         name = "SIGUSR2" if code == signals.TIME_LIMIT else name
         self.attempt.record(
-            events.Kind.signal,
-            signal=name,
-            step=step,
-            received_at=self.flags.received_at,
-            before_save=True,
+            events.Signal(
+                signal=name, step=step, received_at=self.flags.received_at, before_save=True
+            )
         )
 
     def _mark(self, phase: str, **facts: object) -> None:
@@ -364,20 +363,20 @@ class Trainer:
             # A signal in the final step: the stop's save is the final checkpoint, and another
             # job would only load it to record this.
             self.on_stop(outcome.step, outcome.stop_code)
-            self.attempt.record(events.Kind.finished, step=outcome.step, on_signal=True)
+            self.attempt.record(events.Finished(step=outcome.step, on_signal=True))
             return 0
         if not stopped and final is not None and not final.ok and final.step == outcome.step:
             # Training reached its end but its final state is not on disk: not finished.
             not_saved = f"final checkpoint not saved: {final.error}"
-            self.attempt.record(events.failed(ledger.CRASH, not_saved, step=outcome.step))
+            failed = events.Failed(cls=FailureClass.crash, error=not_saved, step=outcome.step)
+            self.attempt.record(failed)
             return 1
         if not stopped and outcome.step < max_steps:
-            self.attempt.record(
-                events.Kind.paused, step=outcome.step
-            )  # train.pause_at_step: next job resumes
+            # train.pause_at_step: the next job resumes
+            self.attempt.record(events.Paused(step=outcome.step))
             return 0
         if not stopped:
-            self.attempt.record(events.Kind.finished, step=outcome.step)
+            self.attempt.record(events.Finished(step=outcome.step))
             return 0
         self.on_stop(outcome.step, outcome.stop_code)  # normally recorded before the save
         # The supervisor restarts a time-limited run, and asks Slurm whether a SIGTERM was a

@@ -8,7 +8,8 @@ import multiprocessing
 import os
 from pathlib import Path
 
-from slurmtrain.common import jsonl, ledger
+from slurmtrain.common import events, jsonl, ledger
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir, read_jsonl
 from slurmtrain.compute.attempt import Attempt, _close_previous_attempt
 from slurmtrain.compute.distributed import Placement
@@ -24,7 +25,7 @@ def _attempt(run: RunDir, rank: int, node: str, job: str = "77", number: int = 3
 
 def _rank_fails(path: str, rank: int) -> None:
     _attempt(RunDir(Path(path)), rank, "n1").record_any(
-        "failed", **{"class": "crash", "error": f"{PEER} (rank {rank})", "step": 5}
+        events.Failed(cls=FailureClass.crash, error=f"{PEER} (rank {rank})", step=5)
     )
 
 
@@ -49,14 +50,14 @@ def test_a_failure_of_64_nodes_x_8_ranks_makes_64_files_and_o_nodes_fsyncs(
     tmp_path: Path, monkeypatch
 ) -> None:
     run = RunDir(tmp_path)
-    run.record("started", job_id="77", attempt=3, restart=0, relaunch=0)  # rank 0: run tier
+    run.record(events.Started(restart=0, relaunch=0), job_id="77", attempt=3)  # rank 0: run tier
     synced: list[int] = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
     for node in range(64):
         for local in range(8):
             _attempt(run, node * 8 + local, f"n{node}").record_any(
-                "failed", **{"class": "crash", "error": PEER}
+                events.Failed(cls=FailureClass.crash, error=PEER)
             )
     assert len(run.rank_files("77")) == 64
     assert len(run.ledger_files()) == 1  # + the run tier, not 512 files
@@ -75,7 +76,7 @@ def test_a_rank_killed_mid_write_never_swallows_another_ranks_row(tmp_path: Path
         os._exit(9)
     os.waitpid(pid, 0)
     _rank_fails(str(tmp_path), 2)  # another rank of the node, after the torn line
-    assert [r["rank"] for r in run.rank_rows("77")] == [0, 2]
+    assert [r.rank for r in run.rank_rows("77")] == [0, 2]
     assert f"{path}:" in capsys.readouterr().err  # the torn line, now inside: reported
 
 
@@ -108,14 +109,16 @@ def test_readers_take_one_tier_or_one_attempt(tmp_path: Path) -> None:
 
 def test_rank_zero_closes_a_vanished_attempt_from_its_rank_rows(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
-    run.record("started", job_id="77", attempt=3, nodes=["n1", "n2"], restart=0, relaunch=0)
-    _attempt(run, 5, "n1").record_any("failed", **{"class": "crash", "error": OOM})
+    started = events.Started(restart=0, relaunch=0)
+    run.record(started, job_id="77", attempt=3, nodes=["n1", "n2"])
+    _attempt(run, 5, "n1").record_any(events.Failed(cls=FailureClass.crash, error=OOM))
     nxt = _attempt(run, 0, "n1", job="78", number=4)
     nxt.rows = run.run_events()
-    assert not any(e["event"] == "failed" for e in nxt.rows)  # the OOM is in the rank tier
+    assert not any(isinstance(e, events.Failed) for e in nxt.rows)  # the OOM: in the rank tier
     _close_previous_attempt(run, nxt)
-    [ended] = run.run_events("attempt_ended")
-    assert ended["class"] == "oom" and ended["attempt"] == 3
+    [ended] = [e for e in run.run_events() if isinstance(e, events.AttemptEnded)]
+    assert ended.cls == FailureClass.oom and ended.attempt == 3 and ended.closed_by == 4
+    assert ended.job_id == "77" and ended.nodes == ("n1", "n2")
     assert nxt.rows[-1] == ended  # rank 0's list is kept up to date, not re-read
 
 

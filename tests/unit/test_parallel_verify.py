@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from slurmtrain.common import checkpoint_format
+from slurmtrain.common import checkpoint_format, events
 from tests.conftest import slurmtrain_env
 
 FILES = {
@@ -70,7 +70,7 @@ RANK = textwrap.dedent(
     run = SimpleNamespace(checkpoints=root, events=lambda: [])
     dog = Watchdog(600, out / "stacks", lambda why: None, 42)
     choice, limits = verify.choose(cfg, run, rank, 2, dog,
-                                   lambda event, **f: rank == 0 and records.append([event, f]))
+                                   lambda row: rank == 0 and records.append(row.to_json()))
     (out / f"rank{rank}.json").write_text(json.dumps({
         "path": str(choice.found.path), "skipped": choice.found.skipped, "read": read,
         "records": records, "phase": dog.current}))
@@ -115,6 +115,8 @@ def test_ranks_checksum_their_own_files_and_agree_to_skip_a_corrupt_one(tmp_path
     # every file of the good checkpoint was checked exactly once, by one of the two ranks
     step10 = sorted(f for f in zero["read"] + one["read"] if f.startswith("step_10/"))
     assert step10 == sorted(f"step_10/{name}" for name in FILES)
-    verified = [f for event, f in zero["records"] if event == "checkpoint_verified"]
-    assert [v["ok"] for v in verified] == [False, True] and verified[1]["files"] == len(FILES)
-    assert zero["records"][0][0] == "deadlines"
+    # the rows rank 0 recorded, read back as row objects
+    rows = [events.parse(r) for r in zero["records"]]
+    verified = [r for r in rows if isinstance(r, events.CheckpointVerified)]
+    assert [v.ok for v in verified] == [False, True] and verified[1].files == len(FILES)
+    assert isinstance(rows[0], events.Deadlines)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from slurmtrain.common import checkpoint_format
+from slurmtrain.common.events import CheckpointFailed, CheckpointSaved
 from slurmtrain.common.schema import CheckpointConfig
 from slurmtrain.compute.checkpoint import manager, reshape
 from slurmtrain.compute.context import RankContext
@@ -139,10 +140,10 @@ def _world(root: Path, hosts: int, per_host: int) -> list[manager.Checkpointer]:
     for rank in range(len(leads)):
         where = Placement(rank, 0, len(leads), "localhost", 29500, None, f"n{leads[rank]}")
         watchdog = Watchdog(60.0, root / "stacks.txt", lambda why: None, 1)
-        ctx = RankContext(where, "cpu", lambda kind, **fields: None, watchdog)
+        ctx = RankContext(where, "cpu", lambda row: None, watchdog)
         cfg = CheckpointConfig(verify="size", async_save=True, publish_timeout_minutes=0.5 / 60)
         c = manager.Checkpointer(cfg, ctx, root)
-        c.record = lambda kind, **fields: events.append((kind, fields))
+        c.record = events.append
         c.events, c.leads = events, leads
         c.writer = _Writer(root / "step_10.tmp", rank)
         ranks.append(c)
@@ -185,7 +186,7 @@ def test_the_save_is_published_with_every_ranks_shard_and_no_marker(tmp_path):
     files = json.loads((final / "manifest.json").read_text())["files"]
     assert sorted(files) == sorted(f"shard_rank{r}.pt" for r in range(16))
     assert not [p for p in final.iterdir() if p.name.startswith(".")]
-    assert [kind for kind, _ in ranks[0].events] == ["checkpoint_saved"]
+    assert [type(row) for row in ranks[0].events] == [CheckpointSaved]
 
 
 def test_a_failed_rank_is_named_and_nothing_is_published(tmp_path):
@@ -195,7 +196,7 @@ def test_a_failed_rank_is_named_and_nothing_is_published(tmp_path):
     outcome = ranks[0]._outcome
     assert not outcome.ok and "rank 6: writing shard_rank6.pt" in outcome.error
     assert not (tmp_path / "step_10").exists() and not (tmp_path / "step_10.tmp").exists()
-    assert [kind for kind, _ in ranks[0].events] == ["checkpoint_failed"]
+    assert [type(row) for row in ranks[0].events] == [CheckpointFailed]
 
 
 def test_a_rank_that_never_reports_fails_the_save_after_the_wait(tmp_path):

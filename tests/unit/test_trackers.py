@@ -9,8 +9,9 @@ import re
 import pytest
 from hydra import compose, initialize_config_dir
 
-from slurmtrain.common import schema, validation_login
+from slurmtrain.common import events, schema, validation_login
 from slurmtrain.common.errors import ConfigError
+from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import fingerprint
 from slurmtrain.compute.observe import trackers
 from slurmtrain.login.prepare import resolve
@@ -57,18 +58,18 @@ class Recorder:
         self.logged, self.closed = [], None
 
     def log(self, step, row, events):
-        self.logged.append((step, row, [e["event"] for e in events]))
+        self.logged.append((step, row, [e.event for e in events]))
 
     def close(self, step, kept, events):
-        self.closed = (step, [e["event"] for e in kept])
+        self.closed = (step, [e.event for e in kept])
 
 
 def test_events_ride_on_the_next_new_step_and_close_keeps_the_attempts_rows():
     rows = [
-        {"event": "started", "attempt": 1},
-        {"event": "attempt_ended", "attempt": 1, "class": "timed_out"},
-        {"event": "requeued", "attempt": 1},
-        {"event": "started", "attempt": 2, "error": "token hf_abcdefghijklmnopqrstuvwxyz"},
+        events.Started(attempt=1),
+        events.AttemptEnded(attempt=1, cls=FailureClass.timed_out),
+        events.Requeued(attempt=1),
+        events.Started(attempt=2, extra={"error": "token hf_abcdefghijklmnopqrstuvwxyz"}),
     ]
     fake = Recorder()
     t = trackers.Trackers([fake], trackers.StepAxis(10), rows, attempt=2)
@@ -78,18 +79,19 @@ def test_events_ride_on_the_next_new_step_and_close_keeps_the_attempts_rows():
     step, row, names = fake.logged[0]
     assert step == 11 and names == ["attempt_ended", "requeued", "started"]
     assert row["failure_class/timed_out"] == 1.0 and row["loss"] == 0.9
-    rows.append({"event": "rollback", "attempt": 2, "step": 9})
+    rows.append(events.Rollback(attempt=2, step=9))
     t.log(9, {"loss": 2.0})  # after the rollback: an old step, not sent
     t.log(12, {"loss": 0.8})
     assert [s for s, _, _ in fake.logged] == [11, 12] and fake.logged[1][2] == ["rollback"]
-    rows.append({"event": "finished", "attempt": 2, "step": 12})
+    rows.append(events.Finished(attempt=2, step=12))
     t.close()
     assert fake.closed == (12, ["attempt_ended", "requeued", "started", "rollback", "finished"])
 
 
 def test_an_event_row_never_carries_a_secret():
-    row = trackers.event_row({"event": "failed", "error": "401 for key hf_" + "a" * 30})
-    assert "hf_" not in json.dumps(row)
+    failed = events.Failed(cls=FailureClass.crash, error="401 for key hf_" + "a" * 30)
+    row = trackers.event_row(failed)
+    assert "hf_" not in json.dumps(row) and row["event"] == events.Failed.kind
 
 
 def test_a_failing_tracker_is_dropped_and_recorded_not_raised():
@@ -100,14 +102,12 @@ def test_a_failing_tracker_is_dropped_and_recorded_not_raised():
             raise RuntimeError("disk full")
 
     recorded, good = [], Recorder()
-    t = trackers.Trackers(
-        [Broken(), good], trackers.StepAxis(), [], 1, record=lambda *a, **k: recorded.append((a, k))
-    )
+    t = trackers.Trackers([Broken(), good], trackers.StepAxis(), [], 1, record=recorded.append)
     t.log(1, {"loss": 1.0})
     t.log(2, {"loss": 1.0})
     assert [s for s, _, _ in good.logged] == [1, 2]
     assert recorded == [
-        (("tracker_failed",), {"tracker": "broken", "error": "log: RuntimeError: disk full"})
+        events.TrackerFailed(tracker="broken", error="log: RuntimeError: disk full")
     ]
 
 
@@ -156,9 +156,10 @@ def test_no_counter_key_lies_below_another():
     # MLflow's file store makes each metric key a file: `event/failed` beside
     # `event/failed/crash` failed with "Not a directory" (seen on the cluster test's 2nd attempt)
     rows = [
-        {"event": "failed", "class": "crash"},
-        {"event": "attempt_ended", "class": "timed_out"},
-        {"event": "rollback"},
+        events.Failed(cls=FailureClass.crash),
+        events.AttemptEnded(cls=FailureClass.timed_out),
+        events.Rollback(),
     ]
     keys = set(trackers.event_counts(rows))
+    assert f"event/{events.Failed.kind}" in keys and "failure_class/crash" in keys
     assert not [a for a in keys for b in keys if b.startswith(a + "/")], keys

@@ -125,10 +125,11 @@ def test_the_cli_refuses_before_writing_anything(tmp_path):
 def test_max_rollback_minus_one_never_caps_the_rollbacks():
     from types import SimpleNamespace
 
+    from slurmtrain.common.events import Rollback
     from slurmtrain.compute.divergence import Divergence, plan_rollback
 
     faults = SimpleNamespace(max_rollback=-1, skip_batches=10)
-    previous = [{"to_step": step} for step in range(0, 1000, 10)]  # 100 rollbacks so far
+    previous = [Rollback(to_step=step) for step in range(0, 1000, 10)]  # 100 rollbacks so far
     d = Divergence(step=1015, loss=float("nan"), why="non-finite loss")
     p = plan_rollback(d, 1010, 0, previous, faults, max_steps=2000, global_batch=8)
     assert p.stop is None and p.to_step == 1010

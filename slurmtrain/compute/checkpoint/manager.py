@@ -306,7 +306,7 @@ class Checkpointer:
                 error += f"; and {len(failed) - 4} more ranks"
             latest = self.root / LATEST
             pointed = latest.read_text().strip() if latest.exists() else "none"
-            self.record(events.Kind.checkpoint_failed, step=job.step, error=error, path=str(tmp))
+            self.record(events.CheckpointFailed(step=job.step, error=error, path=str(tmp)))
             then = (
                 "stopping (checkpoint.on_save_error=stop)"
                 if self.stop_on_error
@@ -318,8 +318,7 @@ class Checkpointer:
             )
             return SaveOutcome(job.step, False, error)
         total = time.time() - job.started
-        self.record(
-            events.Kind.checkpoint_saved,
+        saved = events.CheckpointSaved(
             step=job.step,
             seconds=job.blocked if self.async_save else total,
             total_seconds=total,
@@ -329,9 +328,10 @@ class Checkpointer:
             mode="async" if self.async_save else "sync",
             world_size=self.world,
             rank_bytes=max(_rank_bytes(r) for r in reports),  # the measured write rate's bytes
-            write_seconds=_slowest(reports),
-            data_position=job.meta.get("data_position"),  # blends: samples drawn per source
+            write_seconds={**_slowest(reports)},
+            data_position=_position(job.meta),  # blends: samples drawn per source
         )
+        self.record(saved)
         prune(self.root, self.keep_last, self.keep_every, self.protect)
         return SaveOutcome(job.step, True)
 
@@ -349,6 +349,12 @@ def _rank_bytes(report: RankReport) -> int:
     if not isinstance(files, dict):
         return 0
     return sum(int(f.get("size", 0)) for f in files.values() if isinstance(f, dict))
+
+
+def _position(meta: Meta) -> Optional[dict[str, object]]:
+    """The save's data position (a dict in `meta`), as the `CheckpointSaved` row holds it."""
+    position = meta.get("data_position")
+    return {str(k): v for k, v in position.items()} if isinstance(position, dict) else None
 
 
 def _slowest(reports: list[RankReport]) -> dict[str, float]:

@@ -282,11 +282,16 @@ def growing(
             mine.unlink(missing_ok=True)
 
 
+def _int(value: object) -> Optional[int]:
+    """A manifest's number (JSON: an int), None when absent."""
+    return int(value) if isinstance(value, (int, float, str)) else None
+
+
 def for_world(
     resume: checkpoint_format.Resume,
     rank: int,
     world: int,
-    record: Callable[..., object],
+    record: Callable[[events.Row], object],
     verify: str = "size",
     beat: Optional[Callable[[int], None]] = None,
 ) -> Path:
@@ -315,13 +320,14 @@ def for_world(
         )
     path, seconds, was_cached = outcome
     record(
-        events.Kind.checkpoint_converted,
-        step=resume.manifest.get("step"),
-        path=path,
-        seconds=seconds,
-        cached=was_cached,
-        from_world_size=resume.manifest.get("world_size"),
-        to_world_size=world,
+        events.CheckpointConverted(
+            step=_int(resume.manifest.get("step")),
+            path=path,
+            seconds=seconds,
+            cached=was_cached,
+            from_world_size=_int(resume.manifest.get("world_size")),
+            to_world_size=world,
+        )
     )
     if rank == 0:
         how = "reused" if was_cached else f"converted in {seconds:.1f} s"

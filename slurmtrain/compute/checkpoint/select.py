@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, TypedDict
+from typing import Optional
 
 from slurmtrain.common import checkpoint_pins, events, ledger
 from slurmtrain.common.checkpoint_format import (
@@ -71,19 +71,12 @@ def loadable(check: Optional[Check], full: bool) -> Check:
     return checked
 
 
-class ResumeApplied(TypedDict):
-    """The `resume_applied` event's fields."""
-
-    resume: str  # none | step_N
-    moved: list[str]  # the step folders moved to discarded/<time>/
-    kept_step: Optional[int]
-
-
 @dataclass
 class Choice:
     found: Resume
     stop: Optional[str] = None  # checkpoint_unreadable: the error line (each checkpoint and why)
-    applied: Optional[ResumeApplied] = None
+    # resume=none|step_N applied: the row to record (the step folders moved to discarded/<time>/)
+    applied: Optional[events.ResumeApplied] = None
 
 
 def choose(
@@ -100,7 +93,7 @@ def choose(
     mode = ledger.resume_request(rows, resume)
     if mode == "none":
         moved = discard(root, keep_upto=None)
-        applied = ResumeApplied(resume=mode, moved=moved, kept_step=None)
+        applied = events.ResumeApplied(resume=mode, moved=tuple(moved))
         if branch is not None:  # a branch's step 0 is its branch point
             return replace(branch_point(*branch, full, check), applied=applied)
         return Choice(Resume(), applied=applied)
@@ -117,7 +110,8 @@ def choose(
             return Choice(Resume(), stop=f"resume={mode}: {directory}: {reason}")
         moved = discard(root, keep_upto=step)
         found = Resume(directory, read_manifest(directory))
-        return Choice(found, applied=ResumeApplied(resume=mode, moved=moved, kept_step=step))
+        applied = events.ResumeApplied(resume=mode, moved=tuple(moved), kept_step=step)
+        return Choice(found, applied=applied)
     found = find_resumable(root, full, loadable(check, full))
     published = ledger.published_since_reset(rows)
     if found.path is None and not published and branch is not None:
@@ -128,7 +122,7 @@ def choose(
         return Choice(found)
     named = "; ".join(f"{Path(p).name}: {why}" for p, why in found.skipped)
     if not named:
-        newest = max(events.integer(e, "step") or 0 for e in published)
+        newest = max(e.step or 0 for e in published)
         named = f"none of them is in {root} (newest published: {tag(newest)})"
     return Choice(
         found,

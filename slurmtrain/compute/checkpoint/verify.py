@@ -22,7 +22,7 @@ from slurmtrain.compute.distributed import broadcast
 from slurmtrain.compute.faults.watchdog import Watchdog
 from slurmtrain.planning.deadlines import VERIFY, Deadlines, from_config
 
-Record = Callable[..., object]  # the attempt's ledger write
+Record = Callable[[events.Row], object]  # the attempt's ledger write
 Verdict = tuple[Optional[str], int, float, int]  # (reason, bytes, seconds, files) of one rank
 _NO_MORE: Optional[str] = None  # what `done` sends: the other ranks stop serving
 
@@ -75,8 +75,7 @@ class ParallelVerify:
         dist.all_gather_object(verdicts, (reason, nbytes, time.time() - t0, len(mine)))
         bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
         agreed = f"{bad[0][1]} (rank {bad[0][0]})" if bad else None
-        self.record(
-            events.Kind.checkpoint_verified,
+        verified = events.CheckpointVerified(
             path=str(directory),
             ok=agreed is None,
             reason=agreed,
@@ -86,6 +85,7 @@ class ParallelVerify:
             rank_bytes=max(v[1] for v in verdicts),
             seconds=max(v[2] for v in verdicts),
         )
+        self.record(verified)
         return agreed
 
 
@@ -106,7 +106,7 @@ def choose(
     rows: events.Rows = run_rows if rank == 0 and run_rows is not None else []
     limits = broadcast(from_config(cfg.faults, rows, world) if rank == 0 else None)
     assert limits is not None  # rank 0's
-    record(events.Kind.deadlines, **limits.summary())
+    record(limits.row())
     watchdog.phase(VERIFY, limits.startup_s)
     checks = ParallelVerify(rank, world, watchdog, limits, record)
     full = cfg.checkpoint.verify == "checksum"

@@ -16,20 +16,15 @@ from __future__ import annotations
 import os
 import sys
 from datetime import datetime
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from slurmtrain.common import events, ledger
-from slurmtrain.common.events import Row, Rows
+from slurmtrain.common.events import FailureClass, Row, Rows
 from slurmtrain.common.liveness import slurm_job_alive
 from slurmtrain.common.rundir import RunDir
 
 FREE, DUPLICATE, UNKNOWN = "free", "duplicate", "unknown"
-CANCELLED, LIFTED = "cancelled", "lifted"
-
-
-def _seconds(value: object) -> float:
-    """A row's `time` (epoch seconds); 0 when absent."""
-    return float(value) if isinstance(value, (int, float, str)) else 0.0
+CANCELLED, LIFTED = "cancel_stands", "cancel_lifted"  # cancelled_start's verdicts
 
 
 def my_job_ids(env: Mapping[str, str] = os.environ) -> set[str]:
@@ -44,50 +39,54 @@ def under_slurm(env: Mapping[str, str] = os.environ) -> bool:
     return bool(env.get("SLURM_JOB_ID")) and "SUBMITIT_LOCAL_JOB_ID" not in env
 
 
-def check(run: RunDir, mine: set[str], events: Optional[Rows] = None) -> tuple[str, Optional[Row]]:
+def check(
+    run: RunDir, mine: set[str], rows: Optional[Rows] = None
+) -> tuple[str, Optional[events.Submitted | events.Started]]:
     """(FREE | DUPLICATE | UNKNOWN, the owner's ledger row). Call under run.locked().
-    `events`: the run tier when the caller has read it (owners live there: `submitted`,
-    `started`; no rank's row is read)."""
-    events = run.run_events() if events is None else events
+    `rows`: the run tier when the caller has read it (owners live there: `Submitted`,
+    `Started`; no rank's row is read)."""
+    rows = run.run_events() if rows is None else rows
     # A job queued to start after this one (smoke chain: `after`; a time-limit restart) waits for
     # it to end: it is the next owner, not a competitor.
-    rows = [e for e in events if str(e.get("after") or "") not in mine]
-    own: Optional[Row] = ledger.owner(rows)
-    if own is None or str(own.get("job_id")) in mine or own.get("executor") == "local":
+    own = ledger.owner([e for e in rows if not _queued_after(e, mine)])
+    if own is None or str(own.job_id) in mine or own.executor == "local":
         return FREE, own
-    alive = slurm_job_alive(str(own["job_id"]))
+    alive = slurm_job_alive(str(own.job_id))
     if alive is None:
-        alive = slurm_job_alive(str(own["job_id"]))  # once more: a busy controller
+        alive = slurm_job_alive(str(own.job_id))  # once more: a busy controller
     if alive is False:
         return FREE, own
     return (DUPLICATE if alive else UNKNOWN), own
 
 
-def submitted_by_user(event: Mapping[str, object]) -> bool:
-    """A `submitted` row of a user's submission (login node, or a hand job recorded at its start),
+def _queued_after(row: Row, mine: set[str]) -> bool:
+    return isinstance(row, events.Submitted) and row.after is not None and row.after in mine
+
+
+def submitted_by_user(row: Row) -> bool:
+    """A `Submitted` row of a user's submission (login node, or a hand job recorded at its start),
     not a supervisor's resubmission (`requeue_of`). (common/windows.py's
-    user_submission(events, job_id) answers the neighbouring question: a job id slurmtrain never
+    user_submission(rows, job_id) answers the neighbouring question: a job id slurmtrain never
     recorded as submitted.)"""
-    return event["event"] == "submitted" and not event.get("requeue_of")
+    return isinstance(row, events.Submitted) and not row.requeue_of
 
 
 def cancelled_start(
-    events: Rows, mine: set[str], submit_time: Callable[[], Optional[float]]
+    rows: Sequence[Row], mine: set[str], submit_time: Callable[[], Optional[float]]
 ) -> Optional[str]:
     """Whether a `cli cancel` stands in the way of this start: None (it does not), CANCELLED (do
     not train), LIFTED (a hand job submitted after the cancel: a user submission, to record).
     `submit_time`: Slurm's SubmitTime of this job (epoch s; None: unknown), asked only for a job
     the ledger does not know: O(1) Slurm calls per start."""
-    cancels = [e for e in events if e["event"] == "cancelled"]
+    cancels = [e for e in rows if isinstance(e, events.Cancelled)]
     if not cancels:
         return None
-    at = _seconds(cancels[-1].get("time"))
-    named = cancels[-1].get("job_ids")
-    if isinstance(named, list) and mine & {str(j) for j in named}:
+    at = cancels[-1].time
+    if mine & set(cancels[-1].job_ids):
         return CANCELLED
-    if any(submitted_by_user(e) and _seconds(e.get("time")) >= at for e in events):
+    if any(submitted_by_user(e) and e.time >= at for e in rows):
         return None  # the user submitted the run again after the cancel
-    if any(e["event"] == "submitted" and str(e.get("job_id")) in mine for e in events):
+    if any(isinstance(e, events.Submitted) and str(e.job_id) in mine for e in rows):
         return CANCELLED  # queued before the cancel, or a resubmission racing it
     when = submit_time()
     if when is None:  # fail closed: a run the user stopped does not start on a guess
@@ -129,17 +128,10 @@ def honour_cancel(
     if verdict is None:
         return False
     if verdict == LIFTED:
-        rows.append(
-            run.record(
-                events.Kind.submitted,
-                job_id=job,
-                executor="slurm",
-                fingerprint=run.path.name,
-                by="hand",
-            )
-        )
+        hand = events.Submitted(executor="slurm", fingerprint=run.path.name, by="hand")
+        rows.append(run.record(hand, job_id=job))
         return False
-    ended = events.attempt_ended(ledger.CANCELLED)
+    ended = events.AttemptEnded(cls=FailureClass.cancelled, closed_by="start")
     rows.append(
         run.record(
             ended,
@@ -147,7 +139,6 @@ def honour_cancel(
             attempt=None,
             nodes=[node],
             rank=0,
-            closed_by="start",
             node=node,
             restart=restart,
             relaunch=relaunch,

@@ -78,19 +78,21 @@ class MemoryCheck:
         # The caching allocator's figure excludes the CUDA context the plan adds on top.
         planned = plan.total - (plan.overhead if self.device.type == "cuda" else 0)
         ratio = measured / planned if planned else float("nan")
+        parts: dict[str, object] = {
+            "params": plan.params,
+            "grads": plan.grads,
+            "optimizer": plan.optimizer,
+            "activations": plan.activations,
+            "buffers": plan.buffers,
+        }
         self.record(
-            events.Kind.memory_checked,
-            step=step,
-            measured_bytes=measured,
-            planned_bytes=planned,
-            ratio=round(ratio, 4),
-            planned_parts={
-                "params": plan.params,
-                "grads": plan.grads,
-                "optimizer": plan.optimizer,
-                "activations": plan.activations,
-                "buffers": plan.buffers,
-            },
+            events.MemoryChecked(
+                step=step,
+                measured_bytes=measured,
+                planned_bytes=planned,
+                ratio=round(ratio, 4),
+                planned_parts=parts,
+            )
         )
         line = (
             f"slurmtrain: memory check at step {step}: measured peak {measured / 2**20:.1f} "

@@ -257,7 +257,7 @@ class Perf:
 
     def _straggler(self, rank: int, factor: float, step: int) -> None:
         node = self.hosts[rank] if rank < len(self.hosts) else "?"
-        self.record(events.Kind.straggler, rank=rank, node=node, factor=round(factor, 3), step=step)
+        self.record(events.Straggler(rank=rank, node=node, factor=round(factor, 3), step=step))
         offer_bad_node(RunDir(self.run_path).bad_nodes, node, factor, step)
         print(
             f"slurmtrain: straggler: rank {rank} on {node} takes {factor:.2f}x the median "
@@ -274,11 +274,12 @@ class Perf:
         measured = 3.0 * fwd / self.micro_tokens
         path = RunDir(self.run_path).profile / f"flops_step{step}.txt"
         self.record(
-            events.Kind.flops_profile,
-            step=step,
-            path=str(path),
-            fwd_flops_per_micro_batch=fwd,
-            flops_per_token_measured=measured,
-            flops_per_token_model=self.flops_per_token,
+            events.FlopsProfile(
+                step=step,
+                path=str(path),
+                fwd_flops_per_micro_batch=fwd,
+                flops_per_token_measured=measured,
+                flops_per_token_model=self.flops_per_token,
+            )
         )
         self.extra = {"flops_per_token_measured": measured}

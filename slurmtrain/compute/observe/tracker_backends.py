@@ -14,19 +14,21 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
 
-from slurmtrain.common import secrets
-from slurmtrain.common.events import Row, Rows
+from slurmtrain.common import events, secrets
+from slurmtrain.common.events import Rows
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute.observe.trackers import event_row, failure_class
 
 RUN_TAG = "slurmtrain_run_id"  # MLflow: the tag that finds the run again
 MLFLOW_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics, 100 params
 
 
 class Backend(Protocol):
-    """A tracker's end; `log(step, row, events)` and `close(step, kept, events)` are called by
-    name (trackers.Trackers), so one that failed to open (`Failed`) needs only its kind."""
+    """A tracker's end; `log(step, row, fresh)` and `close(step, kept, fresh)` (ledger rows: the
+    new ones, the attempt's) are called by name (trackers.Trackers), so one that failed to open
+    (`Failed`) needs only its kind. Rows reach a tracker as trackers.event_row writes them."""
 
     kind: str
 
@@ -68,11 +70,11 @@ class RunContext:
             return {}
         return record
 
-    def started(self) -> Row:
+    def started(self) -> Optional[events.Started]:
         for row in reversed(self.rows):
-            if row.get("event") == "started" and row.get("attempt") == self.attempt:
+            if isinstance(row, events.Started) and row.attempt == self.attempt:
                 return row
-        return {}
+        return None
 
 
 def _flat(data: object, prefix: str = "") -> dict[str, str]:
@@ -85,11 +87,18 @@ def _flat(data: object, prefix: str = "") -> dict[str, str]:
 
 
 def _outcome(kept: Rows) -> str:
-    """How the attempt ended, for the tracker's run status."""
-    names = {row.get("event") for row in kept}
-    if "finished" in names:
+    """How the attempt ended, for the tracker's run status: finished | failed | paused."""
+    if any(isinstance(row, events.Finished) for row in kept):
         return "finished"
-    return "failed" if names & {"failed", "stopped"} else "paused"
+    return (
+        "failed"
+        if any(isinstance(row, (events.Failed, events.Stopped)) for row in kept)
+        else "paused"
+    )
+
+
+def _jsonl(rows: Rows) -> str:
+    return "".join(json.dumps(event_row(e), default=str) + "\n" for e in rows)
 
 
 class Failed:
@@ -128,17 +137,17 @@ class WandbBackend:
         )
         self.run.summary.update({"attempt": ctx.attempt, "fingerprint": ctx.fingerprint})
 
-    def log(self, step: int, row: dict[str, float], events: Rows) -> None:
-        if events:
-            self.run.summary.update({f"last/{e['event']}": e for e in events})
+    def log(self, step: int, row: dict[str, float], fresh: Rows) -> None:
+        if fresh:
+            self.run.summary.update({f"last/{e.event}": event_row(e) for e in fresh})
         self.run.log(row, step=step)
 
-    def close(self, step: int, kept: Rows, events: Rows) -> None:
-        if events:
-            self.run.summary.update({f"last/{e['event']}": e for e in events})
+    def close(self, step: int, kept: Rows, fresh: Rows) -> None:
+        if fresh:
+            self.run.summary.update({f"last/{e.event}": event_row(e) for e in fresh})
         # the attempt's events beside the run's files (uploaded by `wandb sync`)
         name = Path(self.run.dir) / f"events_attempt_{self.ctx.attempt}.jsonl"
-        name.write_text("".join(json.dumps(e, default=str) + "\n" for e in kept))
+        name.write_text(_jsonl(kept))
         self.run.finish(exit_code=0 if _outcome(kept) != "failed" else 1)
 
 
@@ -176,10 +185,12 @@ class MlflowBackend:
                 client.log_batch(self.run_id, params=params[i : i + 100])
         started = ctx.started()
         n = ctx.attempt
+        job_id = started.job_id if started is not None else None
+        world = started.world_size if started is not None else None
         attempt_tags = {
             "attempt": str(n),
-            f"attempt.{n}.job_id": str(started.get("job_id", "")),
-            f"attempt.{n}.world_size": str(started.get("world_size", "")),
+            f"attempt.{n}.job_id": "" if job_id is None else job_id,
+            f"attempt.{n}.world_size": "" if world is None else str(world),
         }
         for key, value in attempt_tags.items():
             client.set_tag(self.run_id, key, value)
@@ -187,19 +198,19 @@ class MlflowBackend:
         client.log_dict(self.run_id, ctx.plan(), f"plan/attempt_{n}.json")
         client.log_dict(self.run_id, ctx.provenance(), f"provenance/attempt_{n}.json")
 
-    def log(self, step: int, row: dict[str, float], events: Rows) -> None:
+    def log(self, step: int, row: dict[str, float], fresh: Rows) -> None:
         stamp = int(time.time() * 1000)
         metrics = [self.Metric(k, float(v), stamp, step) for k, v in row.items()]
         for i in range(0, len(metrics), MLFLOW_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + MLFLOW_BATCH])
-        for e in events:
-            if e.get("class"):  # the failure class of the newest failure, at a glance
-                self.client.set_tag(self.run_id, f"last_{e['event']}_class", str(e["class"]))
+        for e in fresh:
+            cls = failure_class(e)
+            if cls:  # the failure class of the newest failure, at a glance
+                self.client.set_tag(self.run_id, f"last_{e.event}_class", cls)
 
-    def close(self, step: int, kept: Rows, events: Rows) -> None:
+    def close(self, step: int, kept: Rows, fresh: Rows) -> None:
         n = self.ctx.attempt
-        text = "".join(json.dumps(e, default=str) + "\n" for e in kept)
-        self.client.log_text(self.run_id, text, f"events/attempt_{n}.jsonl")
+        self.client.log_text(self.run_id, _jsonl(kept), f"events/attempt_{n}.jsonl")
         outcome = _outcome(kept)
         self.client.set_tag(self.run_id, f"attempt.{n}.outcome", outcome)
         status = {"finished": "FINISHED", "failed": "FAILED"}.get(outcome, "KILLED")

@@ -27,37 +27,10 @@ TRACKER_KINDS = ("wandb", "mlflow")  # besides TensorBoard (MetricsWriter's own)
 
 TAIL_BYTES = 1 << 20  # metrics.jsonl's tail read for the highest logged step: O(1), not O(steps)
 
-# Ledger events worth a mark on the tracker: the attempt's life and the run's failures.
-TRACKED_EVENTS = frozenset(
-    {
-        "started",
-        "checkpoint_loaded",
-        "checkpoint_saved",
-        "checkpoint_failed",
-        "checkpoint_skipped",
-        "checkpoint_unloadable",
-        "rollback",
-        "signal",
-        "failed",
-        "stopped",
-        "paused",
-        "finished",
-        "memory_checked",
-        "straggler",
-    }
-)
-# What ends an attempt, written after it by the supervisor or the next start: the next attempt's
-# tracker reports them (the attempt they close had no chance to).
-CLOSING_EVENTS = frozenset(
-    {
-        "attempt_ended",
-        "requeued",
-        "resubmitting",
-        "node_lost",
-        "restarted_in_allocation",
-        "relaunch_abandoned",
-    }
-)
+# Ledger rows worth a mark on the tracker are the row classes' `tracked` ones (the attempt's life
+# and the run's failures); `closing` ones end an attempt, written after it by the supervisor or the
+# next start: the next attempt's tracker reports them (the attempt they close had no chance to).
+CLASSED = (events.AttemptEnded, events.Stopped, events.Failed, events.RelaunchAbandoned)
 
 
 def tracker_run_id(name: str, fingerprint: str) -> str:
@@ -104,12 +77,18 @@ class StepAxis:
 
 
 def event_row(row: Row) -> dict[str, object]:
-    """A ledger row as a tracker keeps it: credentials redacted (errors may quote them)."""
+    """A ledger row as a tracker keeps it (its JSON form): credentials redacted (errors may quote
+    them)."""
     return {
         k: secrets.redact_text(v) if isinstance(v, str) else v
-        for k, v in row.items()
+        for k, v in row.to_json().items()
         if k not in ("nodes", "hosts", "pids")  # O(nodes) lists: the ledger has them
     }
+
+
+def failure_class(row: Row) -> Optional[str]:
+    """The failure class a row carries (None: a kind without one, or an empty class)."""
+    return (row.cls or None) if isinstance(row, CLASSED) else None
 
 
 def event_counts(rows: Rows) -> dict[str, float]:
@@ -118,9 +97,10 @@ def event_counts(rows: Rows) -> dict[str, float]:
     each key a file, so `event/failed` and `event/failed/crash` cannot both exist)."""
     out: dict[str, float] = {}
     for row in rows:
-        keys = [f"event/{row['event']}"]
-        if row.get("class"):
-            keys.append(f"failure_class/{row['class']}")
+        keys = [f"event/{row.event}"]
+        cls = failure_class(row)
+        if cls:
+            keys.append(f"failure_class/{cls}")
         for key in keys:
             out[key] = out.get(key, 0.0) + 1.0
     return out
@@ -152,25 +132,25 @@ class Trackers:
         axis: StepAxis,
         rows: Rows,
         attempt: int,
-        record: Optional[Callable[..., object]] = None,
+        record: Optional[Callable[[Row], object]] = None,
     ) -> None:
         self.backends, self.axis, self.rows, self.attempt = tracker_backends, axis, rows, attempt
         self.record = record
-        # The events of the attempt before (its end, written by others) and this one's so far.
+        # The rows of the attempt before (its end, written by others) and this one's so far.
         self.pending = [
             r
             for r in rows
-            if (r.get("attempt") == attempt - 1 and r.get("event") in CLOSING_EVENTS)
-            or (r.get("attempt") == attempt and r.get("event") in TRACKED_EVENTS)
+            if (r.attempt == attempt - 1 and type(r).closing)
+            or (r.attempt == attempt and type(r).tracked)
         ]
         self.seen = len(rows)
-        self.kept: Rows = []  # this attempt's events, saved with the tracker run
+        self.kept: Rows = []  # this attempt's rows, saved with the tracker run (event_row)
 
     def _new_events(self) -> Rows:
-        fresh = [r for r in self.rows[self.seen :] if r.get("event") in TRACKED_EVENTS]
+        fresh = [r for r in self.rows[self.seen :] if type(r).tracked]
         self.seen = len(self.rows)
         out, self.pending = [*self.pending, *fresh], []
-        return [event_row(r) for r in out]
+        return out
 
     def log(self, step: int, values: dict[str, float]) -> None:
         if not self.backends or not self.axis.accept(step):
@@ -196,7 +176,7 @@ class Trackers:
         error = secrets.redact_text(error)[:2000]
         print(f"slurmtrain: tracker {backend.kind} dropped: {error}", file=sys.stderr, flush=True)
         if self.record is not None:
-            self.record(events.Kind.tracker_failed, tracker=backend.kind, error=error)
+            self.record(events.TrackerFailed(tracker=backend.kind, error=error))
 
 
 def open_trackers(
@@ -205,7 +185,7 @@ def open_trackers(
     metrics: Path,
     attempt: int,
     rows: Rows,
-    record: Optional[Callable[..., object]] = None,
+    record: Optional[Callable[[Row], object]] = None,
 ) -> Optional[Trackers]:
     """Rank 0: the trackers `logger=` chose, each resuming the run's one tracker run (None:
     none chosen)."""
