@@ -154,7 +154,7 @@ def test_a_branch_starts_at_the_parent_step_until_it_has_its_own(tmp_path):
     )  # and the parent's step is released
 
     again = select.choose(own, saved, "none", True, branch=spec)  # resume=none: the branch point
-    assert again.found.path == parent / "checkpoints" / "step_5" and again.applied["moved"]
+    assert again.found.path == parent / "checkpoints" / "step_5" and again.applied.moved
     assert not (own / "step_7").exists()  # moved aside to discarded/, not deleted
 
     gone = select.choose(tmp_path / "c2", [], "auto", True, branch=(f"{parent}:step_6", 0))

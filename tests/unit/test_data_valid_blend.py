@@ -22,7 +22,7 @@ def _ctx(tmp_path: Path, rank: int = 0, world: int = 1) -> RankContext:
     """A rank's context for the Evaluator: its watchdog is never started."""
     where = Placement(rank, 0, world, "127.0.0.1", 29500, None, "n1")
     watchdog = Watchdog(60.0, tmp_path / "stacks.txt", lambda why: None, 1)
-    return RankContext(where, "cpu", lambda kind, **fields: None, watchdog)
+    return RankContext(where, "cpu", lambda row: None, watchdog)
 
 
 def _bin(path: Path, tokens: np.ndarray) -> str:

@@ -58,7 +58,7 @@ def test_a_validation_pass_longer_than_the_step_deadline_beats_and_is_not_a_hang
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         where = Placement(0, 0, 1, "127.0.0.1", 29500, None, "n1")
-        ctx = RankContext(where, torch.device("cpu"), lambda kind, **fields: None, watchdog)
+        ctx = RankContext(where, torch.device("cpu"), lambda row: None, watchdog)
         ev = Evaluator(d, cfg, ctx, deadline_s=10.0, on_batch=after_batch)
         values, code = ev.run(SlowUniform(), SignalFlags())
     finally:

@@ -156,7 +156,7 @@ def test_the_async_save_thread_binds_the_ranks_gpu_before_it_touches_cuda(cuda, 
 
     where = Placement(1, 1, 2, "localhost", 29500, None, "n1")
     watchdog = Watchdog(60.0, tmp_path / "stacks.txt", lambda why: None, 1)
-    ctx = RankContext(where, torch.device("cuda", RANK_GPU), lambda kind, **f: None, watchdog)
+    ctx = RankContext(where, torch.device("cuda", RANK_GPU), lambda row: None, watchdog)
     checkpointer = manager.Checkpointer(CheckpointConfig(async_save=True), ctx, tmp_path)
     checkpointer.writer = Writer()  # type: ignore[assignment]
     checkpointer.leads = [0, 0]

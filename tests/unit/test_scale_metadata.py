@@ -298,7 +298,7 @@ def test_every_rank_takes_part_in_the_conversions_collectives_and_one_walks(tmp_
 
     def rank(r: int) -> None:
         group.me.rank = r
-        paths[r] = reshape.for_world(found, r, 4, lambda *a, **k: None, beat=lambda n: None)
+        paths[r] = reshape.for_world(found, r, 4, lambda row: None, beat=lambda n: None)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
     for t in threads:
