@@ -147,45 +147,13 @@ def resolve_auto(cfg: RootConfig) -> None:
         cfg.cluster.cpu_tasks_per_node = (
             SLURM_CPU_TASKS if cfg.cluster.kind == "slurm" else LOCAL_CPU_TASKS
         )
-    part, unknown = None, "cluster.kind=local: no time limit applies"
-    if cfg.cluster.kind == "slurm" and (
-        cfg.gpus_per_node == "auto"
-        or cfg.cluster.cpus_per_task is None
-        or cfg.cluster.mem_per_gpu is None
-        or cfg.cluster.time == policy.AUTO
-        or cfg.cluster.gpu_type == cards.AUTO
-    ):
-        probe = probe_slurm(honour_off=not ask)
-        unknown = probe.why
-        if probe.partitions is not None:
-            part = chosen_partition(cfg.cluster.partition, probe.partitions)
-            unknown = f"Slurm lists no partition {cfg.cluster.partition or '(default)'}"
+    part, unknown = _partition(cfg, ask)
     if cfg.cluster.time == policy.AUTO:  # the partition's MaxTime, capped (planning/policy.py)
         note = policy.resolve_time(cfg, part, unknown)
         if cfg.cluster.kind == "slurm":
             said.append(f"cluster.time={cfg.cluster.time} ({note})")
     if cfg.gpus_per_node == "auto":
-        known = probe_slurm(honour_off=not ask).partitions if ask else None
-        if off and (not ask or known is None):  # off, and no controller to say otherwise
-            cfg.gpus_per_node, why = 0, f"{ENV}=off"
-        elif cfg.cluster.kind == "slurm":
-            if part is None and known is not None:
-                raise ConfigError(
-                    f"cluster.partition={cfg.cluster.partition!r}: "
-                    + ("unknown partition" if cfg.cluster.partition else "no default partition")
-                    + f"; set cluster.partition to one of: {', '.join(known) or '(none)'}"
-                )
-            if part is None:
-                raise ConfigError(
-                    f"gpus_per_node=auto: cannot read partition "
-                    f"{cfg.cluster.partition or '(default)'}'s GPUs from Slurm "
-                    f"({probe_slurm().why}); set gpus_per_node=N or cluster.partition=NAME"
-                )
-            cfg.gpus_per_node = part.gpus_per_node
-            why = f"partition {part.name}'s GRES"
-        else:
-            cfg.gpus_per_node, why = local_gpu_count(), "nvidia-smi -L"
-        said.append(f"gpus_per_node={cfg.gpus_per_node} ({why})")
+        said.append(_resolve_gpus(cfg, part, off, ask))
     if cfg.cluster.gpu_type == cards.AUTO and part is not None and part.gpu_type:
         if cards.card_key(part.gpu_type):  # a card the planner knows (else: an H100, said)
             cfg.cluster.gpu_type = part.gpu_type
@@ -198,6 +166,50 @@ def resolve_auto(cfg: RootConfig) -> None:
     if said and line not in _said:  # once per process (a sweep resolves every point)
         _said.add(line)
         _pending.append(line)
+
+
+def _partition(cfg: RootConfig, ask: bool) -> tuple[Optional[PartitionInfo], str]:
+    """The partition a Slurm run lands in, read only when something is left to it (`ask`: even
+    under SLURMTRAIN_AUTO=off); else None and why no partition is known, for the time limit."""
+    if cfg.cluster.kind != "slurm" or not (
+        cfg.gpus_per_node == "auto"
+        or cfg.cluster.cpus_per_task is None
+        or cfg.cluster.mem_per_gpu is None
+        or cfg.cluster.time == policy.AUTO
+        or cfg.cluster.gpu_type == cards.AUTO
+    ):
+        return None, "cluster.kind=local: no time limit applies"
+    probe = probe_slurm(honour_off=not ask)
+    if probe.partitions is None:
+        return None, probe.why
+    part = chosen_partition(cfg.cluster.partition, probe.partitions)
+    return part, f"Slurm lists no partition {cfg.cluster.partition or '(default)'}"
+
+
+def _resolve_gpus(cfg: RootConfig, part: Optional[PartitionInfo], off: bool, ask: bool) -> str:
+    """gpus_per_node=auto: CPU ranks under SLURMTRAIN_AUTO=off, the partition's GRES on Slurm,
+    else nvidia-smi here; returns the "which and why" fragment."""
+    known = probe_slurm(honour_off=not ask).partitions if ask else None
+    if off and (not ask or known is None):  # off, and no controller to say otherwise
+        cfg.gpus_per_node, why = 0, f"{ENV}=off"
+    elif cfg.cluster.kind == "slurm":
+        if part is None and known is not None:
+            raise ConfigError(
+                f"cluster.partition={cfg.cluster.partition!r}: "
+                + ("unknown partition" if cfg.cluster.partition else "no default partition")
+                + f"; set cluster.partition to one of: {', '.join(known) or '(none)'}"
+            )
+        if part is None:
+            raise ConfigError(
+                f"gpus_per_node=auto: cannot read partition "
+                f"{cfg.cluster.partition or '(default)'}'s GPUs from Slurm "
+                f"({probe_slurm().why}); set gpus_per_node=N or cluster.partition=NAME"
+            )
+        cfg.gpus_per_node = part.gpus_per_node
+        why = f"partition {part.name}'s GRES"
+    else:
+        cfg.gpus_per_node, why = local_gpu_count(), "nvidia-smi -L"
+    return f"gpus_per_node={cfg.gpus_per_node} ({why})"
 
 
 def local_why(cfg: Optional[RootConfig] = None) -> Optional[str]:
