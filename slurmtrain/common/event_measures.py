@@ -89,7 +89,7 @@ class Rollback(Row):
     durable = True
     tracked = True
     step: Optional[int] = None
-    loss: Optional[float | str] = None  # "nan", "inf" as text: JSON has no NaN
+    loss: Optional[float] = None  # NaN/inf written as text (JSON has none), read back as floats
     reason: Optional[str] = None
     to_step: Optional[int] = None
     path: Optional[str] = None

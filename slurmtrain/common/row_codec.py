@@ -67,9 +67,7 @@ class Row(Mapping[str, object]):
                 continue
             value = getattr(self, f.name)
             if f.name in ALWAYS or not (value is None or value == ()):
-                out[JSON_NAMES.get(f.name, f.name)] = (
-                    list(value) if isinstance(value, tuple) else value
-                )
+                out[JSON_NAMES.get(f.name, f.name)] = _json_value(value)
         out.update(self.extra)
         return out
 
@@ -102,6 +100,16 @@ class Unknown(Row):
     @property
     def event(self) -> str:
         return self.name
+
+
+def _json_value(value: object) -> object:
+    """A field as JSON holds it: tuples as lists, a non-finite float as its text ("nan", "inf":
+    JSON has no NaN, and a reader in another language must parse every row)."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
 
 
 @functools.cache
