@@ -25,7 +25,7 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
-from slurmtrain.common import runlock
+from slurmtrain.common import checkpoint_dir, runlock
 from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Event, Finished, Row, Rows, Started, parse
@@ -360,7 +360,11 @@ def create(
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
     mode = int(str(getattr(cfg, "run_dir_mode", None) or DEFAULT_RUN_DIR_MODE), 8)
+    saves = cfg.checkpoint.dir if "checkpoint" in cfg else None
     for sub in (run.path, run.checkpoints, run.logs, run.provenance):
+        if sub == run.checkpoints and saves:
+            checkpoint_dir.link(run.path, str(saves), mode)  # a link to checkpoint.dir's
+            continue
         sub.mkdir(parents=True, exist_ok=True)
         _set_mode(sub, mode)
     data = _model_config_copied(run, cfg, data, durable)

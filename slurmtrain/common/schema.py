@@ -180,6 +180,9 @@ class CheckpointConfig:
     on_save_error: OnSaveError = OnSaveError["continue"]
     publish_timeout_minutes: float = 30.0  # async: rank 0 gives up on a rank's files after this
     final_save: bool = True  # false: no save at max_steps (benchmarks; the run is not resumable)
+    # Where checkpoints live (scratch, flash), absolute; None: in the run directory. The run
+    # directory keeps config, ledger and logs, and `checkpoints` links there (common/checkpoint_dir.py).
+    dir: Optional[str] = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from slurmtrain.common import checkpoint_dir
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.schema_keys import key_tree, unknown_key
@@ -30,6 +31,7 @@ def check_all(cfg: RootConfig) -> None:
         check_known_keys(cfg)
     check_cluster_values(cfg)
     check_setup(cfg.cluster.setup)
+    checkpoint_dir.check_value(cfg.checkpoint.dir, str(cfg.runs_root))
     check_container(cfg)  # container keys, every runtime (common/validation_container.py)
     check_run_dir_mode(cfg.run_dir_mode)
     check_deepspeed_secrets(cfg)

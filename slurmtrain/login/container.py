@@ -217,6 +217,12 @@ def binds(cfg: RootConfig) -> list[Bind]:
     for path in job_files(cfg):
         if not any(_under(path, c) for c in covered) and path not in {b.src for b in auto}:
             auto.append(Bind(path, path, True))
+    # checkpoint.dir outside the runs root: written by the ranks, so mounted read-write
+    saves = str(cfg.checkpoint.dir or "")
+    if saves:
+        saves = str(Path(saves).expanduser().resolve())
+        if not any(_under(saves, c) for c in covered):
+            auto.append(Bind(saves, saves, False))
     return own + auto
 
 
