@@ -213,11 +213,6 @@ class Deadlines:
             read_rate="measured" if self.read_measured else "planned",
         )
 
-    def summary(self) -> dict[str, object]:
-        """`row`'s own fields (transitional: deleted once its writer records `row()`)."""
-        placement = {"event", "time", "job_id", "attempt", "nodes"}
-        return {k: v for k, v in self.row().to_json().items() if k not in placement}
-
 
 def _attempt_nodes(events: list[Row], world: int) -> int:
     """The nodes of this attempt: its `Started` row (the newest of this world size); 1 when
