@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,14 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def dry_run_file(stdout: str, what: str = "config") -> Path:
+    """A file a dry run wrote and named (it prints the plan, then these paths): `config` (the
+    resolved config, secrets as references) or `script` (the batch script, cluster=slurm)."""
+    label = r"full config \(or --cfg job\)" if what == "config" else "batch script"
+    [path] = re.findall(label + r":\s+(\S+)", stdout)
+    return Path(path)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -6,9 +6,10 @@ exits 2 with the same one-line reason, after printing the plan. With Slurm it al
 batch script (slurm_submit.render_sbatch, the one submission writes) and prints Slurm's own answer to
 it (`sbatch --test-only`: expected start and nodes), so what is shown is what would be queued.
 
-Output that fits: the plan comes first, every line within 120 columns; the full config (secrets as
-references) and batch script are written to files whose paths are printed (details_folder; Hydra's
-`--cfg job` prints the config too). A sweep prints one line per point and a summary (sweep_dry_run).
+Output that fits: the plan comes first, every line within 120 columns (the error line on stderr
+stays one line, for scripts that read it); the full config (secrets as references) and batch script
+are written to files whose paths are printed (details_folder; Hydra's `--cfg job` prints the config
+too). A sweep prints one line per point and a summary (sweep).
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def show(cfg: DictConfig, out: Optional[TextIO] = None) -> int:
     print(fit("\n".join([*found.notes, found.report.text, *found.after])), file=out)
     if found.refused:
         line = f"slurmtrain: error: {placement.with_why(found.refused, found.typed)}"
-        print(fit(line), file=sys.stderr)
+        print(line, file=sys.stderr)  # one line, never wrapped: scripts grep it
         print(
             "slurmtrain: dry run: the same command without dry_run=true would be refused (exit 2)",
             file=out,
@@ -220,7 +221,7 @@ def sweep(points: Sequence[tuple[DictConfig, list[str]]], out: Optional[TextIO] 
     )
     if refused:
         index, why = refused[0]
-        print(fit(f"slurmtrain: error: sweep point {index}: {why}"), file=sys.stderr)
+        print(f"slurmtrain: error: sweep point {index}: {why}", file=sys.stderr)  # one line
         print(
             "slurmtrain: dry run: the same command without dry_run=true would be refused (exit 2)",
             file=out,

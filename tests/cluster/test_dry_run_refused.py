@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import dry_run_file, run_cli
 
 pytestmark = pytest.mark.slurm
 CASES = [
@@ -32,7 +32,8 @@ def test_what_slurm_takes_exits_0(slurm_cluster, workdir):
         ["cluster=slurm", "+cluster.sbatch_extra.mem_per_cpu=100M", "dry_run=true"], workdir
     )
     assert done.returncode == 0, done.stderr
-    assert "Slurm says: sbatch: Job" in done.stdout and "#SBATCH --mem-per-cpu=100M" in done.stdout
+    assert "Slurm says: sbatch: Job" in done.stdout
+    assert "#SBATCH --mem-per-cpu=100M" in dry_run_file(done.stdout, "script").read_text()
 
 
 def test_auto_off_beside_an_explicit_slurm_keeps_the_partitions_gpus(slurm_cluster, workdir):
@@ -41,6 +42,6 @@ def test_auto_off_beside_an_explicit_slurm_keeps_the_partitions_gpus(slurm_clust
     off = {"SLURMTRAIN_AUTO": "off"}
     gpu = run_cli(["cluster=slurm", "cluster.partition=gpu", "dry_run=true"], workdir, off)
     assert "gpus_per_node=8 (partition gpu's GRES)" in gpu.stderr, gpu.stderr
-    assert "#SBATCH --gpus-per-node=8" in gpu.stdout
+    assert "#SBATCH --gpus-per-node=8" in dry_run_file(gpu.stdout, "script").read_text()
     local = run_cli(["dry_run=true"], workdir, off)  # cluster=auto: this machine, CPU ranks
     assert local.returncode == 0 and "gpus_per_node=0 (SLURMTRAIN_AUTO=off)" in local.stderr

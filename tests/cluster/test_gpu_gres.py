@@ -29,7 +29,7 @@ def test_gpu_partition_plans_8_gpus_per_node_in_bf16_with_the_recipe(slurm_clust
     )
     out = done.stdout
     assert "gpus_per_node=8 (partition gpu's GRES)" in done.stderr, done.stderr[:2000]
-    assert "plan: opt13b" in out and "bf16" in out and "nodes 2 x 8 tasks (8 GPUs)" in out
+    assert "plan: opt13b" in out and "bf16" in out and "2 nodes x 8 GPUs = 16 ranks" in out
     # count-only GRES (gpu:8) names no card: gpu_type stays auto, an H100 assumed and said so
     assert "cluster.gpu_type=" not in done.stderr
     assert "79.1 GiB (H100-SXM 80GB as PyTorch reports it; cluster.gpu_type=auto" in out

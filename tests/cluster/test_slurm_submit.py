@@ -11,7 +11,7 @@ import pytest
 from slurmtrain.common.events import CheckpointLoaded, Failed, Finished, Started, Submitted, parse
 from slurmtrain.common.rundir import RunDir, read_jsonl
 from tests.cluster.helpers import events, only_run, wait_event, wait_job_gone
-from tests.conftest import run_cli
+from tests.conftest import dry_run_file, run_cli
 
 pytestmark = pytest.mark.slurm
 SHORT = [
@@ -135,7 +135,8 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
         "cluster.master_port=29123",  # a fixed rendezvous port (build 3)
     ]
     dry = run_cli(SHORT + ["name=quoted", "train.max_steps=5", *env, "dry_run=true"], workdir)
-    assert dry.returncode == 0 and 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK}"' in dry.stdout
+    dry_script = dry_run_file(dry.stdout, "script").read_text()
+    assert dry.returncode == 0 and 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK}"' in dry_script
     _submit(["name=quoted", "train.max_steps=5", *env], workdir)
     run = only_run(workdir / "runs", "quoted")
     wait_event(run, Finished, timeout=400)

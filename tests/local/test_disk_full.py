@@ -24,7 +24,7 @@ from slurmtrain.common.events import (
     Failed,
     Finished,
 )
-from tests.conftest import ledger_of, read_jsonl, run_cli
+from tests.conftest import dry_run_file, ledger_of, read_jsonl, run_cli
 
 BASE = ["train.max_steps=40", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
@@ -34,10 +34,10 @@ def losses_by_step(run: Path) -> dict[int, float]:
 
 
 def _run_dir(args: list[str], cwd: Path) -> Path:
-    """Where the CLI will train this config: from the resolved config its dry run prints."""
+    """Where the CLI will train this config: from the resolved config its dry run writes."""
     dry = run_cli(args + ["dry_run=true"], cwd=cwd)
     assert dry.returncode == 0, dry.stderr
-    cfg = OmegaConf.create(yaml.safe_load(dry.stdout.split("\nplan:")[0]))
+    cfg = OmegaConf.create(yaml.safe_load(dry_run_file(dry.stdout).read_text()))
     return Path(cfg.runs_root) / cfg.name / rundir.fingerprint(cfg)
 
 

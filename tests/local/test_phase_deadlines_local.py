@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from slurmtrain.common.events import CheckpointSaved, Deadlines, Failed, FailureClass, Finished
-from tests.conftest import ledger_events, ledger_of, run_cli, run_dirs
+from tests.conftest import dry_run_file, ledger_events, ledger_of, run_cli, run_dirs
 
 BASE = ["train.max_steps=20", "train.log_interval=1", "checkpoint.interval_steps=10"]
 
@@ -66,7 +66,7 @@ def test_a_rank_stuck_in_the_rendezvous_is_a_hang_of_that_phase(tmp_path):
     assert dry.returncode == 0, dry.stderr
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text(dry.stdout.split("\nplan:")[0])
+    (run / "config.yaml").write_text(dry_run_file(dry.stdout).read_text())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

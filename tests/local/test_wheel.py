@@ -7,7 +7,7 @@ import subprocess
 import sys
 import venv
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, dry_run_file
 
 
 def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
@@ -66,16 +66,15 @@ def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    assert "num_layers: 12" in done.stdout and "plan:" in done.stdout
+    assert "num_layers: 12" in dry_run_file(done.stdout).read_text() and "plan:" in done.stdout
 
     # The console script of the wheel, as the README advertises it.
     script = env_dir / "bin" / "slurmtrain"
     mission = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=slurm", "dry_run=true"]
     done = subprocess.run([str(script), *mission], cwd=elsewhere, capture_output=True, text=True)
     assert _planned_or_refused_by_this_cluster(done), done.stderr
-    assert "num_layers: 40" in done.stdout and "nodes 64 x 8 tasks (8 GPUs)" in done.stdout, (
-        done.stdout
-    )
+    assert "num_layers: 40" in dry_run_file(done.stdout).read_text(), done.stdout
+    assert "64 nodes x 8 GPUs = 512 ranks" in done.stdout, done.stdout
     helped = subprocess.run([str(script), "--help"], cwd=elsewhere, capture_output=True, text=True)
     assert helped.stdout.startswith("slurmtrain: large-model training on Slurm"), helped.stdout
     # the wheel's packaged conf/: every model group option is listed, the families too
@@ -90,7 +89,8 @@ def test_editable_install_and_its_console_script_compose_from_another_directory(
     for argv in ([sys.executable, "-m", "slurmtrain", *mission], [str(script), *mission]):
         done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
         assert _planned_or_refused_by_this_cluster(done), done.stderr
-        assert "num_layers: 40" in done.stdout and "nodes 64 x 8 tasks (8 GPUs)" in done.stdout
+        assert "num_layers: 40" in dry_run_file(done.stdout).read_text(), done.stdout
+        assert "64 nodes x 8 GPUs = 512 ranks" in done.stdout, done.stdout
     conf = subprocess.run(
         [sys.executable, "-c", "from slurmtrain.common.schema import conf_dir; print(conf_dir())"],
         cwd=tmp_path,
