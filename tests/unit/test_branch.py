@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from slurmtrain.common import checkpoint_format, checkpoint_pins
+from slurmtrain.common import checkpoint_format, checkpoint_pins, events
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.compute.checkpoint import select
 from slurmtrain.login import branch
@@ -205,9 +205,7 @@ def test_the_lineage_is_in_the_fingerprint_and_changed_keys_name_the_differences
         {**base, "optim": {"lr": 5e-4}, "data": {"skip_samples": 64}, "name": "b"},
     )
     assert changed == {"data.skip_samples": [0, 64], "optim.lr": [0.001, 0.0005]}
-    line = branch.lineage_line(
-        [{"event": "branched", "parent": "/r/p", "step": 5, "changed": changed}]
-    )
+    line = branch.lineage_line([events.Branched(parent="/r/p", step=5, changed=changed)])
     assert (
         line
         == "branched from /r/p at step_5 (changed: data.skip_samples 0->64, optim.lr 0.001->0.0005)"

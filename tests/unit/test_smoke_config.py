@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from slurmtrain.batch import supervise
-from slurmtrain.common import derived, ledger, schema
+from slurmtrain.common import derived, events, ledger, schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import create, fingerprint, locate
 from slurmtrain.compute.faults.inject import Injector
@@ -119,16 +119,8 @@ def test_status_explains_a_big_run_blocked_by_its_failed_smoke(tmp_path):
             {"event": "stopped", "job_id": "1", "attempt": 1, "class": "crash", "error": "boom"},
         ],
     )
-    rows = [
-        {
-            "event": "submitted",
-            "time": 1.0,
-            "job_id": "3",
-            "smoke_job_id": "2",
-            "smoke_run": str(smoke.path),
-        }
-    ]
+    rows = [events.Submitted(time=1.0, job_id="3", smoke_job_id="2", smoke_run=str(smoke.path))]
     held = blocked(rows)
     assert held is not None and held["state"] == "blocked: smoke failed"
     assert held["error"] == "boom" and held["class"] == "smoke crash"
-    assert blocked(rows + [{"event": "started", "time": 2.0}]) is None
+    assert blocked(rows + [events.Started(time=2.0)]) is None
