@@ -133,6 +133,9 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
         "+cluster.env.OMP_NUM_THREADS=\\${SLURM_CPUS_PER_TASK}",  # Hydra's escape for ${...}
         "+cluster.env.LD_LIBRARY_PATH=/opt/site/lib:$LD_LIBRARY_PATH",
         "cluster.master_port=29123",  # a fixed rendezvous port (build 3)
+        # Two setup lines (build 2): after cluster.env, in the batch shell, seen by the ranks
+        'cluster.setup=["export SLURMTRAIN_T_SETUP=one-$SLURM_JOB_ID",'
+        '"export SLURMTRAIN_T_TWO=$SLURMTRAIN_T_JOB/two"]',
     ]
     dry = run_cli(SHORT + ["name=quoted", "train.max_steps=5", *env, "dry_run=true"], workdir)
     dry_script = dry_run_file(dry.stdout, "script").read_text()
@@ -152,6 +155,11 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     assert seen["OMP_NUM_THREADS"] == seen["SLURM_CPUS_PER_TASK"] == "1"
     assert seen["LD_LIBRARY_PATH"].startswith("/opt/site/lib:")
     assert seen["MASTER_PORT"] == seen["SLURMTRAIN_MASTER_PORT"] == "29123"
+    job = started.job_id
+    assert (seen["SLURMTRAIN_T_SETUP"], seen["SLURMTRAIN_T_TWO"]) == (
+        f"one-{job}",
+        f"job-{job}/two",
+    )
     # A hand `sbatch job.sbatch` from a clean shell (`env -i`): the script alone gives the same.
     wait_job_gone(started.job_id)
     sbatch = subprocess.run(["which", "sbatch"], capture_output=True, text=True).stdout.strip()
@@ -164,4 +172,5 @@ def test_hostile_values_never_execute(slurm_cluster, workdir, tmp_path):
     wait_job_gone(by_hand, timeout=300)
     again = json.loads((run / "provenance" / "attempt_2.json").read_text())["env"]
     assert again["SLURMTRAIN_T_JOB"] == f"job-{by_hand}" and again["OMP_NUM_THREADS"] == "1"
+    assert again["SLURMTRAIN_T_SETUP"] == f"one-{by_hand}"
     assert again["MASTER_PORT"] == "29123" and again["LD_LIBRARY_PATH"].startswith("/opt/site/lib")
