@@ -1,20 +1,21 @@
 """Slurm text, parsed and written without Slurm: hostlists, time strings, job environment, partitions.
 
 Pure functions (no subprocess, no torch), so they are tested without a cluster; the commands that
-produce this text live in slurm_cmd.py.
-Hostlist behaviour follows Slurm 22.05's `scontrol show hostnames/hostlist` (checked by
-tests/cluster/test_hostlist.py against the real binaries).
+produce this text live in slurm_cmd.py. Hostlists are slurm_hostlist.py's, imported here too.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
-MAX_RANGE = 65536  # Slurm refuses one bracket range with more hosts ("Too many hosts in range")
+from slurmtrain.common.slurm_hostlist import (  # noqa: F401  (still this module's API)
+    compress_hostlist,
+    expand_hostlist,
+)
+
 # MASTER_PORT range 10000..32767: below Linux's ephemeral ports (net.ipv4.ip_local_port_range,
 # 32768..60999 by default), so a port the kernel handed to some client socket on rank 0's node
 # cannot collide with the rendezvous; above the well-known and most registered service ports.
@@ -25,118 +26,6 @@ _UNLIMITED = {"UNLIMITED", "INFINITE"}
 
 class SlurmError(RuntimeError):
     """A Slurm command failed, or a Slurm variable we need is missing."""
-
-
-# ---- hostlists ---------------------------------------------------------------------------------
-def _split_items(text: str) -> list[str]:
-    """Split on commas/whitespace outside brackets; empty items are dropped, as Slurm does."""
-    items: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in text:
-        if ch == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError(f"hostlist {text!r}: nested '['")
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"hostlist {text!r}: ']' without '['")
-        if depth == 0 and (ch == "," or ch.isspace()):
-            items.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if depth:
-        raise ValueError(f"hostlist {text!r}: '[' without ']'")
-    items.append("".join(cur))
-    return [i for i in items if i]
-
-
-def _parse_ranges(spec: str, item: str) -> list[str]:
-    """`1-3,07` -> ['1','2','3','07']; a range's width is its low bound's (`[8-010]` -> 8,9,10)."""
-    out: list[str] = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m:
-            raise ValueError(
-                f"hostlist {item!r}: bad range {part!r} (use e.g. [1-4,7] or [001-064])"
-            )
-        lo_s, hi_s = m.group(1), m.group(2) or m.group(1)
-        lo, hi, width = int(lo_s), int(hi_s), len(lo_s)
-        if hi < lo:
-            raise ValueError(f"hostlist {item!r}: range {part!r} runs backwards")
-        if hi - lo + 1 > MAX_RANGE:
-            raise ValueError(f"hostlist {item!r}: range {part!r} has more than {MAX_RANGE} hosts")
-        out.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
-    return out
-
-
-def _expand_item(item: str) -> list[str]:
-    parts = re.split(r"\[([^\[\]]*)\]", item)  # text, range, text, range, ..., text
-    texts, specs = parts[0::2], parts[1::2]
-    if any("[" in t or "]" in t for t in texts):
-        raise ValueError(f"hostlist {item!r}: unbalanced brackets")
-    if not specs:
-        return [item]
-    if texts[-1]:  # Slurm 22.05 rejects `n[1-3]-ib`; text may sit only between brackets
-        raise ValueError(
-            f"hostlist {item!r}: text {texts[-1]!r} after the last ']' "
-            f"(Slurm cannot parse it; list those hosts one by one)"
-        )
-    values = [_parse_ranges(s, item) for s in specs]
-    # Slurm's loop order: brackets k-1 .. 1 outermost to innermost, then the last bracket.
-    k = len(values)
-    order = list(range(k - 2, -1, -1)) + [k - 1]
-    hosts = []
-    for combo in itertools.product(*(values[i] for i in order)):
-        chosen = dict(zip(order, combo))
-        hosts.append("".join(t + (chosen[i] if i < k else "") for i, t in enumerate(texts)))
-    return hosts
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """`gpu[001-003],a[1-2]b[3-4]` -> every host name, in Slurm's order, duplicates kept."""
-    return [h for item in _split_items(text) for h in _expand_item(item)]
-
-
-def compress_hostlist(hosts: Iterable[str]) -> str:
-    """Hosts -> a Slurm hostlist that expands back to the same hosts in the same order.
-
-    Only a trailing number is bracketed (`n1-ib` stays as it is), like `scontrol show hostlist`.
-    """
-    groups: list[tuple[str, list[tuple[str, int]]]] = []  # (prefix, [(lo, hi)...]) or (host, [])
-    for host in hosts:
-        if not host or re.search(r"[\s,\[\]]", host):
-            raise ValueError(f"host name {host!r} cannot go into a hostlist")
-        m = re.fullmatch(r"(.*?)(\d+)", host)
-        if not m:
-            groups.append((host, []))
-            continue
-        prefix, num = m.groups()
-        if groups and groups[-1][1] and groups[-1][0] == prefix:
-            ranges = groups[-1][1]
-            lo, hi = ranges[-1]
-            if f"{hi + 1:0{len(lo)}d}" == num:
-                ranges[-1] = (lo, hi + 1)
-            else:
-                ranges.append((num, int(num)))
-        else:
-            groups.append((prefix, [(num, int(num))]))
-    out: list[str] = []
-    for prefix, spans in groups:
-        if not spans:
-            out.append(prefix)
-        elif len(spans) == 1 and int(spans[0][0]) == spans[0][1]:
-            out.append(prefix + spans[0][0])
-        else:
-            out.append(
-                prefix
-                + "["
-                + ",".join(lo if int(lo) == hi else f"{lo}-{hi:0{len(lo)}d}" for lo, hi in spans)
-                + "]"
-            )
-    return ",".join(out)
 
 
 # ---- time strings ------------------------------------------------------------------------------
@@ -359,21 +248,14 @@ def validate_request(
     k = {**DEFAULT_KEYS, **(keys or {})}
     parts = dict(partitions) if isinstance(partitions, Mapping) else {p.name: p for p in partitions}
     known = ", ".join(parts) or "(none)"
-    if partition_name is None:
-        defaults = [p for p in parts.values() if p.default]
-        if not defaults:
-            return [
-                f"{k['partition']}: not set and the cluster has no default partition; "
-                f"set {k['partition']} to one of: {known}"
-            ]
-        part = defaults[0]
-    elif partition_name not in parts:
-        return [
-            f"{k['partition']}: unknown partition {partition_name!r}; "
-            f"set {k['partition']} to one of: {known}"
-        ]
-    else:
-        part = parts[partition_name]
+    part = _requested_partition(partition_name, parts)
+    if part is None:  # nothing else can be checked without the partition
+        why = (
+            "not set and the cluster has no default partition"
+            if partition_name is None
+            else f"unknown partition {partition_name!r}"
+        )
+        return [f"{k['partition']}: {why}; set {k['partition']} to one of: {known}"]
     errors, p = [], part.name
     if part.state in {"INACTIVE", "DRAIN"}:
         errors.append(
@@ -388,17 +270,7 @@ def validate_request(
             f"{k['nodes']}: {nodes} nodes exceed partition {p!r} ({limit} at most); "
             f"set {k['nodes']}<={limit} or pick a bigger partition"
         )
-    try:
-        secs = parse_time(time_str)
-    except ValueError as exc:
-        errors.append(f"{k['time']}: {exc}")
-    else:
-        if part.max_time_s is not None and (secs is None or secs > part.max_time_s):
-            errors.append(
-                f"{k['time']}: {time_str!r} exceeds partition {p!r} MaxTime "
-                f"{format_time(part.max_time_s)}; set {k['time']}<="
-                f"{format_time(part.max_time_s)} or pick another partition"
-            )
+    errors += _time_errors(time_str, part, k["time"])
     if gpus_per_node > 0 and part.gpus == 0:
         errors.append(
             f"{k['gpus_per_node']}: {gpus_per_node} GPUs per node, but partition {p!r} "
@@ -410,6 +282,30 @@ def validate_request(
             f"has {part.gpus_per_node}; set {k['gpus_per_node']}<={part.gpus_per_node}"
         )
     return errors
+
+
+def _requested_partition(
+    name: Optional[str], parts: Mapping[str, PartitionInfo]
+) -> Optional[PartitionInfo]:
+    """The named partition, else (no name) the cluster's first default; None when there is none."""
+    if name is None:
+        return next((p for p in parts.values() if p.default), None)
+    return parts.get(name)
+
+
+def _time_errors(time_str: str, part: PartitionInfo, key: str) -> list[str]:
+    """A time Slurm cannot read, or one above the partition's MaxTime (UNLIMITED is above any)."""
+    try:
+        secs = parse_time(time_str)
+    except ValueError as exc:
+        return [f"{key}: {exc}"]
+    if part.max_time_s is not None and (secs is None or secs > part.max_time_s):
+        most = format_time(part.max_time_s)
+        return [
+            f"{key}: {time_str!r} exceeds partition {part.name!r} MaxTime {most}; "
+            f"set {key}<={most} or pick another partition"
+        ]
+    return []
 
 
 def slurmd_timeout_s(show_config: str) -> Optional[int]:
