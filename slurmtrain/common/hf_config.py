@@ -248,8 +248,8 @@ def resolve(cfg: RootConfig) -> None:
                 f"model.config={m.config}: read only with model=hf (this is "
                 f"model={m.name}); use model=hf model.config={m.config}"
             )
-        attention(m, gpus)  # refused here, in one line, not on the compute node
-        return
+        _flash_attn_installed(attention(m, gpus), str(cfg.cluster.container))
+        return  # refused here, in one line, not on the compute node
     source = m.config or m.pretrained_path
     if not source:
         raise ConfigError(f"model=hf: needs model.config=DIR_OR_JSON; {EXAMPLE}")
@@ -269,7 +269,22 @@ def resolve(cfg: RootConfig) -> None:
     if m.name == "hf":  # the family, not the folder: a moved folder is the same model
         m.name = f"hf_{keys['family']}"
     m.config = str(source_file(str(source)))
-    attention(m, gpus)
+    _flash_attn_installed(attention(m, gpus), str(cfg.cluster.container))
+
+
+def _flash_attn_installed(attn: str, container: str) -> None:
+    """flash_attention_2 needs the flash_attn package where the ranks run: without a container
+    that is this Python (its venv), so a missing package is refused here, not after the queue
+    wait; an image is checked by `slurmtrain doctor --container KIND --image IMAGE`."""
+    import importlib.util
+
+    if attn == "flash_attention_2" and container == "none":
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError(
+                "model.attn_implementation=flash_attention_2: the flash_attn package is not "
+                "installed in this Python, which the ranks run (pip install flash-attn "
+                "--no-build-isolation), or use model.attn_implementation=sdpa"
+            )
 
 
 def _causal_families() -> set[str]:

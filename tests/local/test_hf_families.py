@@ -211,6 +211,11 @@ def test_a_family_or_config_slurmtrain_cannot_train_is_refused_in_one_line(
     [
         ("bloom", ["model.attn_implementation=sdpa"], "bloom (BloomForCausalLM) does not supp"),
         ("llama", ["model.attn_implementation=flash"], "model.attn_implementation='flash': not"),
+        (  # GPU ranks without a container run this Python: flash_attn must be in it
+            "llama",
+            ["model.attn_implementation=flash_attention_2", "gpus_per_node=8"],
+            "the flash_attn package is not installed",
+        ),
         ("llama", ["+model.hf_extra.num_key_value_heads=3"], "model.num_kv_heads=3: must divide"),
         ("gemma", ["+model.hf_extra.hidden_act=swishy"], "cannot build this gemma model"),
         ("phi3", ["+model.hf_extra.rope_parameters=7"], "transformers refuses this phi3 config"),
