@@ -11,10 +11,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence, Union
 
-from slurmtrain.common.slurm_hostlist import (  # noqa: F401  (still this module's API)
-    compress_hostlist,
-    expand_hostlist,
-)
+# the hostlist functions stay importable from here too (`as`: re-exported)
+from slurmtrain.common.slurm_hostlist import compress_hostlist as compress_hostlist
+from slurmtrain.common.slurm_hostlist import expand_hostlist as expand_hostlist
 
 # MASTER_PORT range 10000..32767: below Linux's ephemeral ports (net.ipv4.ip_local_port_range,
 # 32768..60999 by default), so a port the kernel handed to some client socket on rank 0's node

@@ -36,14 +36,8 @@ from slurmtrain.planning.shapes import (  # noqa: F401  (part of this module's A
     largest_layer_params,
     param_count,
 )
-from slurmtrain.planning.zero_states import (  # noqa: F401  (the buckets: part of this module's API)
-    ALLREDUCE_BUCKET,
-    REDUCE_BUCKET,
-    ModelStates,
-    Shards,
-    comm_buffers,
-    model_states,
-)
+from slurmtrain.planning.zero_states import REDUCE_BUCKET as REDUCE_BUCKET  # re-exported
+from slurmtrain.planning.zero_states import ModelStates, Shards, comm_buffers, model_states
 
 GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
