@@ -22,7 +22,7 @@ from slurmtrain.common import errors, events, ledger, provenance, windows
 from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
-from slurmtrain.common.slurm_text import expand_hostlist
+from slurmtrain.common.slurm_hostlist import expand_hostlist
 from slurmtrain.compute import startup
 from slurmtrain.compute.context import Attempt, RankContext, relaunch_count, restart_count
 from slurmtrain.compute.distributed import (
@@ -118,62 +118,6 @@ def _healthy(
     return False
 
 
-def _claim(
-    run: RunDir, where: Placement, lock: contextlib.ExitStack, rows: events.Rows
-) -> Optional[int]:
-    """Rank 0: take the run (its lock stays held until `started` is recorded), or the exit code
-    of a job that must not train it (compute/faults/owner.py). `rows` gets the run tier, read
-    once under the lock (the rest of the start reuses it)."""
-    if not owner.under_slurm():
-        rows += run.run_events()
-        return None  # local runs: the login shell's lock and pid check keep them single
-    mine = owner.my_job_ids()
-    why: Optional[str] = None
-    try:
-        lock.enter_context(run.locked(timeout=300))
-        rows += run.run_events()
-        verdict, own = owner.check(run, mine, rows)
-    except errors.ConfigError as err:  # the lock stayed busy (RunLocked)
-        verdict, own, why = owner.UNKNOWN, None, str(err)
-    if verdict == owner.FREE:  # ... unless `cli cancel` stopped the run since
-        stop = owner.honour_cancel(
-            run,
-            mine,
-            rows,
-            job_id=where.job_id,
-            node=where.node,
-            restart=restart_count(),
-            relaunch=relaunch_count(),
-        )
-        return 0 if stop else None
-
-    def refuse(row: events.Row) -> None:  # before `started`: placed by job id and counters
-        run.record(
-            row,
-            job_id=where.job_id,
-            attempt=None,
-            nodes=[where.node],
-            rank=0,
-            node=where.node,
-            restart=restart_count(),
-            relaunch=relaunch_count(),
-        )
-
-    other = own.job_id if own is not None else None
-    if verdict == owner.DUPLICATE:
-        refuse(events.DuplicateRefused(owner=other))
-        print(
-            f"slurmtrain: job {where.job_id} refuses to train {run.path}: job {other} holds it "
-            f"and Slurm reports it alive; this job exits without touching the run",
-            file=sys.stderr,
-        )
-        return errors.EXIT_DUPLICATE
-    why = why or f"neither squeue nor sacct says whether job {other} is alive"
-    refuse(events.Failed(cls=FailureClass.crash, error=f"cannot claim the run: {why}"))
-    print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
-    return 1
-
-
 def _startup_hang(
     run: RunDir, where: Placement, watchdog: Watchdog, why: str, arrived_at: Optional[float]
 ) -> None:
@@ -247,12 +191,9 @@ def _run(
     arrival: dict[str, float],
     clock: startup.StartupClock,
 ) -> int:
-    cpu = cfg.gpus_per_node == 0
-    allowed = bool(cfg.faults.allow_inject)  # SLURMTRAIN_INJECT only where the run opted in
     started = time.time()
-    with startup.deepspeed_without_mlflow(cfg):
-        import deepspeed
-    import torch
+    with startup.deepspeed_without_mlflow(cfg):  # the imports phase: _join uses them
+        import deepspeed  # noqa: F401
     import torch.distributed as dist
 
     from slurmtrain.compute.checkpoint import safe_load
@@ -264,63 +205,17 @@ def _run(
     # Every start-up failure (device, rendezvous, claim) is recorded: no attempt number yet, so
     # its row names the job id and restart count, and the node.
     try:
-        if cpu:
-            # DeepSpeed's shared-memory all-reduce JIT-compiles for ~50 s on first use; gloo is enough.
-            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        else:
-            torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
-        # The rendezvous deadline counts from here (imports done); the row of a hang says when.
-        arrival["at"] = time.time()
-        watchdog.phase(deadlines.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
-        wait_for_store(where, cfg.faults.startup_timeout_s)  # no fixed back-off (distributed.py)
-        deepspeed.init_distributed(
-            dist_backend="gloo" if cpu else "nccl",
-            verbose=False,
-            timeout=timedelta(seconds=collective_timeout_s(cfg.faults)),  # the rule: distributed.py
-        )
+        _join(cfg, where, watchdog, arrival)
         rendezvous_s = time.time() - started
         gathered: list[tuple[str, int]] = [("", 0)] * where.world_size
         dist.all_gather_object(gathered, (where.node, os.getpid()))
-        nodes = sorted({node for node, _ in gathered})
-        rows: events.Rows = []  # rank 0: the run tier, read once (under the lock)
-        with contextlib.ExitStack() as lock:
-            claim: Optional[int] = broadcast(
-                _claim(run, where, lock, rows) if where.rank == 0 else None
-            )
-            if claim is not None:  # another live job trains this run, or Slurm cannot say
-                dist.destroy_process_group()
-                return claim
-            number = sum(isinstance(e, events.Started) for e in rows) + 1
-            attempt = Attempt(run, where, nodes, broadcast(number if where.rank == 0 else 0), rows)
-            Injector(
-                where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed
-            ).before_start()
-            if where.rank == 0:
-                _close_previous_attempt(run, attempt)
-                # the user's resubmission after a stop: budgets count again from here
-                windows.open_window(run, attempt.rows, where.job_id)
-            attempt.record(
-                events.Started(
-                    world_size=where.world_size,
-                    hosts=tuple(n for n, _ in gathered),
-                    pids=tuple(p for _, p in gathered),
-                    restart=restart_count(),
-                    relaunch=relaunch_count(),
-                    executor="slurm" if owner.under_slurm() else "local",
-                )
-            )
+        begun = _start(run, cfg, where, gathered)
+        if not isinstance(begun, Attempt):  # another live job trains this run, or Slurm cannot say
+            dist.destroy_process_group()
+            return begun
+        attempt = begun
     except Exception as err:  # every rank that fails writes a row: the rank tier
-        run.record_rank(
-            events.Failed(
-                cls=FailureClass.crash, error=f"{type(err).__name__}: {err}", phase="start-up"
-            ),
-            job_id=where.job_id,
-            restart=restart_count(),
-            relaunch=relaunch_count(),
-            on_node=where.node,
-            nodes=[where.node],
-            rank=where.rank,
-        )
+        _start_failed(run, where, err)
         raise
     attempt.record(events.RendezvousDone(seconds=rendezvous_s))
     clock.mark("rendezvous")
@@ -329,7 +224,7 @@ def _run(
         provenance.write(
             run.provenance,
             f"attempt_{attempt.number}",
-            extra={"nodes": nodes, "world_size": where.world_size},
+            extra={"nodes": attempt.nodes, "world_size": where.world_size},
         )
     stop = broadcast(ledger.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
@@ -337,6 +232,100 @@ def _run(
         attempt.record(events.Stopped(cls=stop, error=error or f"{stop} budget exhausted"))
         dist.destroy_process_group()
         return 0
+    code = _train(run, cfg, where, attempt, flags, watchdog, clock)
+    dist.barrier()
+    dist.destroy_process_group()
+    return code
+
+
+def _join(cfg: RootConfig, where: Placement, watchdog: Watchdog, arrival: dict[str, float]) -> None:
+    """This rank's device, then the rendezvous (its deadline counts from here, imports done; the
+    row of a hang says when this rank arrived)."""
+    import deepspeed
+    import torch
+
+    cpu = cfg.gpus_per_node == 0
+    if cpu:
+        # DeepSpeed's shared-memory all-reduce JIT-compiles for ~50 s on first use; gloo is enough.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    else:
+        torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
+    arrival["at"] = time.time()
+    watchdog.phase(deadlines.RENDEZVOUS, cfg.faults.startup_timeout_s, "joining the rendezvous")
+    wait_for_store(where, cfg.faults.startup_timeout_s)  # no fixed back-off (distributed.py)
+    deepspeed.init_distributed(
+        dist_backend="gloo" if cpu else "nccl",
+        verbose=False,
+        timeout=timedelta(seconds=collective_timeout_s(cfg.faults)),  # the rule: distributed.py
+    )
+
+
+def _start_failed(run: RunDir, where: Placement, err: Exception) -> None:
+    """A start-up failure (device, rendezvous, claim), before the attempt has a number: its row
+    names the job id and restart count, and the node."""
+    run.record_rank(
+        events.Failed(
+            cls=FailureClass.crash, error=f"{type(err).__name__}: {err}", phase="start-up"
+        ),
+        job_id=where.job_id,
+        restart=restart_count(),
+        relaunch=relaunch_count(),
+        on_node=where.node,
+        nodes=[where.node],
+        rank=where.rank,
+    )
+
+
+def _start(
+    run: RunDir, cfg: RootConfig, where: Placement, gathered: list[tuple[str, int]]
+) -> Attempt | int:
+    """Every rank: claim the run under its lock (rank 0), close a vanished previous attempt, open
+    a budget window after a stop, and record `Started`: the attempt, or the exit code of a job
+    that must not train the run."""
+    allowed = bool(cfg.faults.allow_inject)  # SLURMTRAIN_INJECT only where the run opted in
+    nodes = sorted({node for node, _ in gathered})
+    rows: events.Rows = []  # rank 0: the run tier, read once (under the lock)
+    with contextlib.ExitStack() as lock:
+        claim: Optional[int] = broadcast(
+            owner.claim(run, where, lock, rows) if where.rank == 0 else None
+        )
+        if claim is not None:
+            return claim
+        number = sum(isinstance(e, events.Started) for e in rows) + 1
+        attempt = Attempt(run, where, nodes, broadcast(number if where.rank == 0 else 0), rows)
+        Injector(
+            where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed
+        ).before_start()
+        if where.rank == 0:
+            _close_previous_attempt(run, attempt)
+            # the user's resubmission after a stop: budgets count again from here
+            windows.open_window(run, attempt.rows, where.job_id)
+        attempt.record(
+            events.Started(
+                world_size=where.world_size,
+                hosts=tuple(n for n, _ in gathered),
+                pids=tuple(p for _, p in gathered),
+                restart=restart_count(),
+                relaunch=relaunch_count(),
+                executor="slurm" if owner.under_slurm() else "local",
+            )
+        )
+    return attempt
+
+
+def _train(
+    run: RunDir,
+    cfg: RootConfig,
+    where: Placement,
+    attempt: Attempt,
+    flags: signals.SignalFlags,
+    watchdog: Watchdog,
+    clock: startup.StartupClock,
+) -> int:
+    """The health gate, then the Trainer; a failing rank records its error, then re-raises."""
+    import torch
+
+    allowed = bool(cfg.faults.allow_inject)
     injector = Injector(where.rank, attempt=attempt.number, name=str(cfg.name), allowed=allowed)
     watchdog.stacks = run.hang_dump(attempt.number, where.node)
     watchdog.on_hang = lambda why: attempt.record_any(
@@ -348,7 +337,9 @@ def _run(
             return errors.EXIT_BAD_NODE
         clock.mark("health")
         device = (
-            torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
+            torch.device("cpu")
+            if cfg.gpus_per_node == 0
+            else torch.device("cuda", torch.cuda.current_device())
         )  # with one GPU bound per task it is cuda:0 whatever the local rank
         ctx = RankContext(where, device, attempt.record, watchdog)
         code = Trainer(cfg, run, ctx, attempt, flags, injector).fit()
@@ -364,8 +355,6 @@ def _run(
     finally:
         watchdog.stop()
         gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
     return code
 
 

@@ -208,7 +208,7 @@ def _rolled_back(t: Resuming, d: Divergence, found: Resume, plan: Plan, seconds:
     t.attempt.record(
         events.Rollback(
             step=d.step,
-            loss=loss,
+            loss=d.loss,  # NaN/inf: the row writes them as text
             reason=d.why,
             to_step=plan.to_step,
             path=str(found.path),

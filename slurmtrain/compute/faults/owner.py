@@ -13,15 +13,18 @@ command again, or a hand `sbatch`, recorded at start as `submitted` by=hand).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from datetime import datetime
 from typing import Callable, Mapping, Optional, Sequence
 
-from slurmtrain.common import events, ledger
+from slurmtrain.common import errors, events, ledger
 from slurmtrain.common.events import FailureClass, Row, Rows
 from slurmtrain.common.liveness import slurm_job_alive
 from slurmtrain.common.rundir import RunDir
+from slurmtrain.compute.context import relaunch_count, restart_count
+from slurmtrain.compute.distributed import Placement
 
 FREE, DUPLICATE, UNKNOWN = "free", "duplicate", "unknown"
 CANCELLED, LIFTED = "cancel_stands", "cancel_lifted"  # cancelled_start's verdicts
@@ -150,3 +153,59 @@ def honour_cancel(
         file=sys.stderr,
     )
     return True
+
+
+def claim(
+    run: RunDir, where: Placement, lock: contextlib.ExitStack, rows: events.Rows
+) -> Optional[int]:
+    """Rank 0: take the run (its lock stays held until `Started` is recorded), or the exit code
+    of a job that must not train it. `rows` gets the run tier, read once under the lock (the
+    rest of the start reuses it)."""
+    if not under_slurm():
+        rows += run.run_events()
+        return None  # local runs: the login shell's lock and pid check keep them single
+    mine = my_job_ids()
+    why: Optional[str] = None
+    try:
+        lock.enter_context(run.locked(timeout=300))
+        rows += run.run_events()
+        verdict, own = check(run, mine, rows)
+    except errors.ConfigError as err:  # the lock stayed busy (RunLocked)
+        verdict, own, why = UNKNOWN, None, str(err)
+    if verdict == FREE:  # ... unless `cli cancel` stopped the run since
+        stop = honour_cancel(
+            run,
+            mine,
+            rows,
+            job_id=where.job_id,
+            node=where.node,
+            restart=restart_count(),
+            relaunch=relaunch_count(),
+        )
+        return 0 if stop else None
+
+    def refuse(row: events.Row) -> None:  # before `started`: placed by job id and counters
+        run.record(
+            row,
+            job_id=where.job_id,
+            attempt=None,
+            nodes=[where.node],
+            rank=0,
+            node=where.node,
+            restart=restart_count(),
+            relaunch=relaunch_count(),
+        )
+
+    other = own.job_id if own is not None else None
+    if verdict == DUPLICATE:
+        refuse(events.DuplicateRefused(owner=other))
+        print(
+            f"slurmtrain: job {where.job_id} refuses to train {run.path}: job {other} holds it "
+            f"and Slurm reports it alive; this job exits without touching the run",
+            file=sys.stderr,
+        )
+        return errors.EXIT_DUPLICATE
+    why = why or f"neither squeue nor sacct says whether job {other} is alive"
+    refuse(events.Failed(cls=FailureClass.crash, error=f"cannot claim the run: {why}"))
+    print(f"slurmtrain: cannot claim {run.path}: {why}", file=sys.stderr)
+    return 1
