@@ -238,9 +238,10 @@ def _display(
 def _say_resumed(run: RunDir, job_id: str) -> bool:
     """The attempt's `resumed from` line (its workers print theirs in its log) from its
     `checkpoint_loaded` row, aged by the `checkpoint_saved` row of that step; True once said."""
-    rows = run.run_events()
+    rows, said = run.run_events(), False
     for row in rows:
         if isinstance(row, events.CheckpointLoaded) and row.job_id == job_id:
+            said = True
             saved = [
                 r.time for r in rows if isinstance(r, events.CheckpointSaved) and r.step == row.step
             ]
@@ -249,7 +250,7 @@ def _say_resumed(run: RunDir, job_id: str) -> bool:
                 row.step, row.path, saved[-1] if saved else None, universal=universal
             )
             print(line, flush=True)
-    return True
+    return said
 
 
 def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
@@ -259,13 +260,14 @@ def _follow(run: RunDir, job: submitit.Job, max_steps: Optional[int]) -> bool:
     twice a second (no 10 Hz refresh thread), so following a long run costs next to nothing.
     """
     with _display(max_steps) as show:
-        offset, presses, said = 0, 0, False
+        offset = run.metrics.stat().st_size if run.metrics.exists() else 0  # this job's rows
+        presses, tries = 0, 3  # `resumed from`: looked for on the first polls with rows
         while True:
             try:
                 exited = job.done()  # checked before the read, so the last rows are always shown
                 offset, rows = _new_rows(run.metrics, offset)
-                if (rows or exited) and not said:  # the checkpoint is loaded before step 1
-                    said = _say_resumed(run, str(job.job_id))
+                if (rows or exited) and tries:  # the checkpoint is loaded before step 1
+                    tries = 0 if _say_resumed(run, str(job.job_id)) else tries - 1
                 show(rows[-1] if rows else None, exited)
                 if exited:
                     return presses > 0

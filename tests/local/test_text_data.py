@@ -7,6 +7,7 @@ bitwise: the steps computed before the crash and again after it have the same lo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from slurmtrain.common.events import CheckpointLoaded
@@ -42,6 +43,8 @@ def test_jsonl_with_a_tokenizer_trains_is_killed_reuses_the_cache_and_resumes_bi
     )
     assert crashed.returncode != 0
     assert "data: tokenizing" in crashed.stdout, crashed.stdout + crashed.stderr
+    # stdout is a pipe here: plain progress lines, not a bar drawn once at the end (#36)
+    assert re.search(r"^train: step \d/8, loss \d", crashed.stdout, re.M), crashed.stdout
     [entry] = [p for p in (tmp_path / "runs" / ".tokenized").iterdir() if p.is_dir()]
     meta = json.loads((entry / "tokens.json").read_text())
     assert meta["documents"] == 10_000 and meta["tokenizer"] == str(folder.resolve())
@@ -52,6 +55,9 @@ def test_jsonl_with_a_tokenizer_trains_is_killed_reuses_the_cache_and_resumes_bi
     assert "data: reusing" in resumed.stdout and "tokenizing" not in resumed.stdout
     assert (entry / "tokens.bin").stat().st_mtime_ns == built  # not written again
     assert "resuming" in resumed.stdout
+    said = [ln for ln in resumed.stdout.splitlines() if "resumed from" in ln]  # #36
+    assert len(said) == 1 and said[0].startswith("slurmtrain: resumed from step_4 ("), said
+    assert re.search(r"step_4, saved \d+s ago\)$", said[0]), said
 
     [run] = run_dirs(tmp_path / "runs")
     [loaded] = [e for e in ledger_events(run) if isinstance(e, CheckpointLoaded)]
