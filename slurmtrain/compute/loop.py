@@ -148,6 +148,8 @@ def train(
                 **valid,
                 **perf.interval(state.step, max_steps),  # a collective (one all_gather)
             )
+        else:  # rank 0's own line at least every 20 s, from its clock (no collective)
+            hooks.metrics.heartbeat(state.step, max_steps, gbs * seq, loss=loss_value, lr=lr)
 
         finished = state.step >= end and (state.step < max_steps or cfg.checkpoint.final_save)
         by_steps = every_steps > 0 and state.step % every_steps == 0

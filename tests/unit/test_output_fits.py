@@ -90,3 +90,24 @@ def test_the_resumed_line_says_step_path_and_age(universal):
     assert line.startswith("slurmtrain: resumed from step_40 (/r/checkpoints/step_40, saved 3m20s")
     assert ("universal checkpoint" in line) == universal
     assert resumed_line(3, "/p", None) == "slurmtrain: resumed from step_3 (/p)"
+
+
+def test_rank_0_prints_a_line_at_least_every_heartbeat_between_logged_steps(
+    monkeypatch, capsys, tmp_path
+):
+    from slurmtrain.compute.observe import metrics
+
+    clock = _Clock()
+    monkeypatch.setattr(metrics.time, "monotonic", clock)
+    writer = metrics.MetricsWriter(tmp_path / "m.jsonl", True, 1, None, print_lines=True)
+    writer.heartbeat(10, 100, 4096, loss=3.0, lr=1e-3)  # the first step seen: the clock starts
+    clock.now += metrics.HEARTBEAT_S - 1
+    writer.heartbeat(11, 100, 4096, loss=3.0, lr=1e-3)
+    assert capsys.readouterr().err == ""
+    clock.now += 1  # 20 s over 10 steps: 2 s a step, 2,048 tok/s, 80 steps left
+    writer.heartbeat(20, 100, 4096, loss=2.5, lr=1e-3)
+    line = capsys.readouterr().err
+    assert line.startswith("step 20/100 loss 2.5000 lr 1.00e-03 tok/s 2,048 step 2.000s"), line
+    assert line.rstrip().endswith("ETA 0:02:40"), line
+    assert not (tmp_path / "m.jsonl").exists()  # nothing written: a printed line only
+    assert metrics.HEARTBEAT_S <= 30

@@ -53,6 +53,7 @@ def summary_line(step: int, max_steps: int, values: Mapping[str, MetricValue]) -
     )
 
 
+HEARTBEAT_S = 20.0  # rank 0 prints a line at least this often between logged steps (a log file)
 PER_RANK_TAGS = 64  # wider lists get key/min, key/median, key/max instead of one tag per rank
 
 
@@ -89,6 +90,7 @@ class MetricsWriter:
     ) -> None:
         self.path, self.enabled, self.attempt = path, enabled, attempt
         self.print_lines = print_lines
+        self._printed: Optional[tuple[int, float]] = None  # (step, monotonic time) last printed
         self.trackers = trackers  # rank 0's W&B/MLflow (observe/trackers.py), or None
         self.tb: Optional[FileWriter] = None
         if enabled and tensorboard_dir is not None:
@@ -119,6 +121,28 @@ class MetricsWriter:
             self.trackers.log(step, scalars(values))
         if self.print_lines:
             print(summary_line(step, max_steps, values), file=sys.stderr, flush=True)
+            self._printed = (step, time.monotonic())
+
+    def heartbeat(self, step: int, max_steps: int, tokens_per_step: int, **values: float) -> None:
+        """A step that is not logged: rank 0 prints its line anyway once HEARTBEAT_S passed since
+        the last one, with the rate and ETA of its own clock over the steps since (no collective,
+        nothing written): a log of slow steps or a long log_interval still moves every 30 s."""
+        if not (self.enabled and self.print_lines):
+            return
+        now = time.monotonic()
+        last_step, last_time = self._printed or (step, now)
+        if self._printed is None or now - last_time < HEARTBEAT_S:
+            self._printed = self._printed or (step, now)
+            return
+        per_step = (now - last_time) / max(1, step - last_step)
+        values = {
+            **values,
+            "tokens_per_s": tokens_per_step / per_step,
+            "step_time": per_step,
+            "eta_s": (max_steps - step) * per_step,
+        }
+        print(summary_line(step, max_steps, values), file=sys.stderr, flush=True)
+        self._printed = (step, now)
 
     def close(self) -> None:
         if self.tb is not None:
