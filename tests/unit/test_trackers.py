@@ -13,7 +13,7 @@ from slurmtrain.common import events, schema, validation_login
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import fingerprint
-from slurmtrain.compute.observe import trackers
+from slurmtrain.compute.observe import tracker_backends, trackers
 from slurmtrain.login.prepare import resolve
 
 schema.register()
@@ -90,7 +90,7 @@ def test_events_ride_on_the_next_new_step_and_close_keeps_the_attempts_rows():
 
 def test_an_event_row_never_carries_a_secret():
     failed = events.Failed(cls=FailureClass.crash, error="401 for key hf_" + "a" * 30)
-    row = trackers.event_row(failed)
+    row = tracker_backends.event_row(failed)
     assert "hf_" not in json.dumps(row) and row["event"] == events.Failed.kind
 
 

@@ -17,18 +17,35 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from slurmtrain.common import events, secrets
-from slurmtrain.common.events import Rows
+from slurmtrain.common.events import Row, Rows
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.compute.observe.trackers import event_row, failure_class
 
 RUN_TAG = "slurmtrain_run_id"  # MLflow: the tag that finds the run again
 MLFLOW_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics, 100 params
+
+# The rows that carry a failure class (`cls`): counted and tagged by it.
+CLASSED = (events.AttemptEnded, events.Stopped, events.Failed, events.RelaunchAbandoned)
+
+
+def event_row(row: Row) -> dict[str, object]:
+    """A ledger row as a tracker keeps it (its JSON form): credentials redacted (errors may quote
+    them)."""
+    return {
+        k: secrets.redact_text(v) if isinstance(v, str) else v
+        for k, v in row.to_json().items()
+        if k not in ("nodes", "hosts", "pids")  # O(nodes) lists: the ledger has them
+    }
+
+
+def failure_class(row: Row) -> Optional[str]:
+    """The failure class a row carries (None: a kind without one, or an empty class)."""
+    return (row.cls or None) if isinstance(row, CLASSED) else None
 
 
 class Backend(Protocol):
     """A tracker's end; `log(step, row, fresh)` and `close(step, kept, fresh)` (ledger rows: the
     new ones, the attempt's) are called by name (trackers.Trackers), so one that failed to open
-    (`Failed`) needs only its kind. Rows reach a tracker as trackers.event_row writes them."""
+    (`Failed`) needs only its kind. Rows reach a tracker as `event_row` writes them."""
 
     kind: str
 

@@ -13,24 +13,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from slurmtrain.common import events, secrets
 from slurmtrain.common.events import Row, Rows
 from slurmtrain.common.schema import RootConfig
-
-if TYPE_CHECKING:
-    from slurmtrain.compute.observe.tracker_backends import Backend
-
+from slurmtrain.compute.observe import tracker_backends
+from slurmtrain.compute.observe.tracker_backends import Backend, failure_class
 
 TRACKER_KINDS = ("wandb", "mlflow")  # besides TensorBoard (MetricsWriter's own)
 
 TAIL_BYTES = 1 << 20  # metrics.jsonl's tail read for the highest logged step: O(1), not O(steps)
-
-# Ledger rows worth a mark on the tracker are the row classes' `tracked` ones (the attempt's life
-# and the run's failures); `closing` ones end an attempt, written after it by the supervisor or the
-# next start: the next attempt's tracker reports them (the attempt they close had no chance to).
-CLASSED = (events.AttemptEnded, events.Stopped, events.Failed, events.RelaunchAbandoned)
 
 
 def tracker_run_id(name: str, fingerprint: str) -> str:
@@ -74,21 +67,6 @@ class StepAxis:
             return False
         self.last = step
         return True
-
-
-def event_row(row: Row) -> dict[str, object]:
-    """A ledger row as a tracker keeps it (its JSON form): credentials redacted (errors may quote
-    them)."""
-    return {
-        k: secrets.redact_text(v) if isinstance(v, str) else v
-        for k, v in row.to_json().items()
-        if k not in ("nodes", "hosts", "pids")  # O(nodes) lists: the ledger has them
-    }
-
-
-def failure_class(row: Row) -> Optional[str]:
-    """The failure class a row carries (None: a kind without one, or an empty class)."""
-    return (row.cls or None) if isinstance(row, CLASSED) else None
 
 
 def event_counts(rows: Rows) -> dict[str, float]:
@@ -136,7 +114,8 @@ class Trackers:
     ) -> None:
         self.backends, self.axis, self.rows, self.attempt = tracker_backends, axis, rows, attempt
         self.record = record
-        # The rows of the attempt before (its end, written by others) and this one's so far.
+        # The rows of the attempt before that close it (`closing`: written by the supervisor or the
+        # next start, so this tracker reports them) and this attempt's `tracked` rows so far.
         self.pending = [
             r
             for r in rows
@@ -191,8 +170,6 @@ def open_trackers(
     none chosen)."""
     if not wanted(cfg):
         return None
-    from slurmtrain.compute.observe import tracker_backends  # only once a tracker is chosen
-
     run_path = Path(run_path)
     axis = StepAxis(last_logged_step(metrics))
     out = Trackers([], axis, rows, attempt, record)
