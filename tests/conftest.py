@@ -93,3 +93,26 @@ def no_slurm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     placement._probe_cache.clear()
     yield
     placement._probe_cache.clear()
+
+
+# Tensor and sequence parallelism are checked against DeepSpeed without either, on one rank with
+# accumulation 4: the same global batch 8 (micro 2) as TP 2 x DP 2 on 4 ranks and SP 2 on 2.
+PARALLEL_ARGS = [
+    "train.max_steps=20",
+    "train.log_interval=1",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",
+    "checkpoint.interval_steps=10",
+    "data.valid_fraction=0.01",  # validation windows: a TP or SP group evaluates the same ones
+    "train.eval_interval=10",
+]
+
+
+@pytest.fixture(scope="session")
+def parallel_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run TP and SP must equal (one process start for both tests)."""
+    work = tmp_path_factory.mktemp("parallel_reference")
+    done = run_cli(PARALLEL_ARGS + ["name=reference", "cluster.cpu_tasks_per_node=1"], cwd=work)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_dirs(work / "runs")
+    return run

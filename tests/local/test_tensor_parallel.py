@@ -15,18 +15,9 @@ from pathlib import Path
 import torch
 
 from slurmtrain.common.events import CheckpointLoaded
-from tests.conftest import ledger_events, read_jsonl, run_cli, run_dirs
+from tests.conftest import PARALLEL_ARGS, ledger_events, read_jsonl, run_cli, run_dirs
 
-ARGS = [
-    "cluster.cpu_tasks_per_node=4",
-    "train.max_steps=20",
-    "train.log_interval=1",
-    "train.global_batch_size=8",
-    "train.micro_batch_size=2",
-    "checkpoint.interval_steps=10",
-    "data.valid_fraction=0.01",  # validation windows: a TP group evaluates the same ones
-    "train.eval_interval=10",
-]
+ARGS = ["cluster.cpu_tasks_per_node=4", *PARALLEL_ARGS]
 
 
 def _losses(run: Path, key: str = "loss") -> dict[tuple[int, int], float]:
@@ -54,10 +45,7 @@ def _logits(folder: Path, checkpoint: Path | None = None) -> torch.Tensor:
         return model(PROMPT).logits
 
 
-def test_tp2_trains_resumes_and_exports_like_tp1(workdir):
-    # one rank, accumulation 4: the same global batch, one process start instead of four
-    reference = run_cli(ARGS + ["name=tp1", "cluster.cpu_tasks_per_node=1"], cwd=workdir)
-    assert reference.returncode == 0, reference.stdout + reference.stderr
+def test_tp2_trains_resumes_and_exports_like_tp1(workdir, parallel_reference):
     tp = ARGS + ["name=tp2", "parallel.tensor=2"]
     crashed = run_cli(
         tp + ["faults.allow_inject=true"],
@@ -69,8 +57,8 @@ def test_tp2_trains_resumes_and_exports_like_tp1(workdir):
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "data-parallel 2 (world 4 / tensor-parallel 2" in resumed.stdout
 
-    found = {path.parent.name: path for path in run_dirs(workdir / "runs")}
-    ref, run = found["tp1"], found["tp2"]
+    ref = parallel_reference  # one rank, accumulation 4: the same global batch
+    [run] = run_dirs(workdir / "runs")
     want = {step: loss for (_, step), loss in _losses(ref).items()}
     got = _losses(run)
     assert {step for _, step in got} == set(range(1, 21))
