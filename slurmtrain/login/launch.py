@@ -132,9 +132,9 @@ def dry_run(points: Sequence[Point]) -> int:
     """Show the plan (one point) or one line per point and a summary (a sweep); nothing is queued
     and the run directories stay unwritten. Exits 2 when the same command without dry_run=true
     would be refused (login/dry_run.py)."""
-    from slurmtrain.login import dry_run as shown  # start-up speed: jinja2, for a dry run only
+    from slurmtrain.login.dry_run import show, sweep  # start-up speed: jinja2, for a dry run only
 
-    return shown.show(points[0][0]) if len(points) == 1 else shown.sweep(points)
+    return show(points[0][0]) if len(points) == 1 else sweep(points)
 
 
 def _submit_array(todo: list[tuple[Prepared, list[str]]], total: int) -> int:
