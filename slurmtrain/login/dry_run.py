@@ -201,7 +201,7 @@ def sweep(points: Sequence[tuple[DictConfig, list[str]]], out: Optional[TextIO] 
     refused. Each point's full output, config and script: its details_folder."""
     out = out or sys.stdout
     announce()
-    refused: list[tuple[int, str]] = []
+    refused: list[tuple[int, str]] = []  # (point, why)
     folders: list[str] = []
     for index, ((cfg, _), axes) in enumerate(zip(points, _varying(points)), 1):
         found = examine(cfg, f"point-{index}")
@@ -220,8 +220,11 @@ def sweep(points: Sequence[tuple[DictConfig, list[str]]], out: Optional[TextIO] 
         file=out,
     )
     if refused:
-        index, why = refused[0]
-        print(f"slurmtrain: error: sweep point {index}: {why}", file=sys.stderr)  # one line
+        print(  # one line: the reasons are the point lines', in full in each dry_run.txt
+            f"slurmtrain: error: {len(refused)} of {len(points)} sweep points would be refused "
+            f"(point {refused[0][0]} first); each point's dry_run.txt says why",
+            file=sys.stderr,
+        )
         print(
             "slurmtrain: dry run: the same command without dry_run=true would be refused (exit 2)",
             file=out,

@@ -53,7 +53,12 @@ def test_a_sweep_dry_run_prints_a_line_a_point_and_exits_2_when_one_is_refused(w
     assert points[0].startswith("point 1/4 ok")
     assert "4 sweep points, 2 ok, 2 refused" in done.stdout
     [error] = [line for line in done.stderr.splitlines() if "error:" in line]
-    assert "sweep point 2: nodes=2: the local executor runs on this machine only" in error
+    assert "2 of 4 sweep points would be refused (point 2 first)" in error and len(error) <= 120
+    assert "nodes=2: the local executor runs on this m" in points[1]
+    [folder] = re.findall(r" under\s+(\S+)", done.stdout)
+    [written] = Path(folder).rglob("point-2/dry_run.txt")  # under the point's fingerprint
+    why = written.read_text()
+    assert "error: nodes=2: the local executor runs on this machine only; use nodes=1" in why
 
 
 class _Clock:
