@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import tempfile
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, TextIO
@@ -37,6 +36,7 @@ from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce
 from slurmtrain.login.slurm_submit import render_sbatch
 from slurmtrain.planning import preflight
+from slurmtrain.planning.preflight import WIDTH, fit
 
 TEST_ONLY_TIMEOUT_S = 20.0
 
@@ -67,20 +67,6 @@ def test_only(script: str) -> str:
         return (cmd.err + cmd.out).strip()
     finally:
         os.unlink(f.name)
-
-
-WIDTH = 120  # a dry run's lines fit a terminal: longer ones wrap, indented
-
-
-def fit(text: str, width: int = WIDTH) -> str:
-    """Every line of `text` wrapped to `width` columns, continuations indented (a long path or
-    word stays whole)."""
-    out: list[str] = []
-    for line in text.splitlines():
-        out += textwrap.wrap(
-            line, width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False
-        ) or [""]
-    return "\n".join(out)
 
 
 @dataclass

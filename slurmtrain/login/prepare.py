@@ -101,7 +101,7 @@ def check(
             report = preflight.report(typed_cfg, measured_tps=None)
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
-        print(report.text)
+        print(report.shown)  # wrapped to 120 columns
         note = flags.port_note(typed_cfg)
         if note:
             print(note)

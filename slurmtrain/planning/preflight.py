@@ -9,6 +9,7 @@ that does not fit the GPUs (exit 2, one line with the numbers and the setting th
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, TypedDict
 
@@ -40,6 +41,19 @@ from slurmtrain.planning import (
 )
 from slurmtrain.planning.corpus_warning import corpus_warning
 
+WIDTH = 120  # printed plans fit a terminal: longer lines wrap, indented
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """Every line of `text` wrapped to `width` columns, continuations indented (a long path or
+    word stays whole)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        out += textwrap.wrap(
+            line, width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False
+        ) or [""]
+    return "\n".join(out)
+
 
 @dataclass
 class PlanReport:
@@ -49,6 +63,11 @@ class PlanReport:
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
+
+    @property
+    def shown(self) -> str:
+        """The text as printed: each line wrapped to WIDTH columns (fit)."""
+        return fit(self.text)
 
     def enforce(self, cfg: RootConfig) -> None:
         if self.misfit and not cfg.force:
