@@ -9,7 +9,7 @@ import pytest
 
 from slurmtrain.common.events import Finished
 from tests.cluster.helpers import only_run, wait_event
-from tests.conftest import run_cli
+from tests.conftest import dry_run_file, run_cli
 
 pytestmark = pytest.mark.slurm
 DETECT = {"SLURMTRAIN_AUTO": ""}  # the test session turns detection off (tests/conftest.py)
@@ -28,18 +28,21 @@ def test_gpu_partition_plans_8_gpus_per_node_in_bf16_with_the_recipe(slurm_clust
         env=DETECT,
     )
     out = done.stdout
+    flat = " ".join(out.split())  # the plan's lines wrap at 120 columns
+    config, script = dry_run_file(out).read_text(), dry_run_file(out, "script").read_text()
     assert "gpus_per_node=8 (partition gpu's GRES)" in done.stderr, done.stderr[:2000]
     assert "plan: opt13b" in out and "bf16" in out and "2 nodes x 8 GPUs = 16 ranks" in out
     # count-only GRES (gpu:8) names no card: gpu_type stays auto, an H100 assumed and said so
     assert "cluster.gpu_type=" not in done.stderr
-    assert "79.1 GiB (H100-SXM 80GB as PyTorch reports it; cluster.gpu_type=auto" in out
+    assert "79.1 GiB (H100-SXM 80GB as PyTorch reports it; cluster.gpu_type=auto" in flat
     assert "global batch 2048" in out  # 4M tokens / 2048 (the OPT-13B recipe)
-    assert re.search(r"^  lr: 0\.0001$", out, re.M) and re.search(r"^  seq_len: 2048$", out, re.M)
-    flags = _sbatch(out)
+    assert re.search(r"^  lr: 0\.0001$", config, re.M)
+    assert re.search(r"^  seq_len: 2048$", config, re.M)
+    flags = _sbatch(script)
     assert flags["gpus-per-node"] == "8" and flags["ntasks-per-node"] == "8"
     assert flags["cpus-per-task"] == "2"  # 16 CPUs / 8 GPUs per node
     assert flags["mem"] == "0" and "mem-per-gpu" not in flags  # whole GPU nodes: all their memory
-    srun = next(line.strip() for line in out.splitlines() if line.strip().startswith("srun "))
+    srun = next(line.strip() for line in script.splitlines() if line.strip().startswith("srun "))
     assert "--cpus-per-task=2" in srun and "--cpu-bind=cores" in srun
     assert "--distribution=block:block" in srun  # ranks of one socket's GPUs on that socket
     # The plan either fits (exit 0) or says why (exit 2, as the real command would be refused).
@@ -54,9 +57,8 @@ def test_a_fitting_gpu_plan_gets_slurms_answer(slurm_cluster, workdir):
         env=DETECT,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
-    assert re.search(
-        r"Slurm says: .*to start at .* on nodes n\[5-6\] in partition gpu", done.stdout
-    )
+    flat = " ".join(done.stdout.split())  # a line over 120 columns wraps
+    assert re.search(r"Slurm says: .*to start at .* on nodes n\[5-6\] in partition gpu", flat)
 
 
 def test_too_many_gpu_nodes_is_refused_by_the_dry_run_too(slurm_cluster, workdir):
