@@ -8,6 +8,7 @@ expected class or event).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,9 +129,9 @@ def run_dir_of(t: Trial, args: list[str]) -> Path:
         text=True,
         timeout=300,
     )
-    text = dry.stdout.split("\nplan:")[0]
-    lines = [ln for ln in text.splitlines() if not ln.startswith("slurmtrain:")]  # notes
-    printed = yaml.safe_load("\n".join(lines))
+    # the dry run writes the resolved config and prints its path after the plan
+    written = re.search(r"full config \(or --cfg job\):\s+(\S+)", dry.stdout)
+    printed = yaml.safe_load(Path(written[1]).read_text()) if written else None
     if not isinstance(printed, dict):
         raise RuntimeError(f"dry run printed no config: {dry.stdout[-800:]}{dry.stderr[-800:]}")
     cfg: DictConfig = OmegaConf.create(printed)
