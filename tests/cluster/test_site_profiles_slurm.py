@@ -11,6 +11,7 @@ import io
 import pytest
 
 from slurmtrain.login import dry_run, placement
+from tests.conftest import dry_run_file
 from tests.unit.test_site_profiles import SITES, site_cfg
 
 pytestmark = pytest.mark.slurm
@@ -27,5 +28,6 @@ def test_site_profile_passes_sbatch_test_only(slurm_cluster, tmp_path, monkeypat
     text = out.getvalue()
     assert code == 0, text[-3000:]
     assert "slurmtrain: dry run: Slurm says: sbatch: Job" in text, text[-3000:]
-    assert f"#SBATCH --partition={partition}" in text
+    script = dry_run_file(text, "script").read_text()  # the dry run writes it and names it
+    assert f"#SBATCH --partition={partition}" in script
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
