@@ -254,11 +254,11 @@ def resume(c: Check) -> None:
     noise = max(abs(c.whole1[s] - whole2[s]) for s in steps)
     diff = max(abs(c.whole1[s] - resumed[s]) for s in steps)
     # Equal within what two identical runs differ by (x2, plus float64 round-off of logged losses).
-    ok = diff <= 2 * noise + 1e-6 and loaded.get("step") == n
+    ok = diff <= 2 * noise + 1e-6 and loaded.step == n
     c.out.emit(
         "resume",
         paused_at=n,
-        resumed_from=loaded.get("step"),
+        resumed_from=loaded.step,
         max_abs_diff=diff,
         run_to_run_noise=noise,
         threshold="max_abs_diff <= 2 x run_to_run_noise + 1e-6",

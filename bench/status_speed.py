@@ -82,7 +82,7 @@ def _config_template() -> dict[str, object]:
     return data
 
 
-def _dump(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
+def _dump(path: Path, rows: Sequence[events.Row | Mapping[str, object]]) -> None:
     """Append rows to a JSON-lines file: ledger rows as the ledger holds them, metrics as dicts."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:

@@ -11,46 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Optional, TypeVar
+from typing import Optional, TypedDict, TypeVar
 
 from slurmtrain.common.errors import EXIT_BAD_NODE, EXIT_CONFIG, EXIT_HANG, EXIT_REQUEUE
-from slurmtrain.common.event_legacy import (  # older writers and readers, until moved
-    Event,
-    Kind,
-    Recorder,
-    Where,
-    attempt_ended,
-    failed,
-    integer,
-    number,
-    relaunch_abandoned,
-    requeued,
-    stopped,
-    strings,
-    text,
-)
 from slurmtrain.common.event_measures import *  # noqa: F403  the vocabulary's second half
 from slurmtrain.common.row_codec import REGISTRY, Row, Unknown, parse
 
-__all__ = [  # re-exported: the row codec and the older helpers until moved (event_measures: *)
-    "REGISTRY",
-    "Row",
-    "Unknown",
-    "parse",
-    "Event",
-    "Kind",
-    "Recorder",
-    "Where",
-    "attempt_ended",
-    "failed",
-    "integer",
-    "number",
-    "relaunch_abandoned",
-    "requeued",
-    "stopped",
-    "strings",
-    "text",
-]
+__all__ = ["REGISTRY", "Row", "Unknown", "parse"]  # re-exported (event_measures: by *)
 
 
 class FailureClass(StrEnum):
@@ -133,6 +100,19 @@ def budget_key(cls: FailureClass) -> str:
 # Rows as callers hold them. Functions that filter rows keep the caller's own row type.
 Rows = list[Row]
 R = TypeVar("R", bound=Row)
+
+
+class Where(TypedDict, total=False):
+    """Which start (and rank) wrote a row: writers pass it to `record` as keywords, filling the
+    placement fields the row object leaves empty."""
+
+    job_id: Optional[str]
+    attempt: Optional[int]
+    nodes: list[str]
+    restart: int
+    relaunch: Optional[int]
+    rank: int
+    node: Optional[str]
 
 
 # ---- The rows, one class per kind (docstring: who writes it, when). Placement fields come from

@@ -119,7 +119,9 @@ def tail_jsonl(path: Path, block: int = 1 << 16) -> Iterator[dict[str, object]]:
                 yield from _parse(path, [raw, b""], first=0)
 
 
-RowT = TypeVar("RowT", bound=Mapping[str, object])  # a parsed row, or a typed one
+RowT = TypeVar(
+    "RowT", dict[str, object], Row, Mapping[str, object]
+)  # a file's dict, or a ledger row object
 
 LEGACY_LEDGER, LEDGER_DIR, RANKS_DIR = "ledger.jsonl", "ledger.d", "ranks"
 
@@ -175,8 +177,8 @@ def read_jsonl(path: Path) -> list[dict[str, object]]:
     return list(iter_jsonl(path))
 
 
-def _time(row: Mapping[str, object]) -> float:
-    t = row.get("time")
+def _time(row: Mapping[str, object] | Row) -> float:
+    t = row.time if isinstance(row, Row) else row.get("time")
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
 
 

@@ -13,10 +13,10 @@ fields (`cls` is written as "class"); fields left None are not written.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import enum
 import math
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar, Optional, Union, get_args, get_origin, get_type_hints
 
 # Attribute names that are Python keywords, and the keys rows hold them under.
@@ -29,7 +29,7 @@ REGISTRY: dict[str, type[Row]] = {}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Row(Mapping[str, object]):
+class Row:
     """One ledger row: what it is (`kind`, a class attribute), when, and which start (and rank)
     wrote it. `durable`: fsynced before `record` returns, because a later decision reads it.
     `tracked`: marked on the experiment trackers; `closing`: written after the attempt it closes
@@ -71,25 +71,6 @@ class Row(Mapping[str, object]):
         out.update(self.extra)
         return out
 
-    # Mapping access by the ledger's keys: what readers written before the row classes use.
-    def __getitem__(self, key: str) -> object:
-        if key == "event":
-            return self.event
-        name = ATTR_NAMES.get(key, key)
-        if name != "extra" and name in _field_names(type(self)):
-            value = getattr(self, name)
-            return list(value) if isinstance(value, tuple) else value
-        return self.extra[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self.to_json()
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Unknown(Row):
@@ -107,20 +88,44 @@ def _json_value(value: object) -> object:
     JSON has no NaN, and a reader in another language must parse every row)."""
     if isinstance(value, tuple):
         return list(value)
+    if isinstance(value, enum.Enum):  # FailureClass: its text, as a reader in any language sees it
+        return value.value
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
 
 
-@functools.cache
-def _field_names(cls: type[Row]) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    name: str
+    key: str  # the key rows hold it under
+    tp: object
+    default: object
+    factory: Optional[Callable[[], object]]  # a fresh default per row (a dict)
 
 
-@functools.cache
-def _hints(cls: type[Row]) -> dict[str, object]:
-    hints = get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name != "extra"}
+_FIELDS: dict[type, tuple[_Field, ...]] = {}
+
+
+def _fields(cls: type[Row]) -> tuple[_Field, ...]:
+    """Each field of `cls` with its key, type and default: worked out once per class (a status
+    over 501 runs parses thousands of rows)."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        hints = get_type_hints(cls)
+        found = _FIELDS[cls] = tuple(
+            _field(f, hints[f.name]) for f in dataclasses.fields(cls) if f.name != "extra"
+        )
+    return found
+
+
+def _field(f: dataclasses.Field[object], tp: object) -> _Field:
+    key = JSON_NAMES.get(f.name, f.name)
+    if f.default is not dataclasses.MISSING:
+        return _Field(f.name, key, tp, f.default, None)
+    if f.default_factory is not dataclasses.MISSING:
+        return _Field(f.name, key, tp, None, f.default_factory)
+    return _Field(f.name, key, tp, _empty(tp), None)  # required: its type's empty value
 
 
 def parse(raw: Mapping[str, object]) -> Row:
@@ -131,24 +136,15 @@ def parse(raw: Mapping[str, object]) -> Row:
     cls = REGISTRY.get(kind) if isinstance(kind, str) else None
     target: type[Row] = cls or Unknown
     values: dict[str, object] = {}
-    for name, tp in _hints(target).items():
-        key = JSON_NAMES.get(name, name)
-        default = _default(target, name, tp)
-        values[name] = _coerce(tp, raw[key], default) if key in raw else default
+    fields = _fields(target)
+    for f in fields:
+        default = f.factory() if f.factory else f.default
+        values[f.name] = _coerce(f.tp, raw[f.key], default) if f.key in raw else default
     if cls is None:
         values["name"] = str(kind) if kind is not None else ""
-    known = {JSON_NAMES.get(n, n) for n in _hints(target)} | {"event"}
-    values["extra"] = {k: v for k, v in raw.items() if k not in known}
+    known = {f.key for f in fields}
+    values["extra"] = {k: v for k, v in raw.items() if k != "event" and k not in known}
     return target(**values)  # type: ignore[arg-type]  # each value coerced to its field's type
-
-
-def _default(cls: type[Row], name: str, tp: object) -> object:
-    f = {f.name: f for f in dataclasses.fields(cls)}[name]
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return _empty(tp)
 
 
 def _empty(tp: object) -> object:

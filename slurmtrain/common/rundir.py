@@ -28,7 +28,7 @@ from omegaconf._utils import get_omega_conf_dumper
 from slurmtrain.common import checkpoint_dir, runlock
 from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
-from slurmtrain.common.events import Event, Finished, Row, Rows, Started, parse
+from slurmtrain.common.events import Finished, Row, Rows, Started
 from slurmtrain.common.fingerprint import (
     ADDED_RESULT_KEYS,
     digest,
@@ -172,15 +172,15 @@ class RunDir:
         """A rank's output, as srun writes it (`--output=logs/%j_%t.out`) and local tasks too."""
         return self.logs / f"{job_id}_{rank}.{stream}"
 
-    def events(self, kind: Optional[str] = None) -> Rows:
+    def events(self) -> Rows:
         """The whole ledger, both tiers, in time order (a corrupt line is reported on stderr,
         once, naming its file and line; a torn last line of a live file is skipped). Every rank's
         rows of every attempt: at scale read `run_events` and one attempt's `rank_rows`."""
-        return _kind(ledger_rows(self.path), kind)
+        return ledger_rows(self.path)
 
-    def run_events(self, kind: Optional[str] = None) -> Rows:
+    def run_events(self) -> Rows:
         """The run tier only (login, supervisor, cancel, rank 0): O(attempts) files."""
-        return _kind(merge_ledger(self.ledger_files()), kind)
+        return merge_ledger(self.ledger_files())
 
     def rank_rows(self, job_id: object, restart: int = 0, relaunch: int = 0) -> Rows:
         """The rows every rank wrote in one attempt key (failures, hangs): O(nodes) files."""
@@ -196,7 +196,7 @@ class RunDir:
 
     def record(
         self,
-        event: str | Event | Row,
+        event: Row,
         *,
         job_id: Optional[str] = None,
         attempt: Optional[int] = None,
@@ -204,8 +204,8 @@ class RunDir:
         durable: Optional[bool] = None,
         **fields: object,
     ) -> Row:
-        """Append one run-tier row: a row object (its placement filled from the keywords where it
-        has none), or (older writers) a kind or an events constructor's Event plus fields."""
+        """Append one run-tier row: a row object, its placement filled from the keywords where it
+        has none (`fields`: more placement, events.Where's keys)."""
         where = dict(job_id=job_id, attempt=attempt, nodes=tuple(nodes))
         row = _placed(event, {**where, **fields})
         # This process's own file (no other process ever writes it); fate-deciding events fsynced
@@ -216,7 +216,7 @@ class RunDir:
 
     def record_rank(
         self,
-        event: str | Event | Row,
+        event: Row,
         *,
         job_id: Optional[str],
         restart: int,
@@ -262,22 +262,10 @@ class RunDir:
         return STOPPED
 
 
-def _placed(event: str | Event | Row, fields: dict[str, object]) -> Row:
-    """The row to write, stamped now: a row object keeps its own placement values, the caller's
-    fill the rest; an older writer's kind/Event and fields are parsed like a row read back."""
-    if isinstance(event, Row):
-        own = {k: v for k, v in fields.items() if getattr(event, k) in (None, ())}
-        return dataclasses.replace(event, time=time.time(), **own)  # type: ignore[arg-type]
-    kind, fixed = (event.kind.value, event.fields) if isinstance(event, Event) else (event, {})
-    nodes = fields.get("nodes")
-    raw = {"event": kind, "time": time.time(), **fields, **fixed}
-    if isinstance(nodes, tuple):
-        raw["nodes"] = list(nodes)
-    return parse(raw)
-
-
-def _kind(rows: Rows, kind: Optional[str]) -> Rows:
-    return rows if kind is None else [r for r in rows if r.event == kind]
+def _placed(row: Row, fields: dict[str, object]) -> Row:
+    """The row to write, stamped now: its own placement values kept, the caller's filling the rest."""
+    own = {k: v for k, v in fields.items() if getattr(row, k) in (None, ())}
+    return dataclasses.replace(row, time=time.time(), **own)  # type: ignore[arg-type]
 
 
 class RunLocked(ConfigError):

@@ -90,10 +90,16 @@ def _enabled(section: object) -> bool:
 
 
 def build(
-    cfg: RootConfig, ds_config: DsConfig, device: Union[str, torch.device] = "cpu"
+    cfg: RootConfig,
+    ds_config: DsConfig,
+    device: Union[str, torch.device] = "cpu",
+    mpu: object = None,
 ) -> torch.nn.Module:
     """ZeRO-3: no rank ever holds the whole model. ZeRO 0-2: built on `device` in the training
-    dtype (the seed is set first: the same config draws the same weights)."""
+    dtype (the seed is set first: the same config draws the same weights). `mpu`: TP's or SP's
+    groups (compute/parallel.mpu, set up by the caller before zero.Init: its patched tensor
+    construction refuses torch._dynamo's import), so ZeRO-3 partitions over the data-parallel
+    ranks."""
     torch.manual_seed(cfg.train.seed)
     device = torch.device(device)
     dtype = train_dtype(ds_config)
@@ -102,12 +108,8 @@ def build(
     elif cfg.deepspeed.stage == 3:
         import deepspeed
 
-        # imported before zero.Init, whose patched tensor construction torch._dynamo's import refuses
-        from slurmtrain.compute import parallel
-
         cls, config = model_class(cfg), model_config(cfg)
-        # TP: DeepSpeed's groups, so the batch check and the partitions use DP = world / TP
-        with deepspeed.zero.Init(config_dict_or_path=ds_config, mpu=parallel.mpu(cfg)):
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, mpu=mpu):
             model = cls(config)
     else:
         model = _fresh(cfg, device, dtype)

@@ -30,16 +30,20 @@ def skips_init(cfg: RootConfig, resuming: bool, same_world: bool) -> bool:
 
 
 def build(
-    cfg: RootConfig, ds_config: dict[str, object], device: torch.device, skip_init: bool
+    cfg: RootConfig,
+    ds_config: dict[str, object],
+    device: torch.device,
+    skip_init: bool,
+    mpu: object = None,
 ) -> torch.nn.Module:
     """model.build(...), or (skip_init) the same module with uninitialised weights on `device`."""
     from slurmtrain.compute import model
 
     if not skip_init:
-        return model.build(cfg, ds_config, device)
-    net = model.build(cfg, ds_config, torch.device("meta"))
+        return model.build(cfg, ds_config, device, mpu)
+    net = model.build(cfg, ds_config, torch.device("meta"), mpu)
     if _non_persistent_buffers(net):
-        return model.build(cfg, ds_config, device)
+        return model.build(cfg, ds_config, device, mpu)
     net.to_empty(device=torch.device(device))
     if hasattr(net, "tie_weights"):  # to_empty gives each module its own tensor: tie them again
         net.tie_weights()

@@ -170,7 +170,8 @@ class Trainer:
         self.memory = MemoryCheck(cfg, self.ctx)
         self.memory.start()
         skip = resume_build.skips_init(cfg, self.found.path is not None, self.same_world)
-        self.net = resume_build.build(cfg, self.ds_config, self.device, skip_init=skip)
+        mpu = parallel.mpu(cfg)  # TP/SP: DeepSpeed's groups (data-parallel size = world / TP / SP)
+        self.net = resume_build.build(cfg, self.ds_config, self.device, skip_init=skip, mpu=mpu)
         self._mark("build", build_skipped_init=skip)
         startup.skip_muon_compile()  # DeepSpeed's Muon import compiles kernels: seconds per start
         self.engine, _, _, _ = deepspeed.initialize(
@@ -178,7 +179,7 @@ class Trainer:
             model_parameters=self.net.parameters(),
             config=self.ds_config,
             lr_scheduler=ds_config.lr_scheduler(cfg),  # metaseq's: not expressible in the dict
-            mpu=parallel.mpu(cfg),  # TP: DeepSpeed's groups (data-parallel size = world / TP)
+            mpu=mpu,
         )
         self.checkpointer = Checkpointer(
             cfg.checkpoint,

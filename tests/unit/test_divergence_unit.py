@@ -7,8 +7,7 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
-from slurmtrain.common import events as rows
-from slurmtrain.common import ledger
+from slurmtrain.common import events, ledger
 from slurmtrain.common.checkpoint_format import prune, step_dirs
 from slurmtrain.common.events import FailureClass
 from slurmtrain.compute.checkpoint import select
@@ -38,14 +37,14 @@ def test_plan_rollback_skips_at_least_the_window_bounded_for_tiny_runs():
     big = plan_rollback(Divergence(1050, 9.9, "x"), 1000, 16, [], FAULTS, 100_000, 8)
     assert big.skip_steps == 200 and big.skip_samples == 16 + 200 * 8
     assert "no valid checkpoint" in plan_rollback(d, None, 0, [], FAULTS, 40, 8).stop
-    again = [rows.Rollback(step=15, to_step=10, skipped_samples=40)]
+    again = [events.Rollback(step=15, to_step=10, skipped_samples=40)]
     assert "diverged again" in plan_rollback(d, 10, 40, again, FAULTS, 40, 8).stop
-    many = [rows.Rollback(to_step=s) for s in range(5)]
+    many = [events.Rollback(to_step=s) for s in range(5)]
     assert "max_rollback=5" in plan_rollback(d, 10, 0, many, FAULTS, 40, 8).stop
 
 
 def test_resumed_skip_follows_a_rollback_to_the_same_checkpoint():
-    rb = [rows.Rollback(to_step=10, data_skip=40)]
+    rb = [events.Rollback(to_step=10, data_skip=40)]
     assert resumed_skip(0, 10, rb) == 40 and resumed_skip(0, 20, rb) == 0
 
 
@@ -57,21 +56,21 @@ def test_sampler_skip_moves_every_batch():
 
 
 def test_vanished_attempt_with_only_the_early_signal_is_preempted():
-    events = [
-        rows.Started(attempt=1),
-        rows.Signal(attempt=1, signal="SIGTERM", before_save=True),
+    ledger_rows = [
+        events.Started(attempt=1),
+        events.Signal(attempt=1, signal="SIGTERM", before_save=True),
     ]  # Slurm killed it mid-save: no checkpoint_saved, no attempt_ended
-    assert ledger.vanished_class(events, 1) == FailureClass.preempted
-    open_attempt = ledger.unended_attempt(events)
+    assert ledger.vanished_class(ledger_rows, 1) == FailureClass.preempted
+    open_attempt = ledger.unended_attempt(ledger_rows)
     assert open_attempt is not None and open_attempt.attempt == 1
 
 
 def test_vanished_attempt_stopped_by_ctrl_c_is_cancelled_not_a_node_failure():
-    events = [
-        rows.Started(attempt=1),
-        rows.Signal(attempt=1, signal="SIGINT", before_save=True),
+    ledger_rows = [
+        events.Started(attempt=1),
+        events.Signal(attempt=1, signal="SIGINT", before_save=True),
     ]  # a local run's Ctrl-C, then its command was killed before closing the attempt
-    assert ledger.vanished_class(events, 1) == FailureClass.cancelled
+    assert ledger.vanished_class(ledger_rows, 1) == FailureClass.cancelled
 
 
 def test_new_classes_have_budgets():
@@ -94,35 +93,39 @@ def test_choose_stops_when_published_checkpoints_all_fail(tmp_path):
     root = tmp_path / "ck"
     _ckpt(root, 10, good=False)
     _ckpt(root, 20, good=False)
-    saved = [rows.CheckpointSaved(step=s) for s in (10, 20)]
-    events = [rows.Submitted(), *saved]
-    c = select.choose(root, events, "auto", full=True)
+    saved = [events.CheckpointSaved(step=s) for s in (10, 20)]
+    ledger_rows = [events.Submitted(), *saved]
+    c = select.choose(root, ledger_rows, "auto", full=True)
     assert c.found.path is None and "step_20: " in c.stop and "step_10: " in c.stop
-    assert select.choose(tmp_path / "empty", events, "auto", True).stop  # unmounted: all missing
-    assert select.choose(tmp_path / "empty", events[:1], "auto", True).stop is None  # a new run
+    assert select.choose(
+        tmp_path / "empty", ledger_rows, "auto", True
+    ).stop  # unmounted: all missing
+    assert (
+        select.choose(tmp_path / "empty", ledger_rows[:1], "auto", True).stop is None
+    )  # a new run
 
 
 def test_resume_none_and_step_n_apply_once_and_move_checkpoints_aside(tmp_path):
     root = tmp_path / "ck"
     for s in (10, 20, 30):
         _ckpt(root, s)
-    events: rows.Rows = [rows.Submitted()]
-    c = select.choose(root, events, "step_20", full=True)
+    ledger_rows: events.Rows = [events.Submitted()]
+    c = select.choose(root, ledger_rows, "step_20", full=True)
     assert c.found.path == root / "step_20"
     assert c.applied is not None and c.applied.moved == ("step_30",) and c.applied.kept_step == 20
     assert (root / "latest").read_text() == "step_20"
-    assert ledger.resume_request(events, "step_20") == "step_20"  # not applied yet
-    events.append(c.applied)
-    assert ledger.resume_request(events, "step_20") == "auto"  # a restart resumes normally
-    assert ledger.published_since_reset(events) == [rows.CheckpointSaved(step=20)]
-    events += [rows.CheckpointSaved(step=25), rows.Submitted(requeue_of="7")]
-    assert [e.step for e in ledger.published_since_reset(events)] == [20, 25]
-    assert ledger.resume_request(events, "step_20") == "auto"  # a requeue asks nothing anew
-    c = select.choose(root, [rows.Submitted()], "none", full=True)
+    assert ledger.resume_request(ledger_rows, "step_20") == "step_20"  # not applied yet
+    ledger_rows.append(c.applied)
+    assert ledger.resume_request(ledger_rows, "step_20") == "auto"  # a restart resumes normally
+    assert ledger.published_since_reset(ledger_rows) == [events.CheckpointSaved(step=20)]
+    ledger_rows += [events.CheckpointSaved(step=25), events.Submitted(requeue_of="7")]
+    assert [e.step for e in ledger.published_since_reset(ledger_rows)] == [20, 25]
+    assert ledger.resume_request(ledger_rows, "step_20") == "auto"  # a requeue asks nothing anew
+    c = select.choose(root, [events.Submitted()], "none", full=True)
     assert c.found.path is None and c.applied is not None
     assert sorted(c.applied.moved) == ["step_10", "step_20"]
     assert step_dirs(root) == [] and not (root / "latest").exists()
-    bad = select.choose(root, [rows.Submitted()], "step_5", full=True)
+    bad = select.choose(root, [events.Submitted()], "step_5", full=True)
     assert "no such checkpoint" in bad.stop
 
 
@@ -173,7 +176,7 @@ def test_overflow_steps_do_not_feed_the_spike_median():
 
 def test_plan_rollback_after_a_repeat_goes_older_or_stops_naming_it():
     faults = SimpleNamespace(max_rollback=5, skip_batches=200, rollback_repeat_window=100)
-    first = [rows.Rollback(step=25, to_step=20, skipped_samples=40)]
+    first = [events.Rollback(step=25, to_step=20, skipped_samples=40)]
     d = Divergence(25, math.nan, "x")
     older = plan_rollback(d, 10, 0, first, faults, 40, 8)
     assert older.stop is None and older.to_step == 10 and older.number == 2

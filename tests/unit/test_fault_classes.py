@@ -143,8 +143,12 @@ def _run_with(tmp_path, rows, *overrides):
     return run
 
 
+def _stops(run):
+    return [e for e in run.events() if isinstance(e, events.Stopped)]
+
+
 def _ended(run):
-    return [e for e in run.events() if e["event"] == "attempt_ended"]
+    return [e for e in run.events() if isinstance(e, events.AttemptEnded)]
 
 
 def test_a_start_that_dies_before_started_does_not_inherit_the_previous_outcome(tmp_path):
@@ -160,9 +164,9 @@ def test_a_start_that_dies_before_started_does_not_inherit_the_previous_outcome(
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
     assert supervise.supervise(str(run.path), 1, env) != 0
     [first, second] = _ended(run)
-    assert second["class"] == "crash" and second["before_started"] and second["attempt"] is None
-    assert second["restart"] == 1
-    assert run.events("stopped")[-1]["class"] == "crash"
+    assert second.cls == FailureClass.crash and second.before_started and second.attempt is None
+    assert second.restart == 1
+    assert _stops(run)[-1].cls == FailureClass.crash
 
 
 def test_a_start_after_a_preemption_that_dies_before_started_is_not_recorded_cancelled(tmp_path):
@@ -173,7 +177,7 @@ def test_a_start_after_a_preemption_that_dies_before_started_is_not_recorded_can
     run = _run_with(tmp_path, rows, "faults.max_crash=0", "faults.node_check_s=0")
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
     supervise.supervise(str(run.path), 1, env)
-    assert [e["class"] for e in _ended(run)] == ["crash"]
+    assert [e.cls for e in _ended(run)] == [FailureClass.crash]
     assert ledger.attempt_of(run.events(), "7", 0) == 1
     assert ledger.attempt_of(run.events(), "7", 1) is None
 
@@ -244,17 +248,17 @@ def test_when_no_node_set_can_run_the_job_the_run_stops_saying_so(tmp_path):
         code = supervise.supervise(str(run.path), 1, env)
     except Exception as err:  # noqa: BLE001
         pytest.skip(f"needs the test cluster's partitions: {err}")
-    [stop] = run.events("stopped")
-    if "no node set" not in stop["error"]:
+    [stop] = _stops(run)
+    if "no node set" not in stop.error:
         pytest.skip("the test cluster's partitions are not reachable")
-    assert code != 0 and stop["class"] == "no_nodes"
-    assert "n1 (cluster.exclude)" in stop["error"] and "n2 (device error" in stop["error"]
+    assert code != 0 and stop.cls == FailureClass.no_nodes
+    assert "n1 (cluster.exclude)" in stop.error and "n2 (device error" in stop.error
 
 
 def test_the_state_fails_closed_when_slurm_cannot_be_asked(tmp_path, monkeypatch):
     run = RunDir(tmp_path / "r")
     run.path.mkdir()
-    run.record("submitted", job_id="123", executor="slurm")
+    run.record(events.Submitted(executor="slurm"), job_id="123")
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     with pytest.raises(StateUnknown, match="neither squeue nor sacct answered"):
         run.state()

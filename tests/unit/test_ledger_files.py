@@ -7,7 +7,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
-from slurmtrain.common import jsonl
+from slurmtrain.common import events, jsonl
 from slurmtrain.common.rundir import RunDir, read_jsonl
 
 WRITERS, ROWS = 6, 40
@@ -16,9 +16,9 @@ WRITERS, ROWS = 6, 40
 def _writer(path: str, n: int) -> None:
     run = RunDir(Path(path))
     for i in range(n):
-        run.record(
-            "straggler" if i % 2 else "checkpoint_saved", job_id="1", writer=os.getpid(), i=i
-        )
+        tag = {"writer": os.getpid(), "i": i}  # keys no class declares: kept in `extra`
+        row = events.Straggler(extra=tag) if i % 2 else events.CheckpointSaved(extra=tag)
+        run.record(row, job_id="1")
 
 
 def test_concurrent_writers_never_share_a_file_and_nothing_is_lost(tmp_path: Path) -> None:
@@ -36,12 +36,12 @@ def test_concurrent_writers_never_share_a_file_and_nothing_is_lost(tmp_path: Pat
     for f in files:  # one writer per file: every row of a file comes from the pid in its name
         writers = {row["writer"] for row in read_jsonl(f)}
         assert writers == {int(f.name.split(".")[-3])}, (f.name, writers)
-    events = run.events()
-    assert len(events) == WRITERS * ROWS
-    times = [e["time"] for e in events]
+    rows = run.events()
+    assert len(rows) == WRITERS * ROWS
+    times = [e.time for e in rows]
     assert times == sorted(times)
-    for pid in {e["writer"] for e in events}:  # each writer's own order is kept
-        assert [e["i"] for e in events if e["writer"] == pid] == list(range(ROWS))
+    for pid in {e.extra["writer"] for e in rows}:  # each writer's own order is kept
+        assert [e.extra["i"] for e in rows if e.extra["writer"] == pid] == list(range(ROWS))
 
 
 def test_fate_events_are_fsynced_and_others_are_not(tmp_path: Path, monkeypatch) -> None:
@@ -49,28 +49,37 @@ def test_fate_events_are_fsynced_and_others_are_not(tmp_path: Path, monkeypatch)
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
     run = RunDir(tmp_path)
-    run.record("straggler", job_id="1")  # creates ledger.d/ (its entry is synced once)
+    run.record(events.Straggler(), job_id="1")  # creates ledger.d/ (its entry is synced once)
     synced.clear()
-    run.record("straggler", job_id="1")  # not a fate event: no fsync
+    run.record(events.Straggler(), job_id="1")  # not a fate event: no fsync
     assert synced == []
-    for event in ("started", "attempt_ended", "stopped", "finished", "submitted", "requeued"):
+    crash = events.FailureClass.crash
+    fate = (
+        events.Started(),
+        events.AttemptEnded(cls=crash),
+        events.Stopped(cls=crash),
+        events.Finished(),
+        events.Submitted(),
+        events.Requeued(),
+    )
+    for event in fate:
         synced.clear()
         run.record(event, job_id="1")
-        assert synced, f"{event} was not fsynced"
+        assert synced, f"{event.event} was not fsynced"
     run2 = RunDir(tmp_path / "fresh")
     synced.clear()
-    run2.record("started", job_id="2")  # new file and new directory: their entries too
+    run2.record(events.Started(), job_id="2")  # new file and new directory: their entries too
     assert len(synced) >= 3
 
 
 def test_a_corrupt_line_is_reported_once_with_file_and_line(tmp_path: Path, capsys) -> None:
     run = RunDir(tmp_path)
-    run.record("started", job_id="1", attempt=1)
+    run.record(events.Started(), job_id="1", attempt=1)
     [own] = run.ledger_files()
     with open(own, "ab") as f:
         f.write(b'{"event": "fini\x00\xff garbage\n')
-    run.record("finished", job_id="1", attempt=1, step=9)
-    assert [e["event"] for e in run.events()] == ["started", "finished"]
+    run.record(events.Finished(step=9), job_id="1", attempt=1)
+    assert [e.event for e in run.events()] == ["started", "finished"]
     err = capsys.readouterr().err
     assert f"{own}:2" in err and "warning" in err
     run.events()
@@ -79,11 +88,11 @@ def test_a_corrupt_line_is_reported_once_with_file_and_line(tmp_path: Path, caps
 
 def test_a_torn_last_line_is_skipped_quietly(tmp_path: Path, capsys) -> None:
     run = RunDir(tmp_path)
-    run.record("started", job_id="1", attempt=1)
+    run.record(events.Started(), job_id="1", attempt=1)
     [own] = run.ledger_files()
     with open(own, "ab") as f:
         f.write(b'{"event": "checkpoint_sa')  # a writer mid-append
-    assert [e["event"] for e in run.events()] == ["started"]
+    assert [e.event for e in run.events()] == ["started"]
     assert capsys.readouterr().err == ""
 
 
@@ -91,10 +100,10 @@ def test_an_old_single_file_ledger_still_reads_and_merges_in_time_order(tmp_path
     rows = [{"event": "submitted", "time": 1.0, "job_id": "5"}, {"event": "started", "time": 3.0}]
     (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = RunDir(tmp_path)
-    assert [e["event"] for e in run.events()] == ["submitted", "started"]
+    assert [e.event for e in run.events()] == ["submitted", "started"]
     jsonl.append_own(run.ledger_dir, {"event": "signal", "time": 2.0})
-    assert [e["event"] for e in run.events()] == ["submitted", "signal", "started"]
-    assert run.events("started")[0]["time"] == 3.0
+    assert [e.event for e in run.events()] == ["submitted", "signal", "started"]
+    assert [e.time for e in run.events() if isinstance(e, events.Started)] == [3.0]
     # code still reading the old path gets the whole merged ledger, never half of it
     assert [e["event"] for e in read_jsonl(run.ledger)] == ["submitted", "signal", "started"]
 
@@ -108,14 +117,14 @@ def test_metrics_files_read_as_before(tmp_path: Path) -> None:
 
 def test_a_forked_child_writes_its_own_file(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
-    run.record("started", job_id="1")
+    run.record(events.Started(), job_id="1")
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
-        run.record("failed", job_id="1")
+        run.record(events.Failed(cls=events.FailureClass.crash), job_id="1")
         os._exit(0)
     os.waitpid(pid, 0)
     assert len(run.ledger_files()) == 2
-    assert [e["event"] for e in run.events()] == ["started", "failed"]
+    assert [e.event for e in run.events()] == ["started", "failed"]
 
 
 def test_a_row_appended_after_a_dead_writers_torn_line_is_kept(tmp_path: Path, capsys) -> None:

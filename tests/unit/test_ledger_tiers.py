@@ -82,25 +82,28 @@ def test_a_rank_killed_mid_write_never_swallows_another_ranks_row(tmp_path: Path
 
 def test_readers_take_one_tier_or_one_attempt(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
-    run.record("submitted", job_id="77")
-    run.record("started", job_id="77", attempt=1, restart=0, relaunch=0)
+    run.record(events.Submitted(), job_id="77")
+    run.record(events.Started(restart=0, relaunch=0), job_id="77", attempt=1)
     for relaunch in (0, 1):
         run.record_rank(
-            "failed",
+            events.Failed(cls=FailureClass.crash, rank=9, error=f"boom {relaunch}"),
             job_id="77",
             restart=0,
             relaunch=relaunch,
             on_node="n2",
-            rank=9,
-            error=f"boom {relaunch}",
         )
-    run.record("attempt_ended", job_id="77", attempt=1, **{"class": "crash"})
-    assert [e["event"] for e in run.run_events()] == ["submitted", "started", "attempt_ended"]
-    assert [e["error"] for e in run.rank_rows("77", 0, 1)] == ["boom 1"]
+    run.record(events.AttemptEnded(cls=FailureClass.crash), job_id="77", attempt=1)
+    assert [e.event for e in run.run_events()] == ["submitted", "started", "attempt_ended"]
+    assert [e.error for e in run.rank_rows("77", 0, 1) if isinstance(e, events.Failed)] == [
+        "boom 1"
+    ]
     view = run.attempt_events("77", 0, 0)
-    assert [e["event"] for e in view] == ["submitted", "started", "failed", "attempt_ended"]
-    assert len(run.events()) == 5 and len(run.events("failed")) == 2
-    times = [e["time"] for e in run.events()]
+    assert [e.event for e in view] == ["submitted", "started", "failed", "attempt_ended"]
+    assert (
+        len(run.events()) == 5
+        and len([e for e in run.events() if isinstance(e, events.Failed)]) == 2
+    )
+    times = [e.time for e in run.events()]
     assert times == sorted(times)
     assert ledger.newest_key(run.run_events()) == ("77", 0, 0)
     # the old path still returns the whole ledger, both tiers
@@ -124,10 +127,10 @@ def test_rank_zero_closes_a_vanished_attempt_from_its_rank_rows(tmp_path: Path) 
 
 def test_an_old_runs_per_process_failure_rows_still_count(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
-    run.record("started", job_id="77", attempt=3, restart=0, relaunch=0)
+    run.record(events.Started(restart=0, relaunch=0), job_id="77", attempt=3)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child: a rank writing as before the rank tier
-        run.record("failed", job_id="77", attempt=3, rank=4, **{"class": "crash", "error": OOM})
+        run.record(events.Failed(cls=FailureClass.crash, error=OOM, rank=4), job_id="77", attempt=3)
         os._exit(0)
     os.waitpid(pid, 0)
     assert len(run.ledger_files()) == 2
@@ -183,6 +186,12 @@ def test_rows_of_a_shared_node_file_come_back_in_time_order(tmp_path: Path) -> N
             for r, t in ((1, 5.0), (0, 4.0), (2, 6.0))
         )
     )
-    run.record_rank("failed", job_id="77", restart=0, relaunch=0, on_node="n2", rank=8)
-    assert [e["rank"] for e in run.rank_rows("77")] == [0, 1, 2, 8]
-    assert [e["rank"] for e in run.events("failed")] == [0, 1, 2, 8]
+    run.record_rank(
+        events.Failed(cls=FailureClass.crash, rank=8),
+        job_id="77",
+        restart=0,
+        relaunch=0,
+        on_node="n2",
+    )
+    assert [e.rank for e in run.rank_rows("77")] == [0, 1, 2, 8]
+    assert [e.rank for e in run.events() if isinstance(e, events.Failed)] == [0, 1, 2, 8]

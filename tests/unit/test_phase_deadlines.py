@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurmtrain.common import events as rows
+from slurmtrain.common import events
 from slurmtrain.common.schema import FaultsConfig
 from slurmtrain.compute.checkpoint.beats import Beats
 from slurmtrain.compute.faults.watchdog import Watchdog
@@ -99,7 +99,7 @@ def test_a_rank_s_bytes_alone_still_give_minutes_on_the_compute_side():
         deepspeed=SimpleNamespace(stage=2, dtype="bf16"),
         gpus_per_node=8,
     )
-    started = rows.Started(world_size=512, nodes=tuple(f"g{i}" for i in range(64)))
+    started = events.Started(world_size=512, nodes=tuple(f"g{i}" for i in range(64)))
     d = deadlines.from_config(FaultsConfig(), [started], world=512)
     assert d.nodes == 64 and d.row().node_count == 64
     rank = deadlines.planned_state_bytes(cfg, 512)
@@ -117,20 +117,22 @@ def test_measured_rates_replace_the_planned_ones():
     """A measured save: the ledger's `bytes` are all ranks' (a per-node rate over its nodes);
     its `rank_bytes` over its seconds time the next save of the busiest rank."""
     two = ("n1", "n2")
-    saved = rows.CheckpointSaved(bytes=400 * MB, rank_bytes=200 * MB, total_seconds=2.0, nodes=two)
-    events = [
+    saved = events.CheckpointSaved(
+        bytes=400 * MB, rank_bytes=200 * MB, total_seconds=2.0, nodes=two
+    )
+    ledger_rows = [
         saved,
-        rows.CheckpointSaved(
+        events.CheckpointSaved(
             bytes=400 * MB, rank_bytes=200 * MB, total_seconds=4.0, seconds=0.5, nodes=two
         ),  # the slowest (until published: an async save's loop waited only 0.5 s)
-        rows.CheckpointVerified(
+        events.CheckpointVerified(
             ok=True, bytes=900 * MB, rank_bytes=450 * MB, seconds=1.0, nodes=two
         ),
-        rows.CheckpointVerified(ok=False, bytes=900 * MB, seconds=0.01),
-        rows.CheckpointLoaded(rank_bytes=150 * MB, world_size=2, seconds=1.0, nodes=two),
-        rows.Started(world_size=2, nodes=two),  # neither a save nor a read
+        events.CheckpointVerified(ok=False, bytes=900 * MB, seconds=0.01),
+        events.CheckpointLoaded(rank_bytes=150 * MB, world_size=2, seconds=1.0, nodes=two),
+        events.Started(world_size=2, nodes=two),  # neither a save nor a read
     ]
-    d = deadlines.from_config(FaultsConfig(), events, world=2, nodes=2)
+    d = deadlines.from_config(FaultsConfig(), ledger_rows, world=2, nodes=2)
     assert d.write_measured and d.write_bps == 50 * MB  # 400 MB / 4 s / 2 nodes
     assert d.read_measured and d.read_bps == pytest.approx(300 * MB)  # median; failed one ignored
     assert d.row().write_rate == "measured" and d.row().read_rate == "measured"

@@ -36,8 +36,10 @@ def test_signal_lead_below_twice_the_save_time_warns(workdir):
         cfg = compose(
             "config", overrides=["cluster=slurm", "gpus_per_node=0", "cluster.signal_lead_s=60"]
         )
-    assert preflight.lead_warning(cfg, [{"total_seconds": 10.0}]) is None
-    line = preflight.lead_warning(cfg, [{"total_seconds": 40.0}])
+    from slurmtrain.common.events import CheckpointSaved
+
+    assert preflight.lead_warning(cfg, [CheckpointSaved(total_seconds=10.0)]) is None
+    line = preflight.lead_warning(cfg, [CheckpointSaved(total_seconds=40.0)])
     assert "cluster.signal_lead_s=60" in line and "measured" in line and ">=81" in line
     with initialize_config_dir(config_dir=schema.conf_dir(), version_base="1.3"):
         big = compose("config", overrides=["cluster=slurm", "model=opt66b", "gpus_per_node=8"])

@@ -86,7 +86,7 @@ def _run_with(tmp_path, rows):
     run = locate(cfg)
     create(run, cfg, [])
     for row in rows:
-        run.record(**row)
+        run.record(events.parse(row))  # the rows as files hold them
     return run
 
 

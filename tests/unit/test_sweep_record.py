@@ -16,7 +16,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from slurmtrain.common import durable, provenance, schema
+from slurmtrain.common import durable, events, provenance, schema
 from slurmtrain.common.rundir import RunDir, fingerprint
 from slurmtrain.login import prepare
 
@@ -43,7 +43,7 @@ def test_points_are_recorded_without_an_fsync_each_then_fsynced_together(tmp_pat
     )
     for i, p in enumerate(points):
         prepare.record(p, [f"train.seed={i}"], durable=False)
-        p.run.record("submitted", job_id=f"7_{i}", executor="slurm", durable=False)
+        p.run.record(events.Submitted(executor="slurm"), job_id=f"7_{i}", durable=False)
     assert fsyncs == []
     durable.persist(p for point in points for p in (point.run.config, point.run.path))
     assert sorted(fsyncs) == sorted(str(p) for pt in points for p in (pt.run.config, pt.run.path))
@@ -56,8 +56,8 @@ def test_points_are_recorded_without_an_fsync_each_then_fsynced_together(tmp_pat
         assert p.run.path.name == fingerprint(p.cfg)  # what was fingerprinted is what was written
         assert yaml.safe_load((p.run.path / "overrides.yaml").read_text()) == [f"train.seed={i}"]
         assert (p.run.provenance / "submit_1.json").is_file()
-        [sub] = RunDir(p.run.path).events("submitted")
-        assert sub["job_id"] == f"7_{i}"
+        [sub] = [e for e in RunDir(p.run.path).events() if isinstance(e, events.Submitted)]
+        assert sub.job_id == f"7_{i}"
 
 
 def test_a_single_run_still_fsyncs_each_file(tmp_path, monkeypatch):
@@ -68,7 +68,7 @@ def test_a_single_run_still_fsyncs_each_file(tmp_path, monkeypatch):
     prepare.record(p, [])
     assert fsyncs  # config.yaml
     before = len(fsyncs)
-    p.run.record("submitted", job_id="8", executor="slurm")
+    p.run.record(events.Submitted(executor="slurm"), job_id="8")
     assert len(fsyncs) > before  # a fate-deciding event
 
 
