@@ -335,7 +335,7 @@ def placement_text(cfg: RootConfig) -> str:
     each += "s" if per_node > 1 else ""
     nodes = f"{low}" if low == high else f"{low}-{high}"
     ranks = f"{low * per_node}" if low == high else f"{low * per_node}-{high * per_node}"
-    return f"{nodes} node{'s' if high > 1 else ''} x {each} = {ranks} ranks"
+    return f"{nodes} node{'s' if high > 1 else ''} x {each} = {ranks} rank{'s' * (high * per_node > 1)}"
 
 
 def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
@@ -372,6 +372,7 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
         out.lines.append(deadline_line(cfg, low))
     if cfg.cluster.kind == "slurm":
         out.lines.append(time_line(cfg))
+    out.lines += site_lines(cfg)
     line = eta_line(cfg, low * per_node, measured_tps, checkpoints)
     if line and measured_tps is None and cfg.gpus_per_node > 0:
         out.lines.append(mfu.planned(cfg).line())  # the ETA's MFU and its source: one line
@@ -383,4 +384,25 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     warning = corpus_warning(cfg)  # a recipe's tokens over the built-in corpus: say so, once
     if warning:
         out.lines.append(warning)
+    return out
+
+
+def site_lines(cfg: RootConfig) -> list[str]:
+    """Where checkpoints go and what the batch shell runs first, when the user set them."""
+    from slurmtrain.common.schema_cluster import setup_lines
+
+    out = []
+    if cfg.checkpoint.dir:
+        out.append(
+            f"plan: checkpoints under checkpoint.dir={cfg.checkpoint.dir}/{cfg.name}/ (the run "
+            f"directory keeps config, ledger and logs, and links there)"
+        )
+    lines = setup_lines(cfg.cluster.setup) if cfg.cluster.kind == "slurm" else []
+    if lines:
+        shown = "; ".join(lines)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        out.append(
+            f"plan: cluster.setup: {len(lines)} line{'s' * (len(lines) > 1)} before each "
+            f"attempt's first srun ({shown})"
+        )
     return out
