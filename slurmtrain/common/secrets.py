@@ -67,6 +67,10 @@ SECRET_VALUE = re.compile(
 # A URL carrying a password (https://user:pw@host): a cluster.env value like that is a secret.
 URL_PASSWORD = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Hydra config groups (conf/'s directories): `GROUP=OPTION` chooses a file by its name, never a
+# secret (`cluster=slurm` is recorded as given); `cluster={...}`, a dict given whole, still is.
+CONFIG_GROUPS = ("cluster", "model", "data", "optim", "deepspeed", "checkpoint", "logger", "site")
+GROUP_OPTION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@/-]*")
 
 
 def redact_text(text: str) -> str:
@@ -217,6 +221,11 @@ def redacted_yaml(cfg: object) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(referenced(cfg)))
 
 
+def is_group_choice(key: str, value: str) -> bool:
+    """`key=value` chooses a config group's option by name (`cluster=slurm`, `model=opt13b`)."""
+    return key in CONFIG_GROUPS and bool(GROUP_OPTION.fullmatch(value)) and not looks_secret(value)
+
+
 def redact_overrides(args: Iterable[str]) -> list[str]:
     """Command-line overrides (or argv) as recorded: `KEY=VALUE` of a secret key becomes
     `KEY=${oc.env:NAME}`, and token-looking text anywhere is <redacted>."""
@@ -224,7 +233,9 @@ def redact_overrides(args: Iterable[str]) -> list[str]:
     for arg in args:
         key, sep, value = str(arg).partition("=")
         bare = key.lstrip("+~")
-        if sep and bare in (ENV_KEY, "cluster"):  # the whole dict given at once: none of it
+        if sep and is_group_choice(bare, value):
+            out.append(str(arg))
+        elif sep and bare in (ENV_KEY, "cluster"):  # the whole dict given at once: none of it
             out.append(f"{key}={REDACTED}")
         elif sep and re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", bare) and is_secret_key(bare, value):
             out.append(f"{key}={reference(bare)}")

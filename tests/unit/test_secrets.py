@@ -50,6 +50,20 @@ def test_argv_and_overrides_lose_secret_values():
     assert redact_overrides(["cluster.env={A: hunter2}"]) == ["cluster.env=<redacted>"]
 
 
+def test_group_choices_are_recorded_as_given():
+    """#36: `cluster=slurm` chooses a config file by name: overrides.yaml holds it as given (it
+    recorded `cluster=<redacted>`); a dict given whole, or a token, is still hidden."""
+    from slurmtrain.common.secrets import redact_overrides
+
+    given = ["cluster=slurm", "model=opt13b", "+site=pyxis_efa", "logger=[tensorboard,wandb]"]
+    assert redact_overrides(given) == given
+    assert redact_overrides(["cluster={partition: gpu, token: x}"]) == ["cluster=<redacted>"]
+    assert HEX40 not in " ".join(redact_overrides([f"cluster={HEX40}"]))
+    assert redact_overrides(["cluster.password=hunter2"]) == [
+        "cluster.password=${oc.env:SLURMTRAIN_SECRET_CLUSTER_PASSWORD}"
+    ]
+
+
 def _cfg(tmp_path, *overrides):
     schema.register()
     with initialize_config_module("slurmtrain.conf", version_base="1.3"):
