@@ -89,7 +89,11 @@ class Traceback:
 
     @property
     def nccl(self) -> bool:
-        return bool(NCCL.search(self.text))
+        """NCCL's or its watchdog's error, judged on the block's own lines (the header, the
+        exception and its message): a RuntimeError raised in a frame of compute/faults/watchdog.py,
+        or under a `watchdog` code line, is not NCCL's."""
+        bodies = (_SRUN_PREFIX.sub("", ln, count=1) for ln in self.lines)
+        return any(NCCL.search(b) for b in bodies if b.strip() and not b[0].isspace())
 
 
 def parse_timestamp(line: str) -> Optional[float]:

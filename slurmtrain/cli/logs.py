@@ -43,7 +43,7 @@ def _print_first_error(m: LogMerger) -> None:
     tb = m.first_error()
     if tb is not None:
         tag = LogLine(tb.attempt, tb.rank, None, "", tb.path, tb.lineno).tag
-        note = "  (only NCCL/watchdog tracebacks found)" if tb.nccl else ""
+        note = "  (an NCCL/watchdog error: no other traceback found)" if tb.nccl else ""
         where, text = f"{tag} {tb.path.name}:{tb.lineno}{note}", tb.text
     elif m.first_error_line is not None:
         ln = m.first_error_line

@@ -82,9 +82,9 @@ def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
         **(
             {"ntasks-per-node": str(tasks_per_node(cfg))}
             if high == low
-            else {"mincpus": str(tasks_per_node(cfg) * cpus_per_task(cfg))}
+            else {"mincpus": str(tasks_per_node(cfg) * (cpus_given(cfg) or 1))}
         ),
-        "cpus-per-task": str(cpus_per_task(cfg)),
+        **({"cpus-per-task": str(cpus)} if (cpus := cpus_given(cfg)) else {}),
         "time": checked("cluster.time", c.time),
         # USR2, not USR1: NCCL catches USR1. Sent to every task `lead` seconds before the limit.
         "signal": f"USR2@{int(c.signal_lead_s)}",
@@ -153,6 +153,16 @@ def cpus_per_task(cfg: RootConfig) -> int:
     return value
 
 
+def cpus_given(cfg: RootConfig) -> Optional[int]:
+    """--cpus-per-task, or None: GPU ranks whose partition's cores are unknown (SLURMTRAIN_AUTO=off,
+    no controller) ask for none rather than one core each; the site's default applies, and
+    per_task_text says so (an 8-GPU job bound to 8 cores starves its data loaders)."""
+    gpus = cfg.gpus_per_node
+    if cfg.cluster.cpus_per_task is None and isinstance(gpus, int) and gpus > 0:
+        return None
+    return cpus_per_task(cfg)
+
+
 def task_defaults(cfg: RootConfig, part: PartitionInfo) -> None:
     """Per-task resources left unset, from the partition the job lands in (mutates cfg).
 
@@ -199,7 +209,7 @@ def cpu_plan_refusal(
 
 def per_task_text(cfg: RootConfig) -> str:
     """What each task is given, for the batch script's header (shown by the dry run)."""
-    cpus = cpus_per_task(cfg)
+    ncpus = cpus_given(cfg)
     c = cfg.cluster
     extra = extra_options(cfg)
     given = next((k for k in ("mem-per-cpu", "mem-per-gpu") if k in extra), None)
@@ -215,7 +225,13 @@ def per_task_text(cfg: RootConfig) -> str:
     else:
         mem = "the site's default (no --mem)"
     bind = "" if str(c.cpu_bind) == "none" else f", cores bound {DISTRIBUTION}"
-    return f"{cpus} CPU{'s' if cpus != 1 else ''} (--cpus-per-task); memory: {mem}{bind}"
+    cpus = (
+        f"{ncpus} CPU{'s' if ncpus != 1 else ''} (--cpus-per-task)"
+        if ncpus
+        else "the site's CPUs per GPU (DefCpuPerGPU, else 1; --cpus-per-task unset: the "
+        "partition's cores are unknown, set cluster.cpus_per_task=N)"
+    )
+    return f"{cpus}; memory: {mem}{bind}"
 
 
 def srun_args(cfg: RootConfig) -> list[str]:
@@ -225,7 +241,8 @@ def srun_args(cfg: RootConfig) -> list[str]:
     allocation (SLURM_CPUS_PER_TASK), so without it every rank is bound to one core. --cpu-bind
     keeps each rank's data loader and Python threads on its own cores, --distribution=block:block
     keeps them on one socket (DISTRIBUTION); a --distribution/-m in cluster.srun_extra wins."""
-    args = [f"--cpus-per-task={cpus_per_task(cfg)}"]
+    cpus = cpus_given(cfg)
+    args = [f"--cpus-per-task={cpus}"] if cpus else []
     bind = str(cfg.cluster.cpu_bind)
     extra, _ = container.split_srun_extra(cfg)  # pyxis' own flags: container.pyxis_args
     if bind != "none":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -84,12 +85,36 @@ def submit(cfg: RootConfig, run: RunDir) -> Submission:
     done = any(isinstance(r, events.Finished) for r in run_rows)
     if done:  # what to do with the model just trained
         _print_sample(run)
-        print(f"sample: python -m slurmtrain.cli sample {run.path} --prompt 'def '")
+        prompt = shlex.quote(sample_prompt(cfg) or "TEXT")
+        print(f"sample: python -m slurmtrain.cli sample {run.path} --prompt {prompt}")
         print(f"export: python -m slurmtrain.cli export {run.path} --out exports/{cfg.name}")
     stopped = [e for e in run_rows if isinstance(e, events.Stopped) and e.job_id == str(job.job_id)]
     if stopped:  # diverged, checkpoint_unreadable, a budget: the attempt said why
         print(f"slurmtrain: run stopped ({stopped[-1].cls}): {stopped[-1].error}")
     return Submission(job.job_id, "local", finished=done, exit_code=0 if done else (code or 1))
+
+
+def sample_prompt(cfg: RootConfig, words: int = 3) -> Optional[str]:
+    """A prompt like the training text, for the next-step hint: 'def ' for data=synthetic (Python's
+    standard library), the first words of data=text's first document (a .txt or .jsonl file);
+    None when the corpus is not text read here (token files, a folder, a blend)."""
+    if cfg.data.kind == "synthetic":
+        return "def "
+    path = cfg.data.path
+    if cfg.data.kind != "text" or not path or Path(path).suffix not in (".txt", ".jsonl"):
+        return None
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as f:
+            first = next((line for line in f if line.strip()), "")
+    except OSError:
+        return None
+    if Path(path).suffix == ".jsonl":
+        try:
+            first = str(json.loads(first).get(cfg.data.text_field) or "")
+        except (ValueError, AttributeError):
+            return None
+    found = first.split()[:words]
+    return " ".join(found) + " " if found else None
 
 
 def _print_sample(run: RunDir) -> None:

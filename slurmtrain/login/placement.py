@@ -160,7 +160,9 @@ def resolve_auto(cfg: RootConfig) -> None:
             said.append(f"cluster.gpu_type={part.gpu_type} (partition {part.name}'s GRES)")
     if part is not None:
         slurm_defaults(cfg, part)
-    if cfg.cluster.cpus_per_task is None:
+    if cfg.cluster.cpus_per_task is None and not (
+        isinstance(cfg.gpus_per_node, int) and cfg.gpus_per_node > 0
+    ):  # CPU ranks: one core; GPU ranks on an unknown partition: unset (flags.cpus_given)
         cfg.cluster.cpus_per_task = 1
     line = "slurmtrain: auto: " + ", ".join(said)
     if said and line not in _said:  # once per process (a sweep resolves every point)
@@ -203,7 +205,12 @@ def _resolve_gpus(cfg: RootConfig, part: Optional[PartitionInfo], off: bool, ask
             raise ConfigError(
                 f"gpus_per_node=auto: cannot read partition "
                 f"{cfg.cluster.partition or '(default)'}'s GPUs from Slurm "
-                f"({probe_slurm().why}); set gpus_per_node=N or cluster.partition=NAME"
+                f"({probe_slurm().why}); "
+                + (
+                    f"set gpus_per_node=N, the GPUs of a {cfg.cluster.partition} node"
+                    if cfg.cluster.partition
+                    else "set gpus_per_node=N or cluster.partition=NAME"
+                )
             )
         cfg.gpus_per_node = part.gpus_per_node
         why = f"partition {part.name}'s GRES"

@@ -122,7 +122,7 @@ def test_branch_skips_data_and_refuses_a_bad_parent(workdir):
     # divergence before the branch's first save rolls back to the branch point (the parent's).
     step_10 = parent / "checkpoints" / "step_10"
     before = checksums(step_10)
-    skip = ["resume_from=demo", "train.max_steps=14", "data.skip_samples=64"]
+    skip = ["resume_from=opt_tiny", "train.max_steps=14", "data.skip_samples=64"]  # name: model
     skip.append("faults.allow_inject=true")
     done = run_cli(skip, cwd=workdir, env={"SLURMTRAIN_INJECT": "nan_at_step=12"})
     assert done.returncode == 0, done.stdout + done.stderr

@@ -37,8 +37,8 @@ def site_cfg(site: str, runs_root: Path, *overrides: str):
 
 def normalized(text: str, runs_root: Path) -> str:
     text = text.replace(str(runs_root), "RUNS_ROOT").replace(sys.executable, "PYTHON")
-    text = re.sub(r"demo/[0-9a-f]{12}", "demo/FINGERPRINT", text)
-    return re.sub(r"(--comment=slurmtrain:demo/FINGERPRINT)@[0-9a-f]{8}", r"\1@TAG", text)
+    text = re.sub(r"opt_tiny/[0-9a-f]{12}", "opt_tiny/FINGERPRINT", text)
+    return re.sub(r"(--comment=slurmtrain:opt_tiny/FINGERPRINT)@[0-9a-f]{8}", r"\1@TAG", text)
 
 
 @pytest.mark.parametrize("site", SITES)
