@@ -37,6 +37,7 @@ PART_COLORS = {
     "work_lost": "#d62728",
     "signal_idle": "#ff7f0e",
     "other": "#e7cba9",
+    "user_paused": "#dddddd",  # hatched: left out of goodput
 }
 # Bottom band = running goodput; queue wait (the job not running at all) on top.
 STACK = (
@@ -48,6 +49,7 @@ STACK = (
     "signal_idle",
     "other",
     "queue_wait",
+    "user_paused",
 )
 CLASS_COLORS: dict[str, str] = {cls.value: traits.colour for cls, traits in TRAITS.items()}
 UNKNOWN_CLASS_COLOR = "#7f7f7f"  # a class this version does not know (a newer writer's)

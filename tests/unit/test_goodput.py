@@ -88,6 +88,7 @@ def test_hand_made_parts_have_the_expected_seconds(tmp_path: Path) -> None:
         "work_lost": 30,
         "signal_idle": 5,
         "other": 10,
+        "user_paused": 0,
     }
     assert g.parts() == pytest.approx(expected, abs=1e-6)
     assert g.wall == pytest.approx(705)
@@ -176,6 +177,9 @@ event_kinds = st.sampled_from(
         events.Failed,
         events.Finished,
         events.HealthOk,
+        events.Paused,  # a user's stop, then a user's Submitted: "paused by you"
+        events.Cancelled,
+        events.Submitted,
     ]
 )
 
