@@ -1,9 +1,13 @@
-"""`slurmtrain report RUN [--out PNG] [--live]`: a run over wall time in one PNG.
+"""`slurmtrain report RUN [--out PNG] [--live]`: a run over its steps and its wall time in one PNG.
 
-Panels: loss (train, and the held-out valid_loss as its own line), tokens/s, MFU (or TFLOP/s per
-GPU), goodput breakdown (cumulative share and a timeline strip), all with markers for attempts,
-requeues, failures (by class, coloured from common/events.py's table) and saved checkpoints. A
-short text summary goes to stdout. Login node: matplotlib with the Agg backend, no torch.
+Against the step (report_steps.py): loss (train, the held-out valid_loss as its own line, the
+steps recomputed later) and the learning rate, with the checkpoints and the steps resumed from.
+Against wall time: loss, tokens/s, MFU (or TFLOP/s per GPU), goodput breakdown (cumulative share
+and a timeline strip), with markers for attempts, requeues, failures (by class, coloured from
+common/events.py's table) and saved checkpoints (at most ~20 drawn: every k-th, the first, the
+last and those resumed from). A user's pause (goodput's "paused by you") is a grey hatched span,
+left out of the shares. A short text summary goes to stdout. Login node: matplotlib with the Agg
+backend, no torch.
 """
 
 from __future__ import annotations
@@ -16,15 +20,20 @@ from typing import TYPE_CHECKING, Mapping, NotRequired, Optional, Sequence, Type
 
 from slurmtrain.cli import run_arg
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
+from slurmtrain.cli.report_steps import Thinned, step_panels, thin_checkpoints
 from slurmtrain.cli.startup_phases import format_startup
 from slurmtrain.common import events
 from slurmtrain.common.events import TRAITS, Row, Rows
 from slurmtrain.common.jsonl import read_jsonl
 from slurmtrain.common.rundir import RunDir
+from slurmtrain.planning.eta import format_duration
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
 Metrics = Sequence[Mapping[str, object]]  # metrics.jsonl rows (not ledger rows)
 
@@ -66,11 +75,9 @@ class Style(TypedDict):
 MARKERS: dict[type[Row], tuple[Style, str]] = {
     events.Started: (Style(color="#2ca02c", ls="--", lw=1.0, alpha=0.8), "attempt started"),
     events.Requeued: (Style(color="#ff7f0e", ls=":", lw=1.4, alpha=0.9), "job requeued"),
-    events.CheckpointSaved: (
-        Style(color="#1f77b4", ls="-", lw=0.6, alpha=0.35),
-        "checkpoint saved",
-    ),
 }
+CKPT_STYLE = Style(color="#1f77b4", ls="-", lw=0.6, alpha=0.35)  # the thinned checkpoints
+PAUSE_HATCH = "//"
 
 
 def _unit(wall: float) -> tuple[float, str]:
@@ -185,23 +192,30 @@ def _valid_line(ax: Axes, metrics: Metrics, t0: float, unit: float) -> bool:
 
 
 def _cumulative(ax: Axes, a: Analysis, t0: float, unit: float) -> None:
-    """Share of elapsed wall time per part, stacked to 100% (the bottom band is running goodput)."""
+    """Share of elapsed wall time per part, stacked to 100% (the bottom band is running goodput);
+    the user's pauses are left out of the elapsed time, as goodput leaves them out."""
     import numpy as np
 
     segs = a.segments
     bounds = np.array([segs[0].start] + [s.end for s in segs])
     grid = np.linspace(bounds[0], bounds[-1], 800)[1:]
-    shares = []
-    for part in STACK:
+
+    def cumulative(part: str) -> np.ndarray:
         inc = np.array([s.end - s.start if s.part == part else 0.0 for s in segs])
-        cum = np.concatenate([[0.0], np.cumsum(inc)])
-        shares.append(100 * np.interp(grid, bounds, cum) / (grid - bounds[0]))
+        out: np.ndarray = np.interp(grid, bounds, np.concatenate([[0.0], np.cumsum(inc)]))
+        return out
+
+    counted = np.maximum(grid - bounds[0] - cumulative("user_paused"), 1e-9)
+    stack = [p for p in STACK if p != "user_paused"]
+    shares = [100 * cumulative(p) / counted for p in stack]
     g = a.goodput
-    labels = [f"{LABELS[p]} {100 * getattr(g, p) / g.wall:.1f}%" for p in STACK]
-    ax.stackplot((grid - t0) / unit, *shares, colors=[PART_COLORS[p] for p in STACK], labels=labels)
+    labels = [f"{LABELS[p]} {100 * getattr(g, p) / (g.counted or 1):.1f}%" for p in stack]
+    ax.stackplot((grid - t0) / unit, *shares, colors=[PART_COLORS[p] for p in stack], labels=labels)
     ax.set_ylim(0, 100)
     ax.set_ylabel("share of wall %")
-    ax.set_title(f"goodput {100 * g.goodput:.1f}% (cumulative breakdown)", fontsize=9, loc="left")
+    paused = f", paused by you {format_duration(g.user_paused)} left out" if g.user_paused else ""
+    title = f"goodput {100 * g.goodput:.1f}% (cumulative breakdown{paused})"
+    ax.set_title(title, fontsize=9, loc="left")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
 
 
@@ -211,9 +225,24 @@ def _strip(ax: Axes, a: Analysis, t0: float, unit: float) -> None:
             ((s.start - t0) / unit, (s.end - s.start) / unit) for s in a.segments if s.part == part
         ]
         if bars:
-            ax.broken_barh(bars, (0, 1), facecolors=PART_COLORS[part])
+            hatch = PAUSE_HATCH if part == "user_paused" else None
+            ax.broken_barh(bars, (0, 1), facecolors=PART_COLORS[part], hatch=hatch)
     ax.set_yticks([])
     ax.set_ylabel("timeline", rotation=0, ha="right", va="center")
+
+
+def _pauses(axes: Sequence[Axes], a: Analysis, t0: float, unit: float) -> list[Patch]:
+    """The user's pauses as grey hatched spans on the wall-time panels."""
+    from matplotlib.patches import Patch
+
+    spans = [s for s in a.segments if s.part == "user_paused"]
+    face, edge = PART_COLORS["user_paused"], "#999999"
+    for ax in axes:
+        for s in spans:
+            x0, x1 = (s.start - t0) / unit, (s.end - t0) / unit
+            ax.axvspan(x0, x1, lw=0, alpha=0.6, facecolor=face, edgecolor=edge, hatch=PAUSE_HATCH)
+    label = "paused by you (not in goodput)"
+    return [Patch(facecolor=face, edgecolor=edge, hatch=PAUSE_HATCH, label=label)] if spans else []
 
 
 def class_color(cls: str) -> str:
@@ -221,10 +250,19 @@ def class_color(cls: str) -> str:
     return CLASS_COLORS.get(cls, UNKNOWN_CLASS_COLOR)
 
 
-def _markers(axes: Sequence[Axes], ledger: Sequence[Row], t0: float, unit: float) -> list[Line2D]:
+def _markers(
+    axes: Sequence[Axes],
+    ledger: Sequence[Row],
+    t0: float,
+    unit: float,
+    thinned: Optional[Thinned] = None,
+) -> list[Line2D]:
+    """Attempts, requeues, failures and the checkpoints `thinned` keeps (default: thinned here)."""
     from matplotlib.lines import Line2D
 
+    thinned = thinned or thin_checkpoints(ledger)
     seen: dict[str, Line2D] = {}
+    drawn = {id(e) for e in thinned.rows}
     for e in ledger:
         style: Style
         if isinstance(e, events.Failed):
@@ -232,6 +270,8 @@ def _markers(axes: Sequence[Axes], ledger: Sequence[Row], t0: float, unit: float
             style, name = Style(color=class_color(cls), ls="-", lw=1.6), f"failed: {cls}"
         elif type(e) in MARKERS:
             style, name = MARKERS[type(e)]
+        elif id(e) in drawn:
+            style, name = CKPT_STYLE, thinned.label
         else:
             continue
         t = e.time
@@ -240,6 +280,39 @@ def _markers(axes: Sequence[Axes], ledger: Sequence[Row], t0: float, unit: float
             ax.axvline((t - t0) / unit, color=color, ls=ls, lw=lw, alpha=alpha)
         seen.setdefault(name, Line2D([], [], color=color, ls=ls, lw=lw, alpha=alpha, label=name))
     return list(seen.values())
+
+
+def _efficiency(ax: Axes, metrics: Metrics, t0: float, unit: float) -> None:
+    """MFU in %, else TFLOP/s per GPU, else an n/a note."""
+    if any(isinstance(m.get("mfu"), (int, float)) for m in metrics):
+        vals = [v for m in metrics if isinstance(v := m.get("mfu"), (int, float))]
+        scale = 100.0 if max(vals) <= 1.0 else 1.0
+        _metric_panel(ax, metrics, "mfu", "MFU %", t0, unit, scale=scale)
+    elif any(isinstance(m.get("tflops_per_gpu"), (int, float)) for m in metrics):
+        _metric_panel(ax, metrics, "tflops_per_gpu", "TFLOP/s/GPU", t0, unit)
+        ax.text(0.01, 0.9, "MFU n/a: showing TFLOP/s per GPU", transform=ax.transAxes, fontsize=7)
+    else:
+        _metric_panel(ax, metrics, "mfu", "MFU", t0, unit)
+
+
+def _legend(ax: Axes, handles: Sequence[Artist]) -> None:
+    if handles:
+        ax.legend(
+            handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False
+        )
+
+
+def _axes(fig: Figure) -> tuple[list[Axes], list[Axes]]:
+    """Two step-axis panels (loss, learning rate) above five wall-time panels (loss, tokens/s,
+    MFU, cumulative goodput, timeline strip); each group shares its x axis."""
+    grid = fig.add_gridspec(8, 1, height_ratios=[3, 1.4, 0.2, 2, 2, 2, 3, 0.5])
+    loss = fig.add_subplot(grid[0])
+    by_step = [loss, fig.add_subplot(grid[1], sharex=loss)]
+    first = fig.add_subplot(grid[3])
+    by_wall = [first] + [fig.add_subplot(grid[i], sharex=first) for i in (4, 5, 6, 7)]
+    for ax in [by_step[0], *by_wall[:-1]]:
+        ax.tick_params(labelbottom=False)
+    return by_step, by_wall
 
 
 def plot(run_dir: Path, out: Path, a: Analysis, ledger: Rows, metrics: Metrics) -> Path:
@@ -252,33 +325,21 @@ def plot(run_dir: Path, out: Path, a: Analysis, ledger: Rows, metrics: Metrics) 
     g = a.goodput
     t0 = g.start
     unit, unit_name = _unit(g.wall)
-    fig, axes = plt.subplots(
-        5, 1, figsize=(12, 11), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2, 3, 0.5]}
-    )
-    ax_loss, ax_tps, ax_mfu, ax_cum, ax_strip = axes
+    fig = plt.figure(figsize=(12, 15))
+    (ax_step, ax_lr), wall_axes = _axes(fig)
+    ax_loss, ax_tps, ax_mfu, ax_cum, ax_strip = wall_axes
+    _legend(ax_step, step_panels(ax_step, ax_lr, metrics, ledger, a.lost_records))
+    ax_step.set_title("by step", fontsize=9, loc="left")
     _metric_panel(ax_loss, metrics, "loss", "loss", t0, unit, lost=a.lost_records)
     _valid_line(ax_loss, metrics, t0, unit)
+    ax_loss.set_title(f"by wall time ({unit_name})", fontsize=9, loc="left")
     _metric_panel(ax_tps, metrics, "tokens_per_s", "tokens/s", t0, unit)
-    if any(isinstance(m.get("mfu"), (int, float)) for m in metrics):
-        vals = [v for m in metrics if isinstance(v := m.get("mfu"), (int, float))]
-        _metric_panel(
-            ax_mfu, metrics, "mfu", "MFU %", t0, unit, scale=100.0 if max(vals) <= 1.0 else 1.0
-        )
-    elif any(isinstance(m.get("tflops_per_gpu"), (int, float)) for m in metrics):
-        _metric_panel(ax_mfu, metrics, "tflops_per_gpu", "TFLOP/s/GPU", t0, unit)
-        ax_mfu.text(
-            0.01, 0.9, "MFU n/a: showing TFLOP/s per GPU", transform=ax_mfu.transAxes, fontsize=7
-        )
-    else:
-        _metric_panel(ax_mfu, metrics, "mfu", "MFU", t0, unit)
+    _efficiency(ax_mfu, metrics, t0, unit)
     if a.segments:
         _cumulative(ax_cum, a, t0, unit)
         _strip(ax_strip, a, t0, unit)
-    handles = _markers(axes[:4], ledger, t0, unit)
-    if handles:
-        ax_loss.legend(
-            handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False
-        )
+    markers = _markers(wall_axes[:4], ledger, t0, unit)
+    _legend(ax_loss, [*markers, *_pauses(wall_axes[:4], a, t0, unit)])
     ax_strip.set_xlabel(f"wall time since first record ({unit_name})")
     ax_strip.set_xlim(0, max(g.wall / unit, 1e-9))
     live = " (live)" if g.live else ""
@@ -287,7 +348,7 @@ def plot(run_dir: Path, out: Path, a: Analysis, ledger: Rows, metrics: Metrics) 
     )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
 
