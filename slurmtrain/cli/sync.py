@@ -1,124 +1,37 @@
-"""`slurmtrain sync RUN [--dry-run] [--mlflow-uri URI]`: upload a run's offline trackers.
+"""`slurmtrain sync RUN [--dry-run] [--only NAME] [--mlflow-uri URI]`: a run's offline trackers up.
 
-Compute nodes seldom reach the internet: W&B writes one offline folder per attempt under
-RUN_DIR/wandb/, which `wandb sync` (in a child process) uploads in start order into ONE W&B run,
-skipping folders sent before. MLflow's file store RUN_DIR/mlruns is shown, or copied to a server
-with `--mlflow-uri` (only what is not there yet). wandb/mlflow are imported only when needed.
+Compute nodes seldom reach the internet: each tracker (common/tracker_registry.py) says what its
+offline files need: W&B's attempt folders under RUN_DIR/wandb/ go up through `wandb sync` into ONE
+W&B run, skipping folders sent before; MLflow's file store RUN_DIR/mlruns is shown, or copied to a
+server with `--mlflow-uri` (only what is not there yet); Aim's repository RUN_DIR/aim is shown. The
+tracker packages are imported only when needed.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
-import subprocess
 import sys
-from pathlib import Path
-from typing import Optional, TypedDict
+from typing import Mapping, Optional
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from slurmtrain.cli import run_arg
 from slurmtrain.common.rundir import RunDir
+from slurmtrain.common.tracker_registry import SyncArgs, Tracker, trackers
 
 
-def offline_dirs(run: RunDir) -> list[Path]:
-    """The run's W&B offline folders (one per attempt), oldest first."""
-    return sorted(p for p in (run.path / "wandb").glob("offline-run-*") if p.is_dir())
-
-
-class MlflowKeys(TypedDict, total=False):
-    tracking_uri: Optional[str]
-
-
-class LoggerKeys(TypedDict, total=False):
-    """The run's config.yaml `logger` section, as far as sync reads it."""
-
-    wandb: Optional[dict[str, object]]
-    mlflow: Optional[MlflowKeys]
-
-
-def _logger(run: RunDir) -> LoggerKeys:
+def _logger(run: RunDir) -> dict[str, Optional[Mapping[str, object]]]:
+    """The run's config.yaml `logger` section (tracker name -> its section, None: not chosen)."""
     try:
         data = yaml.safe_load(run.config.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return {}
-    section: LoggerKeys = data.get("logger") or LoggerKeys()
-    return section
+    section = data.get("logger") or {}
+    return section if isinstance(section, dict) else {}
 
 
-def sync_wandb(run: RunDir, dry_run: bool) -> int:
-    dirs = offline_dirs(run)
-    if not dirs:
-        print(f"sync: {run.path}: no offline W&B runs (wandb/offline-run-*)")
-        return 0
-    if importlib.util.find_spec("wandb") is None:
-        print(
-            "sync: the wandb package is not installed here; pip install 'slurmtrain[wandb]'",
-            file=sys.stderr,
-        )
-        return 2
-    command = [sys.executable, "-m", "wandb", "sync", *(["--dry-run"] if dry_run else [])]
-    print(f"sync: {run.path}: {len(dirs)} offline W&B folder(s) -> one run")
-    return subprocess.run([*command, *map(str, dirs)], check=False).returncode
-
-
-def show_mlflow(run: RunDir, chosen: LoggerKeys) -> None:
-    uri = (chosen.get("mlflow") or MlflowKeys()).get("tracking_uri")
-    store = run.path / "mlruns"
-    if uri:
-        print(f"sync: {run.path}: MLflow logged to {uri} from the compute nodes; nothing to do")
-    elif store.is_dir():
-        print(
-            f"sync: {run.path}: MLflow file store {store} (nothing to upload); look at it with "
-            f"MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {store.resolve().as_uri()}"
-        )
-
-
-RUN_TAG = "slurmtrain_run_id"  # compute/observe/tracker_backends.py: the tag that finds a run
-
-
-def copy_mlflow(run: RunDir, uri: str) -> int:
-    """Copy the run's file-store MLflow run(s) to `uri`, found there again by RUN_TAG."""
-    if importlib.util.find_spec("mlflow") is None:
-        print("sync: the mlflow package is not installed here; pip install 'slurmtrain[mlflow]'")
-        return 2
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading our own file store
-    from mlflow.entities import Metric, Param  # optional dependency, checked above
-    from mlflow.tracking import MlflowClient
-
-    src = MlflowClient(tracking_uri=(run.path / "mlruns").resolve().as_uri())
-    dst = MlflowClient(tracking_uri=uri)
-    for exp in src.search_experiments():
-        there = dst.get_experiment_by_name(exp.name)
-        exp_id = there.experiment_id if there else dst.create_experiment(exp.name)
-        for r in src.search_runs([exp.experiment_id]):
-            tag = r.data.tags.get(RUN_TAG, r.info.run_id)
-            found = dst.search_runs([exp_id], f"tags.{RUN_TAG} = '{tag}'", max_results=1)
-            if found:
-                run_id = found[0].info.run_id
-            else:
-                run_id = dst.create_run(exp_id, run_name=r.info.run_name).info.run_id
-                params = [Param(k, v) for k, v in r.data.params.items()]
-                for i in range(0, len(params), 100):
-                    dst.log_batch(run_id, params=params[i : i + 100])
-            for key, value in {**r.data.tags, RUN_TAG: tag}.items():
-                if not key.startswith("mlflow."):
-                    dst.set_tag(run_id, key, value)
-            sent = 0
-            for key in r.data.metrics:
-                last = max((m.step for m in dst.get_metric_history(run_id, key)), default=0)
-                new = [m for m in src.get_metric_history(r.info.run_id, key) if m.step > last]
-                for i in range(0, len(new), 1000):
-                    batch = [Metric(m.key, m.value, m.timestamp, m.step) for m in new[i : i + 1000]]
-                    dst.log_batch(run_id, metrics=batch)
-                sent += len(new)
-            artifacts = Path(r.info.artifact_uri.removeprefix("file://"))
-            if artifacts.is_dir() and any(artifacts.iterdir()):
-                dst.log_artifacts(run_id, str(artifacts))
-            dst.set_terminated(run_id, status=r.info.status)
-            print(f"sync: MLflow run {r.info.run_name} -> {uri} run {run_id} ({sent} new points)")
-    return 0
+def _flag(t: Tracker) -> Optional[str]:
+    return t.sync_flag[0].lstrip("-").replace("-", "_") if t.sync_flag else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -132,8 +45,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("run", metavar="RUN", help=run_arg.HELP)
     parser.add_argument("--runs-root", default=None, help="where run names are looked up")
     parser.add_argument("--dry-run", action="store_true", help="say what would be uploaded")
-    parser.add_argument("--mlflow-uri", help="copy the MLflow file store's run to this server")
-    parser.add_argument("--only", choices=("wandb", "mlflow"), help="sync one tracker only")
+    for t in trackers():
+        if t.sync_flag:
+            parser.add_argument(t.sync_flag[0], help=t.sync_flag[1])
+    names = [t.name for t in trackers()]
+    parser.add_argument("--only", choices=names, help="sync one tracker only")
     args = parser.parse_args(argv)
     paths, root = run_arg.resolve(args.run, args.runs_root)
     found = [RunDir(p) for p in paths]
@@ -143,12 +59,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     rc = 0
     for run in found:
         chosen = _logger(run)
-        if args.only != "mlflow" and (chosen.get("wandb") is not None or offline_dirs(run)):
-            rc = max(rc, sync_wandb(run, args.dry_run))
-        if args.only == "wandb":
-            continue
-        if args.mlflow_uri and (run.path / "mlruns").is_dir() and not args.dry_run:
-            rc = max(rc, copy_mlflow(run, args.mlflow_uri))
-        else:
-            show_mlflow(run, chosen)
+        for t in trackers():
+            if args.only not in (None, t.name):
+                continue
+            flag = _flag(t)
+            target = getattr(args, flag) if flag else None
+            rc = max(rc, t.sync(run.path, chosen.get(t.name), SyncArgs(args.dry_run, target)))
     return rc

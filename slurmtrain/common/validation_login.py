@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from slurmtrain.common import checkpoint_dir
+from slurmtrain.common import checkpoint_dir, tracker_registry
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.schema_keys import key_tree, unknown_key
@@ -161,10 +161,11 @@ def _installed(package: str) -> bool:
 
 def check_trackers(cfg: RootConfig) -> None:
     """The trackers `logger=` chose are installed here (the compute nodes share the venv): a
-    missing extra fails before anything is queued, not on rank 0 (WandbMode checks W&B's mode)."""
-    for kind in ("wandb", "mlflow"):
-        if getattr(cfg.logger, kind) is not None and not _installed(kind):
+    missing extra fails before anything is queued, not on rank 0 (WandbMode checks W&B's mode).
+    Each tracker names its import name and extra (common/tracker_registry.py)."""
+    for t in tracker_registry.trackers():
+        if getattr(cfg.logger, t.name, None) is not None and not _installed(t.package):
             raise ConfigError(
-                f"logger={kind}: the {kind} package is not installed; "
-                f"pip install 'slurmtrain[{kind}]' (or leave {kind} out of logger=)"
+                f"logger={t.name}: the {t.package} package is not installed; "
+                f"{t.install_line()} (or leave {t.name} out of logger=)"
             )

@@ -114,8 +114,8 @@ def test_a_failing_tracker_is_dropped_and_recorded_not_raised():
 def test_logger_choices_compose_and_keep_the_default_fingerprint(tmp_path):
     default = _cfg(tmp_path)
     assert trackers.tensorboard_on(default) and trackers.wanted(default) == []
-    both = _cfg(tmp_path, "logger=[wandb,mlflow]")
-    assert not trackers.tensorboard_on(both) and trackers.wanted(both) == ["wandb", "mlflow"]
+    both = _cfg(tmp_path, "logger=[wandb,mlflow,aim]")  # the registry's order: by name
+    assert not trackers.tensorboard_on(both) and trackers.wanted(both) == ["aim", "mlflow", "wandb"]
     assert both.logger.wandb.mode == "offline"
     three = _cfg(tmp_path, "logger=[tensorboard,wandb,mlflow]", "logger.wandb.project=p")
     assert trackers.tensorboard_on(three) and three.logger.wandb.project == "p"

@@ -1,4 +1,5 @@
-"""Experiment trackers (W&B, MLflow) that see one run however many jobs train it.
+"""Experiment trackers (W&B, MLflow, Aim: common/tracker_registry.py) that see one run however
+many jobs train it.
 
 Rank 0 mirrors what MetricsWriter logs (metrics.jsonl stays the record) to the trackers `logger=`
 chose; every attempt continues ONE tracker run, found by the run's fingerprint. A tracker's step
@@ -15,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from slurmtrain.common import events, secrets
+from slurmtrain.common import events, secrets, tracker_registry
 from slurmtrain.common.events import Row, Rows
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.observe import tracker_backends
 from slurmtrain.compute.observe.tracker_backends import Backend, failure_class
 
-TRACKER_KINDS = ("wandb", "mlflow")  # besides TensorBoard (MetricsWriter's own)
+TRACKER_KINDS = tracker_registry.names()  # besides TensorBoard (MetricsWriter's own)
 
 TAIL_BYTES = 1 << 20  # metrics.jsonl's tail read for the highest logged step: O(1), not O(steps)
 
@@ -87,7 +88,7 @@ def event_counts(rows: Rows) -> dict[str, float]:
 def _chosen(cfg: RootConfig, kind: str) -> bool:
     """Whether `logger=` chose `kind` (its section is set; a config.yaml from before `logger` has
     no such section)."""
-    return getattr(cfg.logger, kind) is not None
+    return getattr(cfg.logger, kind, None) is not None
 
 
 def wanted(cfg: RootConfig) -> list[str]:
