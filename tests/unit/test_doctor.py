@@ -114,6 +114,7 @@ def test_check_names_are_the_documented_set():
         "partition",
         "container",
         "image",
+        "setup",
         "run_root",
         "disk_space",
     ]
@@ -516,3 +517,14 @@ def test_a_check_that_raises_becomes_failed_rows():
     rows = _guarded(("a", "b"), broken)
     assert [(r.name, r.status) for r in rows] == [("a", "fail"), ("b", "fail")]
     assert "RuntimeError: boom" in rows[0].value
+
+
+def test_setup_lines_run_as_the_batch_script_runs_them() -> None:
+    """cluster.setup's lines (doctor --setup LINE): each exit code checked, the failing line named."""
+    from slurmtrain.cli.doctor.storage import check_setup
+
+    ok = check_setup(["export A=1", 'test "$A" = 1'], 30)
+    assert ok.status == "ok" and "2 line(s)" in ok.value
+    bad = check_setup(["true", "ls /nonexistent-slurmtrain-doctor"], 30)
+    assert bad.status == "fail" and bad.value.startswith("setup line 2 exited 2")
+    assert check_setup([], 30).status == "ok"

@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds to wait for --srun, queueing included",
     )
+    p.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a cluster.setup line to run here as the batch script would (repeat for each)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.add_argument("--plain", action="store_true", help="plain text lines instead of a rich table")
     p.add_argument(
@@ -116,6 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command_timeout=args.timeout,
         probe_timeout=args.probe_timeout,
         shared_marker=args.shared_marker,
+        setup=list(args.setup),
     )
     checks = run_checks(options)
     nodes: Optional[list[NodeReport]] = None

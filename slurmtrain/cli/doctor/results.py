@@ -78,6 +78,7 @@ class DoctorOptions:
     shared_marker: Optional[Path] = (
         None  # set on compute nodes by --srun: a file the login node created
     )
+    setup: list[str] = field(default_factory=list)  # cluster.setup's lines, run here to check them
 
 
 def on_compute_node() -> bool:

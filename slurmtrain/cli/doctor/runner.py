@@ -38,6 +38,7 @@ def _groups(o: DoctorOptions) -> list[tuple[tuple[str, ...], Callable[[], list[C
         (("partition",), lambda: [slurm_checks.check_partition(o.partition, t)]),
         (("container",), lambda: [slurm_checks.check_container(o.container, t)]),
         (("image",), lambda: [image_checks.check_image(o.container, o.image, t, str(o.runs_root))]),
+        (("setup",), lambda: [storage.check_setup(o.setup, max(t, 60.0))]),
         (
             ("run_root", "disk_space"),
             lambda: [

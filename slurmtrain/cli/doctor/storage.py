@@ -119,3 +119,29 @@ def check_disk_space(root: Path, planned_gb: Optional[float]) -> CheckResult:
             "for one more checkpoint (step_N.tmp) before the oldest is pruned",
         )
     return CheckResult("disk_space", "ok", value)
+
+
+def check_setup(lines: list[str], timeout: float) -> CheckResult:
+    """cluster.setup's lines run here, in one bash as the batch script runs them (each exit code
+    checked): a `module load` of a module this cluster lacks fails now, not after the queue."""
+    import subprocess
+
+    if not lines:
+        return CheckResult("setup", "ok", "no cluster.setup lines given (--setup LINE)")
+    script = "".join(
+        f'{line}\nrc=$?; [ "$rc" -eq 0 ] || {{ echo "setup line {i} exited $rc"; exit 1; }}\n'
+        for i, line in enumerate(lines, 1)
+    )
+    try:
+        done = subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return CheckResult("setup", "fail", f"did not finish in {timeout:.0f} s", "check the lines")
+    if done.returncode == 0:
+        return CheckResult("setup", "ok", f"{len(lines)} line(s) ran and exited 0")
+    said = (done.stdout.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    err = (done.stderr.strip().splitlines() or [""])[-1][:80]
+    return CheckResult(
+        "setup", "fail", f"{said}: {err}".rstrip(": "), "fix the line (the job would stop there)"
+    )
