@@ -151,8 +151,7 @@ def analyze(
     kinds: set[type[Row]] = last.kinds() if last else set()
     resubmitted = last is not None and any(s > last.end for s in submitted)
     stopped = events.Finished in kinds or (events.Failed in kinds and events.Requeued not in kinds)
-    stopped = stopped or (last is not None and _by_user(last))  # and not asked for again yet
-    live = last is None or resubmitted or not stopped
+    live = (last is None or resubmitted or not stopped) and not _halted(rows, chain)
     if live and now is not None:
         end = max(end, now)
     last_running = last is not None and live and not resubmitted and events.Requeued not in kinds
@@ -196,6 +195,14 @@ def _user_stop(e: Row) -> bool:
 
 def _by_user(a: Attempt) -> bool:
     return any(_user_stop(e) for e in a.rows)
+
+
+def _halted(rows: Rows, chain: list[Attempt]) -> bool:
+    """The user's last stop came after the last submission and the last attempt's start: the run
+    is stopped until the user submits it again (not live)."""
+    stops = [e.time for e in rows if _user_stop(e)] + [a.end for a in chain if _by_user(a)]
+    later = [e.time for e in rows if isinstance(e, events.Submitted)] + [a.begin for a in chain]
+    return bool(stops) and max(stops) >= max(later, default=-math.inf)
 
 
 def _paused(claims: Claims, rows: Rows, chain: list[Attempt]) -> None:

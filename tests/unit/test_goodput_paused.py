@@ -129,3 +129,22 @@ def test_pause_at_step_then_the_users_rerun_is_a_pause() -> None:
     g = analyze(ledger, steps(1, 1, 5, 10) + steps(2, 6, 10, 600)).goodput
     assert g.user_paused == pytest.approx(500) and g.queue_wait == pytest.approx(10 + 30)
     assert g.goodput == pytest.approx(100 / 160)
+
+
+def test_a_requeued_job_cancelled_while_queued_is_not_live() -> None:
+    ledger = [
+        ev(events.Submitted(), 0, None),
+        ev(events.Started(), 10, 1),
+        ev(events.Requeued(reason="time limit"), 70, 1),
+        ev(events.Submitted(requeue_of="100"), 71, None, "101"),
+        ev(events.Cancelled(job_ids=("101",), by="me"), 300, None, "101"),
+    ]
+    g = analyze(ledger, steps(1, 1, 5, 10), now=T0 + 50_000).goodput
+    assert not g.live and g.end == T0 + 300 and g.user_paused == 0
+    resubmitted = [*ledger, ev(events.Submitted(), 900, None, "102")]
+    g = analyze(resubmitted, steps(1, 1, 5, 10), now=T0 + 1000).goodput
+    assert (
+        g.live
+        and g.user_paused == pytest.approx(600)
+        and g.queue_wait == pytest.approx(10 + 229 + 100)
+    )
