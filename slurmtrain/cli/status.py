@@ -1,7 +1,8 @@
 """`slurmtrain status [RUNS ...] [--state S]`: runs under a runs root, a name, a glob.
 
-One row per run, newest first: state, attempts, step, last validation loss (a sweep's points side by side), last
-checkpoint, job id, nodes, goodput; a stopped run shows its failure class and last error line (`diverged`,
+One row per run, newest first: model, the values that tell a sweep's points apart, state with its
+cause (`stopped: by you (Ctrl-C)`), step/max, last validation loss, age, attempts, job id, nodes,
+goodput, last checkpoint (cli/status_table.py); a stopped run shows its failure class and last error line (`diverged`,
 `checkpoint_unreadable` among them) and a run that rolled back how often; a smoke=true run held by its smoke test says so ("waiting: smoke test", or "blocked: smoke failed"
 with the smoke run's last error). Below the table, one line per sweep (the runs of one name, when
 more than one): points by state, the best valid_loss and its overrides. RUNS: a run directory, a
@@ -20,11 +21,14 @@ from typing import Mapping, Optional, Sequence, TypedDict
 
 from slurmtrain.cli import run_arg, status_select
 from slurmtrain.cli.status_cache import Cache, Figures
+from slurmtrain.cli.status_table import render
 from slurmtrain.common import ledger, liveness
 from slurmtrain.common.events import (
+    AttemptEnded,
     Branched,
     BudgetWindow,
     Failed,
+    FailureClass,
     RestartedInAllocation,
     Rollback,
     Rows,
@@ -35,8 +39,7 @@ from slurmtrain.common.events import (
 from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
 from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.liveness import StateUnknown
-from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.slurm_text import compress_hostlist
+from slurmtrain.common.rundir import STOPPED, RunDir
 from slurmtrain.common.windows import current_stop, window
 
 
@@ -53,9 +56,12 @@ StatusRow = TypedDict(
     {
         "run": str,
         "name": str,
+        "model": Optional[str],
+        "swept": list[str],
         "state": str,
         "attempts": int,
         "step": int,
+        "max_steps": Optional[int],
         "valid_loss": Optional[float],
         "checkpoint": Optional[str],
         "job_id": Optional[str],
@@ -134,12 +140,15 @@ def summarize(
     step, valid_loss, goodput = _figures(run, events, state, cache)
     latest = run.latest
     last = events[-1] if events else None
+    config = config_text(run)
     row: StatusRow = {
         "run": str(run.path),
         "name": run.path.parent.name,
+        "model": _found(_MODEL, config),
         "state": state,
         "attempts": sum(isinstance(e, Started) for e in run_rows),
         "step": step,
+        "max_steps": _integer(_found(_MAX_STEPS, config)),
         "valid_loss": valid_loss,
         "checkpoint": latest.read_text().strip() if latest.exists() else None,
         "job_id": next((e.job_id for e in reversed(events) if isinstance(e, Submitted)), None),
@@ -153,7 +162,7 @@ def summarize(
         "updated": status_select.updated(run.path, run_rows),
     }
     _rollbacks(row, events)
-    row["spares"] = spares(run, events)
+    row["spares"] = spares(events, config)
     row["branched_from"] = None
     if any(isinstance(e, Branched) for e in run_rows):  # resume_from: parent, step, changed keys
         from slurmtrain.login.branch import lineage_line
@@ -165,6 +174,8 @@ def summarize(
     _last_stop(row, events)
     if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
+    elif row["state"] == STOPPED and not row["class"]:
+        row["state"] = stop_cause(run_rows)
     if any(isinstance(e, Submitted) and e.smoke_run for e in run_rows):
         from slurmtrain.login.smoke import blocked  # start-up speed: smoke=true runs only
 
@@ -173,6 +184,20 @@ def summarize(
             row["state"], row["class"] = held["state"], held["class"]
             row["error"], row["smoke_run"] = held["error"], held["smoke_run"]
     return row
+
+
+USER_STOPS = {"ctrl-c": "by you (Ctrl-C)", "cancel": "by you (slurmtrain cancel)"}
+
+
+def stop_cause(run_rows: Rows) -> str:
+    """The state of a stopped run that no failure or budget stopped: how its last attempt ended
+    (`stopped: by you (Ctrl-C)`, `stopped: preempted`), else plain `stopped`."""
+    ended = next((e for e in reversed(run_rows) if isinstance(e, AttemptEnded)), None)
+    if ended is None or not ended.cls:
+        return STOPPED
+    if ended.cls == FailureClass.cancelled and str(ended.closed_by) in USER_STOPS:
+        return f"{STOPPED}: {USER_STOPS[str(ended.closed_by)]}"
+    return f"{STOPPED}: {ended.cls}"
 
 
 def _figures(run: RunDir, events: Rows, state: str, cache: Optional[Cache]) -> Figures:
@@ -261,18 +286,39 @@ def _number(value: object) -> Optional[float]:
     return 0.0
 
 
-# faults.spare_nodes in config.yaml as the login side writes it (two-space indent): one search,
-# not a YAML parse of every run's config
-_SPARES = re.compile(r"^faults:[ \t]*\n(?:(?:[ \t].*)?\n)*?  spare_nodes:[ \t]*(\S+)", re.M)
+def _key(section: str, key: str) -> re.Pattern[str]:
+    """SECTION.KEY's value in config.yaml as the login side writes it (two-space indent): one
+    search, not a YAML parse of every run's config."""
+    return re.compile(rf"^{section}:[ \t]*\n(?:(?:[ \t].*)?\n)*?  {key}:[ \t]*(\S+)", re.M)
 
 
-def spares(run: RunDir, events: Rows) -> Optional[SpareNodes]:
-    """faults.spare_nodes of the run: idle now, used (swapped in for a failed node), lost (left
-    out of the step) by the newest job's in-allocation restarts; None when the run holds none."""
+_SPARES, _MODEL, _MAX_STEPS = (
+    _key("faults", "spare_nodes"),
+    _key("model", "name"),
+    _key("train", "max_steps"),
+)
+
+
+def config_text(run: RunDir) -> str:
+    """The run's config.yaml, read once per status row ("" when unreadable)."""
     try:
-        found = _SPARES.search(run.config.read_text())
-        held = int(found.group(1)) if found else 0
-    except (OSError, ValueError):
+        return run.config.read_text()
+    except OSError:
+        return ""
+
+
+def _found(pattern: re.Pattern[str], text: str) -> Optional[str]:
+    found = pattern.search(text)
+    return found.group(1) if found and found.group(1) not in ("null", "~") else None
+
+
+def spares(events: Rows, config: str) -> Optional[SpareNodes]:
+    """faults.spare_nodes of the run (`config`: its config.yaml): idle now, used (swapped in for
+    a failed node), lost (left out of the step) by the newest job's in-allocation restarts; None
+    when the run holds none."""
+    try:
+        held = int(_found(_SPARES, config) or 0)
+    except ValueError:
         return None
     if held <= 0:
         return None
@@ -284,57 +330,7 @@ def spares(run: RunDir, events: Rows) -> Optional[SpareNodes]:
     return {"held": held, "idle": idle, "used": used, "lost": lost}
 
 
-COLUMNS = ["name", "run", "state", "attempt", "step", "valid_loss", "checkpoint", "job"]
-COLUMNS += ["nodes", "spares", "goodput", "last error"]
-NODES_WIDTH = 40  # a 64-node run's hostlist is cut here (`status --json` has every node)
-
-
-def cells(r: StatusRow) -> list[str]:
-    """One table row's cells (the last, the error, is free length)."""
-    spare = r.get("spares")
-    error = f"{r['class']}: {r['error']}" if r["class"] else ""
-    if r.get("last_rollback"):
-        error = f"{error}; " if error else ""
-        error += f"{r['rollbacks']} rollback(s), last: {r['last_rollback']}"
-    attempts = str(r["attempts"])
-    if r.get("window_after"):
-        attempts += f" (window {r['window']}, after {r['window_after']})"
-    try:
-        nodes = compress_hostlist(r["nodes"])
-    except ValueError:
-        nodes = ",".join(r["nodes"])
-    if len(nodes) > NODES_WIDTH:
-        nodes = nodes[: NODES_WIDTH - 3] + "..."
-    return [
-        r["name"],
-        Path(r["run"]).name,
-        r["state"],
-        attempts,
-        str(r["step"]),
-        "-" if r.get("valid_loss") is None else f"{r['valid_loss']:.4f}",
-        r["checkpoint"] or "-",
-        str(r["job_id"] or "-"),
-        nodes or "-",
-        "-" if not spare else "idle {idle}, used {used}, lost {lost}".format(**spare),
-        f"{r['goodput']:.0%}" if r["goodput"] is not None else "-",
-        " ".join(error.split()),
-    ]
-
-
-def render(rows: list[StatusRow]) -> None:
-    """A plain text table, one line per run (501 runs in milliseconds; a table library took
-    half a second), then each branched run's lineage."""
-    table = [COLUMNS] + [cells(r) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
-    for row in table:
-        line = "  ".join(c.ljust(w) for c, w in zip(row, widths))
-        print(f"{line}  {row[-1]}".rstrip())
-    for r in rows:  # lineage below the table: a parent's path and the changed keys are long
-        if r.get("branched_from"):
-            print(f"{r['name']}/{Path(r['run']).name}: {r['branched_from']}")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurmtrain status",
         description=__doc__.split("\n\n")[0],
@@ -359,6 +355,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per run")
     parser.add_argument("--runs-root", default=None, help="where run names are looked up")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     words = status_select.wanted(args.state)
     if words - set(status_select.STATE_WORDS):
@@ -372,6 +373,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = [summarize(run, run_rows, cache) for run, run_rows in runs]
     cache.save()
     rows.sort(key=lambda r: -r["updated"])  # newest first
+    status_select.add_swept(rows)  # type: ignore[arg-type]
     shown = [r for r in rows if status_select.matches(r, words)] if words else rows
     if args.json:
         for r in shown:

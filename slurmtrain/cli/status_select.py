@@ -11,7 +11,7 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, MutableMapping, Optional, Sequence
 
 if TYPE_CHECKING:
     from slurmtrain.common.events import Row
@@ -113,9 +113,40 @@ def overrides(run: Path) -> list[str]:
         item = line[2:].strip()
         if len(item) >= 2 and item[0] == item[-1] and item[0] in "'\"":
             item = item[1:-1].replace("''", "'") if item[0] == "'" else item[1:-1]
-        if item.split("=", 1)[0].lstrip("+~") not in ("name", "runs_root"):
+        if override_key(item) not in SHARED:
             items.append(item)
     return items
+
+
+SHARED = ("name", "runs_root")  # overrides every point of a sweep shares by construction
+
+
+def override_key(item: str) -> str:
+    """`+optim.lr=1e-3` -> `optim.lr`."""
+    return item.split("=", 1)[0].lstrip("+~")
+
+
+def varied(points: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Each point's overrides (KEY=VALUE as given) whose key is not given alike to every point:
+    what tells a sweep's points apart (`optim.lr=0.003`), in the order given."""
+    given = [{override_key(i): i for i in p} for p in points]
+    keys = {k for g in given for k in g}
+    differ = {k for k in keys if len({g.get(k) for g in given}) > 1}
+    return [[i for i in p if override_key(i) in differ] for p in points]
+
+
+def add_swept(rows: Sequence[MutableMapping[str, object]]) -> None:
+    """rows[i]["swept"]: the overrides that tell a sweep's point from the other runs under its
+    name directory (overrides.yaml: read for the runs of sweeps only); [] for a lone run."""
+    by_sweep: dict[str, list[MutableMapping[str, object]]] = {}
+    for r in rows:
+        by_sweep.setdefault(str(Path(str(r["run"])).parent), []).append(r)
+    for points in by_sweep.values():
+        if len(points) == 1:
+            points[0]["swept"] = []
+            continue
+        for r, items in zip(points, varied([overrides(Path(str(r["run"]))) for r in points])):
+            r["swept"] = items
 
 
 def sweep_lines(rows: Sequence[Mapping[str, object]]) -> list[str]:
