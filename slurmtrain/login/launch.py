@@ -106,12 +106,28 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
     if array:
         return _submit_array(todo, len(points))
     code = 0
-    for prepared, _ in todo:
+    headers = point_headers([o for _, o in todo], [p.run.path for p, _ in todo])
+    for (prepared, _), header in zip(todo, headers):
+        if not single:
+            print(header)
         result = submit(prepared.typed_cfg, prepared.run)
         if result.finished:
             print(f"slurmtrain: run finished: {prepared.run.path}")
         code = code or result.exit_code
     return code
+
+
+def point_headers(overrides: Sequence[Sequence[str]], runs: Sequence[Path]) -> list[str]:
+    """A local sweep's line before each point's output: which point, the values that tell it
+    apart (`optim.lr=0.0003`), its run directory."""
+    from slurmtrain.cli.status_select import SHARED, override_key, varied  # plain functions
+
+    given = [[o for o in point if override_key(o) not in SHARED] for point in overrides]
+    total = len(runs)
+    return [
+        f"slurmtrain: sweep point {i}/{total}: {' '.join(items) or 'no overrides'} ({run})"
+        for i, (items, run) in enumerate(zip(varied(given), runs), 1)
+    ]
 
 
 def _new_window(prepared: Prepared) -> None:

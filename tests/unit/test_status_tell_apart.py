@@ -119,3 +119,14 @@ def test_two_models_get_different_default_names():
     assert (small.name, big.name) == ("opt125m", "opt13b")
     assert job_name(big) == "st-opt13b"  # type: ignore[arg-type]
     assert _cfg("model=opt13b", "name=lr_sweep").name == "lr_sweep"
+
+
+def test_a_local_sweep_heads_each_point_with_its_values():
+    """A local sweep printed its points' output with no line saying which point it was."""
+    from slurmtrain.login.launch import point_headers
+
+    given = [["cluster=local", f"optim.lr={lr}", "name=lr", "runs_root=/r"] for lr in (1, 3, 9)]
+    runs = [Path(f"/r/lr/{fp}") for fp in ("aaa", "bbb", "ccc")]
+    headers = point_headers(given, runs)
+    assert headers[1] == "slurmtrain: sweep point 2/3: optim.lr=3 (/r/lr/bbb)"
+    assert len(headers) == 3 and headers[2].startswith("slurmtrain: sweep point 3/3: optim.lr=9")
