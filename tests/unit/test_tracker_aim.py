@@ -102,3 +102,30 @@ def test_a_missing_aim_is_refused_at_login_in_one_line(tmp_path, monkeypatch):
         "logger=aim: the aim package is not installed; pip install 'slurmtrain[aim]' "
         "(or leave aim out of logger=)"
     )
+
+
+KILLED = """
+import os, sys
+from pathlib import Path
+from tests.unit.test_tracker_aim import AimBackend, AimLogger, Ctx
+backend = AimBackend(Ctx(Path(sys.argv[1]), 1), AimLogger())
+for step in (1, 2, 3):
+    backend.log(step, {"loss": 1.0 / step}, [])
+os._exit(137)  # SIGKILL after the grace time: no close, the run's lock left behind
+"""
+
+
+def test_an_aim_run_survives_a_killed_attempt(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    run = tmp_path / "run"
+    run.mkdir()
+    done = subprocess.run([sys.executable, "-c", KILLED, str(run)], cwd=ROOT, capture_output=True)
+    assert done.returncode == 137, done.stderr.decode()[-2000:]
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3)))
+    _attempt(run, 2, [3, 4, 5], [events.Started(attempt=2)])  # resumes, past the lock
+    [found] = _read_back(run / "aim").values()
+    assert found["steps"]["loss"] == [1, 2, 3, 4, 5]
