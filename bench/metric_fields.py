@@ -5,22 +5,12 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from slurmtrain.common.jsonl import as_integer, as_number
+
 
 def number(row: Mapping[str, object], key: str, default: float = 0.0) -> float:
-    value = row.get(key)
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError:
-            return default
-    return default
+    return as_number(row.get(key), default)
 
 
 def integer(row: Mapping[str, object], key: str) -> Optional[int]:
-    value = row.get(key)
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            return int(value)
-        except (ValueError, OverflowError):
-            return None
-    return None
+    return as_integer(row.get(key))

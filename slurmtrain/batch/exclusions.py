@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 
 from slurmtrain.common import slurm_cmd, slurm_text
 from slurmtrain.common.derived import node_range
-from slurmtrain.common.jsonl import read_jsonl
+from slurmtrain.common.jsonl import as_number, read_jsonl
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 
@@ -40,13 +40,7 @@ BadNodeRow = Mapping[str, object]
 
 def _number(row: BadNodeRow, key: str, default: float = 0.0) -> float:
     """A numeric field of a bad-node row (`default` when absent or not a number)."""
-    value = row.get(key)
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError:
-            return default
-    return default
+    return as_number(row.get(key), default)
 
 
 def active(rows: Sequence[BadNodeRow], hours: float, now: float) -> dict[str, dict[str, object]]:

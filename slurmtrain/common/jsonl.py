@@ -303,3 +303,23 @@ def _makedirs_durable(directory: Path) -> list[Path]:
         except FileExistsError:
             pass
     return made
+
+
+def as_number(value: object, default: float = 0.0) -> float:
+    """A field of a plain row (metrics, bad nodes) as a number: `default` when null or not one."""
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            return default
+    return default
+
+
+def as_integer(value: object) -> Optional[int]:
+    """A field of a plain row as an integer: None when null or not one."""
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except (ValueError, OverflowError):
+            return None
+    return None
