@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="seconds to wait for --srun, queueing included",
     )
+    _add_check_options(p)
+    return p
+
+
+def _add_check_options(p: argparse.ArgumentParser) -> None:
+    """What to run here besides the fixed checks, and how long each may take."""
     p.add_argument(
         "--setup",
         action="append",
@@ -107,7 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shared-marker", type=Path, default=None, help=argparse.SUPPRESS
     )  # set by --srun
-    return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
