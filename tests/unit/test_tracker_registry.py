@@ -41,7 +41,12 @@ def test_each_trackers_extra_is_declared_and_names_its_package():
 
 def test_the_readme_table_is_the_registrys():
     readme = (ROOT / "README.md").read_text()
-    assert tracker_registry.readme_table() in readme, tracker_registry.readme_table()
+    table = tracker_registry.readme_table()
+    assert table in readme, (
+        "README's tracker table differs from the registry; paste the output of\n"
+        "python -c 'from slurmtrain.common import tracker_registry as r; print(r.readme_table())'"
+        f"\n{table}"
+    )
 
 
 def test_the_registry_loads_without_importing_any_tracker_package():
