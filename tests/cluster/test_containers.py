@@ -129,7 +129,7 @@ def test_node_failure_with_a_spare_restarts_inside_the_container(slurm_cluster, 
     ev = events(run)
     started = [e for e in ev if isinstance(e, Started)]
     assert len({e.job_id for e in started}) == 1 and len(started) == 2  # same job, no queue
-    assert victim not in started[1]["hosts"]
+    assert victim not in started[1].hosts
     [moved] = [e for e in ev if isinstance(e, RestartedInAllocation)]
     assert moved.left_out == (victim,) and moved.reason == FailureClass.node_failure
     assert not any(isinstance(e, Requeued) for e in ev)
