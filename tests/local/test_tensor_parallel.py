@@ -1,10 +1,11 @@
 """Tensor parallelism (parallel.tensor=2, DeepSpeed AutoTP) on 4 CPU ranks: TP 2 x DP 2 against
 DeepSpeed without TP (one rank, accumulation 4), the same global batch 8 (micro 2).
 
-One TP run, killed in step 12 (a checkpoint at step 10), resumed: every logged loss equals the TP=1
-run's within 1e-5, the steps trained twice equal the first attempt's, and the export (the shards
-gathered into one Hugging Face folder) gives the TP=1 export's logits within 1e-4. The validation
-loss (a TP group evaluates the same held-out windows) equals TP=1's.
+One TP run: every logged loss equals the TP=1 run's within 1e-5, the validation loss (a TP group
+evaluates the same held-out windows) equals TP=1's, and the export (the shards gathered into one
+Hugging Face folder) gives the TP=1 weights' logits within 1e-4. A TP run killed and resumed, on the
+same ranks and on half of them (TP 2 x DP 1, the global batch kept), is bench/tp_drill.py's, on the
+local Slurm cluster (minutes: beyond the suite's budget).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from slurmtrain.common.events import CheckpointLoaded
-from tests.conftest import PARALLEL_ARGS, ledger_events, read_jsonl, run_cli, run_dirs
+from tests.conftest import PARALLEL_ARGS, read_jsonl, run_cli, run_dirs
 
 ARGS = ["cluster.cpu_tasks_per_node=4", *PARALLEL_ARGS]
 
@@ -45,17 +45,10 @@ def _logits(folder: Path, checkpoint: Path | None = None) -> torch.Tensor:
         return model(PROMPT).logits
 
 
-def test_tp2_trains_resumes_and_exports_like_tp1(workdir, parallel_reference):
-    tp = ARGS + ["name=tp2", "parallel.tensor=2"]
-    crashed = run_cli(
-        tp + ["faults.allow_inject=true"],
-        cwd=workdir,
-        env={"SLURMTRAIN_INJECT": "crash_at_step=12"},
-    )
-    assert crashed.returncode != 0
-    resumed = run_cli(tp, cwd=workdir)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "data-parallel 2 (world 4 / tensor-parallel 2" in resumed.stdout
+def test_tp2_trains_validates_and_exports_like_tp1(workdir, parallel_reference):
+    done = run_cli(ARGS + ["name=tp2", "parallel.tensor=2"], cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "data-parallel 2 (world 4 / tensor-parallel 2" in done.stdout
 
     ref = parallel_reference  # one rank, accumulation 4: the same global batch
     [run] = run_dirs(workdir / "runs")
@@ -71,10 +64,6 @@ def test_tp2_trains_resumes_and_exports_like_tp1(workdir, parallel_reference):
     worst_valid = max(abs(v - valid[step]) for (_, step), v in got_valid.items())
     print(f"TP=2 vs TP=1 validation loss at steps 10, 20: largest difference {worst_valid:.2e}")
     assert worst_valid <= 1e-5
-    again = [(step, loss) for (n, step), loss in got.items() if n == 2 and (1, step) in got]
-    assert again and all(loss == got[(1, step)] for step, loss in again)  # resumed equal
-    [loaded] = [e for e in ledger_events(run) if isinstance(e, CheckpointLoaded)]
-    assert loaded.step == 10 and loaded.world_size_changed is False
     step20 = run / "checkpoints" / "step_20"
     assert json.loads((step20 / "manifest.json").read_text())["tensor_parallel"] == 2
     assert (step20 / "mp_rank_01_model_states.pt").is_file()  # AutoTP's second shard
