@@ -114,7 +114,7 @@ def test_readme_your_own_model_commands_run_as_written(tmp_path):
     section = (ROOT / "README.md").read_text().split("## Your own model", 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     commands = [line for line in block.splitlines() if line.strip()]
-    assert any("dry_run=true" in c for c in commands) and "cli export" in commands[-2]
+    assert any("dry_run=true" in c for c in commands) and "slurmtrain export" in commands[-2]
     env = slurmtrain_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
     env.pop("SLURMTRAIN_RUNS_ROOT", None)
     outputs = []

@@ -75,7 +75,14 @@ def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
     assert _planned_or_refused_by_this_cluster(done), done.stderr
     assert "num_layers: 40" in dry_run_file(done.stdout).read_text(), done.stdout
     assert "64 nodes x 8 GPUs = 512 ranks" in done.stdout, done.stdout
-    helped = subprocess.run([str(script), "--help"], cwd=elsewhere, capture_output=True, text=True)
+    overview = subprocess.run(
+        [str(script), "--help"], cwd=elsewhere, capture_output=True, text=True
+    )
+    assert "slurmtrain status" in overview.stdout, overview.stdout  # the commands, both forms
+    # Hydra's help page (the config groups), as the overview says to ask for it
+    helped = subprocess.run(
+        [str(script), "model=opt125m", "--help"], cwd=elsewhere, capture_output=True, text=True
+    )
     assert helped.stdout.startswith("slurmtrain: large-model training on Slurm"), helped.stdout
     # the wheel's packaged conf/: every model group option is listed, the families too
     [models] = [line for line in helped.stdout.splitlines() if line.startswith("model: ")]
