@@ -68,6 +68,18 @@ def wait(run: Path, kind: type[Row], timeout: float = 900) -> Rows:
     raise SystemExit(f"tp_drill: no {kind.kind!r} in {run} after {timeout:.0f} s")
 
 
+def job_gone(job_id: str, timeout: float = 300) -> None:
+    """The paused job's batch shell still runs its supervisor after `paused` is written: until it
+    leaves the queue a submission finds the run running and queues nothing (as it must)."""
+    start = time.time()
+    while time.time() - start < timeout:
+        queued = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+        if not queued.stdout.strip():
+            return
+        time.sleep(1)
+    raise SystemExit(f"tp_drill: job {job_id} still queued after {timeout:.0f} s")
+
+
 # The rows the drill prints: the attempts, the crash, the conversion and load, the end.
 SHOWN = (
     events.Started,
@@ -94,7 +106,8 @@ def main(work: Path) -> int:
     )
     assert first.returncode == 0, first.stdout + first.stderr
     run = next(p for p in run_dirs(work / "runs") if p.parent.name == "tp_drill")
-    wait(run, events.Paused)
+    paused = wait(run, events.Paused)
+    job_gone(str([e for e in paused if isinstance(e, events.Paused)][-1].job_id))
     second = run_cli(tp + ["nodes=1"], cwd=work)
     assert second.returncode == 0, second.stdout + second.stderr
     rows = wait(run, events.Finished)
