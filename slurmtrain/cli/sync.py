@@ -59,6 +59,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     rc = 0
     for run in found:
         chosen = _logger(run)
+        if not any(chosen.get(t.name) for t in trackers()):  # it used to say nothing, exit 0
+            names = ", ".join(t.name for t in trackers())
+            print(
+                f"sync: {run.path} logs to no tracker (logger= none of {names}): nothing to upload"
+            )
+            continue
         for t in trackers():
             if args.only not in (None, t.name):
                 continue

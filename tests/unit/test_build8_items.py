@@ -80,3 +80,14 @@ def test_the_sample_hint_prompts_with_the_corpus_own_text(tmp_path):
     docs.write_text(json.dumps({"text": "MIT License Copyright (c)"}) + "\n")
     assert sample_prompt(_cfg("data=text", f"data.path={docs}")) == "MIT License Copyright "
     assert sample_prompt(_cfg("data=tokens", "data.path=/x/tokens.bin")) is None
+
+
+def test_sync_of_a_run_without_a_tracker_says_so(tmp_path, capsys):
+    """`sync` on a run that logs to no tracker printed nothing and exited 0: now it says so."""
+    from slurmtrain.cli import sync
+
+    run = tmp_path / "runs" / "plain" / "aaaaaaaaaaaa"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("name: plain\nlogger: {}\n")
+    assert sync.main([str(run)]) == 0
+    assert "logs to no tracker" in capsys.readouterr().out
