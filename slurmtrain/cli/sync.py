@@ -60,9 +60,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for run in found:
         chosen = _logger(run)
         if not any(chosen.get(t.name) for t in trackers()):  # it used to say nothing, exit 0
-            names = ", ".join(t.name for t in trackers())
+            kinds = ", ".join(t.name for t in trackers())
             print(
-                f"sync: {run.path} logs to no tracker (logger= none of {names}): nothing to upload"
+                f"sync: {run.path} logs to no tracker (logger= none of {kinds}): nothing to upload"
             )
             continue
         for t in trackers():
