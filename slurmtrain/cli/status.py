@@ -36,7 +36,14 @@ from slurmtrain.common.events import (
     Stopped,
     Submitted,
 )
-from slurmtrain.common.jsonl import merge_rows, rank_keys, read_jsonl, tail_jsonl
+from slurmtrain.common.jsonl import (
+    as_integer,
+    as_number,
+    merge_rows,
+    rank_keys,
+    read_jsonl,
+    tail_jsonl,
+)
 from slurmtrain.common.ledger import real_errors
 from slurmtrain.common.liveness import StateUnknown
 from slurmtrain.common.rundir import STOPPED, RunDir
@@ -266,24 +273,12 @@ def last_metrics(metrics: Sequence[Mapping[str, object]]) -> tuple[int, Optional
 
 def _integer(value: object) -> Optional[int]:
     """A metrics value as an integer (None: null, or not a number)."""
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            return int(value)
-        except (ValueError, OverflowError):
-            return None
-    return None
+    return as_integer(value)
 
 
 def _number(value: object) -> Optional[float]:
     """A metrics value as a number (None: null; 0.0: not a number, as status always showed)."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float, str)):
-        try:
-            return float(value)
-        except ValueError:
-            return 0.0
-    return 0.0
+    return None if value is None else as_number(value)
 
 
 def _key(section: str, key: str) -> re.Pattern[str]:
