@@ -1,5 +1,5 @@
 """`slurmtrain COMMAND ...` (also `python -m slurmtrain.cli COMMAND ...`): status, logs, report,
-doctor, sample, export, cancel, sync, plan-table.
+doctor, sample, export, cancel, sync, plan-table, prepare-data.
 
 `slurmtrain` (slurmtrain/__main__.py) hands argv here when its first word is a command name, before
 Hydra sees it: a command name is never a training override (those hold '=' or start with '+', '~'
@@ -22,6 +22,7 @@ COMMANDS = {
     "cancel": "slurmtrain.cli.cancel",
     "sync": "slurmtrain.cli.sync",  # offline W&B runs up from a login node
     "plan-table": "slurmtrain.cli.plan_table",
+    "prepare-data": "slurmtrain.cli.prepare_data",
 }
 SUMMARY = {
     "status": "every run, newest first: state, attempt, step, valid_loss, checkpoint, job",
@@ -33,6 +34,7 @@ SUMMARY = {
     "cancel": "cancel every job of a run; checkpoints are kept",
     "sync": "upload a run's offline W&B run (logger=wandb), copy its MLflow run",
     "plan-table": "memory per GPU for every OPT size and ZeRO stage",
+    "prepare-data": "text/JSONL files -> one token file for data=tokens (or use data=text)",
 }
 # commands whose first argument is a run, resolved here (cli/run_arg.py) since compute/ reads
 # only a directory or a name; an argument that names no run is passed on as it is

@@ -104,14 +104,14 @@ class ModelConfig:
 
 @dataclass
 class DataSource:
-    path: str = MISSING  # a .bin written by tools/prepare_data.py
+    path: str = MISSING  # a .bin written by `slurmtrain prepare-data`
     weight: float = 1.0  # share of the samples (weights are normalised)
 
 
 @dataclass
 class DataConfig:
     kind: DataKind = DataKind.synthetic
-    path: Optional[str] = None  # tokens: the .bin written by tools/prepare_data.py
+    path: Optional[str] = None  # tokens: the .bin written by `slurmtrain prepare-data`
     sources: list[DataSource] = field(default_factory=list)  # blend: [{path: a.bin, weight: 0.7}]
     seq_len: int = 128
     max_corpus_bytes: int = 4_000_000  # synthetic: how much stdlib source to gather

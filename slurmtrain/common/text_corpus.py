@@ -16,7 +16,7 @@ Tokenizing uses `datasets` (imported only here, only when data=text is asked for
 is downloaded): its map shows a progress bar and, over DEFAULT_PARALLEL_BYTES, runs one process per
 core (data.num_proc); its shards are joined in order, so the tokens do not depend on the number of
 processes. Every document ends with the end-of-document id (the tokenizer's EOS; bytes: 0), as
-tools/prepare_data.py writes them; a .txt/.md file is one document. The entry is built in a
+`slurmtrain prepare-data` writes them; a .txt/.md file is one document. The entry is built in a
 private folder and renamed into place, so a killed submit leaves no half-written cache and two
 submits racing both end up reading one complete entry.
 """

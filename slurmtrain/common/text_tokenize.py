@@ -185,7 +185,7 @@ def build_entry(corpus: Corpus, d: DataConfig, tok: TokInfo, entry: Path) -> Non
         meta.update(vocab_size=vocab, eos_id=eos, tokenizer=str(tok_dir or "bytes"))
         meta.update(sources=[str(corpus.root)], text_field=d.text_field)
         meta.update(text_checksum=d.text_checksum, seconds=round(time.monotonic() - start, 2))
-        if encoder is not None:  # sample/export decode with the copy, as with prepare_data.py
+        if encoder is not None:  # sample/export decode with the copy, as with prepare-data
             encoder.save_pretrained(str(work / "tokens.tokenizer"))
             meta["tokenizer_dir"] = "tokens.tokenizer"
         shutil.rmtree(work / "hf")

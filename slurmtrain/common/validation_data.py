@@ -21,7 +21,7 @@ def _token_file(key: str, path: Optional[str], vocab_size: int) -> Optional[int]
     if not path or not os.path.isfile(path):
         raise ConfigError(
             f"{key}={path!r}: no such token file; make one with "
-            f"`python tools/prepare_data.py --out FILE.bin TEXT_FILES` and pass {key}=FILE.bin, "
+            f"`slurmtrain prepare-data --out FILE.bin TEXT_FILES` and pass {key}=FILE.bin, "
             f"or train on the text itself: data=text data.path=FILE_OR_DIR"
         )
     meta = _sidecar(os.path.splitext(path)[0] + ".json")

@@ -52,7 +52,7 @@ def stdlib_corpus(max_bytes: int) -> np.ndarray:
 
 
 def token_file(path: str) -> np.ndarray:
-    """A memory-mapped .bin written by tools/prepare_data.py (dtype from its .json sidecar)."""
+    """A memory-mapped .bin written by `slurmtrain prepare-data` (dtype from its .json sidecar)."""
     meta = json.loads(Path(path).with_suffix(".json").read_text())
     return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
 

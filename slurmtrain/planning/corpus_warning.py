@@ -27,6 +27,6 @@ def corpus_warning(cfg: RootConfig) -> Optional[str]:
     return (
         f"warning: data.kind=synthetic: {planned:.3g} tokens would read the built-in corpus "
         f"({corpus / 1e6:.2f}M tokens of Python's stdlib source) {planned / corpus:,.0f} epochs "
-        f"over; pass real data: python tools/prepare_data.py --out corpus.bin FILES..., then "
+        f"over; pass real data: slurmtrain prepare-data --out corpus.bin FILES..., then "
         f"data=tokens data.path=corpus.bin (or data=blend data.sources=...)"
     )

@@ -12,7 +12,7 @@ def test_opt13b_on_the_built_in_corpus_says_how_many_epochs_and_how_to_pass_data
     assert line is not None and "\n" not in line
     # 71,525 steps x 2,048 x 2,048 tokens over 99% of 4,000,000 byte tokens
     assert "75,757 epochs" in line and "data.kind=synthetic" in line
-    assert "data=tokens data.path=" in line and "tools/prepare_data.py" in line
+    assert "data=tokens data.path=" in line and "slurmtrain prepare-data" in line
 
 
 def test_no_warning_within_one_epoch_or_on_real_data():
