@@ -242,3 +242,83 @@ def redact_overrides(args: Iterable[str]) -> list[str]:
         else:
             out.append(redact_text(str(arg)))
     return out
+
+
+# The key part of a `KEY=VALUE` override that names a config key (not a dict given whole).
+_KEY_TEXT = re.compile(r"[A-Za-z0-9_.\[\]-]+")
+_warned: set[str] = set()  # keys warned about in this process: once each, not once a sweep point
+
+
+def given_in_clear(args: Iterable[str]) -> list[str]:
+    """The keys of command-line overrides that give a secret's value itself (`+cluster.env.
+    WANDB_API_KEY=abc`), not a reference to the environment (`${oc.env:NAME}`)."""
+    found = []
+    for arg in args:
+        key, sep, value = str(arg).partition("=")
+        bare = key.lstrip("+~")
+        if not sep or "${" in value or is_group_choice(bare, value):
+            continue
+        if (_KEY_TEXT.fullmatch(bare) and is_secret_key(bare, value)) or looks_secret(value):
+            found.append(bare)
+    return found
+
+
+def warn_given_in_clear(args: Iterable[str]) -> None:
+    """One line on stderr per secret given by value on the command line (once per process): it
+    still works, but `ps` shows it to every user of the machine while the command runs."""
+    import sys
+
+    for key in given_in_clear(args):
+        if key in _warned:
+            continue
+        _warned.add(key)
+        if key.startswith(ENV_KEY + "."):
+            name = env_name(key)
+            how = f"export {name}=... and pass {NAMED_KEY}=[{name}]"
+        else:
+            how = f"export it (e.g. as MY_SECRET) and pass {key}='${{oc.env:MY_SECRET}}'"
+        print(
+            f"slurmtrain: warning: {key}: a secret's value on the command line is visible to "
+            f"every user of this machine (ps); pass it by name instead: {how}",
+            file=sys.stderr,
+        )
+
+
+def redacted_hydra(data: dict[str, object]) -> dict[str, object]:
+    """Hydra's record of a command (multirun.yaml: the config as composed, unresolved, and its
+    `hydra` section) with every secret as a reference: the config's secret keys, the overrides
+    that gave one (hydra.overrides), and every other string holding such an override or value
+    (hydra.job.override_dirname joins the overrides)."""
+    out = copy.deepcopy(data)
+    hydra = out.pop("hydra", None)
+    found = list(_walk(out))
+    hidden = {str(p[k]) for _, p, k in found if len(str(p[k])) >= 4 and "${" not in str(p[k])}
+    for path, parent, key in found:
+        parent[key] = reference(path)
+    lines: list[tuple[str, str]] = []  # (as given, as recorded) of each override that changed
+    overrides = hydra.get("overrides") if isinstance(hydra, dict) else None
+    if not isinstance(overrides, dict):
+        overrides = {}
+    for name, given in overrides.items():
+        if isinstance(given, list):
+            shown = redact_overrides(str(g) for g in given)
+            lines += [(str(a), b) for a, b in zip(given, shown) if str(a) != b]
+            overrides[name] = shown
+    if hydra is None:
+        return out
+    return {"hydra": _scrubbed(hydra, lines, hidden), **out}
+
+
+def _scrubbed(node: object, lines: list[tuple[str, str]], hidden: set[str]) -> object:
+    """`node` (plain containers) with each string's secret overrides and values hidden."""
+    if isinstance(node, dict):
+        return {k: _scrubbed(v, lines, hidden) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_scrubbed(v, lines, hidden) for v in node]
+    if not isinstance(node, str):
+        return node
+    for given, shown in lines:
+        node = node.replace(given, shown)
+    for value in hidden:
+        node = node.replace(value, REDACTED)
+    return redact_text(node)

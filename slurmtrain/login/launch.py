@@ -8,6 +8,7 @@ first when smoke=true). `python -m slurmtrain` calls `launch_one`; the Hydra lau
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Callable, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from slurmtrain.common import secrets
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Stopped
 from slurmtrain.common.windows import current_stop
@@ -67,6 +69,7 @@ def launch(
 ) -> int:
     """Every point validated and planned before anything is queued: one bad point, nothing submitted.
     `ready`: wait for warm_up's answers (before anything uses them)."""
+    secrets.warn_given_in_clear(sys.argv[1:])  # what `ps` shows (Hydra's overrides: resolved)
     if ready is not None:
         ready()
     points = [(resolve(cfg, copy=copy), list(o)) for cfg, o in points]
