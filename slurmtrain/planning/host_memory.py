@@ -18,6 +18,7 @@ node needs max(build, offload + pinned) + processes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -97,3 +98,55 @@ HOST_FIX = (
     "set cluster.cpu_mem_gb to the node's memory if it has more, add nodes (smaller shards), "
     "or checkpoint.async_save=false (no pinned copies)"
 )
+
+
+def node_memory(
+    kind: str, cpu_mem_gb: Optional[float], nodes: int = 1
+) -> tuple[Optional[int], str]:
+    """One node's host memory known at plan time, and where it is from: cluster.cpu_mem_gb, else
+    this machine's RAM for cluster=local on one node (its ranks run here; more nodes are refused
+    for that, not for memory), else unknown (None)."""
+    if cpu_mem_gb:
+        return int(cpu_mem_gb * GiB), f"cluster.cpu_mem_gb={cpu_mem_gb:g}"
+    if kind != "local" or nodes != 1:
+        return None, ""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # no such sysconf name here: unknown, nothing refused
+        return None, ""
+    return int(ram), "this machine's RAM"
+
+
+def size(nbytes: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure >= 1 (MiB up to PiB)."""
+    units = ("MiB", "GiB", "TiB", "PiB")
+    value, unit = nbytes / 2**20, units[0]
+    for unit in units:
+        if value < 1024 or unit == units[-1]:
+            break
+        value /= 1024
+    return f"{value:.1f} {unit}"
+
+
+def cpu_ranks_misfit(
+    per_rank: float, activations: float, micro_batch: int, ranks: int, node_mem: Optional[int],
+    source: str,
+) -> Optional[str]:  # fmt: skip
+    """The refusal clause of CPU ranks whose tensors exceed the node's memory (None: they fit, or
+    the memory is unknown), with the micro batch that fits: activations grow with it, the rest
+    (weights, gradients, optimizer states) does not."""
+    if node_mem is None or per_rank * ranks <= node_mem:
+        return None
+    per_sample = activations / max(1, micro_batch)
+    room = node_mem / ranks - (per_rank - activations)
+    fits = int(room // per_sample) if per_sample > 0 and room > 0 else 0
+    need = (
+        f"memory/rank {size(per_rank)} x {ranks} CPU rank{'s' * (ranks > 1)} = "
+        f"{size(per_rank * ranks)} > {size(node_mem)} ({source})"
+    )
+    if fits < 1:  # the weights and states alone do not fit: the micro batch is not the lever
+        return f"{need}; use a smaller model, or fewer ranks (cluster.cpu_tasks_per_node)"
+    return (
+        f"train.micro_batch_size={micro_batch}: {need}; set train.micro_batch_size="
+        f"{min(fits, micro_batch - 1)} or less"
+    )

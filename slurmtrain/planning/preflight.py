@@ -33,6 +33,7 @@ from slurmtrain.planning import (
     deadlines,
     eta,
     flops,
+    host_memory,
     memory,
     mfu,
     parallel_plan,
@@ -366,6 +367,10 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     else:
         mine = memory_plan(cfg, low)
         out.lines.append(f"plan: memory/rank {mine.total / 2**20:.1f} MiB of tensors (CPU ranks)")
+        node = host_memory.node_memory(cfg.cluster.kind, cfg.cluster.cpu_mem_gb, low)
+        line = host_memory.cpu_ranks_misfit(mine.total, mine.activations,  # as on GPUs: refused
+                                            cfg.train.micro_batch_size, per_node, *node)  # fmt: skip
+        out.misfit = f"plan does not fit: {line}" if line else None
     checkpoints = policy.checkpoints(cfg, high)  # the most nodes fail most: as policy.py plans
     if cfg.gpus_per_node > 0:
         out.lines.append(checkpoint_line(cfg, high, checkpoints))
