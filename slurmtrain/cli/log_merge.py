@@ -20,8 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from slurmtrain.common import events
+from slurmtrain.common import events, read_skips
 from slurmtrain.common.events import Row
+from slurmtrain.common.jsonl_lines import why
 from slurmtrain.common.rundir import RunDir
 
 MergeKey = tuple[int, float, int, int]  # (attempt, timestamp, file index, line number)
@@ -300,7 +301,12 @@ class LogMerger:
         tracker = _TracebackTracker(
             lambda tb: self.tracebacks.append(tb) if self._keep(tb.attempt) else None
         )
-        with open(f.path, errors="replace") as fh:
+        try:
+            fh = open(f.path, errors="replace")
+        except OSError as err:  # another user's 0600 log: skipped, told in one line (logs.py)
+            read_skips.skip(f.path, 0, why(err))
+            return []
+        with fh:
             for lineno, raw in enumerate(fh, 1):
                 text = raw.rstrip("\r\n")
                 ts = parse_timestamp(text)

@@ -29,6 +29,7 @@ from slurmtrain.cli.log_merge import (  # noqa: F401  (the names callers and tes
     scan_logs,
 )
 from slurmtrain.cli.nccl_dumps import summary
+from slurmtrain.common import read_skips
 from slurmtrain.common.rundir import RunDir
 
 
@@ -95,6 +96,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(text)
     except BrokenPipeError:  # `| head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    read_skips.warn("logs", args.run_dir)  # one line for every unreadable file or line skipped
     return 0
 
 

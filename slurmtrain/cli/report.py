@@ -22,7 +22,7 @@ from slurmtrain.cli import run_arg
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
 from slurmtrain.cli.report_steps import Thinned, step_panels, thin_checkpoints
 from slurmtrain.cli.startup_phases import format_startup
-from slurmtrain.common import events
+from slurmtrain.common import events, read_skips
 from slurmtrain.common.events import TRAITS, Row, Rows
 from slurmtrain.common.jsonl import read_jsonl
 from slurmtrain.common.rundir import RunDir
@@ -384,6 +384,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(summary(run, a, ledger, metrics))
     out = plot(run, args.out or run / "report.png", a, ledger, metrics)
     print(f"\nwrote {out}")
+    read_skips.warn("report", run)  # one line for every unreadable file or line skipped
     return 0
 
 

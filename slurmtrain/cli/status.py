@@ -21,8 +21,8 @@ from typing import Mapping, Optional, Sequence, TypedDict
 
 from slurmtrain.cli import run_arg, status_select
 from slurmtrain.cli.status_cache import Cache, Figures
-from slurmtrain.cli.status_table import render
-from slurmtrain.common import ledger, liveness
+from slurmtrain.cli.status_table import render, tracker_warnings
+from slurmtrain.common import ledger, liveness, read_skips
 from slurmtrain.common.events import (
     AttemptEnded,
     Branched,
@@ -84,6 +84,7 @@ StatusRow = TypedDict(
         "window": int,
         "window_after": Optional[str],
         "smoke_run": str,
+        "trackers_failed": list[str],
         "updated": float,
     },
     total=False,
@@ -145,7 +146,6 @@ def summarize(
     run_rows, events = ledger_view(run, run_rows)
     state = _state(run, run_rows)
     step, valid_loss, goodput = _figures(run, events, state, cache)
-    latest = run.latest
     last = events[-1] if events else None
     config = config_text(run)
     row: StatusRow = {
@@ -157,7 +157,7 @@ def summarize(
         "step": step,
         "max_steps": _integer(_found(_MAX_STEPS, config)),
         "valid_loss": valid_loss,
-        "checkpoint": latest.read_text().strip() if latest.exists() else None,
+        "checkpoint": _latest(run),
         "job_id": next((e.job_id for e in reversed(events) if isinstance(e, Submitted)), None),
         "nodes": list(last.nodes) if last else [],
         "class": None,
@@ -169,6 +169,7 @@ def summarize(
         "updated": status_select.updated(run.path, run_rows),
     }
     _rollbacks(row, events)
+    row["trackers_failed"] = tracker_warnings(events)  # dropped trackers: a line below the table
     row["spares"] = spares(events, config)
     row["branched_from"] = None
     if any(isinstance(e, Branched) for e in run_rows):  # resume_from: parent, step, changed keys
@@ -191,6 +192,14 @@ def summarize(
             row["state"], row["class"] = held["state"], held["class"]
             row["error"], row["smoke_run"] = held["error"], held["smoke_run"]
     return row
+
+
+def _latest(run: RunDir) -> Optional[str]:
+    """The `latest` checkpoint pointer (None: none, or unreadable: another user's run)."""
+    try:
+        return run.latest.read_text().strip()
+    except (OSError, ValueError):
+        return None
 
 
 USER_STOPS = {"ctrl-c": "by you (Ctrl-C)", "cancel": "by you (slurmtrain cancel)"}
@@ -225,10 +234,9 @@ def _rollbacks(row: StatusRow, events: Rows) -> None:
     if rollbacks:
         r = rollbacks[-1]
         row["rollbacks"] = len(rollbacks)
-        row["last_rollback"] = (
-            f"step {r.step} (loss {r.loss}) -> step {r.to_step}, "
-            f"{r.skipped_samples} samples skipped"
-        )
+        loss = f" (loss {r.loss})" if r.loss is not None else ""
+        skipped = f", {r.skipped_samples} samples skipped" if r.skipped_samples is not None else ""
+        row["last_rollback"] = f"step {r.step}{loss} -> step {r.to_step}{skipped}"
 
 
 def _last_stop(row: StatusRow, events: Rows) -> None:
@@ -370,13 +378,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows.sort(key=lambda r: -r["updated"])  # newest first
     status_select.add_swept(rows)  # type: ignore[arg-type]
     shown = [r for r in rows if status_select.matches(r, words)] if words else rows
+    where = ", ".join(args.paths or [str(root)])
     if args.json:
         for r in shown:
             print(json.dumps(r))
+        read_skips.warn("status", where)
         return 0
     if shown:
         render(shown)
-    where = ", ".join(args.paths or [str(root)])
     if not rows:
         print(f"status: no runs under {where}")
     elif not shown:
@@ -385,6 +394,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(line)
     for arg in missing if rows else ():
         print(f"status: no runs under {arg}")
+    read_skips.warn("status", where)  # one line for every unreadable file or line skipped
     return 0
 
 

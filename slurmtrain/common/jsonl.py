@@ -14,9 +14,11 @@ Durability: run-tier `FATE_EVENTS` are fsynced with their new directory entries;
 only the creator of a node file fsyncs it (O(nodes) fsyncs per failure): a later row is lost only
 with its host, which Slurm's node state reports anyway.
 
-Readers read one file whole at a time and merge in memory. A bad line is warned about once, naming
-file and line; an unterminated last line is a writer mid-append and is skipped quietly. Old run
-directories (one `ledger.jsonl`) still read: they are run-tier files.
+Readers read one file at a time (in bounded blocks, common/jsonl_lines.py) and merge in memory.
+What cannot be read (an unreadable file or directory, a bad or oversized line, a row without
+`event`) is skipped and counted, and the command says so in one warning line (common/read_skips.py);
+an unterminated last line is a writer mid-append and is skipped quietly. Old run directories (one
+`ledger.jsonl`) still read: they are run-tier files.
 """
 
 from __future__ import annotations
@@ -27,97 +29,23 @@ import os
 import re
 import secrets
 import socket
-import sys
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional, TypeVar
+from typing import Iterable, Mapping, Optional, TypeVar
 
+from slurmtrain.common import read_skips
 from slurmtrain.common.durable import fsync_dir
 from slurmtrain.common.events import REGISTRY, Row, parse
+from slurmtrain.common.jsonl_lines import MAX_LINE as MAX_LINE  # readers import them from here
+from slurmtrain.common.jsonl_lines import iter_jsonl as iter_jsonl
+from slurmtrain.common.jsonl_lines import numbered, why
+from slurmtrain.common.jsonl_lines import tail_jsonl as tail_jsonl
 
 # fsynced before record() returns
 FATE_EVENTS = frozenset(kind for kind, cls in REGISTRY.items() if cls.durable)
 
-_reported: set[tuple[str, int]] = set()
 _token = secrets.token_hex(3)
 _token_pid = os.getpid()
 _created: set[str] = set()
-
-
-def _warn_corrupt(path: Path, lineno: int, err: str) -> None:
-    key = (str(path), lineno)
-    if key in _reported:
-        return
-    _reported.add(key)
-    where = f"{path}:{lineno}" if lineno > 0 else f"{path} (near its end)"
-    print(
-        f"slurmtrain: warning: {where}: unreadable line skipped ({err}); "
-        f"the rest of the file is read",
-        file=sys.stderr,
-    )
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, object]]:
-    """Every JSON object line of one file, in file order (see the module docstring for bad lines).
-    The file is read whole and closed before the first row: readers hold one file open at most."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    yield from _parse(path, data.split(b"\n"))
-
-
-def _parse(path: Path, lines: list[bytes], first: int = 1) -> Iterator[dict[str, object]]:
-    """Rows of `lines` (a file split at "\n": the last item is what follows the last newline)."""
-    last = len(lines) - 1
-    for i, raw in enumerate(lines):
-        if i == last:
-            # After the last newline: a writer mid-append. Complete JSON is kept (a hand-written
-            # file without a final newline), a torn row skipped quietly.
-            if raw.strip():
-                try:
-                    row = json.loads(raw)
-                except ValueError:
-                    return
-                if isinstance(row, dict):
-                    yield row
-            return
-        if not raw.strip():
-            continue
-        try:
-            row = json.loads(raw)
-        except ValueError as err:  # UnicodeDecodeError is a ValueError too
-            _warn_corrupt(path, first + i, f"{type(err).__name__}: {err}")
-            continue
-        if isinstance(row, dict):
-            yield row
-        else:
-            _warn_corrupt(path, first + i, f"a JSON {type(row).__name__}, not an object")
-
-
-def tail_jsonl(path: Path, block: int = 1 << 16) -> Iterator[dict[str, object]]:
-    """The rows of one file newest first, read backwards a block at a time: a caller that needs
-    the last rows of a multi-GB metrics file reads kilobytes (a torn last line is skipped)."""
-    try:
-        f = open(path, "rb")
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    with f:
-        end = f.seek(0, os.SEEK_END)
-        pending = b""  # the end of a line whose start is in an earlier block
-        last = True  # the text after the file's last newline is still to be seen
-        while end > 0:
-            start = max(0, end - block)
-            f.seek(start)
-            lines = (f.read(end - start) + pending).split(b"\n")
-            end = start
-            pending = lines.pop(0) if start > 0 else b""
-            if last and lines:
-                last = False
-                yield from _parse(path, [lines.pop()])  # kept only when it is complete JSON
-            for raw in reversed(lines):
-                yield from _parse(path, [raw, b""], first=0)
-
 
 RowT = TypeVar(
     "RowT", dict[str, object], Row, Mapping[str, object]
@@ -130,7 +58,7 @@ def run_tier_files(run_path: Path) -> list[Path]:
     """The run tier of a run directory's ledger: the old single file first (if any), then the
     per-process files of `ledger.d/` (old runs' per-rank failure files among them)."""
     run_path = Path(run_path)
-    legacy = [run_path / LEGACY_LEDGER] if (run_path / LEGACY_LEDGER).is_file() else []
+    legacy = [run_path / LEGACY_LEDGER] if os.path.isfile(run_path / LEGACY_LEDGER) else []
     return legacy + _jsonl_in(run_path / LEDGER_DIR)
 
 
@@ -148,9 +76,13 @@ def rank_tier_files(run_path: Path, key: Optional[str] = None) -> list[Path]:
 
 def rank_keys(run_path: Path) -> set[str]:
     """The attempt keys (folder names, `rank_key`) that have rank-tier rows: one directory read."""
+    where = Path(run_path) / LEDGER_DIR / RANKS_DIR
     try:
-        return {e.name for e in os.scandir(Path(run_path) / LEDGER_DIR / RANKS_DIR) if e.is_dir()}
+        return {e.name for e in os.scandir(where) if e.is_dir()}
     except (FileNotFoundError, NotADirectoryError):
+        return set()
+    except OSError as err:  # another user's 0700 directory
+        read_skips.skip(where, 0, why(err))
         return set()
 
 
@@ -158,6 +90,9 @@ def _jsonl_in(directory: Path) -> list[Path]:
     try:
         names = sorted(e.name for e in os.scandir(directory) if e.name.endswith(".jsonl"))
     except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as err:  # another user's 0700 directory
+        read_skips.skip(directory, 0, why(err))
         return []
     return [directory / n for n in names]
 
@@ -191,7 +126,22 @@ def ledger_rows(run_path: Path) -> list[Row]:
 def merge_ledger(paths: Iterable[Path], shared: bool = False) -> list[Row]:
     """Ledger files merged as `merge_jsonl` merges them, each row parsed (events.parse: the one
     place old or odd rows are handled)."""
-    return [parse(r) for r in merge_jsonl(paths, shared)]
+    lists = [_ledger_file(p) for p in paths]
+    if shared:
+        lists = [sorted(rows, key=_time) for rows in lists]
+    return [parse(r) for r in merge_rows(lists)]
+
+
+def _ledger_file(path: Path) -> list[dict[str, object]]:
+    """One ledger file's rows; a row without an `event` name is noted and skipped (read_skips)."""
+    rows = []
+    for lineno, row in numbered(path):
+        kind = row.get("event")
+        if isinstance(kind, str) and kind:
+            rows.append(row)
+        else:
+            read_skips.skip(path, lineno, "a row without an event name")
+    return rows
 
 
 def merge_jsonl(paths: Iterable[Path], shared: bool = False) -> list[dict[str, object]]:

@@ -27,6 +27,23 @@ ALWAYS = ("job_id", "attempt", "nodes")
 
 REGISTRY: dict[str, type[Row]] = {}
 
+# Free text (an error, a traceback) is cut to this many characters as the row is written: a row
+# stays a small line every reader can afford (one 64 MiB `error` once stopped `status`); the
+# whole text is in the rank's log.
+MAX_TEXT = 4096
+CUT = "\n[... {} characters cut; the whole text is in the run's logs/ ...]\n"
+
+
+def capped(text: str, most: int = MAX_TEXT) -> str:
+    """`text` within `most` characters: its first quarter and its end (an error's last line, the
+    one status shows, is at the end), with a line saying how much was cut and where it all is."""
+    if len(text) <= most:
+        return text
+    head = most // 4
+    note = CUT.format(len(text) - most)
+    note = CUT.format(len(text) - most + len(note))  # what the note itself takes is cut too
+    return text[:head] + note + text[len(text) - (most - head - len(note)) :]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Row:
@@ -69,6 +86,9 @@ class Row:
             if f.name in ALWAYS or not (value is None or value == ()):
                 out[JSON_NAMES.get(f.name, f.name)] = _json_value(value)
         out.update(self.extra)
+        for key, value in out.items():
+            if isinstance(value, str) and len(value) > MAX_TEXT:
+                out[key] = capped(value)
         return out
 
 
