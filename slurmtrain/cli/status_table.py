@@ -5,6 +5,8 @@ siblings, keys shortened to their last part when that is unambiguous), state wit
 step/max, valid_loss, age (since the run last changed), then attempts, job, nodes, spares,
 goodput, checkpoint, and the last error (free length). A column that is `-` on every row is left
 out (spares on a run that holds none, a job id before any submission): lines stay readable.
+Below the table: each branched run's lineage, and a warning line per tracker its newest start
+dropped (training went on without it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from slurmtrain.common.events import Rows, TrackerFailed
 from slurmtrain.common.slurm_text import compress_hostlist
 
 COLUMNS = ["name", "run", "model", "swept", "state", "step", "valid_loss", "age", "attempt"]
@@ -20,6 +23,7 @@ COLUMNS += ["job", "nodes", "spares", "goodput", "checkpoint", "last error"]
 ALWAYS = {"name", "run", "state", "step", "last error"}  # shown even when all `-`
 NODES_WIDTH = 40  # a 64-node run's hostlist is cut here (`status --json` has every node)
 SWEPT_WIDTH = 40
+TRACKER_ERROR_WIDTH = 160  # the warning line's error; the ledger row and the job's log have more
 
 
 def age(updated: float, now: Optional[float] = None) -> str:
@@ -49,6 +53,19 @@ def _error(r: Mapping[str, object]) -> str:
         error = f"{error}; " if error else ""
         error += f"{r['rollbacks']} rollback(s), last: {r['last_rollback']}"
     return " ".join(error.split())
+
+
+def tracker_warnings(events: Rows) -> list[str]:
+    """`tensorboard failed at open: NotADirectoryError: ...`: each tracker that failed (first
+    failure only: a dropped tracker fails once) in `events` (the run tier and the newest start's)."""
+    seen: dict[str, str] = {}
+    for e in events:
+        if isinstance(e, TrackerFailed) and str(e.tracker) not in seen:
+            error = " ".join(str(e.error or "").split())
+            if len(error) > TRACKER_ERROR_WIDTH:
+                error = error[: TRACKER_ERROR_WIDTH - 3] + "..."
+            seen[str(e.tracker)] = f"{e.tracker} failed at {e.phase or '?'}: {error}"
+    return list(seen.values())
 
 
 def _nodes(names: Sequence[str]) -> str:
@@ -101,3 +118,7 @@ def render(rows: Sequence[Mapping[str, object]]) -> None:
     for r in rows:  # lineage below the table: a parent's path and the changed keys are long
         if r.get("branched_from"):
             print(f"{r['name']}/{Path(str(r['run'])).name}: {r['branched_from']}")
+    for r in rows:
+        failed = r.get("trackers_failed")
+        for line in failed if isinstance(failed, list) else ():
+            print(f"{r['name']}/{Path(str(r['run'])).name}: warning: tracker {line} (dropped)")

@@ -243,8 +243,12 @@ class FlopsProfile(Row):
 
 @dataclass(frozen=True, kw_only=True)
 class TrackerFailed(Row):
-    """Attempt: a metrics tracker failed and was dropped."""
+    """Attempt, rank 0: a tracker (TensorBoard, W&B, MLflow, Aim) failed at `phase` (open, write
+    or close) and was dropped; training went on (metrics.jsonl holds every row). Durable: `status`
+    warns about it even when the attempt dies next."""
 
     kind = "tracker_failed"
+    durable = True
     tracker: Optional[str] = None
-    error: Optional[str] = None
+    phase: Optional[str] = None  # open | write | close
+    error: Optional[str] = None  # short: type and message, secrets redacted

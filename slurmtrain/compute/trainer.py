@@ -203,6 +203,7 @@ class Trainer:
             trackers=open_trackers(cfg, run.path, run.metrics, n, rows, self.attempt.record)
             if self.rank == 0
             else None,
+            record=self.attempt.record,  # a failing TensorBoard's `tracker_failed` row
         )
         self._mark("deepspeed_init")
 

@@ -107,7 +107,7 @@ def test_a_failing_tracker_is_dropped_and_recorded_not_raised():
     t.log(2, {"loss": 1.0})
     assert [s for s, _, _ in good.logged] == [1, 2]
     assert recorded == [
-        events.TrackerFailed(tracker="broken", error="log: RuntimeError: disk full")
+        events.TrackerFailed(tracker="broken", phase="write", error="RuntimeError: disk full")
     ]
 
 

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence, TypeGuard, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, TypeGuard, Union
 
 from slurmtrain.common.jsonl import append_jsonl
 from slurmtrain.planning.eta import format_duration
@@ -21,6 +21,7 @@ from slurmtrain.planning.eta import format_duration
 if TYPE_CHECKING:
     from torch.utils.tensorboard.writer import FileWriter
 
+    from slurmtrain.common.events import Row
     from slurmtrain.compute.observe.trackers import Trackers
 
 # A metrics row's value: a number, a per-rank list, or None (not measured this interval)
@@ -87,11 +88,13 @@ class MetricsWriter:
         tensorboard_dir: Optional[Path],
         print_lines: bool,
         trackers: Optional[Trackers] = None,
+        record: Optional[Callable[[Row], object]] = None,
     ) -> None:
         self.path, self.enabled, self.attempt = path, enabled, attempt
         self.print_lines = print_lines
         self._printed: Optional[tuple[int, float]] = None  # (step, monotonic time) last printed
         self.trackers = trackers  # rank 0's W&B/MLflow (observe/trackers.py), or None
+        self.record = record  # the attempt's ledger: a failing TensorBoard's `tracker_failed`
         self.tb: Optional[FileWriter] = None
         if enabled and tensorboard_dir is not None:
             try:
@@ -99,10 +102,12 @@ class MetricsWriter:
                     Summary,
                 )
                 from torch.utils.tensorboard.writer import FileWriter
-
-                self.tb, self._summary = FileWriter(str(tensorboard_dir)), Summary
             except ImportError:  # tensorboard is optional on the compute node
-                self.tb = None
+                return
+            try:
+                self.tb, self._summary = FileWriter(str(tensorboard_dir)), Summary
+            except Exception as err:  # noqa: BLE001  a tracker never stops training
+                self._tb_failed("open", err)
 
     def log(self, step: int, max_steps: int, **values: MetricValue) -> None:
         if not self.enabled:
@@ -111,12 +116,15 @@ class MetricsWriter:
         append_jsonl(self.path, row)
         if self.tb is not None:
             value = self._summary.Value
-            self.tb.add_summary(
-                self._summary(
-                    value=[value(tag=k, simple_value=v) for k, v in scalars(values).items()]
-                ),
-                step,
-            )
+            try:
+                self.tb.add_summary(
+                    self._summary(
+                        value=[value(tag=k, simple_value=v) for k, v in scalars(values).items()]
+                    ),
+                    step,
+                )
+            except Exception as err:  # noqa: BLE001  its writer thread's error surfaces here
+                self._tb_failed("write", err)
         if self.trackers is not None:
             self.trackers.log(step, scalars(values))
         if self.print_lines:
@@ -146,8 +154,18 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self.tb is not None:
-            self.tb.close()
+            try:
+                self.tb.close()
+            except Exception as err:  # noqa: BLE001  the last events' flush
+                self._tb_failed("close", err)
             self.tb = None
+
+    def _tb_failed(self, phase: str, err: BaseException) -> None:
+        """TensorBoard is dropped like any tracker (observe/trackers.py): a warning, a row."""
+        from slurmtrain.compute.observe.trackers import report_failure
+
+        self.tb = None
+        report_failure("tensorboard", phase, err, self.record)
 
     def finish(self) -> None:
         """After the attempt's outcome is recorded: the trackers get its last events and close."""

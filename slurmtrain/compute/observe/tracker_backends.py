@@ -19,7 +19,7 @@ from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.tracked_rows import event_row, failure_class
 from slurmtrain.common.tracker_registry import Backend
 
-__all__ = ["OPENERS", "Backend", "Failed", "RunContext", "event_row", "failure_class"]
+__all__ = ["OPENERS", "Backend", "RunContext", "event_row", "failure_class"]
 
 
 @dataclass
@@ -64,13 +64,6 @@ class RunContext:
             if isinstance(row, events.Started) and row.attempt == self.attempt:
                 return row
         return None
-
-
-class Failed:
-    """A tracker that could not open (kept for its name in the error line)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
 
 
 def _opener(t: tracker_registry.Tracker) -> Callable[[RunContext], Backend]:

@@ -4,8 +4,9 @@ many jobs train it.
 Rank 0 mirrors what MetricsWriter logs (metrics.jsonl stays the record) to the trackers `logger=`
 chose; every attempt continues ONE tracker run, found by the run's fingerprint. A tracker's step
 axis must only grow, so StepAxis passes each step once, past the highest step any attempt logged.
-The ledger's events go along as counters and rows. A failing tracker never stops training: it is
-reported once (stderr, ledger) and dropped.
+The ledger's events go along as counters and rows. A failing tracker never stops training: at open,
+write or close, it is reported once (a warning on stderr, a `tracker_failed` row) and dropped;
+TensorBoard (MetricsWriter's own) the same way.
 """
 
 from __future__ import annotations
@@ -145,18 +146,43 @@ class Trackers:
         self._each("close", self.axis.last, self.kept, fresh)
 
     def _each(self, method: str, *args: object) -> None:
+        phase = PHASES[method]
         for backend in list(self.backends):
+            # A tracker never stops training (metrics.jsonl has every row); SystemExit too (a
+            # package's own exit), not Ctrl-C or a signal's exception: those are the attempt's.
             try:
                 getattr(backend, method)(*args)
-            except Exception as err:  # a tracker never stops training: metrics.jsonl has it all
-                self.drop(backend, f"{method}: {type(err).__name__}: {err}")
+            except (Exception, SystemExit) as err:
+                self.drop(backend, phase, err)
 
-    def drop(self, backend: Backend, error: str) -> None:
+    def drop(self, backend: Backend, phase: str, err: BaseException) -> None:
         self.backends.remove(backend)
-        error = secrets.redact_text(error)[:2000]
-        print(f"slurmtrain: tracker {backend.kind} dropped: {error}", file=sys.stderr, flush=True)
-        if self.record is not None:
-            self.record(events.TrackerFailed(tracker=backend.kind, error=error))
+        report_failure(backend.kind, phase, err, self.record)
+
+
+PHASES = {"log": "write", "close": "close"}  # Trackers' calls -> TrackerFailed.phase
+ERROR_CHARS = 500  # TrackerFailed.error: the type and the message's start; the log has the rest
+
+
+def report_failure(
+    kind: str, phase: str, err: BaseException, record: Optional[Callable[[Row], object]]
+) -> None:
+    """A tracker that failed (`phase`: open, write or close) and is dropped: one warning line
+    (stderr: the job's log) and a durable `tracker_failed` row; training goes on."""
+    error = secrets.redact_text(f"{type(err).__name__}: {err}")
+    error = " ".join(error.split())[:ERROR_CHARS]
+    print(
+        f"slurmtrain: warning: tracker {kind} failed at {phase} and is dropped (training goes "
+        f"on; metrics.jsonl has every row): {error}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if record is None:
+        return
+    try:
+        record(events.TrackerFailed(tracker=kind, phase=phase, error=error))
+    except Exception as failed:  # noqa: BLE001  a full disk: not the tracker's failure to raise
+        print(f"slurmtrain: warning: tracker_failed not recorded: {failed}", file=sys.stderr)
 
 
 def open_trackers(
@@ -185,7 +211,6 @@ def open_trackers(
     for kind in wanted(cfg):
         try:
             out.backends.append(tracker_backends.OPENERS[kind](context))
-        except Exception as err:
-            out.backends.append(tracker_backends.Failed(kind))
-            out.drop(out.backends[-1], f"open: {type(err).__name__}: {err}")
+        except (Exception, SystemExit) as err:  # as in Trackers._each
+            report_failure(kind, "open", err, record)
     return out
