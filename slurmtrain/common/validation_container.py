@@ -2,6 +2,9 @@
 cluster.container_flags, cluster.apptainer_binary, cluster.apptainer_gpu, and the pyxis flags that
 slurmtrain owns in cluster.srun_extra.
 
+cluster.image for apptainer and pyxis (check_image_file): a path is an image of the runtime's kind
+(read here, as login/container.py reads an OCI bundle), else refused before anything is queued.
+
 Each failure is one ConfigError line naming the key, the value and the fix. Values that pass reach
 the batch script through shlex.quote (login/container.py), never unquoted; what is refused here is
 what would mean something else than it says: a `$VAR` that would stay literal, a comma that splits
@@ -10,7 +13,10 @@ one bind into two, a flag that replaces one slurmtrain sets.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+from pathlib import Path
 from typing import NamedTuple
 
 from slurmtrain.common.errors import ConfigError
@@ -134,4 +140,72 @@ def _check_flag(kind: str, arg: str) -> None:
         raise ConfigError(
             f"{shown}: not a pyxis flag (--container-* or --no-container-*); other srun flags "
             f"go in cluster.srun_extra"
+        )
+
+
+# The magic numbers read from an image's first bytes. SIF (sylabs/sif, pkg/sif): a 32-byte launch
+# line "#!/usr/bin/env run-singularity", then "SIF_MAGIC". Squashfs (enroot's .sqsh, apptainer's
+# older images): "hsqs" at 0. ext3 (apptainer's oldest writable images): 0xEF53 at 1080.
+MAGICS = {"SIF": (32, b"SIF_MAGIC"), "squashfs": (0, b"hsqs"), "ext3": (1080, b"\x53\xef")}
+# What each runtime takes as an image file; a URI (apptainer: docker://, library://, oras://,
+# docker-archive:...; pyxis: anything not starting with / or ., its squashfs-path rule) is pulled
+# on the node and cannot be checked here.
+IMAGE_KINDS = {"apptainer": ("SIF", "squashfs", "ext3"), "pyxis": ("squashfs",)}
+IMAGE_FIX = {
+    "apptainer": "build one (apptainer build IMAGE.sif docker://...) or point cluster.image at a "
+    ".sif file, a sandbox directory or a URI (docker://REPO:TAG)",
+    "pyxis": "import one (enroot import -o IMAGE.sqsh docker://REPO:TAG) or point cluster.image at "
+    "a .sqsh file or a registry image (nvcr.io#nvidia/pytorch:24.05-py3)",
+}
+
+
+def image_is_path(kind: str, image: str) -> bool:
+    """Whether the runtime reads `image` as a file here (else it pulls a URI on the node)."""
+    if kind == "pyxis":
+        return image.startswith((".", "/"))  # pyxis: strspn(image, "./") > 0 is a squashfs path
+    return not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", image)  # docker://, docker-archive:, ...
+
+
+def _unmounted(path: Path) -> bool:
+    """The path's top directory does not exist here: a filesystem only the compute nodes mount
+    (a site profile's /fsx rendered on a laptop), which cannot be checked from this node."""
+    parts = path.absolute().parts
+    return len(parts) > 2 and not Path(parts[0], parts[1]).exists()
+
+
+def check_image_file(kind: str, image: str) -> None:
+    """cluster.image for apptainer or pyxis: a URI is accepted as is; a path must be a readable,
+    non-empty image of the runtime's kind (an apptainer sandbox directory too), else one line
+    naming the key, what is wrong and the fix (a missing .sif used to end as `config_error: exit
+    code 2` on the node)."""
+    if kind not in IMAGE_KINDS or not image_is_path(kind, image):
+        return
+    path, fix = Path(image), IMAGE_FIX[kind]
+    shown = f"cluster.image={image}"
+    try:
+        st = path.stat()
+    except OSError as exc:
+        if _unmounted(path):
+            return
+        why = (exc.strerror or str(exc)).lower()
+        raise ConfigError(f"{shown}: {why} ({kind} image); {fix}") from None
+    if kind == "apptainer" and stat.S_ISDIR(st.st_mode):  # a sandbox: its files are the image
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise ConfigError(f"{shown}: a sandbox directory this user cannot read; {fix}")
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{shown}: not a regular file ({kind} image); {fix}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1082)
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read it ({exc.strerror}); {fix}") from None
+    if not head:
+        raise ConfigError(f"{shown}: an empty file, not an image {kind} runs; {fix}")
+    kinds = IMAGE_KINDS[kind]
+    if not any(head[at : at + len(magic)] == magic for at, magic in (MAGICS[k] for k in kinds)):
+        raise ConfigError(
+            f"{shown}: not an image {kind} runs (no {' or '.join(kinds)} header in its first "
+            f"bytes); "
+            f"{fix}"
         )

@@ -27,6 +27,7 @@ from slurmtrain.common.validation_container import (
     APPTAINER_GPU,
     Bind,
     check_container,
+    check_image_file,
     flag_name,
     is_pyxis_flag,
     parse_bind,
@@ -141,15 +142,32 @@ def _bind(path: str, mode: str = "rw", source: str | None = None) -> OciMount:
     }
 
 
+# Host paths an image's bundle binds that the job only reads (tools/oci_spec.py binds the first two
+# read-write): the ranks run as root in the host's namespaces, so a writable bind is a writable
+# host /etc/slurm. A unix socket still connects on a read-only bind (munge's, scontrol's client).
+READ_ONLY_HOST = ("/etc/slurm", "/run/munge", "/etc/munge", "/etc/hosts", "/etc/resolv.conf")
+
+
+def read_only(mount: OciMount) -> OciMount:
+    """`mount` read-only when it binds a host path in READ_ONLY_HOST (others as the image has them)."""
+    if mount.get("type") != "bind" or mount.get("destination") not in READ_ONLY_HOST:
+        return mount
+    options = [o for o in mount.get("options", []) if o not in ("rw", "ro")]
+    return {**mount, "options": [*options, "ro"]}
+
+
 def run_bundle(cfg: RootConfig, image_spec: OciSpec) -> OciSpec:
     """The run's config.json: the image's, root absolute, the runs root (checkpoints, ledger,
     logs) and the host's /dev/shm (the task's script; gloo/NCCL shared memory) mounted at the
-    same paths, the process the task's script; terminal off (srun has no tty)."""
+    same paths, the host's configuration read-only (READ_ONLY_HOST), the process the task's
+    script; terminal off (srun has no tty)."""
     spec: OciSpec = json.loads(json.dumps(image_spec))  # a deep copy of plain JSON
     spec["root"]["path"] = str(rootfs(str(cfg.cluster.image), spec))
     runs_root = str(Path(str(cfg.runs_root)).resolve())
     keep = [
-        m for m in spec.get("mounts", []) if m.get("destination") not in (runs_root, "/dev/shm")
+        read_only(m)
+        for m in spec.get("mounts", [])
+        if m.get("destination") not in (runs_root, "/dev/shm")
     ]
     extra = [_bind(b.dst, "ro" if b.read_only else "rw", b.src) for b in binds(cfg)]
     taken = {runs_root, "/dev/shm", *(m["destination"] for m in extra)}
@@ -235,6 +253,7 @@ def apptainer_command(cfg: RootConfig) -> list[str]:
             "set cluster.image=PATH.sif"
         )
     check_container(cfg)
+    check_image_file("apptainer", str(c.image))  # one line now, not a job that ends config_error
     gpu = APPTAINER_GPU[str(c.apptainer_gpu)]
     args = [str(c.apptainer_binary), "exec", *([gpu] if gpu else [])]
     args += [str(f) for f in c.container_flags]
@@ -273,6 +292,7 @@ def pyxis_args(cfg: RootConfig) -> list[str]:
             "cluster.image=REGISTRY#IMAGE or a .sqsh path"
         )
     check_container(cfg)
+    check_image_file("pyxis", str(image))
     root = runs_root(cfg)
     mounts = ",".join([f"{root}:{root}", *(b.spec() for b in binds(cfg))])
     flags = [str(f) for f in cfg.cluster.container_flags]

@@ -93,7 +93,7 @@ def test_apptainer_binary_gpu_flag_flags_and_binds(tmp_path):
             "/images/train.sif", "python"]  # fmt: skip
     assert ranks[ranks.index("singularity") :][: len(want)] == want
     assert sup[sup.index("singularity") :] == want  # the supervisor runs the same command
-    none = _cfg(tmp_path, "cluster.container=apptainer", "cluster.image=/i.sif",
+    none = _cfg(tmp_path, "cluster.container=apptainer", "cluster.image=/images/i.sif",
                 "cluster.apptainer_gpu=none")  # fmt: skip
     assert "--nv" not in _lines(none)[0] and "apptainer" in _lines(none)[0]
 
@@ -107,7 +107,7 @@ def _token_file(path):
 
 def test_data_outside_the_runs_root_is_bound_read_only_inside_it_is_not(tmp_path):
     data = _token_file(tmp_path / "data" / "corpus.bin")
-    base = ["cluster.container=apptainer", "cluster.image=/i.sif", "data=tokens",
+    base = ["cluster.container=apptainer", "cluster.image=/images/i.sif", "data=tokens",
             "data.seq_len=16", f"data.path={data}"]  # fmt: skip
     argv = _lines(_cfg(tmp_path, *base))[0]
     assert f"{data}:{data}:ro" in argv and f"{data.with_suffix('.json')}:" in " ".join(argv)
