@@ -48,6 +48,7 @@ R = TypeVar("R", bound=events.Row)
 SWEEPS = (("lr_sweep", 200), ("lr_warmup", 150), ("wd_sweep", 150), ("baseline", 1))
 JOB_BASE = 7000
 NODE = "gpu-a017"
+MAX_STEPS = 1000
 
 FAKE_SLURM = r"""#!/bin/sh
 # fake squeue/sacct for bench/status_speed.py: the jobs in $FAKE_SLURM_STATES (id|state|reason)
@@ -115,6 +116,7 @@ def make_runs(root: Path, n: int = 501, seed: int = 0) -> dict[str, str]:
             cfg.update(name=sweep, runs_root=str(root))
             cfg["optim"].update(lr=lr, weight_decay=wd)
             cfg["data"]["seed"] = 1000 + point
+            cfg["train"]["max_steps"] = MAX_STEPS  # what _fill trains to
             fp = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
             run = root / sweep / fp
             for sub in ("checkpoints", "logs", "provenance", "ledger.d"):
@@ -162,7 +164,7 @@ def _fill(
         q[job] = "PENDING"
         return
     t += rnd.uniform(30, 600)
-    max_steps = 1000
+    max_steps = MAX_STEPS
     steps = {"running": rnd.randint(20, 990), "crashed": rnd.randint(20, 990)}.get(kind, max_steps)
     if kind == DIVERGING:
         steps = rnd.randint(120, 990)
@@ -251,6 +253,34 @@ def _stop(
     )
 
 
+def make_bad(root: Path, big: int = 64 << 20) -> Path:
+    """One finished run whose ledger holds each bad input of #37 Why 5: a row without `event`, a
+    line that is not a JSON object, one that is not JSON, a directory named `*.jsonl`, and a
+    rank's `failed` row with a `big`-byte error (what an uncapped writer once wrote)."""
+    run = root / "bad" / "0123456789ab"
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    (run / "config.yaml").write_text("name: bad\ntrain:\n  max_steps: 20\n")
+    (run / "logs" / "51_0.out").write_text("step 20 loss 2.5\n")
+    rows: list[events.Row] = [
+        events.Submitted(time=1.0, job_id="51", executor="local"),
+        _at("51", events.Started(time=2.0)),
+        _at("51", events.Finished(time=9.0, step=20)),
+    ]
+    led = run / "ledger.d"
+    _dump(led / "login.1.abc.jsonl", rows)
+    with open(led / "login.1.abc.jsonl", "a") as f:
+        f.write('{"time": 5.0}\n[1, 2]\n{"event": "fini\\u0000 garbage\n')
+    (led / "odd.jsonl").mkdir(exist_ok=True)
+    (led / "ranks" / "51.0.0").mkdir(parents=True, exist_ok=True)
+    with open(led / "ranks" / "51.0.0" / f"{NODE}.jsonl", "w") as f:
+        f.write('\n{"event": "failed", "time": 8.0, "class": "crash", "error": "')
+        for _ in range(big >> 20):
+            f.write("x" * (1 << 20))
+        f.write('"}\n')
+    _dump(run / "metrics.jsonl", [{"step": 20, "time": 8.0, "valid_loss": 2.5}])
+    return root / "bad"
+
+
 def _fake_slurm(where: Path, queued: dict[str, str]) -> dict[str, str]:
     bindir = where / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
@@ -277,12 +307,14 @@ def _time(
     warm = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)  # warm caches
     if warm.returncode != 0:
         raise RuntimeError((warm.stderr.strip().splitlines() or ["?"])[-1])
+    for line in warm.stderr.splitlines():  # what it skipped (the bad ledger's one line)
+        print(f"  {line}")
     log.write_text("")
     times, cpu = [], []
     for _ in range(repeat):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        subprocess.run(cmd, env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True)
         times.append(time.perf_counter() - t)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
@@ -313,6 +345,7 @@ def main() -> int:
         queued = make_runs(root, args.runs)
         (work / "queued.json").write_text(json.dumps(queued))
     empty.mkdir(parents=True, exist_ok=True)
+    bad = make_bad(work / "badroot")
     made = time.perf_counter() - t
     env = _fake_slurm(work, queued)
     log = work / "calls.log"
@@ -323,6 +356,7 @@ def main() -> int:
         (f"{args.runs} runs --json", ["--json", str(root)]),
         (f"{args.runs} runs, no cache", [str(root)]),
         ("one sweep --state finished", [str(root / "lr_sweep"), "--state", "finished"]),
+        ("bad ledger, a 64 MiB line", [str(bad)]),
     ]
     for label, argv in cases:
         load = os.getloadavg()[0]
