@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from slurmtrain.common import ownership
 from slurmtrain.common.errors import ConfigError
 
 
@@ -41,7 +42,7 @@ def check_value(checkpoint_dir: Optional[str], runs_root: str) -> None:
         )
 
 
-def link(run_path: Path, checkpoint_dir: Optional[str], mode: int = 0o750) -> None:
+def link(run_path: Path, checkpoint_dir: Optional[str], mode: int = 0o700) -> None:
     """Make RUN/checkpoints the link to the run's checkpoint directory (created), or check that
     it is one. Refused in one line where the run already keeps checkpoints elsewhere: moving
     them is the user's decision, never ours."""
@@ -65,8 +66,8 @@ def link(run_path: Path, checkpoint_dir: Optional[str], mode: int = 0o750) -> No
             )
         entry.rmdir()  # made empty by an earlier submission without checkpoint.dir
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        os.chmod(where, mode)
+        # made with the run's mode, refused when another user made it (common/ownership.py)
+        ownership.make_dir(where, mode, "checkpoint directory")
         if not entry.is_symlink():
             os.symlink(where, entry, target_is_directory=True)
     except OSError as err:

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
@@ -25,7 +25,7 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
-from slurmtrain.common import checkpoint_dir, runlock
+from slurmtrain.common import checkpoint_dir, ownership, runlock
 from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Finished, Row, Rows, Started
@@ -83,12 +83,12 @@ def fingerprint(cfg: DictConfig, data: Optional[dict[str, object]] = None) -> st
     return digest(result_view(cfg, data))
 
 
-DEFAULT_RUN_DIR_MODE = "0750"  # schema.RootConfig.run_dir_mode's default
-
-
 @dataclass(frozen=True)
 class RunDir:
     path: Path
+    # run_dir_mode's bits where the config is known (locate); None: the directory exists already
+    # and is only checked (common/ownership.py)
+    mode: Optional[int] = field(default=None, compare=False)
 
     @property
     def config(self) -> Path:
@@ -236,13 +236,14 @@ class RunDir:
     def locked(self, timeout: float = 60.0) -> Iterator[None]:
         """Hold the run's exclusive lock (`lock`): check-and-submit, resubmit, claim a start.
         Raises RunLocked after `timeout` s (a local run's shell holds it while it trains).
-        flock, or a lease file where the filesystem's flock excludes nothing (common/runlock.py)."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        flock, or a lease file where the filesystem's flock excludes nothing (common/runlock.py).
+        The directory is made with `mode`, or refused when another user made or can swap it."""
+        ownership.make_run_dir(self.path, self.mode)
 
         def busy(who: str) -> RunLocked:
             return RunLocked(f"{who} (submitting or training this run locally); nothing submitted")
 
-        with runlock.hold(self.path, timeout, busy, self.lock.name):
+        with runlock.hold(self.path, timeout, busy, self.lock.name, self.mode):
             yield
 
     def attempts(self) -> int:
@@ -276,12 +277,14 @@ def locate(cfg: DictConfig, data: Optional[dict[str, object]] = None) -> RunDir:
     """The run directory this config trains in; `new_run=true` picks the next free replica."""
     root = Path(cfg.runs_root).expanduser().resolve() / cfg.name
     base = root / fingerprint(cfg, data)
+    mode = ownership.dir_mode(getattr(cfg, "run_dir_mode", None))
     if not cfg.new_run:
-        return RunDir(base) if base.exists() else _made_before_registration(cfg, data, base)
+        found = RunDir(base) if base.exists() else _made_before_registration(cfg, data, base)
+        return RunDir(found.path, mode)
     replica = 2
     while (root / f"{base.name}-r{replica}").exists():
         replica += 1
-    return RunDir(root / f"{base.name}-r{replica}")
+    return RunDir(root / f"{base.name}-r{replica}", mode)
 
 
 def _made_before_registration(
@@ -347,14 +350,14 @@ def create(
 ) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
-    mode = int(str(getattr(cfg, "run_dir_mode", None) or DEFAULT_RUN_DIR_MODE), 8)
+    mode = ownership.dir_mode(getattr(cfg, "run_dir_mode", None))
+    ownership.make_run_dir(run.path, mode)  # refused when another user made or can swap it
     saves = cfg.checkpoint.dir if "checkpoint" in cfg else None
-    for sub in (run.path, run.checkpoints, run.logs, run.provenance):
+    for sub in (run.checkpoints, run.logs, run.provenance):
         if sub == run.checkpoints and saves:
             checkpoint_dir.link(run.path, str(saves), mode)  # a link to checkpoint.dir's
             continue
-        sub.mkdir(parents=True, exist_ok=True)
-        _set_mode(sub, mode)
+        ownership.make_dir(sub, mode)
     data = _model_config_copied(run, cfg, data, durable)
     text = config_yaml(cfg, data)
     if run.config.exists() and run.config.read_text() != text:
@@ -385,16 +388,6 @@ def _model_config_copied(
     if source.resolve() != copy_path.resolve():
         replace_atomically(copy_path, source.read_text(), mode=0o640, durable=durable)
     return {**data, "model": {**model, "config": RUN_COPY}}
-
-
-def _set_mode(path: Path, mode: int) -> None:
-    """run_dir_mode whatever the umask; a directory another user owns (a teammate's run in a
-    group-shared runs_root, resumed) keeps the mode its owner gave it."""
-    if path.stat().st_mode & 0o7777 != mode:
-        try:
-            os.chmod(path, mode)
-        except PermissionError:
-            pass
 
 
 def runs_named(arg: str, runs_root: Optional[str] = None) -> tuple[list[RunDir], Path]:

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping, Optional, TypedDict
 
-from slurmtrain.common import durable
+from slurmtrain.common import durable, ownership
 
 FLOCK, LEASE = "flock", "lease"
 BEAT_S, STALE_S = 5.0, 60.0
+SQUAT_S = 2.0  # an old lock busy this long with no lease: a reader squats it (_flocked)
 LEASE_NAME = ".owner.lease"
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -118,12 +119,14 @@ def hold(
     timeout: float,
     busy: Callable[[str], Exception],
     flock_name: str = ".owner.lock",
+    mode: Optional[int] = None,
 ) -> Iterator[str]:
-    """Hold `directory`'s exclusive lock; yields which kind. Raises busy(who) after `timeout` s."""
+    """Hold `directory`'s exclusive lock; yields which kind. Raises busy(who) after `timeout` s.
+    `mode`: the run directory's (lock and lease are ownership.lock_mode of it; None: 0600)."""
     started = time.monotonic()
     if choose(directory)[0] == FLOCK:
         try:
-            f = _flocked(directory / flock_name, timeout, busy)
+            f = _flocked(directory / flock_name, timeout, busy, mode)
         except OSError as err:
             if err.errno not in NO_FLOCK:
                 raise
@@ -133,32 +136,68 @@ def hold(
             # localflock beside a login node with flock) can only see that.
             try:
                 left = max(1.0, timeout - (time.monotonic() - started))
-                with Lease(directory / LEASE_NAME, under_flock=True).held(left, busy):
+                lease = Lease(directory / LEASE_NAME, under_flock=True, mode=mode)
+                with lease.held(left, busy):
                     yield FLOCK
             finally:
                 with f:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
             return
-    with Lease(directory / LEASE_NAME).held(timeout, busy):
+    with Lease(directory / LEASE_NAME, mode=mode).held(timeout, busy):
         yield LEASE
 
 
-def _flocked(path: Path, timeout: float, busy: Callable[[str], Exception]) -> IO[str]:
-    """The open lock file, flocked; OSError (not BlockingIOError) when flock is not supported."""
-    f = open(path, "a")
+def _flocked(
+    path: Path, timeout: float, busy: Callable[[str], Exception], mode: Optional[int] = None
+) -> IO[bytes]:
+    """The open lock file, flocked; OSError (not BlockingIOError) when flock is not supported.
+    Opened for writing, never through a link, and never readable by who cannot write the run
+    (ownership.open_lock): a read-only user cannot hold it. One such user may still hold an old
+    lock file others could read (an older slurmtrain made it 0644): busy for SQUAT_S with no
+    lease beside it (every slurmtrain holder takes one at once), it is replaced by a new one."""
+    loose = _readable_by_others(path, mode)  # before open_lock repairs its mode
+    f: IO[bytes] = os.fdopen(ownership.open_lock(path, mode), "r+b", buffering=0)
     try:
         deadline = time.monotonic() + timeout
+        squat_since: Optional[float] = None
         while True:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return f
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if loose and not (path.parent / LEASE_NAME).exists():
+                    squat_since = now if squat_since is None else squat_since
+                    if now - squat_since >= SQUAT_S:
+                        f.close()
+                        f, loose = _replaced(path, mode), False
+                        continue
+                else:
+                    squat_since = None
+                if now >= deadline:
                     raise busy(f"another slurmtrain process holds {path}") from None
                 time.sleep(0.2)
     except BaseException:
         f.close()
         raise
+
+
+def _readable_by_others(path: Path, mode: Optional[int]) -> bool:
+    """The lock file lets someone who cannot write the run open it (a mode made by old versions)."""
+    try:
+        bits = os.lstat(path).st_mode & 0o044
+    except FileNotFoundError:
+        return False
+    return bool(bits & ~(ownership.lock_mode(mode) & 0o040))
+
+
+def _replaced(path: Path, mode: Optional[int]) -> IO[bytes]:
+    """A new lock file renamed over `path` (whoever holds the old one holds nothing), opened."""
+    new = path.with_name(f"{path.name}.{secrets.token_hex(4)}.new")
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(new, flags, ownership.lock_mode(mode))
+    os.replace(new, path)
+    return os.fdopen(fd, "r+b", buffering=0)
 
 
 class LeaseOwner(TypedDict):
@@ -181,8 +220,10 @@ class Lease:
         beat_s: float = BEAT_S,
         stale_s: float = STALE_S,
         under_flock: bool = False,
+        mode: Optional[int] = None,
     ) -> None:
         self.path, self.beat_s, self.stale_s = path, beat_s, stale_s
+        self.mode = ownership.lock_mode(mode)  # only who may write the run may hold it
         # Taken while holding a coherent flock: a lease left by another flock holder is stale
         # at once (that holder would still hold the flock if it lived).
         self.under_flock = under_flock
@@ -211,7 +252,9 @@ class Lease:
 
     def try_acquire(self) -> bool:
         try:
-            durable.write_synced(self.path, json.dumps(self.owner()), mode=0o644, exclusive=True)
+            durable.write_synced(
+                self.path, json.dumps(self.owner()), mode=self.mode, exclusive=True
+            )
         except FileExistsError:
             return False
         return True

@@ -304,8 +304,9 @@ class RootConfig:
     # Which checkpoint the next attempt loads: auto (the newest valid one), none (step 0; old ones
     # move aside) or step_N (newer ones move aside). none/step_N apply once, after submission.
     resume: str = "auto"
-    # Mode of each run directory (octal; owner rwx, nothing for others, whatever the umask).
-    run_dir_mode: str = "0750"
+    # Mode of each run directory (octal; owner rwx, nothing for others, whatever the umask);
+    # 0750 lets the group read, 0770 write (common/ownership.py).
+    run_dir_mode: str = "0700"
     # Branch a run: RUN_DIR (or name / fingerprint)[:step_N]: a new run from that checkpoint with
     # this command's overrides (login/branch.py); its identity is branch_of.
     resume_from: Optional[str] = None

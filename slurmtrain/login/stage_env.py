@@ -2,11 +2,12 @@
 
 Thousands of ranks importing torch from the shared filesystem at the same second slow every start
 (and the filesystem for everyone). With the option on, the login node packs the venv once
-(`<stage_env_cache>/<key>.tar.zst`, the key hashing prefix, Python version and site-packages, so
-resubmissions reuse it); the batch script unpacks it once per node into
-`<stage_env_dir>/slurmtrain-env-<key>-<node>` (the node name keeps nodes sharing one disk apart),
-and every rank execs that copy's python. A node without a copy runs the shared python, which
-still works.
+(`<stage_env_cache>/<key>.tar.zst` and its manifest, the key hashing prefix, Python version and
+site-packages, so resubmissions reuse it once it matches its manifest); the batch script unpacks it
+once per node into `<stage_env_dir>/slurmtrain-envs-<uid>/<key>-<node>` (the user's own 0700
+directory: no other user can plant a python there; the node name keeps nodes sharing one disk
+apart), and every rank execs that copy's python. A node without a copy runs the shared python,
+which still works.
 """
 
 from __future__ import annotations
@@ -14,30 +15,59 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+from slurmtrain.common import ownership
+from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 
-PREFIX = "slurmtrain-env-"
+PREFIX = "slurmtrain-envs-"  # + uid: each user's own 0700 directory of copies on a node
 
-# Per node (one task each): unpack the pack into this node's directory unless it is there;
-# atomic (a partial unpack never looks done). $0: the directory's stem, $1: the pack.
-UNPACK = r"""d="$0$SLURMD_NODENAME"
+# Per node (one task each): unpack the pack into this node's copy unless it is there. $0: the
+# node-local directory, $1: the key, $2: the pack. Trusts nothing it did not make: copies live in
+# the user's own 0700 directory (made here, or checked: ours, no link, 0700; $0 sticky or writable
+# by nobody else, or another user could rename ours away); the pack is checked against its manifest
+# (size, sha256) as it is read; it is extracted into a fresh mktemp directory renamed into place
+# once complete (a partial copy never looks done), one job at a time per copy (flock), so partial
+# copies of killed jobs are removed and redone.
+UNPACK = r"""u=$(id -u); p="$0/slurmtrain-envs-$u"; name="$1-$SLURMD_NODENAME"; d="$p/$name"
+no() { echo "slurmtrain: not staging the environment on $SLURMD_NODENAME: $*" >&2; exit 1; }
+case "$(stat -L -c %a -- "$0")" in
+  [1357]???) ;;
+  *[2367]?|*[2367]) no "$0 is writable by others and not sticky (chmod +t or go-w it)" ;;
+esac
+[ -L "$p" ] && no "$p is a symbolic link (remove it)"
+mkdir -m 0700 -- "$p" 2>/dev/null
+[ "$(stat -c '%u %a' -- "$p")" = "$u 700" ] || no "$p is not yours with mode 0700 (remove it)"
 [ -x "$d/bin/python" ] && exit 0
-t="$d.partial.$SLURM_JOB_ID.$$"
-rm -rf "$t"; mkdir -p "$t" || exit 1
-case "$1" in *.zst) tar -I zstd -xf "$1" -C "$t" ;; *) tar -xf "$1" -C "$t" ;; esac || { rm -rf "$t"; exit 1; }
-mv -T "$t" "$d" 2>/dev/null || rm -rf "$t"
+exec 9>"$p/.lock-$name" || no "cannot create $p/.lock-$name"
+if command -v flock >/dev/null; then
+  flock 9; [ -x "$d/bin/python" ] && exit 0
+  rm -rf "$p/.partial-$name".*
+fi
+read -r sum size < "$2.manifest" || no "$2.manifest is missing (submit again)"
+[ "$(stat -L -c %s -- "$2")" = "$size" ] || no "$2 is not the size its manifest says"
+t=$(mktemp -d "$p/.partial-$name.XXXXXX") || no "mktemp in $p failed"
+mkdir "$t/env" && mkfifo "$t/pipe" || { rm -rf "$t"; no "cannot write in $t"; }
+sha256sum < "$t/pipe" > "$t/sum" &
+case "$2" in *.zst) z="-I zstd" ;; *) z="" ;; esac
+tee "$t/pipe" < "$2" | tar $z -xf - -C "$t/env" || { wait; rm -rf "$t"; no "extracting $2 failed"; }
+wait
+[ "$(cut -d' ' -f1 "$t/sum")" = "$sum" ] || { rm -rf "$t"; no "$2 does not match its manifest"; }
+mv -T "$t/env" "$d" 2>/dev/null; rm -rf "$t"
 [ -x "$d/bin/python" ]"""
 
-# Every rank: this node's copy's python when it is complete, else the shared one ($1).
-RUN = r'''d="$0$SLURMD_NODENAME"; shared="$1"; shift
-if [ -x "$d/bin/python" ]; then export SLURMTRAIN_STAGED_ENV="$d"; exec "$d/bin/python" "$@"; fi
+# Every rank: this node's copy's python when it is complete and in the user's own 0700
+# directory, else the shared one ($2).
+RUN = r'''u=$(id -u); p="$0/slurmtrain-envs-$u"; d="$p/$1-$SLURMD_NODENAME"; shared="$2"; shift 2
+if [ ! -L "$p" ] && [ "$(stat -c '%u %a' -- "$p" 2>/dev/null)" = "$u 700" ] && [ -x "$d/bin/python" ]
+then export SLURMTRAIN_STAGED_ENV="$d"; exec "$d/bin/python" "$@"; fi
 echo "slurmtrain: no staged environment at $d; running $shared" >&2
 exec "$shared" "$@"'''
 
@@ -74,13 +104,43 @@ def pack_path(cfg: RootConfig, key: str) -> Path:
     return cache_dir(cfg) / (f"{key}.tar.zst" if shutil.which("zstd") else f"{key}.tar")
 
 
+def manifest(path: Path) -> Path:
+    """`<pack>.manifest`: `<sha256> <size>`, checked before reuse here and as each node reads it."""
+    return path.with_name(path.name + ".manifest")
+
+
+def verified(path: Path) -> bool:
+    """The pack exists, is ours, writable by nobody else, and matches its manifest (size, then
+    sha256: about a second per GB, at submission only)."""
+    try:
+        st = os.lstat(path)
+        want_sum, want_size = manifest(path).read_text().split()
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return False
+    return st.st_size == int(want_size) and sha256_of(path) == want_sum
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def ensure_pack(cfg: RootConfig) -> Path:
-    """The pack of this environment, made now unless an identical one exists (login node)."""
+    """The pack of this environment, made now unless a verified one exists (login node). Its
+    directory is made with run_dir_mode, or refused when another user made it (common/ownership)."""
     prefix = environment_prefix()
     path = pack_path(cfg, pack_key(prefix))
-    if path.exists():
+    mode = ownership.dir_mode(getattr(cfg, "run_dir_mode", None))
+    ownership.make_dir(path.parent, mode, "environment pack directory")
+    if verified(path):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        print(f"slurmtrain: {path} does not match its manifest; packing again", file=sys.stderr)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     compress = ["-I", "zstd -T0 -1"] if path.suffix == ".zst" else []
     print(f"slurmtrain: packing {prefix} once for cluster.stage_env -> {path}", file=sys.stderr)
@@ -98,15 +158,17 @@ def ensure_pack(cfg: RootConfig) -> Path:
             f"({done.stderr.strip()[-300:]}); set cluster.stage_env_cache=DIR on a filesystem "
             f"with room, or cluster.stage_env=false"
         )
+    summary = f"{sha256_of(tmp)} {tmp.stat().st_size}\n"
+    replace_atomically(manifest(path), summary, mode=0o600, durable=False)
     os.replace(tmp, path)  # two submissions packing at once: the same bytes, either wins
     size = path.stat().st_size / 2**20
     print(f"slurmtrain: packed {size:.0f} MiB in {time.time() - t0:.1f} s", file=sys.stderr)
     return path
 
 
-def stem(cfg: RootConfig, key: str) -> str:
-    """Each node's copy: this plus its node name (SLURMD_NODENAME)."""
-    return f"{str(cfg.cluster.stage_env_dir).rstrip('/')}/{PREFIX}{key}-"
+def node_dir(cfg: RootConfig) -> str:
+    """The node-local directory that holds each user's directory of copies."""
+    return str(cfg.cluster.stage_env_dir).rstrip("/") or "/"
 
 
 def script_values(cfg: RootConfig, pack: bool = False) -> Optional[dict[str, str]]:
@@ -114,13 +176,12 @@ def script_values(cfg: RootConfig, pack: bool = False) -> Optional[dict[str, str
     pack now (submission); a dry run only names it."""
     if not cfg.cluster.stage_env:
         return None
-    prefix = environment_prefix()
-    key = pack_key(prefix)
+    key = pack_key(environment_prefix())
     archive = ensure_pack(cfg) if pack else pack_path(cfg, key)
-    return {"stem": stem(cfg, key), "archive": str(archive), "unpack": UNPACK}
+    return {"dir": node_dir(cfg), "key": key, "archive": str(archive), "unpack": UNPACK}
 
 
 def python_command(cfg: RootConfig, shared: list[str]) -> list[str]:
     """The ranks' interpreter: this node's staged python, falling back to `shared`'s."""
     key = pack_key(environment_prefix())
-    return ["/bin/sh", "-c", RUN, stem(cfg, key), *shared]
+    return ["/bin/sh", "-c", RUN, node_dir(cfg), key, *shared]

@@ -4,7 +4,9 @@ copy is keyed by its name: login/stage_env.py)."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -42,8 +44,10 @@ def test_two_node_job_runs_its_ranks_from_each_nodes_staged_copy(slurm_cluster, 
     wait_job_gone(started.job_id)
     nodes = sorted(set(started.hosts))
     assert len(nodes) == 2
-    # Each node unpacked its own copy, named by the node.
-    copies = sorted(p.name for p in stage_dir.iterdir() if (p / "bin" / "python").exists())
+    # Each node unpacked its own copy, named by the node, in the user's own 0700 directory.
+    mine = stage_dir / f"slurmtrain-envs-{os.getuid()}"
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    copies = sorted(p.name for p in mine.iterdir() if (p / "bin" / "python").exists())
     assert [c.rsplit("-", 1)[1] for c in copies] == nodes, copies
     # Every rank says where its torch came from: its own node's copy.
     logs = sorted((run / "logs").glob(f"{started.job_id}_[0-9]*.out"))
@@ -52,7 +56,7 @@ def test_two_node_job_runs_its_ranks_from_each_nodes_staged_copy(slurm_cluster, 
         said = re.search(r"rank (\d+) on (\S+): staged (\S+), torch (\S+)", log.read_text())
         assert said, log.read_text()[-2000:]
         rank, node, staged, torch_file = said.groups()
-        assert staged == f"{stage_dir}/slurmtrain-env-{copies[0].split('-')[2]}-{node}"
+        assert staged == f"{mine}/{copies[0].split('-')[0]}-{node}"
         assert torch_file.startswith(staged + "/lib/") and "site-packages/torch" in torch_file
     # Rank 0's start-up row records it too; `report` shows it.
     [row] = [e for e in events(run) if isinstance(e, Startup)]

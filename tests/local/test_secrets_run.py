@@ -49,7 +49,7 @@ def test_secrets_reach_the_job_and_no_record(workdir, monkeypatch):
     assert stat.S_IMODE(secrets_env.stat().st_mode) == 0o600
     assert WANDB_KEY in secrets_env.read_text() and HF_TOKEN in secrets_env.read_text()
     assert "${oc.env:WANDB_API_KEY}" in (run / "config.yaml").read_text()
-    assert stat.S_IMODE(run.stat().st_mode) == 0o750
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700  # run_dir_mode default (issue 37)
     for name in ("config.yaml", "overrides.yaml", "provenance/submit_1.json"):
         assert not stat.S_IMODE((run / name).stat().st_mode) & 0o007, name
     # Rank 0 recorded its environment (names; these values redacted): it had both variables,

@@ -109,7 +109,7 @@ def test_sbatch_sources_a_0600_file_and_config_holds_references(tmp_path):
     env_file = run.path / "secrets.env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert HEX40 in env_file.read_text()
-    assert stat.S_IMODE(run.path.stat().st_mode) == 0o750
+    assert stat.S_IMODE(run.path.stat().st_mode) == 0o700  # run_dir_mode default (issue 37)
     assert stat.S_IMODE(run.config.stat().st_mode) & 0o007 == 0
     # The compute node resolves the references from the environment the script sourced.
     os.environ["WANDB_API_KEY"] = HEX40

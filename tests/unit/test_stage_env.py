@@ -5,6 +5,7 @@ advice. The 2-node run is tests/cluster/test_stage_env.py."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -69,15 +70,45 @@ def test_unpack_then_run_uses_this_nodes_copy_and_falls_back_to_the_shared_pytho
         done = subprocess.run(argv, env=task, capture_output=True, text=True, check=True)
         return done.stdout
 
-    on("n1", ["/bin/sh", "-c", values["unpack"], values["stem"], values["archive"]])
-    copy = f"{values['stem']}n1"
-    assert Path(copy, "bin", "python").exists() and not Path(f"{values['stem']}n2").exists()
-    on("n1", ["/bin/sh", "-c", values["unpack"], values["stem"], values["archive"]])  # idempotent
-    assert [p.name for p in (tmp_path / "local").iterdir()] == [Path(copy).name]  # no partials
+    unpack = ["/bin/sh", "-c", values["unpack"], values["dir"], values["key"], values["archive"]]
+    on("n1", unpack)
+    mine = tmp_path / "local" / f"slurmtrain-envs-{os.getuid()}"
+    copy = f"{mine}/{values['key']}-n1"
+    assert Path(copy, "bin", "python").exists() and not Path(f"{mine}/{values['key']}-n2").exists()
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    on("n1", unpack)  # idempotent
+    assert [p.name for p in mine.iterdir() if not p.name.startswith(".lock")] == [Path(copy).name]
     assert on("n1", [*wrapper, "-u", "-m", "x y"]) == (
         f"python of {copy}/bin/python with -u -m x y staged={copy}\n"
     )
     assert on("n2", [*wrapper, "-u"]) == "shared python with -u\n"  # n2 never unpacked
+
+
+def test_a_pack_that_does_not_match_its_manifest_is_made_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "prefix", str(_venv(tmp_path / "venv")))
+    cfg = _cfg(tmp_path)
+    pack = stage_env.ensure_pack(cfg)
+    assert stat.S_IMODE(pack.parent.stat().st_mode) == 0o700  # run_dir_mode's default
+    good = pack.read_bytes()
+    pack.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, one bit flipped
+    assert not stage_env.verified(pack)
+    assert stage_env.ensure_pack(cfg) == pack and pack.read_bytes() == good
+
+
+def test_a_node_never_extracts_a_pack_that_does_not_match_its_manifest(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "prefix", str(_venv(tmp_path / "venv")))
+    values = stage_env.script_values(_cfg(tmp_path), pack=True)
+    (tmp_path / "local").mkdir()
+    pack = Path(values["archive"])
+    manifest = stage_env.manifest(pack)
+    size = manifest.read_text().split()[1]
+    manifest.write_text(f"{'0' * 64} {size}\n")  # swapped after submission
+    task = dict(os.environ, SLURMD_NODENAME="n1")
+    argv = ["/bin/sh", "-c", values["unpack"], values["dir"], values["key"], values["archive"]]
+    done = subprocess.run(argv, env=task, capture_output=True, text=True)
+    assert done.returncode != 0 and "does not match its manifest" in done.stderr
+    mine = tmp_path / "local" / f"slurmtrain-envs-{os.getuid()}"
+    assert [p.name for p in mine.iterdir() if not p.name.startswith(".lock")] == []  # no partial
 
 
 def test_the_batch_script_stages_once_per_node_before_the_ranks_start(tmp_path, monkeypatch):
@@ -91,11 +122,11 @@ def test_the_batch_script_stages_once_per_node_before_the_ranks_start(tmp_path, 
     stage = script.index('srun --nodes="$SLURM_JOB_NUM_NODES"')
     assert stage < script.index("-m slurmtrain.compute.attempt")
     assert "--ntasks-per-node=1" in script[stage : stage + 200]
-    assert "'/l d/slurmtrain-env-" in script  # config values quoted for the shell
+    assert " '/l d' " in script  # config values quoted for the shell
     check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert check.returncode == 0, check.stderr
     plain = slurm_submit.render_sbatch(composed(tmp_path, "nodes=2"), locate(cfg))
-    assert "slurmtrain-env-" not in plain and "SLURMD_NODENAME" not in plain
+    assert "slurmtrain-envs-" not in plain and "SLURMD_NODENAME" not in plain
 
 
 @pytest.mark.parametrize(
