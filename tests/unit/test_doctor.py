@@ -117,6 +117,12 @@ def test_check_names_are_the_documented_set():
         "setup",
         "run_root",
         "disk_space",
+        "io_present",
+        "io_writable",
+        "io_fsync",
+        "io_metadata",
+        "io_throughput",
+        "gpu_health",
     ]
 
 

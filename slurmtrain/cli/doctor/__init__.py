@@ -1,9 +1,11 @@
 """`doctor`: is this machine (and, with --srun, each compute node) ready to run slurmtrain?
 
-Read-only by construction: it runs version/query commands and imports, creates and removes one temp
-file in the run root, and never installs, upgrades or configures anything.
+Read-only by construction: it runs version/query commands and imports, creates and removes temp
+files in the run root and checkpoint dir (the health gate's storage probe, io_checks.py), and never
+installs, upgrades or configures anything.
 
-    slurmtrain doctor [--runs-root DIR] [--partition P] [--container none|apptainer|pyxis|oci]
+    slurmtrain doctor [--runs-root DIR] [--checkpoint-dir DIR] [--partition P]
+                      [--container none|apptainer|pyxis|oci] [--io-write-mb-per-s R]
                       [--image IMAGE] [--planned-checkpoint-gb X] [--srun [--nodes N]] [--json] [--plain]
 
 Exit code 1 when any check fails, else 0. Programmatic use: `run_checks(DoctorOptions(...))`.
@@ -57,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="run directory root (default: $SLURMTRAIN_RUNS_ROOT or ./runs)",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="checkpoint.dir, when checkpoints live on another filesystem: probed too",
     )
     p.add_argument(
         "--partition", default=None, help="partition to inspect (default: the cluster's default)"
@@ -113,6 +121,14 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shared-marker", type=Path, default=None, help=argparse.SUPPRESS
     )  # set by --srun
+    for way, default in (("write", 1000.0), ("read", 2000.0)):  # faults.io_*'s defaults
+        p.add_argument(
+            f"--io-{way}-mb-per-s",
+            type=_positive(float, f"--io-{way}-mb-per-s"),
+            default=default,
+            help=f"the plan's per-node {way} rate (faults.io_{way}_mb_per_s); "
+            "a probe 10x slower fails (0: not compared)",
+        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -129,6 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         probe_timeout=args.probe_timeout,
         shared_marker=args.shared_marker,
         setup=list(args.setup),
+        checkpoint_dir=args.checkpoint_dir,
+        io_write_mb_per_s=args.io_write_mb_per_s,
+        io_read_mb_per_s=args.io_read_mb_per_s,
     )
     checks = run_checks(options)
     nodes: Optional[list[NodeReport]] = None

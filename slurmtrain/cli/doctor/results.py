@@ -79,6 +79,11 @@ class DoctorOptions:
         None  # set on compute nodes by --srun: a file the login node created
     )
     setup: list[str] = field(default_factory=list)  # cluster.setup's lines, run here to check them
+    checkpoint_dir: Optional[Path] = None  # checkpoint.dir: probed like the runs root
+    # The plan's per-node rates (faults.io_*_mb_per_s; the schema's defaults): a probe 10x
+    # slower fails, as in the health gate (0: not compared).
+    io_write_mb_per_s: float = 1000.0
+    io_read_mb_per_s: float = 2000.0
 
 
 def on_compute_node() -> bool:

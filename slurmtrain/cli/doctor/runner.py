@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import image_checks, python_env, slurm_checks, storage, torch_stack, wheels
+from . import image_checks, io_checks, python_env, slurm_checks, storage, torch_stack, wheels
 from .results import CheckResult, DoctorDoc, DoctorOptions
 
 REPO_ROOT = (
@@ -46,6 +46,13 @@ def _groups(o: DoctorOptions) -> list[tuple[tuple[str, ...], Callable[[], list[C
                 storage.check_disk_space(o.runs_root, o.planned_checkpoint_gb),
             ],
         ),
+        (
+            io_checks.NAMES[:-1],
+            lambda: io_checks.io_checks(
+                o.runs_root, o.checkpoint_dir, o.io_write_mb_per_s, o.io_read_mb_per_s
+            ),
+        ),
+        (io_checks.NAMES[-1:], lambda: [io_checks.gpu_check()]),
     ]
 
 
@@ -167,6 +174,10 @@ def srun_argv(o: DoctorOptions, nodes: int, marker: Optional[Path]) -> list[str]
         argv += ["--image", o.image]
     if marker is not None:
         argv += ["--shared-marker", str(marker)]
+    if o.checkpoint_dir is not None:
+        argv += ["--checkpoint-dir", str(o.checkpoint_dir.expanduser().absolute())]
+    argv += ["--io-write-mb-per-s", str(o.io_write_mb_per_s)]
+    argv += ["--io-read-mb-per-s", str(o.io_read_mb_per_s)]
     return argv
 
 

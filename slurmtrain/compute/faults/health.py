@@ -4,7 +4,9 @@ A node with a broken GPU, wrong arithmetic or a slow link costs a whole job. Eac
 devices, a matmul against a float64 reference, free device memory, and times all-reduces: within
 its node, between node pairs (one rank a node), and over the world; a failing or much slower node,
 or a link below its fabric's floor (fabric.py), goes to the run's bad-node ledger so the next
-attempt excludes it.
+attempt excludes it. Before those, each node's lowest rank checks the run's mounts
+(common/storage_probe.py) and, on NVIDIA nodes, ECC / XID / throttling (common/gpu_health.py): a failing node
+goes to the ledger as `storage: ...`, `ecc: ...`, `xid: ...` or `throttle: ...`.
 Healthy nodes must pass: timed calls are warmed up, timed with device events after a synchronize,
 the all-reduce starts after a barrier, and the matmul tolerance admits TF32.
 """
@@ -13,13 +15,16 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional, TypedDict
 
 import torch
 import torch.distributed as dist
 
+from slurmtrain.common import gpu_health, storage_probe
 from slurmtrain.compute.faults import fabric
 from slurmtrain.compute.faults.fabric import Fabric
 
@@ -38,6 +43,7 @@ class RankHealth:
     pair_gbps: dict[str, float] = field(default_factory=dict)  # node lead: partner node -> GB/s
     intra: Fabric = fabric.Fabric("gloo (CPU)", 0.0)
     inter: Fabric = fabric.Fabric("gloo (CPU)", 0.0)
+    node_check_s: float = 0.0  # the node lead's storage and NVML checks (0: not the lead)
 
 
 class Figures(TypedDict, total=False):
@@ -47,6 +53,7 @@ class Figures(TypedDict, total=False):
     intra_node_gbps: float
     inter_node_gbps: float
     fabric: str  # "intra-node / inter-node", e.g. "NVLink / InfiniBand"
+    node_checks_s: float  # the slowest node's storage and NVML checks
 
 
 @dataclass
@@ -161,11 +168,16 @@ def _pair_rounds(leads: list[int]) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def _fabric_checks(mine: RankHealth, device: torch.device) -> None:
+def _node_names(node: str) -> list[str]:
+    """Every rank's node name, by rank."""
+    nodes: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(nodes, node)
+    return nodes
+
+
+def _fabric_checks(mine: RankHealth, device: torch.device, nodes: list[str]) -> None:
     """Within the node, then between node pairs (one rank a node), one after the other so that
     neither is timed beside the other's traffic."""
-    nodes: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(nodes, mine.node)
     here = [r for r, n in enumerate(nodes) if n == mine.node]
     if len(here) > 1:
         mine.intra_gbps = _in_group(device, here)
@@ -188,14 +200,69 @@ def free_memory_gib(device: torch.device) -> tuple[float, float]:
     return free / 2**30, total / 2**30
 
 
+@dataclass(frozen=True)
+class NodeChecks:
+    """What a node's lowest rank checks besides its devices: the run's mounts against the plan's
+    per-node IO rates, and NVML on NVIDIA nodes; `read_only`: injected `bad_storage_node`."""
+
+    mounts: tuple[tuple[str, Path], ...]
+    plan: storage_probe.Rates = storage_probe.Rates()
+    read_only: bool = False
+    nvidia: bool = False
+
+    def run(self, node: str) -> tuple[bool, str]:
+        """(ok, the failure's reason); one line of figures to the rank's log either way."""
+        if self.read_only:
+            mounts = storage_probe.probe_read_only_mount(self.mounts, self.plan)
+        else:
+            mounts = storage_probe.probe_mounts(self.mounts, self.plan)
+        gpus = gpu_health.check() if self.nvidia else None
+        why = storage_probe.failure(mounts) or (gpus.reason if gpus and not gpus.ok else "")
+        seen = "; ".join(
+            f"{m.label}: " + ", ".join(f"{s.name} {s.detail}" for s in m.steps) for m in mounts
+        )
+        gpu_note = f"; gpu: {gpus.note}" if gpus else ""
+        print(f"slurmtrain: node {node} checks: {seen}{gpu_note}", file=sys.stderr, flush=True)
+        return not why, why
+
+
+def node_checks(
+    run_path: Path, write_mb_per_s: float, read_mb_per_s: float, gpus: int, read_only: bool
+) -> NodeChecks:
+    """The checks of a run: its directory and its checkpoints (checkpoint.dir's, through the
+    link), judged against `faults.io_write_mb_per_s` / `io_read_mb_per_s`."""
+    mounts = (("run dir", run_path), ("checkpoint dir", (run_path / "checkpoints").resolve()))
+    plan = storage_probe.Rates(write_mb_per_s or None, read_mb_per_s or None)
+    return NodeChecks(mounts, plan, read_only, nvidia=gpus > 0)
+
+
+def _lead_checks(
+    checks: Optional[NodeChecks], node: str, rank: int, nodes: list[str]
+) -> tuple[bool, str, float]:
+    """The node checks on the node's lowest rank only (O(nodes) file operations at any scale)."""
+    if checks is None or nodes.index(node) != rank:
+        return True, "", 0.0
+    t0 = time.perf_counter()
+    ok, why = checks.run(node)
+    return ok, why, time.perf_counter() - t0
+
+
 def check_rank(
-    node: str, rank: int, device: torch.device, gpus_per_node: int, injected_bad: bool
+    node: str,
+    rank: int,
+    device: torch.device,
+    gpus_per_node: int,
+    injected_bad: bool,
+    checks: Optional[NodeChecks] = None,
 ) -> RankHealth:
-    """This rank's checks. Every rank reaches the all-reduce, even a failing one (its peers would
-    otherwise wait in it until the collective timeout)."""
-    ok, reason, free = True, "", -1.0
-    if gpus_per_node > 0 and torch.cuda.device_count() < 1:
+    """This rank's checks (the node's, on its lowest rank). Every rank reaches the all-reduce,
+    even a failing one (its peers would otherwise wait in it until the collective timeout)."""
+    nodes = _node_names(node)
+    ok, reason, node_s = _lead_checks(checks, node, rank, nodes)
+    free = -1.0
+    if ok and gpus_per_node > 0 and torch.cuda.device_count() < 1:
         ok, reason = False, "no CUDA device visible"
+    if gpus_per_node > 0 and torch.cuda.device_count() < 1:
         device = torch.device("cpu")
     seconds = 0.0
     if ok:
@@ -212,9 +279,9 @@ def check_rank(
             )
     if injected_bad:
         ok, reason = False, "injected failure (SLURMTRAIN_INJECT bad_node)"
-    mine = RankHealth(node, rank, ok, "" if ok else reason, seconds, 0.0)
+    mine = RankHealth(node, rank, ok, "" if ok else reason, seconds, 0.0, node_check_s=node_s)
     mine.intra, mine.inter = fabric.intra_node(device), fabric.inter_node(device, os.environ)
-    _fabric_checks(mine, device)
+    _fabric_checks(mine, device, nodes)
     mine.allreduce_s, mine.allreduce_gbps = _allreduce(device)
     mine.free_gib = free
     return mine
@@ -256,4 +323,7 @@ def judge(everyone: list[RankHealth], slow_factor: float) -> Verdict:
         figures["intra_node_gbps"] = round(min(intra), 2)
     if pairs:
         figures["inter_node_gbps"] = round(min(pairs), 2)
+    node_s = max(h.node_check_s for h in everyone)
+    if node_s > 0:
+        figures["node_checks_s"] = round(node_s, 3)
     return Verdict(list(bad.values()), figures)

@@ -2,7 +2,8 @@
 
 Real failures are rare and slow to wait for; these make them happen on cue through the real code
 path: `step_delay=S`, `crash_at_step=N`, `stall_at_step=N` (+`stall_rank=R`), `slow_rank=R`
-(+`slow_factor=F`), `bad_node=NODE` / `bad_rank=R` (health gate), `kill_during_save=N` (SIGKILL
+(+`slow_factor=F`), `bad_node=NODE` / `bad_rank=R` (health gate), `bad_storage_node=NODE` (the
+gate's storage probe sees the run's mounts read-only there: health.py), `kill_during_save=N` (SIGKILL
 after the first shard of step N's save), `shard_delay=S`, `nan_at_step=N` (+`nan_rank`,
 `nan_repeat=1`), `fail_before_start=1`, `absent_rank=R` (SIGSTOP before the rendezvous, once per
 run). `attempts=1+2` confines them to those attempts; `name_suffix=-smoke` to runs so named.
@@ -49,6 +50,10 @@ class Injector:
 
     def fails_health(self, node: str) -> bool:
         return self.cfg.get("bad_node") in (node, "*") or self.cfg.get("bad_rank") == str(self.rank)
+
+    def fails_storage(self, node: str) -> bool:
+        """`bad_storage_node`: this node's storage probe is to see the run's mounts read-only."""
+        return self.cfg.get("bad_storage_node") in (node, "*")
 
     def get(self, key: str) -> Optional[str]:
         return self.cfg.get(key)
