@@ -23,7 +23,7 @@ from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 from slurmtrain.common.slurm_hostlist import expand_hostlist
-from slurmtrain.compute import startup
+from slurmtrain.compute import deepspeed_compat, quick_exit, startup
 from slurmtrain.compute.context import Attempt, RankContext, relaunch_count, restart_count
 from slurmtrain.compute.distributed import (
     Placement,
@@ -200,7 +200,7 @@ def _run(
     clock: startup.StartupClock,
 ) -> int:
     started = time.time()
-    with startup.deepspeed_without_mlflow(cfg):  # the imports phase: _join uses them
+    with deepspeed_compat.deepspeed_without_mlflow(cfg):  # the imports phase: _join uses them
         import deepspeed  # noqa: F401
     import torch.distributed as dist
 
@@ -255,7 +255,7 @@ def _join(cfg: RootConfig, where: Placement, watchdog: Watchdog, arrival: dict[s
     cpu = cfg.gpus_per_node == 0
     if cpu:
         # DeepSpeed's shared-memory all-reduce JIT-compiles for ~50 s on first use; gloo is enough.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed_compat.no_shm_comm()
     else:
         torch.cuda.set_device(rank_device(cfg.gpus_per_node, os.environ, where.local_rank))
     arrival["at"] = time.time()
@@ -367,13 +367,12 @@ def _train(
 
 
 def main() -> None:
+    quick_exit.arm()  # first: the atexit handlers torch, DeepSpeed, trackers register run before
     if len(sys.argv) != 2:
         print("usage: python -m slurmtrain.compute.attempt RUN_DIR", file=sys.stderr)
         raise SystemExit(2)
     code = run(sys.argv[1])
-    from slurmtrain.compute.quick_exit import leave
-
-    leave(code)  # no module teardown: seconds per rank between a save and the next attempt
+    quick_exit.leave(code)  # no module teardown: seconds per rank before the next attempt
 
 
 if __name__ == "__main__":

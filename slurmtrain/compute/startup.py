@@ -20,16 +20,12 @@ the ranks run from (cluster.stage_env), else None.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Optional
+from typing import Callable, Optional
 
 from slurmtrain.common import events
-
-if TYPE_CHECKING:
-    from slurmtrain.common.schema import RootConfig
 
 PHASES = (
     "launch",
@@ -112,51 +108,3 @@ def say_staged(rank: int, node: str) -> None:
         print(
             f"slurmtrain: rank {rank} on {node}: staged {staged}, torch {_torch_file()}", flush=True
         )
-
-
-MUON = "deepspeed.runtime.zero.muon"  # its two modules below torch.compile kernels at import
-
-
-def _never_called(*args: object, **kwargs: object) -> NoReturn:
-    raise RuntimeError("DeepSpeed's Muon is stubbed by slurmtrain (compute/startup.py): AdamW only")
-
-
-def skip_muon_compile() -> None:
-    """DeepSpeed imports its Muon modules on AdamW runs too (deepspeed.initialize's ZeRO check,
-    each ZeRO-1/2 step's gradient copy), and both torch.compile kernels at import: seconds per rank
-    at every start. slurmtrain trains AdamW only, so stub modules answer: nothing is an instance of
-    the stub class, the stub function raises if ever called. Where DeepSpeed has no Muon, or a
-    module was imported already, nothing changes."""
-    import importlib.util
-    import types
-
-    try:
-        if importlib.util.find_spec(MUON) is None:
-            return
-    except ImportError:  # a DeepSpeed without Muon
-        return
-    names: dict[str, dict[str, object]] = {
-        f"{MUON}.muon_optimizer": {"MuonWithAuxAdam": type("MuonWithAuxAdam", (), {})},
-        f"{MUON}.original_muon": {"muon_update": _never_called},
-    }
-    for name, attrs in names.items():
-        if name not in sys.modules:
-            stub = types.ModuleType(name, "slurmtrain's stand-in: Muon is never used (startup.py)")
-            stub.__dict__.update(attrs)
-            sys.modules[name] = stub
-
-
-@contextlib.contextmanager
-def deepspeed_without_mlflow(cfg: RootConfig) -> Iterator[None]:
-    """`import deepspeed` imports mlflow when it is installed (for its autotuner, never run here):
-    most of a second per rank at every start. Unless this run logs to MLflow (logger=mlflow), the
-    import inside is told mlflow is absent; afterwards mlflow imports normally again."""
-    if getattr(cfg.logger, "mlflow", None) is not None or "mlflow" in sys.modules:
-        yield
-        return
-    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
-    try:
-        yield
-    finally:
-        if sys.modules.get("mlflow", 0) is None:
-            del sys.modules["mlflow"]

@@ -144,7 +144,7 @@ class Trainer:
         import deepspeed
 
         from slurmtrain.common import ds_config
-        from slurmtrain.compute import data, parallel, resume_build, startup
+        from slurmtrain.compute import data, deepspeed_compat, parallel, resume_build
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
         from slurmtrain.compute.observe.metrics import MetricsWriter
@@ -173,7 +173,7 @@ class Trainer:
         mpu = parallel.mpu(cfg)  # TP/SP: DeepSpeed's groups (data-parallel size = world / TP / SP)
         self.net = resume_build.build(cfg, self.ds_config, self.device, skip_init=skip, mpu=mpu)
         self._mark("build", build_skipped_init=skip)
-        startup.skip_muon_compile()  # DeepSpeed's Muon import compiles kernels: seconds per start
+        deepspeed_compat.skip_muon_compile()  # Muon's import compiles kernels: seconds per start
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.net,
             model_parameters=self.net.parameters(),

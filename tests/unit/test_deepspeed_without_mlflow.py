@@ -16,9 +16,9 @@ pytest.importorskip("deepspeed")
 PROBE = """
 import sys
 from omegaconf import OmegaConf
-from slurmtrain.compute import startup
+from slurmtrain.compute import deepspeed_compat
 cfg = OmegaConf.create({"logger": %s})
-with startup.deepspeed_without_mlflow(cfg):
+with deepspeed_compat.deepspeed_without_mlflow(cfg):
     import deepspeed
 print("after deepspeed:", "mlflow" in sys.modules)
 import mlflow  # still importable afterwards

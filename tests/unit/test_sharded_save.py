@@ -64,19 +64,23 @@ def test_everything_else_is_saved_as_it_is(state, path):
 
 
 def test_a_stripped_file_is_refused_where_the_partitions_are_not_loaded():
-    module_states.install()
-    from deepspeed.runtime.engine import DeepSpeedEngine
+    """The module load `module_states.load` hands DeepSpeed (its custom_load_fn): trainable
+    weights may be missing only where the ZeRO-1/2 fp32 partitions restore them."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("0.")}
 
-    engine = types.SimpleNamespace(
-        _slurmtrain_load={"partitions": False, "refresh": False},
-        zero_optimization_stage=lambda: 2,
-        zero_load_from_fp32_weights=lambda: True,
-    )
-    with pytest.raises(RuntimeError, match="only in the ZeRO-1/2 fp32 partitions"):
-        DeepSpeedEngine.load_module_state_dict(engine, {OMITTED: ["w"], "module": {}})
-    engine._slurmtrain_load = None  # called outside load_checkpoint
-    with pytest.raises(RuntimeError, match="export it first"):
-        DeepSpeedEngine.load_module_state_dict(engine, {OMITTED: ["w"], "module": {}})
+    def engine(stage, fp32=True):
+        return types.SimpleNamespace(
+            zero_optimization_stage=lambda: stage, zero_load_from_fp32_weights=lambda: fp32
+        )
+
+    assert module_states._module(engine(2), state, model) == {"missing": {"0.weight", "0.bias"}}
+    for refused in (engine(0), engine(3), engine(2, fp32=False)):
+        with pytest.raises(RuntimeError, match="only in the ZeRO-1/2 fp32 partitions"):
+            module_states._module(refused, state, model)
+    del state["1.running_mean"]  # a buffer: the partitions do not hold it
+    with pytest.raises(RuntimeError, match=r"missing keys \['1.running_mean'\]"):
+        module_states._module(engine(2), state, model)
 
 
 def test_hashing_while_writing_gives_the_files_crc_and_a_torch_load_file(tmp_path):

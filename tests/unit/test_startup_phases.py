@@ -124,9 +124,9 @@ def test_deepspeeds_optimizer_check_no_longer_compiles_muons_kernels():
         "import os, sys; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
         "import torch, deepspeed\n"
         "from unittest import mock\n"
-        "from slurmtrain.compute import startup\n"
+        "from slurmtrain.compute import deepspeed_compat\n"
         "from deepspeed.runtime.zero import utils\n"
-        "startup.skip_muon_compile()\n"
+        "deepspeed_compat.skip_muon_compile()\n"
         "opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])\n"
         "with mock.patch.object(utils.dist, 'get_rank', return_value=1):\n"
         "    assert utils.is_zero_supported_optimizer(opt)\n"
@@ -138,21 +138,33 @@ def test_deepspeeds_optimizer_check_no_longer_compiles_muons_kernels():
     assert done.stdout.strip().endswith("no inductor")
 
 
-def test_the_quick_exit_still_flushes_and_runs_atexit(tmp_path):
+def test_the_quick_exit_still_flushes_and_runs_atexit_and_skips_the_teardown(tmp_path):
+    """`leave` after `arm` (attempt.main): atexit handlers registered after `arm` run, stdio and
+    logging are flushed, the code is kept, module teardown (a global's finaliser) is skipped; and
+    importing the entrypoint registers no handler but logging's, which `arm` would skip."""
     import subprocess
     import sys
 
     marker = tmp_path / "atexit"
     code = (
-        "import atexit, sys\n"
+        "import atexit, logging, sys\n"
+        "from slurmtrain.compute import quick_exit\n"
+        "quick_exit.arm()\n"
         f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+        "class Torn:\n"
+        "    def __del__(self): print(' torn down')\n"
+        "kept = Torn()\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "logging.getLogger().warning('logged')\n"
         "sys.stdout.write('buffered, no newline')\n"
-        "from slurmtrain.compute.quick_exit import leave\n"
-        "leave(3)\n"
+        "quick_exit.leave(3)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 3 and done.stdout == "buffered, no newline"
-    assert marker.read_text() == "ran"
+    assert done.returncode == 3 and done.stdout == "buffered, no newline", done
+    assert marker.read_text() == "ran" and "logged" in done.stderr
+    probe = "import atexit, slurmtrain.compute.attempt; print(atexit._ncallbacks())"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.strip() == "1", done.stderr[-2000:]  # logging's, flushed by `leave`
 
 
 def test_goodput_counts_start_up_from_the_process_start_the_startup_row_names():

@@ -75,24 +75,15 @@ class Beats:
     @contextlib.contextmanager
     def loading(self, engine: DeepSpeedEngine, phase: str) -> Iterator[None]:
         """DeepSpeed reads every file through `engine.checkpoint_engine.load`: beat per file."""
+        from slurmtrain.compute import deepspeed_compat
+
         ce = engine.checkpoint_engine
         if self.watchdog is None or not self.on or not hasattr(ce, "load"):
             yield
             return
-        beat, read = self.watchdog.progress(phase, "loading"), ce.load
-
-        def load(path: str, *args: object, **kwargs: object) -> object:
-            beat(0)
-            try:
-                return read(path, *args, **kwargs)
-            finally:
-                beat(_size(path))
-
-        ce.load = load
-        try:
+        beat = self.watchdog.progress(phase, "loading")
+        with deepspeed_compat.each_file_read(ce, lambda path: beat(0), lambda p: beat(_size(p))):
             yield
-        finally:
-            del ce.load  # the class's method again
 
 
 def _size(path: str) -> int:

@@ -30,7 +30,7 @@ from slurmtrain.common.checkpoint_format import (
     tag,
 )
 from slurmtrain.common.schema import CheckpointConfig
-from slurmtrain.compute.checkpoint import markers
+from slurmtrain.compute.checkpoint import markers, module_states
 from slurmtrain.compute.checkpoint.beats import Beats, Hook
 from slurmtrain.compute.checkpoint.markers import RankReport
 from slurmtrain.compute.checkpoint.rng import RngState
@@ -109,6 +109,7 @@ class Checkpointer:
             TorchCheckpointEngine,
         )
 
+        from slurmtrain.compute import deepspeed_compat
         from slurmtrain.compute.checkpoint.writer import ShardWriter
 
         current = engine.checkpoint_engine
@@ -119,7 +120,7 @@ class Checkpointer:
                 self.beats.hook(self.hook),
                 **self.beats.writer_kwargs(ShardWriter),
             )
-            engine.checkpoint_engine = self.writer
+            deepspeed_compat.use_checkpoint_engine(engine, self.writer)
         else:
             if self.rank == 0:
                 _log(
@@ -127,15 +128,7 @@ class Checkpointer:
                     f"synchronous and a disk error ends the run"
                 )
             self.async_save = False
-        copy_scripts = engine._copy_recovery_script
-
-        def guarded(path: str) -> None:  # zero_to_fp32.py into the root: a convenience only
-            try:
-                copy_scripts(path)
-            except OSError as err:
-                _log(f"could not copy DeepSpeed's recovery scripts into {path}: {err}")
-
-        engine._copy_recovery_script = guarded
+        deepspeed_compat.guard_recovery_script(engine, _log)  # zero_to_fp32.py: a convenience
 
     def save(self, engine: DeepSpeedEngine, step: int, meta: Meta, rng: RngState) -> None:
         """Save `step`; returns when it is published (sync) or copied to host memory (async).
@@ -224,7 +217,7 @@ class Checkpointer:
         name = self.beats.load_phase()
         with self.beats.phase(name, lambda d: d.read_s(self.loaded_bytes)):
             with self.beats.loading(engine, name):
-                path, _ = engine.load_checkpoint(str(directory.parent), tag=directory.name)
+                path = module_states.load(engine, str(directory.parent), directory.name)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load {directory}")
         _follow_schedule(engine)

@@ -8,22 +8,29 @@ owns (and tied names aliasing one), keeping buffers, frozen parameters and DeepS
 all that `ds_to_universal` and `zero_to_fp32` read there. Per rank a save is then 12 P / N bytes
 (fp32 weights + 2 Adam moments) and rank 0 adds only metadata. ZeRO-0 and ZeRO-3 are unchanged.
 
-Loading such a file: `install` wraps two DeepSpeedEngine methods once per process (no change for
-other checkpoints): the module load accepts exactly the left-out names as missing, and once the
-partitions are loaded the bit16 weights are rebuilt from them (`update_lp_params`). A load that
-would not read the partitions (module only) is refused with one line.
+Loading such a file: `load` calls `engine.load_checkpoint` with DeepSpeed's `custom_load_fn`, whose
+module load accepts exactly the left-out names as missing; once the partitions are loaded the
+bit16 weights are rebuilt from them (the ZeRO optimizer's `update_lp_params`). A load that would
+not read the partitions (ZeRO-0/3, or `load_from_fp32_weights=false`) is refused with one line.
+No DeepSpeed method is replaced: other checkpoints load exactly as DeepSpeed loads them.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
+    from torch.nn import Module
 
 # The model-states entry that lists the names left out of `module` (they are in the partitions)
 OMITTED = "slurmtrain_module_in_partitions"
+REFUSED = (
+    "this checkpoint keeps its module weights only in the ZeRO-1/2 fp32 partitions: "
+    "load it with its optimizer states under ZeRO-1/2 (load_optimizer_states=True, "
+    "zero_optimization.load_from_fp32_weights=true), or export it first "
+    "(python -m slurmtrain.cli export RUN_DIR --out DIR) and start from the export"
+)
 
 
 def strip(state: object, path: str) -> object:
@@ -48,75 +55,40 @@ def strip(state: object, path: str) -> object:
     return {**state, "module": kept, OMITTED: sorted(set(module) - set(kept))}
 
 
-def install() -> None:
-    """Teach DeepSpeedEngine to load a stripped model-states file (once per process)."""
-    from deepspeed.runtime.engine import DeepSpeedEngine
+def load(engine: DeepSpeedEngine, load_dir: str, tag: str) -> Optional[str]:
+    """`engine.load_checkpoint(load_dir, tag)` that also loads a model-states file `strip` wrote:
+    DeepSpeed's own `custom_load_fn` loads the module, accepting as missing only the parameters
+    the fp32 partitions restore; then the bit16 weights are rebuilt from those partitions. The
+    loaded path, or None (DeepSpeed found nothing to load)."""
+    seen: dict[str, set[str]] = {}
+    path, client_state = engine.load_checkpoint(
+        load_dir, tag=tag, custom_load_fn=lambda src, dst: seen.update(_module(engine, src, dst))
+    )
+    if path is None:
+        return None
+    omitted = client_state.get(OMITTED) if isinstance(client_state, dict) else None
+    missing = seen.get("missing", set())
+    if missing - set(omitted if isinstance(omitted, list) else ()):
+        raise RuntimeError(f"{load_dir}/{tag}: module weights missing: {sorted(missing)[:8]}")
+    if missing:
+        engine.optimizer.update_lp_params()  # bit16 weights from the fp32 partitions
+    return str(path)
 
-    if getattr(DeepSpeedEngine, "_slurmtrain_partitions_only", False):
-        return
-    load_checkpoint = DeepSpeedEngine.load_checkpoint
-    load_module = DeepSpeedEngine.load_module_state_dict
 
-    @functools.wraps(load_checkpoint)
-    def load_checkpoint_(
-        self: DeepSpeedEngine,
-        load_dir: str,
-        tag: Optional[str] = None,
-        load_module_strict: bool = True,
-        load_optimizer_states: bool = True,
-        load_lr_scheduler_states: bool = True,
-        load_module_only: bool = False,
-        custom_load_fn: Optional[Callable[..., object]] = None,
-    ) -> tuple[Optional[str], object]:
-        self._slurmtrain_load = {
-            "partitions": load_optimizer_states and not load_module_only,
-            "refresh": False,
-        }
-        try:
-            out: tuple[Optional[str], object] = load_checkpoint(
-                self,
-                load_dir,
-                tag,
-                load_module_strict=load_module_strict,
-                load_optimizer_states=load_optimizer_states,
-                load_lr_scheduler_states=load_lr_scheduler_states,
-                load_module_only=load_module_only,
-                custom_load_fn=custom_load_fn,
-            )
-            if out[0] is not None and self._slurmtrain_load["refresh"]:
-                self.optimizer.update_lp_params()  # bit16 weights from the fp32 partitions
-            return out
-        finally:
-            self._slurmtrain_load = None
-
-    @functools.wraps(load_module)
-    def load_module_(
-        self: DeepSpeedEngine, checkpoint: Mapping[str, object], *args: object, **kwargs: object
-    ) -> object:
-        omitted = checkpoint.get(OMITTED) if isinstance(checkpoint, dict) else None
-        if not omitted or not isinstance(omitted, list):  # `strip` writes a sorted list
-            return load_module(self, checkpoint, *args, **kwargs)
-        context = getattr(self, "_slurmtrain_load", None)
-        if (
-            context is None
-            or not context["partitions"]
-            or self.zero_optimization_stage() not in (1, 2)
-            or not self.zero_load_from_fp32_weights()
-        ):
-            raise RuntimeError(
-                "this checkpoint keeps its module weights only in the ZeRO-1/2 fp32 partitions: "
-                "load it with its optimizer states under ZeRO-1/2 (load_optimizer_states=True, "
-                "zero_optimization.load_from_fp32_weights=true), or export it first "
-                "(python -m slurmtrain.cli export RUN_DIR --out DIR) and start from the export"
-            )
-        context["refresh"] = True
-        names = ("strict", "custom_load_fn", "fetch_z3_params", "z3_params_to_fetch")
-        kwargs.update(zip(names, args))
-        passed = kwargs.pop("allowed_missing_keys", None)
-        allowed = list(passed) if passed and isinstance(passed, Iterable) else []
-        kwargs.setdefault("strict", True)
-        return load_module(self, checkpoint, allowed_missing_keys=allowed + omitted, **kwargs)
-
-    DeepSpeedEngine.load_checkpoint = load_checkpoint_
-    DeepSpeedEngine.load_module_state_dict = load_module_
-    DeepSpeedEngine._slurmtrain_partitions_only = True
+def _module(engine: DeepSpeedEngine, src: Mapping[str, object], dst: Module) -> dict[str, set[str]]:
+    """Load `src` into `dst` as a strict load would, except that trainable parameters may be
+    missing where this load reads them from the ZeRO-1/2 fp32 partitions (`load` then checks
+    they are the ones `strip` left out)."""
+    result = dst.load_state_dict(src, strict=False)
+    missing, unexpected = set(result.missing_keys), set(result.unexpected_keys)
+    trainable = {n for n, p in dst.named_parameters(remove_duplicate=False) if p.requires_grad}
+    if unexpected or missing - trainable:
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(dst).__name__}: missing keys "
+            f"{sorted(missing - trainable)}, unexpected keys {sorted(unexpected)}"
+        )
+    if missing and (
+        engine.zero_optimization_stage() not in (1, 2) or not engine.zero_load_from_fp32_weights()
+    ):
+        raise RuntimeError(REFUSED)
+    return {"missing": missing}

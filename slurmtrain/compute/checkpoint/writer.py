@@ -205,7 +205,6 @@ class ShardWriter(TorchCheckpointEngine):  # type: ignore[misc]  # deepspeed is 
         self.steps_seen = 0  # optimizer steps the global pre-hook saw: it guards lazy copies
         self.begin(0, "", deferred=False)
         _WRITERS.add(self)
-        module_states.install()  # loads of files `save` wrote without module weights
         if not _HOOK:
             _HOOK.append(register_optimizer_step_pre_hook(_before_optimizer_step))
 
