@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from slurmtrain.common import errors, events
 from slurmtrain.common.events import (
@@ -21,7 +21,6 @@ from slurmtrain.common.events import (
     R,
     Row,
 )
-from slurmtrain.common.schema import FaultsConfig
 from slurmtrain.common.windows import (  # re-exported: readers find budget windows here too
     Recorder as Recorder,
 )
@@ -40,6 +39,9 @@ from slurmtrain.common.windows import (
 from slurmtrain.common.windows import (
     window,
 )
+
+if TYPE_CHECKING:  # start-up speed: the config schema (OmegaConf) only for the type checker
+    from slurmtrain.common.schema import FaultsConfig
 
 # transitional: deleted once callers use FailureClass
 PREEMPTED = FailureClass.preempted.value
