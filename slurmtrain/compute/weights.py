@@ -8,6 +8,8 @@ the whole fp32 model once, ZeRO-0 fp32 reads the memory-mapped module weights.
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -88,8 +90,41 @@ def pick_checkpoint(run: Path, step: Optional[int]) -> tuple[Path, checkpoint_fo
 
 
 def lazy_state_dict(ckpt_dir: Path) -> StateDict:
-    """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it)."""
+    """name -> tensor or DeepSpeed's lazy GatheredTensor (`.contiguous()` materializes it); a
+    file torch's weights-only loader refuses is an ExportError naming it and the globals it holds
+    (torch's own message is a 36-line traceback advising weights_only=False)."""
     safe_load.enforce()  # zero_to_fp32 passes weights_only=False itself: the override covers it
+    try:
+        return _state_dict(ckpt_dir)
+    except pickle.UnpicklingError as err:
+        raise ExportError(unsafe_line(ckpt_dir, str(err))) from None
+
+
+def unsafe_line(ckpt_dir: Path, error: str) -> str:
+    """The refusal of a checkpoint holding pickled objects outside the allow-list: the first file
+    that holds some (read as torch would, its data never unpickled) and their names."""
+    import torch
+
+    names = sorted(set(re.findall(r"GLOBAL (\S+)", error)))
+    where = ckpt_dir
+    for path in sorted(ckpt_dir.glob("*.pt")):
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001  not a torch zip file: the loader said why already
+            continue
+        if found:
+            where, names = path, sorted(found)
+            break
+    have = ", ".join(p.name for p in checkpoint_format.step_dirs(ckpt_dir.parent)) or "none"
+    return (
+        f"{where}: holds pickled objects torch's safe loader refuses ({', '.join(names) or '?'});"
+        f" not loaded (unpickling them could run code). Fix: pick another checkpoint with --step N"
+        f" (checkpoints: {have}); if the type is DeepSpeed's own, add it to the allow-list in "
+        f"slurmtrain/compute/checkpoint/safe_load.py"
+    )
+
+
+def _state_dict(ckpt_dir: Path) -> StateDict:
     if any(ckpt_dir.glob("*mp_rank_01_model_states.pt")):  # AutoTP's second shard: TP > 1
         return tensor_parallel_state_dict(ckpt_dir)
     if list(ckpt_dir.glob("*_optim_states.pt")):

@@ -1,0 +1,68 @@
+"""`sample` and `export` of a checkpoint holding a pickled object torch's weights-only loader
+refuses (issue 37, build 6): one line naming the file and the global, exit 2, the object never
+unpickled. They printed torch's 36-line traceback advising weights_only=False."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from slurmtrain.common.checkpoint_format import CHECKSUM, MANIFEST, _digest
+from tests.conftest import run_cli
+from tests.plans import planned
+
+STATES = "mp_rank_00_model_states.pt"
+
+
+class Planted:
+    """Unpickling it (weights_only=False) runs `touch <marker>`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def planted_run(tmp_path: Path, marker: Path, optim: bool) -> Path:
+    """A run directory whose one checkpoint validates (its manifest sealed over the file, as
+    anyone with write access to the runs root could) and holds the planted object; `optim`: a
+    ZeRO optimizer file beside it, so DeepSpeed's zero_to_fp32 is the loader."""
+    cfg = planned(tmp_path, "cluster=local", "gpus_per_node=0")
+    run = tmp_path / "runs" / "opt_tiny" / "0123456789ab"
+    step = run / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    OmegaConf.save(cfg, run / "config.yaml")
+    torch.save({"module": {}, "planted": Planted(marker)}, step / STATES)
+    names = [STATES]
+    if optim:
+        torch.save({}, step / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        names.append("zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    files = {n: {"size": (step / n).stat().st_size, CHECKSUM: _digest(step / n)} for n in names}
+    manifest = {"files": files, "step": 2, "world_size": 1, "zero_stage": 2 if optim else 0}
+    (step / MANIFEST).write_text(json.dumps(manifest))
+    return run
+
+
+@pytest.mark.parametrize("optim", [False, True], ids=["safe_load", "zero_to_fp32"])
+def test_sample_and_export_refuse_an_unsafe_checkpoint_in_one_line(tmp_path, optim):
+    marker = tmp_path / "ran"
+    run = planted_run(tmp_path, marker, optim)
+    states = run / "checkpoints" / "step_2" / STATES
+    cmd = ["export", str(run), "--out", str(tmp_path / "out")] if optim else [
+        "sample", str(run), "--prompt", "def "]  # fmt: skip
+    done = run_cli(cmd, cwd=tmp_path, module="slurmtrain.cli", timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "weights_only=False" not in done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith(f"slurmtrain {cmd[0]}: ")]
+    assert line.startswith(
+        f"slurmtrain {cmd[0]}: {states}: holds pickled objects torch's safe loader refuses "
+        f"(posix.system); not loaded"
+    ), line
+    assert "--step N (checkpoints: step_2)" in line
+    assert not marker.exists()  # never unpickled
