@@ -115,7 +115,8 @@ def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
 def extra_options(cfg: RootConfig) -> dict[str, object]:
     """cluster.sbatch_extra as sbatch's long options, what slurmtrain owns refused in one line
     (login/owned_flags.py)."""
-    extra = OmegaConf.to_container(cfg.cluster.sbatch_extra, resolve=True)
+    given = cfg.cluster.sbatch_extra  # a dict already in a checked config's view
+    extra = OmegaConf.to_container(given, resolve=True) if OmegaConf.is_config(given) else given
     assert isinstance(extra, dict)
     return owned_flags.sbatch_extra({str(k): v for k, v in extra.items()})
 

@@ -18,7 +18,8 @@ from slurmtrain.common import pretrained, rundir, schema, secrets, text_corpus, 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import CheckpointSaved, Submitted
 from slurmtrain.common.schema import RootConfig
-from slurmtrain.login import branch, flags
+from slurmtrain.common.schema_keys import key_tree, unknown_key
+from slurmtrain.login import branch, flags, view
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce, resolve_auto
@@ -31,10 +32,14 @@ class Prepared:
     run: rundir.RunDir
     resumed: bool
     data: Optional[dict[str, object]] = None  # cfg as fingerprinted: what record writes
+    # The checked config as plain dataclasses (OmegaConf.to_object): what the plan and the
+    # submission read, ~30x faster per attribute than the DictConfig (a sweep reads it per point).
+    view: Optional[RootConfig] = None
+    raw: Optional[dict[str, object]] = None  # cfg as a plain dict, secrets' values kept
 
     @property
     def typed_cfg(self) -> RootConfig:
-        return typed(self.cfg)
+        return self.view if self.view is not None else typed(self.cfg)
 
 
 def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
@@ -51,11 +56,30 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     resolve_auto(typed_cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(typed_cfg)  # model.pretrained_checksum: the source is fingerprinted
     text_corpus.resolve(typed_cfg, build=not typed_cfg.dry_run)  # data=text: tokenized once
-    validation.validate_config(typed_cfg, submitting=not typed_cfg.dry_run)
-    _check_slurm_values(typed_cfg)
+    checked = _validated(cfg, submitting=not typed_cfg.dry_run)
+    _check_slurm_values(checked)
     refuse_inject_unless_allowed(bool(typed_cfg.faults.allow_inject))
     branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
     return cfg
+
+
+def _validated(cfg: DictConfig, submitting: bool) -> RootConfig:
+    """validation.validate_config, run on the config's dataclass view (login/view.py) with what
+    it fills in written back; the DictConfig itself is validated instead when the view cannot be
+    built (a missing value, a key the schema lacks: the errors validation words) or the view's
+    check fails on something else than the config (the DictConfig's check says the same)."""
+    try:
+        raw = schema.plain(cfg)
+        if unknown_key(raw, key_tree(RootConfig)) is None:
+            checked = view.build(raw)
+            view.validated(cfg, checked, lambda v: validation.validate_config(v, submitting))
+            return checked
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001  the DictConfig's validation reports it, as it always did
+        pass
+    validation.validate_config(typed(cfg), submitting=submitting)
+    return typed(cfg)
 
 
 def _check_slurm_values(cfg: RootConfig) -> None:
@@ -68,7 +92,7 @@ def _check_slurm_values(cfg: RootConfig) -> None:
     flags.master_port(cfg)
     flags.job_comment(cfg, None)
     flags.user_dependency(cfg)
-    secrets.check_named(cfg)
+    secrets.check_named({"cluster": {"secrets": list(cfg.cluster.secrets or [])}})
 
 
 def refuse_inject_unless_allowed(allowed: bool, env: Mapping[str, str] = os.environ) -> None:
@@ -92,13 +116,16 @@ def check(
     queue one job. The state check fails closed: when Slurm cannot say whether the run's job is
     alive, StateUnknown (a ConfigError: one line, exit 2) refuses instead of resubmitting."""
     typed_cfg = typed(cfg)
-    report = preflight.report(typed_cfg, measured_tps=None)
-    report.enforce(typed_cfg)  # before printing: a refusal is one line
-    if typed_cfg.cluster.kind == "slurm":
-        planned_time = typed_cfg.cluster.time
-        check_cluster(typed_cfg)
-        if typed_cfg.cluster.time != planned_time:  # auto planned again from its MaxTime
-            report = preflight.report(typed_cfg, measured_tps=None)
+    raw = schema.plain(cfg)
+    checked = snapshot(cfg, raw)
+    report = preflight.report(checked, measured_tps=None)
+    report.enforce(checked)  # before printing: a refusal is one line
+    if checked.cluster.kind == "slurm":
+        check_cluster(typed_cfg)  # cluster.time=auto: planned again from the partition's MaxTime
+        if typed_cfg.cluster.time != checked.cluster.time:
+            raw = schema.plain(cfg)
+            checked = snapshot(cfg, raw)
+            report = preflight.report(checked, measured_tps=None)
     if not quiet:
         announce()  # "auto: cluster=slurm (...)": once the command is not refused
         print(report.shown)  # wrapped to 120 columns
@@ -107,7 +134,7 @@ def check(
             print(note)
     # Fingerprinted, then written (record): secrets as references, so neither config.yaml nor the
     # run's name depends on a key's value (a rotated token resumes the same run).
-    data = secrets.referenced(schema.plain(cfg))
+    data = secrets.referenced(raw)
     run = rundir.locate(cfg, data)
     if locks is not None:
         try:
@@ -118,7 +145,7 @@ def check(
                 f"use a directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
             ) from None
     saves = [e for e in run.run_events() if isinstance(e, CheckpointSaved)]
-    warning = preflight.lead_warning(typed_cfg, saves)
+    warning = preflight.lead_warning(checked, saves)
     if warning:
         print(f"slurmtrain: {warning}")
     state = run.state()
@@ -133,7 +160,18 @@ def check(
         return None
     if state == rundir.STOPPED:
         print(f"slurmtrain: resuming unfinished run {run.path}")
-    return Prepared(cfg, run, resumed=state == rundir.STOPPED, data=data)
+    return Prepared(cfg, run, resumed=state == rundir.STOPPED, data=data, view=checked, raw=raw)
+
+
+def snapshot(cfg: DictConfig, raw: dict[str, object]) -> RootConfig:
+    """The checked config as RootConfig's dataclasses, read only (login/view.py); `raw`:
+    schema.plain(cfg)."""
+    try:
+        return view.build(raw)
+    except Exception:  # noqa: BLE001  not expected once validated; OmegaConf's own then
+        made = OmegaConf.to_object(cfg)
+        assert isinstance(made, RootConfig)
+        return made
 
 
 def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
@@ -148,7 +186,7 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
     if p.cfg.resume_from:  # the parent's step is pinned before the branch exists
         branch.pin(p.cfg, p.run)
     rundir.create(p.run, p.cfg, overrides, durable=durable, data=data)
-    secrets.write_env_file(p.run.path, p.cfg)
+    secrets.write_env_file(p.run.path, p.raw if p.raw is not None else p.cfg)
     if p.cfg.resume_from:
         branch.record(p.cfg, data, p.run)
     if not durable:  # created now, so `submitted` does not fsync its parent once per point
