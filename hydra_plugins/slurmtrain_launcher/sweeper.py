@@ -37,23 +37,27 @@ class SlurmtrainSweeper(BasicSweeper):
         """BasicSweeper's sweep, which writes multirun.yaml from `self.config` (and reads only its
         hydra.sweep.dir besides): that is the redacted copy meanwhile; the launcher composes the
         points from its own, the real one."""
-        from slurmtrain.common import secrets  # start-up speed: Hydra imports every plugin
+        from slurmtrain.common import ownership, secrets  # start-up: Hydra imports every plugin
 
         config = self.config
         assert config is not None
         data = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
         assert isinstance(data, dict)
         self.config = DictConfig(secrets.redacted_hydra({str(k): v for k, v in data.items()}))
-        _owner_only(Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml")
+        mode = ownership.dir_mode(config.get("run_dir_mode"))
+        _owner_only(Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml", mode)
         try:
             return super().sweep(arguments)
         finally:
             self.config = config
 
 
-def _owner_only(path: Path) -> None:
+def _owner_only(path: Path, mode: int) -> None:
     """`path` made (empty) or kept with mode 0600 before Hydra writes it: its `open(..., "w")`
-    keeps an existing file's mode, whatever the umask."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    keeps an existing file's mode, whatever the umask. Its directory (and runs_root) made with
+    run_dir_mode, or refused when another user made it (common/ownership.py)."""
+    from slurmtrain.common import ownership
+
+    ownership.make_dir(path.parent, mode, "sweep directory")
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
     os.chmod(path, 0o600)

@@ -24,7 +24,7 @@ from typing import Optional, Sequence, TextIO
 
 from omegaconf import DictConfig
 
-from slurmtrain.common import rundir, secrets, validation
+from slurmtrain.common import ownership, rundir, secrets, validation
 from slurmtrain.common.commands import run_cmd
 from slurmtrain.common.errors import EXIT_CONFIG, ConfigError
 from slurmtrain.common.schema import RootConfig
@@ -87,7 +87,8 @@ def details_folder(cfg: DictConfig, point: str = "") -> Path:
     placement keys are not in it); the run directory itself is never written by a dry run."""
     fingerprint = rundir.locate(cfg, secrets.referenced(cfg)).path.name
     root = Path(tempfile.gettempdir()) / f"slurmtrain-dry-run-{os.getuid()}"
-    root.mkdir(mode=0o700, exist_ok=True)
+    ownership.private_dir(root)  # a predictable /tmp path: refused if another user made it first
+    ownership.tighten_umask(ownership.dir_mode(cfg.get("run_dir_mode")))  # files as a run's
     folder = root / str(cfg.name) / fingerprint / point
     folder.mkdir(parents=True, exist_ok=True)
     return folder
