@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, MutableMapping, Optional, Sequence
 
+from slurmtrain.common import read_skips
+
 if TYPE_CHECKING:
     from slurmtrain.common.events import Row
 
@@ -31,7 +33,10 @@ def _is_run(path: str) -> bool:
 def _subdirs(path: str) -> list[str]:
     try:
         return sorted(e.path for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as err:  # another user's 0700 name directory: counted, told in one line
+        read_skips.skip(path, 0, f"{type(err).__name__}: {err.strerror or err}")
         return []
 
 

@@ -166,6 +166,8 @@ def test_another_users_unreadable_files_are_skipped() -> None:
         secret.chmod(0o000)
         (run.logs / "41_1.err").write_text("theirs\n")
         (run.logs / "41_1.err").chmod(0o000)
+        (where / "theirs" / "0123").mkdir(parents=True)
+        (where / "theirs").chmod(0o700)  # a name directory of another user's
         env = dict(os.environ, SLURMTRAIN_STATUS_CACHE="off")
         cmd = [sys.executable, "-c", AS_OTHER, user]
 
@@ -178,7 +180,11 @@ def test_another_users_unreadable_files_are_skipped() -> None:
         got = as_other("status", str(where), "--json")
         assert got.returncode == 0, got.stderr
         assert json.loads(got.stdout)["state"] == "finished"
-        assert got.stderr.count("\n") == 1 and "PermissionError" in got.stderr, got.stderr
+        assert got.stderr.count("\n") == 1, got.stderr
+        assert (
+            "status: warning: skipped 2 unreadable" in got.stderr
+            and "PermissionError" in got.stderr
+        )
         got = as_other("logs", str(run.path))
         assert got.returncode == 0, got.stderr
         assert "step 20 loss 2.5" in got.stdout
