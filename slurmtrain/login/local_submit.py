@@ -24,14 +24,16 @@ from typing import Callable, Iterator, Optional
 import submitit
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from slurmtrain.batch import local_close
 from slurmtrain.common import events, ledger, secrets
 from slurmtrain.common.derived import tasks_per_node
 from slurmtrain.common.liveness import pid_start
 from slurmtrain.common.resumed import resumed_line
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.local_worker import TrainTask
 from slurmtrain.login import flags
-from slurmtrain.login.submission import Submission, TrainTask
+from slurmtrain.login.submission import Submission
 from slurmtrain.planning.eta import format_duration
 
 
@@ -81,6 +83,7 @@ def submit(cfg: RootConfig, run: RunDir) -> Submission:
         reason = failed[-1].error if failed else "a worker died (see its log)"
         print(f"slurmtrain: local job {job.job_id} failed: {reason}")
         print(f"slurmtrain: worker logs: {run.logs}/{job.job_id}_*.err")
+        local_close.close_failed(run, cfg, str(job.job_id))  # a budget stop: recorded now
     run_rows = run.run_events()
     done = any(isinstance(r, events.Finished) for r in run_rows)
     if done:  # what to do with the model just trained
