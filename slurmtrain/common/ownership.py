@@ -37,7 +37,7 @@ def lock_mode(mode: Optional[int]) -> int:
 def tighten_umask(mode: Optional[int]) -> None:
     """Files this process (and the job it submits) creates get no more than the run's mode; never
     world-writable. Only ever narrows the umask the user chose."""
-    narrower = (0o777 & ~(mode if mode is not None else 0o750)) | 0o002
+    narrower = (0o777 & ~(mode if mode is not None else DEFAULT_MODE)) | 0o002
     old = os.umask(0)
     os.umask(old | narrower)
 
@@ -124,14 +124,15 @@ def make_dir(path: Path, mode: Optional[int], what: str = "run directory") -> No
 
 def make_run_dir(run_path: Path, mode: Optional[int]) -> None:
     """A run directory `<runs_root>/<name>/<fingerprint>` and its parents: made with `mode`,
-    or refused when another user made (or can swap) one of them. The umask is narrowed to match."""
-    tighten_umask(mode)
+    or refused when another user made (or can swap) one of them. The umask is narrowed to match
+    (mode None, the compute side: to the run directory's own mode, which the login side gave it)."""
     root = run_path.parent.parent
     if not os.path.lexists(root):
         make_dir(root, mode, "runs_root")
     check_root(root, mode)
     make_dir(run_path.parent, mode, "run name directory")
     make_dir(run_path, mode)
+    tighten_umask(mode if mode is not None else stat.S_IMODE(os.lstat(run_path).st_mode))
 
 
 def private_dir(path: Path) -> Path:
