@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -15,6 +16,7 @@ from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import fingerprint
 from slurmtrain.compute.observe import tracker_backends, trackers
 from slurmtrain.login.prepare import resolve
+from tests.conftest import read_jsonl
 
 schema.register()
 
@@ -163,3 +165,45 @@ def test_no_counter_key_lies_below_another():
     keys = set(trackers.event_counts(rows))
     assert f"event/{events.Failed.kind}" in keys and "failure_class/crash" in keys
     assert not [a for a in keys for b in keys if b.startswith(a + "/")], keys
+
+
+def test_a_tensorboard_that_cannot_open_or_write_is_dropped_and_recorded_not_raised(
+    tmp_path, capsys
+):
+    from slurmtrain.compute.observe.metrics import MetricsWriter
+
+    (tmp_path / "file").write_text("")  # a file where its folder goes: root cannot create it
+    recorded: list[events.Row] = []
+
+    def writer(tensorboard: Path) -> MetricsWriter:
+        return MetricsWriter(
+            tmp_path / "metrics.jsonl", True, 1, tensorboard, False, record=recorded.append
+        )
+
+    blocked = writer(tmp_path / "file" / "attempt_1")
+    blocked.log(1, 3, loss=1.0)
+    blocked.finish()
+    [opened] = recorded
+    assert (opened.tracker, opened.phase) == ("tensorboard", "open")
+
+    class Full:
+        def add_summary(self, *_: object) -> None:
+            raise OSError("No space left on device")
+
+        def close(self) -> None:
+            raise AssertionError("a dropped writer is not closed")
+
+    failing = writer(tmp_path / "tb")
+    assert failing.tb is not None
+    failing.tb.close()
+    failing.tb = Full()  # type: ignore[assignment]
+    failing.log(2, 3, loss=1.0)
+    failing.log(3, 3, loss=1.0)
+    failing.finish()
+    assert recorded[1:] == [
+        events.TrackerFailed(
+            tracker="tensorboard", phase="write", error="OSError: No space left on device"
+        )
+    ]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    assert capsys.readouterr().err.count("warning: tracker tensorboard failed") == 2
