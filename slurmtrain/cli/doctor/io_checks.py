@@ -41,19 +41,19 @@ def rows(reports: list[storage_probe.MountReport]) -> list[CheckResult]:
     """One row per probe step; a mount whose earlier step failed says so on the later rows."""
     out = []
     for step in storage_probe.STEPS:
-        parts, failed = [], False
+        parts, failed, unreached = [], False, False
         for r in reports:
             seen = r.step(step)
             if seen is None:
+                unreached = unreached or r.failed is not None
                 why = "not reached" if r.failed else "same filesystem, timed above"
                 parts.append(f"{r.label} {r.path}: {why}")
                 continue
             failed = failed or not seen.ok
             parts.append(f"{r.label} {r.path}: {seen.detail}")
-        status: Status = "fail" if failed else "ok"
-        out.append(
-            CheckResult(f"io_{step}", status, "; ".join(parts), ADVICE[step] if failed else "")
-        )
+        status: Status = "fail" if failed else "warn" if unreached else "ok"
+        advice = ADVICE[step] if failed else "fix the failed io_ row above" if unreached else ""
+        out.append(CheckResult(f"io_{step}", status, "; ".join(parts), advice))
     return out
 
 
