@@ -14,8 +14,10 @@ runs' liveness is answered by a fake `squeue`/`sacct` put first on PATH that cou
 Then times, in fresh processes, warm (one untimed run first), median of `--repeat`:
   status over an empty root (imports and start-up), status over all runs, `status --json`,
   status over all runs without its cache of finished runs' figures (cli/status_cache.py; the
-  first status after a sweep finishes pays this once), `status ROOT/lr_sweep --state finished`;
-  and prints the Slurm calls each made and the load.
+  first status after a sweep finishes pays this once), `status ROOT/lr_sweep --state finished`,
+  and status over one run whose ledger holds each bad input of #37 (a row without `event`, a
+  line that is no JSON object, a directory named `*.jsonl`, a 64 MiB `failed` row: make_bad),
+  with the one warning line it prints; and prints the Slurm calls each made and the load.
 """
 
 from __future__ import annotations
