@@ -73,3 +73,17 @@ def test_a_sweep_dry_run_records_no_value_and_warns_once(tmp_path):
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
     leaks = [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and WORDS in p.read_text()]
     assert not leaks, leaks
+
+
+def test_hydras_run_record_when_turned_on_holds_references_only(tmp_path):
+    """conf/config.yaml turns Hydra's .hydra/ off; a user's hydra.output_subdir gets it redacted."""
+    env = {"SLURMTRAIN_RUNS_ROOT": str(tmp_path / "runs")}
+    args = ["cluster=local", "dry_run=true", f"+cluster.env.WANDB_API_KEY={WORDS}"]
+    done = run_cli([*args, "hydra.output_subdir=.hydra"], tmp_path, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = sorted(p.name for p in (tmp_path / ".hydra").iterdir())
+    assert files == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    for name in files:
+        path = tmp_path / ".hydra" / name
+        assert WORDS not in path.read_text() and "${oc.env:WANDB_API_KEY}" in path.read_text()
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
