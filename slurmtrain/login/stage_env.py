@@ -38,6 +38,7 @@ PREFIX = "slurmtrain-envs-"  # + uid: each user's own 0700 directory of copies o
 # copies of killed jobs are removed and redone.
 UNPACK = r"""u=$(id -u); p="$0/slurmtrain-envs-$u"; name="$1-$SLURMD_NODENAME"; d="$p/$name"
 no() { echo "slurmtrain: not staging the environment on $SLURMD_NODENAME: $*" >&2; exit 1; }
+[ -d "$0" ] || mkdir -p -m 0700 -- "$0" || no "cannot create $0"
 case "$(stat -L -c %a -- "$0")" in
   [1357]???) ;;
   *[2367]?|*[2367]) no "$0 is writable by others and not sticky (chmod +t or go-w it)" ;;
@@ -105,21 +106,36 @@ def pack_path(cfg: RootConfig, key: str) -> Path:
 
 
 def manifest(path: Path) -> Path:
-    """`<pack>.manifest`: `<sha256> <size>`, checked before reuse here and as each node reads it."""
+    """`<pack>.manifest`: `<sha256> <size>` (each node checks the pack against it as it reads it),
+    then the pack's `<inode> <ctime_ns>` when that hash was checked here."""
     return path.with_name(path.name + ".manifest")
 
 
 def verified(path: Path) -> bool:
-    """The pack exists, is ours, writable by nobody else, and matches its manifest (size, then
-    sha256: about a second per GB, at submission only)."""
+    """The pack exists, is ours, writable by nobody else, and matches its manifest: its size,
+    and its sha256 unless its inode and ctime are those it had when the hash was last checked
+    (any write changes ctime, and nobody but root sets it back): ~4 s per GB saved a submission."""
     try:
         st = os.lstat(path)
-        want_sum, want_size = manifest(path).read_text().split()
-    except (OSError, ValueError):
+        lines = manifest(path).read_text().splitlines()
+        want_sum, want_size = lines[0].split()
+    except (OSError, ValueError, IndexError):
         return False
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         return False
-    return st.st_size == int(want_size) and sha256_of(path) == want_sum
+    if st.st_size != int(want_size):
+        return False
+    if lines[1:2] == [f"{st.st_ino} {st.st_ctime_ns}"]:
+        return True
+    if sha256_of(path) != want_sum:
+        return False
+    _write_manifest(path, want_sum, st)
+    return True
+
+
+def _write_manifest(path: Path, digest: str, st: os.stat_result) -> None:
+    text = f"{digest} {st.st_size}\n{st.st_ino} {st.st_ctime_ns}\n"
+    replace_atomically(manifest(path), text, mode=0o600, durable=False)
 
 
 def sha256_of(path: Path) -> str:
@@ -158,9 +174,10 @@ def ensure_pack(cfg: RootConfig) -> Path:
             f"({done.stderr.strip()[-300:]}); set cluster.stage_env_cache=DIR on a filesystem "
             f"with room, or cluster.stage_env=false"
         )
-    summary = f"{sha256_of(tmp)} {tmp.stat().st_size}\n"
-    replace_atomically(manifest(path), summary, mode=0o600, durable=False)
+    digest = sha256_of(tmp)
+    _write_manifest(path, digest, tmp.stat())  # before the pack: a node never sees it unlisted
     os.replace(tmp, path)  # two submissions packing at once: the same bytes, either wins
+    _write_manifest(path, digest, path.stat())  # its ctime once in place
     size = path.stat().st_size / 2**20
     print(f"slurmtrain: packed {size:.0f} MiB in {time.time() - t0:.1f} s", file=sys.stderr)
     return path

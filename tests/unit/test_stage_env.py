@@ -59,7 +59,7 @@ def test_unpack_then_run_uses_this_nodes_copy_and_falls_back_to_the_shared_pytho
     monkeypatch.setattr(sys, "prefix", str(env))
     cfg = _cfg(tmp_path)
     values = stage_env.script_values(cfg, pack=True)
-    (tmp_path / "local").mkdir()
+    # cluster.stage_env_dir does not exist yet: the first node to stage makes it
     shared = tmp_path / "shared-python"
     shared.write_text('#!/bin/sh\necho "shared python with $*"\n')
     shared.chmod(0o755)
@@ -90,6 +90,9 @@ def test_a_pack_that_does_not_match_its_manifest_is_made_again(tmp_path, monkeyp
     pack = stage_env.ensure_pack(cfg)
     assert stat.S_IMODE(pack.parent.stat().st_mode) == 0o700  # run_dir_mode's default
     good = pack.read_bytes()
+    with monkeypatch.context() as m:  # unchanged since hashed (inode, ctime): not read again
+        m.setattr(stage_env, "sha256_of", lambda path: pytest.fail("hashed again"))
+        assert stage_env.verified(pack)
     pack.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, one bit flipped
     assert not stage_env.verified(pack)
     assert stage_env.ensure_pack(cfg) == pack and pack.read_bytes() == good
