@@ -219,3 +219,18 @@ def test_doctor_on_a_read_only_runs_root_reports_it_as_the_gate_does(tmp_path):
         f"fail io_writable runs root {tmp_path}: cannot create a file: Read-only file system "
         "(errno 30)"
     ), done.stdout + done.stderr
+
+
+def test_storage_slow_on_every_node_blames_none_and_slow_on_one_blames_it():
+    slow = "storage: run dir /r: throughput: 16 MiB: write 9 MB/s; write below 1/10 of the plan's 1,000 MB/s"
+
+    def node(name: str, rank: int, why: str) -> health.RankHealth:
+        return health.RankHealth(name, rank, not why, why, 0.01, 0.0)
+
+    everywhere = [node("n1", 0, slow), node("n2", 1, slow)]
+    assert health.judge(everywhere, slow_factor=5.0).bad == []
+    one = [node("n1", 0, slow), node("n2", 1, "")]
+    assert health.judge(one, slow_factor=5.0).bad == [{"node": "n1", "rank": 0, "reason": slow}]
+    read_only = "storage: run dir /r: writable: cannot create a file: Read-only file system"
+    both = [node("n1", 0, read_only), node("n2", 1, read_only)]
+    assert [b["node"] for b in health.judge(both, slow_factor=5.0).bad] == ["n1", "n2"]

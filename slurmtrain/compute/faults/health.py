@@ -258,11 +258,10 @@ def check_rank(
     """This rank's checks (the node's, on its lowest rank). Every rank reaches the all-reduce,
     even a failing one (its peers would otherwise wait in it until the collective timeout)."""
     nodes = _node_names(node)
-    ok, reason, node_s = _lead_checks(checks, node, rank, nodes)
-    free = -1.0
-    if ok and gpus_per_node > 0 and torch.cuda.device_count() < 1:
-        ok, reason = False, "no CUDA device visible"
+    node_ok, node_reason, node_s = _lead_checks(checks, node, rank, nodes)
+    ok, reason, free = True, "", -1.0
     if gpus_per_node > 0 and torch.cuda.device_count() < 1:
+        ok, reason = False, "no CUDA device visible"
         device = torch.device("cpu")
     seconds = 0.0
     if ok:
@@ -277,6 +276,8 @@ def check_rank(
                     f"(another process holds GPU memory)"
                 ),
             )
+    if ok and not node_ok:  # the devices' own failure first: a slow shared mount may be let off
+        ok, reason = False, node_reason
     if injected_bad:
         ok, reason = False, "injected failure (SLURMTRAIN_INJECT bad_node)"
     mine = RankHealth(node, rank, ok, "" if ok else reason, seconds, 0.0, node_check_s=node_s)
@@ -294,6 +295,17 @@ def gate(mine: RankHealth, world: int, slow_factor: float) -> Verdict:
     return judge(everyone, slow_factor)
 
 
+def _slow_everywhere(everyone: list[RankHealth]) -> set[str]:
+    """Storage rates below the plan on every node of a multi-node job: the shared filesystem (or
+    the plan's rates) is slow, no node is to blame, so none is failed for it (said in the log)."""
+    slow = {h.node: h.reason for h in everyone if storage_probe.SLOW_MARK in h.reason}
+    if len(slow) < 2 or len(slow) < len({h.node for h in everyone}):
+        return set()
+    why = next(iter(slow.values()))
+    print(f"slurmtrain: every node's storage is slow, none blamed: {why}", file=sys.stderr)
+    return set(slow.values())
+
+
 def judge(everyone: list[RankHealth], slow_factor: float) -> Verdict:
     """The nodes that fail, are `slow_factor` x the median matmul, or whose links are below their
     fabric's floor (a node pair fails when every pair it was timed in is slow); the figures."""
@@ -303,8 +315,9 @@ def judge(everyone: list[RankHealth], slow_factor: float) -> Verdict:
     def fail(h: RankHealth, reason: str) -> None:
         bad.setdefault(h.node, {"node": h.node, "rank": h.rank, "reason": reason})
 
+    shared = _slow_everywhere(everyone)
     for h in everyone:
-        if not h.ok:
+        if not h.ok and h.reason not in shared:
             fail(h, h.reason)
         elif median > 0 and h.matmul_s > slow_factor * median:
             fail(h, f"slow: matmul {h.matmul_s / median:.1f}x median")
