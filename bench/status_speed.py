@@ -347,6 +347,7 @@ def main() -> int:
         queued = make_runs(root, args.runs)
         (work / "queued.json").write_text(json.dumps(queued))
     empty.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work / "badroot", ignore_errors=True)  # its files are appended to
     bad = make_bad(work / "badroot")
     made = time.perf_counter() - t
     env = _fake_slurm(work, queued)
