@@ -17,11 +17,12 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig
 
 from slurmtrain.common import secrets
+from slurmtrain.common.durable import in_parallel
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Stopped
 from slurmtrain.common.windows import current_stop
 from slurmtrain.login import cluster_check, placement
-from slurmtrain.login.prepare import Prepared, check, record, resolve
+from slurmtrain.login.prepare import Prepared, check, check_points, record, resolve
 from slurmtrain.login.submit import submit
 
 Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
@@ -86,11 +87,12 @@ def launch(
 
 
 def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
-    todo = [
-        (p, o)
-        for p, o in ((check(cfg, quiet=not single, locks=locks), o) for cfg, o in points)
-        if p is not None
-    ]
+    checked = (
+        [check(points[0][0], locks=locks)]
+        if single
+        else check_points([cfg for cfg, _ in points], locks)
+    )
+    todo = [(p, o) for p, (_, o) in zip(checked, points) if p is not None]
     if not todo:
         if not single:
             print(
@@ -103,9 +105,13 @@ def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
 
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
-    for prepared, overrides in todo:
+    for prepared, _ in todo:
         _new_window(prepared)
-        record(prepared, overrides, durable=not array)  # an array syncs all points at once
+    if array:  # file creations, side by side: each waits on the filesystem; synced all at once
+        in_parallel(lambda point: record(point[0], point[1], durable=False), todo)
+    else:
+        for prepared, overrides in todo:
+            record(prepared, overrides)
     if array:
         return _submit_array(todo, len(points))
     code = 0

@@ -7,10 +7,11 @@ together for a single run, a sweep and the smoke chain.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,7 +20,7 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import CheckpointSaved, Submitted
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.schema_keys import key_tree, unknown_key
-from slurmtrain.login import branch, flags, view
+from slurmtrain.login import branch, flags, run_locks, view
 from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce, resolve_auto
@@ -115,6 +116,25 @@ def check(
     it until the `submitted` event is recorded, so two shells submitting the same config at once
     queue one job. The state check fails closed: when Slurm cannot say whether the run's job is
     alive, StateUnknown (a ConfigError: one line, exit 2) refuses instead of resubmitting."""
+    planned = plan(cfg, quiet)
+    if locks is not None:
+        run_locks.take([planned.run], str(cfg.runs_root), locks)
+    return settle(planned)
+
+
+def check_points(cfgs: Sequence[DictConfig], locks: ExitStack) -> list[Optional[Prepared]]:
+    """check() for a sweep's points: every point planned first, then their locks taken side by
+    side (each lock writes and fsyncs a lease: one after the other, 64 of them are most of a
+    sweep's time on a busy disk), then each point's state checked."""
+    planned = [plan(cfg, quiet=True) for cfg in cfgs]
+    if planned:
+        run_locks.take([p.run for p in planned], str(cfgs[0].runs_root), locks)
+    return [settle(p) for p in planned]
+
+
+def plan(cfg: DictConfig, quiet: bool = False) -> Prepared:
+    """Plan (refused in one line when it does not fit), print it unless `quiet`, locate the run
+    directory; nothing is written."""
     typed_cfg = typed(cfg)
     raw = schema.plain(cfg)
     checked = snapshot(cfg, raw)
@@ -136,16 +156,14 @@ def check(
     # run's name depends on a key's value (a rotated token resumes the same run).
     data = secrets.referenced(raw)
     run = rundir.locate(cfg, data)
-    if locks is not None:
-        try:
-            locks.enter_context(run.locked())  # the first thing made under runs_root
-        except OSError as err:
-            raise ConfigError(
-                f"runs_root={cfg.runs_root!r}: cannot create {run.path} ({err.strerror}); "
-                f"use a directory you can write, e.g. runs_root=$HOME/slurmtrain-runs"
-            ) from None
+    return Prepared(cfg, run, resumed=False, data=data, view=checked, raw=raw)
+
+
+def settle(p: Prepared) -> Optional[Prepared]:
+    """The located run's state (its lock held): None, said why, when there is nothing to submit."""
+    run = p.run
     saves = [e for e in run.run_events() if isinstance(e, CheckpointSaved)]
-    warning = preflight.lead_warning(checked, saves)
+    warning = preflight.lead_warning(p.typed_cfg, saves)
     if warning:
         print(f"slurmtrain: {warning}")
     state = run.state()
@@ -160,7 +178,7 @@ def check(
         return None
     if state == rundir.STOPPED:
         print(f"slurmtrain: resuming unfinished run {run.path}")
-    return Prepared(cfg, run, resumed=state == rundir.STOPPED, data=data, view=checked, raw=raw)
+    return dataclasses.replace(p, resumed=state == rundir.STOPPED)
 
 
 def snapshot(cfg: DictConfig, raw: dict[str, object]) -> RootConfig:

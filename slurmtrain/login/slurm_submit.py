@@ -71,6 +71,7 @@ def render_script(
     options: dict[str, flags.Flag],
     batch_log: str,
     array_map: Optional[str] = None,
+    has_secrets: Optional[bool] = None,
 ) -> str:
     """The one batch script of every Slurm submission: first attempt, restart, array task, by hand.
 
@@ -88,7 +89,7 @@ def render_script(
     secrets_file = None
     if array_map:
         secrets_file = f'"$RUN_DIR"/{secrets.ENV_FILE}'
-    elif secrets.values(_plain_enough(cfg)):
+    elif has_secrets if has_secrets is not None else secrets.values(_plain_enough(cfg)):
         secrets_file = shlex.quote(f"{run_dir}/{secrets.ENV_FILE}")
     return _template().render(
         run_dir=run_dir,
@@ -133,16 +134,21 @@ def _plain_enough(cfg: RootConfig) -> object:
 
 
 def render_sbatch(
-    cfg: RootConfig, run: RunDir, options: Optional[dict[str, flags.Flag]] = None
+    cfg: RootConfig,
+    run: RunDir,
+    options: Optional[dict[str, flags.Flag]] = None,
+    recorded: bool = False,
 ) -> str:
     """RUN_DIR/job.sbatch: `sbatch RUN_DIR/job.sbatch` resumes the run (no dependency, no array).
-    `options`: flags.sbatch_options(cfg, job_name(cfg)) when the caller has them already."""
+    `options`: flags.sbatch_options(cfg, job_name(cfg)) when the caller has them already.
+    `recorded`: the run's files are written (prepare.record), secrets.env among them or not."""
     logs = flags.checked("runs_root", str(run.logs))
     return render_script(
         cfg,
         str(run.path),
         options if options is not None else flags.sbatch_options(cfg, job_name(cfg)),
         batch_log=f"{logs}/%j.batch.out",
+        has_secrets=(run.path / secrets.ENV_FILE).exists() if recorded else None,
     )
 
 
@@ -280,7 +286,7 @@ def submit_array(items: Sequence[tuple[RootConfig, RunDir]], folder: Path) -> li
                 f"first point's; sweep cluster.*/nodes in separate submissions"
             )
         own = options if job_name(cfg) == job_name(first) else None  # job.sbatch: its own name
-        scripts.append((run.sbatch, render_sbatch(cfg, run, own)))
+        scripts.append((run.sbatch, render_sbatch(cfg, run, own, recorded=True)))
     # Nothing written unless every point could be rendered; then written side by side.
     in_parallel(lambda script: script[0].write_text(script[1]), scripts)
     for cfg, run in items:
