@@ -10,8 +10,10 @@ trained. Each is recorded as a reference the job resolves from its environment: 
 as `${oc.env:NAME}`, any other key as `${oc.env:SLURMTRAIN_SECRET_<KEY PATH>}`, `cluster.secrets`
 as its names. The values go to RUN_DIR/secrets.env only: mode 0600, written by the submitting
 user's own process on the shared filesystem, sourced by job.sbatch (srun hands the variables on to
-every rank). config.yaml, overrides.yaml, provenance/, job.sbatch and the dry-run output carry
-references or `<redacted>`, never a value.
+every rank). config.yaml, overrides.yaml, provenance/, job.sbatch, the dry-run output and Hydra's
+own records (a sweep's multirun.yaml, a user's hydra.output_subdir: hydra_plugins/) carry
+references or `<redacted>`, never a value. A value typed on the command line still works, with a
+warning that `ps` shows it to every user: by name (`cluster.secrets`) is the way.
 
 Model, data, optim and train keys are never secrets, whatever they are called (model.hf_extra's
 bos_token_id, pad_token_id; train.tokens): they are what is trained, recorded as values, typed
