@@ -76,7 +76,7 @@ SDPA_FAMILIES = {"opt", "llama", "mistral", "qwen2"}
 # Positions by ALiBi (attention biases): no position table, any length; planned on data.seq_len.
 ALIBI = {"bloom", "mpt"}
 # Families transformers maps to a causal LM that slurmtrain does not train, and why (one line each;
-# the README's family table lists them). Encoders used as decoders and the decoder halves of
+# docs/models.md's family table lists them). Encoders used as decoders and the decoder halves of
 # encoder-decoders are found by transformers' own mappings (`refusal`).
 REFUSED = {
     "mamba": "a state-space model (no attention heads to plan)",

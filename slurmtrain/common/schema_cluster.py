@@ -72,7 +72,7 @@ class ClusterConfig:
     sbatch_extra: dict[str, Any] = field(default_factory=dict)  # #SBATCH --key=value, any value
     srun_extra: list[str] = field(default_factory=list)
     # The job's environment, configuration: in job.sbatch and the dry run, exported by the batch
-    # shell, so $VAR and ${VAR} expand on the compute node at job time (README: Environment).
+    # shell, so $VAR and ${VAR} expand on the compute node at job time (docs/usage.md: Environment).
     # An entry named like a credential (WANDB_API_KEY) is a secret: kept in the run's 0600 file.
     env: dict[str, str] = field(default_factory=dict)
     # Shell lines the batch script runs in its own shell before the first srun of every attempt
@@ -87,7 +87,7 @@ class ClusterConfig:
     # The rendezvous port; None: derived from the job id and srun step (common/slurm_text.py).
     master_port: Optional[int] = None
     # Import storms at scale: every rank runs Python from a node-local copy of the submitting venv,
-    # packed once on the login node and unpacked once per node (login/stage_env.py, README).
+    # packed once on the login node and unpacked once per node (login/stage_env.py, docs/scale.md).
     stage_env: bool = False
     stage_env_dir: str = "/tmp"  # the node-local directory each node's copy goes in
     stage_env_cache: Optional[str] = (

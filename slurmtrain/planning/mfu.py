@@ -13,7 +13,7 @@ as planning/flops.py counts):
   46.4%; 13B on 8-64 GPUs 39.6-40.0%; 30B on 16-32 GPUs 43-44%; 70B on 32 GPUs 36.2% (micro
   batch 2), on 64 GPUs 42.6% (micro batch 8, full activation checkpointing). A100 80GB (1600 Gbps
   RoCE): 13B-30B on 8 GPUs 54-56%, 70B on 64 GPUs 53.3%.
-- torchtitan, docs/performance.md: Llama 3.1 8B FSDP on 8-128 H100s 33-39%; Llama 3 8B FSDP on
+- torchtitan/docs/performance.md: Llama 3.1 8B FSDP on 8-128 H100s 33-39%; Llama 3 8B FSDP on
   64 A100s 56-58%, 70B 50.5-51.7%; Llama 3.1 405B FSDP + TP on 128 H100s 29.0%.
 These are tuned stacks (fused kernels, flash attention); the table takes their lower end. Judgement,
 not published: DeepSpeed's ZeRO-3 (parameters fetched module by module through hooks) 5 points

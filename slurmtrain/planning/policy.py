@@ -216,5 +216,5 @@ def stage_env_advice(cfg: RootConfig) -> Optional[str]:
     return (
         f"plan: {nodes * tasks_per_node(cfg)} ranks on {nodes} nodes import torch/deepspeed from "
         f"the shared filesystem at once; cluster.stage_env=true runs them from a node-local copy "
-        f"(packed once, unpacked once per node: README, import storms)"
+        f"(packed once, unpacked once per node: docs/scale.md)"
     )

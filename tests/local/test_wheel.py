@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import site
 import subprocess
 import sys
-import venv
+from pathlib import Path
 
 from tests.conftest import ROOT, dry_run_file
 
@@ -29,10 +30,22 @@ def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     [wheel] = dist.glob("slurmtrain-*.whl")
 
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    # The README's install, as written, in the folder holding the wheel: its venv under a home of
+    # its own; pip offline and without dependencies (they come from the test's own environment
+    # through a .pth file), so only the package comes from the wheel.
+    from tests.readme import section_commands
+
+    install = section_commands("Install on a cluster")
+    assert install[0].startswith("python3 -m venv ~/st") and wheel.name in install[1], install
+    home = tmp_path / "home"
+    home.mkdir()
+    shell = dict(os.environ, HOME=str(home), PIP_NO_INDEX="1", PIP_NO_DEPS="1")
+    shell["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    shell.pop("PYTHONPATH", None)
+    made = subprocess.run(["bash", "-c", install[0]], cwd=dist, env=shell, capture_output=True)
+    assert made.returncode == 0, made.stderr
+    env_dir = home / "st"
     python = env_dir / "bin" / "python"
-    # Dependencies come from the test's own environment (offline); the package itself from the wheel.
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -40,15 +53,13 @@ def test_wheel_in_a_fresh_venv_composes_from_another_directory(tmp_path):
         check=True,
     ).stdout.strip()
     deps = [p for p in site.getsitepackages() if p.endswith("site-packages")]
-    (tmp_path / "venv" / purelib.split(str(env_dir) + "/", 1)[1]).joinpath("deps.pth").write_text(
-        "\n".join(deps) + "\n"
-    )
+    Path(purelib, "deps.pth").write_text("\n".join(deps) + "\n")
+    script = "set -e\n" + "\n".join(install[1:])
     installed = subprocess.run(
-        [python, "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
-        capture_output=True,
-        text=True,
+        ["bash", "-c", script], cwd=dist, env=shell, capture_output=True, text=True
     )
-    assert installed.returncode == 0, installed.stderr
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    assert "slurmtrain status" in installed.stdout  # its last line: slurmtrain --help
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

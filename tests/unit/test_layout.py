@@ -229,6 +229,7 @@ def test_every_cited_repository_file_exists() -> None:
         "sbatch_templates",
         "conf",
         ".ci",
+        "docs",
     ):
         citing += [
             p
