@@ -144,3 +144,12 @@ def each_file_read(
         yield
     finally:
         del ce.load
+
+
+def replace_timer_log(timers: object, collect: Callable[..., None]) -> None:
+    """`collect` stands in for `log` on this timer group (the engine's `timers`) only.
+
+    With `wall_clock_breakdown` (or the FLOPs profiler) on, the engine and the ZeRO optimizer call
+    `timers.log(names)` after every step, which prints a line on rank 0 and resets the timers;
+    DeepSpeed has no switch for that print and no hook on its timers (compute/observe/perf.py)."""
+    timers.log = collect  # type: ignore[attr-defined]

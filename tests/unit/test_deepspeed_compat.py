@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import re
+from functools import cache
 from pathlib import Path
 
 import tomllib
@@ -33,7 +34,13 @@ RELIED_ON = {
     "deepspeed.runtime.checkpoint_engine.utils:create_checkpoint_engine": "594e76acd19a2088",
     # guard_recovery_script: the copy it wraps
     "deepspeed.runtime.engine:DeepSpeedEngine._copy_recovery_script": "b9bd261b2de226cb",
-    # module_states.load (public API): custom_load_fn(src=, dst=) replaces the module load
+    # replace_timer_log: the method it stands in for (its signature and what it resets)
+    "deepspeed.utils.timer:SynchronizedWallClockTimer.log": "edd99272801b8f17",
+    # each_file_read: no per-file callback; module_states.load (public API): custom_load_fn
+    # (src=, dst=) replaces the module load, the file's own top-level keys come back as client
+    # state (module_states.OMITTED)
+    "deepspeed.runtime.engine:DeepSpeedEngine.load_checkpoint": "07078ae3465e44f5",
+    "deepspeed.runtime.engine:DeepSpeedEngine._load_checkpoint": "0aac7bfe625e924c",
     "deepspeed.runtime.engine:DeepSpeedEngine.load_module_state_dict": "671a80ef737a81b1",
 }
 
@@ -48,11 +55,17 @@ def _file(module: str) -> Path:
     return found
 
 
+@cache
+def _parsed(path: Path) -> tuple[str, ast.Module]:
+    text = path.read_text()
+    return text, ast.parse(text)
+
+
 def _source(target: str) -> str:
     """The source of `module:Name` or `module:Class.method`, read from the installed file."""
     module, _, qualname = target.partition(":")
-    text = _file(module).read_text()
-    body: list[ast.stmt] = ast.parse(text).body
+    text, tree = _parsed(_file(module))
+    body: list[ast.stmt] = tree.body
     node: ast.AST | None = None
     for part in qualname.split("."):
         node = next((n for n in body if getattr(n, "name", None) == part), None)

@@ -31,6 +31,7 @@ from slurmtrain.common.derived import resolved_dtype
 from slurmtrain.common.jsonl import append_jsonl
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute import deepspeed_compat
 from slurmtrain.compute.observe.metrics import MetricValue
 from slurmtrain.planning import flops
 
@@ -51,16 +52,17 @@ class StepTimers:
 
     With `wall_clock_breakdown` (or the FLOPs profiler) on, the engine and the ZeRO optimizer call
     `timers.log(names)` after every step, which prints a line on rank 0 and resets the timers;
-    DeepSpeed has no switch for the print. `log` is replaced on this engine's timer group by one that
-    adds the elapsed times to our sums and resets the same timers, so DeepSpeed's own reads (the
-    FLOPs profiler's latencies) see what they always saw.
+    DeepSpeed has no switch for the print. `log` is replaced on this engine's timer group
+    (deepspeed_compat.replace_timer_log) by one that adds the elapsed times to our sums and resets
+    the same timers, so DeepSpeed's own reads (the FLOPs profiler's latencies) see what they always
+    saw.
     """
 
     def __init__(self, engine: DeepSpeedEngine) -> None:
         self.enabled = bool(engine.wall_clock_breakdown())
         self.group = engine.timers
         self.ms: dict[str, float] = defaultdict(float)
-        self.group.log = self._collect
+        deepspeed_compat.replace_timer_log(self.group, self._collect)
 
     def _collect(
         self,
