@@ -85,7 +85,7 @@ def is_pyxis_flag(arg: str) -> bool:
 
 def check_container(cfg: RootConfig) -> None:
     """Every container key's value, for every runtime (a site profile sets them before the
-    container is chosen); the runtime-specific flags for the runtime chosen."""
+    container is chosen); the runtime-specific flags and image for the runtime chosen."""
     c = cfg.cluster
     for bind in c.container_binds:
         parse_bind(bind)
@@ -93,6 +93,8 @@ def check_container(cfg: RootConfig) -> None:
     kind = str(c.container)
     for arg in (str(a) for a in c.container_flags):
         _check_flag(kind, arg)
+    if c.image:  # before the run directory is made: a missing image leaves nothing behind
+        check_image_file(kind, str(c.image))
     if kind == "pyxis":
         for arg in (str(a) for a in c.srun_extra):
             if flag_name(arg) in PYXIS_OWNED:

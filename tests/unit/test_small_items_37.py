@@ -39,15 +39,18 @@ def _image(path, head: bytes):
 
 def test_a_missing_apptainer_image_is_refused_at_login_not_queued(tmp_path):
     """It rendered, was queued and ended as `config_error: exit code 2` with no word about
-    apptainer; now the render (dry run and submission alike) refuses it in one line."""
+    apptainer; now the config's validation (dry run and submission alike, before the run
+    directory is made) refuses it in one line."""
     missing = tmp_path / "train.sif"
-    cfg = _cfg(tmp_path, "cluster.container=apptainer", f"cluster.image={missing}")
+    overrides = ("cluster.container=apptainer", f"cluster.image={missing}")
     with pytest.raises(ConfigError) as err:
-        slurm_submit.render_sbatch(cfg, locate(cfg))
+        _cfg(tmp_path, *overrides)
     line = str(err.value)
     assert line.startswith(f"cluster.image={missing}: no such file or directory (apptainer "), line
     assert "apptainer build" in line and "\n" not in line
+    assert not (tmp_path / "runs").exists()
     _image(missing, SIF_HEAD)
+    cfg = _cfg(tmp_path, *overrides)
     assert str(missing) in slurm_submit.render_sbatch(cfg, locate(cfg))
 
 

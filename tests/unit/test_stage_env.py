@@ -144,7 +144,7 @@ def test_bad_staging_settings_fail_with_one_line(tmp_path, override, key):
     from tests.conftest import run_cli
 
     done = run_cli(
-        ["cluster=slurm", "cluster.stage_env=true", "cluster.image=x.sif", override],
+        ["cluster=slurm", "cluster.stage_env=true", "cluster.image=docker://x", override],
         cwd=tmp_path,
         env={"SLURMTRAIN_AUTO": "off"},
     )
