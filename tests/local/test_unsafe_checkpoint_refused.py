@@ -1,4 +1,4 @@
-"""`sample` and `export` of a checkpoint holding a pickled object torch's weights-only loader
+"""`sample` and `export` (one loader: compute/weights.py) of a checkpoint holding a pickled object torch's weights-only loader
 refuses (issue 37, build 6): one line naming the file and the global, exit 2, the object never
 unpickled. They printed torch's 36-line traceback advising weights_only=False."""
 
@@ -49,19 +49,42 @@ def planted_run(tmp_path: Path, marker: Path, optim: bool) -> Path:
     return run
 
 
-@pytest.mark.parametrize("optim", [False, True], ids=["safe_load", "zero_to_fp32"])
-def test_sample_and_export_refuse_an_unsafe_checkpoint_in_one_line(tmp_path, optim):
+@pytest.fixture(autouse=True)
+def _enforced_only_here(monkeypatch):
+    """enforce() sets a process-wide override: undone after each test (monkeypatch restores)."""
+    from slurmtrain.compute.checkpoint import safe_load
+
+    monkeypatch.setenv(safe_load.FORCE, "0")
+    monkeypatch.setattr(safe_load, "_enforced", False)
+
+
+def test_our_own_load_refuses_an_unsafe_model_states_file_in_one_line(tmp_path):
+    """ZeRO-0 fp32: slurmtrain's own weights-only load (compute/checkpoint/safe_load.py)."""
+    from slurmtrain.compute import weights
+
     marker = tmp_path / "ran"
-    run = planted_run(tmp_path, marker, optim)
+    step = planted_run(tmp_path, marker, optim=False) / "checkpoints" / "step_2"
+    with pytest.raises(weights.ExportError) as err:
+        weights.lazy_state_dict(step)
+    assert str(err.value).startswith(
+        f"{step / STATES}: holds pickled objects torch's safe loader refuses (posix.system); "
+        f"not loaded"
+    ), err.value
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+def test_export_through_zero_to_fp32_refuses_it_in_one_line_exit_2(tmp_path):
+    """ZeRO 1-3: DeepSpeed's zero_to_fp32 loads (weights_only=False, overridden), from the CLI."""
+    marker = tmp_path / "ran"
+    run = planted_run(tmp_path, marker, optim=True)
     states = run / "checkpoints" / "step_2" / STATES
-    cmd = ["export", str(run), "--out", str(tmp_path / "out")] if optim else [
-        "sample", str(run), "--prompt", "def "]  # fmt: skip
+    cmd = ["export", str(run), "--out", str(tmp_path / "out")]
     done = run_cli(cmd, cwd=tmp_path, module="slurmtrain.cli", timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "weights_only=False" not in done.stderr
-    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith(f"slurmtrain {cmd[0]}: ")]
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("slurmtrain export: ")]
     assert line.startswith(
-        f"slurmtrain {cmd[0]}: {states}: holds pickled objects torch's safe loader refuses "
+        f"slurmtrain export: {states}: holds pickled objects torch's safe loader refuses "
         f"(posix.system); not loaded"
     ), line
     assert "--step N (checkpoints: step_2)" in line
