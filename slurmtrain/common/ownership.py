@@ -71,7 +71,7 @@ def check_dir(path: Path, mode: Optional[int], what: str = "run directory") -> N
     me = os.geteuid()
     if st.st_uid != me:
         raise ConfigError(
-            f"{what} {path} is owned by {user(st.st_uid)}, not you ({user(me)}): another user "
+            f"{what} {path} is owned by {user(st.st_uid)}, not by you, {user(me)}: another user "
             f"made or replaced it and could change what runs; remove it (or ask its owner to) "
             f"and submit again, or {FIX_ROOT}"
         )
@@ -92,7 +92,7 @@ def check_root(root: Path, mode: Optional[int]) -> None:
     st = os.stat(root)
     if st.st_uid not in (os.geteuid(), 0):
         raise ConfigError(
-            f"runs_root {root} is owned by {user(st.st_uid)}, not you ({user(os.geteuid())}): "
+            f"runs_root {root} is owned by {user(st.st_uid)}, not by you, {user(os.geteuid())}: "
             f"its owner could swap your runs; {FIX_ROOT}"
         )
     if _loose(st, mode) and not st.st_mode & stat.S_ISVTX:
