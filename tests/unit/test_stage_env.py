@@ -165,3 +165,23 @@ def test_the_plan_advises_staging_from_16_nodes():
     assert policy.stage_env_advice(cfg(4)) is None
     assert policy.stage_env_advice(cfg(64, stage_env=True)) is None
     assert policy.stage_env_advice(cfg(64, kind="local")) is None
+
+
+def test_two_jobs_on_one_node_extract_once_and_a_killed_ones_partial_copy_is_redone(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(sys, "prefix", str(_venv(tmp_path / "venv")))
+    values = stage_env.script_values(_cfg(tmp_path), pack=True)
+    mine = tmp_path / "local" / f"slurmtrain-envs-{os.getuid()}"
+    mine.mkdir(parents=True, mode=0o700)
+    stale = mine / f".partial-{values['key']}-n1.AbCdEf"  # a job killed while extracting
+    (stale / "env" / "bin").mkdir(parents=True)
+    argv = ["/bin/sh", "-c", values["unpack"], values["dir"], values["key"], values["archive"]]
+    jobs = [
+        subprocess.Popen(argv, env=dict(os.environ, SLURMD_NODENAME="n1", SLURM_JOB_ID=job))
+        for job in ("1", "2")
+    ]
+    assert [job.wait() for job in jobs] == [0, 0]
+    left = sorted(p.name for p in mine.iterdir() if not p.name.startswith(".lock"))
+    assert left == [f"{values['key']}-n1"]  # one copy, no partial of either job or the killed one
+    assert Path(mine, left[0], "bin", "python").exists()
