@@ -1,16 +1,22 @@
 """Numbers derived from a config: node range, ranks per node, world size, grad accumulation, dtype.
 
 Pure arithmetic on the schema's types, shared by validation, the planner, the login flow and the
-compute side; it imports nothing of the package but the schema and its errors.
+compute side; it imports nothing of the package but the schema and its errors. `Derived` holds
+them for one config, each computed once: the login side attaches it to the checked config at the
+start of `check` (login/prepare.py) and the plan, the cluster check and the batch script read it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Optional, TypeVar, cast
 
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import ClusterKind, Dtype, RootConfig
+
+T = TypeVar("T")
 
 
 def node_range(nodes: object) -> tuple[int, int]:
@@ -67,14 +73,21 @@ def model_parallel(cfg: RootConfig) -> int:
 
 def parallel_text(cfg: RootConfig) -> str:
     """How the world divides, for messages: "tensor-parallel 2", "sequence-parallel 2" or both."""
-    tp, sp = tensor_parallel(cfg), sequence_parallel(cfg)
+    return _parallel_text(tensor_parallel(cfg), sequence_parallel(cfg))
+
+
+def _parallel_text(tp: int, sp: int) -> str:
     parts = [f"tensor-parallel {tp}"] * (tp > 1) + [f"sequence-parallel {sp}"] * (sp > 1)
     return " x ".join(parts)
 
 
 def data_parallel(cfg: RootConfig, world: int) -> int:
     """Data-parallel size: world / (TP x SP) (a TP or SP group reads one batch)."""
-    tp, mp = tensor_parallel(cfg), model_parallel(cfg)
+    return _data_parallel(cfg, world, tensor_parallel(cfg), sequence_parallel(cfg))
+
+
+def _data_parallel(cfg: RootConfig, world: int, tp: int, sp: int) -> int:
+    mp = tp * sp
     if world % mp:
         key = f"parallel.tensor={tp}" if mp == tp else f"parallel.sequence={mp // tp}"
         raise ConfigError(
@@ -135,8 +148,12 @@ def batch_choices(cfg: RootConfig, world: int, gbs: int) -> str:
 def grad_accumulation(cfg: RootConfig, world: int) -> int:
     """Global batch = micro batch x grad accumulation x data-parallel size (world / (TP x SP));
     only accumulation moves."""
+    tp, sp = tensor_parallel(cfg), sequence_parallel(cfg)
+    return _grad_accumulation(cfg, world, _data_parallel(cfg, world, tp, sp), tp, sp)
+
+
+def _grad_accumulation(cfg: RootConfig, world: int, dp: int, tp: int, sp: int) -> int:
     micro = int(cfg.train.micro_batch_size)
-    dp = data_parallel(cfg, world)
     per_step = micro * dp
     gbs = cfg.train.global_batch_size
     if gbs is None:
@@ -144,7 +161,6 @@ def grad_accumulation(cfg: RootConfig, world: int) -> int:
             "train.global_batch_size=None: not resolved; validation.resolve_batch fills it in"
         )
     if gbs % per_step:
-        tp, sp = tensor_parallel(cfg), sequence_parallel(cfg)
         size = f"world size {world}"
         if tp * sp > 1:
             keys = [f"parallel.tensor={tp}"] * (tp > 1) + [f"parallel.sequence={sp}"] * (sp > 1)
@@ -161,3 +177,78 @@ def resolved_dtype(cfg: RootConfig) -> str:
     if cfg.deepspeed.dtype == Dtype.auto:
         return "bf16" if int(cfg.gpus_per_node) > 0 else "fp32"
     return str(cfg.deepspeed.dtype)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Every number above for one config, each computed on first use and then only read."""
+
+    cfg: RootConfig = field(repr=False, compare=False)
+    params: Optional[int] = None  # the model's parameter count, when the builder knows it
+
+    @functools.cached_property
+    def nodes(self) -> tuple[int, int]:
+        return node_range(self.cfg.nodes)
+
+    @functools.cached_property
+    def per_node(self) -> int:
+        return tasks_per_node(self.cfg)
+
+    @functools.cached_property
+    def tensor(self) -> int:
+        return tensor_parallel(self.cfg)
+
+    @functools.cached_property
+    def sequence(self) -> int:
+        return sequence_parallel(self.cfg)
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tensor * self.sequence
+
+    @functools.cached_property
+    def dtype(self) -> str:
+        return resolved_dtype(self.cfg)
+
+    @functools.cached_property
+    def in_allocation(self) -> bool:
+        return restarts_in_allocation(self.cfg)
+
+    @property
+    def parallel_text(self) -> str:
+        return _parallel_text(self.tensor, self.sequence)
+
+    def world(self, nodes: Optional[int] = None) -> int:
+        return (nodes or self.nodes[1]) * self.per_node
+
+    def data_parallel(self, world: int) -> int:
+        tp, sp = self.tensor, self.sequence
+        return self.once(("dp", world), lambda: _data_parallel(self.cfg, world, tp, sp))
+
+    def grad_accumulation(self, world: int) -> int:
+        dp, tp, sp = self.data_parallel(world), self.tensor, self.sequence
+        return self.once(("ga", world), lambda: _grad_accumulation(self.cfg, world, dp, tp, sp))
+
+    def once(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()` the first time `key` is asked for; its value after that (the planner's
+        layout, deadlines and throughput for a node count, which several plan lines read)."""
+        memo: dict[Hashable, Any] = self.__dict__.setdefault("_memo", {})
+        if key not in memo:
+            memo[key] = compute()
+        return cast(T, memo[key])
+
+
+_ATTACHED = "_derived"
+
+
+def attach(cfg: RootConfig, params: Optional[int] = None) -> Derived:
+    """A Derived for `cfg` (a checked config's dataclasses), kept on it for `derived_of` to find."""
+    found = Derived(cfg, params)
+    cfg.__dict__[_ATTACHED] = found
+    return found
+
+
+def derived_of(cfg: RootConfig) -> Derived:
+    """`cfg`'s attached Derived; a new one (computing on use) for any other config."""
+    found = getattr(cfg, "__dict__", {}).get(_ATTACHED)
+    return found if isinstance(found, Derived) else Derived(cfg)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 from slurmtrain.common import slurm_cmd, slurm_text
-from slurmtrain.common.derived import node_range
+from slurmtrain.common.derived import derived_of
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import PartitionInfo
 from slurmtrain.login import flags, placement
 from slurmtrain.planning import policy
-from slurmtrain.planning.shapes import param_count
+from slurmtrain.planning.shapes import params_of
 
 
 @functools.lru_cache(maxsize=1)
@@ -22,8 +23,11 @@ def partitions() -> dict[str, PartitionInfo]:
     return known if known is not None else slurm_cmd.query_partitions()
 
 
-def check_cluster(cfg: RootConfig) -> None:
-    """Refuse, before anything is queued, what this cluster's partitions cannot run."""
+def check_cluster(cfg: RootConfig, checked: Optional[RootConfig] = None) -> None:
+    """Refuse, before anything is queued, what this cluster's partitions cannot run. `checked`:
+    the config's view with its derived numbers (login/prepare.snapshot); `cfg` is what a
+    cluster.time=auto planned again is written to."""
+    numbers = derived_of(checked if checked is not None else cfg)
     try:
         known = partitions()
     except slurm_text.SlurmError as err:
@@ -36,7 +40,7 @@ def check_cluster(cfg: RootConfig) -> None:
     spares = int(cfg.faults.spare_nodes)
     errors = slurm_text.validate_request(
         cfg.cluster.partition,
-        node_range(cfg.nodes)[1] + spares,
+        numbers.nodes[1] + spares,
         cfg.cluster.time,
         cfg.gpus_per_node,
         known,
@@ -48,7 +52,9 @@ def check_cluster(cfg: RootConfig) -> None:
     if errors:
         raise ConfigError(errors[0])
     if part is not None:
-        refused = flags.cpu_plan_refusal(cfg, part, param_count(cfg.model), _insisted_cpu())
+        refused = flags.cpu_plan_refusal(
+            cfg, part, numbers.params or params_of(cfg), _insisted_cpu()
+        )
         if refused:
             raise ConfigError(refused)
 

@@ -16,7 +16,7 @@ from typing import Optional, Union
 from omegaconf import OmegaConf
 
 from slurmtrain.common import secrets
-from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
+from slurmtrain.common.derived import derived_of
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_text import FIXED_PORT_VAR, PartitionInfo
@@ -70,7 +70,7 @@ def checked(key: str, value: object) -> str:
 def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
     """Long sbatch options (no leading dashes) -> value, or True for a bare flag."""
     c = cfg.cluster
-    low, high = node_range(cfg.nodes)
+    low, high = derived_of(cfg).nodes
     spares = int(cfg.faults.spare_nodes)
     low, high = low + spares, high + spares  # spares idle beside the training nodes
     opts: dict[str, Flag] = {
@@ -80,9 +80,9 @@ def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
         # submission); --mincpus reserves each node's cores instead, and every srun step names
         # its own node and task counts (job.sbatch.j2).
         **(
-            {"ntasks-per-node": str(tasks_per_node(cfg))}
+            {"ntasks-per-node": str(derived_of(cfg).per_node)}
             if high == low
-            else {"mincpus": str(tasks_per_node(cfg) * (cpus_given(cfg) or 1))}
+            else {"mincpus": str(derived_of(cfg).per_node * (cpus_given(cfg) or 1))}
         ),
         **({"cpus-per-task": str(cpus)} if (cpus := cpus_given(cfg)) else {}),
         "time": checked("cluster.time", c.time),
@@ -91,7 +91,7 @@ def sbatch_options(cfg: RootConfig, job_name: str) -> dict[str, Flag]:
         "requeue": True,
         "open-mode": "append",
     }
-    if restarts_in_allocation(cfg):
+    if derived_of(cfg).in_allocation:
         opts["no-kill"] = True  # a node's death shrinks the allocation instead of ending the job
     if cfg.gpus_per_node > 0:
         opts["gpus-per-node"] = str(cfg.gpus_per_node)
@@ -177,7 +177,7 @@ def task_defaults(cfg: RootConfig, part: PartitionInfo) -> None:
     site's memory default: CPU jobs share small nodes (tests), and CPU plans are tiny models."""
     gpus = part.gpus_per_node
     if cfg.cluster.cpus_per_task is None:
-        tasks = tasks_per_node(cfg) if cfg.gpus_per_node > 0 else 0
+        tasks = derived_of(cfg).per_node if cfg.gpus_per_node > 0 else 0
         share = max(tasks, gpus)
         cores = part.cpus_per_node
         cfg.cluster.cpus_per_task = max(1, cores // share) if tasks and cores else 1
@@ -220,7 +220,7 @@ def per_task_text(cfg: RootConfig) -> str:
         mem = "all of each node's memory (--mem=0)" if str(c.mem) == "0" else f"--mem={c.mem}"
         if str(c.mem) != "0" and cfg.gpus_per_node > 0:
             mem += " per node"
-        mem += f" shared by its {tasks_per_node(cfg)} tasks"
+        mem += f" shared by its {derived_of(cfg).per_node} tasks"
     elif cfg.gpus_per_node > 0 and c.mem_per_gpu:
         mem = f"{c.mem_per_gpu} (--mem-per-gpu, one GPU per task)"
     else:

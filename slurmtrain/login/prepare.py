@@ -11,11 +11,11 @@ import dataclasses
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import pretrained, rundir, schema, secrets, text_corpus, validation
+from slurmtrain.common import derived, pretrained, rundir, schema, secrets, text_corpus, validation
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import CheckpointSaved, Submitted
 from slurmtrain.common.schema import RootConfig
@@ -25,6 +25,7 @@ from slurmtrain.login.cluster_check import check_cluster
 from slurmtrain.login.composed import typed
 from slurmtrain.login.placement import announce, resolve_auto
 from slurmtrain.planning import preflight
+from slurmtrain.planning.shapes import param_count
 
 
 @dataclass
@@ -141,7 +142,9 @@ def plan(cfg: DictConfig, quiet: bool = False) -> Prepared:
     report = preflight.report(checked, measured_tps=None)
     report.enforce(checked)  # before printing: a refusal is one line
     if checked.cluster.kind == "slurm":
-        check_cluster(typed_cfg)  # cluster.time=auto: planned again from the partition's MaxTime
+        check_cluster(
+            typed_cfg, checked
+        )  # cluster.time=auto: planned again from the partition's MaxTime
         if typed_cfg.cluster.time != checked.cluster.time:
             raw = schema.plain(cfg)
             checked = snapshot(cfg, raw)
@@ -182,14 +185,15 @@ def settle(p: Prepared) -> Optional[Prepared]:
 
 
 def snapshot(cfg: DictConfig, raw: dict[str, object]) -> RootConfig:
-    """The checked config as RootConfig's dataclasses, read only (login/view.py); `raw`:
-    schema.plain(cfg)."""
+    """The checked config as RootConfig's dataclasses, read only (login/view.py), with the numbers
+    derived from it attached (common/derived.Derived: each computed once, then read by the plan,
+    the cluster check and the batch script); `raw`: schema.plain(cfg)."""
     try:
-        return view.build(raw)
+        made = view.build(raw)
     except Exception:  # noqa: BLE001  not expected once validated; OmegaConf's own then
-        made = OmegaConf.to_object(cfg)
-        assert isinstance(made, RootConfig)
-        return made
+        made = cast(RootConfig, OmegaConf.to_object(cfg))
+    derived.attach(made, params=param_count(made.model))
+    return made
 
 
 def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
 from slurmtrain.common import secrets, slurm_cmd
-from slurmtrain.common.derived import node_range, restarts_in_allocation, tasks_per_node
+from slurmtrain.common.derived import derived_of
 from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
 from slurmtrain.common.events import Submitted
@@ -114,11 +114,11 @@ def render_script(
         run_arg=run_arg,
         exit_requeue=EXIT_REQUEUE,
         exit_relaunch=EXIT_RELAUNCH,
-        in_allocation=restarts_in_allocation(cfg),
+        in_allocation=derived_of(cfg).in_allocation,
         spare_nodes=int(cfg.faults.spare_nodes),
         nodes=cfg.nodes,
-        nodes_max=node_range(cfg.nodes)[1],
-        tasks_per_node=tasks_per_node(cfg),
+        nodes_max=derived_of(cfg).nodes[1],
+        tasks_per_node=derived_of(cfg).per_node,
         per_task=flags.per_task_text(cfg),
         trace=flags.flight_recorder(cfg),
         stage_env=stage_env.script_values(cfg),  # None unless cluster.stage_env

@@ -26,7 +26,7 @@ from slurmtrain.common.events import (
     Started,
 )
 from slurmtrain.common.events import Deadlines as DeadlinesRow
-from slurmtrain.planning.shapes import param_count
+from slurmtrain.planning.shapes import params_of
 
 if TYPE_CHECKING:
     from slurmtrain.common.schema import FaultsConfig, RootConfig
@@ -269,9 +269,7 @@ def config_layout(cfg: RootConfig, world: int, nodes: int) -> Layout:
         dtype = "bf16" if gpus > 0 else "fp32"
     world = max(1, int(world))
     per_node = math.ceil(world / max(1, min(int(nodes), world)))
-    return layout(
-        param_count(cfg.model), world, per_node, int(cfg.deepspeed.stage), weight_bytes(dtype)
-    )
+    return layout(params_of(cfg), world, per_node, int(cfg.deepspeed.stage), weight_bytes(dtype))
 
 
 def planned_save(cfg: RootConfig, world: int, nodes: int) -> Moved:

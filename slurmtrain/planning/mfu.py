@@ -32,11 +32,11 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from slurmtrain.common.derived import tensor_parallel
+from slurmtrain.common.derived import derived_of
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.planning import cards
-from slurmtrain.planning.shapes import OPT_SIZES, param_count
+from slurmtrain.planning.shapes import OPT_SIZES, param_count, params_of
 
 AUTO = "auto"
 BIG = 30e9  # parameters above which data parallelism alone is expected to fall behind
@@ -163,8 +163,13 @@ def measured(path: str, card_key: Optional[str], stage: int, params: float) -> O
 def planned(cfg: RootConfig, tp: Optional[int] = None) -> Mfu:
     """The MFU this run's ETA assumes before it measured its own throughput (`tp`: the run's
     parallel.tensor unless given)."""
-    tp = tensor_parallel(cfg) if tp is None else tp
-    params = float(param_count(cfg.model))
+    numbers = derived_of(cfg)
+    degree = numbers.tensor if tp is None else tp
+    return numbers.once(("mfu", degree), lambda: _planned(cfg, degree))
+
+
+def _planned(cfg: RootConfig, tp: int) -> Mfu:
+    params = float(params_of(cfg))
     stage = int(cfg.deepspeed.stage)
     key = cards.card_key(cards.gpu_name(cfg)[0])
     note = ""

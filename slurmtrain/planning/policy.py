@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from slurmtrain.common.derived import node_range, resolved_dtype, tasks_per_node
+from slurmtrain.common.derived import derived_of
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import ClusterKind, Container, RootConfig, VerifyMode
@@ -83,13 +83,22 @@ def replan_time(cfg: RootConfig, part: Optional[PartitionInfo]) -> None:
 
 def checkpoint_layout(cfg: RootConfig, nodes: int) -> deadlines.Layout:
     """The bytes each IO phase of this run's checkpoint moves on `nodes` nodes."""
-    return deadlines.config_layout(cfg, nodes * tasks_per_node(cfg), nodes)
+    numbers = derived_of(cfg)
+    return numbers.once(
+        ("layout", nodes),
+        lambda: deadlines.config_layout(cfg, nodes * numbers.per_node, nodes),
+    )
 
 
 def attempt_deadlines(
     cfg: RootConfig, nodes: int, events: Iterable[Row] = ()
 ) -> deadlines.Deadlines:
-    return deadlines.from_config(cfg.faults, events, nodes * tasks_per_node(cfg), nodes)
+    numbers = derived_of(cfg)
+    rows = tuple(events)
+    return numbers.once(  # the rows are the run's ledger as read by this check
+        ("deadlines", nodes, len(rows)),
+        lambda: deadlines.from_config(cfg.faults, rows, nodes * numbers.per_node, nodes),
+    )
 
 
 def tokens_per_step(cfg: RootConfig, world: int) -> Optional[float]:
@@ -105,7 +114,11 @@ def planned_tokens_per_s(cfg: RootConfig, world: int) -> tuple[Optional[float], 
     """The throughput a plan assumes before one was measured: the GPU's peak x the planned MFU
     (planning/mfu.py: set by hand, the GPU check's, or the table); None on CPUs or an unlisted
     GPU without `peak_tflops`: no honest guess."""
-    peak = cards.peak_tflops(cfg, resolved_dtype(cfg))
+    return derived_of(cfg).once(("tokens/s", world), lambda: _planned_tokens_per_s(cfg, world))
+
+
+def _planned_tokens_per_s(cfg: RootConfig, world: int) -> tuple[Optional[float], str]:
+    peak = cards.peak_tflops(cfg, derived_of(cfg).dtype)
     if (cfg.gpus_per_node == 0 and not cfg.peak_tflops) or not peak:
         return None, ""
     fpt = flops.flops_per_token(cfg.model, cfg.data.seq_len)
@@ -160,7 +173,7 @@ def checkpoints(cfg: RootConfig, nodes: int, saves: Iterable[Row] = ()) -> Check
     verify = d.seconds(lay.verify, False) if cfg.checkpoint.verify == VerifyMode.checksum else 0.0
     restart = STARTUP_S + verify + d.seconds(lay.load, False)
     mtbf = float(cfg.faults.node_mtbf_h) * HOUR / max(1, nodes)
-    world = nodes * tasks_per_node(cfg)
+    world = nodes * derived_of(cfg).per_node
     tps, _ = planned_tokens_per_s(cfg, world)
     per_step = tokens_per_step(cfg, world)
     return CheckpointPlan(
@@ -197,7 +210,7 @@ def resolve_checkpoint(cfg: RootConfig, saves: Iterable[Row] = ()) -> None:
         return
     c.interval_steps = 0  # by time: Young/Daly's minutes (or the minutes set by hand)
     if not c.interval_minutes:
-        plan = checkpoints(cfg, node_range(cfg.nodes)[1], saves)  # the most nodes fail most
+        plan = checkpoints(cfg, derived_of(cfg).nodes[1], saves)  # the most nodes fail most
         c.interval_minutes = float(max(1, round(plan.interval_s / 60)))
 
 
@@ -208,13 +221,13 @@ STAGE_ENV_ADVISED_NODES = 16
 
 def stage_env_advice(cfg: RootConfig) -> Optional[str]:
     """The plan's line when cluster.stage_env is advisable and off (None otherwise)."""
-    c, nodes = cfg.cluster, node_range(cfg.nodes)[1]
+    c, nodes = cfg.cluster, derived_of(cfg).nodes[1]
     if c.kind != ClusterKind.slurm or c.stage_env or c.container != Container.none:
         return None
     if nodes < STAGE_ENV_ADVISED_NODES:
         return None
     return (
-        f"plan: {nodes * tasks_per_node(cfg)} ranks on {nodes} nodes import torch/deepspeed from "
+        f"plan: {nodes * derived_of(cfg).per_node} ranks on {nodes} nodes import torch/deepspeed from "
         f"the shared filesystem at once; cluster.stage_env=true runs them from a node-local copy "
         f"(packed once, unpacked once per node: docs/scale.md)"
     )

@@ -14,16 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, TypedDict
 
 from slurmtrain.common import ds_config
-from slurmtrain.common.derived import (
-    data_parallel,
-    grad_accumulation,
-    node_range,
-    parallel_text,
-    resolved_dtype,
-    sequence_parallel,
-    tasks_per_node,
-    tensor_parallel,
-)
+from slurmtrain.common.derived import derived_of
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import RootConfig
@@ -128,11 +119,11 @@ def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
     return memory.plan_memory(
         cfg.model,
         nodes=nodes,
-        gpus_per_node=tasks_per_node(cfg),
-        seq_len=cfg.data.seq_len // sequence_parallel(cfg),  # SP: a rank's slice's activations
-        dtype=resolved_dtype(cfg),
+        gpus_per_node=derived_of(cfg).per_node,
+        seq_len=cfg.data.seq_len // derived_of(cfg).sequence,  # SP: a rank's slice's activations
+        dtype=derived_of(cfg).dtype,
         device="cuda" if cfg.gpus_per_node > 0 else "cpu",
-        tensor_parallel=tensor_parallel(cfg),
+        tensor_parallel=derived_of(cfg).tensor,
         **_buckets(cfg),
         **_host(cfg),
         **_setting(cfg).knobs(),
@@ -140,8 +131,8 @@ def memory_plan(cfg: RootConfig, nodes: int) -> memory.MemoryPlan:
 
 
 def memory_lines(cfg: RootConfig, nodes: int, out: PlanReport) -> None:
-    gpus, dtype = cfg.gpus_per_node, resolved_dtype(cfg)
-    seq = cfg.data.seq_len // sequence_parallel(cfg)  # SP: a rank's slice
+    gpus, dtype = cfg.gpus_per_node, derived_of(cfg).dtype
+    seq = cfg.data.seq_len // derived_of(cfg).sequence  # SP: a rank's slice
     gpu = cards.card(cfg)
     gpu_mem = gpu.mem_bytes
     cpu_mem = int(cfg.cluster.cpu_mem_gb * memory.GiB) if cfg.cluster.cpu_mem_gb else None
@@ -166,7 +157,7 @@ def memory_lines(cfg: RootConfig, nodes: int, out: PlanReport) -> None:
         dtype=dtype,
         cpu_mem_bytes_per_node=cpu_mem,
         global_batch_size=cfg.train.global_batch_size,
-        tensor_parallel=tensor_parallel(cfg),
+        tensor_parallel=derived_of(cfg).tensor,
         **_buckets(cfg),
         **_host(cfg),
     )
@@ -206,7 +197,7 @@ def _gb(nbytes: float) -> str:
 def checkpoint_line(cfg: RootConfig, nodes: int, plan: policy.CheckpointPlan) -> str:
     """The interval (Young/Daly's, or the one set by hand beside it) and what it costs."""
     c, lay = cfg.checkpoint, plan.layout
-    world = nodes * tasks_per_node(cfg)
+    world = nodes * derived_of(cfg).per_node
     others = (lay.save.total - lay.save.rank) / max(1, world - 1)
     young, chosen = round(plan.interval_s / 60), plan.chosen_s(cfg)
     hand = [f"checkpoint.interval_steps={c.interval_steps}"] if c.interval_steps else []
@@ -274,7 +265,7 @@ def eta_line(
 def save_seconds(cfg: RootConfig, saves: Sequence[Row]) -> tuple[float, str]:
     """The time a full (synchronous) save takes for this run: measured (ledger) or planned from
     the bytes it moves over the aggregate write rate (planning/policy.py)."""
-    low, _ = node_range(cfg.nodes)
+    low, _ = derived_of(cfg).nodes
     plan = policy.checkpoints(cfg, low, saves)
     return plan.save_s, "measured" if plan.save_how == "measured" else "estimated"
 
@@ -296,11 +287,11 @@ def lead_warning(cfg: RootConfig, saves: Sequence[Row]) -> Optional[str]:
 def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
     """Tensor parallelism: what a TP rank holds and computes, the communication a step moves,
     and a warning when TP exceeds the key-value heads."""
-    d = memory.DTYPE_BYTES[resolved_dtype(cfg)]
-    comm = ds_config.precision(cfg, resolved_dtype(cfg)).get("communication_data_type")
+    d = memory.DTYPE_BYTES[derived_of(cfg).dtype]
+    comm = ds_config.precision(cfg, derived_of(cfg).dtype).get("communication_data_type")
     comm = cfg.deepspeed.extra.get("communication_data_type", comm)
     grad = memory.DTYPE_BYTES.get(str(comm), d)
-    tp, sp, t = tensor_parallel(cfg), sequence_parallel(cfg), cfg.train
+    tp, sp, t = derived_of(cfg).tensor, derived_of(cfg).sequence, cfg.train
     tokens = policy.tokens_per_step(cfg, world) or 0.0
     per_step = flops.flops_per_token(cfg.model, cfg.data.seq_len) * tokens
     seq = int(cfg.data.seq_len)
@@ -316,7 +307,7 @@ def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
             world=world,
             stage=int(cfg.deepspeed.stage),
             micro_batch=int(t.micro_batch_size),
-            accum=grad_accumulation(cfg, world),
+            accum=derived_of(cfg).grad_accumulation(world),
             seq_len=int(cfg.data.seq_len),
             dtype_bytes=d,
             grad_bytes=grad,
@@ -330,8 +321,8 @@ def parallel_lines(cfg: RootConfig, world: int) -> list[str]:
 
 def placement_text(cfg: RootConfig) -> str:
     """`64 nodes x 8 GPUs = 512 ranks` (`2-4 nodes x 8 GPUs = 16-32 ranks`; CPUs: `2 CPU ranks`)."""
-    low, high = node_range(cfg.nodes)
-    per_node = tasks_per_node(cfg)
+    low, high = derived_of(cfg).nodes
+    per_node = derived_of(cfg).per_node
     each = f"{per_node} GPU" if cfg.gpus_per_node else f"{per_node} CPU rank"
     each += "s" if per_node > 1 else ""
     nodes = f"{low}" if low == high else f"{low}-{high}"
@@ -340,27 +331,27 @@ def placement_text(cfg: RootConfig) -> str:
 
 
 def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
-    low, high = node_range(cfg.nodes)
-    per_node = tasks_per_node(cfg)
+    low, high = derived_of(cfg).nodes
+    per_node = derived_of(cfg).per_node
     out = PlanReport()
-    n = memory.param_count(cfg.model)
+    n = shapes.params_of(cfg)
     size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
     out.lines.append(
         f"plan: {cfg.model.name} ({size} params), ZeRO-{cfg.deepspeed.stage}, "
-        f"{resolved_dtype(cfg)}, {placement_text(cfg)}, "
+        f"{derived_of(cfg).dtype}, {placement_text(cfg)}, "
         + shapes.plan_notes(cfg.model, cfg.gpus_per_node)  # attention; MoE: active params
     )
     for n in sorted({low, high}):
         world = n * per_node
-        tp, sp = tensor_parallel(cfg), sequence_parallel(cfg)
+        tp, sp = derived_of(cfg).tensor, derived_of(cfg).sequence
         how = "DeepSpeed AutoTP" if sp == 1 else "DeepSpeed Ulysses"
         out.lines.append(
             f"plan: world size {world}: global batch {cfg.train.global_batch_size} = micro "
-            f"{cfg.train.micro_batch_size} x grad accumulation {grad_accumulation(cfg, world)} x "
-            f"data-parallel {data_parallel(cfg, world)}"
-            + (f" (world {world} / {parallel_text(cfg)}, {how})" if tp * sp > 1 else "")
+            f"{cfg.train.micro_batch_size} x grad accumulation {derived_of(cfg).grad_accumulation(world)} x "
+            f"data-parallel {derived_of(cfg).data_parallel(world)}"
+            + (f" (world {world} / {derived_of(cfg).parallel_text}, {how})" if tp * sp > 1 else "")
         )
-    if tensor_parallel(cfg) * sequence_parallel(cfg) > 1:
+    if derived_of(cfg).tensor * derived_of(cfg).sequence > 1:
         out.lines += parallel_lines(cfg, low * per_node)
     if cfg.gpus_per_node > 0:
         memory_lines(cfg, low, out)  # the smallest allocation is the one that must fit

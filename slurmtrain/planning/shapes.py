@@ -23,9 +23,10 @@ from typing import Mapping, Optional, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
+from slurmtrain.common.derived import derived_of
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.hf_config import attention, family_config
-from slurmtrain.common.schema import conf_dir
+from slurmtrain.common.schema import RootConfig, conf_dir
 
 # Families counted by arithmetic below, with their attention biases (q, k, v); the rest is measured.
 LLAMA_LIKE = {"llama": False, "mistral": False, "qwen2": True}
@@ -307,6 +308,13 @@ def _measured(spec: str) -> tuple[tuple[list[int], ...], int, int]:
     expert_weights = fused + linear
     idle = expert_weights - expert_weights * top // routed
     return tuple(out), matmul - linear + (fused + linear) * top // routed, total - idle
+
+
+def params_of(cfg: RootConfig) -> int:
+    """The config's parameter count: the one its checked view carries (common/derived.Derived,
+    counted once at the start of `check`), else counted now."""
+    known = derived_of(cfg).params
+    return known if known is not None else param_count(cfg.model)
 
 
 # -- the shipped configs ----------------------------------------------------------------------------
