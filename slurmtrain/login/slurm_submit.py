@@ -16,7 +16,7 @@ import time
 import uuid
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
@@ -167,12 +167,36 @@ def executor(
     environment and supervisor that every restart and a hand `sbatch job.sbatch` run.
     `target`: [run_dir]. `after`: a job id this one waits for (afterok); at submission only:
     job.sbatch never carries it, so a hand resubmission does not wait for a job long gone."""
-    import submitit  # start-up speed: only when queueing
-    from submitit.core.utils import JobPaths
-    from submitit.slurm.slurm import SlurmJob
+    options = _first_submission_options(cfg, after)
+    run_dir = target[0] if target else ""
+    batch_log = (
+        f"{folder}/%A_%a.batch.out"
+        if array_map
+        else f"{flags.checked('runs_root', run_dir)}/logs/%j.batch.out"
+    )
 
+    def script(count: int) -> str:
+        """The batch script; `count`: the array's size (0: one job)."""
+        opts = dict(options)
+        if count:
+            opts["array"] = f"0-{count - 1}%{min(count, parallelism or 256)}"
+        return render_script(cfg, run_dir, opts, batch_log, array_map)
+
+    ex = _executor_type()(folder=str(folder), max_num_timeout=10**6)
+    ex.script = script
+    ex.update_parameters(
+        additional_parameters={k.replace("-", "_"): v for k, v in options.items()},
+        signal_delay_s=int(cfg.cluster.signal_lead_s),
+        srun_args=flags.srun_args(cfg),
+        array_parallelism=parallelism or 256,
+    )
+    return ex
+
+
+def _first_submission_options(cfg: RootConfig, after: Optional[str]) -> dict[str, flags.Flag]:
+    """The #SBATCH flags of the first submission: job.sbatch's, and the dependencies only it
+    carries (`after`, cluster.sbatch_extra.dependency)."""
     options = flags.sbatch_options(cfg, job_name(cfg))
-    # cluster.sbatch_extra.dependency: this (first) submission's only, like `after`.
     waits = [f"afterok:{flags.checked('dependency', after)}"] if after else []
     waits += [d for d in [flags.user_dependency(cfg)] if d]
     if waits:
@@ -181,20 +205,22 @@ def executor(
         # Slurm cancels a job whose dependency can never be met (the smoke failed) instead of
         # leaving it PENDING with Reason=DependencyNeverSatisfied; down a chain too.
         options["kill-on-invalid-dep"] = "yes"
-    run_dir = target[0] if target else ""
-    batch_log = (
-        f"{folder}/%A_%a.batch.out"
-        if array_map
-        else f"{flags.checked('runs_root', run_dir)}/logs/%j.batch.out"
-    )
+    return options
+
+
+@functools.lru_cache(maxsize=1)
+def _executor_type() -> type:
+    """submitit's SlurmExecutor writing `script` (set per executor) instead of its own, sbatch
+    retried safely, and nothing pickled. Made on first use: submitit loads only when queueing."""
+    import submitit
+    from submitit.core.utils import JobPaths
+    from submitit.slurm.slurm import SlurmJob
 
     class _Executor(submitit.SlurmExecutor):  # type: ignore[misc]  # submitit: not followed
+        script: Callable[[int], str]
+
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            opts = dict(options)
-            count = self.parameters.get("map_count")
-            if count:
-                opts["array"] = f"0-{count - 1}%{min(count, parallelism or 256)}"
-            return render_script(cfg, run_dir, opts, batch_log, array_map)
+            return self.script(self.parameters.get("map_count") or 0)
 
         def _submit_command(self, command: str) -> SlurmJob:
             """submitit's own, with sbatch retried on transient errors and never twice queued
@@ -224,14 +250,7 @@ def executor(
                 for a in range(len(delayed))
             ]
 
-    ex = _Executor(folder=str(folder), max_num_timeout=10**6)
-    ex.update_parameters(
-        additional_parameters={k.replace("-", "_"): v for k, v in options.items()},
-        signal_delay_s=int(cfg.cluster.signal_lead_s),
-        srun_args=flags.srun_args(cfg),
-        array_parallelism=parallelism or 256,
-    )
-    return ex
+    return _Executor
 
 
 def _no_task() -> None:

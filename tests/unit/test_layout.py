@@ -325,7 +325,6 @@ MAX_FUNCTION_LINES = 60
 LONG_FUNCTIONS_LEFT = {
     "slurmtrain/compute/loop.py:train",
     "slurmtrain/compute/trainer.py:build",
-    "slurmtrain/login/slurm_submit.py:executor",
 }
 
 
