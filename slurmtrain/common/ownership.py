@@ -135,6 +135,16 @@ def make_run_dir(run_path: Path, mode: Optional[int]) -> None:
     tighten_umask(mode if mode is not None else stat.S_IMODE(os.lstat(run_path).st_mode))
 
 
+def check_existing(run_path: Path, mode: Optional[int]) -> None:
+    """make_run_dir's refusals, making nothing (a dry run says what the submission would)."""
+    root = run_path.parent.parent
+    if os.path.lexists(root):
+        check_root(root, mode)
+    for path, what in ((run_path.parent, "run name directory"), (run_path, "run directory")):
+        if os.path.lexists(path):
+            check_dir(path, mode, what)
+
+
 def private_dir(path: Path) -> Path:
     """A per-user 0700 directory at a predictable path (under /tmp): made, or checked to be ours,
     no link, 0700, before anything in it is trusted."""

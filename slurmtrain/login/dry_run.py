@@ -55,6 +55,16 @@ def refusal(cfg: RootConfig, report: preflight.PlanReport) -> Optional[str]:
     return None
 
 
+def _not_ours(cfg: DictConfig) -> Optional[str]:
+    """An existing run directory another user made or can swap: refused as a submission would."""
+    run = rundir.locate(cfg, secrets.referenced(cfg))
+    try:
+        ownership.check_existing(run.path, run.mode)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
 def test_only(script: str) -> str:
     """Slurm's answer to the script without queueing it: `sbatch --test-only` (it prints
     "Job N to start at T using C processors on nodes H in partition P" on stderr)."""
@@ -110,6 +120,7 @@ def examine(cfg: DictConfig, point: str = "") -> Examined:
     found.notes += [executor] if executor else []
     note = flags.port_note(typed_cfg)
     found.after += [note] if note else []
+    found.refused = found.refused or _not_ours(cfg)
     found.folder = folder = details_folder(cfg, point)
     (folder / "config.yaml").write_text(secrets.redacted_yaml(cfg) + "\n")  # secrets: references
     (folder / "plan.txt").write_text(found.report.text + "\n")

@@ -156,6 +156,9 @@ def test_a_swapped_run_directory_is_refused_in_one_line(other, shared, tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{run.path} is owned by {other.pw_name}" in done.stderr
     assert list(run.path.iterdir()) == []
+    # Its dry run says so the same way (exit 2, the one line).
+    dry = run_cli(["dry_run=true", *done.args[3:]], tmp_path, env)
+    assert dry.returncode == 2 and f"{run.path} is owned by {other.pw_name}" in dry.stderr
     # Our own directory made writable by others is refused the same way.
     run.path.rmdir()
     run.path.with_name("aside").rename(run.path)
