@@ -19,16 +19,16 @@ import sys
 import time
 from pathlib import Path
 
+from slurmtrain.cli.__main__ import COMMANDS
 from tests.conftest import ROOT, slurmtrain_env
 from tests.readme import commands, section_commands, sections
 
 RAW = "From raw text to a model"
 # sections whose commands other runners own (see the module docstring)
 RUN_ELSEWHERE = ("Quick start", "Install on a cluster", "Your own model")
-COMMANDS = ("status", "logs", "report", "doctor", "sample", "export", "cancel", "sync")
-COMMANDS += ("plan-table", "prepare-data")
-# The test cluster has 4 CPU nodes a partition and SLURMTRAIN_AUTO=off plans cluster=auto here: a
-# plan for more nodes is refused as its submission would be (exit 2, after the plan).
+# The test cluster's partitions are small (4 CPU nodes in the default one) and SLURMTRAIN_AUTO=off
+# plans cluster=auto on this machine: a plan for more nodes is refused as its submission would be
+# (exit 2, after the plan).
 REFUSED_FOR_SIZE = ("exceed partition", "runs on this machine only", "sbatch --test-only refused")
 
 
