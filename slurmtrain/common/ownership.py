@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import threading
 from pathlib import Path
 from typing import Optional
 
 from slurmtrain.common.errors import ConfigError
 
+_UMASK = threading.Lock()  # a sweep locks its runs from a thread pool (login/run_locks.py)
 DEFAULT_MODE = 0o700  # schema.RootConfig.run_dir_mode's default
 FIX_ROOT = "choose a runs_root you own, e.g. runs_root=$HOME/slurmtrain-runs"
 
@@ -38,8 +40,9 @@ def tighten_umask(mode: Optional[int]) -> None:
     """Files this process (and the job it submits) creates get no more than the run's mode; never
     world-writable. Only ever narrows the umask the user chose."""
     narrower = (0o777 & ~(mode if mode is not None else DEFAULT_MODE)) | 0o002
-    old = os.umask(0)
-    os.umask(old | narrower)
+    with _UMASK:  # read by setting it (the only way): meanwhile 077, never looser, for any thread
+        old = os.umask(0o077)
+        os.umask(old | narrower)
 
 
 def user(uid: int) -> str:
