@@ -61,8 +61,11 @@ def _loose(st: os.stat_result, mode: Optional[int]) -> int:
 
 
 def check_dir(path: Path, mode: Optional[int], what: str = "run directory") -> None:
-    """Refuse (ConfigError, one line) a `path` that is a link, not ours, or writable by others."""
+    """Refuse (ConfigError, one line) a `path` that is another's link, not ours, or writable by
+    others. A link of our own (runs/NAME -> /scratch/...) is followed: only we could make it."""
     st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid == os.geteuid() and os.path.isdir(path):
+        st = os.stat(path)
     if stat.S_ISLNK(st.st_mode):
         raise ConfigError(
             f"{what} {path} is a symbolic link (to {os.readlink(path)}) owned by "

@@ -167,6 +167,21 @@ def test_a_swapped_run_directory_is_refused_in_one_line(other, shared, tmp_path)
         rundir.create(run, cfg, overrides)
 
 
+def test_a_link_in_a_run_directorys_place_is_followed_only_when_it_is_ours(other, shared):
+    cfg = _cfg(shared / "runs", "name=linked")
+    run = rundir.locate(cfg)
+    scratch = shared / "scratch"
+    scratch.mkdir(mode=0o700)
+    run.path.parent.parent.mkdir(mode=0o700)
+    run.path.parent.symlink_to(scratch)  # ours: runs/NAME -> /scratch/...
+    with run.locked():
+        rundir.create(run, cfg, [])
+    assert (scratch / run.path.name / "config.yaml").is_file()
+    os.chown(run.path.parent, other.pw_uid, other.pw_gid, follow_symlinks=False)  # planted
+    with pytest.raises(ConfigError, match=f"is a symbolic link .* owned by {other.pw_name}"):
+        rundir.create(run, cfg, [])
+
+
 def test_a_read_only_user_cannot_hold_the_lock(other, shared):
     cfg = _cfg(shared / "runs", "name=locked")
     run = rundir.locate(cfg)
