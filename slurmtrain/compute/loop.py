@@ -75,6 +75,52 @@ class LoopHooks:
     stop_at: Optional[int] = None
 
 
+@dataclass(frozen=True)
+class _Constants:
+    """Config values and rank coordinates the loop reads every step, read once: a config attribute
+    costs ~10-80 us, a tiny model's step ~40 ms."""
+
+    fp16: bool  # only a loss-scaled run skips steps on overflow
+    world: int
+    device: torch.device
+    dp_rank: int  # a tensor- or sequence-parallel group reads one batch: the sampler shards
+    dp_world: int  # by data-parallel rank and size
+    shard: Optional[parallel.SequenceShard]  # an SP rank trains on its slice of each sequence
+    max_steps: int
+    end: int  # max_steps, or the pause's step (hooks.stop_at)
+    micro: int
+    seq: int
+    gbs: int
+    every_steps: int
+    every_seconds: float
+    log_every: int
+    final_save: bool
+
+
+def _constants(
+    engine: DeepSpeedEngine, cfg: RootConfig, ctx: RankContext, hooks: LoopHooks
+) -> _Constants:
+    dp_rank, dp_world = parallel.data_coords(cfg, ctx.rank, ctx.world)
+    max_steps = int(cfg.train.max_steps or 0)
+    return _Constants(
+        fp16=bool(engine.fp16_enabled()),
+        world=ctx.world,
+        device=ctx.device,
+        dp_rank=dp_rank,
+        dp_world=dp_world,
+        shard=parallel.sequence_shard(cfg),
+        max_steps=max_steps,
+        end=min(hooks.stop_at or max_steps, max_steps),
+        micro=cfg.train.micro_batch_size,
+        seq=cfg.data.seq_len,
+        gbs=int(cfg.train.global_batch_size or 0),
+        every_steps=int(cfg.checkpoint.interval_steps),
+        every_seconds=cfg.checkpoint.interval_minutes * 60,
+        log_every=cfg.train.log_interval,
+        final_save=bool(cfg.checkpoint.final_save),
+    )
+
+
 def train(
     engine: DeepSpeedEngine,
     cfg: RootConfig,
@@ -84,86 +130,105 @@ def train(
     hooks: LoopHooks,
 ) -> Outcome:
     """Train to max_steps (or to `hooks.stop_at`)."""
-    fp16 = bool(engine.fp16_enabled())  # only a loss-scaled run skips steps on overflow
-    # Config values read once: a config attribute costs ~10-80 us, a tiny model's step ~40 ms.
-    world, device, perf = ctx.world, ctx.device, hooks.perf
-    # A tensor- or sequence-parallel group reads one batch: the sampler shards by data-parallel
-    # rank and size; an SP rank trains on its slice of each sequence.
-    dp_rank, dp_world = parallel.data_coords(cfg, ctx.rank, world)
-    shard = parallel.sequence_shard(cfg)
-    max_steps = int(cfg.train.max_steps or 0)
-    end = min(hooks.stop_at or max_steps, max_steps)
-    micro, seq = cfg.train.micro_batch_size, cfg.data.seq_len
-    gbs = int(cfg.train.global_batch_size or 0)
-    every_steps = int(cfg.checkpoint.interval_steps)
-    every_seconds = cfg.checkpoint.interval_minutes * 60
-    log_every = cfg.train.log_interval
-
-    while state.step < end:
+    k, perf = _constants(engine, cfg, ctx, hooks), hooks.perf
+    while state.step < k.end:
         step_start = time.perf_counter()
         lr = engine.get_lr()[0]  # the rate this step trains with (the scheduler moves after it)
-        losses = []
-        for m in range(data.accum):
-            ids = data.sampler.indices(state.step, m, dp_rank, micro, dp_world, gbs)
-            window = to_device(batch(data.tokens, ids, seq), device)
-            if shard is None:
-                loss = shown = loss_fn(engine, window)
-            else:  # backward: the slice's share; shown: the whole sequences' mean
-                loss, shown = parallel.sequence_loss(engine, window, shard)
-            if m == 0 and hooks.poison is not None and hooks.poison(state.step + 1):
-                loss, shown = loss * float("nan"), shown * float("nan")
-            engine.backward(loss)
-            engine.step()
-            losses.append(shown.detach().float())
+        losses = _micro_steps(engine, data, state.step, k, hooks)
         state.step += 1
 
         # One collective per step, built on the device; its .tolist() is the step's only host sync.
-        due = every_seconds > 0 and time.time() - state.last_save_time >= every_seconds
-        shared = _shared(losses, hooks.flags.code, due, engine, device, fp16)
+        due = k.every_seconds > 0 and time.time() - state.last_save_time >= k.every_seconds
+        shared = _shared(losses, hooks.flags.code, due, engine, k.device, k.fp16)
         with perf.waiting():  # waiting on slower ranks is not this rank's own time
             dist.all_reduce(shared)
             loss_sum, code_sum, due_sum, bad_sum, skip_sum, floor_sum = shared.tolist()
-        loss_value = loss_sum / world
-        stop_code = int(code_sum > 0) and _max_code(hooks.flags.code, device)
+        loss_value = loss_sum / k.world
+        stop_code = int(code_sum > 0) and _max_code(hooks.flags.code, k.device)
         diverged = hooks.guard.judge(state.step, loss_value, bad_sum, skip_sum, floor_sum)
         if diverged is not None:  # nothing of this step is logged or saved; the Trainer rolls back
             return Outcome(state.step, NONE, diverged)
-        step_time = time.perf_counter() - step_start
         if hooks.on_step is not None:  # a slow rank's injected delay is its own time here
-            hooks.on_step(state.step, step_time)
+            hooks.on_step(state.step, time.perf_counter() - step_start)
         perf.step_done(state.step)
         valid, code = evaluate.maybe(
             hooks.evaluator, engine, state.step, hooks.flags, perf, stop_code
         )
         stop_code = stop_code or code
-
-        if state.step % log_every == 0 or state.step == max_steps or stop_code or valid:
-            hooks.metrics.log(
-                state.step,
-                max_steps,
-                loss=loss_value,
-                lr=lr,
-                consumed_samples=state.step * gbs,
-                **({"skipped_steps": int(engine.skipped_steps)} if fp16 else {}),
-                **valid,
-                **perf.interval(state.step, max_steps),  # a collective (one all_gather)
-            )
-        else:  # rank 0's own line at least every 20 s, from its clock (no collective)
-            hooks.metrics.heartbeat(state.step, max_steps, gbs * seq, loss=loss_value, lr=lr)
-
-        finished = state.step >= end and (state.step < max_steps or cfg.checkpoint.final_save)
-        by_steps = every_steps > 0 and state.step % every_steps == 0
-        if finished or stop_code or by_steps or due_sum > 0:
-            if stop_code and hooks.on_stop is not None:  # before the save: it may outlast grace
-                hooks.on_stop(state.step, stop_code)
-            with perf.saving():
-                refused = hooks.save(state.step, loss_value)
-            if refused is not None:
-                return Outcome(state.step, NONE, Divergence(state.step, loss_value, refused))
-            state.last_save_step, state.last_save_time = state.step, time.time()
+        _log(engine, state.step, k, hooks, loss_value, lr, stop_code, valid)
+        refused = _maybe_save(state, k, hooks, loss_value, stop_code, due_sum > 0)
+        if refused is not None:
+            return refused
         if stop_code:
             return Outcome(state.step, stop_code)
     return Outcome(state.step, NONE)
+
+
+def _micro_steps(
+    engine: DeepSpeedEngine, data: Batches, step: int, k: _Constants, hooks: LoopHooks
+) -> list[torch.Tensor]:
+    """One optimizer step's `accum` micro steps (forward, backward, engine step); their losses
+    as shown (detached, on the device)."""
+    losses = []
+    for m in range(data.accum):
+        ids = data.sampler.indices(step, m, k.dp_rank, k.micro, k.dp_world, k.gbs)
+        window = to_device(batch(data.tokens, ids, k.seq), k.device)
+        if k.shard is None:
+            loss = shown = loss_fn(engine, window)
+        else:  # backward: the slice's share; shown: the whole sequences' mean
+            loss, shown = parallel.sequence_loss(engine, window, k.shard)
+        if m == 0 and hooks.poison is not None and hooks.poison(step + 1):
+            loss, shown = loss * float("nan"), shown * float("nan")
+        engine.backward(loss)
+        engine.step()
+        losses.append(shown.detach().float())
+    return losses
+
+
+def _log(
+    engine: DeepSpeedEngine,
+    step: int,
+    k: _Constants,
+    hooks: LoopHooks,
+    loss: float,
+    lr: float,
+    stop_code: int,
+    valid: dict[str, float],
+) -> None:
+    """The step's metrics row every log interval (and at the end, a stop, a validation), else
+    rank 0's own heartbeat line at least every 20 s, from its clock (no collective)."""
+    if step % k.log_every == 0 or step == k.max_steps or stop_code or valid:
+        hooks.metrics.log(
+            step,
+            k.max_steps,
+            loss=loss,
+            lr=lr,
+            consumed_samples=step * k.gbs,
+            **({"skipped_steps": int(engine.skipped_steps)} if k.fp16 else {}),
+            **valid,
+            **hooks.perf.interval(step, k.max_steps),  # a collective (one all_gather)
+        )
+    else:
+        hooks.metrics.heartbeat(step, k.max_steps, k.gbs * k.seq, loss=loss, lr=lr)
+
+
+def _maybe_save(
+    state: LoopState, k: _Constants, hooks: LoopHooks, loss: float, stop_code: int, due: bool
+) -> Optional[Outcome]:
+    """Save when the run ends here, stops, or an interval (steps, or minutes: `due`) is up; the
+    Outcome that ends the loop when the save refused (non-finite state: a divergence)."""
+    finished = state.step >= k.end and (state.step < k.max_steps or k.final_save)
+    by_steps = k.every_steps > 0 and state.step % k.every_steps == 0
+    if not (finished or stop_code or by_steps or due):
+        return None
+    if stop_code and hooks.on_stop is not None:  # before the save: it may outlast grace
+        hooks.on_stop(state.step, stop_code)
+    with hooks.perf.saving():
+        refused = hooks.save(state.step, loss)
+    if refused is not None:
+        return Outcome(state.step, NONE, Divergence(state.step, loss, refused))
+    state.last_save_step, state.last_save_time = state.step, time.time()
+    return None
 
 
 def _shared(

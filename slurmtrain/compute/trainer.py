@@ -147,26 +147,11 @@ class Trainer:
         from slurmtrain.compute import data, deepspeed_compat, parallel, resume_build
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
-        from slurmtrain.compute.observe.metrics import MetricsWriter
-        from slurmtrain.compute.observe.trackers import open_trackers, tensorboard_on
 
         cfg, run, limits = self.cfg, self.run, self.deadlines
         self.ds_config = ds_config.build(cfg, self.world, profile_dir=str(run.profile))
-        self.load_dir, self.same_world = self.found.path, True
-        if (
-            self.found.path is not None
-            and int(self.found.manifest.get("world_size", self.world)) != self.world
-        ):
-            # Another world size's checkpoint: load DeepSpeed's universal form (converted once,
-            # cached); the global batch is fixed, grad accumulation adjusted; RNG is per rank.
-            self.load_dir = self.universal(self.found)
-            section = self.ds_config.setdefault("checkpoint", {})
-            assert isinstance(section, dict)
-            section["load_universal"] = True
-            self.same_world = False
-            self._mark("convert")
-        state_bytes = planned_state_bytes(cfg, self.world)
-        self.watchdog.phase(BUILD, limits.build_s(state_bytes))
+        self._choose_load_dir()
+        self.watchdog.phase(BUILD, limits.build_s(planned_state_bytes(cfg, self.world)))
         self.memory = MemoryCheck(cfg, self.ctx)
         self.memory.start()
         skip = resume_build.skips_init(cfg, self.found.path is not None, self.same_world)
@@ -192,20 +177,39 @@ class Trainer:
         self.checkpointer.attach(self.engine)
         self.data = data.load(cfg.data)  # training windows + sampler, held-out windows
         self.tokens, self.sampler = self.data.train, self.data.sampler
-        n, rows = self.attempt.number, self.attempt.rows
-        self.metrics = MetricsWriter(
+        self.metrics = self._metrics_writer()
+        self._mark("deepspeed_init")
+
+    def _choose_load_dir(self) -> None:
+        """The chosen checkpoint, or (another world size's) its universal form (converted once,
+        cached): the global batch is fixed, grad accumulation adjusted; RNG is per rank."""
+        found, self.load_dir, self.same_world = self.found, self.found.path, True
+        if found.path is None or int(found.manifest.get("world_size", self.world)) == self.world:
+            return
+        self.load_dir = self.universal(found)
+        section = self.ds_config.setdefault("checkpoint", {})
+        assert isinstance(section, dict)
+        section["load_universal"] = True
+        self.same_world = False
+        self._mark("convert")
+
+    def _metrics_writer(self) -> MetricsWriter:
+        """metrics.jsonl, TensorBoard, logger='s trackers (rank 0, one run across attempts)."""
+        from slurmtrain.compute.observe.metrics import MetricsWriter
+        from slurmtrain.compute.observe.trackers import open_trackers, tensorboard_on
+
+        cfg, run, n, rows = self.cfg, self.run, self.attempt.number, self.attempt.rows
+        return MetricsWriter(
             run.metrics,
             self.rank == 0,
             n,
             run.tensorboard / f"attempt_{n}" if tensorboard_on(cfg) else None,
             print_lines=self.rank == 0,
-            # W&B/MLflow (logger=): rank 0 only, one tracker run across attempts
             trackers=open_trackers(cfg, run.path, run.metrics, n, rows, self.attempt.record)
             if self.rank == 0
             else None,
             record=self.attempt.record,  # a failing TensorBoard's `tracker_failed` row
         )
-        self._mark("deepspeed_init")
 
     def universal(self, found: Resume) -> Path:
         """`found`'s universal form (collective; converted once, cached), in its own phase."""
