@@ -53,6 +53,7 @@ from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: m
     read_jsonl,
     run_tier_files,
 )
+from slurmtrain.common.legacy_runs import older_runs_beside
 from slurmtrain.common.liveness import (  # noqa: F401  where callers have always found them
     ACTIVE_SLURM_STATES,
     StateUnknown,
@@ -292,7 +293,7 @@ def _made_before_registration(
 ) -> RunDir:
     """This config's run from a version that hashed a since-registered key at its default (one
     existence check per registered key); else `base`, a new run."""
-    if ADDED_RESULT_KEYS:
+    if ADDED_RESULT_KEYS and older_runs_beside(base):  # only its own runs beside: none older
         for name in legacy_fingerprints(result_view(cfg, data, registered=False)):
             if (base.parent / name / "config.yaml").is_file():
                 return RunDir(base.parent / name)
