@@ -55,10 +55,9 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     typed_cfg = typed(cfg)
     typed_cfg.runs_root = os.path.abspath(os.path.expanduser(typed_cfg.runs_root))
     pretrained.resolve_config(typed_cfg)  # model=hf: model.config read into the model keys
-    resolve_auto(typed_cfg)  # cluster=auto, gpus_per_node=auto
     pretrained.resolve(typed_cfg)  # model.pretrained_checksum: the source is fingerprinted
     text_corpus.resolve(typed_cfg, build=not typed_cfg.dry_run)  # data=text: tokenized once
-    checked = _validated(cfg, submitting=not typed_cfg.dry_run)
+    checked = _validated(cfg, submitting=not typed_cfg.dry_run)  # cluster=auto etc. resolved first
     _check_slurm_values(checked)
     refuse_inject_unless_allowed(bool(typed_cfg.faults.allow_inject))
     branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
@@ -66,21 +65,26 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
 
 
 def _validated(cfg: DictConfig, submitting: bool) -> RootConfig:
-    """validation.validate_config, run on the config's dataclass view (login/view.py) with what
-    it fills in written back; the DictConfig itself is validated instead when the view cannot be
-    built (a missing value, a key the schema lacks: the errors validation words) or the view's
-    check fails on something else than the config (the DictConfig's check says the same)."""
+    """placement.resolve_auto (cluster=auto, gpus_per_node=auto) and validation.validate_config,
+    run on the config's dataclass view (login/view.py) with what they fill in written back; on
+    the DictConfig itself when the view cannot be built (a missing value, a key the schema lacks:
+    the errors validation words) or its check fails on something else than the config."""
+
+    def check(config: RootConfig) -> None:
+        resolve_auto(config)
+        validation.validate_config(config, submitting)
+
     try:
         raw = schema.plain(cfg)
         if unknown_key(raw, key_tree(RootConfig)) is None:
             checked = view.build(raw)
-            view.validated(cfg, checked, lambda v: validation.validate_config(v, submitting))
+            view.validated(cfg, checked, check)
             return checked
     except ConfigError:
         raise
     except Exception:  # noqa: BLE001  the DictConfig's validation reports it, as it always did
         pass
-    validation.validate_config(typed(cfg), submitting=submitting)
+    check(typed(cfg))
     return typed(cfg)
 
 
