@@ -19,24 +19,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
-
-import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
-from omegaconf import DictConfig, OmegaConf
-from omegaconf._utils import get_omega_conf_dumper
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from slurmtrain.common import checkpoint_dir, ownership, runlock
 from slurmtrain.common.durable import replace_atomically
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Finished, Row, Rows, Started
-from slurmtrain.common.fingerprint import (
-    ADDED_RESULT_KEYS,
-    digest,
-    drop,
-    drop_defaults,
-    legacy_fingerprints,
-)
-from slurmtrain.common.hf_config import RUN_COPY
 from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: metrics, bad nodes
     FATE_EVENTS,
     LEDGER_DIR,
@@ -61,7 +49,9 @@ from slurmtrain.common.liveness import (  # noqa: F401  where callers have alway
     pid_start,
     slurm_job_alive,
 )
-from slurmtrain.common.schema import NON_RESULT_KEYS, plain
+
+if TYPE_CHECKING:  # start-up speed: readers (status, logs) never load OmegaConf, YAML, the schema
+    from omegaconf import DictConfig
 
 FINISHED, RUNNING, STOPPED, NEW = "finished", "running", "stopped", "new"
 
@@ -73,6 +63,9 @@ def result_view(
     result keys added since the baseline that hold their registered default (common/fingerprint.py
     says why; `registered=False` keeps them). `data`: schema.plain(cfg)
     when the caller has it (copied here)."""
+    from slurmtrain.common.fingerprint import drop, drop_defaults
+    from slurmtrain.common.schema import NON_RESULT_KEYS, plain
+
     view = plain(cfg) if data is None else copy.deepcopy(data)
     for key in NON_RESULT_KEYS:
         drop(view, key)
@@ -81,6 +74,8 @@ def result_view(
 
 def fingerprint(cfg: DictConfig, data: Optional[dict[str, object]] = None) -> str:
     """The run's directory name: stable across versions (common/fingerprint.py has the rule)."""
+    from slurmtrain.common.fingerprint import digest
+
     return digest(result_view(cfg, data))
 
 
@@ -293,6 +288,8 @@ def _made_before_registration(
 ) -> RunDir:
     """This config's run from a version that hashed a since-registered key at its default (one
     existence check per registered key); else `base`, a new run."""
+    from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS, legacy_fingerprints
+
     if ADDED_RESULT_KEYS and older_runs_beside(base):  # only its own runs beside: none older
         for name in legacy_fingerprints(result_view(cfg, data, registered=False)):
             if (base.parent / name / "config.yaml").is_file():
@@ -304,6 +301,11 @@ def config_yaml(cfg: DictConfig, data: Optional[dict[str, object]] = None) -> st
     """OmegaConf.to_yaml's text, written by libyaml's C emitter (~10x faster: a 64-point sweep
     writes 64 configs); strings that would read back as numbers or booleans stay quoted. Each
     top-level section is written once per distinct value: a sweep's points share most of them."""
+    import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
+    from omegaconf import OmegaConf
+
+    from slurmtrain.common.schema import plain
+
     dumper = _yaml_dumper()
     if dumper is None:
         return OmegaConf.to_yaml(cfg, resolve=True)
@@ -331,6 +333,9 @@ _SECTIONS: dict[str, str] = {}  # config_yaml's texts of top-level sections, by 
 
 @functools.lru_cache(maxsize=1)
 def _yaml_dumper() -> Optional[type]:
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+
     base = getattr(yaml, "CDumper", None)
     if base is None:
         return None
@@ -351,6 +356,8 @@ def create(
 ) -> None:
     """Write the config files (first submission) and the directory skeleton (durable=False: the
     caller syncs many at once, as a sweep does; `data`: as for config_yaml)."""
+    import yaml
+
     mode = ownership.dir_mode(getattr(cfg, "run_dir_mode", None))
     ownership.make_run_dir(run.path, mode)  # refused when another user made or can swap it
     saves = cfg.checkpoint.dir if "checkpoint" in cfg else None
@@ -379,6 +386,9 @@ def _model_config_copied(
     the compute side builds from: it never reads the user's folder) and `data` (what config.yaml
     records) naming that copy, relative to the run directory (schema.load_run_config resolves it).
     model.config is not fingerprinted: the contents are, through the model keys."""
+    from slurmtrain.common.hf_config import RUN_COPY
+    from slurmtrain.common.schema import plain
+
     if data is None:
         data = plain(cfg)
     model = data.get("model")
