@@ -22,7 +22,7 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Stopped
 from slurmtrain.common.windows import current_stop
 from slurmtrain.login import cluster_check, placement
-from slurmtrain.login.prepare import Prepared, check, check_points, record, resolve
+from slurmtrain.login.prepare import Prepared, check, check_points, record, resolved
 from slurmtrain.login.submit import submit
 
 Point = tuple[DictConfig, list[str]]  # a composed config and the overrides that made it
@@ -73,7 +73,8 @@ def launch(
     secrets.warn_given_in_clear(sys.argv[1:])  # what `ps` shows (Hydra's overrides: resolved)
     if ready is not None:
         ready()
-    points = [(resolve(cfg, copy=copy), list(o)) for cfg, o in points]
+    made = [resolved(cfg, copy=copy) for cfg, _ in points]
+    points = [(cfg, list(o)) for (cfg, _), (_, o) in zip(made, points)]
     single = len(points) == 1
     if any(cfg.dry_run for cfg, _ in points):
         return dry_run(points)
@@ -83,14 +84,17 @@ def launch(
         )
     # The runs' locks are held from the state check until `submitted` is recorded (check()).
     with ExitStack() as locks:
-        return _submit_checked(points, single, locks)
+        return _submit_checked(points, single, locks, [raw for _, raw in made])
 
 
-def _submit_checked(points: list[Point], single: bool, locks: ExitStack) -> int:
+def _submit_checked(
+    points: list[Point], single: bool, locks: ExitStack, raws: list[Optional[dict[str, object]]]
+) -> int:
+    """`raws`: each point's config as schema.plain gives it, where resolved() knew it."""
     checked = (
         [check(points[0][0], locks=locks)]
         if single
-        else check_points([cfg for cfg, _ in points], locks)
+        else check_points([cfg for cfg, _ in points], locks, raws)
     )
     todo = [(p, o) for p, (_, o) in zip(checked, points) if p is not None]
     if not todo:

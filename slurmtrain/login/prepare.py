@@ -46,6 +46,12 @@ class Prepared:
 
 def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     """The config as it will be recorded: `hydra` removed, runs_root absolute, batch derived."""
+    return resolved(cfg, copy)[0]
+
+
+def resolved(cfg: DictConfig, copy: bool = True) -> tuple[DictConfig, Optional[dict[str, object]]]:
+    """resolve(), and the config as schema.plain gives it (what check fingerprints and record
+    writes), when known without making it again (None: check makes it)."""
     if copy:
         cfg = cfg.copy()
     if "hydra" in cfg:
@@ -57,18 +63,21 @@ def resolve(cfg: DictConfig, copy: bool = True) -> DictConfig:
     pretrained.resolve_config(typed_cfg)  # model=hf: model.config read into the model keys
     pretrained.resolve(typed_cfg)  # model.pretrained_checksum: the source is fingerprinted
     text_corpus.resolve(typed_cfg, build=not typed_cfg.dry_run)  # data=text: tokenized once
-    checked = _validated(cfg, submitting=not typed_cfg.dry_run)  # cluster=auto etc. resolved first
+    checked, raw = _validated(cfg, submitting=not typed_cfg.dry_run)  # cluster=auto etc. first
     _check_slurm_values(checked)
     refuse_inject_unless_allowed(bool(typed_cfg.faults.allow_inject))
     branch.resolve(cfg)  # resume_from: the parent's step checked; the lineage is fingerprinted
-    return cfg
+    if typed_cfg.resume_from or (raw or {}).get("branch_of") is not None:
+        raw = None  # branch_of written: plain() again
+    return cfg, raw
 
 
-def _validated(cfg: DictConfig, submitting: bool) -> RootConfig:
+def _validated(cfg: DictConfig, submitting: bool) -> tuple[RootConfig, Optional[dict[str, object]]]:
     """placement.resolve_auto (cluster=auto, gpus_per_node=auto) and validation.validate_config,
     run on the config's dataclass view (login/view.py) with what they fill in written back; on
     the DictConfig itself when the view cannot be built (a missing value, a key the schema lacks:
-    the errors validation words) or its check fails on something else than the config."""
+    the errors validation words) or its check fails on something else than the config. With it,
+    schema.plain(cfg) as it is now (login/view.validated), or None."""
 
     def check(config: RootConfig) -> None:
         resolve_auto(config)
@@ -78,14 +87,13 @@ def _validated(cfg: DictConfig, submitting: bool) -> RootConfig:
         raw = schema.plain(cfg)
         if unknown_key(raw, key_tree(RootConfig)) is None:
             checked = view.build(raw)
-            view.validated(cfg, checked, check)
-            return checked
+            return checked, view.validated(cfg, checked, check, raw)
     except ConfigError:
         raise
     except Exception:  # noqa: BLE001  the DictConfig's validation reports it, as it always did
         pass
     check(typed(cfg))
-    return typed(cfg)
+    return typed(cfg), None
 
 
 def _check_slurm_values(cfg: RootConfig) -> None:
@@ -127,21 +135,26 @@ def check(
     return settle(planned)
 
 
-def check_points(cfgs: Sequence[DictConfig], locks: ExitStack) -> list[Optional[Prepared]]:
+def check_points(
+    cfgs: Sequence[DictConfig],
+    locks: ExitStack,
+    raws: Optional[Sequence[Optional[dict[str, object]]]] = None,
+) -> list[Optional[Prepared]]:
     """check() for a sweep's points: every point planned first, then their locks taken side by
     side (each lock writes and fsyncs a lease: one after the other, 64 of them are most of a
     sweep's time on a busy disk), then each point's state checked."""
-    planned = [plan(cfg, quiet=True) for cfg in cfgs]
+    raws = raws if raws is not None else [None] * len(cfgs)
+    planned = [plan(cfg, quiet=True, raw=raw) for cfg, raw in zip(cfgs, raws)]
     if planned:
         run_locks.take([p.run for p in planned], str(cfgs[0].runs_root), locks)
     return [settle(p) for p in planned]
 
 
-def plan(cfg: DictConfig, quiet: bool = False) -> Prepared:
+def plan(cfg: DictConfig, quiet: bool = False, raw: Optional[dict[str, object]] = None) -> Prepared:
     """Plan (refused in one line when it does not fit), print it unless `quiet`, locate the run
-    directory; nothing is written."""
+    directory; nothing is written. `raw`: schema.plain(cfg) when resolved() knew it."""
     typed_cfg = typed(cfg)
-    raw = schema.plain(cfg)
+    raw = raw if raw is not None else schema.plain(cfg)
     checked = snapshot(cfg, raw)
     report = preflight.report(checked, measured_tps=None)
     report.enforce(checked)  # before printing: a refusal is one line

@@ -13,10 +13,11 @@ import copy
 import dataclasses
 import enum
 import functools
+import re
 import types
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Iterator, Optional, Union, get_args, get_origin, get_type_hints
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slurmtrain.common.schema import RootConfig
 
@@ -67,18 +68,93 @@ def _value(tp: object, value: object) -> object:
     return value
 
 
-def validated(cfg: DictConfig, view: RootConfig, check: Any) -> None:
+def validated(
+    cfg: DictConfig, view: RootConfig, check: Any, raw: Optional[dict[str, object]] = None
+) -> Optional[dict[str, object]]:
     """Run `check(view)` (validation, which fills in derived values) and write every value it
-    changed back into `cfg`, through OmegaConf (which types it as the schema says)."""
+    changed back into `cfg`, through OmegaConf (which types it as the schema says). `raw`:
+    schema.plain(cfg) before; returned as schema.plain(cfg) would now give it, or None when an
+    interpolation in `cfg` may read a value written (the caller makes it again then)."""
     before = copy.deepcopy(view)
     check(view)
-    _write_back(cfg, before, view)
+    written: list[str] = []
+    _write_back(cfg, before, view, "", written)
+    return None if raw is None else _patched(cfg, raw, written)
 
 
-def _write_back(node: Any, before: object, after: object) -> None:
+def _write_back(node: Any, before: object, after: object, path: str, written: list[str]) -> None:
     for f in dataclasses.fields(after):  # type: ignore[arg-type]
         old, new = getattr(before, f.name), getattr(after, f.name)
         if dataclasses.is_dataclass(new) and not isinstance(new, type):
-            _write_back(getattr(node, f.name), old, new)
+            _write_back(getattr(node, f.name), old, new, f"{path}{f.name}.", written)
         elif old != new or type(old) is not type(new):
             setattr(node, f.name, new)
+            written.append(path + f.name)
+
+
+def _patched(
+    cfg: DictConfig, raw: dict[str, object], written: list[str]
+) -> Optional[dict[str, object]]:
+    """`raw` with each written key's value as OmegaConf now holds it, in schema.plain's form
+    (OmegaConf.to_container: Enums as their names, containers plain); only the dicts on those
+    keys' paths are copied."""
+    try:
+        if any(_may_read(text, written) for text in _interpolations(cfg)):
+            return None
+    except Exception:  # noqa: BLE001  OmegaConf's internals moved: make it again instead
+        return None
+    out = dict(raw)
+    for key in written:
+        *parents, leaf = key.split(".")
+        node: Any = cfg
+        target = out
+        for part in parents:
+            node = getattr(node, part)
+            section = target[part]
+            assert isinstance(section, dict)
+            target[part] = target = dict(section)
+        target[leaf] = _plain(getattr(node, leaf))
+    return out
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.name
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True, enum_to_str=True)
+    return value
+
+
+def _interpolations(node: Any) -> Iterator[str]:
+    """Every interpolation's text in a DictConfig/ListConfig (OmegaConf's node tree, walked)."""
+    content = node.__dict__["_content"]
+    if content is None or isinstance(content, str):  # None, missing, or itself interpolated
+        if isinstance(content, str) and "${" in content:
+            yield content
+        return
+    for child in content.values() if isinstance(content, dict) else content:
+        if isinstance(child, (DictConfig, ListConfig)):
+            yield from _interpolations(child)
+        else:
+            value = child._value()
+            if isinstance(value, str) and "${" in value:
+                yield value
+
+
+# ${a.b.c}: an absolute key; ${oc.env:NAME}: the environment. Anything else (a resolver, a
+# relative or nested reference) may read anything.
+_REFERENCE = re.compile(r"\$\{([^${}]*)\}")
+
+
+def _may_read(text: str, written: list[str]) -> bool:
+    refs = _REFERENCE.findall(text)
+    if text.count("${") != len(refs):
+        return True
+    for ref in refs:
+        if ref.startswith("oc.env:"):
+            continue
+        if not re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)*", ref):
+            return True
+        if any(w == ref or w.startswith(ref + ".") or ref.startswith(w + ".") for w in written):
+            return True
+    return False

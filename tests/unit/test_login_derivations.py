@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from slurmtrain.common import derived
+from slurmtrain.common import derived, schema
 from slurmtrain.login import prepare
 from slurmtrain.planning import deadlines, mfu, policy, preflight
 from tests.plans import composed
@@ -97,3 +97,21 @@ def test_a_sweeps_points_each_derive_once(tmp_path, calls):
     assert {name: n for name, n in calls.items() if n > 3} == {}
     # the plan each point's submission reads is the one its check derived
     assert all(derived.derived_of(p.typed_cfg).params for p in points if p is not None)
+
+
+@pytest.mark.parametrize(
+    "overrides, known",
+    [
+        ((), True),
+        (("cluster=slurm", "nodes=2-4", "faults.spare_nodes=1"), True),
+        (("train.tokens=1e9", "optim.warmup_tokens=1e6", "+cluster.env.X=${optim.lr}"), True),
+        (("+cluster.env.STEPS=${train.max_steps}",), False),  # reads a key validation fills in
+    ],
+)
+def test_the_plain_config_handed_to_check_is_schema_plains(tmp_path, overrides, known):
+    """resolved() hands check the config as schema.plain gives it (what is fingerprinted and
+    written) without making it again; None where an interpolation reads a value it filled in."""
+    cfg, raw = prepare.resolved(composed(tmp_path, "dry_run=true", *overrides))
+    assert (raw is not None) == known
+    if raw is not None:
+        assert repr(raw) == repr(schema.plain(cfg))  # types and key order too: 1 is not 1.0
