@@ -122,9 +122,13 @@ class _Field:
     tp: object
     default: object
     factory: Optional[Callable[[], object]]  # a fresh default per row (a dict)
+    # the Python types a JSON value of this field is kept as it is (no coercion: the fast path)
+    exact: frozenset[type] = frozenset()
+    strs: bool = False  # a tuple of strings (nodes, hosts): a list of strings is taken as it is
 
 
 _FIELDS: dict[type, tuple[_Field, ...]] = {}
+_KEYS: dict[type, frozenset[str]] = {}  # the keys a class's fields (and `event`) are read from
 
 
 def _fields(cls: type[Row]) -> tuple[_Field, ...]:
@@ -136,16 +140,30 @@ def _fields(cls: type[Row]) -> tuple[_Field, ...]:
         found = _FIELDS[cls] = tuple(
             _field(f, hints[f.name]) for f in dataclasses.fields(cls) if f.name != "extra"
         )
+        _KEYS[cls] = frozenset({"event", *(f.key for f in found)})
     return found
 
 
 def _field(f: dataclasses.Field[object], tp: object) -> _Field:
-    key = JSON_NAMES.get(f.name, f.name)
+    key, exact, strs = JSON_NAMES.get(f.name, f.name), _exact(tp), tp == tuple[str, ...]
     if f.default is not dataclasses.MISSING:
-        return _Field(f.name, key, tp, f.default, None)
+        return _Field(f.name, key, tp, f.default, None, exact, strs)
     if f.default_factory is not dataclasses.MISSING:
-        return _Field(f.name, key, tp, None, f.default_factory)
-    return _Field(f.name, key, tp, _empty(tp), None)  # required: its type's empty value
+        return _Field(f.name, key, tp, None, f.default_factory, exact, strs)
+    return _Field(f.name, key, tp, _empty(tp), None, exact, strs)  # required: its empty value
+
+
+_PLAIN = (str, int, float, bool)
+
+
+def _exact(tp: object) -> frozenset[type]:
+    """The types `_coerce` returns unchanged for `tp` (str, int, float, bool, optionally None)."""
+    if tp in _PLAIN:
+        return frozenset({tp})
+    options = [a for a in get_args(tp) if a is not type(None)] if _nullable(tp) else []
+    if options and all(o in _PLAIN for o in options):
+        return frozenset({type(None), *options})
+    return frozenset()
 
 
 def parse(raw: Mapping[str, object]) -> Row:
@@ -158,12 +176,19 @@ def parse(raw: Mapping[str, object]) -> Row:
     values: dict[str, object] = {}
     fields = _fields(target)
     for f in fields:
+        value = raw.get(f.key, _MISSING)
+        if type(value) in f.exact:  # as written (most fields of most rows)
+            values[f.name] = value
+            continue
+        if f.strs and type(value) is list and all(type(v) is str for v in value):
+            values[f.name] = tuple(value)  # nodes, hosts
+            continue
         default = f.factory() if f.factory else f.default
-        values[f.name] = _coerce(f.tp, raw[f.key], default) if f.key in raw else default
+        values[f.name] = default if value is _MISSING else _coerce(f.tp, value, default)
     if cls is None:
         values["name"] = str(kind) if kind is not None else ""
-    known = {f.key for f in fields}
-    values["extra"] = {k: v for k, v in raw.items() if k != "event" and k not in known}
+    known = _KEYS[target]
+    values["extra"] = {k: v for k, v in raw.items() if k not in known}
     return target(**values)  # type: ignore[arg-type]  # each value coerced to its field's type
 
 
