@@ -41,7 +41,6 @@ from slurmtrain.common.jsonl import (  # noqa: F401  append_jsonl, read_jsonl: m
     read_jsonl,
     run_tier_files,
 )
-from slurmtrain.common.legacy_runs import older_runs_beside
 from slurmtrain.common.liveness import (  # noqa: F401  where callers have always found them
     ACTIVE_SLURM_STATES,
     StateUnknown,
@@ -289,6 +288,7 @@ def _made_before_registration(
     """This config's run from a version that hashed a since-registered key at its default (one
     existence check per registered key); else `base`, a new run."""
     from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS, legacy_fingerprints
+    from slurmtrain.common.legacy_runs import older_runs_beside
 
     if ADDED_RESULT_KEYS and older_runs_beside(base):  # only its own runs beside: none older
         for name in legacy_fingerprints(result_view(cfg, data, registered=False)):
