@@ -17,7 +17,6 @@ from typing import Callable, Optional, Sequence
 from omegaconf import DictConfig
 
 from slurmtrain.common import secrets
-from slurmtrain.common.durable import in_parallel
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Stopped
 from slurmtrain.common.windows import current_stop
@@ -109,13 +108,9 @@ def _submit_checked(
 
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
-    for prepared, _ in todo:
+    for prepared, overrides in todo:
         _new_window(prepared)
-    if array:  # file creations, side by side: each waits on the filesystem; synced all at once
-        in_parallel(lambda point: record(point[0], point[1], durable=False), todo)
-    else:
-        for prepared, overrides in todo:
-            record(prepared, overrides)
+        record(prepared, overrides, durable=not array)  # an array syncs all points at once
     if array:
         return _submit_array(todo, len(points))
     code = 0
