@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtrain.cli import status_select as sel
+from slurmtrain.cli import status_select
 
 
 @pytest.fixture
@@ -38,25 +38,36 @@ def test_a_name_directory_a_bare_name_a_glob_and_a_run(
 ) -> None:
     monkeypatch.chdir(root.parent)
     sweep = ["lr_sweep/fp0", "lr_sweep/fp1", "lr_sweep/fp2"]
-    assert _names(sel.select(["runs/lr_sweep"], root)[0]) == sweep  # runs/NAME
-    assert _names(sel.select(["lr_sweep"], root)[0]) == sweep  # a name under the runs root
-    found, missing = sel.select(["lr_*"], root)  # a glob, tried under the runs root
+    assert _names(status_select.select(["runs/lr_sweep"], root)[0]) == sweep  # runs/NAME
+    assert (
+        _names(status_select.select(["lr_sweep"], root)[0]) == sweep
+    )  # a name under the runs root
+    found, missing = status_select.select(["lr_*"], root)  # a glob, tried under the runs root
     assert len(found) == 5 and not missing
-    assert _names(sel.select(["runs/*/fp1"], root)[0]) == ["lr_sweep/fp1", "lr_warmup/fp1"]
-    assert _names(sel.select([str(root / "base" / "fp0")], root)[0]) == ["base/fp0"]
-    assert len(sel.select([], root)[0]) == 6  # the whole root, no stray or hidden directory
-    assert len(sel.select(["runs/lr_sweep", "lr_sweep/fp0"], root)[0]) == 3  # each run once
-    assert sel.select(["nope", "runs/notes"], root) == ([], ["nope", "runs/notes"])
+    assert _names(status_select.select(["runs/*/fp1"], root)[0]) == [
+        "lr_sweep/fp1",
+        "lr_warmup/fp1",
+    ]
+    assert _names(status_select.select([str(root / "base" / "fp0")], root)[0]) == ["base/fp0"]
+    assert (
+        len(status_select.select([], root)[0]) == 6
+    )  # the whole root, no stray or hidden directory
+    assert (
+        len(status_select.select(["runs/lr_sweep", "lr_sweep/fp0"], root)[0]) == 3
+    )  # each run once
+    assert status_select.select(["nope", "runs/notes"], root) == ([], ["nope", "runs/notes"])
 
 
 def test_state_words_and_failed() -> None:
-    assert sel.wanted(["failed,running", " new "]) == {"failed", "running", "new"}
+    assert status_select.wanted(["failed,running", " new "]) == {"failed", "running", "new"}
     stopped = {"state": "stopped: crash", "class": "crash"}
-    assert sel.matches(stopped, {"stopped"}) and sel.matches(stopped, {"failed"})
-    assert not sel.matches({"state": "stopped: by you (Ctrl-C)"}, {"failed"})
-    assert sel.matches({"state": "unknown: squeue timed out"}, {"unknown"})
-    assert not sel.matches({"state": "running"}, {"finished", "failed"})
-    assert sel.matches({"state": "blocked: smoke failed", "class": "crash"}, {"failed"})
+    assert status_select.matches(stopped, {"stopped"}) and status_select.matches(
+        stopped, {"failed"}
+    )
+    assert not status_select.matches({"state": "stopped: by you (Ctrl-C)"}, {"failed"})
+    assert status_select.matches({"state": "unknown: squeue timed out"}, {"unknown"})
+    assert not status_select.matches({"state": "running"}, {"finished", "failed"})
+    assert status_select.matches({"state": "blocked: smoke failed", "class": "crash"}, {"failed"})
 
 
 def test_one_summary_line_per_sweep_with_the_best_point(root: Path) -> None:
@@ -68,10 +79,10 @@ def test_one_summary_line_per_sweep_with_the_best_point(root: Path) -> None:
         {"run": str(root / "lr_warmup/fp1"), "state": "new"},
         {"run": str(root / "base/fp0"), "state": "finished", "valid_loss": 1.0},  # no sweep
     ]
-    assert sel.sweep_lines(rows) == [
+    assert status_select.sweep_lines(rows) == [
         "sweep lr_sweep: 3 points: 2 finished, 1 stopped (diverged 1); "
         "best valid_loss 2.5000: optim.lr=0.01 data.seed=1 (fp2)",
         "sweep lr_warmup: 2 points: 1 new, 1 running; no valid_loss yet",
     ]
-    sel.add_swept(rows)
+    status_select.add_swept(rows)
     assert rows[0]["swept"] == ["optim.lr=0.001"] and rows[5]["swept"] == []
