@@ -14,12 +14,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from slurmtrain.common import gpu_health, storage_probe
 
 
-def timed(fn, rounds: int) -> list[float]:
-    out = []
+def timed(fn: Callable[[], object], rounds: int) -> list[float]:
+    out: list[float] = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         fn()
