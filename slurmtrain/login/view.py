@@ -68,6 +68,9 @@ def _value(tp: object, value: object) -> object:
     return value
 
 
+Changed = tuple[tuple[str, ...], object]  # a key's path and the value validation gave it
+
+
 def validated(
     cfg: DictConfig, view: RootConfig, check: Any, raw: Optional[dict[str, object]] = None
 ) -> Optional[dict[str, object]]:
@@ -77,43 +80,50 @@ def validated(
     interpolation in `cfg` may read a value written (the caller makes it again then)."""
     before = copy.deepcopy(view)
     check(view)
-    written: list[str] = []
-    _write_back(cfg, before, view, "", written)
-    return None if raw is None else _patched(cfg, raw, written)
+    sections: dict[tuple[str, ...], Any] = {(): cfg}  # each DictConfig section reached once
+    now: dict[tuple[str, ...], object] = {}
+    for path, new in _changes(before, view, ()):
+        node = _section_node(sections, path[:-1])
+        setattr(node, path[-1], new)
+        now[path] = getattr(node, path[-1])  # as OmegaConf typed it
+    return None if raw is None else _patched(cfg, raw, now)
 
 
-def _write_back(node: Any, before: object, after: object, path: str, written: list[str]) -> None:
+def _changes(before: object, after: object, path: tuple[str, ...]) -> Iterator[Changed]:
     for f in dataclasses.fields(after):  # type: ignore[arg-type]
         old, new = getattr(before, f.name), getattr(after, f.name)
         if dataclasses.is_dataclass(new) and not isinstance(new, type):
-            _write_back(getattr(node, f.name), old, new, f"{path}{f.name}.", written)
+            yield from _changes(old, new, (*path, f.name))
         elif old != new or type(old) is not type(new):
-            setattr(node, f.name, new)
-            written.append(path + f.name)
+            yield (*path, f.name), new
+
+
+def _section_node(sections: dict[tuple[str, ...], Any], path: tuple[str, ...]) -> Any:
+    if path not in sections:
+        sections[path] = getattr(_section_node(sections, path[:-1]), path[-1])
+    return sections[path]
 
 
 def _patched(
-    cfg: DictConfig, raw: dict[str, object], written: list[str]
+    cfg: DictConfig, raw: dict[str, object], now: dict[tuple[str, ...], object]
 ) -> Optional[dict[str, object]]:
     """`raw` with each written key's value as OmegaConf now holds it, in schema.plain's form
     (OmegaConf.to_container: Enums as their names, containers plain); only the dicts on those
     keys' paths are copied."""
+    written = [".".join(path) for path in now]
     try:
         if any(_may_read(text, written) for text in _interpolations(cfg)):
             return None
     except Exception:  # noqa: BLE001  OmegaConf's internals moved: make it again instead
         return None
     out = dict(raw)
-    for key in written:
-        *parents, leaf = key.split(".")
-        node: Any = cfg
+    for (*parents, leaf), value in now.items():
         target = out
         for part in parents:
-            node = getattr(node, part)
             section = target[part]
             assert isinstance(section, dict)
             target[part] = target = dict(section)
-        target[leaf] = _plain(getattr(node, leaf))
+        target[leaf] = _plain(value)
     return out
 
 
