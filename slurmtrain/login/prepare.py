@@ -38,6 +38,7 @@ class Prepared:
     # submission read, ~30x faster per attribute than the DictConfig (a sweep reads it per point).
     view: Optional[RootConfig] = None
     raw: Optional[dict[str, object]] = None  # cfg as a plain dict, secrets' values kept
+    submissions: Optional[int] = None  # `submitted` rows in the ledger when its state was read
 
     @property
     def typed_cfg(self) -> RootConfig:
@@ -182,11 +183,13 @@ def plan(cfg: DictConfig, quiet: bool = False, raw: Optional[dict[str, object]] 
 def settle(p: Prepared) -> Optional[Prepared]:
     """The located run's state (its lock held): None, said why, when there is nothing to submit."""
     run = p.run
-    saves = [e for e in run.run_events() if isinstance(e, CheckpointSaved)]
-    warning = preflight.lead_warning(p.typed_cfg, saves)
+    rows = run.run_events()  # read once: the saves, the state, the submissions so far
+    warning = preflight.lead_warning(
+        p.typed_cfg, [e for e in rows if isinstance(e, CheckpointSaved)]
+    )
     if warning:
         print(f"slurmtrain: {warning}")
-    state = run.state()
+    state = run.state(rows)
     if state == rundir.FINISHED:
         print(
             f"slurmtrain: this run already finished: {run.path}\n"
@@ -198,7 +201,8 @@ def settle(p: Prepared) -> Optional[Prepared]:
         return None
     if state == rundir.STOPPED:
         print(f"slurmtrain: resuming unfinished run {run.path}")
-    return dataclasses.replace(p, resumed=state == rundir.STOPPED)
+    submissions = sum(isinstance(e, Submitted) for e in rows)
+    return dataclasses.replace(p, resumed=state == rundir.STOPPED, submissions=submissions)
 
 
 def snapshot(cfg: DictConfig, raw: dict[str, object]) -> RootConfig:
@@ -232,6 +236,13 @@ def record(p: Prepared, overrides: list[str], durable: bool = True) -> None:
         p.run.ledger_dir.mkdir(exist_ok=True)
     provenance.write(
         p.run.provenance,
-        f"submit_{sum(isinstance(e, Submitted) for e in p.run.run_events()) + 1}",
+        f"submit_{_submissions(p) + 1}",
         extra={"overrides": overrides},
     )
+
+
+def _submissions(p: Prepared) -> int:
+    """`submitted` rows so far: as settle() read them (the run's lock held since), else now."""
+    if p.submissions is not None:
+        return p.submissions
+    return sum(isinstance(e, Submitted) for e in p.run.run_events())
