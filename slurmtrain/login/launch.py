@@ -69,10 +69,11 @@ def launch(
 ) -> int:
     """Every point validated and planned before anything is queued: one bad point, nothing submitted.
     `ready`: wait for warm_up's answers (before anything uses them)."""
-    secrets.warn_given_in_clear(sys.argv[1:])  # what `ps` shows (Hydra's overrides: resolved)
     if ready is not None:
         ready()
     made = [resolved(cfg, copy=copy) for cfg, _ in points]
+    # After the keys are known good: a refused key gets its one line, not a warning beside it.
+    secrets.warn_given_in_clear(sys.argv[1:])  # what `ps` shows (Hydra's overrides: resolved)
     points = [(cfg, list(o)) for (cfg, _), (_, o) in zip(made, points)]
     single = len(points) == 1
     if any(cfg.dry_run for cfg, _ in points):
