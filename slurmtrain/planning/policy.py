@@ -96,7 +96,7 @@ def attempt_deadlines(
     numbers = derived_of(cfg)
     rows = tuple(events)
     return numbers.once(  # the rows are the run's ledger as read by this check
-        ("deadlines", nodes, len(rows)),
+        (attempt_deadlines, nodes, len(rows)),
         lambda: deadlines.from_config(cfg.faults, rows, nodes * numbers.per_node, nodes),
     )
 

@@ -43,7 +43,7 @@ def _probe(args: list[str], cwd) -> dict:
 
 
 def test_a_plain_dry_run_composes_the_config_once(tmp_path):
-    got = _probe(["model=opt13b", "nodes=1", "dry_run=true", f"runs_root={tmp_path}"], tmp_path)
+    got = _probe(["model=opt125m", "nodes=1", "dry_run=true", f"runs_root={tmp_path}"], tmp_path)
     assert got["returncode"] == 0, got["stdout"]
     assert got["composed"] == 1  # Hydra's get_mode composed it a second time to read hydra.mode
 
