@@ -116,3 +116,13 @@ def parallel_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     [run] = run_dirs(work / "runs")
     return run
+
+
+@pytest.fixture(autouse=True)
+def _umask_kept() -> Iterator[None]:
+    """The login path narrows the process umask to the run's mode (ownership.tighten_umask): as a
+    user's command, once; in one pytest process, it would leak into every later test."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)
