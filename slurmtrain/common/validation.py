@@ -48,6 +48,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("checkpoint.interval_minutes", 0, True, " (0: never by time)", "30"),
     ("checkpoint.keep_every", 0, True, " (0: none kept forever)", "1000"),
     ("checkpoint.publish_timeout_minutes", 0, False, "", "30"),
+    ("checkpoint.local_every_steps", 0, True, " (0: no node-local tier)", "50"),
     ("cluster.signal_lead_s", 1, True, " (seconds of warning before the time limit)", "120"),
     ("cluster.array_parallelism", 1, True, " (sweep points running at once)", "16"),
     ("cluster.gpu_mem_gb", 0, False, " (GiB as the card reports it; auto: the card's)", "79.1"),
