@@ -27,6 +27,7 @@ __all__ = [
     "MemoryChecked",
     "FlopsProfile",
     "TrackerFailed",
+    "ResumeSource",
 ]
 
 
@@ -252,3 +253,14 @@ class TrackerFailed(Row):
     tracker: Optional[str] = None
     phase: Optional[str] = None  # open | write | close
     error: Optional[str] = None  # short: type and message, secrets redacted
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeSource(Row):
+    """Attempt, per rank: the tier a rank's resume reads (`local`, `buddy`, `shared`) at the step
+    every rank agreed on, and why a better tier was passed over (compute/checkpoint/local_tier.py)."""
+
+    kind = "resume_source"
+    step: Optional[int] = None
+    tier: Optional[str] = None
+    reason: Optional[str] = None  # the fallback's cause; None when the own local copy loads
