@@ -49,7 +49,9 @@ def close_failed(run: RunDir, cfg: RootConfig, job_id: str) -> Optional[events.S
     if stop is None and events.restarts(cls):
         return None
     real = ledger.real_errors([e for e in failed if e.error]) or [e for e in failed if e.error]
-    error = real[-1].error.strip().splitlines()[-1] if real else f"{stop or cls} budget exhausted"
+    error = ledger.stop_detail(rows, cfg.faults, stop or cls) or (
+        real[-1].error.strip().splitlines()[-1] if real else f"{stop or cls} budget exhausted"
+    )
     stopped = events.Stopped(cls=stop or cls, error=error)
     run.record(stopped, **where)
     return stopped

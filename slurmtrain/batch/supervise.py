@@ -127,7 +127,11 @@ def _failed(
     ledger_rows = merge_rows([run.run_events(), view.rank])  # with what was just recorded
     stop = ledger.over_budget(ledger_rows, cfg.faults)
     if stop is not None or not events.restarts(cls):
-        error = _last_error(ledger_rows, rows) or f"exit code {rc}"
+        error = (
+            ledger.stop_detail(ledger_rows, cfg.faults, stop or cls)
+            or _last_error(ledger_rows, rows)
+            or f"exit code {rc}"
+        )
         run.record(events.Stopped(cls=stop or cls, error=error), **where)
         print(
             f"slurmtrain: stopping the run: {stop or cls} budget exhausted; last error: {error}",

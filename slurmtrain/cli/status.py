@@ -182,6 +182,8 @@ def summarize(
     _last_stop(row, events)
     if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
+        if row["class"] == FailureClass.no_progress and row["error"]:  # the classes seen
+            row["state"] += f" ({row['error']})"
     elif row["state"] == STOPPED and not row["class"]:
         row["state"] = stop_cause(run_rows)
     if any(isinstance(e, Submitted) and e.smoke_run for e in run_rows):

@@ -36,6 +36,7 @@ class FailureClass(StrEnum):
     no_nodes = "no_nodes"
     supervisor_error = "supervisor_error"
     setup_failed = "setup_failed"
+    no_progress = "no_progress"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ TRAITS: dict[FailureClass, Traits] = {
     # A cluster.setup line failed in the batch shell before any rank started: it would fail the
     # same way again, so the run stops (batch/setup_failed.py) until the user fixes the line.
     FailureClass.setup_failed: Traits(False, False, False, None, "#637939"),
+    # Stop class only: faults.max_no_progress_attempts attempts in a row, of any classes, published
+    # no new checkpoint (common/progress.py); each class's own budget never saw them as one.
+    FailureClass.no_progress: Traits(False, False, False, None, "#ad494a"),
 }
 
 FAILURE_CLASSES: tuple[FailureClass, ...] = tuple(c for c, t in TRAITS.items() if t.budgeted)

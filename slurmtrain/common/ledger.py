@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
-from slurmtrain.common import errors, events
+from slurmtrain.common import errors, events, progress
 from slurmtrain.common.events import (
     EXIT_CLASS,
     FAILURE_CLASSES,
@@ -94,7 +94,16 @@ def over_budget(rows: Sequence[Row], faults_cfg: FaultsConfig) -> Optional[str]:
         steps = {e.step for e in tail}
         if len(steps) == 1 and None not in steps:
             return f"{FailureClass.crash.value} loop"
+    if progress.no_progress(rows, int(faults_cfg.max_no_progress_attempts)) is not None:
+        return FailureClass.no_progress.value
     return None
+
+
+def stop_detail(rows: Sequence[Row], faults_cfg: FaultsConfig, stop: str) -> Optional[str]:
+    """The `stopped` row's error a stop class carries itself (no_progress: the classes seen and
+    the step with no checkpoint since), else None: the caller records the last error."""
+    found = progress.no_progress(rows, int(faults_cfg.max_no_progress_attempts))
+    return found.describe() if stop == FailureClass.no_progress and found else None
 
 
 def rollbacks(rows: Sequence[Row]) -> list[events.Rollback]:

@@ -21,8 +21,8 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slurmtrain.common.schema_cluster import ClusterConfig, ClusterKind, Container, StrEnum
-from slurmtrain.common.schema_faults import StragglerKeys
 from slurmtrain.common.schema_logger import LoggerConfig, WandbMode
+from slurmtrain.common.schema_restart import RestartKeys
 
 __all__ = ["ClusterConfig", "ClusterKind", "Container", "LoggerConfig", "WandbMode"]
 
@@ -191,7 +191,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class FaultsConfig(StragglerKeys):
+class FaultsConfig(RestartKeys):  # and StragglerKeys, through it
     # Failure budgets across all attempts (-1: unlimited); past one the run stops instead of requeueing.
     max_preempted: int = -1
     max_timed_out: int = 1000
@@ -201,9 +201,6 @@ class FaultsConfig(StragglerKeys):
     max_config_error: int = 0
     max_oom: int = 3  # out of memory (GPU or host): the node and step are named in the ledger
     crash_loop: int = 2  # this many crashes in a row at the same step: stop, it will not heal
-    max_no_progress_attempts: int = (
-        3  # attempts in a row, any classes, with no new checkpoint (0: off)
-    )
     hang_timeout_s: float = 600.0  # no step progress for this long: dump stacks, exit, requeue
     # Every other phase has its own deadline (planning/deadlines.py); a heartbeat restarts it.
     startup_timeout_s: float = 1800.0  # rendezvous, health gate, model build (plus its bytes)

@@ -53,6 +53,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("cluster.array_parallelism", 1, True, " (sweep points running at once)", "16"),
     ("cluster.gpu_mem_gb", 0, False, " (GiB as the card reports it; auto: the card's)", "79.1"),
     ("faults.crash_loop", 0, True, " (0: off)", "2"),
+    ("faults.max_no_progress_attempts", 0, True, " (0: off)", "3"),
     ("faults.node_check_s", 0, True, " (0: this cluster's SlurmdTimeout + 30 s)", "330"),
     ("faults.collective_timeout_s", 0, False, "", "1800"),
     ("faults.health_slow_factor", 1, False, " (times the median node's time)", "5"),

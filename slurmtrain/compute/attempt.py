@@ -236,7 +236,9 @@ def _run(
         )
     stop = broadcast(ledger.over_budget(attempt.rows, cfg.faults) if where.rank == 0 else None)
     if stop is not None:  # Slurm restarted us (preemption, node failure) past a budget
-        error = _last_error(run, attempt.rows, attempt.number) if where.rank == 0 else None
+        error = ledger.stop_detail(attempt.rows, cfg.faults, stop) or (
+            _last_error(run, attempt.rows, attempt.number) if where.rank == 0 else None
+        )
         attempt.record(events.Stopped(cls=stop, error=error or f"{stop} budget exhausted"))
         dist.destroy_process_group()
         return 0
