@@ -208,13 +208,19 @@ class CheckpointUnloadable(Row):
 
 @dataclass(frozen=True, kw_only=True)
 class Straggler(Row):
-    """Attempt: a rank's (`rank`, `node`) compute time per step passed train.straggler_factor x
-    the median."""
+    """Attempt, at most one a log interval: the slowest node (`node`, its slowest `rank`) passed
+    faults.straggler_threshold x the median rank's data+forward time (`factor`); `history`: that
+    rank's time over its own past windows; `windows`: intervals in a row above the threshold;
+    `chronic`: that reached faults.straggler_windows; `excluded`: offered to the bad-node ledger."""
 
     kind = "straggler"
     tracked = True
     factor: Optional[float] = None
     step: Optional[int] = None
+    history: Optional[float] = None
+    windows: Optional[int] = None
+    chronic: Optional[bool] = None
+    excluded: Optional[bool] = None
 
 
 @dataclass(frozen=True, kw_only=True)

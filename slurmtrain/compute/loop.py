@@ -4,7 +4,8 @@ One step = `accum` micro steps of the deterministic sampler, then one all-reduce
 every rank's stop/save flags and whether its loss or gradient norm is non-finite, so all ranks
 decide together at the step boundary: a diverged step (divergence.py) ends the loop before anything
 is logged or saved, and the Trainer rolls back. Every log interval one all_gather (observe/perf.py)
-adds throughput, FLOPs, timers, memory and stragglers to the metrics row.
+adds throughput, FLOPs, timers, memory and stragglers (section clocks timed in _micro_steps, no
+device sync) to the metrics row.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from slurmtrain.compute.faults.signals import NONE, SignalFlags
 from slurmtrain.compute.model import loss_fn
 from slurmtrain.compute.observe.metrics import MetricsWriter
 from slurmtrain.compute.observe.perf import Perf
+from slurmtrain.compute.observe.stragglers import BACKWARD, DATA, FORWARD, OPTIMIZER
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -170,17 +172,30 @@ def _micro_steps(
     """One optimizer step's `accum` micro steps (forward, backward, engine step); their losses
     as shown (detached, on the device)."""
     losses = []
+    clock = (
+        hooks.perf.sections
+    )  # section clocks for straggler scoring (None: faults.stragglers off)
     for m in range(data.accum):
+        if clock is not None:
+            clock.start()
         ids = data.sampler.indices(step, m, k.dp_rank, k.micro, k.dp_world, k.gbs)
         window = to_device(batch(data.tokens, ids, k.seq), k.device)
+        if clock is not None:
+            clock.lap(DATA)
         if k.shard is None:
             loss = shown = loss_fn(engine, window)
         else:  # backward: the slice's share; shown: the whole sequences' mean
             loss, shown = parallel.sequence_loss(engine, window, k.shard)
         if m == 0 and hooks.poison is not None and hooks.poison(step + 1):
             loss, shown = loss * float("nan"), shown * float("nan")
+        if clock is not None:
+            clock.lap(FORWARD)
         engine.backward(loss)
+        if clock is not None:
+            clock.lap(BACKWARD)
         engine.step()
+        if clock is not None:
+            clock.lap(OPTIMIZER)
         losses.append(shown.detach().float())
     return losses
 

@@ -1,8 +1,9 @@
 """Fault injection for tests and drills, from `SLURMTRAIN_INJECT="key=value,..."` (compute node).
 
 Real failures are rare and slow to wait for; these make them happen on cue through the real code
-path: `step_delay=S`, `crash_at_step=N`, `stall_at_step=N` (+`stall_rank=R`), `slow_rank=R`
-(+`slow_factor=F`), `bad_node=NODE` / `bad_rank=R` (health gate), `bad_storage_node=NODE` (the
+path: `step_delay=S`, `crash_at_step=N`, `stall_at_step=N` (+`stall_rank=R`), `slow_rank=R` or
+`slow_node=NODE` (+`slow_factor=F`: that rank, or every rank on that node, takes F times as long in
+its forward and backward: observe/stragglers.py; it stays with the node name), `bad_node=NODE` / `bad_rank=R` (health gate), `bad_storage_node=NODE` (the
 gate's storage probe sees the run's mounts read-only there: health.py), `kill_during_save=N` (SIGKILL
 after the first shard of step N's save), `shard_delay=S`, `nan_at_step=N` (+`nan_rank`,
 `nan_repeat=1`), `fail_before_start=1`, `absent_rank=R` (SIGSTOP before the rendezvous, once per
@@ -55,6 +56,16 @@ class Injector:
         """`bad_storage_node`: this node's storage probe is to see the run's mounts read-only."""
         return self.cfg.get("bad_storage_node") in (node, "*")
 
+    def slowdown(self, node: str) -> float:
+        """`slow_rank`/`slow_node`: how many times as long this rank's compute is to take (1.0:
+        not slowed; slow_factor defaults to 3 for a rank, 1.5 for a node)."""
+        cfg = self.cfg
+        if cfg.get("slow_rank") == str(self.rank):
+            return float(cfg.get("slow_factor", "3"))
+        if cfg.get("slow_node") in (node, "*"):
+            return float(cfg.get("slow_factor", "1.5"))
+        return 1.0
+
     def get(self, key: str) -> Optional[str]:
         return self.cfg.get(key)
 
@@ -80,8 +91,6 @@ class Injector:
             return
         if "step_delay" in cfg:
             time.sleep(float(cfg["step_delay"]))
-        if cfg.get("slow_rank") == str(self.rank):
-            time.sleep(step_seconds * (float(cfg.get("slow_factor", "3")) - 1))
         if cfg.get("crash_at_step") == str(step):
             raise RuntimeError(f"injected crash at step {step}")
         if cfg.get("stall_at_step") == str(step) and cfg.get("stall_rank", "0") == str(self.rank):

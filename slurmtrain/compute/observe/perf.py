@@ -1,10 +1,10 @@
 """Where a step's time goes: DeepSpeed's timers, FLOPs and MFU, peak memory, stragglers.
 
 Every log interval each rank sends one small vector (its own time per step, the timer split, its
-peak memory) in one all_gather, and rank 0 turns them into metrics fields and flags stragglers. A
-rank's *own* time is its wall time minus the time it waited on peers (the loop's collectives,
-DeepSpeed's gradient reduce and parameter all-gather): a slow GPU makes its peers wait inside
-those collectives, so only own time tells it apart. Without `train.timers` straggler detection is off.
+peak memory, its section clocks: observe/stragglers.py) in one all_gather, and rank 0 turns them
+into metrics fields and scores stragglers (faults.stragglers, on by default: the section clocks
+never sync the device). A rank's *own* time is its wall time minus the time it waited on peers
+in the loop's collectives.
 
 Split per step (seconds, mean over ranks), from DeepSpeed's `wall_clock_breakdown` timers:
     time_forward = fwd                  time_backward = bwd - bwd_allreduce
@@ -32,6 +32,8 @@ from slurmtrain.common.jsonl import append_jsonl
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute import deepspeed_compat
+from slurmtrain.compute.faults.inject import Injector
+from slurmtrain.compute.observe import stragglers as strag
 from slurmtrain.compute.observe.metrics import MetricValue
 from slurmtrain.planning import flops
 
@@ -43,8 +45,9 @@ if TYPE_CHECKING:
 # DeepSpeed's timer names (deepspeed/utils/timer.py, runtime/zero/stage_1_and_2.py).
 FWD, BWD, BWD_REDUCE, STEP, ALLGATHER = "fwd", "bwd", "bwd_allreduce", "step", "optimizer_allgather"
 _SUMMED = (FWD, BWD, BWD_REDUCE, STEP, ALLGATHER)
-# The vector each rank contributes to the interval's all_gather.
+# The vector each rank contributes to the interval's all_gather (then its section clocks).
 _OWN, _FWD, _BWD, _OPT, _COMM, _MEM = range(6)
+_SECTIONS = 6
 
 
 class StepTimers:
@@ -141,6 +144,26 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def _section_fields(rows: list[list[float]]) -> dict[str, MetricValue]:
+    """The median rank's seconds per micro step in each section (`section_forward_s`, ...)."""
+    columns = zip(*rows)
+    return {f"section_{n}_s": statistics.median(c) for n, c in zip(strag.SECTIONS, columns)}
+
+
+def _straggler_watch(
+    cfg: RootConfig, ctx: RankContext, hosts: list[str], run_path: Path
+) -> tuple[Optional[strag.Sections], Optional[strag.Watch]]:
+    """This rank's section clock (also when an injected slowdown needs it) and rank 0's scoring;
+    None without faults.stragglers."""
+    injector = Injector(ctx.rank, name=str(cfg.name), allowed=bool(cfg.faults.allow_inject))
+    slow = injector.slowdown(ctx.node)
+    on = bool(cfg.faults.stragglers)
+    sections = strag.Sections(ctx.device, slow) if on or slow > 1 else None
+    if not on or ctx.rank != 0:
+        return sections, None
+    return sections, strag.Watch(cfg, hosts, ctx.record, RunDir(run_path).bad_nodes)
+
+
 class Perf:
     """Per-rank clocks for one attempt and the interval report (one all_gather per log interval)."""
 
@@ -156,6 +179,8 @@ class Perf:
         self.hosts: list[str] = [""] * self.world  # each rank's node, for straggler events
         dist.all_gather_object(self.hosts, ctx.node)
         self.factor = float(cfg.train.straggler_factor)
+        self.sections, self.watch = _straggler_watch(cfg, ctx, self.hosts, run_path)
+        self.watching = bool(cfg.faults.stragglers)
         self.profile_step = int(cfg.train.flops_profile_step)
         assert cfg.train.global_batch_size is not None  # resolved before the job started
         self.micro_tokens = cfg.train.micro_batch_size * cfg.data.seq_len
@@ -167,13 +192,6 @@ class Perf:
         )
         self.dtype, self.peak_tflops = resolved_dtype(cfg), cfg.peak_tflops
         self.timers = StepTimers(engine)
-        if not self.timers.enabled and self.rank == 0:
-            print(
-                "slurmtrain: train.timers=false: no forward/backward/optimizer/comm split and no "
-                "straggler detection",
-                file=sys.stderr,
-                flush=True,
-            )
         self.extra: dict[str, float] = {}  # one-off fields for the next row (the measured FLOPs)
         self.steps = 0
         self.profiled = False  # this interval ran the FLOPs profiler (slow hooks on rank 0 only)
@@ -213,8 +231,10 @@ class Perf:
         own = (now - self.own_mark - self.waited - self.saving_s) / steps
         if self.timers.enabled:
             own -= comm
+        clocks = self.sections.take() if self.sections is not None else []
+        clocks = clocks if self.watching else []  # the same vector length on every rank
         mine = torch.tensor(
-            [own, fwd, bwd, opt, comm, peak_memory_bytes(self.device)],
+            [own, fwd, bwd, opt, comm, peak_memory_bytes(self.device), *clocks],
             dtype=torch.float64,
             device=self.device,
         )
@@ -251,22 +271,12 @@ class Perf:
             "eta_s": (max_steps - step) * train_s / steps,
         }
         fields.update(self.extra)
-        if timed and self.rank == 0 and not self.profiled:
-            for rank, factor in slow_ranks(column[_OWN], column[_FWD], self.factor):
-                self._straggler(rank, factor, step)
+        if clocks:
+            fields.update(_section_fields([row[_SECTIONS:] for row in world]))
+            if self.watch is not None and not self.profiled:  # the profiler's hooks: rank 0 slow
+                fields.update(self.watch.window(step, [row[_SECTIONS:] for row in world]))
         self.extra, self.profiled = {}, False
         return fields
-
-    def _straggler(self, rank: int, factor: float, step: int) -> None:
-        node = self.hosts[rank] if rank < len(self.hosts) else "?"
-        self.record(events.Straggler(rank=rank, node=node, factor=round(factor, 3), step=step))
-        offer_bad_node(RunDir(self.run_path).bad_nodes, node, factor, step)
-        print(
-            f"slurmtrain: straggler: rank {rank} on {node} takes {factor:.2f}x the median "
-            f"compute time per step (step {step}; train.straggler_factor={self.factor:g})",
-            file=sys.stderr,
-            flush=True,
-        )
 
     def _flops_profiled(self, step: int) -> None:
         """DeepSpeed's profiler counted one micro batch's forward at this step; x3 for training."""

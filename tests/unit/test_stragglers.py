@@ -1,0 +1,105 @@
+"""Straggler scoring (compute/observe/stragglers.py): ratios to the median rank and to a rank's own
+past, a node's score is its slowest rank's, one row per window, chronic after M windows in a row."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from slurmtrain.common import events, schema
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+strag = pytest.importorskip("slurmtrain.compute.observe.stragglers")
+
+HOSTS = ["n1", "n1", "n2", "n2"]
+
+
+def test_scores_are_ratios_to_the_median_rank_and_to_the_rank_own_past():
+    assert strag.rank_scores([1.0, 1.0, 1.5, 1.0]) == [1.0, 1.0, 1.5, 1.0]
+    assert strag.rank_scores([0.0, 0.0]) == [1.0, 1.0]
+    assert strag.history_score(2.0, [1.0, 1.0, 4.0]) == 2.0
+    assert strag.history_score(2.0, []) == 1.0
+
+
+def test_a_node_scores_as_its_slowest_rank():
+    nodes = strag.node_scores([1.0, 1.1, 1.6, 0.9], HOSTS)
+    assert nodes == {"n1": (1.1, 1), "n2": (1.6, 2)}
+
+
+def test_the_slowest_node_above_the_threshold_is_judged_chronic_after_m_windows_in_a_row():
+    streaks = strag.Streaks(threshold=1.2, windows=3)
+    past: list[list[float]] = [[], [], [], []]
+    slow = [1.0, 1.0, 1.0, 1.5]
+    first = strag.judge(slow, HOSTS, past, streaks)
+    assert first == strag.Verdict("n2", 3, 1.5, 1.0, 1, False)
+    assert strag.judge(slow, HOSTS, past, streaks).windows == 2
+    third = strag.judge(slow, HOSTS, past, streaks)
+    assert third.chronic and third.windows == 3
+    assert not strag.judge(slow, HOSTS, past, streaks).chronic  # chronic once, not every window
+
+
+def test_a_quiet_window_breaks_the_streak_and_a_clean_run_is_never_judged():
+    streaks = strag.Streaks(threshold=1.2, windows=3)
+    past: list[list[float]] = [[]] * 4
+    noisy = [[1.0, 1.0, 1.0, 1.3], [1.0, 1.0, 1.0, 1.3], [1.0, 1.1, 1.0, 1.0]]
+    verdicts = [strag.judge(w, HOSTS, past, streaks) for w in noisy * 3]
+    assert all(v is None or not v.chronic for v in verdicts)
+    assert [v.windows if v else 0 for v in verdicts[:3]] == [1, 2, 0]
+    assert strag.judge([1.0, 1.05, 0.97, 1.1], HOSTS, past, streaks) is None
+
+
+def _cfg(**faults: object):
+    cfg = OmegaConf.structured(schema.RootConfig)
+    for key, value in faults.items():
+        cfg.faults[key] = value
+    return cfg
+
+
+def test_exclusion_defaults_to_whether_the_run_has_spares():
+    assert not strag.exclude_stragglers(_cfg())
+    assert strag.exclude_stragglers(_cfg(spare_nodes=1))
+    assert not strag.exclude_stragglers(_cfg(spare_nodes=1, exclude_stragglers=False))
+    assert strag.exclude_stragglers(_cfg(exclude_stragglers=True))
+
+
+def test_the_watch_writes_one_row_a_window_and_a_chronic_node_to_the_bad_node_ledger(tmp_path):
+    rows: list[events.Row] = []
+    bad = tmp_path / "bad_nodes.jsonl"
+    watch = strag.Watch(_cfg(exclude_stragglers=True), HOSTS, rows.append, bad)
+    slow = [[0.01, 0.1, 0.2, 0.01]] * 3 + [[0.01, 0.15, 0.2, 0.01]]  # rank 3 forward 1.5x
+    assert watch.window(5, slow) == {}  # the first window warms up
+    fields = [watch.window(step, slow) for step in (10, 15, 20)]
+    assert fields[-1]["straggler_rank"] == 3 and fields[-1]["straggler_score"] > 1.4
+    assert [(r.node, r.rank, r.windows, r.chronic) for r in rows] == [
+        ("n2", 3, 1, None),
+        ("n2", 3, 2, None),
+        ("n2", 3, 3, True),
+    ]
+    assert all(isinstance(r, events.Straggler) and r.factor > 1.4 for r in rows)
+    offered = [json.loads(line) for line in bad.read_text().splitlines()]
+    assert [o["reason"] for o in offered] == [
+        events.Straggler.kind,
+        events.Straggler.kind,
+        events.Straggler.kind,
+        strag.CHRONIC,
+    ]
+
+
+def test_the_cpu_section_clock_counts_each_section_per_micro_step_and_slows_on_cue(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(strag.time, "sleep", slept.append)  # what an injected slowdown asks for
+    clock = strag.Sections(torch.device("cpu"))
+    slowed = strag.Sections(torch.device("cpu"), slow=3.0)
+    for c in (clock, slowed):
+        for _ in range(2):
+            c.start()
+            for section in range(len(strag.SECTIONS)):
+                sum(range(2_000))  # the section's work
+                c.lap(section)
+    assert all(t > 0 for t in clock.take()) and clock.take() == [0.0] * 4
+    # forward and backward of each of the 2 micro steps: twice the section's own time
+    assert len(slept) == 4 and all(s > 0 for s in slept)
