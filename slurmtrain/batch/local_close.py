@@ -35,8 +35,10 @@ def close_failed(run: RunDir, cfg: RootConfig, job_id: str) -> Optional[events.S
     if view.attempt is None:  # a start that failed before `started` may be the user's after a stop
         windows.open_window(run, run.run_events(), job_id)
     where = events.Where(job_id=job_id, attempt=view.attempt, nodes=[socket.gethostname()])
-    cls = ledger.classify(view.rows).cls or FailureClass.crash
     failed = [e for e in view.rows if isinstance(e, events.Failed)]
+    # No exit code here (the supervisor's names a hang): rows that are all the watchdog's say hang.
+    hung = any(e.cls == FailureClass.hang for e in failed)
+    cls = ledger.classify(view.rows).cls or (FailureClass.hang if hung else FailureClass.crash)
     ended = events.AttemptEnded(
         cls=cls,
         exit_code=LOCAL_RC,
