@@ -125,17 +125,21 @@ def test_flops_profiler_step_writes_its_file_and_records_the_measured_flops(prof
 
 
 def test_a_slow_rank_is_flagged_as_straggler_and_offered_as_bad_node(tmp_path):
-    inject = {"SLURMTRAIN_INJECT": "slow_rank=1,slow_factor=4"}
-    run = _train(tmp_path, "faults.allow_inject=true", env=inject)
+    """Stragglers by default (no train.timers): the injected slow rank's section clocks name it in
+    one `straggler` row a window after the first (warm-up), and in the metrics rows."""
+    inject = {"SLURMTRAIN_INJECT": "slow_rank=1,slow_factor=2"}
+    args = [a for a in FAST if a != "train.timers=true"]
+    done = run_cli([*args, "faults.allow_inject=true"], cwd=tmp_path, env=inject)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = run_dirs(tmp_path / "runs")
     ledger = ledger_events(run)
     [started] = [e for e in ledger if isinstance(e, Started)]
     flagged = [e for e in ledger if isinstance(e, Straggler)]
     assert flagged and {e.rank for e in flagged} == {1}
-    assert all(e.node == started.hosts[1] and e.factor > 1.5 for e in flagged)
-    assert {e.step for e in flagged} <= {5, 10, 15, 20}
+    assert all(e.node == started.hosts[1] and e.factor > 1.3 for e in flagged)
+    assert {e.step for e in flagged} <= {10, 15, 20}  # at most one a window
     offered = read_jsonl(run / "bad_nodes.jsonl")
-    assert len(offered) == len(flagged)
+    assert len(offered) == len(flagged)  # advisory: no spares, so nothing is excluded
     assert all(o["node"] == started.hosts[1] and o["reason"] == "straggler" for o in offered)
-    rows = read_jsonl(run / "metrics.jsonl")
-    # Its own time, not its peers' waiting for it, is what stands out.
-    assert all(r["compute_time_per_rank"][1] > r["compute_time_per_rank"][0] for r in rows)
+    judged = [r for r in read_jsonl(run / "metrics.jsonl") if "straggler_rank" in r]
+    assert judged and all(r["straggler_rank"] == 1 for r in judged)

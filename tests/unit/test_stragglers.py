@@ -20,7 +20,9 @@ HOSTS = ["n1", "n1", "n2", "n2"]
 
 def test_scores_are_ratios_to_the_median_rank_and_to_the_rank_own_past():
     assert strag.rank_scores([1.0, 1.0, 1.5, 1.0]) == [1.0, 1.0, 1.5, 1.0]
-    assert strag.rank_scores([0.0, 0.0]) == [1.0, 1.0]
+    assert strag.rank_scores([0.0, 0.0]) == [1.0, 1.0] and strag.rank_scores([3.0]) == [1.0]
+    assert strag.rank_scores([1.0, 2.0]) == [0.5, 2.0]  # the others' median: 2 ranks say 2x
+    assert strag.rank_scores([4.0, 1.0, 2.0]) == [4 / 1.5, 1 / 3, 2 / 2.5]
     assert strag.history_score(2.0, [1.0, 1.0, 4.0]) == 2.0
     assert strag.history_score(2.0, []) == 1.0
 
@@ -70,7 +72,7 @@ def test_the_watch_writes_one_row_a_window_and_a_chronic_node_to_the_bad_node_le
     rows: list[events.Row] = []
     bad = tmp_path / "bad_nodes.jsonl"
     watch = strag.Watch(_cfg(exclude_stragglers=True), HOSTS, rows.append, bad)
-    slow = [[0.01, 0.1, 0.2, 0.01]] * 3 + [[0.01, 0.15, 0.2, 0.01]]  # rank 3 forward 1.5x
+    slow = [[0.01, 0.1, 0.2, 0.01, 0.11]] * 3 + [[0.01, 0.15, 0.2, 0.01, 0.16]]  # rank 3: 1.5x
     assert watch.window(5, slow) == {}  # the first window warms up
     fields = [watch.window(step, slow) for step in (10, 15, 20)]
     assert fields[-1]["straggler_rank"] == 3 and fields[-1]["straggler_score"] > 1.4
@@ -100,6 +102,8 @@ def test_the_cpu_section_clock_counts_each_section_per_micro_step_and_slows_on_c
             for section in range(len(strag.SECTIONS)):
                 sum(range(2_000))  # the section's work
                 c.lap(section)
-    assert all(t > 0 for t in clock.take()) and clock.take() == [0.0] * 4
+    taken = clock.take()
+    assert all(t > 0 for t in taken) and clock.take() == [0.0] * 5
+    assert taken[strag.SCORED] > taken[strag.DATA]  # the median micro step's data+forward
     # forward and backward of each of the 2 micro steps: twice the section's own time
     assert len(slept) == 4 and all(s > 0 for s in slept)

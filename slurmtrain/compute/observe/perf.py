@@ -146,7 +146,7 @@ def _mean(values: list[float]) -> float:
 
 def _section_fields(rows: list[list[float]]) -> dict[str, MetricValue]:
     """The median rank's seconds per micro step in each section (`section_forward_s`, ...)."""
-    columns = zip(*rows)
+    columns = zip(*rows)  # the sections, then the scored time (not a section: left out by zip)
     return {f"section_{n}_s": statistics.median(c) for n, c in zip(strag.SECTIONS, columns)}
 
 

@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     from slurmtrain.common.events import Row
     from slurmtrain.common.schema import RootConfig
 
-DATA, FORWARD, BACKWARD, OPTIMIZER = range(4)
+DATA, FORWARD, BACKWARD, OPTIMIZER, SCORED = range(5)
 SECTIONS = ("data", "forward", "backward", "optimizer")
+# take()'s last value, SCORED: the median micro step's data+forward time (on CPU: a rank the OS
+# descheduled for one step is not a straggler; a device's clock has no such spikes: the mean)
 HISTORY = 8  # windows of a rank's own past its history score compares with
 CHRONIC = (
     "chronic_straggler"  # the bad-node ledger's reason (exclusions honour it; "straggler" not)
@@ -39,9 +41,29 @@ CHRONIC = (
 
 
 def rank_scores(times: Sequence[float]) -> list[float]:
-    """Each rank's time over the median rank's (1.0 for all when the median is not positive)."""
-    median = statistics.median(times) if times else 0.0
-    return [t / median if median > 0 else 1.0 for t in times]
+    """Each rank's time over the median of the *other* ranks' (1.0 where that is not positive, or
+    alone): with 2 ranks a plain median is their mean and would halve a slow rank's excess.
+    O(n log n): each rank's others' median is read off the one sorted list."""
+    order = sorted(range(len(times)), key=times.__getitem__)
+    ranked = [times[r] for r in order]
+    where = {r: p for p, r in enumerate(order)}
+    n = len(times) - 1  # the others' count
+
+    def other(p: int, j: int) -> float:  # the j-th smallest time once position p is left out
+        return ranked[j] if j < p else ranked[j + 1]
+
+    scores = []
+    for rank, t in enumerate(times):
+        p = where[rank]
+        median = (
+            0.0
+            if n < 1
+            else other(p, n // 2)
+            if n % 2
+            else (other(p, n // 2 - 1) + other(p, n // 2)) / 2
+        )
+        scores.append(t / median if median > 0 else 1.0)
+    return scores
 
 
 def node_scores(scores: Sequence[float], hosts: Sequence[str]) -> dict[str, tuple[float, int]]:
@@ -123,6 +145,7 @@ class Sections:
         self.slow = slow
         self.host = [0.0] * len(SECTIONS)
         self.micro = 0  # micro steps timed on the host since the last take
+        self.scored: list[float] = []  # CPU: each micro step's data+forward time
         self.device_micro = 0
         self.pending: deque[tuple[int, torch.cuda.Event, torch.cuda.Event]] = deque()
         self.t = 0.0
@@ -140,6 +163,8 @@ class Sections:
         now = time.perf_counter()
         if not self.cuda or section == DATA:  # the host waits for its data: host time
             self.host[section] += now - self.t
+            if not self.cuda and section in (DATA, FORWARD):
+                self._score(section, now - self.t)
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -148,14 +173,21 @@ class Sections:
             self.mark = event
         self.t = now
 
+    def _score(self, section: int, seconds: float) -> None:
+        if section == DATA:
+            self.scored.append(seconds)
+        elif self.scored:
+            self.scored[-1] += seconds
+
     def take(self) -> list[float]:
-        """Seconds per micro step of each section since the last take; on CUDA the events the
-        device has passed (the rest wait for the next window: nothing here syncs)."""
-        host, micro = self.host, max(self.micro, 1)
-        self.host, self.micro = [0.0] * len(SECTIONS), 0
+        """Seconds per micro step of each section since the last take, then the scored time
+        (SCORED); on CUDA the events the device has passed (the rest wait for the next window:
+        nothing here syncs)."""
+        host, micro, scored = self.host, max(self.micro, 1), self.scored
+        self.host, self.micro, self.scored = [0.0] * len(SECTIONS), 0, []
         out = [v / micro for v in host]
         if not self.cuda:
-            return out
+            return [*out, statistics.median(scored) if scored else 0.0]
         done = [0.0] * len(SECTIONS)
         counted = 0
         while self.pending and self.pending[0][2].query():
@@ -164,7 +196,7 @@ class Sections:
             counted += section == OPTIMIZER
         for s in (FORWARD, BACKWARD, OPTIMIZER):
             out[s] = done[s] / max(counted, 1)
-        return out
+        return [*out, out[DATA] + out[FORWARD]]
 
 
 def exclude_stragglers(cfg: RootConfig) -> bool:
@@ -193,7 +225,7 @@ class Watch:
     def window(self, step: int, sections: Sequence[Sequence[float]]) -> dict[str, float]:
         """Score one window (rows: each rank's seconds per section); the tracker's fields."""
         self.windows += 1
-        times = [r[DATA] + r[FORWARD] for r in sections]
+        times = [r[SCORED] for r in sections]
         if self.windows == 1 or len(times) != len(self.hosts):
             return {}
         verdict = judge(times, self.hosts, self.past, self.streaks)
