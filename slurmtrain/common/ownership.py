@@ -40,9 +40,23 @@ def tighten_umask(mode: Optional[int]) -> None:
     """Files this process (and the job it submits) creates get no more than the run's mode; never
     world-writable. Only ever narrows the umask the user chose."""
     narrower = (0o777 & ~(mode if mode is not None else DEFAULT_MODE)) | 0o002
+    if _umask_now() & narrower == narrower:  # already: a sweep's points narrow it side by side,
+        return  # and setting it (077 meanwhile) would narrow another thread's new files
     with _UMASK:  # read by setting it (the only way): meanwhile 077, never looser, for any thread
         old = os.umask(0o077)
         os.umask(old | narrower)
+
+
+def _umask_now() -> int:
+    """The umask read without setting it (Linux: /proc/self/status); 0 (unknown) elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def user(uid: int) -> str:

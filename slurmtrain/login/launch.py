@@ -109,11 +109,13 @@ def _submit_checked(
 
         return smoke.submit_chain(*todo[0])
     array = not single and todo[0][0].cfg.cluster.kind == "slurm"
-    for prepared, overrides in todo:
+    for prepared, _ in todo:
         _new_window(prepared)
-        record(prepared, overrides, durable=not array)  # an array syncs all points at once
-    if array:
+    if array:  # an array syncs all points at once; their files are made side by side
+        _record_all(todo)
         return _submit_array(todo, len(points))
+    for prepared, overrides in todo:
+        record(prepared, overrides)
     code = 0
     headers = point_headers([o for _, o in todo], [p.run.path for p, _ in todo])
     for (prepared, _), header in zip(todo, headers):
@@ -124,6 +126,20 @@ def _submit_checked(
             print(f"slurmtrain: run finished: {prepared.run.path}")
         code = code or result.exit_code
     return code
+
+
+def _record_all(todo: list[tuple[Prepared, list[str]]]) -> None:
+    """Each point's files (~10 creations: a few ms on a busy disk, most of it waiting for the
+    journal) written on a few threads, so the waits overlap; the first point alone first, so the
+    shared directories above the runs are made once. A failure is raised after the rest ended."""
+    from slurmtrain.common.durable import in_parallel
+
+    record(*todo[0], durable=False)
+    if any(p.cfg.resume_from for p, _ in todo):  # branches record into a shared parent: in turn
+        for point in todo[1:]:
+            record(*point, durable=False)
+        return
+    in_parallel(lambda point: record(*point, durable=False), todo[1:])
 
 
 def point_headers(overrides: Sequence[Sequence[str]], runs: Sequence[Path]) -> list[str]:

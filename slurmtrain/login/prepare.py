@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Sequence, cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmtrain.common import derived, pretrained, rundir, schema, secrets, text_corpus, validation
+from slurmtrain.common import derived, pretrained, rundir, secrets, text_corpus, validation
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import CheckpointSaved, Submitted
 from slurmtrain.common.schema import RootConfig
@@ -85,10 +85,10 @@ def _validated(cfg: DictConfig, submitting: bool) -> tuple[RootConfig, Optional[
         validation.validate_config(config, submitting)
 
     try:
-        raw = schema.plain(cfg)
+        raw, texts = view.plain_and_references(cfg)
         if unknown_key(raw, key_tree(RootConfig)) is None:
             checked = view.build(raw)
-            return checked, view.validated(cfg, checked, check, raw)
+            return checked, view.validated(cfg, checked, check, raw, texts)
     except ConfigError:
         raise
     except Exception:  # noqa: BLE001  the DictConfig's validation reports it, as it always did
@@ -155,7 +155,7 @@ def plan(cfg: DictConfig, quiet: bool = False, raw: Optional[dict[str, object]] 
     """Plan (refused in one line when it does not fit), print it unless `quiet`, locate the run
     directory; nothing is written. `raw`: schema.plain(cfg) when resolved() knew it."""
     typed_cfg = typed(cfg)
-    raw = raw if raw is not None else schema.plain(cfg)
+    raw = raw if raw is not None else view.plain(cfg)
     checked = snapshot(cfg, raw)
     report = preflight.report(checked, measured_tps=None)
     report.enforce(checked)  # before printing: a refusal is one line
@@ -164,7 +164,7 @@ def plan(cfg: DictConfig, quiet: bool = False, raw: Optional[dict[str, object]] 
             typed_cfg, checked
         )  # cluster.time=auto: planned again from the partition's MaxTime
         if typed_cfg.cluster.time != checked.cluster.time:
-            raw = schema.plain(cfg)
+            raw = view.plain(cfg)
             checked = snapshot(cfg, raw)
             report = preflight.report(checked, measured_tps=None)
     if not quiet:
