@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Sequence, TypedDict
 
 from slurmtrain.cli import run_arg, status_select
 from slurmtrain.cli.status_cache import Cache, Figures
-from slurmtrain.cli.status_table import render, tracker_warnings
+from slurmtrain.cli.status_table import render, straggler_line, tracker_warnings
 from slurmtrain.common import ledger, liveness, read_skips
 from slurmtrain.common.events import (
     AttemptEnded,
@@ -85,6 +85,7 @@ StatusRow = TypedDict(
         "window_after": Optional[str],
         "smoke_run": str,
         "trackers_failed": list[str],
+        "straggler": Optional[str],  # `straggler: node n2 1.50x (rank 3)`
         "updated": float,
     },
     total=False,
@@ -170,6 +171,7 @@ def summarize(
     }
     _rollbacks(row, events)
     row["trackers_failed"] = tracker_warnings(events)  # dropped trackers: a line below the table
+    row["straggler"] = straggler_line(events)  # the slowest node: a line below the table
     row["spares"] = spares(events, config)
     row["branched_from"] = None
     if any(isinstance(e, Branched) for e in run_rows):  # resume_from: parent, step, changed keys

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from slurmtrain.common.events import Rows, TrackerFailed
+from slurmtrain.common.events import Rows, Straggler, TrackerFailed
 from slurmtrain.common.slurm_text import compress_hostlist
 
 COLUMNS = ["name", "run", "model", "swept", "state", "step", "valid_loss", "age", "attempt"]
@@ -104,6 +104,20 @@ def cells(r: Mapping[str, object], now: Optional[float] = None) -> list[str]:
     ]
 
 
+def straggler_line(events: Rows) -> Optional[str]:
+    """`straggler: node n2 1.5x (rank 3)`: the newest start's latest straggler (observe/stragglers.py),
+    `chronic, excluded next attempt` when it was."""
+    last = next((e for e in reversed(events) if isinstance(e, Straggler)), None)
+    if last is None:
+        return None
+    line = f"straggler: node {last.node} {last.factor or 0:.2f}x (rank {last.rank})"
+    return (
+        line
+        + (", chronic" if last.chronic else "")
+        + (", excluded next attempt" if last.excluded else "")
+    )
+
+
 def render(rows: Sequence[Mapping[str, object]]) -> None:
     """A plain text table, one line per run (501 runs in milliseconds; a table library took
     half a second), then each branched run's lineage."""
@@ -118,6 +132,9 @@ def render(rows: Sequence[Mapping[str, object]]) -> None:
     for r in rows:  # lineage below the table: a parent's path and the changed keys are long
         if r.get("branched_from"):
             print(f"{r['name']}/{Path(str(r['run'])).name}: {r['branched_from']}")
+    for r in rows:
+        if r.get("straggler"):
+            print(f"{r['name']}/{Path(str(r['run'])).name}: {r['straggler']}")
     for r in rows:
         failed = r.get("trackers_failed")
         for line in failed if isinstance(failed, list) else ():

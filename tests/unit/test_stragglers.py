@@ -107,3 +107,15 @@ def test_the_cpu_section_clock_counts_each_section_per_micro_step_and_slows_on_c
     assert taken[strag.SCORED] > taken[strag.DATA]  # the median micro step's data+forward
     # forward and backward of each of the 2 micro steps: twice the section's own time
     assert len(slept) == 4 and all(s > 0 for s in slept)
+
+
+def test_status_names_the_newest_straggler_node_with_its_score_and_rank():
+    from slurmtrain.cli.status_table import straggler_line
+
+    rows = [
+        events.Straggler(node="n1", rank=0, factor=1.3, step=10),
+        events.Straggler(node="n2", rank=3, factor=1.5, step=20, windows=3, chronic=True),
+    ]
+    assert straggler_line([]) is None
+    assert straggler_line(rows[:1]) == "straggler: node n1 1.30x (rank 0)"
+    assert straggler_line(rows) == "straggler: node n2 1.50x (rank 3), chronic"
