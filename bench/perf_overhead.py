@@ -10,6 +10,8 @@ the tiny OPT), so the same noise hits all of them, and the median block time per
 - bare+timers: the same with DeepSpeed's wall_clock_breakdown timers (muted by perf.StepTimers)
 - loop: slurmtrain's loop.train (metrics row + TensorBoard every log interval, perf tracking),
   with timers off and on, at log intervals 1 and 10
+- straggler detection (faults.stragglers, on by default) A/B: the loop at log interval 10 with
+  it off; the last line is its cost, the paired median of on/off over the blocks (issue 39: <= 1%)
 """
 
 from __future__ import annotations
@@ -141,16 +143,17 @@ def rank_main(args: argparse.Namespace) -> None:
             dist.all_reduce(loss.detach().reshape(1))
             steps[timers] += 1
 
-    hooks: dict[tuple[bool, int], loop.LoopHooks] = {}
+    hooks: dict[tuple[bool, int, bool], loop.LoopHooks] = {}
     batches = loop.Batches(tokens, sampler, grad_accumulation(base, world))
 
-    def ours(timers: bool, log_interval: int) -> None:
+    def ours(timers: bool, log_interval: int, stragglers: bool = True) -> None:
         cfg = copy.deepcopy(base)
         cfg.train.timers, cfg.train.log_interval = timers, log_interval
+        cfg.faults.stragglers = stragglers
         cfg.train.max_steps = steps[timers] + args.block_steps
-        key = (timers, log_interval)
+        key = (timers, log_interval, stragglers)
         if key not in hooks:
-            run = tmp / f"t{int(timers)}_l{log_interval}"
+            run = tmp / f"t{int(timers)}_l{log_interval}_s{int(stragglers)}"
             run.mkdir()
             metrics = MetricsWriter(
                 run / "metrics.jsonl", rank == 0, 1, run / "tb", print_lines=False
@@ -168,6 +171,7 @@ def rank_main(args: argparse.Namespace) -> None:
         "loop timers=on log=10": lambda: ours(True, 10),
         "loop timers=off log=1": lambda: ours(False, 1),
         "loop timers=on log=1": lambda: ours(True, 1),
+        "loop stragglers=off log=10": lambda: ours(False, 10, stragglers=False),
     }
     for run_variant in variants.values():  # warm-up: first steps allocate and JIT
         run_variant()
@@ -202,6 +206,13 @@ def rank_main(args: argparse.Namespace) -> None:
             f"{1e3 * cpu_med:7.2f} ms {100 * (cpu_med / cpu_ref - 1):+6.1f}% "
             f"({1e3 * _iqr(cpu_per_step[name]):5.2f})"
         )
+    on, off = per_step["loop timers=off log=10"], per_step["loop stragglers=off log=10"]
+    cost = statistics.median(a / b for a, b in zip(on, off)) - 1
+    print(
+        f"straggler detection (faults.stragglers on vs off, log=10): {100 * cost:+.2f}% per step, "
+        f"paired median of {len(on)} blocks (wall: on {1e3 * statistics.median(on):.2f} ms, "
+        f"off {1e3 * statistics.median(off):.2f} ms)"
+    )
     _teardown(engines)
 
 

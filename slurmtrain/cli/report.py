@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Mapping, NotRequired, Optional, Sequence, Type
 from slurmtrain.cli import run_arg
 from slurmtrain.cli.goodput import LABELS, PARTS, Analysis, analyze, format_table, ledger_rows
 from slurmtrain.cli.report_steps import Thinned, step_panels, thin_checkpoints
+from slurmtrain.cli.report_stragglers import node_panel
 from slurmtrain.cli.startup_phases import format_startup
 from slurmtrain.common import events, read_skips
 from slurmtrain.common.events import TRAITS, Row, Rows
@@ -382,6 +383,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ledger, metrics = ledger_rows(rd), read_jsonl(rd.metrics)  # one failure per start
     a = analyze(ledger, metrics, now=time.time() if args.live else None)
     print(summary(run, a, ledger, metrics))
+    print("\n".join(node_panel(ledger)) or "no straggler seen")  # per node (report_stragglers.py)
     out = plot(run, args.out or run / "report.png", a, ledger, metrics)
     print(f"\nwrote {out}")
     read_skips.warn("report", run)  # one line for every unreadable file or line skipped

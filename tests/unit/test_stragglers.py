@@ -119,3 +119,18 @@ def test_status_names_the_newest_straggler_node_with_its_score_and_rank():
     assert straggler_line([]) is None
     assert straggler_line(rows[:1]) == "straggler: node n1 1.30x (rank 0)"
     assert straggler_line(rows) == "straggler: node n2 1.50x (rank 3), chronic"
+
+
+def test_report_lists_each_straggler_node_slowest_first():
+    from slurmtrain.cli.report_stragglers import node_panel
+
+    rows = [
+        events.Straggler(node="n1", rank=0, factor=1.3, step=10),
+        events.Straggler(node="n2", rank=3, factor=1.5, step=20),
+        events.Straggler(node="n2", rank=3, factor=1.4, step=30, chronic=True, excluded=True),
+    ]
+    assert node_panel([]) == []
+    assert node_panel(rows)[1:] == [
+        "  n2  2 windows  worst 1.50x (rank 3)  chronic, excluded",
+        "  n1  1 windows  worst 1.30x (rank 0)",
+    ]
