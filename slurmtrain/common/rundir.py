@@ -12,7 +12,6 @@ twice finds the first one instead of silently training it again.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import os
@@ -60,12 +59,14 @@ def result_view(
 ) -> dict[str, object]:
     """The config as a plain dict without the keys that do not change what is computed, nor the
     result keys added since the baseline that hold their registered default (common/fingerprint.py
-    says why; `registered=False` keeps them). `data`: schema.plain(cfg)
-    when the caller has it (copied here)."""
-    from slurmtrain.common.fingerprint import drop, drop_defaults
+    says why; `registered=False` keeps them). `data`: schema.plain(cfg) when the caller has it
+    (left as it is: only the dicts the drops change are copied, not all of it per sweep point)."""
+    from slurmtrain.common.fingerprint import ADDED_RESULT_KEYS, drop, drop_defaults
+    from slurmtrain.common.nested_copy import copied_along
     from slurmtrain.common.schema import NON_RESULT_KEYS, plain
 
-    view = plain(cfg) if data is None else copy.deepcopy(data)
+    changed = [*NON_RESULT_KEYS, *ADDED_RESULT_KEYS]
+    view = plain(cfg) if data is None else copied_along(data, changed)
     for key in NON_RESULT_KEYS:
         drop(view, key)
     return drop_defaults(view) if registered else view

@@ -175,9 +175,26 @@ def plan(cfg: DictConfig, quiet: bool = False, raw: Optional[dict[str, object]] 
             print(note)
     # Fingerprinted, then written (record): secrets as references, so neither config.yaml nor the
     # run's name depends on a key's value (a rotated token resumes the same run).
-    data = secrets.referenced(raw)
+    data = _referenced(raw)
     run = rundir.locate(cfg, data)
     return Prepared(cfg, run, resumed=False, data=data, view=checked, raw=raw)
+
+
+_REFERENCED: dict[str, object] = {}  # _referenced's sections, by their exact value
+
+
+def _referenced(raw: dict[str, object]) -> dict[str, object]:
+    """secrets.referenced(raw) (a walk per top-level section), each section made once per
+    distinct value: a sweep's points share all but a few. Shared, so read only (as it is)."""
+    out: dict[str, object] = {}
+    for key, value in raw.items():
+        memo = repr((key, value))  # exact: plain str/int/float/bool/None containers
+        if memo not in _REFERENCED:
+            if len(_REFERENCED) >= 4096:
+                _REFERENCED.clear()
+            _REFERENCED[memo] = secrets.referenced({key: value})[key]
+        out[key] = _REFERENCED[memo]
+    return out
 
 
 def settle(p: Prepared) -> Optional[Prepared]:
