@@ -58,11 +58,12 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
         return wrapper
 
-    wrapped = {f: counting(f, name) for f, name in originals.items()}
+    # by identity: a module may hold a callable that is unhashable (a dataclass instance)
+    wrapped = {id(f): counting(f, name) for f, name in originals.items()}
     for module in [m for n, m in list(sys.modules.items()) if n.startswith("slurmtrain")]:
         for attr, value in list(vars(module).items()):
-            if callable(value) and value in wrapped:
-                monkeypatch.setattr(module, attr, wrapped[value])
+            if callable(value) and id(value) in wrapped:
+                monkeypatch.setattr(module, attr, wrapped[id(value)])
     return counted
 
 
