@@ -35,6 +35,7 @@ from slurmtrain.common.events import (
     Started,
     Stopped,
     Submitted,
+    SuccessorQueued,
 )
 from slurmtrain.common.jsonl import (
     as_integer,
@@ -81,6 +82,7 @@ StatusRow = TypedDict(
         "last_rollback": Optional[str],
         "spares": Optional[SpareNodes],
         "branched_from": Optional[str],
+        "successor": Optional[str],
         "window": int,
         "window_after": Optional[str],
         "smoke_run": str,
@@ -178,6 +180,11 @@ def summarize(
         from slurmtrain.login.branch import lineage_line
 
         row["branched_from"] = lineage_line(run_rows)
+    row["successor"] = None
+    if any(isinstance(e, SuccessorQueued) for e in run_rows):  # faults.successor: its pending job
+        from slurmtrain.batch.successor import shown
+
+        row["successor"] = shown(run_rows)
     windows = [e for e in run_rows if isinstance(e, BudgetWindow)]
     row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
     row["window_after"] = windows[-1].after_class if windows else None

@@ -132,6 +132,8 @@ def render(rows: Sequence[Mapping[str, object]]) -> None:
     for r in rows:  # lineage below the table: a parent's path and the changed keys are long
         if r.get("branched_from"):
             print(f"{r['name']}/{Path(str(r['run'])).name}: {r['branched_from']}")
+        if r.get("successor"):  # `successor 1234 pending`: the job that takes over if this dies
+            print(f"{r['name']}/{Path(str(r['run'])).name}: {r['successor']}")
     for r in rows:
         if r.get("straggler"):
             print(f"{r['name']}/{Path(str(r['run'])).name}: {r['straggler']}")

@@ -369,3 +369,25 @@ class BadNode(Row):
     kind = "bad_node"
     durable = True
     reason: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuccessorQueued(Row):
+    """The batch shell (batch/successor.py): a pending `--dependency=singleton` copy of job.sbatch
+    (`new_job_id`) starts if this job dies with its batch node; never the run's owner until it
+    starts (so it never blocks the run lock)."""
+
+    kind = "successor_queued"
+    durable = True
+    new_job_id: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuccessorCancelled(Row):
+    """The batch shell: the run finished, stopped or was cancelled; its pending successors
+    (`new_job_ids`) are scancel'ed, so nothing of it stays in the queue."""
+
+    kind = "successor_cancelled"
+    durable = True
+    new_job_ids: tuple[str, ...] = ()
+    reason: Optional[str] = None

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
+from slurmtrain.batch import successor
 from slurmtrain.common import secrets, slurm_cmd
 from slurmtrain.common.derived import derived_of
 from slurmtrain.common.durable import in_parallel, persist
 from slurmtrain.common.errors import EXIT_RELAUNCH, EXIT_REQUEUE, ConfigError
-from slurmtrain.common.events import Submitted
+from slurmtrain.common.events import Submitted, Where
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.schema_cluster import setup_lines
@@ -39,7 +40,11 @@ if TYPE_CHECKING:
 TEMPLATES = "slurmtrain.sbatch_templates"  # the repository's sbatch_templates/ (pyproject.toml)
 
 
-def job_name(cfg: RootConfig) -> str:
+def job_name(cfg: RootConfig, run_dir: str | Path | None = None) -> str:
+    """A single run's jobs carry a name of its own when a successor waits on it (singleton:
+    batch/successor.py); an array's, the plain one."""
+    if run_dir and cfg.faults.successor:
+        return successor.job_name(cfg.name, run_dir)
     return f"st-{cfg.name}"
 
 
@@ -146,7 +151,7 @@ def render_sbatch(
     return render_script(
         cfg,
         str(run.path),
-        options if options is not None else flags.sbatch_options(cfg, job_name(cfg)),
+        options if options is not None else flags.sbatch_options(cfg, job_name(cfg, run.path)),
         batch_log=f"{logs}/%j.batch.out",
         has_secrets=(run.path / secrets.ENV_FILE).exists() if recorded else None,
     )
@@ -167,8 +172,8 @@ def executor(
     environment and supervisor that every restart and a hand `sbatch job.sbatch` run.
     `target`: [run_dir]. `after`: a job id this one waits for (afterok); at submission only:
     job.sbatch never carries it, so a hand resubmission does not wait for a job long gone."""
-    options = _first_submission_options(cfg, after)
     run_dir = target[0] if target else ""
+    options = _first_submission_options(cfg, after, None if array_map else run_dir)
     batch_log = (
         f"{folder}/%A_%a.batch.out"
         if array_map
@@ -193,10 +198,12 @@ def executor(
     return ex
 
 
-def _first_submission_options(cfg: RootConfig, after: Optional[str]) -> dict[str, flags.Flag]:
+def _first_submission_options(
+    cfg: RootConfig, after: Optional[str], run_dir: Optional[str] = None
+) -> dict[str, flags.Flag]:
     """The #SBATCH flags of the first submission: job.sbatch's, and the dependencies only it
     carries (`after`, cluster.sbatch_extra.dependency)."""
-    options = flags.sbatch_options(cfg, job_name(cfg))
+    options = flags.sbatch_options(cfg, job_name(cfg, run_dir))
     waits = [f"afterok:{flags.checked('dependency', after)}"] if after else []
     waits += [d for d in [flags.user_dependency(cfg)] if d]
     if waits:
@@ -278,6 +285,9 @@ def submit(
         link or Submitted(), executor="slurm", fingerprint=run.path.name, after=after or None
     )
     run.record(row, job_id=job.job_id)
+    if cfg.faults.successor and not after:  # queued now, it ages in the queue beside the first
+        # job (a smoke chain's big job gets its own when it starts: its smoke may fail)
+        successor.queue(run, Where(job_id=job.job_id))
     waits = f" (after job {after} succeeds)" if after else ""
     print(f"slurmtrain: submitted job {job.job_id} for {run.path}{waits}")
     return Submission(job.job_id, "slurm")

@@ -1,0 +1,81 @@
+"""The successor already in the queue (issue 38, build 3), on real Slurm: a run's pending
+`--dependency=singleton` copy of job.sbatch takes over when the batch node dies, with no human
+action; once the run finishes, nothing of it is left in the queue."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmtrain.batch.successor import job_name
+from slurmtrain.common.events import (
+    CheckpointLoaded,
+    CheckpointSaved,
+    Finished,
+    Started,
+    SuccessorCancelled,
+    SuccessorQueued,
+)
+from tests.cluster.helpers import events, rows_of, submit_run, wait_event, wait_until
+
+pytestmark = pytest.mark.slurm
+BASE = ["cluster=slurm", "nodes=1", "train.log_interval=1", "checkpoint.interval_steps=4"]
+
+
+def queued_of(name: str, run: Path) -> list[str]:
+    """`id state` of this user's jobs under the run's own name (squeue; one that failed, the
+    controller busy, counts as not empty)."""
+    done = subprocess.run(
+        ["squeue", "-h", "-n", job_name(name, run), "-o", "%i %T"], capture_output=True, text=True
+    )
+    return [line for line in done.stdout.splitlines() if line.strip()] or (
+        [] if done.returncode == 0 else ["squeue failed"]
+    )
+
+
+def test_a_finished_run_leaves_nothing_in_the_queue(slurm_cluster, workdir):
+    run = submit_run(BASE, workdir, "succfin", ["train.max_steps=3"])
+    [queued] = rows_of(run, SuccessorQueued)  # at submission, beside the first job
+    wait_event(run, Finished, timeout=300)
+    [cancelled] = wait_event(run, SuccessorCancelled, timeout=60)  # by the job's batch shell
+    wait_until(lambda: not queued_of("succfin", run), 60, "the run's jobs to leave the queue")
+    assert cancelled.new_job_ids == (queued.new_job_id,) and cancelled.reason == Finished.kind
+
+
+def _job_pids(job_id: str) -> list[int]:
+    """Every process of the job on its node (batch shell, srun, ranks): `scontrol listpids`."""
+    out = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True).stdout
+    return [int(f.split()[0]) for f in out.splitlines()[1:] if f.split() and f.split()[0].isdigit()]
+
+
+def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdir):
+    run = submit_run(BASE, workdir, "succkill", ["train.max_steps=24"], inject="step_delay=0.5")
+    wait_event(run, CheckpointSaved, timeout=300)
+    [started] = rows_of(run, Started)
+    [queued] = rows_of(run, SuccessorQueued)
+    victim = started.hosts[0]  # nodes=1: the batch node itself
+    pids = _job_pids(str(started.job_id))
+    os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)  # the node dies: slurmd and ...
+    for pid in pids:  # ... everything of the job on it (one host here: killed by hand)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        wait_event(run, Finished, timeout=500, fail_on=())
+    finally:
+        slurm_cluster.start()
+        subprocess.run(
+            ["scontrol", "update", f"nodename={victim}", "state=resume"], capture_output=True
+        )
+    ev = events(run)
+    starts = [e for e in ev if isinstance(e, Started)]
+    takers = {str(e.job_id) for e in starts[1:]}
+    print(f"first job {started.job_id}, successor {queued.new_job_id}, trained by {takers}")
+    assert queued.new_job_id in takers  # no human action: the queued successor resumed it
+    assert [e for e in ev if isinstance(e, CheckpointLoaded)]
+    wait_until(lambda: not queued_of("succkill", run), 60, "the run's jobs to leave the queue")
