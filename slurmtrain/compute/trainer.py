@@ -108,7 +108,7 @@ class Trainer:
     def choose(self) -> None:
         """Rank 0 picks the checkpoint (checkpoint/select.py); with checksums every rank verifies
         its own files of each candidate (checkpoint/verify.py); every rank learns the choice."""
-        from slurmtrain.compute.checkpoint import verify
+        from slurmtrain.compute.checkpoint import local_resume, verify
 
         choice, self.deadlines = verify.choose(
             self.cfg,
@@ -121,6 +121,11 @@ class Trainer:
         )
         self.ctx = replace(self.ctx, deadlines=self.deadlines)  # the checkpointer's IO phases
         self.found = choice.found
+        if self.cfg.checkpoint.local_every_steps > 0 and choice.stop is None:  # issue 38
+            self.found = local_resume.choose(
+                self.cfg.checkpoint, self.run.path, self.rank, self.world, self.found,
+                self.attempt.record, discard=choice.applied is not None,
+            )  # fmt: skip
         for path, reason in self.found.skipped:
             self.attempt.record(events.CheckpointSkipped(path=path, reason=reason))
             if self.rank == 0:
@@ -145,6 +150,7 @@ class Trainer:
 
         from slurmtrain.common import ds_config
         from slurmtrain.compute import data, deepspeed_compat, parallel, resume_build
+        from slurmtrain.compute.checkpoint import local_tier
         from slurmtrain.compute.checkpoint.manager import Checkpointer
         from slurmtrain.compute.observe.memory import MemoryCheck
 
@@ -175,6 +181,9 @@ class Trainer:
             protect=ledger.rolled_back_to(self.attempt.rows),  # rank 0 prunes: it has the rows
         )
         self.checkpointer.attach(self.engine)
+        self.local = local_tier.open_tier(
+            cfg.checkpoint, run.path, self.rank, self.world, self.checkpointer
+        )
         self.data = data.load(cfg.data)  # training windows + sampler, held-out windows
         self.tokens, self.sampler = self.data.train, self.data.sampler
         self.metrics = self._metrics_writer()
@@ -264,8 +273,13 @@ class Trainer:
 
         if not params_finite(self.engine.module, self.device):
             return "non-finite parameters at a save"
+        self.checkpointer.save(self.engine, step, self.meta(step, loss), rng_state())
+        return None
+
+    def meta(self, step: int, loss: Optional[float] = None) -> Meta:
+        """The checkpoint's client state at `step` (both tiers)."""
         consumed = step * int(self.cfg.train.global_batch_size or 0)
-        meta: Meta = {
+        return {
             "world_size": self.world,
             "consumed_samples": consumed,
             "zero_stage": self.cfg.deepspeed.stage,
@@ -278,8 +292,6 @@ class Trainer:
                 "epoch": (self.sampler.skip + consumed) // self.sampler.num_samples,
             },
         }
-        self.checkpointer.save(self.engine, step, meta, rng_state())
-        return None
 
     def on_stop(self, step: int, code: int) -> None:
         """The ranks agreed to stop: recorded now, before the save (which may outlast GraceTime)."""
@@ -308,6 +320,8 @@ class Trainer:
         self.watchdog.beat(f"step {step}")
         self.memory.after_step(step)
         self.injector.after_step(step, seconds)
+        if self.local is not None and self.local.due(step):  # the node-local tier (issue 38)
+            self.local.save(self.engine, step, self.meta(step), rng_state())
 
     def loop(self) -> Outcome:
         from slurmtrain.compute import loop, parallel

@@ -1,0 +1,100 @@
+"""The node-local checkpoint tier (issue 38): a killed run resumes from its own local copy, then,
+with that copy deleted, from the buddy node's copy, then, with the buddy copy corrupted too, from
+the shared tier; each time the ledger names the tier and the losses stay bitwise the reference's.
+Two "nodes" on one host: one rank each (SLURMTRAIN_LOCAL_RANKS_PER_NODE=1), each its own `{node}`
+local directory, so deleting one node's directory is losing that node's storage."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from slurmtrain.common.events import CheckpointLoaded, Finished, ResumeSource, Started
+from tests.conftest import PYTHON, ledger_of, read_jsonl, run_cli, run_dirs, slurmtrain_env
+from tests.local.test_local_runs import _wait_for_step, losses_by_step
+
+EVERY = 2
+
+
+def _args(workdir: Path) -> list[str]:
+    return [
+        "train.max_steps=20",
+        "train.log_interval=1",
+        "faults.health_check=false",  # a storage probe on this loaded box is not the subject
+        "checkpoint.interval_steps=8",  # the shared tier: steps 8 and 16 (and 20)
+        f"checkpoint.local_every_steps={EVERY}",
+        f"checkpoint.local_dir='{workdir}/local/node{{node}}'",
+    ]
+
+
+ENV = {"SLURMTRAIN_LOCAL_RANKS_PER_NODE": "1"}
+
+
+def _kill_after(run: Path, args: list[str], workdir: Path, step: int, attempt: int) -> int:
+    """Start (or resume) the run, SIGKILL its ranks once `step` is logged; the last step logged."""
+    env = slurmtrain_env({**ENV, "SLURMTRAIN_INJECT": "step_delay=0.3"})
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "slurmtrain", *args, "name=killed", "faults.allow_inject=true"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    _wait_for_step(run / "metrics.jsonl", step, proc)
+    started = [e for e in ledger_of(run, Started) if e.attempt == attempt]
+    for pid in started[-1].pids:
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=120)
+    return max(r["step"] for r in read_jsonl(run / "metrics.jsonl"))
+
+
+def _tiers(run: Path, attempt: int) -> dict[str, set[str]]:
+    rows = [e for e in ledger_of(run, ResumeSource) if e.attempt == attempt]
+    return {"tiers": {str(e.tier) for e in rows}, "reasons": {str(e.reason) for e in rows}}
+
+
+def _loaded(run: Path, attempt: int) -> int:
+    [row] = [e for e in ledger_of(run, CheckpointLoaded) if e.attempt == attempt]
+    return int(row.step or 0)
+
+
+def test_resume_from_own_then_buddy_then_shared_bitwise(workdir):
+    args = _args(workdir)
+    reference = run_cli([*args, "name=reference"], cwd=workdir, env=ENV)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    [ref_run] = run_dirs(workdir / "runs")
+    losses = losses_by_step(ref_run)
+    run = workdir / "runs" / "killed" / ref_run.name  # same config: same fingerprint
+    local = [workdir / "local" / f"node{n}" for n in (0, 1)]
+
+    # 1. own local copy: at most EVERY steps recomputed
+    k1 = _kill_after(run, args, workdir, 11, attempt=1)  # local: step 10; shared: step 8
+    k2 = _kill_after(run, args, workdir, k1 + 2, attempt=2)
+    assert k1 - EVERY <= _loaded(run, 2) <= k1
+    assert _tiers(run, 2)["tiers"] == {"local"}
+
+    # 2. node 1 lost its storage: its ranks take the step from node 0's buddy copy
+    for own in local[1].glob("*/own"):
+        shutil.rmtree(own)
+    k3 = _kill_after(run, args, workdir, k2 + 1, attempt=3)
+    assert k2 - EVERY <= _loaded(run, 3) <= k2
+    assert _tiers(run, 3)["tiers"] == {"local", "buddy"}
+
+    # 3. and its buddy copies are corrupt: the shared tier, with the reason logged
+    for own in local[1].glob("*/own"):
+        shutil.rmtree(own)
+    for held in local[0].glob("*/buddy/1/step_*"):
+        for shard in held.glob("*optim_states.pt"):
+            shard.write_bytes(b"\0" * shard.stat().st_size)
+    resumed = run_cli([*args, "name=killed"], cwd=workdir, env=ENV)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _loaded(run, 4) in (8, 16) and _loaded(run, 4) <= k3
+    tiers = _tiers(run, 4)
+    assert tiers["tiers"] == {"shared"}
+    assert any("checksum" in r for r in tiers["reasons"]), tiers
+    assert isinstance(ledger_of(run, Finished)[-1], Finished)
+    assert losses_by_step(run) == losses  # bitwise across all four attempts
