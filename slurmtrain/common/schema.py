@@ -184,10 +184,8 @@ class CheckpointConfig:
     # Where checkpoints live (scratch, flash), absolute; None: in the run directory. The run
     # directory keeps config, ledger and logs, and `checkpoints` links there (common/checkpoint_dir.py).
     dir: Optional[str] = None
-    # Node-local tier (compute/checkpoint/local_tier.py): every K steps to node-local storage plus
-    # a buddy node's copy; 0: off. local_dir: absolute, `{node}` allowed; None: $SLURM_TMPDIR|/dev/shm.
-    local_every_steps: int = 0
-    local_dir: Optional[str] = None
+    local_every_steps: int = 0  # node-local tier + buddy copy every K steps (local_tier.py); 0: off
+    local_dir: Optional[str] = None  # absolute, `{node}` allowed; None: $SLURM_TMPDIR or /dev/shm
 
 
 @dataclass
