@@ -108,8 +108,29 @@ def build(data: dict[str, object]) -> RootConfig:
 def _section(kind: type, data: object) -> object:
     if not isinstance(data, dict):
         raise TypeError(f"{kind.__name__}: not a section ({data!r:.40})")
+    plain_fields = _plain_fields(kind)
     fields = _fields(kind)
-    return kind(**{str(k): _value(fields[str(k)], v) for k, v in data.items()})
+    out = {}
+    for k, v in data.items():  # _value's rules; a plain field's value is taken as it is
+        key = str(k)
+        if key in plain_fields and not (isinstance(v, str) and v == "???"):
+            out[key] = v
+        else:
+            out[key] = _value(fields[key], v)
+    return kind(**out)
+
+
+@functools.cache
+def _plain_fields(kind: type) -> frozenset[str]:
+    """The fields _value returns as given (no section, Enum or list to make): most of them."""
+    return frozenset(
+        name
+        for name, tp in _fields(kind).items()
+        if not (
+            isinstance(tp, type) and (dataclasses.is_dataclass(tp) or issubclass(tp, enum.Enum))
+        )
+        and get_origin(tp) is not list
+    )
 
 
 @functools.cache
