@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from slurmtrain.common.events import Rows, Straggler, TrackerFailed
+from slurmtrain.common.events import Rows, Started, Straggler, TrackerFailed
 from slurmtrain.common.slurm_text import compress_hostlist
 
 COLUMNS = ["name", "run", "model", "swept", "state", "step", "valid_loss", "age", "attempt"]
@@ -111,6 +111,9 @@ def straggler_line(events: Rows) -> Optional[str]:
     if last is None:
         return None
     line = f"straggler: node {last.node} {last.factor or 0:.2f}x (rank {last.rank})"
+    newest = max((e.attempt or 0 for e in events if isinstance(e, Started)), default=0)
+    if last.attempt is not None and last.attempt < newest:  # an earlier attempt's: say which
+        line += f" in attempt {last.attempt}"
     return (
         line
         + (", chronic" if last.chronic else "")

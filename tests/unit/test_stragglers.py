@@ -40,8 +40,9 @@ def test_the_slowest_node_above_the_threshold_is_judged_chronic_after_m_windows_
     assert first == strag.Verdict("n2", 3, 1.5, 1.0, 1, False)
     assert strag.judge(slow, HOSTS, past, streaks).windows == 2
     third = strag.judge(slow, HOSTS, past, streaks)
-    assert third.chronic and third.windows == 3
-    assert not strag.judge(slow, HOSTS, past, streaks).chronic  # chronic once, not every window
+    assert third.chronic and third.new and third.windows == 3
+    fourth = strag.judge(slow, HOSTS, past, streaks)
+    assert fourth.chronic and not fourth.new  # it stays chronic; it became so once
 
 
 def test_a_quiet_window_breaks_the_streak_and_a_clean_run_is_never_judged():
@@ -134,3 +135,16 @@ def test_report_lists_each_straggler_node_slowest_first():
         "  n2  2 windows  worst 1.50x (rank 3)  chronic, excluded",
         "  n1  1 windows  worst 1.30x (rank 0)",
     ]
+
+
+def test_status_says_which_attempt_an_older_straggler_was_in():
+    from slurmtrain.cli.status_table import straggler_line
+
+    rows = [
+        events.Started(attempt=1),
+        events.Straggler(node="n7", rank=0, factor=1.45, attempt=1, chronic=True, excluded=True),
+        events.Started(attempt=2),
+    ]
+    assert straggler_line(rows) == (
+        "straggler: node n7 1.45x (rank 0) in attempt 1, chronic, excluded next attempt"
+    )

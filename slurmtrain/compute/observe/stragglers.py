@@ -84,7 +84,8 @@ def history_score(time_now: float, past: Sequence[float]) -> float:
 @dataclass(frozen=True)
 class Verdict:
     """The slowest node of a window: its score, its slowest rank, that rank's history score,
-    how many windows in a row the node was above the threshold, and whether that made it chronic."""
+    how many windows in a row the node was above the threshold, whether it is chronic (this
+    attempt, so far) and whether it became so in this window."""
 
     node: str
     rank: int
@@ -92,6 +93,7 @@ class Verdict:
     history: float
     windows: int
     chronic: bool
+    new: bool = False
 
 
 class Streaks:
@@ -132,7 +134,8 @@ def judge(
     if score <= streaks.threshold:
         return None
     hist = history_score(times[rank], past[rank] if rank < len(past) else ())
-    return Verdict(node, rank, score, hist, counts.get(node, 0), node in chronic)
+    sticky = node in streaks.chronic
+    return Verdict(node, rank, score, hist, counts.get(node, 0), sticky, node in chronic)
 
 
 class Sections:
@@ -272,13 +275,16 @@ class Watch:
         )
         # Every window's straggler is offered (advisory: exclusions skip the reason); a chronic
         # one that is to be excluded gets a row exclusions honour.
-        for reason in (events.Straggler.kind, CHRONIC) if excluded else (events.Straggler.kind,):
+        reasons = (
+            (events.Straggler.kind, CHRONIC) if excluded and v.new else (events.Straggler.kind,)
+        )
+        for reason in reasons:
             append_jsonl(
                 self.bad_nodes,
                 {"node": v.node, "reason": reason, "factor": round(v.score, 3), "step": step}
                 | {"rank": v.rank, "time": time.time()},
             )
-        if v.chronic:
+        if v.new:
             print(
                 f"slurmtrain: chronic straggler: node {v.node} (rank {v.rank}) at {v.score:.2f}x "
                 f"the median rank for {v.windows} windows"
