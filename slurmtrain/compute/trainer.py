@@ -396,6 +396,8 @@ class Trainer:
             self.attempt.record(events.Paused(step=outcome.step))
             return 0
         if not stopped:
+            if self.local is not None:  # the shared tier holds the final state: free the node's
+                self.local.drop()
             self.attempt.record(events.Finished(step=outcome.step))
             return 0
         self.on_stop(outcome.step, outcome.stop_code)  # normally recorded before the save

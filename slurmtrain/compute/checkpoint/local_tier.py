@@ -163,6 +163,14 @@ class LocalTier:
         dist.barrier()
         return True
 
+    def drop(self) -> None:
+        """Collective, once the run finished: this run's local copies go (RAM, with /dev/shm)."""
+        import torch.distributed as dist
+
+        dist.barrier()
+        if self.where.is_lead:
+            shutil.rmtree(self.root, ignore_errors=True)
+
     def _short_of_space(self) -> Optional[str]:
         """Node leads: why this node cannot hold its ranks' shards twice (own + buddy's), or None."""
         if not self.where.is_lead:
