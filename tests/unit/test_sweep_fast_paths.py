@@ -84,3 +84,26 @@ def test_a_number_is_parsed_as_hydra_parses_it(line):
     launcher = SlurmtrainLauncher()
     [theirs] = OverridesParser.create().parse_overrides([line])
     assert launcher._parse(line) == theirs
+
+
+def test_values_validation_fills_in_are_written_as_omegaconf_types_them(configs):
+    """login/view._written hands a derived value (min_lr, max_steps, cluster.time...) to the
+    typed node itself: the config then reads as after a setattr, and the plain dict check hands on
+    is the config's own."""
+    from slurmtrain.login.prepare import resolved
+
+    with initialize_config_module("slurmtrain.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["cluster=slurm", "runs_root=/tmp/x", "name=n"])
+    OmegaConf.set_struct(cfg, False)
+    cfg.pop("hydra", None)
+    OmegaConf.set_struct(cfg, True)
+    slow = cfg.copy()
+    made, raw = resolved(cfg, copy=False)
+    assert raw is not None and repr(raw) == repr(schema.plain(made))
+    original = view._written  # the same validation through OmegaConf's own setattr
+    view._written = lambda node, key, value: (setattr(node, key, value), getattr(node, key))[1]
+    try:
+        theirs, _ = resolved(slow, copy=False)
+    finally:
+        view._written = original
+    assert OmegaConf.to_yaml(made) == OmegaConf.to_yaml(theirs)
