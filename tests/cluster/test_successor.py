@@ -47,9 +47,20 @@ def test_a_finished_run_leaves_nothing_in_the_queue(slurm_cluster, workdir):
 
 
 def _job_pids(job_id: str) -> list[int]:
-    """Every process of the job on its node (batch shell, srun, ranks): `scontrol listpids`."""
-    out = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True).stdout
-    return [int(f.split()[0]) for f in out.splitlines()[1:] if f.split() and f.split()[0].isdigit()]
+    """Every process of the job on its node: its slurmstepds and what they run (batch shell,
+    srun, ranks), found in /proc (the nodes share one host; `scontrol listpids` asks one slurmd)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"slurmstepd: [{job_id}." in cmd or f"SLURM_JOB_ID={job_id}".encode() in env:
+            found.append(int(proc.name))
+    return found
 
 
 def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdir):
@@ -58,7 +69,11 @@ def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdi
     [started] = rows_of(run, Started)
     [queued] = rows_of(run, SuccessorQueued)
     victim = started.hosts[0]  # nodes=1: the batch node itself
+    # Slurm would requeue the job itself (--requeue; the successor then waits behind it): a site
+    # without requeue, or a job past MaxBatchRequeue, is the case the successor is for.
+    subprocess.run(["scontrol", "update", f"jobid={started.job_id}", "requeue=0"], check=True)
     pids = _job_pids(str(started.job_id))
+    assert started.pids[0] in pids, pids
     os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)  # the node dies: slurmd and ...
     for pid in pids:  # ... everything of the job on it (one host here: killed by hand)
         try:
