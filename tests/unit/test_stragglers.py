@@ -72,7 +72,8 @@ def test_exclusion_defaults_to_whether_the_run_has_spares():
 def test_the_watch_writes_one_row_a_window_and_a_chronic_node_to_the_bad_node_ledger(tmp_path):
     rows: list[events.Row] = []
     bad = tmp_path / "bad_nodes.jsonl"
-    watch = strag.Watch(_cfg(exclude_stragglers=True), HOSTS, rows.append, bad)
+    cfg = _cfg(exclude_stragglers=True, straggler_windows=3, straggler_threshold=1.2)
+    watch = strag.Watch(cfg, HOSTS, rows.append, bad)
     slow = [[0.01, 0.1, 0.2, 0.01, 0.11]] * 3 + [[0.01, 0.15, 0.2, 0.01, 0.16]]  # rank 3: 1.5x
     assert watch.window(5, slow) == {}  # the first window warms up
     fields = [watch.window(step, slow) for step in (10, 15, 20)]
