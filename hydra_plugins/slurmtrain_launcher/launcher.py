@@ -44,6 +44,7 @@ class SlurmtrainLauncher(Launcher):
         self._groups: Optional[set[str]] = None
         self._parser: Optional[OverridesParser] = None
         self._cli: Optional[tuple[Optional[tuple[str, ...]]]] = None  # see _command_line
+        self._given_lines: Optional[frozenset[str]] = None  # see _given
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -94,9 +95,12 @@ class SlurmtrainLauncher(Launcher):
         parsed = [self._parse(line) for line in overrides]
         plain = [o for o in parsed if self._is_plain(o)]
         structural = tuple(str(o.input_line) for o in parsed if o not in plain)
+        cloned = structural == self._command_line()
+        if cloned:  # the command line's own values are in the clone already (the name, runs_root)
+            plain = [o for o in plain if o.input_line not in self._given()]
         blob = self._cache.get(structural)
         if blob is None:
-            base = self._clone_command_line() if structural == self._command_line() else None
+            base = self._clone_command_line() if cloned else None
             if base is None:
                 loader = self.hydra_context.config_loader
                 base = loader.load_sweep_config(self.config, list(structural))
@@ -131,6 +135,13 @@ class SlurmtrainLauncher(Launcher):
             except Exception:  # noqa: BLE001  unexpected shape: compose every point instead
                 self._cli = (None,)
         return self._cli[0]
+
+    def _given(self) -> frozenset[str]:
+        """The command line's overrides, as Hydra composed setup's config from them."""
+        if self._given_lines is None:
+            assert self.config is not None
+            self._given_lines = frozenset(str(line) for line in self.config.hydra.overrides.task)
+        return self._given_lines
 
     def _clone_command_line(self) -> Optional[DictConfig]:
         """A copy of Hydra's composition of the command line (None: Hydra composes instead)."""
