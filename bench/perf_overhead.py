@@ -206,14 +206,37 @@ def rank_main(args: argparse.Namespace) -> None:
             f"{1e3 * cpu_med:7.2f} ms {100 * (cpu_med / cpu_ref - 1):+6.1f}% "
             f"({1e3 * _iqr(cpu_per_step[name]):5.2f})"
         )
-    on, off = per_step["loop timers=off log=10"], per_step["loop stragglers=off log=10"]
-    cost = statistics.median(a / b for a, b in zip(on, off)) - 1
+    on, off = "loop timers=off log=10", "loop stragglers=off log=10"
+    for clock, table in (("wall", per_step), ("CPU", cpu_per_step)):
+        cost = statistics.median(a / b for a, b in zip(table[on], table[off])) - 1
+        print(
+            f"straggler detection (faults.stragglers on vs off, log=10), {clock}: "
+            f"{100 * cost:+.2f}% per step, paired median of {args.blocks} blocks (on "
+            f"{1e3 * statistics.median(table[on]):.2f} ms, off {1e3 * statistics.median(table[off]):.2f} ms)"
+        )
+    clock_us = _section_clock_us()
     print(
-        f"straggler detection (faults.stragglers on vs off, log=10): {100 * cost:+.2f}% per step, "
-        f"paired median of {len(on)} blocks (wall: on {1e3 * statistics.median(on):.2f} ms, "
-        f"off {1e3 * statistics.median(off):.2f} ms)"
+        f"section clocks alone: {clock_us:.2f} us per micro step = "
+        f"{100 * clock_us * 1e-6 / statistics.median(per_step[off]):.4f}% of the median step"
     )
     _teardown(engines)
+
+
+def _section_clock_us(micro_steps: int = 20_000) -> float:
+    """What the loop's section clocks cost per micro step (start and four laps), timed alone: the
+    A/B above is within the noise of a shared machine, this is not."""
+    import torch
+
+    from slurmtrain.compute.observe import stragglers
+
+    clock = stragglers.Sections(torch.device("cpu"))
+    t0 = time.perf_counter()
+    for _ in range(micro_steps):
+        clock.start()
+        for section in range(len(stragglers.SECTIONS)):
+            clock.lap(section)
+    clock.take()
+    return (time.perf_counter() - t0) / micro_steps * 1e6
 
 
 def _no_ledger(row: Row) -> None:
