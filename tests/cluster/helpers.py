@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import subprocess
 import time
@@ -96,8 +97,19 @@ def only_run(root: Path, name: str) -> Path:
     return runs[0]
 
 
+def jobs_named(name: str) -> list[str]:
+    """`id state` of this user's jobs of runs named `name`: `st-NAME`, or a single run's own
+    `st-NAME-FINGERPRINT8` (batch/successor.job_name)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True).stdout
+    own = re.compile(rf"st-{re.escape(name)}(-[0-9a-f]{{8}})?")
+    return [" ".join(f[:2]) for f in (line.split() for line in out.splitlines())
+            if len(f) == 3 and own.fullmatch(f[2])]  # fmt: skip
+
+
 def cancel_all_of(name: str) -> None:
-    subprocess.run(["scancel", "--name", f"st-{name}"], capture_output=True)
+    ids = [line.split()[0] for line in jobs_named(name)]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
 
 
 def submit_run(

@@ -3,7 +3,6 @@ and submitting the same config again resumes from its checkpoint."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -17,9 +16,10 @@ from slurmtrain.common.events import (
     Requeued,
     Started,
     Submitted,
+    SuccessorQueued,
 )
 from slurmtrain.common.rundir import STOPPED, RunDir
-from tests.cluster.helpers import events, only_run, wait_event, wait_until
+from tests.cluster.helpers import events, jobs_named, only_run, wait_event, wait_until
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slurm
@@ -34,10 +34,7 @@ ARGS = [
 
 
 def _queued(name: str) -> list[str]:
-    out = subprocess.run(
-        ["squeue", "-h", "--name", f"st-{name}", "-o", "%i %T"], capture_output=True, text=True
-    ).stdout
-    return out.split("\n") if out.strip() else []
+    return jobs_named(name)  # the run's own job name since its successor (issue 38)
 
 
 def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluster, workdir):
@@ -52,7 +49,10 @@ def test_cancel_stops_a_running_run_for_good_and_keeps_it_resumable(slurm_cluste
     cancelled = run_cli(["cancel", "cancelme"], cwd=workdir, module="slurmtrain.cli")  # by name
     took = time.time() - t0
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    assert f"cancelled job(s) {submitted.job_id}" in cancelled.stdout, cancelled.stdout
+    # the run's job and its queued successor (issue 38), in one line
+    [listed] = [line for line in cancelled.stdout.splitlines() if "cancelled job(s)" in line]
+    successors = [e.new_job_id for e in events(run) if isinstance(e, SuccessorQueued)]
+    assert {submitted.job_id, *successors} <= set(listed.replace(",", " ").split()), listed
     assert "checkpoints kept" in cancelled.stdout
     assert not _queued("cancelme")  # cancel waits until the jobs have left the queue
 
