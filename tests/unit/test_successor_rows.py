@@ -1,0 +1,52 @@
+"""The successor's decisions from typed ledger rows (issue 38, build 3): which queued successors
+still count, when the run is over (finished, stopped, cancelled) and what `status` shows."""
+
+from __future__ import annotations
+
+from slurmtrain.batch import successor
+from slurmtrain.common.events import (
+    Cancelled,
+    FailureClass,
+    Finished,
+    Row,
+    Started,
+    Stopped,
+    Submitted,
+    SuccessorCancelled,
+    SuccessorQueued,
+)
+
+FIRST = [Submitted(job_id="10"), SuccessorQueued(job_id="10", new_job_id="11")]
+
+
+def test_a_live_run_shows_its_pending_successor() -> None:
+    rows: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
+    assert successor.queued(rows) == ["11"] and successor.over(rows) is None
+    assert successor.shown(rows) == "successor 11 pending"
+
+
+def test_a_successor_that_started_queues_the_next_one() -> None:
+    rows: list[Row] = [*FIRST, Started(job_id="11", attempt=2)]
+    assert successor.queued(rows) == []  # started: no longer a successor
+    rows.append(SuccessorQueued(job_id="11", new_job_id="12"))
+    assert successor.shown(rows) == "successor 12 pending"
+
+
+def test_finished_stopped_and_cancelled_runs_need_none() -> None:
+    started: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
+    assert successor.over([*started, Finished(step=3)]) == Finished.kind
+    assert successor.over([*started, Stopped(cls=FailureClass.no_progress)]) == Stopped.kind
+    assert successor.over([*started, Cancelled(job_ids=("10", "11"))]) == Cancelled.kind
+    assert successor.shown([*started, Finished(step=3)]) is None
+    # a user's resubmission after the cancel makes it live again
+    again = [*started, Cancelled(job_ids=("10",)), Submitted(job_id="20")]
+    assert successor.over(again) is None
+
+
+def test_cancelled_successors_no_longer_count() -> None:
+    rows: list[Row] = [*FIRST, SuccessorCancelled(new_job_ids=("11",), reason=Finished.kind)]
+    assert successor.queued(rows) == [] and successor.shown(rows) is None
+
+
+def test_a_runs_own_job_name_holds_its_fingerprint() -> None:
+    assert successor.job_name("opt", "/runs/opt/06b318790c2d") == "st-opt-06b31879"
