@@ -13,7 +13,7 @@ from tests.cluster.helpers import cancel_all_of, events, submit_run, wait_event
 pytestmark = pytest.mark.slurm
 SLOW = "n7"  # the big partition's first node: a free partition allocates n7-n9
 BASE = ["cluster=slurm", "nodes=2", "faults.spare_nodes=1", "cluster.partition=big"]
-BASE += ["cluster.exclude=n[11-24]", "train.max_steps=100", "train.log_interval=10"]
+BASE += ["cluster.exclude='n[11-24]'", "train.max_steps=100", "train.log_interval=10"]
 BASE += ["checkpoint.interval_steps=20"]
 
 
