@@ -98,3 +98,7 @@ def test_resume_from_own_then_buddy_then_shared_bitwise(workdir):
     assert any("checksum" in r for r in tiers["reasons"]), tiers
     assert isinstance(ledger_of(run, Finished)[-1], Finished)
     assert losses_by_step(run) == losses  # bitwise across all four attempts
+    for n, killed in ((2, k1), (3, k2), (4, k3)):
+        print(
+            f"attempt {n}: killed at step {killed}, loaded step {_loaded(run, n)}: {_tiers(run, n)}"
+        )

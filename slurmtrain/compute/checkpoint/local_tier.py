@@ -148,6 +148,9 @@ class LocalTier:
         errors: list[Optional[str]] = [None] * dist.get_world_size()
         dist.all_gather_object(errors, error)
         reports = self._reports(error)
+        errors += [
+            f"rank {r.get('rank')}: {r.get('error')}" for r in reports if r.get("ok") is False
+        ]
         self._share(tmp)
         sealed = self._seal(tmp, step, meta, reports) if not any(errors) else "a rank failed"
         outcomes: list[Optional[str]] = [None] * dist.get_world_size()
