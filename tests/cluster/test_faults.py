@@ -30,6 +30,7 @@ from slurmtrain.common.events import (
 )
 from tests.cluster.helpers import (
     events,
+    jobs_named,
     set_time_limit,
     steps_by_attempt,
     submit_run,
@@ -240,4 +241,4 @@ def test_nodes_whose_gpus_are_invisible_are_excluded_and_the_run_stops_when_none
     row = json.loads(status.stdout.splitlines()[0])
     assert row["state"] == "stopped: no_nodes" and "sees no CUDA device" in row["error"]
     time.sleep(3)
-    assert not subprocess.run(["squeue", "-h", "-n", "st-nogpus"], capture_output=True).stdout
+    assert not jobs_named("nogpus")  # its queued successor cancelled with the stop

@@ -30,6 +30,7 @@ from slurmtrain.common.events import (
     Submitted,
 )
 from tests.cluster.helpers import (
+    cancel_all_of,
     events,
     only_run,
     time_limit_soon,
@@ -186,4 +187,4 @@ def test_a_time_limit_that_strikes_mid_save_still_restarts_the_run(slurm_cluster
         subs = [e for e in events(run) if isinstance(e, Submitted)]
         assert subs[-1].job_id == sub.job_id, subs
     finally:
-        subprocess.run(["scancel", "--name", "st-overrun"], capture_output=True)
+        cancel_all_of("overrun")
