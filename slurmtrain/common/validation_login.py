@@ -32,11 +32,21 @@ def check_all(cfg: RootConfig) -> None:
     check_cluster_values(cfg)
     check_setup(cfg.cluster.setup)
     checkpoint_dir.check_value(cfg.checkpoint.dir, str(cfg.runs_root))
+    check_local_dir(cfg.checkpoint.local_dir)
     check_container(cfg)  # container keys, every runtime (common/validation_container.py)
     check_run_dir_mode(cfg.run_dir_mode)
     check_deepspeed_secrets(cfg)
     check_runs_root(str(cfg.runs_root))
     check_trackers(cfg)
+
+
+def check_local_dir(value: object) -> None:
+    """checkpoint.local_dir: each node's own storage, absolute (the batch script runs elsewhere)."""
+    if value and not Path(str(value)).is_absolute():
+        raise ConfigError(
+            f"checkpoint.local_dir={value!r}: an absolute path on each node's own storage, "
+            f"e.g. checkpoint.local_dir=/local/ckpt-{{node}} (or drop it: $SLURM_TMPDIR, /dev/shm)"
+        )
 
 
 def check_known_keys(cfg: DictConfig) -> None:
