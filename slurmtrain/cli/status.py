@@ -87,7 +87,7 @@ StatusRow = TypedDict(
         "window_after": Optional[str],
         "smoke_run": str,
         "trackers_failed": list[str],
-        "straggler": Optional[str],  # `straggler: node n2 1.50x (rank 3)`
+        "slowest_node": Optional[str],  # `straggler: node n2 1.50x (rank 3)`
         "updated": float,
     },
     total=False,
@@ -173,7 +173,7 @@ def summarize(
     }
     _rollbacks(row, events)
     row["trackers_failed"] = tracker_warnings(events)  # dropped trackers: a line below the table
-    row["straggler"] = straggler_line(events)  # the slowest node: a line below the table
+    row["slowest_node"] = straggler_line(events)  # the slowest node: a line below the table
     row["spares"] = spares(events, config)
     row["branched_from"] = None
     if any(isinstance(e, Branched) for e in run_rows):  # resume_from: parent, step, changed keys

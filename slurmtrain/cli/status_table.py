@@ -138,8 +138,8 @@ def render(rows: Sequence[Mapping[str, object]]) -> None:
         if r.get("successor"):  # `successor 1234 pending`: the job that takes over if this dies
             print(f"{r['name']}/{Path(str(r['run'])).name}: {r['successor']}")
     for r in rows:
-        if r.get("straggler"):
-            print(f"{r['name']}/{Path(str(r['run'])).name}: {r['straggler']}")
+        if r.get("slowest_node"):
+            print(f"{r['name']}/{Path(str(r['run'])).name}: {r['slowest_node']}")
     for r in rows:
         failed = r.get("trackers_failed")
         for line in failed if isinstance(failed, list) else ():
