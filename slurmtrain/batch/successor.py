@@ -9,7 +9,8 @@ recorded as `successor_queued`, not `submitted`: it is not the run's owner until
 never blocks the run lock; when it starts while another job holds the run, that lock refuses it.
 
 `settle` runs in the batch shell at a job's start and end (one squeue, at most one sbatch or
-scancel): a run that finished, stopped or was cancelled has its pending successors cancelled;
+scancel): a run that finished, stopped, paused or was cancelled has its pending successors
+cancelled;
 otherwise one is queued when none is pending (the successor that starts queues its own).
 
 Arrays (sweeps) get none: their tasks share the array's name, so a singleton would wait on every
@@ -41,12 +42,13 @@ def job_name(name: str, run_dir: str | Path) -> str:
 
 
 def over(rows: Sequence[Row]) -> Optional[str]:
-    """Why the run needs no successor (finished, stopped, cancelled), else None: the newest of
-    these rows and the rows that (re)open it decides."""
+    """Why the run needs no successor (finished, stopped, cancelled, paused), else None: the
+    newest of these rows and the rows that (re)open it decides."""
     if current_stop(rows) is not None:
         return events.Stopped.kind
     for e in reversed(rows):
-        if isinstance(e, (events.Finished, events.Cancelled)):
+        # paused (train.pause_at_step): the user resumes it, not a successor
+        if isinstance(e, (events.Finished, events.Cancelled, events.Paused)):
             return e.kind
         if isinstance(e, (events.Started, events.Submitted)):
             return None

@@ -8,6 +8,7 @@ from slurmtrain.common.events import (
     Cancelled,
     FailureClass,
     Finished,
+    Paused,
     Row,
     Started,
     Stopped,
@@ -32,11 +33,12 @@ def test_a_successor_that_started_queues_the_next_one() -> None:
     assert successor.shown(rows) == "successor 12 pending"
 
 
-def test_finished_stopped_and_cancelled_runs_need_none() -> None:
+def test_finished_stopped_cancelled_and_paused_runs_need_none() -> None:
     started: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
     assert successor.over([*started, Finished(step=3)]) == Finished.kind
     assert successor.over([*started, Stopped(cls=FailureClass.no_progress)]) == Stopped.kind
     assert successor.over([*started, Cancelled(job_ids=("10", "11"))]) == Cancelled.kind
+    assert successor.over([*started, Paused(step=2)]) == Paused.kind  # resumed by the user
     assert successor.shown([*started, Finished(step=3)]) is None
     # a user's resubmission after the cancel makes it live again
     again = [*started, Cancelled(job_ids=("10",)), Submitted(job_id="20")]
