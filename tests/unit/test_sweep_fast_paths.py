@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from hydra_plugins.slurmtrain_launcher.launcher import SlurmtrainLauncher
 from slurmtrain.common import rundir, schema
+from slurmtrain.common.nested_copy import copied_along
 from slurmtrain.login import view
 
 schema.register()
@@ -52,6 +53,14 @@ def test_plain_and_build_match_omegaconf(configs):
 
 
 def test_fingerprint_leaves_the_shared_config_as_it_was(configs):
+    data = {"a": {"b": {"c": 1, "d": [1]}, "e": 2}, "f": {"g": 3}}
+    out = copied_along(data, ["a.b.c", "x.y"])
+    out["a"]["b"].pop("c")
+    assert (
+        data["a"]["b"]["c"] == 1
+        and out["f"] is data["f"]
+        and out["a"]["b"]["d"] is data["a"]["b"]["d"]
+    )
     for cfg in configs:
         data = view.plain(cfg)
         before = copy.deepcopy(data)
