@@ -142,8 +142,8 @@ def check_points(
     raws: Optional[Sequence[Optional[dict[str, object]]]] = None,
 ) -> list[Optional[Prepared]]:
     """check() for a sweep's points: every point planned first, then their locks taken side by
-    side (each lock writes and fsyncs a lease: one after the other, 64 of them are most of a
-    sweep's time on a busy disk), then each point's state checked."""
+    side (each lock creates a lease file: one after the other, 64 of them wait long on a busy
+    disk), then each point's state checked."""
     raws = raws if raws is not None else [None] * len(cfgs)
     planned = [plan(cfg, quiet=True, raw=raw) for cfg, raw in zip(cfgs, raws)]
     if planned:

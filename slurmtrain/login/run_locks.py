@@ -1,7 +1,7 @@
 """Taking the run directories' locks before their state is checked: one, or a sweep's side by side.
 
-Each lock is a flock and a lease file written and fsynced beside it (common/runlock.py). A sweep's
-points take theirs on a few threads so that the fsyncs overlap; if any is busy (another shell is
+Each lock is a flock and a lease file created beside it (common/runlock.py). A sweep's points
+take theirs on a few threads so that the file creations overlap; if any is busy (another shell is
 submitting one of the points) all are let go and taken again one after the other, in point
 order, waiting as long as a single submission waits: two overlapping sweeps never hold each
 other's locks while each waits for the rest.
