@@ -172,8 +172,7 @@ def summarize(
         "updated": status_select.updated(run.path, run_rows),
     }
     _rollbacks(row, events)
-    row["trackers_failed"] = tracker_warnings(events)  # dropped trackers: a line below the table
-    row["slowest_node"] = straggler_line(events)  # the slowest node: a line below the table
+    row["trackers_failed"], row["slowest_node"] = tracker_warnings(events), straggler_line(events)
     row["spares"] = spares(events, config)
     row["branched_from"] = None
     if any(isinstance(e, Branched) for e in run_rows):  # resume_from: parent, step, changed keys

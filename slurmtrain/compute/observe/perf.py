@@ -33,8 +33,8 @@ from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute import deepspeed_compat
 from slurmtrain.compute.faults.inject import Injector
-from slurmtrain.compute.observe import stragglers as strag
 from slurmtrain.compute.observe.metrics import MetricValue
+from slurmtrain.compute.observe.stragglers import SECTIONS, Sections, Watch
 from slurmtrain.planning import flops
 
 if TYPE_CHECKING:
@@ -147,21 +147,21 @@ def _mean(values: list[float]) -> float:
 def _section_fields(rows: list[list[float]]) -> dict[str, MetricValue]:
     """The median rank's seconds per micro step in each section (`section_forward_s`, ...)."""
     columns = zip(*rows)  # the sections, then the scored time (not a section: left out by zip)
-    return {f"section_{n}_s": statistics.median(c) for n, c in zip(strag.SECTIONS, columns)}
+    return {f"section_{n}_s": statistics.median(c) for n, c in zip(SECTIONS, columns)}
 
 
 def _straggler_watch(
     cfg: RootConfig, ctx: RankContext, hosts: list[str], run_path: Path
-) -> tuple[Optional[strag.Sections], Optional[strag.Watch]]:
+) -> tuple[Optional[Sections], Optional[Watch]]:
     """This rank's section clock (also when an injected slowdown needs it) and rank 0's scoring;
     None without faults.stragglers."""
     injector = Injector(ctx.rank, name=str(cfg.name), allowed=bool(cfg.faults.allow_inject))
     slow = injector.slowdown(ctx.node)
     on = bool(cfg.faults.stragglers)
-    sections = strag.Sections(ctx.device, slow) if on or slow > 1 else None
+    sections = Sections(ctx.device, slow) if on or slow > 1 else None
     if not on or ctx.rank != 0:
         return sections, None
-    return sections, strag.Watch(cfg, hosts, ctx.record, RunDir(run_path).bad_nodes)
+    return sections, Watch(cfg, hosts, ctx.record, RunDir(run_path).bad_nodes)
 
 
 class Perf:
