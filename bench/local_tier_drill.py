@@ -2,7 +2,13 @@
 with that copy deleted, from the buddy node's copy, then, with the buddy copy corrupted too, from
 the shared tier; each time the ledger names the tier and the losses stay bitwise the reference's.
 Two "nodes" on one host: one rank each (SLURMTRAIN_LOCAL_RANKS_PER_NODE=1), each its own `{node}`
-local directory, so deleting one node's directory is losing that node's storage."""
+local directory, so deleting one node's directory is losing that node's storage.
+
+A drill, not a CI test (five CLI runs: ~5 min on this 2-core machine); it prints each attempt's
+killed step, loaded step and tiers:
+
+    python -m pytest -q -s bench/local_tier_drill.py
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,23 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tests/ helpers
 
 from slurmtrain.common.events import CheckpointLoaded, Finished, ResumeSource, Started
 from tests.conftest import PYTHON, ledger_of, read_jsonl, run_cli, run_dirs, slurmtrain_env
 from tests.local.test_local_runs import _wait_for_step, losses_by_step
 
 EVERY = 2
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path
 
 
 def _args(workdir: Path) -> list[str]:
