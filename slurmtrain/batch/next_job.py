@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Optional, Sequence
 
-from slurmtrain.batch import exclusions
+from slurmtrain.batch import exclusions, successor
 from slurmtrain.common import events, inject_spec, ledger, slurm_cmd, slurm_text
 from slurmtrain.common.events import FailureClass, Where
 from slurmtrain.common.rundir import RunDir
@@ -87,7 +87,12 @@ def restart_job(
         args.append(f"--exclude={slurm_text.compress_hostlist(bad)}")
     if after:  # starts only once this job has ended: never beside it
         args.append(f"--dependency=afterany:{after}")
-    return submit_held(run, job_id, args, where, reason=cls, excluded=bad, after=after)
+    new_id = submit_held(run, job_id, args, where, reason=cls, excluded=bad, after=after)
+    try:  # a held-then-released job does not hold a singleton back: the successor would race it
+        successor.retire(run, cfg, job_id, events.Resubmitting.kind, where)
+    except slurm_text.SlurmError as err:
+        print(f"slurmtrain: successor not cancelled: {err}", file=sys.stderr)
+    return new_id
 
 
 def submit_held(

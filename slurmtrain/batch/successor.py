@@ -114,6 +114,17 @@ def settle(run: RunDir, cfg: RootConfig, job_id: str, job_name_now: str) -> Opti
     return f"successor {queue(run, where)} queued"
 
 
+def retire(run: RunDir, cfg: RootConfig, job_id: str, why: str, where: events.Where) -> None:
+    """The supervisor queued the next job itself (resubmit, time limit): the pending successor
+    would race it for the run and be refused, so it goes; the next job queues its own at start."""
+    if not cfg.faults.successor:
+        return
+    named = queued(run.run_events())
+    waiting = [i for i in pending(job_name(cfg.name, run.path), job_id) if i in named]
+    if waiting:
+        cancel(run, waiting, why, where)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """`python -m slurmtrain.batch.successor RUN_DIR` (the batch shell). Never fails the job: a
     successor is a safety net; the supervisor's restart path stays the normal one."""
