@@ -149,3 +149,14 @@ def test_status_says_which_attempt_an_older_straggler_was_in():
     assert straggler_line(rows) == (
         "straggler: node n7 1.45x (rank 0) in attempt 1, chronic, excluded next attempt"
     )
+
+
+def test_the_next_attempt_excludes_a_chronic_straggler_not_an_advisory_one():
+    from slurmtrain.batch.exclusions import active
+
+    now = 1000.0
+    rows = [
+        {"node": "n1", "reason": events.Straggler.kind, "time": now},
+        {"node": "n2", "reason": strag.CHRONIC, "time": now},
+    ]
+    assert list(active(rows, hours=24, now=now)) == ["n2"]
