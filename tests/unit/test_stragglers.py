@@ -160,3 +160,18 @@ def test_the_next_attempt_excludes_a_chronic_straggler_not_an_advisory_one():
         {"node": "n2", "reason": strag.CHRONIC, "time": now},
     ]
     assert list(active(rows, hours=24, now=now)) == ["n2"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")
+def test_the_cuda_section_clock_reads_only_events_the_device_passed():
+    clock = strag.Sections(torch.device("cuda"))
+    x = torch.randn(512, 512, device="cuda")
+    for _ in range(3):
+        clock.start()
+        for section in range(len(strag.SECTIONS)):
+            x = x @ x / 512
+            clock.lap(section)
+    torch.cuda.synchronize()  # the test's own: the loop's next window comes later
+    taken = clock.take()
+    assert taken[strag.FORWARD] > 0 and not clock.pending
+    assert taken[strag.SCORED] == taken[strag.DATA] + taken[strag.FORWARD]
