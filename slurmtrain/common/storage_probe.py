@@ -152,6 +152,9 @@ def _chunks(budget_s: float) -> Iterator[int]:
 def _throughput(fd: int, report: MountReport, plan: Rates) -> Step:
     """The timed write and read; a slow one is tried once more and the better taken (a burst of
     another job's IO, or of this node's other processes, is not the mount's fault)."""
+    full = _short_of_space(fd)
+    if full is not None:
+        return full
     step = _write_read(fd, report, plan)
     if step.ok or step.broken:
         return step
@@ -162,6 +165,22 @@ def _throughput(fd: int, report: MountReport, plan: Rates) -> Step:
     report.write_mb_per_s = max(first[0], report.write_mb_per_s)
     report.read_mb_per_s = max(first[1], report.read_mb_per_s)
     return _judge_rates(report, plan)
+
+
+# A full filesystem or quota is every node's (and the saves report it): the gate does not blame a node.
+NOT_THE_NODE = " (a full disk or quota is not this node's fault; the saves report it)"
+
+
+def _short_of_space(fd: int) -> Optional[Step]:
+    """A passing, untimed step when the mount has too little room for the probe."""
+    try:
+        st = os.fstatvfs(fd)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= 2 * PROBE_BYTES:
+        return None
+    return Step("throughput", True, f"not timed: {free / MiB:.1f} MiB free{NOT_THE_NODE}")
 
 
 def _write_read(fd: int, report: MountReport, plan: Rates) -> Step:
@@ -183,6 +202,8 @@ def _write_read(fd: int, report: MountReport, plan: Rates) -> Step:
             read += len(chunk)
         read_s = time.perf_counter() - t0
     except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return Step("throughput", True, f"not timed: {_why(err)}{NOT_THE_NODE}")
         return Step("throughput", False, f"write/read failed: {_why(err)}", broken=True)
     report.write_mb_per_s = written / MB / max(write_s, 1e-9)
     report.read_mb_per_s = read / MB / max(read_s, 1e-9)

@@ -48,7 +48,8 @@ def small_disk():
 
     def mount(path: Path, size: str, remount: bool = False) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        opts = f"remount,size={size}" if remount else f"size={size}"
+        # mode: a tmpfs root is 1777, a run directory others can write into, refused (issue 37)
+        opts = f"remount,size={size}" if remount else f"size={size},mode=0700"
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True
         )

@@ -75,6 +75,26 @@ def test_a_mount_ten_times_below_the_plan_fails_and_one_without_a_plan_only_repo
     assert free.failed is None and "(no planned rate to compare)" in free.steps[-1].detail
 
 
+def test_a_full_disk_is_not_the_nodes_fault(tmp_path):
+    """A checkpoint dir with less room than the probe (a full filesystem, a quota) passes the gate
+    untimed: every node shares it, and the saves report a full disk (tests/local/test_disk_full)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3M,mode=0700", "tmpfs", str(small)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        [full] = storage_probe.probe_mounts([("checkpoint dir", small)])
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert full.failed is None, full.failed
+    assert "MiB free (a full disk or quota is not this node's fault" in full.steps[-1].detail
+
+
 def test_a_second_mount_on_the_same_filesystem_is_not_timed_again(tmp_path):
     (tmp_path / "ck").mkdir()
     a, b = storage_probe.probe_mounts([("run dir", tmp_path), ("checkpoint dir", tmp_path / "ck")])
