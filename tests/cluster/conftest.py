@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -123,3 +124,17 @@ def _detection_on(monkeypatch: pytest.MonkeyPatch) -> None:
     for the session): without it cluster.time=auto is the 48 h cap, which every partition's
     MaxTime here refuses."""
     monkeypatch.setenv("SLURMTRAIN_AUTO", "")
+
+
+@pytest.fixture(autouse=True)
+def _no_successor_outlives_its_test() -> Iterator[None]:
+    """A run's singleton successor (issue 38) waits in the queue while its run lives; one queued
+    as a test ends would start in a later test (the same --basetemp path, the same run)."""
+    yield
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "PENDING", "-o", "%i %j %r"], capture_output=True, text=True
+    ).stdout
+    ids = [f[0] for f in (line.split() for line in out.splitlines())
+           if len(f) == 3 and f[1].startswith("st-") and f[2] == "Dependency"]  # fmt: skip
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
