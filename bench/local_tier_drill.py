@@ -65,7 +65,7 @@ def _kill_after(run: Path, args: list[str], workdir: Path, step: int, attempt: i
     for pid in started[-1].pids:
         os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=120)
-    return max(r["step"] for r in read_jsonl(run / "metrics.jsonl"))
+    return max(int(r["step"]) for r in read_jsonl(run / "metrics.jsonl"))
 
 
 def _tiers(run: Path, attempt: int) -> dict[str, set[str]]:
@@ -78,7 +78,7 @@ def _loaded(run: Path, attempt: int) -> int:
     return int(row.step or 0)
 
 
-def test_resume_from_own_then_buddy_then_shared_bitwise(workdir):
+def test_resume_from_own_then_buddy_then_shared_bitwise(workdir: Path) -> None:
     args = _args(workdir)
     reference = run_cli([*args, "name=reference"], cwd=workdir, env=ENV)
     assert reference.returncode == 0, reference.stdout + reference.stderr
