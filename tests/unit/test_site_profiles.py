@@ -38,6 +38,7 @@ def site_cfg(site: str, runs_root: Path, *overrides: str):
 def normalized(text: str, runs_root: Path) -> str:
     text = text.replace(str(runs_root), "RUNS_ROOT").replace(sys.executable, "PYTHON")
     text = re.sub(r"opt_tiny/[0-9a-f]{12}", "opt_tiny/FINGERPRINT", text)
+    text = re.sub(r"(--job-name=st-opt_tiny)-[0-9a-f]{8}", r"\1-FP8", text)  # a run's own name
     return re.sub(r"(--comment=slurmtrain:opt_tiny/FINGERPRINT)@[0-9a-f]{8}", r"\1@TAG", text)
 
 
