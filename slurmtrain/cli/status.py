@@ -174,6 +174,23 @@ def summarize(
     _rollbacks(row, events)
     row["trackers_failed"], row["slowest_node"] = tracker_warnings(events), straggler_line(events)
     row["spares"] = spares(events, config)
+    _lineage_and_successor(row, run_rows)
+    windows = [e for e in run_rows if isinstance(e, BudgetWindow)]
+    row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
+    row["window_after"] = windows[-1].after_class if windows else None
+    _last_stop(row, events)
+    _stop_state(row, run_rows)
+    if any(isinstance(e, Submitted) and e.smoke_run for e in run_rows):
+        from slurmtrain.login.smoke import blocked  # start-up speed: smoke=true runs only
+
+        held = blocked(events)  # the big job waits for (or was cancelled by) its smoke run
+        if held is not None:
+            row["state"], row["class"] = held["state"], held["class"]
+            row["error"], row["smoke_run"] = held["error"], held["smoke_run"]
+    return row
+
+
+def _lineage_and_successor(row: StatusRow, run_rows: Rows) -> None:
     row["branched_from"] = None
     if any(isinstance(e, Branched) for e in run_rows):  # resume_from: parent, step, changed keys
         from slurmtrain.login.branch import lineage_line
@@ -184,24 +201,15 @@ def summarize(
         from slurmtrain.batch.successor import shown
 
         row["successor"] = shown(run_rows)
-    windows = [e for e in run_rows if isinstance(e, BudgetWindow)]
-    row["window"] = 1 + len(windows)  # budgets count from the user's newest resubmission
-    row["window_after"] = windows[-1].after_class if windows else None
-    _last_stop(row, events)
+
+
+def _stop_state(row: StatusRow, run_rows: Rows) -> None:  # the class (no_progress: those seen)
     if current_stop(run_rows) is not None:
         row["state"] = "stopped: " + (row["class"] or "?")
-        if row["class"] == FailureClass.no_progress and row["error"]:  # the classes seen
+        if row["class"] == FailureClass.no_progress and row["error"]:
             row["state"] += f" ({row['error']})"
     elif row["state"] == STOPPED and not row["class"]:
         row["state"] = stop_cause(run_rows)
-    if any(isinstance(e, Submitted) and e.smoke_run for e in run_rows):
-        from slurmtrain.login.smoke import blocked  # start-up speed: smoke=true runs only
-
-        held = blocked(events)  # the big job waits for (or was cancelled by) its smoke run
-        if held is not None:
-            row["state"], row["class"] = held["state"], held["class"]
-            row["error"], row["smoke_run"] = held["error"], held["smoke_run"]
-    return row
 
 
 def _latest(run: RunDir) -> Optional[str]:
