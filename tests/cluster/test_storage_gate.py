@@ -31,6 +31,8 @@ def test_a_node_with_a_read_only_run_mount_is_excluded_before_any_rank_loads(
         f"storage: run dir {run}: writable: cannot create a file: Read-only file system (errno 30)"
     )
     assert bad.time - starts[0].time < 60  # at the gate, not at the load phase's deadline
-    assert [r["reason"] for r in read_jsonl(run / "bad_nodes.jsonl")] == [bad.reason]
+    # advisory straggler rows (a loaded 2-core host's timing noise) are not exclusions
+    reasons = [r["reason"] for r in read_jsonl(run / "bad_nodes.jsonl")]
+    assert [r for r in reasons if r != "straggler"] == [bad.reason]
     assert starts[0].attempt not in steps_by_attempt(run)  # nothing loaded or trained there
     assert "n1" not in starts[-1].hosts and len(starts) == 2

@@ -23,7 +23,13 @@ from slurmtrain.common.events import (
 from tests.cluster.helpers import events, rows_of, submit_run, wait_event, wait_until
 
 pytestmark = pytest.mark.slurm
-BASE = ["cluster=slurm", "nodes=1", "train.log_interval=1", "checkpoint.interval_steps=4"]
+BASE = [
+    "cluster=slurm",
+    "nodes=1",
+    "train.log_interval=1",
+    "checkpoint.interval_steps=4",
+    "faults.successor=true",  # off by default for now
+]
 
 
 def queued_of(name: str, run: Path) -> list[str]:
