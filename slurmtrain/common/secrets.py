@@ -239,7 +239,7 @@ def redact_overrides(args: Iterable[str]) -> list[str]:
             out.append(str(arg))
         elif sep and bare in (ENV_KEY, "cluster"):  # the whole dict given at once: none of it
             out.append(f"{key}={REDACTED}")
-        elif sep and re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", bare) and is_secret_key(bare, value):
+        elif sep and _KEY_TEXT.fullmatch(bare) and is_secret_key(bare, value):
             out.append(f"{key}={reference(bare)}")
         else:
             out.append(redact_text(str(arg)))
