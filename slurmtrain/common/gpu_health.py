@@ -34,7 +34,12 @@ HARDWARE_XIDS = {48: "DBE ECC", 62: "micro-controller halt", 64: "row remap fail
                  74: "NVLink error", 79: "fell off the bus", 92: "high single-bit ECC rate",
                  94: "contained ECC", 95: "uncontained ECC", 119: "GSP timeout",
                  120: "GSP error"}  # fmt: skip
-XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),")
+XID_LINE = re.compile(
+    r"(?:\[\s*(\d+(?:\.\d+)?)\][^\n]*?)?NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),"
+)
+# Only recent XIDs judge a node: the kernel log holds everything since boot, and a GPU reset
+# (nvidia-smi -r) cures the device without a reboot; an XID a day old is history, not health.
+XID_RECENT_S = 24 * 3600.0
 
 
 @dataclass
@@ -75,10 +80,25 @@ def judge_device(d: DeviceState) -> Optional[str]:
     return None
 
 
-def xids(kernel_log: str) -> list[tuple[str, int]]:
-    """(PCI address, XID) of every hardware XID in the kernel log's text."""
-    found = ((m.group(1), int(m.group(2))) for m in XID_LINE.finditer(kernel_log))
-    return [(pci, x) for pci, x in found if x in HARDWARE_XIDS]
+def xids(kernel_log: str, uptime: Optional[float] = None) -> list[tuple[str, int]]:
+    """(PCI address, XID) of every recent hardware XID in the kernel log's text: logged within
+    XID_RECENT_S of `uptime` (seconds since boot; None: /proc/uptime). A line without dmesg's
+    `[seconds]` stamp counts (its age is unknown: the cautious reading)."""
+    now = _uptime() if uptime is None else uptime
+    found = []
+    for m in XID_LINE.finditer(kernel_log):
+        stamp, pci, x = m.group(1), m.group(2), int(m.group(3))
+        recent = stamp is None or now is None or now - float(stamp) <= XID_RECENT_S
+        if x in HARDWARE_XIDS and recent:
+            found.append((pci, x))
+    return found
+
+
+def _uptime() -> Optional[float]:
+    try:
+        return float(open("/proc/uptime").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def kernel_log(timeout: float = 1.0) -> str:

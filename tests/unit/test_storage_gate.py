@@ -202,6 +202,17 @@ def test_hardware_xids_in_the_kernel_log_fail_and_program_xids_do_not():
     assert gpu_health.check(FakeNvml(HEALTHY), log=log.splitlines()[0]).ok
 
 
+def test_only_recent_xids_count_the_kernel_log_holds_everything_since_boot():
+    day = gpu_health.XID_RECENT_S
+    log = (
+        "[ 100.5] NVRM: Xid (PCI:0000:86:00): 79, pid=2, GPU has fallen off the bus.\n"
+        "NVRM: Xid (PCI:0000:3b:00): 48, pid=3, DBE (no dmesg stamp: its age is unknown)\n"
+    )
+    assert gpu_health.xids(log, uptime=100.5 + day + 60) == [("0000:3b:00", 48)]
+    assert gpu_health.xids(log, uptime=200.0) == [("0000:86:00", 79), ("0000:3b:00", 48)]
+    assert gpu_health.xids(log.splitlines()[0], uptime=100.5 + day + 60) == []
+
+
 def test_the_real_nvml_path_runs_here_and_reports_no_device():
     report = gpu_health.check()
     assert report.ok and report.note.startswith("no NVIDIA device")
