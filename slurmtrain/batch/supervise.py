@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from slurmtrain.batch import exclusions, fallback, in_allocation, next_job
+from slurmtrain.batch import culprit, exclusions, fallback, in_allocation, next_job
 from slurmtrain.batch.verdict import (  # noqa: F401  re-exported: tools and tests import them here
     AttemptView,
     Verdict,
@@ -170,6 +170,7 @@ def _close(
         failed_nodes=() if cls == FailureClass.node_failure else tuple(verdict.nodes),
     )
     run.record(ended, **where)
+    run.record(culprit.blame(run, view, verdict), **where)  # who failed it, and why: at once
     for node in lost:
         run.record(events.NodeLost(node=node), **where)
     for node, reason in verdict.exclude.items():

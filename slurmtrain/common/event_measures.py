@@ -1,5 +1,6 @@
-"""The ledger rows an attempt writes about what it measured and how its checkpoints went: part of
-the vocabulary (common/events.py re-exports every class here; import them from there).
+"""The ledger rows an attempt writes about what it measured and how its checkpoints went, and the
+supervisor's verdict on a failed one: part of the vocabulary (common/events.py re-exports every
+class here; import them from there).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "FlopsProfile",
     "TrackerFailed",
     "ResumeSource",
+    "AttemptVerdict",
 ]
 
 
@@ -270,3 +272,20 @@ class ResumeSource(Row):
     step: Optional[int] = None
     tier: Optional[str] = None
     reason: Optional[str] = None  # the fallback's cause; None when the own local copy loads
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptVerdict(Row):
+    """Supervisor, right after a failed attempt's `attempt_ended` (batch/culprit.py): its class,
+    the rank and node it blames (`culprit_rank`, `culprit_node`), or why none (`no_culprit`:
+    "configuration/user" for an error any node would repeat), how sure (`confidence`: high, medium,
+    low) and the evidence, one line each. Placement names the attempt, never the culprit."""
+
+    kind = "attempt_verdict"
+    closing = True
+    cls: str
+    culprit_rank: Optional[int] = None
+    culprit_node: Optional[str] = None
+    no_culprit: Optional[str] = None
+    confidence: str = ""
+    evidence: tuple[str, ...] = ()
