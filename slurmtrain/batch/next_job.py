@@ -87,12 +87,7 @@ def restart_job(
         args.append(f"--exclude={slurm_text.compress_hostlist(bad)}")
     if after:  # starts only once this job has ended: never beside it
         args.append(f"--dependency=afterany:{after}")
-    new_id = submit_held(run, job_id, args, where, reason=cls, excluded=bad, after=after)
-    try:  # a held-then-released job does not hold a singleton back: the successor would race it
-        successor.retire(run, cfg, job_id, events.Resubmitting.kind, where)
-    except slurm_text.SlurmError as err:
-        print(f"slurmtrain: successor not cancelled: {err}", file=sys.stderr)
-    return new_id
+    return submit_held(run, job_id, args, where, reason=cls, excluded=bad, after=after)
 
 
 def submit_held(
@@ -107,11 +102,21 @@ def submit_held(
 ) -> str:
     """`sbatch --hold job.sbatch`, recorded as the run's owner (`submitted`, `requeue_of` this
     job, `after`: the job it starts after), then released and checked (`release`);
-    `resubmitting` (why: `reason`, nodes `excluded`) first."""
+    `resubmitting` (why: `reason`, nodes `excluded`) first. A pending successor is adopted
+    instead (batch/successor.adopt: recorded the same way; singleton, it starts after this job)."""
     intent = events.Resubmitting(
         reason=reason, excluded=None if excluded is None else tuple(excluded)
     )
     run.record(intent, **where)
+    if not injected("skip_release", where):  # (the drill needs a held job)
+        # faults.successor: the pending successor is the next job, never raced by a second one
+        try:
+            adopted = successor.adopt(run, job_id, excluded or (), where)
+        except slurm_text.SlurmError as err:  # squeue failed: a new job; the run lock guards
+            print(f"slurmtrain: successor not reused: {err}", file=sys.stderr)
+            adopted = None
+        if adopted:
+            return adopted
     # retried on transient errors without ever queueing a second copy (slurm_cmd.sbatch)
     new_id = slurm_cmd.sbatch(["--hold", *args], str(run.sbatch))
     owner = events.Submitted(

@@ -1,6 +1,6 @@
 """The run's successor: a pending `--dependency=singleton` copy of job.sbatch kept in the queue
-while a Slurm run is alive (faults.successor), so losing the batch node or the whole allocation
-costs one queue wait, not a human.
+while a Slurm run is alive (faults.successor, on for single Slurm runs), so losing the batch node
+or the whole allocation costs one queue wait, not a human.
 
 Why singleton: it releases when every other job of the same name has ended, and a run's jobs carry
 a name of their own (`job_name`: st-NAME-FINGERPRINT8), so sweep points and other runs never wait
@@ -9,9 +9,24 @@ recorded as `successor_queued`, not `submitted`: it is not the run's owner until
 never blocks the run lock; when it starts while another job holds the run, that lock refuses it.
 
 `settle` runs in the batch shell at a job's start and end (one squeue, at most one sbatch or
-scancel): a run that finished, stopped, paused or was cancelled has its pending successors
-cancelled;
-otherwise one is queued when none is pending (the successor that starts queues its own).
+scancel): a run that finished, stopped, paused or was cancelled (`cli cancel`, or a hand scancel
+of its job: the attempt ended `cancelled`) has its pending successors cancelled; otherwise one is
+queued when none is pending (the successor that starts queues its own). A successor that starts
+anyway (its job's batch shell was killed before the end's settle: KillWait after a scancel) finds
+the run over and trains nothing (`EXIT_NOT_NEEDED`: the batch script exits 0 before any srun). A
+hand `sbatch job.sbatch` is never a recorded successor, so it resumes a run as it always did.
+
+When the batch shell itself starts the next job (time limit, a failure's resubmit, the fallback:
+next_job.submit_held), the pending successor *is* that next job (`adopt`): recorded `submitted`
+(requeue_of this job) and given the exclusions (`scontrol update`), never a second sbatch. Why
+not sbatch a new job and cancel the successor: the trap at the time limit has KillWait (15 s
+here) before SIGKILL, and a successor still pending when the job ends races the new job (both
+start, one is refused); adopting leaves exactly one next job whatever point the trap dies at.
+The successor cannot start before this job ends (same name, singleton), so recording it as the
+owner before then keeps the held-recorded-released guarantee without the hold. When no successor
+is pending, or the update fails (then the pending ones are cancelled first), a held job is
+submitted as before. A requeue (same job id, older than the successor) is not raced: the
+successor waits behind it.
 
 Arrays (sweeps) get none: their tasks share the array's name, so a singleton would wait on every
 point; one successor per point would need its own script (job.sbatch is per point, the array's
@@ -28,17 +43,27 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from slurmtrain.common import events, slurm_cmd, slurm_text
-from slurmtrain.common.events import Row
+from slurmtrain.common.events import FailureClass, Row
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 from slurmtrain.common.windows import current_stop
 
 PENDING = "PENDING"
+# The batch script's start: this job is a successor of a run that is over; it exits 0 untrained.
+# (common/errors.py holds the ranks' and supervisor's codes, 3 to 8.)
+EXIT_NOT_NEEDED = 9
 
 
 def job_name(name: str, run_dir: str | Path) -> str:
     """A run's own Slurm job name: its config name and its fingerprint's first 8 characters."""
     return f"st-{name}-{Path(run_dir).name[:8]}"
+
+
+def _hand_cancel(e: Row) -> bool:
+    """The user's scancel of the run's job (the supervisor or the abandoned relaunch closed it
+    `cancelled`): the user wants the run to stop, as with `cli cancel`."""
+    closes = isinstance(e, (events.AttemptEnded, events.RelaunchAbandoned))
+    return closes and getattr(e, "cls", None) == FailureClass.cancelled
 
 
 def over(rows: Sequence[Row]) -> Optional[str]:
@@ -50,6 +75,8 @@ def over(rows: Sequence[Row]) -> Optional[str]:
         # paused (train.pause_at_step): the user resumes it, not a successor
         if isinstance(e, (events.Finished, events.Cancelled, events.Paused)):
             return e.kind
+        if _hand_cancel(e):
+            return events.Cancelled.kind
         if isinstance(e, (events.Started, events.Submitted)):
             return None
     return None
@@ -61,6 +88,18 @@ def queued(rows: Sequence[Row]) -> list[str]:
     gone |= {str(e.job_id) for e in rows if isinstance(e, events.Started)}
     ids = [e.new_job_id for e in rows if isinstance(e, events.SuccessorQueued) and e.new_job_id]
     return [i for i in ids if i not in gone]
+
+
+def not_needed(rows: Sequence[Row], job_id: str) -> Optional[str]:
+    """Why this starting job, a recorded successor never made the run's next job (`adopt`), must
+    not train: the run is over, or its successor was cancelled (the scancel may have failed)."""
+    ids = {e.new_job_id for e in rows if isinstance(e, events.SuccessorQueued)}
+    owned = {str(e.job_id) for e in rows if isinstance(e, events.Submitted)}
+    if not job_id or job_id not in ids or job_id in owned:
+        return None
+    if any(isinstance(e, events.SuccessorCancelled) and job_id in e.new_job_ids for e in rows):
+        return events.SuccessorCancelled.kind
+    return over(rows)
 
 
 def shown(rows: Sequence[Row]) -> Optional[str]:
@@ -92,54 +131,83 @@ def cancel(run: RunDir, ids: list[str], reason: str, where: events.Where) -> Non
         print(f"slurmtrain: cancelling successor(s) {' '.join(ids)}: {err}", file=sys.stderr)
 
 
-def settle(run: RunDir, cfg: RootConfig, job_id: str, job_name_now: str) -> Optional[str]:
+def settle(
+    run: RunDir, cfg: RootConfig, job_id: str, job_name_now: str, start: bool = False
+) -> tuple[Optional[str], int]:
     """At a job's start or end: cancel the successors of a run that is over, else queue one when
-    none is pending. Returns what it did, for the batch log. Only in a job running under the run's
-    own name (an array task's name is the array's: no successor)."""
+    none is pending. Returns what it did (for the batch log) and the batch script's code: at the
+    `start` of a successor the run no longer needs, EXIT_NOT_NEEDED. Only in a job running under
+    the run's own name (an array task's name is the array's: no successor)."""
     own = job_name(cfg.name, run.path)
     if not cfg.faults.successor or job_name_now != own:
-        return None
+        return None, 0
     rows = run.run_events()
     where = events.Where(job_id=job_id)
     named = queued(rows)
     waiting = [i for i in pending(own, job_id) if i in named]
     why = over(rows)
+    code = 0
+    if start and not_needed(rows, job_id) is not None:
+        why, code = why or events.SuccessorCancelled.kind, EXIT_NOT_NEEDED
     if why is not None:
+        done = f"run {why}: " + ("this successor trains nothing" if code else "")
         if waiting:
             cancel(run, waiting, why, where)
-            return f"run {why}: successor(s) {' '.join(waiting)} cancelled"
-        return None
+            return done + f"; successor(s) {' '.join(waiting)} cancelled", code
+        return (done if code else None), code
     if waiting:
+        return None, 0
+    return f"successor {queue(run, where)} queued", 0
+
+
+def adopt(run: RunDir, job_id: str, excluded: Sequence[str], where: events.Where) -> Optional[str]:
+    """The pending successor made the run's next job (recorded `submitted`, requeue_of `job_id`,
+    kept off `excluded`): its id, or None (no successor, or this job does not run under the run's
+    own name, so the singleton would not wait for it) after cancelling any still pending. The
+    caller recorded `resubmitting` first."""
+    cfg = load_run_config(str(run.config))
+    own = job_name(cfg.name, run.path)
+    if not cfg.faults.successor or os.environ.get("SLURM_JOB_NAME") != own:
         return None
-    return f"successor {queue(run, where)} queued"
-
-
-def retire(run: RunDir, cfg: RootConfig, job_id: str, why: str, where: events.Where) -> None:
-    """The supervisor queued the next job itself (resubmit, time limit): the pending successor
-    would race it for the run and be refused, so it goes; the next job queues its own at start."""
-    if not cfg.faults.successor:
-        return
     named = queued(run.run_events())
-    waiting = [i for i in pending(job_name(cfg.name, run.path), job_id) if i in named]
-    if waiting:
-        cancel(run, waiting, why, where)
+    waiting = [i for i in pending(own, job_id) if i in named]
+    if not waiting:
+        return None
+    chosen, rest = waiting[0], waiting[1:]
+    try:
+        if excluded:
+            slurm_cmd.exclude_nodes(chosen, list(excluded))
+    except slurm_text.SlurmError as err:
+        print(f"slurmtrain: successor {chosen} not reused ({err}): cancelled", file=sys.stderr)
+        chosen, rest = "", waiting
+    if rest:  # never two next jobs: a spare successor would race the one chosen
+        cancel(run, rest, events.Resubmitting.kind, where)
+    if not chosen:
+        return None
+    owner = events.Submitted(
+        executor="slurm", fingerprint=run.path.name, requeue_of=job_id, after=job_id
+    )
+    run.record(owner, job_id=chosen)
+    return chosen
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m slurmtrain.batch.successor RUN_DIR` (the batch shell). Never fails the job: a
-    successor is a safety net; the supervisor's restart path stays the normal one."""
+    """`python -m slurmtrain.batch.successor RUN_DIR [--start]` (the batch shell). Never fails
+    the job: a successor is a safety net; the supervisor's restart path stays the normal one."""
     args = sys.argv[1:] if argv is None else argv
     try:
         run = RunDir(Path(args[0]).resolve())
         cfg = load_run_config(str(run.config))
         env = os.environ
-        done = settle(run, cfg, env.get("SLURM_JOB_ID", ""), env.get("SLURM_JOB_NAME", ""))
+        name_now = env.get("SLURM_JOB_NAME", "")
+        job = env.get("SLURM_JOB_ID", "")
+        done, code = settle(run, cfg, job, name_now, start="--start" in args[1:])
     except Exception as err:  # noqa: BLE001  the net must not take the job down
         print(f"slurmtrain: successor: {type(err).__name__}: {err}", file=sys.stderr)
         return 0
     if done:
         print(f"slurmtrain: {done}", file=sys.stderr)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -14,6 +14,6 @@ class RestartKeys(StragglerKeys):  # one base for FaultsConfig: schema.py's line
     # as `no_progress` (common/progress.py); 0: off. Each class's own budget never sees them as one.
     max_no_progress_attempts: int = 3
     # Slurm: a pending `--dependency=singleton` copy of the job waits in the queue, so losing the
-    # batch node or the allocation costs one queue wait, not a human (batch/successor.py). Off
-    # until a hand `scancel` and the time-limit trap's own resubmission also cancel it.
-    successor: bool = False
+    # batch node or the allocation costs one queue wait, not a human (batch/successor.py).
+    # Single runs only: a sweep's array shares one name (no singleton per point).
+    successor: bool = True

@@ -119,6 +119,7 @@ def render_script(
         run_arg=run_arg,
         exit_requeue=EXIT_REQUEUE,
         exit_relaunch=EXIT_RELAUNCH,
+        exit_not_needed=successor.EXIT_NOT_NEEDED,
         in_allocation=derived_of(cfg).in_allocation,
         spare_nodes=int(cfg.faults.spare_nodes),
         nodes=cfg.nodes,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from slurmtrain.batch import successor
 from slurmtrain.common.events import (
+    AttemptEnded,
     Cancelled,
     FailureClass,
     Finished,
     Paused,
+    RelaunchAbandoned,
     Row,
     Started,
     Stopped,
@@ -52,3 +54,29 @@ def test_cancelled_successors_no_longer_count() -> None:
 
 def test_a_runs_own_job_name_holds_its_fingerprint() -> None:
     assert successor.job_name("opt", "/runs/opt/06b318790c2d") == "st-opt-06b31879"
+
+
+def test_a_hand_scancel_is_over_and_a_late_successor_trains_nothing() -> None:
+    # the supervisor (or the abandoned relaunch) closes a scancel'ed attempt `cancelled`
+    started: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
+    for end in (
+        AttemptEnded(job_id="10", attempt=1, cls=FailureClass.cancelled),
+        RelaunchAbandoned(
+            job_id="10", attempt=1, cls=FailureClass.cancelled, reason=FailureClass.crash
+        ),
+    ):
+        assert successor.over([*started, end]) == Cancelled.kind
+        assert successor.not_needed([*started, end], "11") == Cancelled.kind
+        assert successor.not_needed([*started, end], "30") is None  # a hand sbatch resumes
+    crashed = AttemptEnded(job_id="10", attempt=1, cls=FailureClass.crash)
+    assert successor.over([*started, crashed]) is None
+    assert successor.not_needed([*started], "11") is None  # the batch node died: take over
+
+
+def test_an_adopted_successor_is_the_runs_next_job_not_a_late_one() -> None:
+    rows: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
+    rows.append(SuccessorCancelled(new_job_ids=("11",), reason=Finished.kind))
+    assert successor.not_needed(rows, "11") == SuccessorCancelled.kind
+    adopted: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
+    adopted.append(Submitted(job_id="11", requeue_of="10", after="10"))
+    assert successor.not_needed([*adopted, Finished(step=3)], "11") is None
