@@ -19,7 +19,14 @@ from typing import Optional, Sequence
 
 from slurmtrain.cli import run_arg
 from slurmtrain.common import ledger, slurm_cmd
-from slurmtrain.common.events import Cancelled, Finished, Requeued, Row, Submitted
+from slurmtrain.common.events import (
+    Cancelled,
+    Finished,
+    Requeued,
+    Row,
+    Submitted,
+    SuccessorQueued,
+)
 from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.slurm_text import SlurmError
@@ -60,13 +67,16 @@ def _fail(line: str) -> None:
 
 
 def job_ids(events: Sequence[Row]) -> list[str]:
-    """Every Slurm job id the run ever had, oldest first (submissions, requeues, resubmissions)."""
+    """Every Slurm job id the run ever had, oldest first (submissions, requeues, resubmissions,
+    successors)."""
     ids: list[Optional[str]] = []
     for e in events:
         if isinstance(e, Submitted) and e.executor in (None, "slurm"):
             ids.append(e.job_id)
         elif isinstance(e, Requeued):
             ids += [e.job_id, e.new_job_id]
+        elif isinstance(e, SuccessorQueued):  # pending singleton (batch/successor.py): named in
+            ids.append(e.new_job_id)  # `cancelled`, so it never trains if it starts later
     return list(dict.fromkeys(i for i in ids if i and i != "None"))
 
 

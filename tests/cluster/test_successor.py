@@ -27,8 +27,7 @@ BASE = [
     "cluster=slurm",
     "nodes=1",
     "train.log_interval=1",
-    "checkpoint.interval_steps=4",
-    "faults.successor=true",  # off by default for now
+    "checkpoint.interval_steps=4",  # faults.successor: on by default for a single Slurm run
 ]
 
 
@@ -98,5 +97,6 @@ def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdi
     takers = {str(e.job_id) for e in starts[1:]}
     print(f"first job {started.job_id}, successor {queued.new_job_id}, trained by {takers}")
     assert queued.new_job_id in takers  # no human action: the queued successor resumed it
-    assert [e for e in ev if isinstance(e, CheckpointLoaded)]
+    loaded = [e for e in ev if isinstance(e, CheckpointLoaded)]
+    assert str(queued.new_job_id) in {str(e.job_id) for e in loaded}  # resumed, not restarted
     wait_until(lambda: not queued_of("succkill", run), 60, "the run's jobs to leave the queue")
