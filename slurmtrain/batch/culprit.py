@@ -28,25 +28,15 @@ from __future__ import annotations
 import pickle
 import re
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Optional, Sequence
 
 from slurmtrain.batch.verdict import AttemptView, Verdict
 from slurmtrain.cli import nccl_dumps
 from slurmtrain.common import events, gpu_health, ledger
-from slurmtrain.common.events import FailureClass
+from slurmtrain.common.events import Confidence, FailureClass
 from slurmtrain.common.rundir import RunDir
 
-
-class Confidence(StrEnum):
-    high = "high"
-    medium = "medium"
-    low = "low"
-
-
 USER = "configuration/user"  # `no_culprit` of an error any node would repeat
-# Classes a node can cause: a verdict of these may exclude its culprit (batch/exclusions.py).
-NODE_CLASSES = (FailureClass.node_failure, FailureClass.hang)
 # An error in what the user asked for: the same on any node, so never a node's fault.
 USER_CLASSES = (
     FailureClass.config_error,

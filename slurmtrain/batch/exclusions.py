@@ -1,7 +1,8 @@
 """Which nodes the next attempt excludes: failed nodes, for a while, never more than the job can spare.
 
 Rows come from the bad-node ledger (`bad_nodes.jsonl`: the health gate, local device errors, ranks
-stuck before `started`). An exclusion expires after `faults.exclude_hours`; stragglers are only
+stuck before `started`) and from the ledger's verdicts (`attempt_verdict`, batch/culprit.py): the
+culprit node of a node failure or hang judged with high confidence. An exclusion expires after `faults.exclude_hours`; stragglers are only
 advisory. The newest exclusions are kept, and only as many as leave the partition enough nodes for
 the request (`nodes` plus `faults.spare_nodes`: the job holds its spares too): the oldest are
 dropped first, so a node that failed once is tried again.
@@ -16,11 +17,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from slurmtrain.common import slurm_cmd, slurm_text
+from slurmtrain.common import events, slurm_cmd, slurm_text
 from slurmtrain.common.derived import node_range
+from slurmtrain.common.events import Confidence, FailureClass
 from slurmtrain.common.jsonl import as_number, read_jsonl
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
+
+# Classes a node can cause: a verdict of these, when sure, excludes its culprit (from_verdicts).
+NODE_CLASSES = (FailureClass.node_failure, FailureClass.hang)
 
 
 @dataclass
@@ -60,6 +65,33 @@ def active(rows: Sequence[BadNodeRow], hours: float, now: float) -> dict[str, di
         if node not in newest or when >= _number(newest[node], "time"):
             newest[node] = row
     return {node: {**row, "jobs": len(jobs[node])} for node, row in newest.items()}
+
+
+def from_verdicts(rows: Sequence[events.Row], known: Sequence[BadNodeRow]) -> list[BadNodeRow]:
+    """Bad-node rows for the culprit nodes of the ledger's high-confidence verdicts of a node
+    class (medium or low: named, never excluded), unless the bad-node ledger already names that
+    node for that attempt (a job counts once: `active`)."""
+    seen = {(str(r.get("node")), str(r.get("attempt"))) for r in known}
+    found: list[BadNodeRow] = []
+    for e in rows:
+        if not isinstance(e, events.AttemptVerdict) or not e.culprit_node:
+            continue
+        if e.confidence != Confidence.high or e.cls not in NODE_CLASSES:
+            continue
+        if (e.culprit_node, str(e.attempt)) in seen:
+            continue
+        found.append(
+            {
+                "node": e.culprit_node,
+                "reason": f"verdict: {e.cls}, culprit rank {e.culprit_rank}",
+                "time": e.time,
+                "attempt": e.attempt,
+                "job_id": e.job_id,
+                "restart": e.restart,
+                "relaunch": e.relaunch,
+            }
+        )
+    return found
 
 
 def fit(
@@ -105,7 +137,9 @@ def fit(
 def plan(run: RunDir, cfg: RootConfig, now: Optional[float] = None) -> Exclusions:
     """The exclusions of the next attempt of this run."""
     now = time.time() if now is None else now
-    failed = active(read_jsonl(run.bad_nodes), float(cfg.faults.exclude_hours), now)
+    rows: list[BadNodeRow] = list(read_jsonl(run.bad_nodes))
+    rows += from_verdicts(run.run_events(), rows)
+    failed = active(rows, float(cfg.faults.exclude_hours), now)
     user = slurm_text.expand_hostlist(cfg.cluster.exclude) if cfg.cluster.exclude else []
     spares = int(cfg.faults.spare_nodes)  # held beside `nodes` (login/flags.py): they must fit too
     needed = node_range(cfg.nodes)[0] + spares

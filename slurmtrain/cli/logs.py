@@ -3,7 +3,8 @@
 Every rank writes its own files; reading them one by one hides the question that matters after a crash:
 which rank failed first. This merges them (cli/log_merge.py), tags each line `[a{attempt} r{rank}]`,
 orders by attempt then by time, and ends with the first error: the earliest Python traceback that is
-not an NCCL/watchdog echo of some other rank's failure. A big run (more than 64 log files) shows its
+not an NCCL/watchdog echo of some other rank's failure, then each failed attempt's verdict (class,
+culprit, confidence and its evidence: batch/culprit.py). A big run (more than 64 log files) shows its
 newest attempt and says how to see the others; one file is open at a time whatever the run's size.
 """
 
@@ -29,7 +30,9 @@ from slurmtrain.cli.log_merge import (  # noqa: F401  (the names callers and tes
     scan_logs,
 )
 from slurmtrain.cli.nccl_dumps import summary
+from slurmtrain.cli.status_table import verdict_text
 from slurmtrain.common import read_skips
+from slurmtrain.common.events import AttemptVerdict
 from slurmtrain.common.rundir import RunDir
 
 
@@ -55,6 +58,17 @@ def _print_first_error(m: LogMerger) -> None:
     console.rule(Text(f"First error {where}", style="bold red"), style="red", align="left")
     console.print(Text(text, style="bold red"), soft_wrap=True)
     console.rule(style="red")
+
+
+def verdict_lines(run: RunDir, attempt: Optional[int] = None) -> list[str]:
+    """`verdict: attempt 2 hang: culprit node n2 (rank 1), confidence high` and its evidence, one
+    indented line each, for every failed attempt (only `attempt`'s when given)."""
+    lines: list[str] = []
+    for v in run.run_events():
+        if isinstance(v, AttemptVerdict) and (attempt is None or v.attempt == attempt):
+            lines.append(f"verdict: {verdict_text(v)}")
+            lines += [f"  evidence: {e}" for e in v.evidence]
+    return lines
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -93,6 +107,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stdout.flush()
         _print_first_error(m)
         for text in summary(RunDir(args.run_dir).logs):  # NCCL's flight recorder, if it dumped
+            print(text)
+        for text in verdict_lines(RunDir(args.run_dir), args.attempt):
             print(text)
     except BrokenPipeError:  # `| head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

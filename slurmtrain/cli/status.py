@@ -1,13 +1,12 @@
 """`slurmtrain status [RUNS ...] [--state S]`: runs under a runs root, a name, a glob.
 
-One row per run, newest first: model, the values that tell a sweep's points apart, state with its
-cause (`stopped: by you (Ctrl-C)`), step/max, last validation loss, age, attempts, job id, nodes,
-goodput, last checkpoint (cli/status_table.py); a stopped run shows its failure class and last error line (`diverged`,
-`checkpoint_unreadable` among them) and a run that rolled back how often; a smoke=true run held by its smoke test says so ("waiting: smoke test", or "blocked: smoke failed"
-with the smoke run's last error). Below the table, one line per sweep (the runs of one name, when
-more than one): points by state, the best valid_loss and its overrides. RUNS: a run directory, a
-name directory (`runs/NAME`), a bare name under the runs root, or a glob (cli/status_select.py).
-Reads only run directories, and asks Slurm once for every run's job (liveness.batch).
+One row per run, newest first: model, swept values, state with its cause (`stopped: by you
+(Ctrl-C)`), step/max, validation loss, age, attempts, job, nodes, goodput, last checkpoint
+(cli/status_table.py); a stopped run's class and last error line, rollbacks, the newest failed
+attempt's verdict (class, culprit, confidence); a run held by its smoke test says so. Below the
+table, one line per sweep (a name's runs): points by state, the best valid_loss and its overrides.
+RUNS: run or name directories, bare names under the runs root, globs (cli/status_select.py). Reads
+only run directories; asks Slurm once for all jobs (liveness.batch).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Mapping, Optional, Sequence, TypedDict
 
 from slurmtrain.cli import run_arg, status_select
 from slurmtrain.cli.status_cache import Cache, Figures
-from slurmtrain.cli.status_table import render, straggler_line, tracker_warnings
+from slurmtrain.cli.status_table import notes, render
 from slurmtrain.common import ledger, liveness, read_skips
 from slurmtrain.common.events import (
     AttemptEnded,
@@ -88,6 +87,7 @@ StatusRow = TypedDict(
         "smoke_run": str,
         "trackers_failed": list[str],
         "slowest_node": Optional[str],  # `straggler: node n2 1.50x (rank 3)`
+        "verdict": Optional[str],  # `verdict: attempt 2 hang: culprit node n2 (rank 1), ...`
         "updated": float,
     },
     total=False,
@@ -172,7 +172,7 @@ def summarize(
         "updated": status_select.updated(run.path, run_rows),
     }
     _rollbacks(row, events)
-    row["trackers_failed"], row["slowest_node"] = tracker_warnings(events), straggler_line(events)
+    row["trackers_failed"], row["slowest_node"], row["verdict"] = notes(events)
     row["spares"] = spares(events, config)
     _lineage_and_successor(row, run_rows)
     windows = [e for e in run_rows if isinstance(e, BudgetWindow)]

@@ -5,8 +5,9 @@ siblings, keys shortened to their last part when that is unambiguous), state wit
 step/max, valid_loss, age (since the run last changed), then attempts, job, nodes, spares,
 goodput, checkpoint, and the last error (free length). A column that is `-` on every row is left
 out (spares on a run that holds none, a job id before any submission): lines stay readable.
-Below the table: each branched run's lineage, and a warning line per tracker its newest start
-dropped (training went on without it).
+Below the table: each branched run's lineage, its newest failed attempt's verdict (class,
+culprit, confidence: batch/culprit.py), and a warning line per tracker its newest start dropped
+(training went on without it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from slurmtrain.common.events import Rows, Started, Straggler, TrackerFailed
+from slurmtrain.common.events import AttemptVerdict, Rows, Started, Straggler, TrackerFailed
 from slurmtrain.common.slurm_text import compress_hostlist
 
 COLUMNS = ["name", "run", "model", "swept", "state", "step", "valid_loss", "age", "attempt"]
@@ -121,6 +122,32 @@ def straggler_line(events: Rows) -> Optional[str]:
     )
 
 
+def verdict_text(v: AttemptVerdict) -> str:
+    """`attempt 2 hang: culprit node n2 (rank 1), confidence high`, or `... crash: no culprit
+    (configuration/user), confidence high`: one verdict (batch/culprit.py) in a line."""
+    if v.culprit_node:
+        rank = f" (rank {v.culprit_rank})" if v.culprit_rank is not None else ""
+        who = f"culprit node {v.culprit_node}{rank}"
+    elif v.culprit_rank is not None:
+        who = f"culprit rank {v.culprit_rank}"
+    else:
+        who = f"no culprit ({v.no_culprit or 'unknown'})"
+    attempt = f"attempt {v.attempt}" if v.attempt is not None else f"job {v.job_id} start-up"
+    return f"{attempt} {v.cls}: {who}, confidence {v.confidence or '?'}"
+
+
+def verdict_line(events: Rows) -> Optional[str]:
+    """`verdict: ...` (verdict_text) of the newest failed attempt, None when none has one."""
+    last = next((e for e in reversed(events) if isinstance(e, AttemptVerdict)), None)
+    return f"verdict: {verdict_text(last)}" if last is not None else None
+
+
+def notes(events: Rows) -> tuple[list[str], Optional[str], Optional[str]]:
+    """The lines below the table that the ledger gives: trackers dropped, the slowest node, the
+    newest verdict."""
+    return tracker_warnings(events), straggler_line(events), verdict_line(events)
+
+
 def render(rows: Sequence[Mapping[str, object]]) -> None:
     """A plain text table, one line per run (501 runs in milliseconds; a table library took
     half a second), then each branched run's lineage."""
@@ -138,8 +165,9 @@ def render(rows: Sequence[Mapping[str, object]]) -> None:
         if r.get("successor"):  # `successor 1234 pending`: the job that takes over if this dies
             print(f"{r['name']}/{Path(str(r['run'])).name}: {r['successor']}")
     for r in rows:
-        if r.get("slowest_node"):
-            print(f"{r['name']}/{Path(str(r['run'])).name}: {r['slowest_node']}")
+        for key in ("slowest_node", "verdict"):
+            if r.get(key):
+                print(f"{r['name']}/{Path(str(r['run'])).name}: {r[key]}")
     for r in rows:
         failed = r.get("trackers_failed")
         for line in failed if isinstance(failed, list) else ():

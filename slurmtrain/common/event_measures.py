@@ -6,6 +6,7 @@ class here; import them from there).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Optional
 
 from slurmtrain.common.row_codec import Row
@@ -30,6 +31,7 @@ __all__ = [
     "TrackerFailed",
     "ResumeSource",
     "AttemptVerdict",
+    "Confidence",
 ]
 
 
@@ -272,6 +274,14 @@ class ResumeSource(Row):
     step: Optional[int] = None
     tier: Optional[str] = None
     reason: Optional[str] = None  # the fallback's cause; None when the own local copy loads
+
+
+class Confidence(StrEnum):
+    """How sure an `attempt_verdict` is of its culprit (the words: batch/culprit.py)."""
+
+    high = "high"
+    medium = "medium"
+    low = "low"
 
 
 @dataclass(frozen=True, kw_only=True)
