@@ -18,6 +18,9 @@ comes from the run's ledger and metrics.jsonl:
 - corrupt resumes: a `checkpoint_loaded` of a checkpoint never published (`.tmp`, a step with no
   `checkpoint_saved`) or one the trial corrupted
 - class ok: the ledger holds the class/event the fault must be recorded as
+- culprit: the node the fault put at fault against the one the attempt's verdict named, with its
+  confidence, and precision and recall per fault (bench/fault_culprit.py); then the same over every
+  node-at-fault trial, and the nodes blamed for configuration/user errors (there must be none)
 
 Faults whose handling is being built elsewhere carry the outcome they must have once merged
 (nan_loss: `rollback` then finished; all_checkpoints_corrupt: stopped `checkpoint_unreadable`;
@@ -37,6 +40,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fault_culprit import figures, row_fields, score, summary  # noqa: E402
 from fault_recipes import FAULTS  # noqa: E402
 from fault_trial import FINISHED, STOPPED, Expect, Trial, Want  # noqa: E402
 from metric_fields import integer, number  # noqa: E402
@@ -151,6 +155,7 @@ def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
             corrupt=corrupt,
             class_ok=class_ok,
             end=end,
+            **row_fields(score(fault, t)),
         )
     except Exception as err:  # noqa: BLE001  a trial that breaks is a row that says so
         row.update(
@@ -181,9 +186,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         "duplicate trainers",
         "corrupt resumes",
         "class recorded correctly",
+        "culprit precision",
+        "culprit recall",
     ]
     lines = [head]
-    for fault in dict.fromkeys(r["fault"] for r in rows):
+    faults = list(dict.fromkeys(r["fault"] for r in rows))
+    for fault in faults:
         rs = [r for r in rows if r["fault"] == fault]
         lost = [r["lost"] for r in rs if r["lost"] is not None]
         lines.append(
@@ -195,12 +203,14 @@ def table(rows: list[dict[str, Any]]) -> str:
                 str(sum(bool(r["dup"]) for r in rs)),
                 str(sum(r["corrupt"] or 0 for r in rs)),
                 f"{sum(bool(r['class_ok']) for r in rs)}/{len(rs)}",
+                *figures(rs)[1:],
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = [" | ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
     out.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(out)
+    culprits = [f"culprit, {f}: {figures([r for r in rows if r['fault'] == f])[0]}" for f in faults]
+    return "\n".join(out + [c for c in culprits if not c.endswith(": -")] + summary(rows))
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -187,6 +187,13 @@ def crash_loop(t: Trial) -> tuple[str, Want]:
     return STOPPED, FailureClass.crash
 
 
+def user_error(t: Trial) -> tuple[str, Want]:
+    # every rank raises the same error (the user's code or data), once: the run stops, and the
+    # verdict blames no node (bench/fault_culprit.py)
+    t.submit(["train.max_steps=20", "faults.max_crash=0"], inject="crash_at_step=3")
+    return STOPPED, FailureClass.crash
+
+
 def world_size_change(t: Trial) -> tuple[str, Want]:
     batch = ["train.global_batch_size=8", "train.micro_batch_size=4"]  # same run on 1 or 2 nodes
     t.paused_at_20(batch)
@@ -359,6 +366,7 @@ FAULTS: dict[str, Callable[[Trial], tuple[str, Want]]] = {
     "node_never_joins": node_never_joins,
     "gpus_invisible": gpus_invisible,
     "crash_loop": crash_loop,
+    "user_error": user_error,
     "world_size_change": world_size_change,
     "duplicate_submission": duplicate_submission,
     "controller_restart": controller_restart,
