@@ -55,6 +55,7 @@ def test_a_swept_secret_given_by_name_is_only_in_the_0600_files(slurm_cluster, w
         "train.max_steps=1",
         "cluster.secrets=[ST_SWEEP_PASSWORD]",
         "optim.lr=1e-4,3e-4",
+        "+cluster.sbatch_extra.hold=true",  # queued, never started: scancel is instant
     ]
     dry = run_cli([*args, "dry_run=true"], cwd=workdir, env=env)
     assert dry.returncode == 0, dry.stdout + dry.stderr
@@ -68,7 +69,7 @@ def test_a_swept_secret_given_by_name_is_only_in_the_0600_files(slurm_cluster, w
     script = subprocess.run(
         ["scontrol", "write", "batch_script", array, "-"], capture_output=True, text=True
     ).stdout
-    subprocess.run(["scancel", array], check=False)  # nothing to train: the records are the test
+    subprocess.run(["scancel", array], check=False)  # held: the records are the test
     wait_job_gone(array)
 
     assert "Command=" in queued and SECRET not in queued

@@ -23,7 +23,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from slurmtrain.common import rundir, schema
+from slurmtrain.common import rundir, runlock, schema
 from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Submitted
 from slurmtrain.login import prepare, stage_env
@@ -200,8 +200,9 @@ def test_a_read_only_user_cannot_hold_the_lock(other, shared):
         pass
 
 
-def test_an_old_readable_lock_held_by_a_reader_is_replaced(other, shared):
+def test_an_old_readable_lock_held_by_a_reader_is_replaced(other, shared, monkeypatch):
     # An older slurmtrain made the lock 0644: a reader could open and flock it.
+    monkeypatch.setattr(runlock, "SQUAT_S", 0.3)  # how long it waits is not the point (2 s)
     cfg = _cfg(shared / "runs", "name=squat")
     run = rundir.locate(cfg)
     with run.locked():
