@@ -5,18 +5,20 @@ names one culprit and says why, as the `attempt_verdict` row the supervisor reco
 `attempt_ended`: the first error line, the ranks whose hang stack is outside any collective while
 the others wait in one, the ranks that reported nothing (missing heartbeats), the NCCL flight
 recorder's ranks that never joined the collective the others waited in (cli/nccl_dumps.py), XID
-and ECC text in a device error or a health-gate reason (common/gpu_health.py). A configuration or
-user error (config_error, oom, diverged, checkpoint_unreadable, setup_failed, or a crash every
-rank hit alike) blames no node: "configuration/user". It reads only the rows the supervisor holds
-and the attempt's hangs/ and logs/ files, never Slurm, and never raises: a failure to judge is a
-low-confidence row saying so.
+and ECC text in a device error or a health-gate reason, and in the kernel log when the culprit is
+the supervisor's own node (common/gpu_health.py). A configuration or user error (config_error,
+oom, diverged, checkpoint_unreadable, setup_failed, or a crash every rank hit alike) blames no
+node: "configuration/user". It reads the rows the supervisor holds and the attempt's hangs/ and
+logs/ files (never Slurm; milliseconds), and never raises: a failure to judge is a low-confidence
+row saying so.
 
 Confidence is a word, not a number: no calibration data backs a decimal, and the one consumer
 (exclusion) needs a threshold, not a score.
 - high: direct evidence naming exactly one node: Slurm marked it down or its slurmd is
   unreachable; its own device error or health-gate failure; the only node whose ranks never joined
-  the rendezvous; the only node whose ranks hung outside a collective (or the flight recorder's only
-  node behind) while other ranks waited in one. Only these exclude a node (batch/exclusions.py).
+  the rendezvous; the flight recorder's only node behind; the only node whose ranks hung outside
+  any collective (the others waited in one, or reported nothing). Only these exclude a node, and
+  only for a node failure or a hang (batch/exclusions.py).
 - medium: one candidate by elimination (the only rank with an error of its own while its peers
   saw theirs fail; the only ranks that reported nothing when the others reported a hang), or
   direct evidence naming several nodes (the first is the culprit).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import socket
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -98,6 +101,8 @@ def judge(run: RunDir, view: AttemptView, verdict: Verdict) -> Found:
     else:
         found = _crash(view, failed)
     found.evidence = first + found.evidence
+    if cls == FailureClass.node_failure:
+        found.evidence += local_xids(found.node)
     return found
 
 
@@ -163,6 +168,14 @@ def _node_failure(view: AttemptView, verdict: Verdict, failed: list[events.Faile
         return found
     why = [f"{n}: {verdict.exclude.get(n) or 'marked down by Slurm'}" for n in verdict.nodes]
     return _one(list(verdict.nodes), hosts, True, why)
+
+
+def local_xids(node: Optional[str]) -> list[str]:
+    """XIDs in this host's kernel log when `node` is this host (the batch shell runs on the
+    job's first node): another node's log is not readable from here. One `dmesg`, 1 s at most."""
+    if not node or node != socket.gethostname().split(".")[0]:
+        return []
+    return [f"kernel log: xid {x} at {pci}" for pci, x in gpu_health.xids(gpu_health.kernel_log())]
 
 
 def _ecc(texts: object) -> list[str]:
