@@ -244,7 +244,8 @@ def _flight_recorder(run: RunDir, view: AttemptView) -> tuple[list[int], str]:
 
 def _stacks(run: RunDir, attempt: int, nodes: Sequence[str]) -> tuple[list[int], list[int]]:
     """(ranks whose main thread hung outside any collective, ranks that waited in one) from the
-    watchdog's stack dumps (hangs/attempt{A}.{node}.txt, one `==== rank R ====` block each)."""
+    watchdog's stack dumps (hangs/attempt{A}.{node}.txt, one `==== rank R ====` block each: a hung
+    rank's, or a `peer failure` one's whose collective failed when the hung rank exited)."""
     outside: list[int] = []
     waiting: list[int] = []
     for node in nodes:
@@ -259,7 +260,9 @@ def _stacks(run: RunDir, attempt: int, nodes: Sequence[str]) -> tuple[list[int],
             )
             if not head.isdigit() or main is None:
                 continue
-            (waiting if COLLECTIVE.search(main.group(1)) else outside).append(int(head))
+            # a peer's failure ended its wait: the traceback heading the block is in a collective
+            stuck = main.group(1) + body.split("\nThread ", 1)[0]
+            (waiting if COLLECTIVE.search(stuck) else outside).append(int(head))
     return sorted(outside), sorted(waiting)
 
 

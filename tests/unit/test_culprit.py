@@ -109,6 +109,25 @@ def test_a_hang_names_the_rank_stuck_outside_a_collective_and_exclusion_takes_it
     assert exclusions.from_verdicts(run.run_events(), [{"node": "n2", "attempt": 1}]) == []
 
 
+def test_a_peers_failure_dump_counts_as_waiting_in_a_collective(tmp_path):
+    """The hung rank exits first; its peer's collective fails and it dumps its stacks, headed by
+    the traceback of that collective (watchdog.dump_after_peer_failure)."""
+    run = _run(tmp_path)
+    _rank(run, 1, events.Failed(cls=FailureClass.hang, error=HANG, phase="step"))
+    _rank(run, 0, events.Failed(cls=FailureClass.crash, error=PEER))
+    path = run.hang_dump(1, "n1")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"==== rank 0 ====\npeer failure: {PEER}\nTraceback (most recent call last):\n"
+        '  File "/x/torch/distributed/distributed_c10d.py", line 4287, in all_gather\n'
+        "    work.wait()\n\nThread 1 (MainThread):\n"
+        '  File "/x/slurmtrain/compute/attempt.py", line 362, in _train\n'
+    )
+    _stacks(run, 1, '  File "/x/slurmtrain/compute/faults/inject.py", line 98, in after_step')
+    v = _judged(run, errors.EXIT_HANG)
+    assert (v.culprit_rank, v.culprit_node, v.confidence) == (1, "n2", "high")
+
+
 def test_a_hang_with_a_rank_that_reported_nothing_names_it_with_medium_confidence(tmp_path):
     run = _run(tmp_path)
     _rank(run, 0, events.Failed(cls=FailureClass.hang, error=HANG, phase="step"))
