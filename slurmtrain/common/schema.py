@@ -184,7 +184,7 @@ class CheckpointConfig:
     # Where checkpoints live (scratch, flash), absolute; None: in the run directory. The run
     # directory keeps config, ledger and logs, and `checkpoints` links there (common/checkpoint_dir.py).
     dir: Optional[str] = None
-    local_every_steps: int = 0  # node-local tier + buddy copy every K steps (local_tier.py); 0: off
+    local_every_steps: Any = "auto"  # local tier + buddy copy every K; 0: off; local_tier_plan.py
     local_dir: Optional[str] = None  # absolute, `{node}` allowed; None: $SLURM_TMPDIR or /dev/shm
 
 

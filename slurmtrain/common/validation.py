@@ -48,7 +48,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("checkpoint.interval_minutes", 0, True, " (0: never by time)", "30"),
     ("checkpoint.keep_every", 0, True, " (0: none kept forever)", "1000"),
     ("checkpoint.publish_timeout_minutes", 0, False, "", "30"),
-    ("checkpoint.local_every_steps", 0, True, " (0: no node-local tier)", "50"),
+    ("checkpoint.local_every_steps", 0, True, " (0: no node-local tier; auto: planned)", "50"),
     ("cluster.signal_lead_s", 1, True, " (seconds of warning before the time limit)", "120"),
     ("cluster.array_parallelism", 1, True, " (sweep points running at once)", "16"),
     ("cluster.gpu_mem_gb", 0, False, " (GiB as the card reports it; auto: the card's)", "79.1"),
@@ -69,7 +69,7 @@ _RANGES: tuple[tuple[str, float, bool, str, str], ...] = (
     ("faults.node_mtbf_h", 0, False, " (hours between failures of one node)", "6334"),
 )
 # "auto" until planned (planning/policy.py, planning/cards.py)
-_AUTO_KEYS = ("checkpoint.interval_steps", "cluster.gpu_mem_gb")
+_AUTO_KEYS = ("checkpoint.interval_steps", "checkpoint.local_every_steps", "cluster.gpu_mem_gb")
 
 
 def _in_range(

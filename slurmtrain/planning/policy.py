@@ -9,6 +9,7 @@
   stops it: `faults.node_mtbf_h` / nodes), saved by time (`interval_minutes`), so a wrong
   throughput guess does not move it. CPU runs (demos, tests) keep 25 steps.
 - `checkpoint.async_save=auto`: on for GPUs (the loop waits only for a copy to host memory).
+- `checkpoint.local_every_steps=auto`: the node-local tier's interval (planning/local_tier_plan.py).
 Values set by hand always win. Pure arithmetic and config: no torch, no Slurm calls.
 """
 
@@ -22,7 +23,7 @@ from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.events import Row
 from slurmtrain.common.schema import ClusterKind, Container, RootConfig, VerifyMode
 from slurmtrain.common.slurm_text import PartitionInfo, format_time
-from slurmtrain.planning import cards, ckpt_interval, deadlines, flops, mfu
+from slurmtrain.planning import cards, ckpt_interval, deadlines, flops, local_tier_plan, mfu
 from slurmtrain.planning.eta import slurm_time_seconds
 
 AUTO = "auto"
@@ -189,7 +190,8 @@ def checkpoints(cfg: RootConfig, nodes: int, saves: Iterable[Row] = ()) -> Check
 
 
 def resolve_checkpoint(cfg: RootConfig, saves: Iterable[Row] = ()) -> None:
-    """Fill `checkpoint.async_save=auto` and `checkpoint.interval_steps=auto` (mutates cfg)."""
+    """Fill `checkpoint.async_save`, `interval_steps` and `local_every_steps` where auto (mutates
+    cfg)."""
     c, gpus = cfg.checkpoint, cfg.gpus_per_node > 0
     if c.async_save == AUTO:
         c.async_save = gpus
@@ -198,6 +200,9 @@ def resolve_checkpoint(cfg: RootConfig, saves: Iterable[Row] = ()) -> None:
             f"checkpoint.async_save={c.async_save!r}: must be true, false or auto (true on "
             f"GPUs); e.g. checkpoint.async_save=true"
         )
+    planned = c.local_every_steps == AUTO and local_tier_plan.needs_plan(cfg)
+    ckpt = checkpoints(cfg, derived_of(cfg).nodes[1], saves) if planned else None
+    local_tier_plan.resolve(cfg, ckpt, SAVE_FIXED_S)  # the most nodes fail most
     if c.interval_steps != AUTO:
         if isinstance(c.interval_steps, bool) or not isinstance(c.interval_steps, int):
             raise ConfigError(
