@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,12 @@ def test_cli_prints_a_row_per_interval_and_young_daly() -> None:
             "60",
             "--trials",
             "20",
+            "--intervals",
+            "10,30,60,120",
+            "--ckpt-cost-s",
+            "60",
+            "--restart-cost-s",
+            "300",
         ],
         capture_output=True,
         text=True,
@@ -122,10 +129,15 @@ def _sim():
 
 
 class Script:
-    """Scripted draws: failure gaps, spare-or-not, queue waits, repair times, in order."""
+    """Scripted draws: failure gaps, spare-or-not, queue waits, repair times, and whether a failed
+    node is the batch node / a lost copy's other holder (`ones`), in order."""
 
-    def __init__(self, gaps, waits, spare=(), repairs=()):
+    def __init__(self, gaps, waits, spare=(), repairs=(), ones=()):
         self.gaps, self.waits, self.spare, self.repairs = [*gaps], [*waits], [*spare], [*repairs]
+        self.ones = [*ones]
+
+    def one_of(self, count, nodes):
+        return self.ones.pop(0) if self.ones else False
 
     def gap(self, rate):
         return self.gaps.pop(0) if self.gaps else math.inf
@@ -148,7 +160,7 @@ def _model(spares, **kw):
 
 
 def _parts(t):
-    return t.useful + t.saving + t.lost + t.detecting + t.restarting + t.queued
+    return t.useful + t.saving + t.local_saving + t.lost + t.detecting + t.restarting + t.queued
 
 
 def test_spares_no_failure_queue_then_start_up_then_segments():
@@ -194,14 +206,72 @@ def test_queue_wait_lognormal_hits_its_median_and_p90():
     assert waits[18_000] == pytest.approx(3600, rel=0.07)
 
 
-def test_spares_cli_rows_and_determinism():
-    cmd = [sys.executable, str(ROOT / "tools" / "goodput_sim.py"), "--nodes", "512", "--days", "60"]
-    cmd += ["--spares", "0,1,2,4", "--trials", "10", "--seed", "7"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert out == subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("K "))
-    assert [line.split()[0] for line in lines[start + 2 : start + 6]] == ["0", "1", "2", "4"]
-    assert "best K = " in out and "per paid GPU-hour" in out
-    bad = subprocess.run([*cmd[:-4], "--spares", "a"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--spares 'a'" in bad.stderr
+LOCAL = dict(local_interval=30.0, local_save=2.0, restart_local=15.0)  # 3 local saves a shared one
+
+
+def test_local_tier_bounds_lost_work_by_its_interval():
+    t = _sim().trial(_model(1, **LOCAL), Script([200.0], [0.0]))
+    # start-up 0-50; a shared segment is 3 x (30 + 2) + 10 = 106 s; failure at 200 is 44 s into
+    # the second one, 12 s after its first local save: 12 s lost, restart from the local tier
+    assert (t.from_local, t.both_lost, t.in_alloc) == (1, 0, 1)
+    assert (t.useful, t.saving, t.local_saving) == (720, 80, 48)
+    assert (t.lost, t.restarting) == (12 + 70, 50 + 15)  # + the tail after the last shared save
+    assert _parts(t) == pytest.approx(1000)
+
+
+def test_both_local_copies_lost_falls_back_to_the_shared_tier():
+    # a second failure 10 s after the first (no local save since): the failed node is the
+    # replaced node's buddy (ones: not the batch node, then yes), so its two copies are gone
+    t = _sim().trial(_model(2, **LOCAL), Script([200.0, 10.0], [0.0], ones=[False, False, True]))
+    assert (t.from_local, t.both_lost, t.in_alloc, t.requeues) == (1, 1, 2, 0)
+    assert t.lost == 12 + 32 + 18  # the second loses the local segment kept by the first
+    assert t.restarting == 50 + 10 + 20  # the local restart cut short, then one from shared
+    assert _parts(t) == pytest.approx(1000)
+
+
+def test_batch_node_loss_ends_the_allocation_successor_or_human():
+    g = _sim()
+    t = g.trial(_model(2, successor_scale=0.5), Script([280.0], [0.0, 100.0], ones=[True]))
+    assert (t.batch_lost, t.requeues, t.in_alloc, t.queued) == (1, 1, 0, 50)  # spares unused
+    t = g.trial(_model(2, successor=False, human_wait=300.0), Script([280.0], [0.0], ones=[True]))
+    assert (t.requeues, t.queued) == (1, 300)
+    assert _parts(t) == pytest.approx(1000)
+
+
+def test_planner_rates_are_the_bench_results():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import goodput_costs
+
+    from slurmtrain.planning import local_tier_plan
+
+    rates = goodput_costs.tier_rates()
+    lt = local_tier_plan
+    assert (lt.LOCAL_WRITE_BPS, lt.BUDDY_COPY_BPS, lt.LOCAL_READ_BPS) == (
+        rates["local_write"], rates["buddy_copy"], rates["local_read"]
+    )  # fmt: skip
+    assert goodput_costs.io_rates()["shared_write"] == pytest.approx(446.9e6)
+
+
+def test_default_cli_names_sources_best_k_and_where_the_rest_goes(capsys):
+    g = _sim()
+    args = ["--nodes", "512", "--days", "60", "--spares", "0,2", "--trials", "4", "--seed", "7"]
+    assert g.main(args) == 0
+    out = capsys.readouterr().out
+    for source in ("opt13b plan", "bench/local_tier_rates.py", "bench/checkpoint_io.py", "assumed"):
+        assert source in out
+    best = next(line for line in out.splitlines() if line.startswith("best K = "))
+    assert "per paid GPU-hour" in best and "97%" in best
+    rest = next(line for line in out.splitlines() if line.startswith("where the paid"))
+    parts = [float(x) for x in re.findall(r"([0-9.]+)%", rest)]
+    assert sum(parts) == pytest.approx(100, abs=0.05) and "queue waits" in rest
+    assert "the node-local tier at K = " in out
+    with pytest.raises(SystemExit) as bad:
+        g.parse_args([*args[:4], "--spares", "a"])
+    assert bad.value.code == 2 and "--spares 'a'" in capsys.readouterr().err
+
+
+def test_simulate_is_deterministic_per_seed():
+    g = _sim()
+    base, waits = _model(1, **LOCAL, wall=50_000.0, rate=2e-4), g.QueueWait(60.0, 600.0)
+    once = g.simulate(base, [0, 1], waits, trials=5, seed=3)
+    assert once == g.simulate(base, [0, 1], waits, trials=5, seed=3)
