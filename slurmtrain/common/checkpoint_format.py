@@ -202,8 +202,9 @@ def publish(
     return final
 
 
-def validate(directory: Path, full: bool = True) -> Optional[str]:
-    """None if the checkpoint matches its manifest; else the reason it must not be loaded."""
+def validate(directory: Path, full: bool = True, files: bool = True) -> Optional[str]:
+    """None if the checkpoint matches its manifest; else the reason it must not be loaded.
+    `files=False`: the manifest only (the ranks check the files, each its share, in parallel)."""
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
     except FileNotFoundError:
@@ -213,7 +214,7 @@ def validate(directory: Path, full: bool = True) -> Optional[str]:
     listed = manifest.get("files") or {}
     if not listed:
         return "manifest lists no files"
-    for name, entry in listed.items():
+    for name, entry in listed.items() if files else ():
         reason = _check_file(directory, name, entry, full)
         if reason is not None:
             return reason
@@ -276,12 +277,16 @@ def read_bytes(files: Mapping[str, FileEntry], rank: int, world: int) -> int:
 
 
 def verify_files(
-    directory: Path, names: list[str], progress: Optional[Progress] = None
+    directory: Path,
+    names: list[str],
+    progress: Optional[Progress] = None,
+    listed: Optional[Mapping[str, FileEntry]] = None,
 ) -> Optional[str]:
     """Checksum `names` (a rank's share, `files_for_rank`) against the manifest; None if they
-    match, else the first reason. `progress(bytes so far)` beats during the reads."""
+    match, else the first reason. `progress(bytes so far)` beats during the reads. `listed`: the
+    manifest's files as rank 0 read and broadcast them (else read here)."""
     try:
-        listed = read_manifest(directory).get("files") or {}
+        listed = (read_manifest(directory).get("files") or {}) if listed is None else listed
     except (OSError, json.JSONDecodeError) as err:
         return f"unreadable manifest: {err}"
     done = 0
@@ -327,15 +332,19 @@ class Resume:
 Check = Callable[[Path], Optional[str]]  # a further check of a candidate (the ranks' checksums)
 
 
-def find_resumable(root: Path, full: bool = True, check: Optional[Check] = None) -> Resume:
+def find_resumable(
+    root: Path, full: bool = True, check: Optional[Check] = None, check_files: bool = False
+) -> Resume:
     """The newest checkpoint that validates; every one skipped on the way is reported with why.
     With `check`, a candidate whose manifest and sizes match is passed to it (the ranks checksum
-    their own files in parallel) instead of being checksummed here."""
+    their own files in parallel) instead of being checksummed here. `check_files`: `check` also
+    checks every file's presence and size (each rank its share), so this reads the manifest
+    only, not one stat per file of every rank (a restart's cost flat in node count)."""
     result = Resume()
     if not root.is_dir():
         return result
     for directory in step_dirs(root):
-        reason = validate(directory, full and check is None)
+        reason = validate(directory, full and check is None, files=not check_files)
         if reason is None and check is not None:
             reason = check(directory)
         if reason is None:

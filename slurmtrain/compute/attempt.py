@@ -23,7 +23,7 @@ from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 from slurmtrain.common.slurm_hostlist import expand_hostlist
-from slurmtrain.compute import deepspeed_compat, quick_exit, startup
+from slurmtrain.compute import deepspeed_compat, io_count, quick_exit, startup
 from slurmtrain.compute.context import Attempt, RankContext, relaunch_count, restart_count
 from slurmtrain.compute.distributed import (
     Placement,
@@ -162,6 +162,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     clock = startup.StartupClock()  # from the process's exec: interpreter and imports count
     clock.mark("launch")
     run = RunDir(Path(run_dir).resolve())
+    io_count.install(run.path)  # SLURMTRAIN_COUNT_IO=1: bench/restart_ops.py's counters
     cfg = load_run_config(str(run.config))
     _quiet_environment(cfg.gpus_per_node == 0)
     flags = signals.SignalFlags().install()
@@ -207,6 +208,7 @@ def _run(
     from slurmtrain.compute.checkpoint import safe_load
 
     safe_load.enforce()  # every checkpoint load weights-only, DeepSpeed's own too (safe_load.py)
+    io_count.count_collectives()
     clock.mark("imports")
     startup.say_staged(where.rank, where.node)
 

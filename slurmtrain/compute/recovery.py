@@ -71,7 +71,7 @@ def data_skip(t: Resuming, manifest: Manifest) -> int:
 
 
 def try_load(
-    t: Resuming, directory: Path, restore_rng: bool = True
+    t: Resuming, directory: Path, restore_rng: bool = True, manifest: Optional[Manifest] = None
 ) -> tuple[Optional[str], Optional[RngState]]:
     """Collective: (None, the RNG state if one was restored) when every rank loaded `directory`,
     else (the first failing rank's error, None). Caught on every rank and agreed (one all-reduce of a flag; the
@@ -83,7 +83,7 @@ def try_load(
     rng: Optional[RngState] = None
     error: Optional[str] = None
     try:
-        rng = t.checkpointer.load(t.engine, directory, restore_rng=restore_rng)
+        rng = t.checkpointer.load(t.engine, directory, restore_rng, manifest)
     except Exception as err:  # noqa: BLE001  whatever DeepSpeed or torch.load raise
         error = f"{type(err).__name__}: {err}"[:2000]
     flag = torch.tensor([error is not None], dtype=torch.int32, device=t.ctx.device)
@@ -127,7 +127,9 @@ def load_resumed(t: Resuming) -> bool:
 
     while True:
         assert t.load_dir is not None and t.found.path is not None  # a chosen checkpoint
-        error, rng = try_load(t, t.load_dir, restore_rng=t.same_world)
+        # the chosen checkpoint's manifest, broadcast by rank 0 (not its universal form's)
+        manifest = t.found.manifest if t.load_dir == t.found.path else None
+        error, rng = try_load(t, t.load_dir, t.same_world, manifest)
         if error is None:
             set_rng_state(rng)
             return True
@@ -186,7 +188,7 @@ def rollback(t: Resuming, d: Divergence) -> bool:
             return False
         t0 = time.time()
         assert found.path is not None  # a plan without a stop has a checkpoint to load
-        error, rng = try_load(t, found.path)
+        error, rng = try_load(t, found.path, manifest=found.manifest)
         if error is None:
             break
         mark_unloadable(t, found, error)  # and look again: newest_valid skips it now

@@ -25,6 +25,7 @@ from slurmtrain.common.derived import grad_accumulation, tensor_parallel
 from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
+from slurmtrain.compute import io_count
 from slurmtrain.compute.checkpoint.rng import rng_state
 from slurmtrain.compute.context import Attempt, RankContext
 from slurmtrain.compute.faults import signals
@@ -316,6 +317,7 @@ class Trainer:
         clock = self.attempt.clock
         if clock is not None and not clock.done:  # the first step: the start-up's one row
             clock.finish(self.attempt.record)
+        io_count.first_step(self.ctx.where)  # SLURMTRAIN_COUNT_IO=1 only
         self.attempt.step = step
         self.watchdog.beat(f"step {step}")
         self.memory.after_step(step)

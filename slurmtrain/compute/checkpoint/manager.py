@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Collection, Optional, Union, cast
 from slurmtrain.common import events
 from slurmtrain.common.checkpoint_format import (
     LATEST,
+    Manifest,
     dir_bytes,
     prune,
     publish,
@@ -206,11 +207,17 @@ class Checkpointer:
             self._thread = None
 
     def load(
-        self, engine: DeepSpeedEngine, directory: Path, restore_rng: bool = True
+        self,
+        engine: DeepSpeedEngine,
+        directory: Path,
+        restore_rng: bool = True,
+        manifest: Optional[Manifest] = None,
     ) -> Optional[RngState]:
-        """Load a checkpoint (or its universal conversion); the per-rank RNG state when asked."""
+        """Load a checkpoint (or its universal conversion); the per-rank RNG state when asked.
+        `manifest`: the directory's, as rank 0 read and broadcast it (else read here)."""
         try:
-            self.loaded_bytes = read_bytes(read_manifest(directory)["files"], self.rank, self.world)
+            manifest = read_manifest(directory) if manifest is None else manifest
+            self.loaded_bytes = read_bytes(manifest["files"], self.rank, self.world)
         except (OSError, ValueError, KeyError):
             planned = self.save_bytes
             self.loaded_bytes = int(planned.rank if isinstance(planned, Moved) else planned)

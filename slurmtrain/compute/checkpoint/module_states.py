@@ -12,7 +12,10 @@ Loading such a file: `load` calls `engine.load_checkpoint` with DeepSpeed's `cus
 module load accepts exactly the left-out names as missing; once the partitions are loaded the
 bit16 weights are rebuilt from them (the ZeRO optimizer's `update_lp_params`). A load that would
 not read the partitions (ZeRO-0/3, or `load_from_fp32_weights=false`) is refused with one line.
-No DeepSpeed method is replaced: other checkpoints load exactly as DeepSpeed loads them.
+No DeepSpeed method is replaced: other checkpoints load exactly as DeepSpeed loads them; one is
+narrowed for the load's duration: DeepSpeed stats every rank's partition file on every rank (N
+stats per rank, N^2 on the shared tier per restart) though each rank opens only its own, so
+`_own_partition_names` names them without the stats (bench/restart_ops.py: flat in node count).
 """
 
 from __future__ import annotations
@@ -61,9 +64,16 @@ def load(engine: DeepSpeedEngine, load_dir: str, tag: str) -> Optional[str]:
     the fp32 partitions restore; then the bit16 weights are rebuilt from those partitions. The
     loaded path, or None (DeepSpeed found nothing to load)."""
     seen: dict[str, set[str]] = {}
-    path, client_state = engine.load_checkpoint(
-        load_dir, tag=tag, custom_load_fn=lambda src, dst: seen.update(_module(engine, src, dst))
-    )
+    narrowed = _own_partition_names(engine)
+    try:
+        path, client_state = engine.load_checkpoint(
+            load_dir,
+            tag=tag,
+            custom_load_fn=lambda src, dst: seen.update(_module(engine, src, dst)),
+        )
+    finally:
+        if narrowed:
+            del engine._get_all_zero_checkpoint_names  # the class's own again
     if path is None:
         return None
     omitted = client_state.get(OMITTED) if isinstance(client_state, dict) else None
@@ -92,3 +102,27 @@ def _module(engine: DeepSpeedEngine, src: Mapping[str, object], dst: Module) -> 
     ):
         raise RuntimeError(REFUSED)
     return {"missing": missing}
+
+
+def _own_partition_names(engine: DeepSpeedEngine) -> bool:
+    """For this load: the ZeRO partition files' names without DeepSpeed's existence check of each
+    (only this rank's is opened unless the load is elastic; a missing own file still fails its
+    open, and the manifest, checked before the load, lists every one). True when narrowed."""
+    if engine.zero_elastic_checkpoint() or not hasattr(
+        engine, "_get_mp_rank_zero_checkpoint_names"
+    ):
+        return False
+
+    def names(load_dir: str, tag: str, bf16_mode: bool) -> list[str]:
+        return list(
+            engine._get_mp_rank_zero_checkpoint_names(
+                load_dir=load_dir,
+                tag=tag,
+                mp_rank=engine.checkpoint_mp_rank,
+                dp_world_size=engine.loaded_checkpoint_dp_world_size,
+                bf16_mode=bf16_mode,
+            )
+        )
+
+    engine._get_all_zero_checkpoint_names = names  # an instance attribute: deleted after the load
+    return True

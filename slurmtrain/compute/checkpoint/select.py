@@ -103,7 +103,7 @@ def choose(
         if not directory.is_dir():
             reason: Optional[str] = "no such checkpoint"
         else:
-            reason = validate(directory, full and check is None)
+            reason = validate(directory, full and check is None, files=check is None)
             if reason is None and check is not None:
                 reason = check(directory)  # every rank checksums its own files
         if reason is not None:
@@ -112,7 +112,7 @@ def choose(
         found = Resume(directory, read_manifest(directory))
         applied = events.ResumeApplied(resume=mode, moved=tuple(moved), kept_step=step)
         return Choice(found, applied=applied)
-    found = find_resumable(root, full, loadable(check, full))
+    found = find_resumable(root, full, loadable(check, full), check_files=check is not None)
     published = ledger.published_since_reset(rows)
     if found.path is None and not published and branch is not None:
         return branch_point(*branch, full, check)  # the branch's own checkpoints come first

@@ -6,13 +6,16 @@ walks the candidates (select.choose: manifest and sizes, cheap) and hands each o
 (`checkpoint_format.files_for_rank`), beating the watchdog as it reads, and all ranks gather the
 verdicts, so each learns the same answer (the first bad file named). Rank 0 records
 `checkpoint_verified` (bytes and seconds of the slowest rank: the read rate of later deadlines).
+Restart cost flat in node count (bench/restart_ops.py): rank 0 reads each candidate's manifest
+once and broadcasts it with the directory (no other rank reads it), and leaves each file's
+presence and size to the rank that checksums it (no stat of every rank's files on rank 0).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from slurmtrain.common import checkpoint_format, events
 from slurmtrain.common.rundir import RunDir
@@ -24,7 +27,8 @@ from slurmtrain.planning.deadlines import VERIFY, Deadlines, from_config
 
 Record = Callable[[events.Row], object]  # the attempt's ledger write
 Verdict = tuple[Optional[str], int, float, int]  # (reason, bytes, seconds, files) of one rank
-_NO_MORE: Optional[str] = None  # what `done` sends: the other ranks stop serving
+Listed = Union[dict[str, checkpoint_format.FileEntry], str]  # a manifest's files, or why none
+_NO_MORE: Optional[tuple[str, Listed]] = None  # what `done` sends: the other ranks stop serving
 
 
 class ParallelVerify:
@@ -43,34 +47,35 @@ class ParallelVerify:
         self.deadlines, self.record = deadlines, record
 
     def check(self, directory: Path) -> Optional[str]:
-        broadcast(str(directory))
-        return self._verify(directory)
+        """Rank 0 reads the manifest once and sends it with the directory: no other rank reads
+        it (a restart's shared-tier reads stay flat in node count: bench/restart_ops.py)."""
+        try:
+            listed: Listed = checkpoint_format.read_manifest(directory).get("files") or {}
+        except (OSError, ValueError) as err:
+            listed = f"unreadable manifest: {err}"
+        broadcast((str(directory), listed))
+        return self._verify(directory, listed)
 
     def done(self) -> None:
         broadcast(_NO_MORE)
 
     def serve(self) -> None:
-        while (directory := broadcast(_NO_MORE)) is not None:
-            self._verify(Path(directory))
+        while (sent := broadcast(_NO_MORE)) is not None:
+            self._verify(Path(sent[0]), sent[1])
 
-    def _verify(self, directory: Path) -> Optional[str]:
+    def _verify(self, directory: Path, listed: Listed) -> Optional[str]:
         import torch.distributed as dist
 
         t0 = time.time()
-        reason: Optional[str]
-        try:
-            listed = checkpoint_format.read_manifest(directory).get("files") or {}
-        except (OSError, ValueError) as err:
-            listed, mine, reason = {}, [], f"unreadable manifest: {err}"
-        else:
-            mine = checkpoint_format.files_for_rank(listed, self.rank, self.world)
-            reason = None
-        nbytes = sum(int(listed[n].get("size", 0)) for n in mine)
+        reason = listed if isinstance(listed, str) else None  # rank 0 could not read it
+        files = listed if not isinstance(listed, str) else {}
+        mine = checkpoint_format.files_for_rank(files, self.rank, self.world) if files else []
+        nbytes = sum(int(files[n].get("size", 0)) for n in mine)
         if reason is None:
             what = f"verifying {directory.name}"
             with self.watchdog.during(VERIFY, self.deadlines.read_s(nbytes), what):
                 beat = self.watchdog.progress(VERIFY, what)
-                reason = checkpoint_format.verify_files(directory, mine, beat)
+                reason = checkpoint_format.verify_files(directory, mine, beat, files)
         verdicts: list[Verdict] = [(None, 0, 0.0, 0)] * self.world
         dist.all_gather_object(verdicts, (reason, nbytes, time.time() - t0, len(mine)))
         bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
@@ -152,7 +157,9 @@ def newest_valid(
     found: Optional[checkpoint_format.Resume] = None
     if rank == 0:
         try:
-            found = checkpoint_format.find_resumable(run.checkpoints, full, candidate)
+            found = checkpoint_format.find_resumable(
+                run.checkpoints, full, candidate, check_files=full
+            )
             if found.path is None and getattr(cfg, "resume_from", None):  # a branch, unsaved
                 found = select.branch_point(
                     str(cfg.resume_from),
