@@ -151,6 +151,10 @@ def costs(args: argparse.Namespace) -> list[tuple[str, float, str, str]]:
         value, source = cost.value, cost.source
         if flag and getattr(args, flag) is not None:
             value, source = getattr(args, flag) * unit, f"--{flag.replace('_', '-')}"
+        elif name == "local interval" and args.local_save_s is not None:  # its rule, on that save
+            mtbf = ckpt_interval.job_mtbf_seconds(args.nodes, args.failures_per_node_day)
+            value = ckpt_interval.young_daly_interval(args.local_save_s, mtbf)
+            source = "Young/Daly on --local-save-s"
         shown = f"{value / 1e6:.0f} MB" if name == "node bytes" else (
             f"{value / 60:.1f} min" if "interval" in name else f"{value:.1f} s")  # fmt: skip
         out.append((name, value, shown, source))
