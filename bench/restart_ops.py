@@ -1,6 +1,6 @@
 """Restart cost in node count: what one restart asks of the shared tier, at 2 and 16 nodes.
 
-    python bench/restart_ops.py [--nodes 2,16] [--keep]
+    python bench/restart_ops.py [--nodes 2,16] [--keep] [--stage-env]
 
 On the local cluster's `big` partition (one CPU rank per node, gloo) a tiny-OPT run checkpoints at
 step 2 and crashes at step 3; the batch script restarts it inside the job and it resumes from step
@@ -8,6 +8,9 @@ step 2 and crashes at step 3; the batch script restarts it inside the job and it
 first step it counts files it reads under the run directory, metadata calls there (stat, listdir,
 scandir, glob), bytes it reads there, and torch.distributed collectives (rendezvous round trips).
 The restart's counts (the second attempt: a new job, no spare) are printed per operation at each size, with wall times.
+
+`--stage-env` runs the ranks from each node's copy of the environment (cluster.stage_env): the
+count of files opened there shows the imports no longer come from the shared one.
 
 The measure is the per-rank figure: the most any one rank does, and the total over ranks divided
 by the ranks (one rank a node here, so per rank is per node). A restart is flat in node count when
@@ -49,6 +52,7 @@ ARGS = [
     "checkpoint.interval_steps=2",
 ]
 INJECT = "crash_at_step=3,attempts=1"
+PACKS = Path("/tmp/slurmtrain-test-env-packs")
 
 
 def big_idle() -> bool:
@@ -58,7 +62,7 @@ def big_idle() -> bool:
     return out[:1] == ["idle"] and len(out) == 2
 
 
-def drill(workdir: Path, nodes: int, timeout: float = 900) -> dict[str, Any]:
+def drill(workdir: Path, nodes: int, stage: list[str], timeout: float = 900) -> dict[str, Any]:
     """One run at `nodes` nodes through its crash and restart; its counts and times."""
     deadline = time.time() + timeout
     while not big_idle() and time.time() < deadline:
@@ -70,7 +74,7 @@ def drill(workdir: Path, nodes: int, timeout: float = 900) -> dict[str, Any]:
         "SLURMTRAIN_INJECT": INJECT,
     }
     name = f"restartops{nodes}"
-    cmd = [sys.executable, "-m", "slurmtrain", *ARGS, f"nodes={nodes}", f"name={name}"]
+    cmd = [sys.executable, "-m", "slurmtrain", *ARGS, *stage, f"nodes={nodes}", f"name={name}"]
     done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"submit failed at {nodes} nodes:\n{done.stdout}\n{done.stderr}")
@@ -137,6 +141,9 @@ def show(results: list[dict[str, Any]]) -> None:
     print(f"{b} nodes, rank 0's shared-tier reads: {json.dumps(rank0['read_paths'])}")
     other = results[-1]["ranks"][-1]
     print(f"{b} nodes, rank {other['rank']}'s: {json.dumps(other['read_paths'])}")
+    staged = sum(r["env_staged"] for r in results[-1]["ranks"])
+    opened = sum(r["env_files"] for r in results[-1]["ranks"])
+    print(f"files opened outside the run dir, {b} nodes: {opened}, {staged} of them node-local")
     print(f"modules from: {json.dumps(other['env_dirs'])}")
 
 
@@ -145,10 +152,21 @@ def main() -> None:
     parser.add_argument("--nodes", default="2,16", help="comma-separated sizes, smallest first")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--stage-env",
+        action="store_true",
+        help="cluster.stage_env=true: modules from each node's copy (~1 GB a node on this disk)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="restart_ops."))
+    stage = [
+        "cluster.stage_env=true",
+        f"cluster.stage_env_dir={workdir}/node-local",
+        f"cluster.stage_env_cache={PACKS}",  # the cluster tests' packs, cached by the venv's hash
+    ]
     try:
-        results = [drill(workdir, int(n)) for n in args.nodes.split(",")]
+        sizes = [int(n) for n in args.nodes.split(",")]
+        results = [drill(workdir, n, stage if args.stage_env else []) for n in sizes]
         show(results)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -10,6 +10,8 @@ Counted, for paths under the run directory (the shared filesystem in production)
   collectives                 torch.distributed calls (each one a rendezvous round trip of all ranks)
   env_files                   files opened outside the run directory (imports, the corpus): per
                               rank and flat in node count, listed to show where modules came from
+  env_staged                  those of them in the node-local copy of the environment
+                              (cluster.stage_env: SLURMTRAIN_STAGED_ENV), not the shared one
 At the first step each rank writes its counts, with the shared-tier paths it read and how often, to
 RUN/io_count/<job>.<restart>.<relaunch>/rank<N>.json (after counting stops: not counted).
 """
@@ -54,6 +56,7 @@ class Counts:
         self.read_paths: Counter[str] = Counter()
         self.stat_paths: Counter[str] = Counter()
         self.env_dirs: Counter[str] = Counter()
+        self.staged = os.environ.get("SLURMTRAIN_STAGED_ENV", "")  # cluster.stage_env's copy
         self._stat = os.stat  # the real one: bytes_read's size look-up is not itself counted
 
     def shared(self, path: object) -> Optional[str]:
@@ -71,8 +74,10 @@ class Counts:
         rel = self.shared(path)
         if rel is None:
             if isinstance(path, (str, bytes, os.PathLike)):
+                name = os.fsdecode(os.fspath(path))
                 self.ops["env_files"] += 1
-                self.env_dirs[_top(os.fsdecode(os.fspath(path)))] += 1
+                self.ops["env_staged"] += bool(self.staged) and name.startswith(self.staged)
+                self.env_dirs[_top(name)] += 1
             return
         writing = _writes(mode, flags)
         self.ops["files_written" if writing else "files_read"] += 1
@@ -116,6 +121,7 @@ class Counts:
             "node": node,
             **{k: self.ops.get(k, 0) for k in OPS},
             "env_files": self.ops.get("env_files", 0),
+            "env_staged": self.ops.get("env_staged", 0),
             "read_paths": dict(sorted(self.read_paths.items())),
             "stat_paths": dict(sorted(self.stat_paths.items())),
             "env_dirs": dict(self.env_dirs.most_common(4)),

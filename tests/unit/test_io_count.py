@@ -9,8 +9,9 @@ from pathlib import Path
 from slurmtrain.compute import io_count
 
 
-def test_counts_shared_tier_reads_metadata_and_bytes_only(tmp_path: Path) -> None:
+def test_counts_shared_tier_reads_metadata_and_bytes_only(tmp_path: Path, monkeypatch) -> None:
     run, elsewhere = tmp_path / "run", tmp_path / "env"
+    monkeypatch.setenv("SLURMTRAIN_STAGED_ENV", str(elsewhere))
     run.mkdir()
     elsewhere.mkdir()
     (run / "manifest.json").write_text("x" * 10)
@@ -30,5 +31,6 @@ def test_counts_shared_tier_reads_metadata_and_bytes_only(tmp_path: Path) -> Non
     stat(run / "manifest.json")
     got = counts.report(0, "n1")
     assert (got["files_read"], got["files_written"], got["bytes_read"]) == (2, 1, 10)
-    assert (got["metadata"], got["env_files"]) == (2, 1)
+    assert (got["metadata"], got["env_files"], got["env_staged"]) == (2, 1, 1)
     assert got["read_paths"] == {"manifest.json": 1, "step_#/rank#.pt": 1}
+    assert got["stat_paths"] == {".": 1, "manifest.json": 1}
