@@ -39,10 +39,11 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from slurmtrain.common import events, slurm_cmd, slurm_text
+from slurmtrain.common import events, ledger, slurm_cmd, slurm_text
 from slurmtrain.common.events import FailureClass, Row
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
@@ -90,16 +91,41 @@ def queued(rows: Sequence[Row]) -> list[str]:
     return [i for i in ids if i not in gone]
 
 
-def not_needed(rows: Sequence[Row], job_id: str) -> Optional[str]:
+def not_needed(
+    rows: Sequence[Row], job_id: str, scancelled: Callable[[str], bool] = lambda job: False
+) -> Optional[str]:
     """Why this starting job, a recorded successor never made the run's next job (`adopt`), must
-    not train: the run is over, or its successor was cancelled (the scancel may have failed)."""
+    not train: the run is over, its successor was cancelled (the scancel may have failed), or the
+    job it follows was scancel'ed (`scancelled`: asked of Slurm only then; a scancel whose
+    KillWait ended the batch shell before its supervisor leaves no `cancelled` row)."""
     ids = {e.new_job_id for e in rows if isinstance(e, events.SuccessorQueued)}
     owned = {str(e.job_id) for e in rows if isinstance(e, events.Submitted)}
     if not job_id or job_id not in ids or job_id in owned:
         return None
     if any(isinstance(e, events.SuccessorCancelled) and job_id in e.new_job_ids for e in rows):
         return events.SuccessorCancelled.kind
-    return over(rows)
+    why = over(rows)
+    last = ledger.owner([e for e in rows if str(e.job_id) != job_id])
+    if why is None and last is not None and scancelled(str(last.job_id)):
+        return events.Cancelled.kind
+    return why
+
+
+def scancelled(job_id: str, wait_s: float = 30.0) -> bool:
+    """Slurm says the job ended CANCELLED and was not preempted (scontrol, while Slurm still
+    holds the record: MinJobAge); False when it cannot say (the successor then resumes). The
+    singleton releases while that job is still COMPLETING (scontrol shows no end state then):
+    asked again every 2 s, up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            info = slurm_cmd.job_info(job_id)
+        except (slurm_text.SlurmError, IndexError):
+            return False
+        if info.get("JobState") != "COMPLETING" or time.monotonic() >= deadline:
+            break
+        time.sleep(2.0)
+    return info.get("JobState") == "CANCELLED" and info.get("PreemptTime", "None") == "None"
 
 
 def shown(rows: Sequence[Row]) -> Optional[str]:
@@ -122,9 +148,13 @@ def queue(run: RunDir, where: events.Where) -> str:
     return new_id
 
 
-def cancel(run: RunDir, ids: list[str], reason: str, where: events.Where) -> None:
+def cancel(
+    run: RunDir, ids: list[str], reason: str, where: events.Where, scancel: bool = True
+) -> None:
     """scancel the pending successors `ids`, recorded first (a crash between leaves them named)."""
     run.record(events.SuccessorCancelled(new_job_ids=tuple(ids), reason=reason), **where)
+    if not scancel:
+        return
     try:
         slurm_cmd.run(["scancel", *ids])
     except slurm_text.SlurmError as err:  # one ended meanwhile: scancel says so
@@ -147,14 +177,16 @@ def settle(
     waiting = [i for i in pending(own, job_id) if i in named]
     why = over(rows)
     code = 0
-    if start and not_needed(rows, job_id) is not None:
-        why, code = why or events.SuccessorCancelled.kind, EXIT_NOT_NEEDED
+    late = not_needed(rows, job_id, scancelled) if start else None
+    if late is not None:  # retired in the ledger too: never counted as pending again
+        cancel(run, [job_id], late, where, scancel=False)
+        why, code = late, EXIT_NOT_NEEDED
     if why is not None:
-        done = f"run {why}: " + ("this successor trains nothing" if code else "")
+        done = [f"run {why}:"] + (["this successor trains nothing;"] if code else [])
         if waiting:
             cancel(run, waiting, why, where)
-            return done + f"; successor(s) {' '.join(waiting)} cancelled", code
-        return (done if code else None), code
+            done.append(f"successor(s) {' '.join(waiting)} cancelled")
+        return (" ".join(done).rstrip(";:") if len(done) > 1 else None), code
     if waiting:
         return None, 0
     return f"successor {queue(run, where)} queued", 0

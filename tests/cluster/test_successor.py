@@ -13,6 +13,7 @@ import pytest
 
 from slurmtrain.batch.successor import job_name
 from slurmtrain.common.events import (
+    Cancelled,
     CheckpointLoaded,
     CheckpointSaved,
     Finished,
@@ -49,6 +50,26 @@ def test_a_finished_run_leaves_nothing_in_the_queue(slurm_cluster, workdir):
     [cancelled] = wait_event(run, SuccessorCancelled, timeout=60)  # by the job's batch shell
     wait_until(lambda: not queued_of("succfin", run), 60, "the run's jobs to leave the queue")
     assert cancelled.new_job_ids == (queued.new_job_id,) and cancelled.reason == Finished.kind
+
+
+def test_a_scancel_that_outlasts_kill_wait_leaves_the_successor_untrained(slurm_cluster, workdir):
+    # The SIGTERM's save (shard_delay) outlasts KillWait (15 s): SIGKILL ends the batch shell
+    # before its supervisor and its end's settle, so the successor starts: it asks Slurm, finds
+    # the job CANCELLED (not preempted), and trains nothing.
+    run = submit_run(
+        BASE[:-1],
+        workdir,
+        "succscan",
+        ["train.max_steps=400", "checkpoint.interval_steps=1000"],
+        inject="step_delay=0.3,shard_delay=40",
+    )
+    [started] = wait_event(run, Started, timeout=300)
+    [queued] = rows_of(run, SuccessorQueued)
+    subprocess.run(["scancel", str(started.job_id)], check=True)
+    [late] = wait_event(run, SuccessorCancelled, timeout=180, fail_on=())
+    assert late.new_job_ids == (queued.new_job_id,) and late.reason == Cancelled.kind
+    wait_until(lambda: not queued_of("succscan", run), 60, "the run's jobs to leave the queue")
+    assert [e.job_id for e in rows_of(run, Started)] == [started.job_id]
 
 
 def _job_pids(job_id: str) -> list[int]:

@@ -80,3 +80,10 @@ def test_an_adopted_successor_is_the_runs_next_job_not_a_late_one() -> None:
     adopted: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
     adopted.append(Submitted(job_id="11", requeue_of="10", after="10"))
     assert successor.not_needed([*adopted, Finished(step=3)], "11") is None
+
+
+def test_a_successor_after_a_scancel_that_left_no_row_trains_nothing() -> None:
+    # KillWait ended the batch shell before its supervisor: only Slurm says the job was cancelled
+    rows: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
+    assert successor.not_needed(rows, "11", lambda job: job == "10") == Cancelled.kind
+    assert successor.not_needed(rows, "11", lambda job: False) is None  # NODE_FAIL: resume
