@@ -1,7 +1,8 @@
 """The fault matrix's culprit column: the node each fault puts at fault against the verdict's.
 
-A fault that puts one node at fault injects it through one rank (`bad_rank=1`, `stall_rank=1`,
-`absent_rank=1`, rank 1's slurmd killed): its node is that rank's in the attempt the fault hit
+A fault that puts one node at fault injects it through one rank (`bad_rank=R`, `stall_rank=R`
+with R alternating 1, 0 over the trials: Trial.culprit_rank; `absent_rank=1`, rank 1's slurmd
+killed): its node is that rank's in the attempt the fault hit
 (`started`'s hosts, or before `started` the step's nodes in Slurm's order, one rank per node in
 these trials). The verdict (`attempt_verdict`, batch/culprit.py) of that attempt, the trial's
 first, names a node or none. A configuration or user error puts no node at fault: none of its
@@ -62,7 +63,8 @@ def score(fault: str, t: Trial) -> Optional[Culprit]:
     if not verdicts:
         return Culprit("?", [], "-", 0)
     first = verdicts[0]
-    node = injected_node(t, NODE_AT_FAULT[fault], first)
+    rank = t.culprit_rank if t.culprit_rank is not None else NODE_AT_FAULT[fault]
+    node = injected_node(t, rank, first)
     named = [first.culprit_node] if first.culprit_node else []
     return Culprit(node, named, first.confidence, len(verdicts))
 

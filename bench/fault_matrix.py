@@ -139,6 +139,7 @@ def class_recorded(t: Trial, want: Want) -> bool:
 def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"fm-{fault}-"))
     t = Trial(workdir, f"fm-{fault.replace('_', '-')}-{index}-{int(time.time()) % 100000}")
+    t.index = index
     row: dict[str, Any] = {"fault": fault}
     try:
         outcome, want = FAULTS[fault](t)

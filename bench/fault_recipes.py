@@ -152,9 +152,10 @@ def disk_full_on_save(t: Trial) -> tuple[str, Want]:
 
 
 def hang_on_one_rank(t: Trial) -> tuple[str, Want]:
+    t.culprit_rank = t.index % 2  # rank 1, then rank 0: the verdict must not just name node 2
     t.submit(
         ["faults.hang_timeout_s=15", "train.max_steps=20"],
-        inject="stall_at_step=8,stall_rank=1,attempts=1",
+        inject=f"stall_at_step=8,stall_rank={t.culprit_rank},attempts=1",
     )
     return FINISHED, FailureClass.hang
 
@@ -165,7 +166,8 @@ def nan_loss(t: Trial) -> tuple[str, Want]:
 
 
 def bad_node(t: Trial) -> tuple[str, Want]:
-    t.submit(["train.max_steps=10"], inject="bad_rank=1,attempts=1")
+    t.culprit_rank = t.index % 2
+    t.submit(["train.max_steps=10"], inject=f"bad_rank={t.culprit_rank},attempts=1")
     return FINISHED, events.BadNode
 
 

@@ -72,6 +72,8 @@ class Trial:
     cleanup: list[Callable[[], object]] = field(default_factory=list)  # what they return is unused
     notes: list[str] = field(default_factory=list)
     ended: Optional[str] = None  # set by a recipe whose end is no ledger event (cancelled, refused)
+    index: int = 1  # the trial's number within its fault (a recipe may vary what it injects)
+    culprit_rank: Optional[int] = None  # the rank whose node a recipe put at fault, if it chose
 
     def submit(self, args: list[str], inject: str = "") -> Path:
         env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
