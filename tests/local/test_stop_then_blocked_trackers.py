@@ -11,6 +11,8 @@ start, torch and DeepSpeed: ~8 s here, so they share one):
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +32,16 @@ TRACKERS = {"tensorboard": "NotADirectoryError", "wandb": "NotADirectoryError",
 FOLDERS = ("tensorboard", "wandb", "aim")  # under RUN_DIR; MLflow's store is a URI (below)
 
 
+def _status(run: Path) -> str:
+    """`slurmtrain status RUN`'s output, in-process (a CLI process would only add its start-up)."""
+    from slurmtrain.cli import status
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert status.main([str(run)]) == 0
+    return out.getvalue()
+
+
 class Story(NamedTuple):
     run: Path
     crashed: str  # the crashed submission's output
@@ -45,8 +57,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
     crashed = run_cli(BASE, cwd=work, env={"SLURMTRAIN_INJECT": "crash_at_step=1"})
     [run] = run_dirs(work / "runs")
     stops = ledger_of(run, Stopped)  # recorded by the job that crashed, not by the next start
-    stopped = run_cli(["status", str(run)], cwd=work, module="slurmtrain.cli")
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    stopped = _status(run)
     for folder in FOLDERS:  # `logger` is not in the fingerprint: the same run, trackers blocked
         shutil.rmtree(run / folder, ignore_errors=True)  # the crashed attempt's TensorBoard
         (run / folder).write_text("")
@@ -55,15 +66,13 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
     trackers = [f"logger=[{','.join(TRACKERS)}]", f"logger.mlflow.tracking_uri={mlflow}"]
     fixed = run_cli([*BASE, *trackers], cwd=work)  # the fix: no injected crash
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    status = run_cli(["status", str(run)], cwd=work, module="slurmtrain.cli")
-    assert status.returncode == 0, status.stdout + status.stderr
     return Story(
         run,
         crashed.stdout + crashed.stderr,
         stops,
-        stopped.stdout,
+        stopped,
         fixed.stdout + fixed.stderr,
-        status.stdout,
+        _status(run),
     )
 
 
