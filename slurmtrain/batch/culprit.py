@@ -193,7 +193,9 @@ def _hang(run: RunDir, view: AttemptView, verdict: Verdict, failed: list[events.
     outside any collective while others wait in one, else those that reported nothing."""
     hosts = hosts_of(view)
     hung = sorted((e for e in failed if e.cls == FailureClass.hang), key=lambda e: e.time)
+    # the first hang's own line, unless it is the first error (judge puts that first)
     why = [f"hang: {_where(e.rank, hosts)}: {e.error.strip()[:160]}" for e in hung[:1]]
+    why = [w for w in why if w.split(": ", 1)[1] not in " ".join(first_error(failed, view.events))]
     if view.attempt is None:
         named = [f"{n}: {verdict.exclude.get(n) or 'hung before started'}" for n in verdict.nodes]
         return _one(list(verdict.nodes), hosts, True, why + named)
