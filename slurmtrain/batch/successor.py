@@ -45,11 +45,13 @@ from typing import Callable, Optional, Sequence
 
 from slurmtrain.common import events, ledger, slurm_cmd, slurm_text
 from slurmtrain.common.events import FailureClass, Row
+from slurmtrain.common.liveness import ACTIVE_SLURM_STATES
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 from slurmtrain.common.windows import current_stop
 
-PENDING = "PENDING"
+PENDING, CANCELLED = "PENDING", "CANCELLED"  # Slurm's job states
+ACTIVE = ACTIVE_SLURM_STATES - {"COMPLETING"}  # a job that lives on (e.g. requeued), not ending
 # The batch script's start: this job is a successor of a run that is over; it exits 0 untrained.
 # (common/errors.py holds the ranks' and supervisor's codes, 3 to 8.)
 EXIT_NOT_NEEDED = 9
@@ -91,41 +93,66 @@ def queued(rows: Sequence[Row]) -> list[str]:
     return [i for i in ids if i not in gone]
 
 
-def not_needed(
-    rows: Sequence[Row], job_id: str, scancelled: Callable[[str], bool] = lambda job: False
-) -> Optional[str]:
-    """Why this starting job, a recorded successor never made the run's next job (`adopt`), must
-    not train: the run is over, its successor was cancelled (the scancel may have failed), or the
-    job it follows was scancel'ed (`scancelled`: asked of Slurm only then; a scancel whose
-    KillWait ended the batch shell before its supervisor leaves no `cancelled` row)."""
+def _mine(rows: Sequence[Row], job_id: str) -> bool:
+    """`job_id` is a recorded successor the batch shell never made the run's next job (`adopt`)."""
     ids = {e.new_job_id for e in rows if isinstance(e, events.SuccessorQueued)}
     owned = {str(e.job_id) for e in rows if isinstance(e, events.Submitted)}
-    if not job_id or job_id not in ids or job_id in owned:
+    return bool(job_id) and job_id in ids and job_id not in owned
+
+
+def not_needed(
+    rows: Sequence[Row],
+    job_id: str,
+    end_state: Callable[[str], Optional[str]] = lambda job: None,
+    reread: Optional[Callable[[], Sequence[Row]]] = None,
+) -> Optional[str]:
+    """Why this starting job, a recorded successor (`_mine`), must not train, else None.
+
+    Slurm releases a singleton as soon as the job before it is signalled (time limit, scancel:
+    TIMEOUT or CANCELLED while still COMPLETING), when that job's trap or supervisor may still be
+    choosing its next job. So that job is waited out first (`end_state`: its state once no
+    longer COMPLETING; None: unknown) and the ledger read again (`reread`). Then: the run is
+    over; this successor was cancelled; the dying job named another next job (resubmitted) or
+    lives on (requeued); or it was scancel'ed (CANCELLED, not preempted: KillWait may have
+    killed its batch shell before any `cancelled` row)."""
+    if not _mine(rows, job_id):
+        return None
+    last = ledger.owner([e for e in rows if str(e.job_id) != job_id])
+    state = end_state(str(last.job_id)) if last is not None else None
+    rows = reread() if reread is not None else rows
+    if not _mine(rows, job_id):
         return None
     if any(isinstance(e, events.SuccessorCancelled) and job_id in e.new_job_ids for e in rows):
         return events.SuccessorCancelled.kind
     why = over(rows)
-    last = ledger.owner([e for e in rows if str(e.job_id) != job_id])
-    if why is None and last is not None and scancelled(str(last.job_id)):
-        return events.Cancelled.kind
-    return why
+    now = ledger.owner([e for e in rows if str(e.job_id) != job_id])
+    if why is not None or now is None or last is None:
+        return why
+    if str(now.job_id) != str(last.job_id):  # the next job the dying one chose, unless ended
+        later = end_state(str(now.job_id))
+        return events.Resubmitting.kind if later is None or later in ACTIVE else None
+    if state in ACTIVE:
+        return events.Requeued.kind
+    return events.Cancelled.kind if state == CANCELLED else None
 
 
-def scancelled(job_id: str, wait_s: float = 30.0) -> bool:
-    """Slurm says the job ended CANCELLED and was not preempted (scontrol, while Slurm still
-    holds the record: MinJobAge); False when it cannot say (the successor then resumes). The
-    singleton releases while that job is still COMPLETING (scontrol shows no end state then):
-    asked again every 2 s, up to `wait_s`."""
+def end_state(job_id: str, wait_s: float = 120.0) -> Optional[str]:
+    """Slurm's state of the job once it is no longer COMPLETING (scontrol every 2 s, up to
+    `wait_s`: KillWait and the epilog); a preempted job's CANCELLED is PREEMPTED; None when Slurm
+    cannot say (no longer holds the record: MinJobAge). Asked of the job a successor follows."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
             info = slurm_cmd.job_info(job_id)
         except (slurm_text.SlurmError, IndexError):
-            return False
-        if info.get("JobState") != "COMPLETING" or time.monotonic() >= deadline:
+            return None
+        state = info.get("JobState")
+        if state != "COMPLETING" or time.monotonic() >= deadline:
             break
         time.sleep(2.0)
-    return info.get("JobState") == "CANCELLED" and info.get("PreemptTime", "None") == "None"
+    if state == CANCELLED and info.get("PreemptTime", "None") not in ("None", ""):
+        return "PREEMPTED"
+    return state
 
 
 def shown(rows: Sequence[Row]) -> Optional[str]:
@@ -171,16 +198,15 @@ def settle(
     own = job_name(cfg.name, run.path)
     if not cfg.faults.successor or job_name_now != own:
         return None, 0
-    rows = run.run_events()
     where = events.Where(job_id=job_id)
-    named = queued(rows)
-    waiting = [i for i in pending(own, job_id) if i in named]
-    why = over(rows)
-    code = 0
-    late = not_needed(rows, job_id, scancelled) if start else None
+    # first: it may wait out the job before (COMPLETING), whose decisions change the ledger
+    late = not_needed(run.run_events(), job_id, end_state, run.run_events) if start else None
     if late is not None:  # retired in the ledger too: never counted as pending again
         cancel(run, [job_id], late, where, scancel=False)
-        why, code = late, EXIT_NOT_NEEDED
+    rows = run.run_events()
+    named = queued(rows)
+    waiting = [i for i in pending(own, job_id) if i in named]
+    why, code = (late, EXIT_NOT_NEEDED) if late is not None else (over(rows), 0)
     if why is not None:
         done = [f"run {why}:"] + (["this successor trains nothing;"] if code else [])
         if waiting:

@@ -127,14 +127,17 @@ def _detection_on(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_successor_outlives_its_test() -> Iterator[None]:
+def _no_successor_outlives_its_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A run's singleton successor (issue 38) waits in the queue while its run lives; one queued
-    as a test ends would start in a later test (the same --basetemp path, the same run)."""
+    as a test ends would start in a later test (the same --basetemp path, the same run). Only
+    this session's (its script under the basetemp): another session's or a bench's are theirs."""
     yield
+    mine = str(tmp_path_factory.getbasetemp().resolve()) + "/"
     out = subprocess.run(
-        ["squeue", "-h", "-t", "PENDING", "-o", "%i %j %r"], capture_output=True, text=True
+        ["squeue", "-h", "-t", "PENDING", "-o", "%i|%j|%r|%o"], capture_output=True, text=True
     ).stdout
-    ids = [f[0] for f in (line.split() for line in out.splitlines())
-           if len(f) == 3 and f[1].startswith("st-") and f[2] == "Dependency"]  # fmt: skip
+    ids = [f[0] for f in (line.split("|") for line in out.splitlines())
+           if len(f) == 4 and f[1].startswith("st-") and f[2] == "Dependency"
+           and f[3].startswith(mine)]  # fmt: skip
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True)

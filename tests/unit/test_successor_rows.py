@@ -11,6 +11,8 @@ from slurmtrain.common.events import (
     Finished,
     Paused,
     RelaunchAbandoned,
+    Requeued,
+    Resubmitting,
     Row,
     Started,
     Stopped,
@@ -82,8 +84,17 @@ def test_an_adopted_successor_is_the_runs_next_job_not_a_late_one() -> None:
     assert successor.not_needed([*adopted, Finished(step=3)], "11") is None
 
 
-def test_a_successor_after_a_scancel_that_left_no_row_trains_nothing() -> None:
-    # KillWait ended the batch shell before its supervisor: only Slurm says the job was cancelled
+def test_a_successor_waits_out_the_job_before_it_then_yields_or_resumes() -> None:
+    # Slurm releases the singleton while the job before is COMPLETING: its end state decides,
+    # and what its trap recorded meanwhile (the ledger read again)
     rows: list[Row] = [*FIRST, Started(job_id="10", attempt=1)]
-    assert successor.not_needed(rows, "11", lambda job: job == "10") == Cancelled.kind
-    assert successor.not_needed(rows, "11", lambda job: False) is None  # NODE_FAIL: resume
+    cancelled = {"10": "CANCELLED"}.get  # KillWait ended the batch shell: no cancelled row
+    assert successor.not_needed(rows, "11", cancelled) == Cancelled.kind
+    assert successor.not_needed(rows, "11", {"10": "NODE_FAIL"}.get) is None  # resume
+    assert successor.not_needed(rows, "11", {"10": "PREEMPTED"}.get) is None
+    assert successor.not_needed(rows, "11", {"10": "PENDING"}.get) == Requeued.kind
+    trap = [*rows, Submitted(job_id="12", requeue_of="10", after="10")]  # the time limit's
+    states = {"10": "TIMEOUT", "12": "PENDING"}.get
+    assert successor.not_needed(rows, "11", states, lambda: trap) == Resubmitting.kind
+    gone = {"10": "TIMEOUT", "12": "CANCELLED"}.get  # that next job was cancelled: resume
+    assert successor.not_needed(rows, "11", gone, lambda: trap) is None
