@@ -21,9 +21,9 @@ from typing import Optional
 from slurmtrain.common import errors, events, ledger, provenance, windows
 from slurmtrain.common.events import FailureClass
 from slurmtrain.common.rundir import RunDir
-from slurmtrain.common.schema import RootConfig, load_run_config
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.common.slurm_hostlist import expand_hostlist
-from slurmtrain.compute import deepspeed_compat, io_count, quick_exit, startup
+from slurmtrain.compute import deepspeed_compat, io_count, node_config, quick_exit, startup
 from slurmtrain.compute.context import Attempt, RankContext, relaunch_count, restart_count
 from slurmtrain.compute.distributed import (
     Placement,
@@ -163,10 +163,10 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
     clock.mark("launch")
     run = RunDir(Path(run_dir).resolve())
     io_count.install(run.path)  # SLURMTRAIN_COUNT_IO=1: bench/restart_ops.py's counters
-    cfg = load_run_config(str(run.config))
+    where = placement(os.environ, default_port=master_port or 29500)
+    cfg = node_config.load(run, where)  # the shared file read once per node, not per rank
     _quiet_environment(cfg.gpus_per_node == 0)
     flags = signals.SignalFlags().install()
-    where = placement(os.environ, default_port=master_port or 29500)
     export(where)
     # The watchdog runs from the first collective on, each phase with its own deadline
     # (planning/deadlines.py): start-up phases here and in the Trainer, then steps and saves.
@@ -189,6 +189,7 @@ def run(run_dir: str, master_port: Optional[int] = None) -> int:
         return _run(run, cfg, where, flags, watchdog, arrival, clock)
     finally:
         watchdog.stop()
+        node_config.forget(run, where)  # a start that never met leaves no copy behind
 
 
 def _run(
@@ -216,6 +217,7 @@ def _run(
     # its row names the job id and restart count, and the node.
     try:
         _join(cfg, where, watchdog, arrival)
+        node_config.forget(run, where)  # every rank of the node read the copy before joining
         rendezvous_s = time.time() - started
         gathered: list[tuple[str, int]] = [("", 0)] * where.world_size
         dist.all_gather_object(gathered, (where.node, os.getpid()))
