@@ -131,8 +131,9 @@ def not_needed(
     if str(now.job_id) != str(last.job_id):  # the next job the dying one chose, unless ended
         later = end_state(str(now.job_id))
         return events.Resubmitting.kind if later is None or later in ACTIVE else None
-    if state in ACTIVE:
-        return events.Requeued.kind
+    if state in ACTIVE:  # the job the dying one queued, read before it was waited out
+        resubmitted = isinstance(last, events.Submitted) and last.requeue_of
+        return events.Resubmitting.kind if resubmitted else events.Requeued.kind
     return events.Cancelled.kind if state == CANCELLED else None
 
 
