@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from metric_fields import integer, number  # noqa: E402
 
+from slurmtrain.batch.successor import job_name  # noqa: E402
 from slurmtrain.common import events  # noqa: E402
 from slurmtrain.common.events import Rows  # noqa: E402
 
@@ -60,7 +61,8 @@ def measure(restart: str, workdir: Path) -> tuple[float, float, dict[str, float]
     while time.time() < deadline:
         got = timings(RunDir(run).events(), read_jsonl(run / "metrics.jsonl"))
         if got is not None:
-            subprocess.run(["scancel", "-n", f"st-{name}"])
+            # the run's own name (faults.successor: st-NAME-FP8; its pending successor too)
+            subprocess.run(["scancel", "-n", f"st-{name},{job_name(name, run)}"])
             return got
         time.sleep(1)
     raise RuntimeError(f"{restart}: no second attempt within 10 minutes")
