@@ -46,6 +46,7 @@ ARGS = [
     "cluster.partition=big",
     "faults.health_check=false",  # a storage probe per node: the gate's cost, not the restart's
     "faults.spare_nodes=0",
+    "faults.successor=false",  # the crash's resubmission is the restart measured; no singleton
     "faults.allow_inject=true",
     "train.log_interval=1",
     "train.max_steps=4",
@@ -73,7 +74,7 @@ def drill(workdir: Path, nodes: int, stage: list[str], timeout: float = 900) -> 
         "SLURMTRAIN_COUNT_IO": "1",
         "SLURMTRAIN_INJECT": INJECT,
     }
-    name = f"restartops{nodes}"
+    name = f"restartops{nodes}-{int(time.time()) % 100000}"  # no job name shared with old runs
     cmd = [sys.executable, "-m", "slurmtrain", *ARGS, *stage, f"nodes={nodes}", f"name={name}"]
     done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode != 0:
