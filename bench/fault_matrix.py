@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fault_culprit import figures, row_fields, score, summary  # noqa: E402
 from fault_recipes import FAULTS  # noqa: E402
-from fault_trial import FINISHED, STOPPED, Expect, Trial, Want  # noqa: E402
+from fault_trial import FINISHED, STOPPED, Check, Expect, Trial, Want  # noqa: E402
 from metric_fields import integer, number  # noqa: E402
 
 from slurmtrain.common import events  # noqa: E402  (fault_trial put the repository on the path)
@@ -115,15 +115,28 @@ def duplicate_trainers(t: Trial) -> bool:
 
 def corrupt_resumes(t: Trial) -> int:
     saved = {e.step for e in t.of(events.CheckpointSaved)}
+    # a node-local copy is published with no ledger row: its resume_source rows vouch for it (the
+    # tier checksummed it), unless the trial corrupted the buddy copy it came from
+    local: dict[tuple[Optional[int], Optional[int]], set[str]] = {}
+    for r in t.of(events.ResumeSource):
+        if r.tier != "shared":
+            local.setdefault((r.attempt, r.step), set()).add(str(r.tier))
     bad = 0
     for e in t.of(events.CheckpointLoaded):
         name = Path(e.path or "").name.removesuffix("_universal")
-        if name.endswith(".tmp") or name in t.corrupted or e.step not in saved:
+        tiers = local.get((e.attempt, e.step), set())
+        buddy_bad = "buddy" in tiers and f"buddy:{name}" in t.corrupted
+        published = e.step in saved or bool(tiers)
+        if name.endswith(".tmp") or name in t.corrupted or buddy_bad or not published:
             bad += 1
     return bad
 
 
 def class_recorded(t: Trial, want: Want) -> bool:
+    if isinstance(want, Check):  # the recipe's own verdict; what was wrong goes to the notes
+        problem = want.problem(t)
+        t.notes.extend([f"{want.what}: {problem}"] if problem else [])
+        return problem is None
     ev = t.events()
     if want == Expect.nothing_failed:  # one clean chain, no failure recorded
         return not any(isinstance(e, (events.Failed, events.Stopped)) for e in ev)
@@ -149,6 +162,7 @@ def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
             # recovered: ended as it must (a stop only with its class), one trainer, no bad resume
             recovered=end == outcome
             and (outcome != STOPPED or class_ok)
+            and (class_ok or not isinstance(want, Check))
             and not dup
             and corrupt == 0,
             lost=steps_lost(t),
@@ -156,6 +170,7 @@ def trial(fault: str, index: int, keep: bool) -> dict[str, Any]:
             corrupt=corrupt,
             class_ok=class_ok,
             end=end,
+            notes="; ".join(t.notes),
             **row_fields(score(fault, t)),
         )
     except Exception as err:  # noqa: BLE001  a trial that breaks is a row that says so
@@ -232,9 +247,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         p.error("--trials: at least 1")
     rows = [trial(f, i, a.keep) for f in chosen for i in range(1, a.trials + 1)]
     print(table(rows))
-    details = [r for r in rows if r.get("end") not in (FINISHED, STOPPED)]
+    details = [r for r in rows if r.get("end") not in (FINISHED, STOPPED) or not r["recovered"]]
     for r in details:
-        print(f"{r['fault']}: {r['end']}")
+        print(f"{r['fault']}: {r['end']} {r.get('notes', '')}".rstrip())
 
 
 if __name__ == "__main__":

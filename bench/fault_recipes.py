@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,18 +17,19 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fault_recipes_local import LOCAL_FAULTS  # noqa: E402
 from fault_trial import (  # noqa: E402
     BASE,
     CANCELLED,
     FINISHED,
     REFUSED,
     ROOT,
-    STATE_DIR,
     STOPPED,
     Expect,
     Trial,
     Want,
     harness,
+    kill_node,
     left_queue,
     rank1,
     sh,
@@ -77,19 +77,7 @@ def node_failure(t: Trial) -> tuple[str, Want]:
     t.submit(["train.max_steps=40"], inject="step_delay=0.5")
     t.wait_step(12)
     victim, rank_pid = rank1(t.of(events.Started)[-1])
-    pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
-    os.kill(pid, signal.SIGKILL)
-    try:
-        if rank_pid is not None:
-            os.kill(rank_pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-    def back() -> None:
-        harness("start", "--nodes", "4")
-        sh("scontrol", "update", f"nodename={victim}", "state=resume")
-
-    t.cleanup.append(back)
+    kill_node(t, victim, [rank_pid])
     return FINISHED, FailureClass.node_failure
 
 
@@ -381,4 +369,5 @@ FAULTS: dict[str, Callable[[Trial], tuple[str, Want]]] = {
     "resubmit_after_stop": resubmit_after_stop,
     "held_successor": held_successor,
     "supervisor_exception": supervisor_exception,
+    **LOCAL_FAULTS,
 }

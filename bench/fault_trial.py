@@ -10,6 +10,7 @@ this file is how a trial runs, that one what each fault does to it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,9 +44,18 @@ class Expect(Enum):
     first_attempt_failed = "attempt 1 ended, not cancelled"  # its class may be any
 
 
+@dataclass(frozen=True)
+class Check:
+    """A recipe's own verdict on the ended trial: None when clean, else what was wrong (a trial
+    with a Check recovers only when it passes)."""
+
+    what: str
+    problem: Callable[["Trial"], Optional[str]]
+
+
 # What a recipe expects recorded: a failure class (of an attempt_ended, stopped or failed row), a
-# row kind, or an Expect.
-Want = Union[FailureClass, type[Row], Expect]
+# row kind, an Expect, or a Check.
+Want = Union[FailureClass, type[Row], Expect, Check]
 
 HARNESS = ROOT / "tools" / "slurm_cluster.py"
 STATE_DIR = Path(os.environ.get("SLURMTRAIN_CLUSTER_DIR", "/tmp/slurmtrain-cluster"))
@@ -75,8 +85,11 @@ class Trial:
     index: int = 1  # the trial's number within its fault (a recipe may vary what it injects)
     culprit_rank: Optional[int] = None  # the rank whose node a recipe put at fault, if it chose
 
-    def submit(self, args: list[str], inject: str = "") -> Path:
+    def submit(
+        self, args: list[str], inject: str = "", extra: Optional[dict[str, str]] = None
+    ) -> Path:
         env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env.update(extra or {})  # reaches the ranks: sbatch exports the submitting environment
         env.pop("SLURMTRAIN_INJECT", None)
         opt_in = []
         if inject:  # a drill opts in on the command (faults.allow_inject), or is refused
@@ -175,6 +188,25 @@ class Trial:
 def rank1(started: events.Started) -> tuple[str, Optional[int]]:
     """Rank 1's node and pid in a `started` row (its node is not the batch shell's, rank 0's)."""
     return started.hosts[1], started.pids[1] if len(started.pids) > 1 else None
+
+
+def kill_node(t: Trial, victim: str, pids: Sequence[Optional[int]]) -> None:
+    """The node dies: its slurmd SIGKILLed and, the nodes sharing one host, the job's processes
+    on it by hand; the trial's cleanup brings the slurmd back and the node into service."""
+    pid = int((STATE_DIR / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    for p in pids:
+        try:
+            if p is not None:
+                os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def back() -> None:
+        harness("start", "--nodes", "4")
+        sh("scontrol", "update", f"nodename={victim}", "state=resume")
+
+    t.cleanup.append(back)
 
 
 def left_queue(job: str) -> Callable[[], bool]:
