@@ -18,6 +18,9 @@ comes from the run's ledger and metrics.jsonl:
 - corrupt resumes: a `checkpoint_loaded` of a checkpoint never published (`.tmp`, a step with no
   `checkpoint_saved`) or one the trial corrupted
 - class ok: the ledger holds the class/event the fault must be recorded as
+  or passes its recipe's own check (bench/fault_recipes_local.py: the resumed attempt's
+  `resume_source` tiers; batch-node loss: the successor resumed it, nothing left in the queue),
+  which a run must pass to count as recovered
 - culprit: the node the fault put at fault against the one the attempt's verdict named, with its
   confidence, and precision and recall per fault (bench/fault_culprit.py); then the same over every
   node-at-fault trial, and the nodes blamed for configuration/user errors (there must be none)
