@@ -103,7 +103,10 @@ def test_the_table_has_one_row_per_fault():
         },
     ]
     text = fm.table(rows).splitlines()
-    assert len(text) == 3 and "steps lost (max)" in text[0]
+    # the table, then the culprit summary over node-at-fault faults and over user errors
+    assert len(text) == 5 and "steps lost (max)" in text[0] and "culprit recall" in text[0]
+    assert text[3].startswith("culprit, node-at-fault faults: 0 trials")
+    assert text[4].startswith("culprit, configuration/user errors: 0 trials")
     assert [c.strip() for c in text[2].split("|")] == [
         "crash_loop",
         "2",
@@ -112,6 +115,8 @@ def test_the_table_has_one_row_per_fault():
         "0",
         "0",
         "1/2",
+        "-",
+        "-",
     ]
     assert set(fm.FAULTS) >= {"time_limit", "controller_restart", "sigterm_batch_shell"}
     assert {"hand_job_then_cancel", "inject_without_opt_in"} <= set(fm.FAULTS)
