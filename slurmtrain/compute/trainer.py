@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from slurmtrain.common import errors, events, ledger
+from slurmtrain.common import events, ledger
 from slurmtrain.common.checkpoint_format import Resume
 from slurmtrain.common.derived import grad_accumulation, tensor_parallel
 from slurmtrain.common.events import FailureClass
@@ -296,7 +296,7 @@ class Trainer:
 
     def on_stop(self, step: int, code: int) -> None:
         """The ranks agreed to stop: recorded now, before the save (which may outlast GraceTime)."""
-        if self.signalled:
+        if self.signalled or code == signals.REPLACE_NODE:  # rank 0's own stop: no signal
             return
         self.signalled = True
         name = "SIGINT" if self.flags.received == "SIGINT" else "SIGTERM"  # INT: Ctrl-C
@@ -336,6 +336,8 @@ class Trainer:
         f = cfg.faults
         try:
             perf = Perf(self.engine, cfg, ctx, self.run.path)
+            if perf.watch is not None:  # a chronic straggler, a spare idle: replaced at once
+                perf.watch.replace = self.flags.replace_node
             shard = parallel.data_coords(cfg, self.rank, self.world)  # TP: a group, one batch
             evaluator = Evaluator(self.data, cfg, ctx, self.deadlines.fixed(EVAL), shard=shard)
             hooks = loop.LoopHooks(
@@ -405,11 +407,7 @@ class Trainer:
         self.on_stop(outcome.step, outcome.stop_code)  # normally recorded before the save
         # The supervisor restarts a time-limited run, and asks Slurm whether a SIGTERM was a
         # preemption (restart) or a scancel (stop).
-        return (
-            errors.EXIT_REQUEUE
-            if outcome.stop_code == signals.TIME_LIMIT
-            else errors.EXIT_TERMINATED
-        )
+        return signals.EXIT_CODES[outcome.stop_code]
 
     # ---- teardown ------------------------------------------------------------------------------
     def teardown(self) -> None:

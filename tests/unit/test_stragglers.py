@@ -93,6 +93,44 @@ def test_the_watch_writes_one_row_a_window_and_a_chronic_node_to_the_bad_node_le
     ]
 
 
+@pytest.mark.parametrize(("allocated", "replaced"), [("3", True), ("2", False), (None, False)])
+def test_a_chronic_straggler_stops_the_attempt_at_once_when_a_spare_is_idle(
+    tmp_path, monkeypatch, allocated, replaced
+):
+    """Issue 39: with a spare idle in the allocation (Slurm's node count above the attempt's), the
+    chronic verdict asks rank 0's flags for a saved stop that exits EXIT_BAD_NODE (the supervisor
+    restarts inside the allocation, the node excluded); without one the next attempt leaves it out."""
+    from slurmtrain.common.errors import EXIT_BAD_NODE
+    from slurmtrain.compute.faults import signals
+
+    if allocated is None:
+        monkeypatch.delenv("SLURM_JOB_NUM_NODES", raising=False)
+    else:
+        monkeypatch.setenv("SLURM_JOB_NUM_NODES", allocated)
+    flags = signals.SignalFlags()
+    cfg = _cfg(spare_nodes=1, straggler_windows=2, straggler_threshold=1.2)
+    watch = strag.Watch(cfg, HOSTS, lambda row: None, tmp_path / "bad_nodes.jsonl")
+    watch.replace = flags.replace_node
+    slow = [[0.01, 0.1, 0.2, 0.01, 0.11]] * 3 + [[0.01, 0.15, 0.2, 0.01, 0.16]]
+    for step in (5, 10, 15, 20):
+        watch.window(step, slow)
+    assert flags.code == (signals.REPLACE_NODE if replaced else signals.NONE)
+    assert signals.EXIT_CODES[signals.REPLACE_NODE] == EXIT_BAD_NODE
+
+
+def test_a_signal_outranks_a_replacement_and_a_replacement_never_downgrades_a_signal():
+    import signal as os_signal
+
+    from slurmtrain.compute.faults import signals
+
+    flags = signals.SignalFlags()
+    flags.replace_node()
+    flags._handler(os_signal.SIGUSR2, None)  # the time limit wins: the ranks agree on the max
+    assert flags.code == signals.TIME_LIMIT > signals.REPLACE_NODE
+    flags.replace_node()
+    assert flags.code == signals.TIME_LIMIT
+
+
 def test_the_cpu_section_clock_counts_each_section_per_micro_step_and_slows_on_cue(monkeypatch):
     slept: list[float] = []
     monkeypatch.setattr(strag, "spin", slept.append)  # what an injected slowdown asks for

@@ -8,11 +8,14 @@ forward has no collective under ZeRO 0-2, so a rank's peers never wait inside it
 optimizer hold the gradient reduce and the parameter all-gather: a slow rank's delay shows there on
 its fast peers). A node's score is its slowest rank's. Above `faults.straggler_threshold` the
 slowest node gets one `straggler` row per window; above it for `faults.straggler_windows` windows
-in a row it is chronic, and with `faults.exclude_stragglers` goes to the bad-node ledger.
+in a row it is chronic, and with `faults.exclude_stragglers` goes to the bad-node ledger; when the
+allocation holds an idle spare the attempt stops at once (saved) and restarts on it, else the next
+attempt leaves the node out.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -242,6 +245,8 @@ class Watch:
         self.exclude = exclude_stragglers(cfg)
         self.past: list[deque[float]] = [deque(maxlen=HISTORY) for _ in self.hosts]
         self.windows = 0
+        # Set by the Trainer: stop the attempt now (saved) so the supervisor puts a spare in place.
+        self.replace: Optional[Callable[[], None]] = None
 
     def window(self, step: int, sections: Sequence[Sequence[float]]) -> dict[str, float]:
         """Score one window (rows: each rank's seconds per section); the tracker's fields."""
@@ -284,11 +289,23 @@ class Watch:
                 {"node": v.node, "reason": reason, "factor": round(v.score, 3), "step": step}
                 | {"rank": v.rank, "time": time.time()},
             )
-        if v.new:
-            print(
-                f"slurmtrain: chronic straggler: node {v.node} (rank {v.rank}) at {v.score:.2f}x "
-                f"the median rank for {v.windows} windows"
-                + ("; excluded from the next attempt" if excluded else ""),
-                file=sys.stderr,
-                flush=True,
-            )
+        if not v.new:
+            return
+        replace = self.replace if excluded and spare_idle(self.hosts) else None
+        if replace is not None:
+            replace()
+        then = "; stopping now (saved) for a spare to take its place" if replace else ""
+        print(
+            f"slurmtrain: chronic straggler: node {v.node} (rank {v.rank}) at {v.score:.2f}x "
+            f"the median rank for {v.windows} windows"
+            + (f"; excluded from the next attempt{then}" if excluded else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def spare_idle(hosts: Sequence[str]) -> bool:
+    """Whether the Slurm allocation holds a node this attempt does not train on (a spare, with
+    faults.spare_nodes): the supervisor then restarts inside the allocation, no queue wait."""
+    allocated = os.environ.get("SLURM_JOB_NUM_NODES", "")
+    return allocated.isdigit() and int(allocated) > len(set(hosts))
