@@ -149,8 +149,9 @@ def _one(nodes: Sequence[str], hosts: Sequence[str], strong: bool, why: list[str
 
 
 def _node_failure(view: AttemptView, verdict: Verdict, failed: list[events.Failed]) -> Found:
-    """A node failure: the health gate's bad node, a rank's own device error, or the node Slurm
-    marked down or whose slurmd did not answer (verdict.nodes)."""
+    """A node failure: the health gate's bad node, a rank's own device error, a chronic straggler
+    rank 0 stopped the attempt to replace, or the node Slurm marked down or whose slurmd did not
+    answer (verdict.nodes)."""
     hosts = hosts_of(view)
     bad = [e for e in view.rows if isinstance(e, events.BadNode) and e.node]
     if bad:
@@ -165,6 +166,15 @@ def _node_failure(view: AttemptView, verdict: Verdict, failed: list[events.Faile
         found = _one(nodes, hosts, True, why + _ecc(e.error + (e.traceback or "") for e in device))
         mine = [e.rank for e in device if ledger.row_node(e, view.events) == found.node]
         found.rank = next((r for r in mine if r is not None), found.rank)
+        return found
+    slow = [e for e in view.rows if isinstance(e, events.Straggler) and e.chronic and e.excluded]
+    if slow and not verdict.nodes:  # rank 0 stopped the attempt for a spare to replace it
+        e = slow[0]
+        why = [
+            f"chronic straggler: {e.node} at {e.factor}x the median rank for {e.windows} windows"
+        ]
+        found = _one([str(e.node)], hosts, True, why)
+        found.rank = e.rank if e.rank is not None else found.rank
         return found
     why = [f"{n}: {verdict.exclude.get(n) or 'marked down by Slurm'}" for n in verdict.nodes]
     return _one(list(verdict.nodes), hosts, True, why)

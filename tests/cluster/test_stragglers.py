@@ -11,6 +11,7 @@ import pytest
 
 from slurmtrain.common.events import (
     AttemptEnded,
+    AttemptVerdict,
     FailureClass,
     Finished,
     RestartedInAllocation,
@@ -51,6 +52,8 @@ def test_a_slow_node_is_named_then_replaced_by_the_spare(slurm_cluster, tmp_path
     assert chronic and chronic[0].excluded and chronic[0].step <= 60, first
     [ended] = [e for e in rows if isinstance(e, AttemptEnded) and e.attempt == 1]
     assert ended.cls == FailureClass.node_failure, ended  # replaced at once, no crash needed
+    [verdict] = [e for e in rows if isinstance(e, AttemptVerdict) and e.attempt == 1]
+    assert (verdict.culprit_node, verdict.confidence) == (SLOW, "high"), verdict
     [relaunched] = [e for e in rows if isinstance(e, RestartedInAllocation)]
     assert SLOW in relaunched.left_out
     assert len(starts) == 2 and SLOW not in starts[1].hosts, starts

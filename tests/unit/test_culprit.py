@@ -9,6 +9,7 @@ failure is judged: that one polls Slurm, and its node comes from Slurm, given he
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Optional
@@ -170,6 +171,22 @@ def test_a_node_failure_names_the_device_error_node_the_health_gate_or_slurm(tmp
     v = _judged(down, 1, Verdict(FailureClass.node_failure, ["n2"]))
     assert (v.culprit_node, v.culprit_rank, v.confidence) == ("n2", 1, "high")
     assert "n2: marked down by Slurm" in v.evidence
+
+
+def test_a_chronic_straggler_replaced_at_once_is_the_node_failures_culprit(tmp_path):
+    """Rank 0 stopped the attempt (every rank exits EXIT_BAD_NODE, nobody failed) so a spare
+    takes the chronic straggler's place: the straggler row is the evidence."""
+    run = _run(tmp_path)
+    slow = events.Straggler(rank=1, node="n2", factor=1.48, step=60, windows=5, chronic=True)
+    run.record(dataclasses.replace(slow, excluded=True), **WHERE)
+    v = _judged(run, errors.EXIT_BAD_NODE)
+    assert (v.cls, v.culprit_node, v.culprit_rank, v.confidence) == (
+        "node_failure",
+        "n2",
+        1,
+        "high",
+    )
+    assert v.evidence == ("chronic straggler: n2 at 1.48x the median rank for 5 windows",)
 
 
 def test_a_node_that_never_joined_the_rendezvous_is_the_culprit(tmp_path):
