@@ -48,8 +48,10 @@ def test_a_slow_node_is_named_then_replaced_by_the_spare(slurm_cluster, tmp_path
     assert first and first[0].node == SLOW and first[0].step <= 40, first
     assert all(e.node == SLOW for e in first), first
     chronic = [e for e in first if e.chronic]
-    # chronic after faults.straggler_windows=5 windows above the threshold: step 60
-    assert chronic and chronic[0].excluded and chronic[0].step <= 60, first
+    # chronic after faults.straggler_windows=5 windows in a row above the threshold: step 60 at
+    # the earliest (one noisy window on a busy host restarts the streak: later, never missed)
+    assert chronic and chronic[0].excluded and chronic[0].windows == 5, first
+    assert chronic[0].step >= 60, first
     [ended] = [e for e in rows if isinstance(e, AttemptEnded) and e.attempt == 1]
     assert ended.cls == FailureClass.node_failure, ended  # replaced at once, no crash needed
     [verdict] = [e for e in rows if isinstance(e, AttemptVerdict) and e.attempt == 1]
