@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from slurmtrain.common import ownership
+from slurmtrain.common.errors import ConfigError
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig, load_run_config
 from slurmtrain.common.slurm_text import attempt_counters
@@ -42,8 +44,9 @@ def load(run: RunDir, where: Placement) -> RootConfig:
     local = local_copy(run, where)
     if local is None:
         return load_run_config(str(run.config))
-    try:
-        local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:  # a predictable path: the per-user directory is checked ours and 0700 before any trust
+        local.parent.parent.mkdir(parents=True, exist_ok=True)  # /dev/shm or ROOT_ENV's
+        ownership.private_dir(local.parent)
         with open(local.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other ranks wait for the copy
             if not local.exists():
@@ -52,7 +55,7 @@ def load(run: RunDir, where: Placement) -> RootConfig:
                 os.replace(tmp, local)
                 _sweep(local.parent)
         cfg = load_run_config(str(local))
-    except OSError:
+    except (OSError, ConfigError):  # e.g. another user planted the directory: the shared file
         return load_run_config(str(run.config))
     if cfg.model.config and cfg.model.config.startswith(str(local.parent) + os.sep):
         # model=hf: the copy's relative config.json resolved against the run directory instead
