@@ -92,14 +92,7 @@ def _healthy(
 
     t0 = time.time()
     device = rank_device(cfg.gpus_per_node, os.environ, where.local_rank)
-    f = cfg.faults
-    checks = health.node_checks(
-        run.path,
-        f.io_write_mb_per_s,
-        f.io_read_mb_per_s,
-        cfg.gpus_per_node,
-        injector.fails_storage(where.node),
-    )
+    checks = health.node_checks(run.path, cfg, injector.fails_storage(where.node))
     mine = health.check_rank(
         where.node, where.rank, device, cfg.gpus_per_node, injector.fails_health(where.node), checks
     )

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from slurmtrain.common import gpu_health, storage_probe
+from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute.faults import fabric
 from slurmtrain.compute.faults.fabric import Fabric
 
@@ -226,14 +227,18 @@ class NodeChecks:
         return not why, why
 
 
-def node_checks(
-    run_path: Path, write_mb_per_s: float, read_mb_per_s: float, gpus: int, read_only: bool
-) -> NodeChecks:
+def node_checks(run_path: Path, cfg: RootConfig, read_only: bool) -> NodeChecks:
     """The checks of a run: its directory and its checkpoints (checkpoint.dir's, through the
-    link), judged against `faults.io_write_mb_per_s` / `io_read_mb_per_s`."""
+    link), judged against `faults.io_write_mb_per_s` / `io_read_mb_per_s` on a cluster. A local
+    run's one machine is never judged by rates: those are a cluster filesystem's, and failing the
+    only machine there is cannot make the run go faster (errors still fail)."""
     mounts = (("run dir", run_path), ("checkpoint dir", (run_path / "checkpoints").resolve()))
-    plan = storage_probe.Rates(write_mb_per_s or None, read_mb_per_s or None)
-    return NodeChecks(mounts, plan, read_only, nvidia=gpus > 0)
+    f, judged = cfg.faults, cfg.cluster.kind != "local"
+    plan = storage_probe.Rates(
+        (f.io_write_mb_per_s or None) if judged else None,
+        (f.io_read_mb_per_s or None) if judged else None,
+    )
+    return NodeChecks(mounts, plan, read_only, nvidia=cfg.gpus_per_node > 0)
 
 
 def _lead_checks(
