@@ -1,6 +1,7 @@
 """The successor already in the queue (issue 38, build 3), on real Slurm: a run's pending
 `--dependency=singleton` copy of job.sbatch takes over when the batch node dies, with no human
-action; once the run finishes, nothing of it is left in the queue."""
+action; once the run finishes, nothing of it is left in the queue; a scancel whose save outlasts
+KillWait leaves the successor untrained."""
 
 from __future__ import annotations
 
@@ -43,15 +44,6 @@ def queued_of(name: str, run: Path) -> list[str]:
     )
 
 
-def test_a_finished_run_leaves_nothing_in_the_queue(slurm_cluster, workdir):
-    run = submit_run(BASE, workdir, "succfin", ["train.max_steps=3"])
-    [queued] = rows_of(run, SuccessorQueued)  # at submission, beside the first job
-    wait_event(run, Finished, timeout=300)
-    [cancelled] = wait_event(run, SuccessorCancelled, timeout=60)  # by the job's batch shell
-    wait_until(lambda: not queued_of("succfin", run), 60, "the run's jobs to leave the queue")
-    assert cancelled.new_job_ids == (queued.new_job_id,) and cancelled.reason == Finished.kind
-
-
 def test_a_scancel_that_outlasts_kill_wait_leaves_the_successor_untrained(slurm_cluster, workdir):
     # The SIGTERM's save (shard_delay) outlasts KillWait (15 s): SIGKILL ends the batch shell
     # before its supervisor and its end's settle, so the successor starts: it asks Slurm, finds
@@ -90,7 +82,8 @@ def _job_pids(job_id: str) -> list[int]:
 
 
 def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdir):
-    run = submit_run(BASE, workdir, "succkill", ["train.max_steps=24"], inject="step_delay=0.5")
+    # One run for both points (CI's budget): the batch node's death, then the finish's cleanup.
+    run = submit_run(BASE, workdir, "succkill", ["train.max_steps=16"], inject="step_delay=0.5")
     wait_event(run, CheckpointSaved, timeout=300)
     [started] = rows_of(run, Started)
     [queued] = rows_of(run, SuccessorQueued)
@@ -120,4 +113,9 @@ def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdi
     assert queued.new_job_id in takers  # no human action: the queued successor resumed it
     loaded = [e for e in ev if isinstance(e, CheckpointLoaded)]
     assert str(queued.new_job_id) in {str(e.job_id) for e in loaded}  # resumed, not restarted
+    # The finish: the successor's own pending successor is cancelled by its batch shell, and
+    # nothing of the run is left in the queue.
+    [*_, own] = rows_of(run, SuccessorQueued)
+    cancelled = wait_event(run, SuccessorCancelled, timeout=60, fail_on=())[-1]
+    assert cancelled.reason == Finished.kind and own.new_job_id in cancelled.new_job_ids
     wait_until(lambda: not queued_of("succkill", run), 60, "the run's jobs to leave the queue")
