@@ -130,9 +130,12 @@ class LocalTier:
         """Collective: this step's local copy on every node and its buddy copy; False (and one
         warning line) when some node lacks the space, or a write failed: nothing half-written
         is ever a candidate (`step_N.tmp` until sealed)."""
+        import time
+
         import torch.distributed as dist
 
         self.checkpointer.settle()  # the shared tier's async write: the writer is free again
+        t0 = time.perf_counter()
         short = self._short_of_space()
         flags: list[Optional[str]] = [None] * dist.get_world_size()
         dist.all_gather_object(flags, short)
@@ -147,6 +150,7 @@ class LocalTier:
         error = self._write(engine, step, meta, rng, tmp)
         errors: list[Optional[str]] = [None] * dist.get_world_size()
         dist.all_gather_object(errors, error)
+        written = time.perf_counter()
         reports = self._reports(error)
         errors += [
             f"rank {r.get('rank')}: {r.get('error')}" for r in reports if r.get("ok") is False
@@ -162,8 +166,17 @@ class LocalTier:
             if self.where.rank == 0:
                 _log(f"local checkpoint {tag(step)} NOT saved: {failed}")
             return False
+        copying = time.perf_counter()
         self._buddy_copy(step)
         dist.barrier()
+        if self.where.rank == 0:  # bench/local_tier_drill.py reads the fixed part from here
+            done = time.perf_counter()
+            _log(
+                f"local checkpoint {tag(step)} saved in {done - t0:.3f} s: write "
+                f"{written - t0:.3f} s, buddy copy {done - copying:.3f} s, the rest (space check, "
+                f"manifest, seal, agreement) {copying - written:.3f} s; "
+                f"{_node_mb(reports, self.where.count):.1f} MB a node"
+            )
         return True
 
     def drop(self) -> None:
@@ -268,6 +281,16 @@ class LocalTier:
         held.mkdir(parents=True, exist_ok=True)
         buddy.write_tree(got, held / tag(step))
         prune(held)
+
+
+def _node_mb(reports: list[dict[str, object]], nodes: int) -> float:
+    """The MB the save wrote, per node on average (each rank's report names its files' sizes)."""
+    total = 0
+    for report in reports:
+        files = report.get("files")
+        if isinstance(files, dict):
+            total += sum(int(e.get("size", 0)) for e in files.values() if isinstance(e, dict))
+    return total / 1e6 / max(nodes, 1)
 
 
 def open_tier(

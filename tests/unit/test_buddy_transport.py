@@ -1,0 +1,72 @@
+"""The buddy copy's transport (compute/checkpoint/buddy.py) between two real gloo processes: a
+node's files, an empty one and one over several chunks included, arrive byte for byte around a
+ring of three node leads, and `write_tree` seals them under the final name."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import slurmtrain_env
+
+RANK = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from slurmtrain.compute.checkpoint import buddy
+
+    out, rank = Path(sys.argv[1]), int(sys.argv[2])
+    buddy.CHUNK = 1000  # several chunks, the last one short
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+    mine = out / f"own{rank}"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "sub" / "big.pt").write_bytes(bytes((rank * 7 + i) % 251 for i in range(4321)))
+    (mine / "empty").write_bytes(b"")
+    (mine / "r\u00e9sum\u00e9.json").write_text(json.dumps({"rank": rank}))
+    got = buddy.ring(rank, 3, [0, 1, 2], buddy.read_tree(mine))
+    buddy.write_tree(got, out / f"held{rank}" / "step_5")
+    dist.destroy_process_group()
+    """
+)
+
+
+def _digests(directory) -> dict[str, str]:
+    import hashlib
+
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_ring_of_three_leads_delivers_every_file_byte_for_byte(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = slurmtrain_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(tmp_path), str(r)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    for rank in range(3):
+        prev = (rank - 1) % 3
+        held = tmp_path / f"held{rank}" / "step_5"
+        assert _digests(held) == _digests(tmp_path / f"own{prev}")  # the previous node's copy
+        assert json.loads((held / "r\u00e9sum\u00e9.json").read_text()) == {"rank": prev}
+        assert (held / "empty").stat().st_size == 0
+        assert not (tmp_path / f"held{rank}" / "step_5.tmp").exists()
