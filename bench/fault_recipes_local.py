@@ -19,11 +19,11 @@ from typing import Callable, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fault_trial import FINISHED, Check, Trial, Want, kill_node, rank1, sh  # noqa: E402
-from local_tier_drill import ENV, _args, _tiers  # noqa: E402
+from local_tier_drill import LOCAL_ENV, local_tier_args, resume_tiers  # noqa: E402
 
 from slurmtrain.batch.successor import job_name  # noqa: E402
 from slurmtrain.common import events  # noqa: E402
-from tests.cluster.test_successor import _job_pids, queued_of  # noqa: E402
+from tests.cluster.helpers import job_pids, queued_of  # noqa: E402
 
 LOCAL, BUDDY, SHARED = "local", "buddy", "shared"
 
@@ -35,7 +35,7 @@ def _resumed_tiers(t: Trial, want: set[str]) -> Check:
         starts = tr.of(events.Started)
         if len(starts) < 2 or starts[1].attempt is None:
             return f"{len(starts)} attempt(s): the fault caused no resume"
-        got = _tiers(tr.path, starts[1].attempt)
+        got = resume_tiers(tr.path, starts[1].attempt)
         return None if got["tiers"] == want else f"resumed from {got}, want tiers {sorted(want)}"
 
     return Check(f"resume tiers {sorted(want)}", problem)
@@ -44,7 +44,7 @@ def _resumed_tiers(t: Trial, want: set[str]) -> Check:
 def _lose_node1(t: Trial, harm: Callable[[Path], None] = lambda _: None) -> None:
     """Train, kill rank 1's node past a local save, delete its local storage; `harm` then gets
     node 0's local directory (where node 1's buddy copies are held)."""
-    t.submit(_args(t.workdir), inject="step_delay=0.5", extra=ENV)
+    t.submit(local_tier_args(t.workdir), inject="step_delay=0.5", extra=LOCAL_ENV)
     t.wait_step(11)  # local copies at 2, 4, .., 10; the shared tier at 8
     victim, rank_pid = rank1(t.of(events.Started)[-1])
     kill_node(t, victim, [rank_pid])
@@ -104,7 +104,7 @@ def batch_node_loss(t: Trial) -> tuple[str, Want]:
     # no Slurm requeue (a site without it, or past MaxBatchRequeue): the successor's case
 
     sh("scontrol", "update", f"jobid={started.job_id}", "requeue=0")
-    kill_node(t, started.hosts[0], _job_pids(str(started.job_id)))
+    kill_node(t, started.hosts[0], job_pids(str(started.job_id)))
     t.notes.append(f"killed batch node {started.hosts[0]}")
     t.wait_event(events.Finished, timeout=600)  # the node's death takes Slurm a while to notice
     return FINISHED, Check("successor resumed, queue empty", _successor_took_over)

@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from slurmtrain.batch.successor import job_name
 from slurmtrain.common import slurm_cmd
 from slurmtrain.common.events import Failed, Row, Rows, Started
 from slurmtrain.common.rundir import RunDir
@@ -148,3 +149,31 @@ def node_killed(slurm_cluster, started: Started, index: int):
         subprocess.run(
             ["scontrol", "update", f"nodename={victim}", "state=resume"], capture_output=True
         )
+
+
+def queued_of(name: str, run: Path) -> list[str]:
+    """`id state` of this user's jobs under the run's own name (squeue; one that failed, the
+    controller busy, counts as not empty)."""
+    done = subprocess.run(
+        ["squeue", "-h", "-n", job_name(name, run), "-o", "%i %T"], capture_output=True, text=True
+    )
+    return [line for line in done.stdout.splitlines() if line.strip()] or (
+        [] if done.returncode == 0 else ["squeue failed"]
+    )
+
+
+def job_pids(job_id: str) -> list[int]:
+    """Every process of the job on its node: its slurmstepds and what they run (batch shell,
+    srun, ranks), found in /proc (the nodes share one host; `scontrol listpids` asks one slurmd)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"slurmstepd: [{job_id}." in cmd or f"SLURM_JOB_ID={job_id}".encode() in env:
+            found.append(int(proc.name))
+    return found

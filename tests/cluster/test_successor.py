@@ -8,11 +8,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from slurmtrain.batch.successor import job_name
 from slurmtrain.common.events import (
     Cancelled,
     CheckpointLoaded,
@@ -22,7 +20,15 @@ from slurmtrain.common.events import (
     SuccessorCancelled,
     SuccessorQueued,
 )
-from tests.cluster.helpers import events, rows_of, submit_run, wait_event, wait_until
+from tests.cluster.helpers import (
+    events,
+    job_pids,
+    queued_of,
+    rows_of,
+    submit_run,
+    wait_event,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 BASE = [
@@ -31,17 +37,6 @@ BASE = [
     "train.log_interval=1",
     "checkpoint.interval_steps=4",  # faults.successor: on by default for a single Slurm run
 ]
-
-
-def queued_of(name: str, run: Path) -> list[str]:
-    """`id state` of this user's jobs under the run's own name (squeue; one that failed, the
-    controller busy, counts as not empty)."""
-    done = subprocess.run(
-        ["squeue", "-h", "-n", job_name(name, run), "-o", "%i %T"], capture_output=True, text=True
-    )
-    return [line for line in done.stdout.splitlines() if line.strip()] or (
-        [] if done.returncode == 0 else ["squeue failed"]
-    )
 
 
 def test_a_scancel_that_outlasts_kill_wait_leaves_the_successor_untrained(slurm_cluster, workdir):
@@ -64,23 +59,6 @@ def test_a_scancel_that_outlasts_kill_wait_leaves_the_successor_untrained(slurm_
     assert [e.job_id for e in rows_of(run, Started)] == [started.job_id]
 
 
-def _job_pids(job_id: str) -> list[int]:
-    """Every process of the job on its node: its slurmstepds and what they run (batch shell,
-    srun, ranks), found in /proc (the nodes share one host; `scontrol listpids` asks one slurmd)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"slurmstepd: [{job_id}." in cmd or f"SLURM_JOB_ID={job_id}".encode() in env:
-            found.append(int(proc.name))
-    return found
-
-
 def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdir):
     # One run for both points (CI's budget): the batch node's death, then the finish's cleanup.
     run = submit_run(BASE, workdir, "succkill", ["train.max_steps=16"], inject="step_delay=0.5")
@@ -91,7 +69,7 @@ def test_the_successor_takes_over_when_the_batch_node_dies(slurm_cluster, workdi
     # Slurm would requeue the job itself (--requeue; the successor then waits behind it): a site
     # without requeue, or a job past MaxBatchRequeue, is the case the successor is for.
     subprocess.run(["scontrol", "update", f"jobid={started.job_id}", "requeue=0"], check=True)
-    pids = _job_pids(str(started.job_id))
+    pids = job_pids(str(started.job_id))
     assert started.pids[0] in pids, pids
     os.kill(slurm_cluster.slurmd_pid(victim), signal.SIGKILL)  # the node dies: slurmd and ...
     for pid in pids:  # ... everything of the job on it (one host here: killed by hand)
