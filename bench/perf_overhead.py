@@ -97,7 +97,6 @@ def rank_main(args: argparse.Namespace) -> None:
                 "train.max_steps=100000",
                 "checkpoint.interval_steps=0",
                 "checkpoint.final_save=false",
-                "train.straggler_factor=1000",
                 f"cluster.cpu_tasks_per_node={world}",
             ],
         )

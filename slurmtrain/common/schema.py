@@ -262,7 +262,7 @@ class TrainConfig:
     flops_profile_step: int = 0  # N > 0: DeepSpeed's FLOPs profiler on step N -> profile/ (0: off)
     # N > 0: peak tensor memory until step N against the planner's (ledger memory_checked).
     memory_check_step: int = 0
-    straggler_factor: float = 1.5  # flag a rank slower than the median rank by more than this
+    straggler_factor: float = 1.5  # unread: faults.straggler_threshold; other values refused
     # N > 0: an attempt starting before step N saves at N and exits; the next job resumes (smoke).
     pause_at_step: int = 0
 

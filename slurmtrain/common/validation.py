@@ -263,10 +263,11 @@ def _check_train_steps(cfg: RootConfig) -> None:
                 f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
                 f"{cfg.train.max_steps}; e.g. {key}={example}"
             )
-    if cfg.train.straggler_factor <= 1:
+    if cfg.train.straggler_factor != 1.5:  # kept only so earlier runs' config.yaml loads
         raise ConfigError(
-            f"train.straggler_factor={cfg.train.straggler_factor}: must be > 1 "
-            f"(times the median rank's step time); e.g. train.straggler_factor=1.5"
+            f"train.straggler_factor={cfg.train.straggler_factor}: no longer read (stragglers are "
+            f"scored by the section clocks, compute/observe/stragglers.py); set "
+            f"faults.straggler_threshold={cfg.train.straggler_factor} instead"
         )
     if cfg.train.pause_at_step < 0:
         raise ConfigError(

@@ -63,7 +63,6 @@ OTHER_VOCABULARIES = {
     ("common/rundir.py", "stopped"),
     ("compute/checkpoint/beats.py", "startup"),
     ("compute/faults/inject.py", "bad_node"),
-    ("compute/observe/perf.py", "straggler"),
     ("compute/observe/tracker_backends.py", "finished"),
     ("compute/observe/tracker_backends.py", "failed"),
     ("compute/observe/tracker_backends.py", "paused"),

@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 from slurmtrain.common import events
 from slurmtrain.common.derived import resolved_dtype
-from slurmtrain.common.jsonl import append_jsonl
 from slurmtrain.common.rundir import RunDir
 from slurmtrain.common.schema import RootConfig
 from slurmtrain.compute import deepspeed_compat
@@ -105,41 +104,6 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def stragglers(own: list[float], factor: float) -> list[tuple[int, float]]:
-    """(rank, own time / median) of every rank slower than the median by more than `factor`."""
-    median = statistics.median(own) if own else 0.0
-    if median <= 0:
-        return []
-    return [(r, t / median) for r, t in enumerate(own) if t / median > factor]
-
-
-def slow_ranks(own: list[float], forward: list[float], factor: float) -> list[tuple[int, float]]:
-    """Stragglers by own time, or by forward time: ZeRO 0-2's forward has no collective, so it
-    still shows a slow GPU when its peers wait inside backward (gradient buckets reduced there)."""
-    found: dict[int, float] = {}
-    typical = statistics.median(own) if own else 0.0
-    # A slow forward only counts when the rank's own time is not below the median too: on a
-    # shared or warming-up machine a fast rank's forward can jitter without it being slow.
-    by_forward = [(r, x) for r, x in stragglers(forward, factor) if own and own[r] >= typical]
-    for rank, ratio in stragglers(own, factor) + by_forward:
-        found[rank] = max(ratio, found.get(rank, 0.0))
-    return sorted(found.items())
-
-
-def offer_bad_node(path: Path, node: str, factor: float, step: int) -> None:
-    """Append a straggler to the bad-node ledger fault tolerance reads (nothing is excluded here)."""
-    append_jsonl(
-        path,
-        {
-            "node": node,
-            "reason": "straggler",
-            "factor": round(factor, 3),
-            "step": step,
-            "time": time.time(),
-        },
-    )
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -178,7 +142,6 @@ class Perf:
         self.record, self.run_path = ctx.record, run_path  # record: the ledger (writes on rank 0)
         self.hosts: list[str] = [""] * self.world  # each rank's node, for straggler events
         dist.all_gather_object(self.hosts, ctx.node)
-        self.factor = float(cfg.train.straggler_factor)
         self.sections, self.watch = _straggler_watch(cfg, ctx, self.hosts, run_path)
         self.watching = bool(cfg.faults.stragglers)
         self.profile_step = int(cfg.train.flops_profile_step)
