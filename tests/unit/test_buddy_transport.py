@@ -1,6 +1,7 @@
-"""The buddy copy's transport (compute/checkpoint/buddy.py) between two real gloo processes: a
-node's files, an empty one and one over several chunks included, arrive byte for byte around a
-ring of three node leads, and `write_tree` seals them under the final name."""
+"""The buddy copy's transport (compute/checkpoint/buddy.py) between real gloo processes: a node's
+files, an empty one and one over several pieces included, arrive byte for byte around a ring of
+two and of three node leads, and `write_tree` seals them under the final name; a send of only
+empty files, or of none, arrives as such (the local-tier drill's crash: a tensor over no bytes)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 from tests.conftest import slurmtrain_env
 
@@ -21,16 +24,22 @@ RANK = textwrap.dedent(
 
     from slurmtrain.compute.checkpoint import buddy
 
-    out, rank = Path(sys.argv[1]), int(sys.argv[2])
-    buddy.CHUNK = 1000  # several chunks, the last one short
-    dist.init_process_group("gloo", rank=rank, world_size=3)
+    out, rank, world = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    buddy.CHUNK = 1000  # several pieces a file, the last one short
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     mine = out / f"own{rank}"
     (mine / "sub").mkdir(parents=True)
     (mine / "sub" / "big.pt").write_bytes(bytes((rank * 7 + i) % 251 for i in range(4321)))
     (mine / "empty").write_bytes(b"")
     (mine / "r\u00e9sum\u00e9.json").write_text(json.dumps({"rank": rank}))
-    got = buddy.ring(rank, 3, [0, 1, 2], buddy.read_tree(mine))
+    got = buddy.ring(rank, world, list(range(world)), buddy.read_tree(mine))
     buddy.write_tree(got, out / f"held{rank}" / "step_5")
+    # nothing but empty files, then no file at all (rank 0 to rank 1, as _share and _restore)
+    for files in ({"a": b"", "b": b""}, {}):
+        if rank == 0:
+            buddy.send(files, 1)
+        elif rank == 1:
+            assert {k: bytes(v) for k, v in buddy.recv(0).items()} == files
     dist.destroy_process_group()
     """
 )
@@ -46,25 +55,26 @@ def _digests(directory) -> dict[str, str]:
     }
 
 
-def test_a_ring_of_three_leads_delivers_every_file_byte_for_byte(tmp_path):
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_ring_of_leads_delivers_every_file_byte_for_byte(tmp_path, world):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = slurmtrain_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK, str(tmp_path), str(r)],
+            [sys.executable, "-c", RANK, str(tmp_path), str(r), str(world)],
             env=env,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for r in range(3)
+        for r in range(world)
     ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-    for rank in range(3):
-        prev = (rank - 1) % 3
+    for rank in range(world):
+        prev = (rank - 1) % world
         held = tmp_path / f"held{rank}" / "step_5"
         assert _digests(held) == _digests(tmp_path / f"own{prev}")  # the previous node's copy
         assert json.loads((held / "r\u00e9sum\u00e9.json").read_text()) == {"rank": prev}
