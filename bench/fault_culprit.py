@@ -22,7 +22,17 @@ from fault_trial import Trial
 from slurmtrain.common import events
 
 # fault -> the rank whose node it puts at fault (None: a configuration/user error, no node)
-NODE_AT_FAULT = {"node_failure": 1, "bad_node": 1, "node_never_joins": 1, "hang_on_one_rank": 1}
+NODE_AT_FAULT = {
+    "node_failure": 1,
+    "bad_node": 1,
+    "node_never_joins": 1,
+    "hang_on_one_rank": 1,
+    # bench/fault_recipes_local.py: rank 1's node killed (local tier), the batch node (rank 0's)
+    "local_tier_node_loss": 1,
+    "corrupt_buddy": 1,
+    "both_local_copies_lost": 1,
+    "batch_node_loss": 0,
+}
 USER_ERROR = ("user_error", "crash_loop", "resubmit_after_stop")
 
 

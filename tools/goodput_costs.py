@@ -16,6 +16,7 @@ from slurmtrain.planning import ckpt_interval, policy
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 IO_FILE, TIER_FILE = "checkpoint_io.txt", "local_tier_rates.txt"
+FIXED_FILE = "local_tier_fixed.txt"
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,12 @@ def tier_rates(path: Path = RESULTS / TIER_FILE) -> dict[str, float]:
     """bench/local_tier_rates.py's MB/s: local_write, local_read, buddy_copy, shared_read."""
     found = re.findall(r"^(\w+) MB/s: ([0-9.]+)$", path.read_text(), re.M)
     return {name: float(value) * 1e6 for name, value in found}
+
+
+def local_fixed_s(path: Path = RESULTS / FIXED_FILE) -> float:
+    """bench/local_tier_drill.py's median local save of opt_tiny: the local tier's fixed cost."""
+    [value] = re.findall(r"^local_save_fixed s: ([0-9.]+)$", path.read_text(), re.M)
+    return float(value)
 
 
 def io_rates(path: Path = RESULTS / IO_FILE, model: str = "opt125m") -> dict[str, float]:
@@ -80,8 +87,9 @@ def defaults(nodes: int, gpus: int, failures_per_node_day: float) -> dict[str, C
     def over(rate: str, where: str, rates: dict[str, float]) -> tuple[float, str]:
         return node_bytes / rates[rate], f"{mb} / {rates[rate] / 1e6:.0f} MB/s {rate}, {where}"
 
-    fixed, startup = policy.SAVE_FIXED_S, policy.STARTUP_S
+    fixed, startup, local_fixed = policy.SAVE_FIXED_S, policy.STARTUP_S, local_fixed_s()
     fixed_src = f"+ {fixed:g} s fixed (planning/policy.py SAVE_FIXED_S, assumed)"
+    local_fixed_src = f"+ {local_fixed:.2f} s fixed (bench/local_tier_drill.py, {FIXED_FILE})"
     up_src = f"{startup:g} s start-up (planning/policy.py STARTUP_S, assumed)"
     write, w_src = over("local_write", tiers, tier)
     buddy, b_src = over("buddy_copy", tiers, tier)
@@ -90,10 +98,12 @@ def defaults(nodes: int, gpus: int, failures_per_node_day: float) -> dict[str, C
     s_write, sw_src = over("shared_write", ios + ", sync", io)
     worst_local = max(buddy, node_bytes / tier["local_read"])  # the replaced node reads its buddy's
     mtbf = ckpt_interval.job_mtbf_seconds(nodes, failures_per_node_day)
-    local_save, shared_total = write + buddy + fixed, s_write + fixed
+    local_save, shared_total = write + buddy + local_fixed, s_write + fixed
     out = {
         "node bytes": Cost(node_bytes, plan),
-        "local save": Cost(local_save, f"write {w_src}; then the buddy copy {b_src}; {fixed_src}"),
+        "local save": Cost(
+            local_save, f"write {w_src}; then the buddy copy {b_src}; {local_fixed_src}"
+        ),
         "shared save": Cost(stall, f"async, the loop waits for the host copy: {st_src}"),
         "shared save total": Cost(shared_total, f"until published: {sw_src} {fixed_src}"),
         "restart local": Cost(startup + worst_local, f"{up_src} + the replaced node's {b_src}"),

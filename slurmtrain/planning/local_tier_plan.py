@@ -4,8 +4,10 @@ On GPUs with more than one node, auto is Young/Daly's interval sqrt(2 x local sa
 steps of the planned step time, as the shared interval is planned (planning/policy.py). A local save
 is synchronous (compute/checkpoint/local_tier.py): the loop waits for the node's bytes written to
 node-local storage, the buddy copy through the process group, and a save's fixed costs. Its cost
-comes from rates measured by bench/local_tier_rates.py, scaled to the plan's bytes per node. One
-node (no buddy to copy to) and CPU ranks (demos, tests) keep 0: the shared tier only.
+comes from rates measured by bench/local_tier_rates.py, scaled to the plan's bytes per node, and
+the fixed part bench/local_tier_drill.py measured. One node (no buddy to copy to), CPU ranks
+(demos, tests) and an interval no shorter than the shared tier's (it would bound no more lost
+work) keep 0: the shared tier only.
 Pure arithmetic and config: no torch, no Slurm calls.
 """
 
@@ -36,9 +38,13 @@ AUTO = "auto"
 # Measured by bench/local_tier_rates.py (bench/results/local_tier_rates.txt, its MB/s of one node):
 # torch.save + CRC-32 + fsync into /dev/shm, and compute/checkpoint/buddy.py's ring over gloo.
 RATES_SOURCE = "bench/results/local_tier_rates.txt"
-LOCAL_WRITE_BPS = 1089.4e6
-BUDDY_COPY_BPS = 95.9e6
-LOCAL_READ_BPS = 924.7e6
+LOCAL_WRITE_BPS = 1369.7e6
+BUDDY_COPY_BPS = 542.9e6
+LOCAL_READ_BPS = 1382.8e6
+# bench/local_tier_drill.py (bench/results/local_tier_fixed.txt): the median local save of opt_tiny
+# (bytes negligible), collectives, manifest, seal, renames and fsyncs on 2 nodes.
+FIXED_SOURCE = "bench/results/local_tier_fixed.txt"
+LOCAL_FIXED_S = 0.046
 
 
 @dataclass(frozen=True)
@@ -52,34 +58,40 @@ class LocalPlan:
     interval_s: float = 0.0  # Young/Daly's optimum on save_s
 
 
-def local_save_seconds(node_bytes: float, fixed_s: float) -> float:
+def local_save_seconds(node_bytes: float) -> float:
     """The loop's wait for one local save: write, buddy copy (after it), the fixed costs."""
-    return node_bytes / LOCAL_WRITE_BPS + node_bytes / BUDDY_COPY_BPS + fixed_s
+    return node_bytes / LOCAL_WRITE_BPS + node_bytes / BUDDY_COPY_BPS + LOCAL_FIXED_S
 
 
-def plan(cfg: RootConfig, nodes: int, ckpt: CheckpointPlan, fixed_s: float) -> LocalPlan:
+def plan(cfg: RootConfig, nodes: int, ckpt: CheckpointPlan) -> LocalPlan:
     """What `local_every_steps=auto` means for this run on `nodes` nodes."""
     if cfg.gpus_per_node == 0:
         return LocalPlan(0, "CPU ranks: demos and tests keep the shared tier only")
     if nodes < 2:
         return LocalPlan(0, "one node: no buddy node to hold a copy")
     node_bytes = float(ckpt.layout.save.node)  # the busiest node's ranks
-    save = local_save_seconds(node_bytes, fixed_s)
+    save = local_save_seconds(node_bytes)
     tau = ckpt_interval.young_daly_interval(save, ckpt.mtbf_s)
     if not ckpt.step_s:
         why = "no step-time estimate to count steps by: set checkpoint.local_every_steps=K"
         return LocalPlan(0, why, node_bytes, save, tau)
-    steps = max(1, round(tau / ckpt.step_s))
+    steps, shared = max(1, round(tau / ckpt.step_s)), ckpt.chosen_s(cfg)
+    if shared and steps * ckpt.step_s >= shared:
+        why = (
+            f"Young/Daly's {tau / 60:.1f} min on a {save:.1f} s local save is no shorter than the "
+            f"shared tier's {shared / 60:.1f} min: it would bound no more lost work"
+        )
+        return LocalPlan(0, why, node_bytes, save, tau)
     return LocalPlan(steps, "Young/Daly", node_bytes, save, tau)
 
 
-def resolve(cfg: RootConfig, ckpt: Optional[CheckpointPlan], fixed_s: float) -> None:
+def resolve(cfg: RootConfig, ckpt: Optional[CheckpointPlan]) -> None:
     """Fill `checkpoint.local_every_steps=auto` (mutates cfg); `ckpt`: the plan at the most
     nodes (None where no plan is needed: CPU ranks or one node)."""
     c = cfg.checkpoint
     if c.local_every_steps == AUTO:
         high = derived_of(cfg).nodes[1]
-        c.local_every_steps = plan(cfg, high, ckpt, fixed_s).every_steps if ckpt else 0
+        c.local_every_steps = plan(cfg, high, ckpt).every_steps if ckpt else 0
     value = c.local_every_steps
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(
@@ -93,9 +105,9 @@ def needs_plan(cfg: RootConfig) -> bool:
     return cfg.gpus_per_node > 0 and derived_of(cfg).nodes[1] > 1
 
 
-def plan_line(cfg: RootConfig, nodes: int, ckpt: CheckpointPlan, fixed_s: float) -> list[str]:
+def plan_line(cfg: RootConfig, nodes: int, ckpt: CheckpointPlan) -> list[str]:
     """The plan's line for the local tier (none for a single node left at its default)."""
-    k, auto = int(cfg.checkpoint.local_every_steps), plan(cfg, nodes, ckpt, fixed_s)
+    k, auto = int(cfg.checkpoint.local_every_steps), plan(cfg, nodes, ckpt)
     if nodes < 2 and k == 0:
         return []
     if k == 0:
@@ -109,7 +121,7 @@ def plan_line(cfg: RootConfig, nodes: int, ckpt: CheckpointPlan, fixed_s: float)
         f"{auto.interval_s / 60:.1f} min): the loop waits {auto.save_s:.1f} s a save = "
         f"{auto.node_bytes / 1e9:.2f} GB a node written at {LOCAL_WRITE_BPS / 1e6:.0f} MB/s + "
         f"its buddy copy at {BUDDY_COPY_BPS / 1e6:.0f} MB/s ({RATES_SOURCE}, measured) + "
-        f"{fixed_s:.0f} s fixed (planning/policy.py SAVE_FIXED_S, assumed); work lost to a "
+        f"{LOCAL_FIXED_S:.1f} s fixed ({FIXED_SOURCE}, measured); work lost to a "
         f"failure is bounded by this interval unless the node and its buddy both fail within it"
     )
     shared = ckpt.chosen_s(cfg)

@@ -202,7 +202,7 @@ def resolve_checkpoint(cfg: RootConfig, saves: Iterable[Row] = ()) -> None:
         )
     planned = c.local_every_steps == AUTO and local_tier_plan.needs_plan(cfg)
     ckpt = checkpoints(cfg, derived_of(cfg).nodes[1], saves) if planned else None
-    local_tier_plan.resolve(cfg, ckpt, SAVE_FIXED_S)  # the most nodes fail most
+    local_tier_plan.resolve(cfg, ckpt)  # the most nodes fail most
     if c.interval_steps != AUTO:
         if isinstance(c.interval_steps, bool) or not isinstance(c.interval_steps, int):
             raise ConfigError(

@@ -366,7 +366,7 @@ def report(cfg: RootConfig, measured_tps: Optional[float] = None) -> PlanReport:
     checkpoints = policy.checkpoints(cfg, high)  # the most nodes fail most: as policy.py plans
     if cfg.gpus_per_node > 0:
         out.lines.append(checkpoint_line(cfg, high, checkpoints))
-        out.lines += local_tier_plan.plan_line(cfg, high, checkpoints, policy.SAVE_FIXED_S)
+        out.lines += local_tier_plan.plan_line(cfg, high, checkpoints)
         out.lines.append(deadline_line(cfg, low))
     if cfg.cluster.kind == "slurm":
         out.lines.append(time_line(cfg))

@@ -249,6 +249,7 @@ def test_planner_rates_are_the_bench_results():
     assert (lt.LOCAL_WRITE_BPS, lt.BUDDY_COPY_BPS, lt.LOCAL_READ_BPS) == (
         rates["local_write"], rates["buddy_copy"], rates["local_read"]
     )  # fmt: skip
+    assert lt.LOCAL_FIXED_S == goodput_costs.local_fixed_s()
     assert goodput_costs.io_rates()["shared_write"] == pytest.approx(446.9e6)
 
 

@@ -15,14 +15,27 @@ pytestmark = pytest.mark.usefixtures("no_slurm")
 HEADLINE = ["model=opt13b", "nodes=64", "gpus_per_node=8", "cluster=slurm", "dry_run=true"]
 
 
+SHARED_HOURLY = ("checkpoint.interval_steps=0", "checkpoint.interval_minutes=600")
+
+
 def test_multi_node_gpu_runs_get_young_daly_steps_of_the_local_save(tmp_path):
-    cfg = planned(tmp_path, *HEADLINE)
+    cfg = planned(tmp_path, *HEADLINE, *SHARED_HOURLY)  # shared saves 10 h apart
     ckpt = policy.checkpoints(cfg, 64)
-    save = local_tier_plan.local_save_seconds(ckpt.layout.save.node, policy.SAVE_FIXED_S)
+    save = local_tier_plan.local_save_seconds(ckpt.layout.save.node)
     tau = ckpt_interval.young_daly_interval(save, ckpt.mtbf_s)
     assert ckpt.step_s and cfg.checkpoint.local_every_steps == max(1, round(tau / ckpt.step_s))
     line = plan_line(preflight.report(cfg), "plan: node-local checkpoints every")
     assert "auto: Young/Daly" in line and local_tier_plan.RATES_SOURCE in line
+    assert local_tier_plan.FIXED_SOURCE in line
+
+
+def test_a_local_interval_no_shorter_than_the_shared_one_is_off_and_says_why(tmp_path):
+    cfg = planned(
+        tmp_path, *HEADLINE, "checkpoint.interval_steps=0", "checkpoint.interval_minutes=1"
+    )
+    assert cfg.checkpoint.local_every_steps == 0
+    line = plan_line(preflight.report(cfg), "plan: node-local checkpoints off")
+    assert "no shorter than the shared tier's 1.0 min" in line and "Young/Daly" in line
 
 
 def test_one_node_and_cpu_ranks_keep_the_shared_tier_only(tmp_path):
@@ -34,10 +47,10 @@ def test_one_node_and_cpu_ranks_keep_the_shared_tier_only(tmp_path):
 
 
 def test_a_value_set_by_hand_wins_and_is_said_so(tmp_path):
-    cfg = planned(tmp_path, *HEADLINE, "checkpoint.local_every_steps=7")
+    cfg = planned(tmp_path, *HEADLINE, *SHARED_HOURLY, "checkpoint.local_every_steps=7")
     assert cfg.checkpoint.local_every_steps == 7
     assert "set by hand" in plan_line(preflight.report(cfg), "plan: node-local checkpoints")
-    off = planned(tmp_path, *HEADLINE, "checkpoint.local_every_steps=0")
+    off = planned(tmp_path, *HEADLINE, *SHARED_HOURLY, "checkpoint.local_every_steps=0")
     assert "off" in plan_line(preflight.report(off), "plan: node-local checkpoints")
     assert fingerprint(off) == fingerprint(cfg)  # where copies go is not what is computed
 
