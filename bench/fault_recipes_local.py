@@ -42,9 +42,11 @@ def _resumed_tiers(t: Trial, want: set[str]) -> Check:
 
 
 def _lose_node1(t: Trial, harm: Callable[[Path], None] = lambda _: None) -> None:
-    """Train, kill rank 1's node past a local save, delete its local storage; `harm` then gets
-    node 0's local directory (where node 1's buddy copies are held)."""
-    t.submit(local_tier_args(t.workdir), inject="step_delay=0.5", extra=LOCAL_ENV)
+    """Train with a hot spare, kill rank 1's node past a local save, delete its local storage;
+    `harm` then gets node 0's local directory (where node 1's buddy copies are held). The spare
+    takes node 1's place inside the job (its `{node}` directory is node 1's, now empty)."""
+    args = [*local_tier_args(t.workdir), "faults.spare_nodes=1"]
+    t.submit(args, inject="step_delay=0.5", extra=LOCAL_ENV)
     t.wait_step(11)  # local copies at 2, 4, .., 10; the shared tier at 8
     victim, rank_pid = rank1(t.of(events.Started)[-1])
     kill_node(t, victim, [rank_pid])
