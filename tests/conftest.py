@@ -33,6 +33,28 @@ def slurmtrain_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     return env
 
 
+def run_gloo_ranks(script: str, world: int, *args: str, timeout: float = 240) -> None:
+    """`python -c script *args RANK` as `world` gloo ranks on loopback; each must exit 0."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = slurmtrain_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args, str(r)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err
+
+
 def run_cli(
     args: list[str],
     cwd: Path,

@@ -6,14 +6,11 @@ empty files, or of none, arrives as such (the local-tier drill's crash: a tensor
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import slurmtrain_env
+from tests.conftest import run_gloo_ranks
 
 RANK = textwrap.dedent(
     """
@@ -24,7 +21,7 @@ RANK = textwrap.dedent(
 
     from slurmtrain.compute.checkpoint import buddy
 
-    out, rank, world = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    out, world, rank = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     buddy.CHUNK = 1000  # several pieces a file, the last one short
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mine = out / f"own{rank}"
@@ -57,22 +54,7 @@ def _digests(directory) -> dict[str, str]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_ring_of_leads_delivers_every_file_byte_for_byte(tmp_path, world):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = slurmtrain_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(tmp_path), str(r), str(world)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    run_gloo_ranks(RANK, world, str(tmp_path), str(world), timeout=120)
     for rank in range(world):
         prev = (rank - 1) % world
         held = tmp_path / f"held{rank}" / "step_5"

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 from slurmtrain.common import checkpoint_format, events
-from tests.conftest import slurmtrain_env
+from tests.conftest import run_gloo_ranks
 
 FILES = {
     "mp_rank_00_model_states.pt": 3000,
@@ -87,22 +84,7 @@ def test_ranks_checksum_their_own_files_and_agree_to_skip_a_corrupt_one(tmp_path
     data = bytearray(shard.read_bytes())
     data[100] ^= 0xFF  # flipped bytes, same size: only a checksum sees it
     shard.write_bytes(bytes(data))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = slurmtrain_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK, str(root), str(tmp_path), str(r)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err
+    run_gloo_ranks(RANK, 2, str(root), str(tmp_path))
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     for rank in (zero, one):  # both ranks agree: step_20 is skipped, step_10 is the choice
         assert rank["path"] == str(root / "step_10")
