@@ -22,6 +22,7 @@ from slurmtrain.common.schema import (
     FaultsConfig,
     ModelConfig,
     RootConfig,
+    TrainConfig,
 )
 from slurmtrain.common.validation_data import check_data, check_positive
 from slurmtrain.common.validation_login import check_all
@@ -263,7 +264,7 @@ def _check_train_steps(cfg: RootConfig) -> None:
                 f"{key}={value}: must be 0 (off) or a step up to train.max_steps="
                 f"{cfg.train.max_steps}; e.g. {key}={example}"
             )
-    if cfg.train.straggler_factor != 1.5:  # kept only so earlier runs' config.yaml loads
+    if cfg.train.straggler_factor != TrainConfig.straggler_factor:  # kept for earlier runs' files
         raise ConfigError(
             f"train.straggler_factor={cfg.train.straggler_factor}: no longer read (stragglers are "
             f"scored by the section clocks, compute/observe/stragglers.py); set "

@@ -22,7 +22,7 @@ from slurmtrain.common import ownership
 from slurmtrain.common.checkpoint_format import OWNER, seal, step_dirs, tag
 from slurmtrain.common.schema import CheckpointConfig
 from slurmtrain.compute.checkpoint import buddy
-from slurmtrain.planning.deadlines import Moved
+from slurmtrain.planning.deadlines import Moved, listed
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -173,9 +173,9 @@ class LocalTier:
             done = time.perf_counter()
             _log(
                 f"local checkpoint {tag(step)} saved in {done - t0:.3f} s: write "
-                f"{written - t0:.3f} s, buddy copy {done - copying:.3f} s, the rest (space check, "
-                f"manifest, seal, agreement) {copying - written:.3f} s; "
-                f"{_node_mb(reports, self.where.count):.1f} MB a node"
+                f"{written - t0:.3f} s (space check included), buddy copy {done - copying:.3f} s, "
+                f"the rest (shared files, manifest, seal, agreement) {copying - written:.3f} s; "
+                f"{sum(listed(r) for r in reports) / 1e6 / self.where.count:.1f} MB a node"
             )
         return True
 
@@ -281,16 +281,6 @@ class LocalTier:
         held.mkdir(parents=True, exist_ok=True)
         buddy.write_tree(got, held / tag(step))
         prune(held)
-
-
-def _node_mb(reports: list[dict[str, object]], nodes: int) -> float:
-    """The MB the save wrote, per node on average (each rank's report names its files' sizes)."""
-    total = 0
-    for report in reports:
-        files = report.get("files")
-        if isinstance(files, dict):
-            total += sum(int(e.get("size", 0)) for e in files.values() if isinstance(e, dict))
-    return total / 1e6 / max(nodes, 1)
 
 
 def open_tier(
